@@ -1,0 +1,151 @@
+// Package admin is the agent's operator API: HTTP+JSON on a unix socket
+// (mode 0600, no TCP), read by flockctl. The types here are the wire format
+// both sides share.
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// DefaultSocket is the admin socket path.
+const DefaultSocket = "/run/flock/admin.sock"
+
+// Pod is one allocation.
+type Pod struct {
+	ContainerID string    `json:"containerID"`
+	Namespace   string    `json:"namespace"`
+	Name        string    `json:"name"`
+	IfName      string    `json:"ifName"`
+	HostVeth    string    `json:"hostVeth"`
+	IPs         []string  `json:"ips"`
+	Addresses   []string  `json:"addresses,omitempty"`
+	Anycast     []string  `json:"anycast,omitempty"`
+	Created     time.Time `json:"created"`
+}
+
+// Pool is one IPAM pool's usage.
+type Pool struct {
+	CIDR       string   `json:"cidr"`
+	Kind       string   `json:"kind"` // summary or shared
+	Namespaces []string `json:"namespaces,omitempty"`
+	Used       uint64   `json:"used"`
+	Free       string   `json:"free"` // decimal; may exceed 64 bits
+}
+
+// Route is one anycast/addresses host route.
+type Route struct {
+	Prefix   string   `json:"prefix"`
+	Kind     string   `json:"kind"`
+	Nexthops []string `json:"nexthops"`
+	Owners   []string `json:"owners"`
+}
+
+// Source is what the agent exposes.
+type Source interface {
+	Pods() []Pod
+	Pools() []Pool
+	Routes() []Route
+}
+
+// Handler serves the API.
+func Handler(src Source) http.Handler {
+	mux := http.NewServeMux()
+	get := func(path string, f func() any) {
+		mux.HandleFunc("GET "+path, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			if err := json.NewEncoder(w).Encode(f()); err != nil {
+				slog.Warn("admin: write response", "path", path, "err", err)
+			}
+		})
+	}
+	get("/v1/pods", func() any { return src.Pods() })
+	get("/v1/ipam", func() any { return src.Pools() })
+	get("/v1/routes", func() any { return src.Routes() })
+	return mux
+}
+
+// Listen binds the admin socket, mode 0600.
+func Listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("admin socket dir: %w", err)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("admin socket %s: another agent is listening on it", path)
+	}
+	_ = os.Remove(path)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("admin socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("admin socket: %w", err)
+	}
+	return l, nil
+}
+
+// Serve runs the API until ctx ends.
+func Serve(ctx context.Context, l net.Listener, src Source) error {
+	srv := &http.Server{Handler: Handler(src), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shut, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shut)
+	}()
+	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// ErrNotRunning means nothing answers on the admin socket.
+var ErrNotRunning = errors.New("flock agent is not running")
+
+// Client reads the admin API.
+type Client struct {
+	Socket string
+	http   *http.Client
+}
+
+// NewClient returns a client for the socket.
+func NewClient(socket string) *Client {
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}
+	return &Client{Socket: socket, http: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+}
+
+// Get decodes GET path into v.
+func (c *Client) Get(ctx context.Context, path string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://flock"+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
+			return fmt.Errorf("%w (no agent answers on %s; is flock-agent running, and is this the right --socket?)", ErrNotRunning, c.Socket)
+		}
+		return fmt.Errorf("admin %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("admin %s: %s: %s", path, resp.Status, b)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}

@@ -1,0 +1,503 @@
+// Package agent is the node agent's pod handler: it turns CNI requests into
+// IPAM allocations, persisted records and dataplane programming, in the order
+// that keeps every crash recoverable (pending record before any netlink
+// work, committed after), and rolls back completely on any error.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"code.fritzlab.net/fritzlab/flock/annotations"
+	"code.fritzlab.net/fritzlab/flock/anycast"
+	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/ipam"
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/nodeconfig"
+	"code.fritzlab.net/fritzlab/flock/podmeta"
+	"code.fritzlab.net/fritzlab/flock/store"
+)
+
+// Dataplane is what the agent needs from the kernel side.
+type Dataplane interface {
+	Setup(p dataplane.Pod) (dataplane.Link, error)
+	Teardown(containerID string) error
+	Check(p dataplane.Pod) error
+	HostVeths() ([]string, error)
+	DeleteVeth(name string) error
+	EnsureNode(summaries []netip.Prefix) error
+	SetRoute(dst netip.Prefix, nhs []dataplane.Nexthop) error
+	GatewayRoutes() ([]netip.Prefix, error)
+}
+
+// Store persists allocation records.
+type Store interface {
+	Put(a store.Allocation) error
+	Delete(containerID string) error
+	Load() ([]store.Allocation, error)
+}
+
+// Hooks let tests stop the agent at interesting points.
+type Hooks struct {
+	// BeforeCommit runs after the dataplane is programmed and before the
+	// committed record is written.
+	BeforeCommit func(containerID string)
+}
+
+// Config wires an Agent.
+type Config struct {
+	Spec      *v1alpha1.NodeConfigSpec
+	Store     Store
+	Dataplane Dataplane
+	Source    podmeta.Source
+	Log       *slog.Logger
+	Hooks     Hooks
+	// ReadyOnCommit treats every committed pod as Ready (standalone mode,
+	// where nothing else reports readiness).
+	ReadyOnCommit bool
+}
+
+// Agent handles pod network lifecycles on one node.
+type Agent struct {
+	cfg       Config
+	log       *slog.Logger
+	ipam      *ipam.Allocator
+	defaults  annotations.Defaults
+	summaries []netip.Prefix
+	anycast   *anycast.Reconciler
+	locks     keyedMutex
+	ready     atomic.Bool
+
+	mu     sync.Mutex
+	allocs map[string]store.Allocation // committed, by container ID
+	// claims holds `addresses` IPs (exclusive to one pod) from allocation
+	// on, so two concurrent ADDs cannot both take one.
+	claims map[netip.Addr]string
+}
+
+// New validates the config and builds an agent; Start must run before it
+// serves.
+func New(cfg Config) (*Agent, error) {
+	if err := nodeconfig.Validate(cfg.Spec); err != nil {
+		return nil, err
+	}
+	pools, err := nodeconfig.Pools(cfg.Spec)
+	if err != nil {
+		return nil, err
+	}
+	alloc, err := ipam.New(pools)
+	if err != nil {
+		return nil, err
+	}
+	algo := ipam.Algo{Kind: ipam.Random}
+	if cfg.Spec.Defaults.IPAlgo != "" {
+		if algo, err = ipam.ParseAlgo(cfg.Spec.Defaults.IPAlgo); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	a := &Agent{
+		cfg:       cfg,
+		log:       cfg.Log,
+		ipam:      alloc,
+		defaults:  annotations.Defaults{IPv6: cfg.Spec.Defaults.WantIPv6(), IPv4: cfg.Spec.Defaults.IPv4, Algo: algo},
+		summaries: nodeconfig.Summaries(cfg.Spec),
+		anycast:   anycast.New(cfg.Dataplane),
+		allocs:    map[string]store.Allocation{},
+		claims:    map[netip.Addr]string{},
+	}
+	return a, nil
+}
+
+// Ready reports whether Start has finished.
+func (a *Agent) Ready() bool { return a.ready.Load() }
+
+// Start recovers state: committed records go back into IPAM, pending ones
+// (a crash mid-ADD) are torn down and dropped, flock veths that no record
+// owns are removed, and the anycast routes are rebuilt.
+func (a *Agent) Start(ctx context.Context) error {
+	if err := a.cfg.Dataplane.EnsureNode(a.summaries); err != nil {
+		return fmt.Errorf("node setup: %w", err)
+	}
+	recs, err := a.cfg.Store.Load()
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if r.State == store.Pending {
+			a.log.Warn("dropping allocation left pending by a crash", "container", r.ContainerID, "pod", r.Pod.Namespace+"/"+r.Pod.Name, "ips", r.IPs)
+			if err := a.cfg.Dataplane.Teardown(r.ContainerID); err != nil {
+				return fmt.Errorf("tear down pending %s: %w", r.ContainerID, err)
+			}
+			if err := a.cfg.Store.Delete(r.ContainerID); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := a.restore(r); err != nil {
+			return err
+		}
+	}
+	owned := map[string]bool{}
+	for _, r := range a.allocs {
+		owned[r.HostVeth] = true
+	}
+	veths, err := a.cfg.Dataplane.HostVeths()
+	if err != nil {
+		return err
+	}
+	for _, v := range veths {
+		if !owned[v] {
+			a.log.Warn("removing flock veth that no allocation owns", "veth", v)
+			if err := a.cfg.Dataplane.DeleteVeth(v); err != nil {
+				return err
+			}
+		}
+	}
+	existing, err := a.cfg.Dataplane.GatewayRoutes()
+	if err != nil {
+		return err
+	}
+	if err := a.anycast.Resync(existing); err != nil {
+		a.log.Error("anycast resync", "err", err)
+	}
+	a.ready.Store(true)
+	a.log.Info("agent ready", "allocations", len(a.allocs), "summaries", a.summaries)
+	return nil
+}
+
+func (a *Agent) restore(r store.Allocation) error {
+	for _, ip := range r.IPs {
+		if err := a.ipam.Reserve(ip, r.ContainerID); err != nil {
+			if errors.Is(err, ipam.ErrConflict) {
+				return fmt.Errorf("store: allocation %s: %w", r.ContainerID, err)
+			}
+			// The pool may have been removed from NodeConfig: the pod keeps
+			// its address, the pool is just no longer handed out.
+			a.log.Warn("restored address is outside the configured pools", "container", r.ContainerID, "ip", ip, "err", err)
+		}
+	}
+	for _, ip := range r.Addresses {
+		if prev, ok := a.claims[ip]; ok && prev != r.ContainerID {
+			return fmt.Errorf("store: address %s is claimed by both %s and %s", ip, prev, r.ContainerID)
+		}
+		a.claims[ip] = r.ContainerID
+	}
+	a.allocs[r.ContainerID] = r
+	if err := a.anycast.Update(a.member(r, a.cfg.ReadyOnCommit)); err != nil {
+		a.log.Error("anycast", "container", r.ContainerID, "err", err)
+	}
+	return nil
+}
+
+func (a *Agent) member(r store.Allocation, ready bool) anycast.Member {
+	return anycast.Member{ContainerID: r.ContainerID, HostVeth: r.HostVeth, IPs: r.IPs, Anycast: r.Anycast, Addresses: r.Addresses, Ready: ready}
+}
+
+func (a *Agent) get(id string) (store.Allocation, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r, ok := a.allocs[id]
+	return r, ok
+}
+
+// Allocations returns the committed allocations, sorted by container ID.
+func (a *Agent) Allocations() []store.Allocation {
+	a.mu.Lock()
+	out := make([]store.Allocation, 0, len(a.allocs))
+	for _, r := range a.allocs {
+		out = append(out, r)
+	}
+	a.mu.Unlock()
+	slices.SortFunc(out, func(x, y store.Allocation) int { return cmpStr(x.ContainerID, y.ContainerID) })
+	return out
+}
+
+func cmpStr(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// IPAM returns pool usage.
+func (a *Agent) IPAM() []ipam.PoolStats { return a.ipam.Stats() }
+
+// AnycastRoutes returns the installed anycast/addresses host routes.
+func (a *Agent) AnycastRoutes() []anycast.Route { return a.anycast.Routes() }
+
+// Add runs the ADD flow and returns the committed allocation.
+func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs string) (store.Allocation, error) {
+	if err := validateAttachment(containerID, netns, ifName); err != nil {
+		return store.Allocation{}, err
+	}
+	args, err := podmeta.ParseArgs(cniArgs)
+	if err != nil {
+		return store.Allocation{}, &Error{Code: codeEnv, Err: err}
+	}
+	unlock := a.locks.Lock(containerID)
+	defer unlock()
+
+	if r, ok := a.get(containerID); ok {
+		if r.IfName != ifName {
+			return store.Allocation{}, &Error{Code: codeConfig, Err: fmt.Errorf("container %s already has flock interface %s; a second interface %s is not supported", containerID, r.IfName, ifName)}
+		}
+		return r, nil // kubelet retried an ADD that succeeded
+	}
+	pod, err := a.cfg.Source.Lookup(ctx, args)
+	if err != nil {
+		return store.Allocation{}, err
+	}
+	req, err := annotations.Parse(pod.Annotations, a.defaults)
+	if err != nil {
+		return store.Allocation{}, err
+	}
+	rec := store.Allocation{
+		ContainerID: containerID, IfName: ifName, Netns: netns,
+		HostVeth: dataplane.HostVethName(containerID), State: store.Pending,
+		Pod:     store.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
+		Anycast: req.Anycast, Addresses: req.Addresses, Created: time.Now().UTC(),
+	}
+	if err := a.claim(rec); err != nil {
+		return store.Allocation{}, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			a.rollback(rec)
+		}
+	}()
+	id := ipam.Identity{Namespace: pod.Namespace, App: pod.App, Image: pod.Image, ContainerID: containerID}
+	for _, fam := range []struct {
+		want bool
+		n    int
+		rng  netip.Prefix
+	}{{req.IPv6, 6, req.CIDR6}, {req.IPv4, 4, req.CIDR4}} {
+		if !fam.want {
+			continue
+		}
+		ip, err := a.ipam.Allocate(ipam.Request{Owner: containerID, Family: fam.n, Range: fam.rng, Algo: req.Algo, Identity: id})
+		if err != nil {
+			return store.Allocation{}, err
+		}
+		rec.IPs = append(rec.IPs, ip)
+	}
+	// Persist before touching the kernel: a crash from here on leaves a
+	// record that the next start tears down.
+	if err := a.cfg.Store.Put(rec); err != nil {
+		return store.Allocation{}, err
+	}
+	link, err := a.cfg.Dataplane.Setup(dataplane.Pod{ContainerID: containerID, Netns: netns, IfName: ifName, IPs: rec.IPs, Addresses: rec.Addresses, Anycast: rec.Anycast})
+	if err != nil {
+		return store.Allocation{}, err
+	}
+	rec.HostMAC, rec.PodMAC = link.HostMAC.String(), link.PodMAC.String()
+	if h := a.cfg.Hooks.BeforeCommit; h != nil {
+		h(containerID)
+	}
+	rec.State = store.Committed
+	if err := a.cfg.Store.Put(rec); err != nil {
+		return store.Allocation{}, err
+	}
+	committed = true
+	a.mu.Lock()
+	a.allocs[containerID] = rec
+	a.mu.Unlock()
+	if err := a.anycast.Update(a.member(rec, a.cfg.ReadyOnCommit)); err != nil {
+		a.log.Error("anycast", "container", containerID, "err", err)
+	}
+	a.log.Info("pod added", "container", containerID, "pod", pod.Namespace+"/"+pod.Name, "ips", rec.IPs, "veth", rec.HostVeth)
+	return rec, nil
+}
+
+// claim checks the anycast/addresses IPs and reserves the exclusive ones.
+func (a *Agent) claim(rec store.Allocation) error {
+	for _, set := range []struct {
+		key string
+		ips []netip.Addr
+	}{{annotations.Anycast, rec.Anycast}, {annotations.Addresses, rec.Addresses}} {
+		for _, ip := range set.ips {
+			if p, ok := a.ipam.PoolOf(ip); ok {
+				return &annotations.Error{Key: set.key, Value: ip.String(), Reason: fmt.Sprintf("inside pod pool %s, where IPAM hands addresses out", p.Prefix)}
+			}
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, ip := range rec.Addresses {
+		if owner, ok := a.claims[ip]; ok && owner != rec.ContainerID {
+			return &Error{Code: codeConfig, Err: fmt.Errorf("annotation %s: %s is already bound by container %s", annotations.Addresses, ip, owner)}
+		}
+	}
+	for _, ip := range rec.Anycast {
+		if owner, ok := a.claims[ip]; ok && owner != rec.ContainerID {
+			return &Error{Code: codeConfig, Err: fmt.Errorf("annotation %s: %s is an `addresses` IP of container %s, not anycast", annotations.Anycast, ip, owner)}
+		}
+	}
+	for _, ip := range rec.Addresses {
+		a.claims[ip] = rec.ContainerID
+	}
+	return nil
+}
+
+// rollback undoes a failed ADD: kernel state, record, IPs, claims.
+func (a *Agent) rollback(rec store.Allocation) {
+	if err := a.cfg.Dataplane.Teardown(rec.ContainerID); err != nil {
+		a.log.Error("rollback: teardown", "container", rec.ContainerID, "err", err)
+	}
+	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {
+		a.log.Error("rollback: delete record", "container", rec.ContainerID, "err", err)
+	}
+	a.release(rec)
+}
+
+func (a *Agent) release(rec store.Allocation) {
+	for _, ip := range rec.IPs {
+		a.ipam.Release(ip, rec.ContainerID)
+	}
+	a.mu.Lock()
+	for _, ip := range rec.Addresses {
+		if a.claims[ip] == rec.ContainerID {
+			delete(a.claims, ip)
+		}
+	}
+	a.mu.Unlock()
+}
+
+// Del tears a container down. Unknown containers succeed; a leftover veth
+// of that name is still removed.
+func (a *Agent) Del(ctx context.Context, containerID string) error {
+	if err := validateContainerID(containerID); err != nil {
+		return err
+	}
+	unlock := a.locks.Lock(containerID)
+	defer unlock()
+	rec, known := a.get(containerID)
+	if known {
+		if err := a.anycast.Remove(containerID); err != nil {
+			a.log.Error("anycast", "container", containerID, "err", err)
+		}
+	}
+	if err := a.cfg.Dataplane.Teardown(containerID); err != nil {
+		return err
+	}
+	if !known {
+		return nil
+	}
+	if err := a.cfg.Store.Delete(containerID); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	delete(a.allocs, containerID)
+	a.mu.Unlock()
+	a.release(rec)
+	a.log.Info("pod deleted", "container", containerID, "pod", rec.Pod.Namespace+"/"+rec.Pod.Name, "ips", rec.IPs)
+	return nil
+}
+
+// Check compares the kernel with the record; prev, if set, are the IPs of
+// the runtime's cached result, which must match the record.
+func (a *Agent) Check(ctx context.Context, containerID, ifName string, prev []netip.Addr) error {
+	if err := validateContainerID(containerID); err != nil {
+		return err
+	}
+	unlock := a.locks.Lock(containerID)
+	defer unlock()
+	rec, ok := a.get(containerID)
+	if !ok {
+		return &Error{Code: codeUnknownContainer, Err: fmt.Errorf("no flock allocation for container %s", containerID)}
+	}
+	if ifName != "" && ifName != rec.IfName {
+		return &Error{Code: codeConfig, Err: fmt.Errorf("container %s: flock interface is %s, not %s", containerID, rec.IfName, ifName)}
+	}
+	if prev != nil {
+		want := append(v6First(rec.IPs), rec.Addresses...)
+		if !sameSet(prev, want) {
+			return fmt.Errorf("container %s: cached result has IPs %v, the agent has %v", containerID, prev, want)
+		}
+	}
+	return a.cfg.Dataplane.Check(dataplane.Pod{ContainerID: rec.ContainerID, Netns: rec.Netns, IfName: rec.IfName, IPs: rec.IPs, Addresses: rec.Addresses, Anycast: rec.Anycast})
+}
+
+func sameSet(a, b []netip.Addr) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	x := slices.Clone(a)
+	y := slices.Clone(b)
+	slices.SortFunc(x, netip.Addr.Compare)
+	slices.SortFunc(y, netip.Addr.Compare)
+	return slices.Equal(x, y)
+}
+
+// Attachment names one container interface the runtime still uses.
+type Attachment struct{ ContainerID, IfName string }
+
+// GC deletes every allocation whose attachment the runtime no longer
+// lists (CNI GC, spec 1.1).
+func (a *Agent) GC(ctx context.Context, valid []Attachment) error {
+	keep := map[Attachment]bool{}
+	for _, v := range valid {
+		keep[v] = true
+	}
+	var errs []error
+	for _, r := range a.Allocations() {
+		if keep[Attachment{r.ContainerID, r.IfName}] {
+			continue
+		}
+		a.log.Info("GC: releasing attachment the runtime no longer knows", "container", r.ContainerID, "ifname", r.IfName)
+		if err := a.Del(ctx, r.ContainerID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// keyedMutex serialises operations on one container ID.
+type keyedMutex struct {
+	mu sync.Mutex
+	m  map[string]*keyedEntry
+}
+
+type keyedEntry struct {
+	mu   sync.Mutex
+	refs int
+}
+
+func (k *keyedMutex) Lock(key string) func() {
+	k.mu.Lock()
+	if k.m == nil {
+		k.m = map[string]*keyedEntry{}
+	}
+	e := k.m[key]
+	if e == nil {
+		e = &keyedEntry{}
+		k.m[key] = e
+	}
+	e.refs++
+	k.mu.Unlock()
+	e.mu.Lock()
+	return func() {
+		e.mu.Unlock()
+		k.mu.Lock()
+		if e.refs--; e.refs == 0 {
+			delete(k.m, key)
+		}
+		k.mu.Unlock()
+	}
+}

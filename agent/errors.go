@@ -1,0 +1,87 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"code.fritzlab.net/fritzlab/flock/annotations"
+	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/ipam"
+	"code.fritzlab.net/fritzlab/flock/podmeta"
+)
+
+// CNI error codes the agent answers with.
+const (
+	codeUnknownContainer = types.ErrUnknownContainer
+	codeEnv              = types.ErrInvalidEnvironmentVariables
+	codeConfig           = types.ErrInvalidNetworkConfig
+	codeNetns            = types.ErrInvalidNetNS
+	codeTryAgain         = types.ErrTryAgainLater
+	codeNotAvailable     = types.ErrPluginNotAvailable
+	codeInternal         = types.ErrInternal
+)
+
+// Error carries an explicit CNI error code.
+type Error struct {
+	Code uint
+	Err  error
+}
+
+func (e *Error) Error() string { return e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// ToCNI maps an error to a CNI error: the code tells the runtime what kind
+// of failure it is, the message tells a person what to fix.
+func ToCNI(err error) *types.Error {
+	if err == nil {
+		return nil
+	}
+	code := codeInternal
+	var ce *Error
+	var ae *annotations.Error
+	var me *podmeta.MissingArgError
+	var ne *dataplane.NetnsError
+	switch {
+	case errors.As(err, &ce):
+		code = ce.Code
+	case errors.As(err, &ae):
+		code = codeConfig
+	case errors.As(err, &me):
+		code = codeEnv
+	case errors.As(err, &ne):
+		code = codeNetns
+	case errors.Is(err, ipam.ErrExhausted):
+		code = codeTryAgain
+	case errors.Is(err, ipam.ErrNotInPool), errors.Is(err, ipam.ErrForbidden), errors.Is(err, ipam.ErrBadAlgo):
+		code = codeConfig
+	}
+	return &types.Error{Code: code, Msg: "flock: " + err.Error()}
+}
+
+var cniName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
+
+func validateContainerID(id string) error {
+	if id == "" {
+		return &Error{Code: codeUnknownContainer, Err: errors.New("CNI_CONTAINERID is empty")}
+	}
+	if len(id) > 256 || !cniName.MatchString(id) {
+		return &Error{Code: codeEnv, Err: fmt.Errorf("CNI_CONTAINERID %q: only letters, digits, '_', '.' and '-' are allowed", id)}
+	}
+	return nil
+}
+
+func validateAttachment(id, netns, ifName string) error {
+	if err := validateContainerID(id); err != nil {
+		return err
+	}
+	if netns == "" {
+		return &Error{Code: codeEnv, Err: errors.New("CNI_NETNS is empty")}
+	}
+	if ifName == "" || len(ifName) > 15 {
+		return &Error{Code: codeEnv, Err: fmt.Errorf("CNI_IFNAME %q: want 1 to 15 characters", ifName)}
+	}
+	return nil
+}

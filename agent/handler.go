@@ -1,0 +1,95 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"code.fritzlab.net/fritzlab/flock/cni/wire"
+)
+
+// netConf is the part of the network config the agent reads.
+type netConf struct {
+	CNIVersion       string          `json:"cniVersion"`
+	RawPrevResult    json.RawMessage `json:"prevResult,omitempty"`
+	ValidAttachments []struct {
+		ContainerID string `json:"containerID"`
+		IfName      string `json:"ifname"`
+	} `json:"cni.dev/valid-attachments,omitempty"`
+}
+
+// Handle serves one wire request.
+func (a *Agent) Handle(ctx context.Context, req wire.Request) wire.Response {
+	if !a.Ready() {
+		return wire.Response{Error: &types.Error{Code: codeNotAvailable, Msg: "flock: agent is starting (recovering allocations); try again"}}
+	}
+	var conf netConf
+	if len(req.Config) > 0 {
+		if err := json.Unmarshal(req.Config, &conf); err != nil {
+			return wire.Response{Error: &types.Error{Code: types.ErrDecodingFailure, Msg: fmt.Sprintf("flock: network config: %v", err)}}
+		}
+	}
+	switch req.Op {
+	case wire.OpAdd:
+		rec, err := a.Add(ctx, req.ContainerID, req.Netns, req.IfName, req.Args)
+		if err != nil {
+			a.log.Warn("ADD failed", "container", req.ContainerID, "err", err)
+			return wire.Response{Error: ToCNI(err)}
+		}
+		raw, err := json.Marshal(buildResult(rec))
+		if err != nil {
+			return wire.Response{Error: ToCNI(err)}
+		}
+		return wire.Response{Result: raw}
+	case wire.OpDel:
+		return wire.Response{Error: ToCNI(a.Del(ctx, req.ContainerID))}
+	case wire.OpCheck:
+		prev, err := prevIPs(conf)
+		if err != nil {
+			return wire.Response{Error: &types.Error{Code: types.ErrDecodingFailure, Msg: "flock: prevResult: " + err.Error()}}
+		}
+		return wire.Response{Error: ToCNI(a.Check(ctx, req.ContainerID, req.IfName, prev))}
+	case wire.OpGC:
+		var valid []Attachment
+		for _, v := range conf.ValidAttachments {
+			valid = append(valid, Attachment{ContainerID: v.ContainerID, IfName: v.IfName})
+		}
+		return wire.Response{Error: ToCNI(a.GC(ctx, valid))}
+	case wire.OpStatus:
+		return wire.Response{}
+	}
+	return wire.Response{Error: &types.Error{Code: types.ErrInvalidNetworkConfig, Msg: fmt.Sprintf("flock: unknown op %q", req.Op)}}
+}
+
+// prevIPs extracts the IPs of a CHECK's prevResult (nil when absent).
+func prevIPs(conf netConf) ([]netip.Addr, error) {
+	if len(conf.RawPrevResult) == 0 || string(conf.RawPrevResult) == "null" {
+		return nil, nil
+	}
+	if conf.CNIVersion == "" {
+		return nil, errors.New("cniVersion missing")
+	}
+	r, err := version.NewResult(conf.CNIVersion, conf.RawPrevResult)
+	if err != nil {
+		return nil, err
+	}
+	res, err := current.NewResultFromResult(r)
+	if err != nil {
+		return nil, err
+	}
+	out := []netip.Addr{}
+	for _, ip := range res.IPs {
+		a, ok := netip.AddrFromSlice(ip.Address.IP)
+		if !ok {
+			return nil, fmt.Errorf("bad IP %v", ip.Address)
+		}
+		out = append(out, a.Unmap())
+	}
+	return out, nil
+}

@@ -1,0 +1,422 @@
+// Package dataplane programs the kernel for flock over netlink: the routed
+// veth of each pod, the host routes towards it, anycast ECMP routes and the
+// node summary blackholes. It holds no state of its own: every call is
+// idempotent and reads what it needs from the kernel, so the control logic
+// (package agent) can be tested against a fake without root.
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// RouteProtocol marks every route flock installs (see `ip route show proto
+// 70`), so that stale ones can be found after a crash without touching
+// routes that belong to someone else.
+const RouteProtocol netlink.RouteProtocol = 70
+
+// VethPrefix starts every host-side veth name.
+const VethPrefix = "flock"
+
+// Gateway addresses the pod routes through. fe80::1 lives on every host
+// veth; 169.254.1.1 is answered by proxy ARP (and pinned by a permanent
+// neighbour entry in the pod, so it works even on a node without a default
+// route).
+var (
+	GatewayV6 = netip.MustParseAddr("fe80::1")
+	GatewayV4 = netip.MustParseAddr("169.254.1.1")
+)
+
+// HostVethName is the host-side veth of a container: "flock" + 8 hex digits
+// of FNV-1a-32 of the container ID.
+func HostVethName(containerID string) string {
+	h := fnv.New32a()
+	h.Write([]byte(containerID))
+	return fmt.Sprintf("%s%08x", VethPrefix, h.Sum32())
+}
+
+// Pod is the desired network of one pod attachment.
+type Pod struct {
+	ContainerID string
+	Netns       string // path
+	IfName      string
+	IPs         []netip.Addr // /128 and /32 on IfName
+	Addresses   []netip.Addr // extra addresses on IfName
+	Anycast     []netip.Addr // on the pod's lo
+}
+
+// Link describes the veth pair Setup created.
+type Link struct {
+	HostVeth string
+	HostMAC  net.HardwareAddr
+	PodMAC   net.HardwareAddr
+}
+
+// Nexthop of a route towards a pod.
+type Nexthop struct {
+	Gateway netip.Addr
+	Dev     string
+}
+
+// Netlink is the real dataplane, acting on the agent's own (node) netns.
+type Netlink struct {
+	Log *slog.Logger
+	// ProcSys is the sysctl tree, "/proc/sys" unless a test says otherwise.
+	ProcSys string
+}
+
+func (d *Netlink) log() *slog.Logger {
+	if d.Log != nil {
+		return d.Log
+	}
+	return slog.Default()
+}
+
+func (d *Netlink) sysctl(key, value string) error {
+	root := d.ProcSys
+	if root == "" {
+		root = "/proc/sys"
+	}
+	p := filepath.Join(root, strings.ReplaceAll(key, ".", "/"))
+	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s=%s: %w", key, value, err)
+	}
+	return nil
+}
+
+// NetnsError reports a netns path that cannot be opened.
+type NetnsError struct {
+	Path string
+	Err  error
+}
+
+func (e *NetnsError) Error() string { return fmt.Sprintf("netns %q: %v", e.Path, e.Err) }
+func (e *NetnsError) Unwrap() error { return e.Err }
+
+func openNetns(path string) (netns.NsHandle, *netlink.Handle, error) {
+	nsh, err := netns.GetFromPath(path)
+	if err != nil {
+		return 0, nil, &NetnsError{Path: path, Err: err}
+	}
+	h, err := netlink.NewHandleAt(nsh)
+	if err != nil {
+		nsh.Close()
+		return 0, nil, &NetnsError{Path: path, Err: err}
+	}
+	return nsh, h, nil
+}
+
+func hostPrefix(ip netip.Addr) netip.Prefix { return netip.PrefixFrom(ip, ip.BitLen()) }
+
+func ipnet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+func family(ip netip.Addr) int {
+	if ip.Is4() {
+		return netlink.FAMILY_V4
+	}
+	return netlink.FAMILY_V6
+}
+
+// addrFlags: a /128 on a point-to-point veth needs no DAD, and the pod must
+// be able to use its address the moment ADD returns.
+func addrFlags(ip netip.Addr) int {
+	if ip.Is6() {
+		return unix.IFA_F_NODAD
+	}
+	return 0
+}
+
+// Setup creates the veth pair and programs both ends. A leftover host veth
+// of the same name (a crashed earlier attempt) is removed first. On error the
+// caller tears down; Setup does not clean up after itself.
+func (d *Netlink) Setup(p Pod) (Link, error) {
+	hostName := HostVethName(p.ContainerID)
+	nsh, ph, err := openNetns(p.Netns)
+	if err != nil {
+		return Link{}, err
+	}
+	defer nsh.Close()
+	defer ph.Delete()
+
+	if _, err := ph.LinkByName(p.IfName); err == nil {
+		return Link{}, fmt.Errorf("interface %q already exists in netns %s", p.IfName, p.Netns)
+	}
+	if err := d.deleteHostVeth(hostName); err != nil {
+		return Link{}, err
+	}
+	veth := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: hostName},
+		PeerName:      p.IfName,
+		PeerNamespace: netlink.NsFd(int(nsh)),
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return Link{}, fmt.Errorf("create veth %s/%s: %w", hostName, p.IfName, err)
+	}
+	host, err := netlink.LinkByName(hostName)
+	if err != nil {
+		return Link{}, fmt.Errorf("veth %s: %w", hostName, err)
+	}
+	// No kernel link-local on either end: the host end has exactly fe80::1,
+	// the pod end only its /128.
+	if err := netlink.LinkSetIP6AddrGenMode(host, 1); err != nil {
+		return Link{}, fmt.Errorf("veth %s: addr_gen_mode: %w", hostName, err)
+	}
+	if err := d.sysctl("net.ipv4.conf."+hostName+".proxy_arp", "1"); err != nil {
+		return Link{}, err
+	}
+	// The default proxy_delay holds the first ARP answer back up to 0.8 s.
+	if err := d.sysctl("net.ipv4.neigh."+hostName+".proxy_delay", "0"); err != nil {
+		return Link{}, err
+	}
+	gw6 := &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(GatewayV6, 64)), Flags: unix.IFA_F_NODAD}
+	if err := netlink.AddrReplace(host, gw6); err != nil {
+		return Link{}, fmt.Errorf("veth %s: add %s/64: %w", hostName, GatewayV6, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return Link{}, fmt.Errorf("veth %s: up: %w", hostName, err)
+	}
+	link := Link{HostVeth: hostName, HostMAC: host.Attrs().HardwareAddr}
+
+	pod, err := ph.LinkByName(p.IfName)
+	if err != nil {
+		return Link{}, fmt.Errorf("netns %s: %s: %w", p.Netns, p.IfName, err)
+	}
+	link.PodMAC = pod.Attrs().HardwareAddr
+	if err := d.setupPodSide(ph, pod, p, link.HostMAC); err != nil {
+		return Link{}, fmt.Errorf("netns %s: %w", p.Netns, err)
+	}
+
+	for _, ip := range p.IPs {
+		r := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: ipnet(hostPrefix(ip)), Protocol: RouteProtocol}
+		if ip.Is4() {
+			r.Scope = netlink.SCOPE_LINK
+		}
+		if err := netlink.RouteReplace(r); err != nil {
+			return Link{}, fmt.Errorf("host route %s dev %s: %w", hostPrefix(ip), hostName, err)
+		}
+		// Pinning the pod's MAC saves the first packet a neighbour lookup.
+		n := &netlink.Neigh{LinkIndex: host.Attrs().Index, Family: family(ip), State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: link.PodMAC}
+		if err := netlink.NeighSet(n); err != nil {
+			return Link{}, fmt.Errorf("neighbour %s on %s: %w", ip, hostName, err)
+		}
+	}
+	return link, nil
+}
+
+func (d *Netlink) setupPodSide(h *netlink.Handle, pod netlink.Link, p Pod, hostMAC net.HardwareAddr) error {
+	if err := h.LinkSetIP6AddrGenMode(pod, 1); err != nil {
+		return fmt.Errorf("%s: addr_gen_mode: %w", p.IfName, err)
+	}
+	if err := h.LinkSetUp(pod); err != nil {
+		return fmt.Errorf("%s: up: %w", p.IfName, err)
+	}
+	idx := pod.Attrs().Index
+	for _, ip := range append(append([]netip.Addr{}, p.IPs...), p.Addresses...) {
+		a := &netlink.Addr{IPNet: ipnet(hostPrefix(ip)), Flags: addrFlags(ip)}
+		if err := h.AddrReplace(pod, a); err != nil {
+			return fmt.Errorf("%s: add %s: %w", p.IfName, hostPrefix(ip), err)
+		}
+	}
+	if len(p.Anycast) > 0 {
+		lo, err := h.LinkByName("lo")
+		if err != nil {
+			return fmt.Errorf("lo: %w", err)
+		}
+		if err := h.LinkSetUp(lo); err != nil {
+			return fmt.Errorf("lo: up: %w", err)
+		}
+		for _, ip := range p.Anycast {
+			a := &netlink.Addr{IPNet: ipnet(hostPrefix(ip)), Flags: addrFlags(ip), Scope: int(netlink.SCOPE_UNIVERSE)}
+			if err := h.AddrReplace(lo, a); err != nil {
+				return fmt.Errorf("lo: add anycast %s: %w", hostPrefix(ip), err)
+			}
+		}
+	}
+	for _, ip := range p.IPs {
+		gw := GatewayV6
+		if ip.Is4() {
+			gw = GatewayV4
+			onlink := &netlink.Route{LinkIndex: idx, Dst: ipnet(hostPrefix(gw)), Scope: netlink.SCOPE_LINK}
+			if err := h.RouteReplace(onlink); err != nil {
+				return fmt.Errorf("route %s dev %s: %w", hostPrefix(gw), p.IfName, err)
+			}
+		}
+		n := &netlink.Neigh{LinkIndex: idx, Family: family(gw), State: netlink.NUD_PERMANENT, IP: gw.AsSlice(), HardwareAddr: hostMAC}
+		if err := h.NeighSet(n); err != nil {
+			return fmt.Errorf("neighbour %s on %s: %w", gw, p.IfName, err)
+		}
+		def := &netlink.Route{LinkIndex: idx, Dst: ipnet(netip.PrefixFrom(zero(ip), 0)), Gw: gw.AsSlice()}
+		if err := h.RouteReplace(def); err != nil {
+			return fmt.Errorf("default route via %s dev %s: %w", gw, p.IfName, err)
+		}
+	}
+	return nil
+}
+
+func zero(ip netip.Addr) netip.Addr {
+	if ip.Is4() {
+		return netip.IPv4Unspecified()
+	}
+	return netip.IPv6Unspecified()
+}
+
+func (d *Netlink) deleteHostVeth(name string) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return fmt.Errorf("look up %s: %w", name, err)
+	}
+	if l.Type() != "veth" {
+		return fmt.Errorf("%s exists but is a %s, not a veth: refusing to delete it", name, l.Type())
+	}
+	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}
+
+// Teardown removes a container's host veth; the pod end, the host routes
+// and the neighbour entries go with it. Missing objects are not errors.
+func (d *Netlink) Teardown(containerID string) error {
+	return d.deleteHostVeth(HostVethName(containerID))
+}
+
+// HostVeths lists the flock veths present on the node.
+func (d *Netlink) HostVeths() ([]string, error) {
+	links, err := netlink.LinkList()
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	var out []string
+	for _, l := range links {
+		if l.Type() == "veth" && strings.HasPrefix(l.Attrs().Name, VethPrefix) {
+			out = append(out, l.Attrs().Name)
+		}
+	}
+	return out, nil
+}
+
+// DeleteVeth removes a host veth by name (an orphan found at startup).
+func (d *Netlink) DeleteVeth(name string) error { return d.deleteHostVeth(name) }
+
+// EnsureNode turns on forwarding and installs a blackhole route for each
+// node summary, removing flock blackholes for summaries no longer
+// configured. An unallocated address inside a summary is dropped here
+// instead of bouncing between node and ToR.
+func (d *Netlink) EnsureNode(summaries []netip.Prefix) error {
+	if err := d.sysctl("net.ipv4.ip_forward", "1"); err != nil {
+		return err
+	}
+	if err := d.sysctl("net.ipv6.conf.all.forwarding", "1"); err != nil {
+		return err
+	}
+	want := map[netip.Prefix]bool{}
+	for _, s := range summaries {
+		want[s] = true
+		r := &netlink.Route{Dst: ipnet(s), Type: unix.RTN_BLACKHOLE, Protocol: RouteProtocol, Family: family(s.Addr())}
+		if err := netlink.RouteReplace(r); err != nil {
+			return fmt.Errorf("blackhole %s: %w", s, err)
+		}
+	}
+	routes, err := d.flockRoutes()
+	if err != nil {
+		return err
+	}
+	for _, r := range routes {
+		if r.Type != unix.RTN_BLACKHOLE {
+			continue
+		}
+		if p, ok := prefixOf(r.Dst); ok && !want[p] {
+			if err := netlink.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("remove stale blackhole %s: %w", p, err)
+			}
+			d.log().Info("removed stale summary blackhole", "prefix", p)
+		}
+	}
+	return nil
+}
+
+func (d *Netlink) flockRoutes() ([]netlink.Route, error) {
+	var out []netlink.Route
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return nil, fmt.Errorf("list routes: %w", err)
+		}
+		out = append(out, rs...)
+	}
+	return out, nil
+}
+
+func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
+	if n == nil {
+		return netip.Prefix{}, false
+	}
+	a, ok := netip.AddrFromSlice(n.IP)
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones), true
+}
+
+// SetRoute points dst at the given next hops (one ECMP route for several),
+// or removes it when there are none.
+func (d *Netlink) SetRoute(dst netip.Prefix, nhs []Nexthop) error {
+	r := &netlink.Route{Dst: ipnet(dst), Protocol: RouteProtocol, Family: family(dst.Addr())}
+	if len(nhs) == 0 {
+		if err := netlink.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("delete route %s: %w", dst, err)
+		}
+		return nil
+	}
+	for _, nh := range nhs {
+		l, err := netlink.LinkByName(nh.Dev)
+		if err != nil {
+			return fmt.Errorf("route %s via %s dev %s: %w", dst, nh.Gateway, nh.Dev, err)
+		}
+		if len(nhs) == 1 {
+			r.LinkIndex, r.Gw = l.Attrs().Index, nh.Gateway.AsSlice()
+			break
+		}
+		r.MultiPath = append(r.MultiPath, &netlink.NexthopInfo{LinkIndex: l.Attrs().Index, Gw: nh.Gateway.AsSlice()})
+	}
+	if err := netlink.RouteReplace(r); err != nil {
+		return fmt.Errorf("route %s via %v: %w", dst, nhs, err)
+	}
+	return nil
+}
+
+// GatewayRoutes lists the flock routes that have a gateway (anycast and
+// addresses host routes), for pruning stale ones at startup.
+func (d *Netlink) GatewayRoutes() ([]netip.Prefix, error) {
+	routes, err := d.flockRoutes()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for _, r := range routes {
+		if r.Type == unix.RTN_UNICAST && (r.Gw != nil || len(r.MultiPath) > 0) {
+			if p, ok := prefixOf(r.Dst); ok {
+				out = append(out, p)
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,185 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
+
+	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/store"
+)
+
+func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// podIPs returns the result's IPs in order.
+func podIPs(t *testing.T, r types.Result) []netip.Addr {
+	t.Helper()
+	res, err := current.NewResultFromResult(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []netip.Addr
+	for _, ip := range res.IPs {
+		a, ok := netip.AddrFromSlice(ip.Address.IP)
+		if !ok {
+			t.Fatalf("bad IP in result: %v", ip.Address)
+		}
+		out = append(out, a.Unmap())
+	}
+	return out
+}
+
+func ipOf(ips []netip.Addr, v6 bool) netip.Addr {
+	for _, ip := range ips {
+		if ip.Is6() == v6 {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}
+
+func prefixOf(n *net.IPNet) netip.Prefix {
+	a, _ := netip.AddrFromSlice(n.IP)
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones)
+}
+
+// flockVeths lists the flock veths in the node namespace.
+func flockVeths(t *testing.T, ns *lab.NS) []string {
+	t.Helper()
+	var out []string
+	err := ns.Do(func(h *netlink.Handle) error {
+		links, err := h.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			if strings.HasPrefix(l.Attrs().Name, dataplane.VethPrefix) {
+				out = append(out, l.Attrs().Name)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// flockRoutes lists the node's flock-installed routes other than the
+// summary blackholes.
+func flockRoutes(t *testing.T, ns *lab.NS) []netlink.Route {
+	t.Helper()
+	var out []netlink.Route
+	err := ns.Do(func(h *netlink.Handle) error {
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			rs, err := h.RouteListFiltered(fam, &netlink.Route{Protocol: dataplane.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+			if err != nil {
+				return err
+			}
+			for _, r := range rs {
+				if r.Type != 6 { // RTN_BLACKHOLE
+					out = append(out, r)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// records reads the agent's store directory.
+func records(t *testing.T, a *lab.Agent) []store.Allocation {
+	t.Helper()
+	dir := filepath.Join(a.StateDir, "allocations")
+	ents, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var out []store.Allocation
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r store.Allocation
+		if err := json.Unmarshal(b, &r); err != nil {
+			t.Fatalf("%s: %v", e.Name(), err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// flockctl runs the real flockctl against the agent.
+func flockctl(t *testing.T, a *lab.Agent, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(binDir, "flockctl"), append([]string{"--socket", a.AdminSocket}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("flockctl %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+type poolUse struct {
+	CIDR string `json:"cidr"`
+	Used uint64 `json:"used"`
+}
+
+// used returns the number of addresses in use per pool, via flockctl.
+func used(t *testing.T, a *lab.Agent) map[string]uint64 {
+	t.Helper()
+	var pools []poolUse
+	if err := json.Unmarshal([]byte(flockctl(t, a, "-o", "json", "ipam")), &pools); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, p := range pools {
+		out[p.CIDR] = p.Used
+	}
+	return out
+}
+
+// assertClean checks that the node holds no pod state at all.
+func assertClean(t *testing.T, n *node) {
+	t.Helper()
+	if v := flockVeths(t, n.ns); len(v) != 0 {
+		t.Errorf("veths left behind: %v", v)
+	}
+	if r := flockRoutes(t, n.ns); len(r) != 0 {
+		t.Errorf("routes left behind: %v", r)
+	}
+	if r := records(t, n.agent); len(r) != 0 {
+		t.Errorf("store records left behind: %+v", r)
+	}
+	for pool, u := range used(t, n.agent) {
+		if u != 0 {
+			t.Errorf("pool %s still has %d addresses in use", pool, u)
+		}
+	}
+}

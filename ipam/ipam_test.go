@@ -1,0 +1,784 @@
+package ipam
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+)
+
+var (
+	pfx  = netip.MustParsePrefix
+	addr = netip.MustParseAddr
+)
+
+func mustNew(t testing.TB, pools ...Pool) *Allocator {
+	t.Helper()
+	a, err := New(pools)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return a
+}
+
+func summary(s string) Pool { return Pool{Prefix: pfx(s), Summary: true} }
+
+func mustAlloc(t testing.TB, a *Allocator, req Request) netip.Addr {
+	t.Helper()
+	got, err := a.Allocate(req)
+	if err != nil {
+		t.Fatalf("Allocate(%+v): %v", req, err)
+	}
+	return got
+}
+
+var allAlgos = []Algo{{Kind: Random}, {Kind: Sequential}, {Kind: Embed}}
+
+func TestNew(t *testing.T) {
+	good := [][]Pool{
+		nil,
+		{summary("10.0.0.0/30"), summary("fd00::/126")},
+		{summary("fd00:1::/64"), {Prefix: pfx("fd00:2::/64")}, summary("10.1.0.0/24"), {Prefix: pfx("10.2.0.0/16"), Namespaces: []string{"a"}}},
+	}
+	for i, pools := range good {
+		if _, err := New(pools); err != nil {
+			t.Errorf("good #%d: %v", i, err)
+		}
+	}
+
+	bad := []struct {
+		name  string
+		pools []Pool
+		msg   string
+	}{
+		{"invalid", []Pool{summary("10.0.0.0/24"), {}}, `ipam: pool #2: invalid prefix "invalid Prefix"`},
+		{"non-canonical v4", []Pool{summary("10.0.0.1/24")}, "ipam: pool 10.0.0.1/24 is not canonical (host bits set; want 10.0.0.0/24)"},
+		{"non-canonical v6", []Pool{summary("fd00::1/64")}, "ipam: pool fd00::1/64 is not canonical (host bits set; want fd00::/64)"},
+		{"v4 /31", []Pool{summary("10.0.0.0/31")}, "ipam: pool 10.0.0.0/31 has no usable address (the all-zeros and all-ones host addresses are never handed out; use at most /30)"},
+		{"v4 /32", []Pool{summary("10.0.0.7/32")}, "ipam: pool 10.0.0.7/32 has no usable address (the all-zeros and all-ones host addresses are never handed out; use at most /30)"},
+		{"v6 /127", []Pool{summary("fd00::/127")}, "ipam: pool fd00::/127 has no usable address (the all-zeros and all-ones host addresses are never handed out; use at most /126)"},
+		{"v6 /128", []Pool{summary("fd00::1/128")}, "ipam: pool fd00::1/128 has no usable address (the all-zeros and all-ones host addresses are never handed out; use at most /126)"},
+		{"overlap v4", []Pool{summary("10.0.0.0/16"), summary("fd00::/64"), {Prefix: pfx("10.0.5.0/24")}}, "ipam: pool 10.0.5.0/24 overlaps pool 10.0.0.0/16"},
+		{"overlap v6", []Pool{summary("fd00::/120"), {Prefix: pfx("fd00::/64")}}, "ipam: pool fd00::/64 overlaps pool fd00::/120"},
+		{"duplicate", []Pool{summary("fd00::/64"), summary("fd00::/64")}, "ipam: pool fd00::/64 overlaps pool fd00::/64"},
+		{"4in6", []Pool{summary("::ffff:10.0.0.0/120")}, "ipam: pool ::ffff:10.0.0.0/120: IPv4-mapped IPv6 prefixes are not supported (use a plain IPv4 prefix)"},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := New(tc.pools)
+			if err == nil {
+				t.Fatal("New succeeded")
+			}
+			if err.Error() != tc.msg {
+				t.Errorf("error text\n got: %s\nwant: %s", err, tc.msg)
+			}
+		})
+	}
+}
+
+func TestExhaustion(t *testing.T) {
+	tests := []struct {
+		pool   string
+		family int
+		usable int
+	}{
+		{"10.0.0.0/30", 4, 2},
+		{"10.0.0.0/29", 4, 6},
+		{"10.9.8.0/28", 4, 14},
+		{"fd00::/126", 6, 2},
+		{"fd00::/125", 6, 6},
+	}
+	for _, tc := range tests {
+		for _, algo := range allAlgos {
+			if algo.Kind == Embed && tc.family == 6 {
+				continue // too few host bits for embed; covered in TestEmbed
+			}
+			t.Run(tc.pool+"/"+algo.String(), func(t *testing.T) {
+				a := mustNew(t, summary(tc.pool))
+				p := pfx(tc.pool)
+				seen := map[netip.Addr]bool{}
+				for i := 0; i < tc.usable; i++ {
+					got := mustAlloc(t, a, Request{Owner: fmt.Sprint("c", i), Family: tc.family, Algo: algo})
+					if seen[got] || !p.Contains(got) {
+						t.Fatalf("allocation %d: %s duplicate or outside %s", i, got, p)
+					}
+					seen[got] = true
+				}
+				_, err := a.Allocate(Request{Owner: "one-too-many", Family: tc.family, Algo: algo})
+				if !errors.Is(err, ErrExhausted) {
+					t.Fatalf("want ErrExhausted, got %v", err)
+				}
+				want := fmt.Sprintf("ipam: pool %s exhausted (%d of %d usable addresses in use)", tc.pool, tc.usable, tc.usable)
+				if err.Error() != want {
+					t.Errorf("error text\n got: %s\nwant: %s", err, want)
+				}
+				// Releasing one makes exactly that one available again.
+				var freed netip.Addr
+				for ad := range seen {
+					freed = ad
+					break
+				}
+				owner, _ := a.Owner(freed)
+				if !a.Release(freed, owner) {
+					t.Fatalf("Release(%s, %s) = false", freed, owner)
+				}
+				if got := mustAlloc(t, a, Request{Owner: "again", Family: tc.family, Algo: algo}); got != freed {
+					t.Errorf("after release got %s, want %s", got, freed)
+				}
+			})
+		}
+	}
+}
+
+func TestRandomDistinctUntilFull(t *testing.T) {
+	for _, pool := range []string{"fd00:5::/120", "10.4.0.0/24"} {
+		t.Run(pool, func(t *testing.T) {
+			p := pfx(pool)
+			a := mustNew(t, summary(pool))
+			fam := 6
+			if p.Addr().Is4() {
+				fam = 4
+			}
+			usable := 1<<(p.Addr().BitLen()-p.Bits()) - 2
+			first, last := prefixBounds(p)
+			seen := map[netip.Addr]bool{}
+			for i := 0; i < usable; i++ {
+				got := mustAlloc(t, a, Request{Owner: fmt.Sprint("c", i), Family: fam})
+				if seen[got] {
+					t.Fatalf("allocation %d: duplicate %s", i, got)
+				}
+				if !p.Contains(got) {
+					t.Fatalf("allocation %d: %s outside %s", i, got, p)
+				}
+				if v := addrToU128(got); v == first || v == last {
+					t.Fatalf("allocation %d: boundary address %s handed out", i, got)
+				}
+				seen[got] = true
+			}
+			if _, err := a.Allocate(Request{Owner: "x", Family: fam}); !errors.Is(err, ErrExhausted) || !strings.Contains(err.Error(), pool) {
+				t.Fatalf("want ErrExhausted naming %s, got %v", pool, err)
+			}
+			st := a.Stats()[0]
+			if st.Used != uint64(usable) || st.Free != "0" || st.FreeApprox != 0 {
+				t.Errorf("stats %+v", st)
+			}
+		})
+	}
+}
+
+func TestRandomNearlyFullFindsLast(t *testing.T) {
+	a := mustNew(t, summary("fd00::/118")) // 1022 usable
+	var last netip.Addr
+	for i := 1; i <= 1022; i++ {
+		ad := u128ToAddr(addrToU128(addr("fd00::")).add(u128{0, uint64(i)}), false)
+		if i == 777 {
+			last = ad
+			continue
+		}
+		if err := a.Reserve(ad, fmt.Sprint("r", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, algo := range []Algo{{Kind: Random}, {Kind: Sequential}} {
+		got := mustAlloc(t, a, Request{Owner: "last", Family: 6, Algo: algo})
+		if got != last {
+			t.Fatalf("%s: got %s, want %s", algo, got, last)
+		}
+		if _, err := a.Allocate(Request{Owner: "none", Family: 6, Algo: algo}); !errors.Is(err, ErrExhausted) {
+			t.Fatalf("%s: want ErrExhausted, got %v", algo, err)
+		}
+		a.Release(last, "last")
+	}
+}
+
+func TestBoundaries(t *testing.T) {
+	a := mustNew(t, summary("10.0.0.0/29"), summary("fd00::/125"))
+	for _, tc := range []struct {
+		fam         int
+		first, last string
+	}{{4, "10.0.0.0", "10.0.0.7"}, {6, "fd00::", "fd00::7"}} {
+		for _, algo := range allAlgos {
+			var got []netip.Addr
+			for i := 0; i < 10; i++ {
+				ad, err := a.Allocate(Request{Owner: "o", Family: tc.fam, Algo: algo})
+				if err != nil {
+					if tc.fam == 6 && algo.Kind == Embed && errors.Is(err, ErrBadAlgo) {
+						break
+					}
+					if errors.Is(err, ErrExhausted) {
+						break
+					}
+					t.Fatal(err)
+				}
+				if ad.String() == tc.first || ad.String() == tc.last {
+					t.Fatalf("%s handed out boundary %s", algo, ad)
+				}
+				got = append(got, ad)
+			}
+			if algo.Kind != Embed || tc.fam == 4 {
+				if len(got) != 6 {
+					t.Fatalf("%s: %d allocations, want 6", algo, len(got))
+				}
+			}
+			for _, ad := range got {
+				a.Release(ad, "o")
+			}
+		}
+		for _, b := range []string{tc.first, tc.last} {
+			err := a.Reserve(addr(b), "o")
+			if !errors.Is(err, ErrNotInPool) || !strings.Contains(err.Error(), b) {
+				t.Errorf("Reserve(%s): want ErrNotInPool naming it, got %v", b, err)
+			}
+		}
+	}
+	// Sub-ranges touching the pool's boundaries keep them excluded.
+	got := mustAlloc(t, a, Request{Owner: "r", Family: 4, Range: pfx("10.0.0.0/30"), Algo: Algo{Kind: Sequential}})
+	if got != addr("10.0.0.1") {
+		t.Errorf("got %s, want 10.0.0.1", got)
+	}
+	for _, r := range []string{"10.0.0.0/32", "10.0.0.7/32", "fd00::/128", "fd00::7/128", "10.0.0.6/31"} {
+		fam := 6
+		if pfx(r).Addr().Is4() {
+			fam = 4
+		}
+		_, err := a.Allocate(Request{Owner: "r", Family: fam, Range: pfx(r)})
+		if r == "10.0.0.6/31" {
+			if err != nil {
+				t.Errorf("%s: %v", r, err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrNotInPool) || !strings.Contains(err.Error(), r) {
+			t.Errorf("range %s: want ErrNotInPool naming it, got %v", r, err)
+		}
+	}
+}
+
+func TestSequential(t *testing.T) {
+	seq := Algo{Kind: Sequential}
+	a := mustNew(t, summary("fd00:1::/120"), summary("10.0.0.0/28"))
+	base := addrToU128(addr("fd00:1::"))
+	for i := 1; i <= 5; i++ {
+		got := mustAlloc(t, a, Request{Owner: fmt.Sprint("c", i), Family: 6, Algo: seq})
+		if want := u128ToAddr(base.add(u128{0, uint64(i)}), false); got != want {
+			t.Fatalf("allocation %d = %s, want %s", i, got, want)
+		}
+	}
+
+	// IPv4 /28: 14 usable (.1 .. .14).
+	v4 := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}) }
+	for i := 1; i <= 5; i++ {
+		if got := mustAlloc(t, a, Request{Owner: fmt.Sprint("c", i), Family: 4, Algo: seq}); got != v4(i) {
+			t.Fatalf("allocation %d = %s, want %s", i, got, v4(i))
+		}
+	}
+	if !a.Release(v4(2), "c2") {
+		t.Fatal("release")
+	}
+	// Continues forward after the cursor instead of reusing .2.
+	for i := 6; i <= 14; i++ {
+		if got := mustAlloc(t, a, Request{Owner: fmt.Sprint("c", i), Family: 4, Algo: seq}); got != v4(i) {
+			t.Fatalf("allocation %d = %s, want %s", i, got, v4(i))
+		}
+	}
+	// Wraps and finds the released .2.
+	if got := mustAlloc(t, a, Request{Owner: "wrap", Family: 4, Algo: seq}); got != v4(2) {
+		t.Fatalf("after wrap got %s, want 10.0.0.2", got)
+	}
+	if _, err := a.Allocate(Request{Owner: "full", Family: 4, Algo: seq}); !errors.Is(err, ErrExhausted) {
+		t.Fatalf("want ErrExhausted, got %v", err)
+	}
+	// Release two; next continues after the cursor (.2): .9 before .4.
+	a.Release(v4(4), "c4")
+	a.Release(v4(9), "c9")
+	for _, want := range []int{4, 9} {
+		if got := mustAlloc(t, a, Request{Owner: "again", Family: 4, Algo: seq}); got != v4(want) {
+			t.Fatalf("got %s, want %s", got, v4(want))
+		}
+	}
+}
+
+func TestSequentialSubRange(t *testing.T) {
+	seq := Algo{Kind: Sequential}
+	a := mustNew(t, summary("fd00:2::/64"))
+	// A /120 in the middle of the pool: its first address is not a pool
+	// boundary, so it is handed out.
+	r := pfx("fd00:2::1:0/120")
+	want := []string{"fd00:2::1:0", "fd00:2::1:1", "fd00:2::1:2"}
+	for _, w := range want {
+		if got := mustAlloc(t, a, Request{Owner: w, Family: 6, Range: r, Algo: seq}); got != addr(w) {
+			t.Fatalf("got %s, want %s", got, w)
+		}
+	}
+	// Cursors are per range: the pool default starts at its own beginning.
+	if got := mustAlloc(t, a, Request{Owner: "d", Family: 6, Algo: seq}); got != addr("fd00:2::1") {
+		t.Fatalf("default range got %s, want fd00:2::1", got)
+	}
+	// The first /120 of the pool excludes the pool's network address.
+	if got := mustAlloc(t, a, Request{Owner: "e", Family: 6, Range: pfx("fd00:2::/120"), Algo: seq}); got != addr("fd00:2::2") {
+		t.Fatalf("first /120 got %s, want fd00:2::2", got)
+	}
+	// Sub-range exhaustion names the range and the pool.
+	small := pfx("fd00:2::2:0/126")
+	for i := 0; i < 4; i++ {
+		mustAlloc(t, a, Request{Owner: "s", Family: 6, Range: small, Algo: seq})
+	}
+	_, err := a.Allocate(Request{Owner: "s", Family: 6, Range: small, Algo: seq})
+	const msg = "ipam: range fd00:2::2:0/126 of pool fd00:2::/64 exhausted (4 of 4 usable addresses in use; 9 in use in the pool)"
+	if !errors.Is(err, ErrExhausted) || err.Error() != msg {
+		t.Fatalf("got %v\nwant %s", err, msg)
+	}
+}
+
+func TestRange(t *testing.T) {
+	a := mustNew(t,
+		summary("fd00:1::/64"),
+		summary("10.1.0.0/24"),
+		Pool{Prefix: pfx("2001:db8:1::/112"), Namespaces: []string{"prod", "web"}},
+		Pool{Prefix: pfx("10.2.0.0/24")},
+	)
+	for _, algo := range allAlgos {
+		t.Run("sub120/"+algo.String(), func(t *testing.T) {
+			r := pfx("fd00:1::ab00/120")
+			for i := 0; i < 50; i++ {
+				got, err := a.Allocate(Request{Owner: "x", Family: 6, Range: r, Algo: algo})
+				if algo.Kind == Embed {
+					if !errors.Is(err, ErrBadAlgo) {
+						t.Fatalf("embed in /120: want ErrBadAlgo, got %v", err)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !r.Contains(got) {
+					t.Fatalf("%s outside %s", got, r)
+				}
+			}
+		})
+	}
+
+	// A /128 range gives exactly that address, once.
+	for _, algo := range allAlgos[:2] {
+		one := pfx("fd00:1::beef/128")
+		if algo.Kind == Sequential {
+			one = pfx("fd00:1::cafe/128")
+		}
+		got := mustAlloc(t, a, Request{Owner: "p1", Family: 6, Range: one, Algo: algo})
+		if got != one.Addr() {
+			t.Fatalf("%s: /128 range gave %s", algo, got)
+		}
+		_, err := a.Allocate(Request{Owner: "p2", Family: 6, Range: one, Algo: algo})
+		want := fmt.Sprintf("ipam: range %s of pool fd00:1::/64 exhausted (1 of 1 usable addresses in use;", one)
+		if !errors.Is(err, ErrExhausted) || !strings.HasPrefix(err.Error(), want) {
+			t.Fatalf("%s: second /128: got %v", algo, err)
+		}
+	}
+	// IPv4 /32 range.
+	if got := mustAlloc(t, a, Request{Owner: "v4", Family: 4, Range: pfx("10.2.0.77/32")}); got != addr("10.2.0.77") {
+		t.Fatalf("/32 range gave %s", got)
+	}
+	// Non-canonical ranges are masked.
+	if got := mustAlloc(t, a, Request{Owner: "v4", Family: 4, Range: pfx("10.2.0.91/30")}); !pfx("10.2.0.88/30").Contains(got) {
+		t.Fatalf("masked range gave %s", got)
+	}
+
+	errs := []struct {
+		name string
+		req  Request
+		is   error
+		msg  string
+	}{
+		{"outside", Request{Owner: "o", Family: 6, Range: pfx("fd00:9::/64")}, ErrNotInPool,
+			"ipam: cidr6 range fd00:9::/64 is not inside any pool of this node (pools: fd00:1::/64, 10.1.0.0/24, 2001:db8:1::/112, 10.2.0.0/24)"},
+		{"larger than pool", Request{Owner: "o", Family: 4, Range: pfx("10.0.0.0/8")}, ErrNotInPool,
+			"ipam: cidr4 range 10.0.0.0/8 is not inside any pool of this node (pools: fd00:1::/64, 10.1.0.0/24, 2001:db8:1::/112, 10.2.0.0/24)"},
+		{"straddles pools", Request{Owner: "o", Family: 4, Range: pfx("10.0.0.0/14")}, ErrNotInPool,
+			"ipam: cidr4 range 10.0.0.0/14 is not inside any pool of this node (pools: fd00:1::/64, 10.1.0.0/24, 2001:db8:1::/112, 10.2.0.0/24)"},
+		{"wrong family", Request{Owner: "o", Family: 6, Range: pfx("10.1.0.0/28")}, ErrNotInPool,
+			"ipam: cidr6 range 10.1.0.0/28 is not an IPv6 prefix"},
+		{"forbidden", Request{Owner: "o", Family: 6, Range: pfx("2001:db8:1::/120"), Identity: Identity{Namespace: "dev"}}, ErrForbidden,
+			`ipam: namespace "dev" may not use pool 2001:db8:1::/112 (allowed: prod, web)`},
+		{"forbidden whole pool", Request{Owner: "o", Family: 6, Range: pfx("2001:db8:1::/112")}, ErrForbidden,
+			`ipam: namespace "" may not use pool 2001:db8:1::/112 (allowed: prod, web)`},
+		{"embed too big", Request{Owner: "o", Family: 6, Range: pfx("fd00:1::/100"), Algo: Algo{Kind: Embed}}, ErrBadAlgo,
+			`ipam: ip-algo "embed:ns/8,app/16,image/8" needs at least 36 host bits (32 for fields + 4 instance bits) but range fd00:1::/100 has 28`},
+		{"bad layout", Request{Owner: "o", Family: 6, Algo: Algo{Kind: Embed, Layout: []Field{{"foo", 8}}}}, ErrBadAlgo,
+			`ipam: ip-algo "embed:foo/8": unknown field "foo" (want ns, app or image)`},
+	}
+	for _, tc := range errs {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := a.Allocate(tc.req)
+			if !errors.Is(err, tc.is) {
+				t.Fatalf("want %v, got %v", tc.is, err)
+			}
+			if err.Error() != tc.msg {
+				t.Errorf("error text\n got: %s\nwant: %s", err, tc.msg)
+			}
+		})
+	}
+
+	// Allowed namespaces may use the restricted pool.
+	for _, ns := range []string{"prod", "web"} {
+		got := mustAlloc(t, a, Request{Owner: ns, Family: 6, Range: pfx("2001:db8:1::/112"), Identity: Identity{Namespace: ns}})
+		if !pfx("2001:db8:1::/112").Contains(got) {
+			t.Fatalf("%s: %s", ns, got)
+		}
+	}
+}
+
+func TestDefaultPool(t *testing.T) {
+	a := mustNew(t,
+		Pool{Prefix: pfx("fd00:9::/64")}, // not a summary
+		Pool{Prefix: pfx("fd00:1::/64"), Summary: true, Namespaces: []string{"prod"}},
+		summary("fd00:2::/64"),
+	)
+	// First summary pool in config order; its Namespaces only restrict
+	// explicit requests.
+	got := mustAlloc(t, a, Request{Owner: "o", Family: 6, Identity: Identity{Namespace: "dev"}})
+	if !pfx("fd00:1::/64").Contains(got) {
+		t.Fatalf("default pool gave %s", got)
+	}
+	_, err := a.Allocate(Request{Owner: "o", Family: 4})
+	const msg = "ipam: this node has no IPv4 summary pool (pools: fd00:9::/64, fd00:1::/64, fd00:2::/64)"
+	if !errors.Is(err, ErrNotInPool) || err.Error() != msg {
+		t.Fatalf("got %v\nwant %s", err, msg)
+	}
+	if _, err := a.Allocate(Request{Family: 6}); err == nil || !strings.Contains(err.Error(), "owner") {
+		t.Fatalf("missing owner: %v", err)
+	}
+	if _, err := a.Allocate(Request{Owner: "o", Family: 5}); err == nil || !strings.Contains(err.Error(), "family 5") {
+		t.Fatalf("bad family: %v", err)
+	}
+}
+
+// embedWant computes the expected sub-prefix by hand (independent of the
+// allocator's bit shuffling) for a range of length 64 and layout
+// ns/8,app/16,image/8: bits 64..71 ns, 72..87 app, 88..95 image.
+func embedWant(t *testing.T, rng netip.Prefix, ns, app, image string) netip.Prefix {
+	t.Helper()
+	if rng.Bits() != 64 {
+		t.Fatal("embedWant needs a /64")
+	}
+	b := rng.Addr().As16()
+	n := fnv32a(ns) & 0xff
+	ap := fnv32a(app) & 0xffff
+	im := fnv32a(image) & 0xff
+	b[8] = byte(n)
+	b[9] = byte(ap >> 8)
+	b[10] = byte(ap)
+	b[11] = byte(im)
+	return netip.PrefixFrom(netip.AddrFrom16(b), 96)
+}
+
+func TestEmbed(t *testing.T) {
+	pool := pfx("fd00:10:1::/64")
+	a := mustNew(t, Pool{Prefix: pool, Summary: true}, summary("10.7.0.0/16"))
+	embed := Algo{Kind: Embed}
+	id := Identity{Namespace: "prod", App: "web", Image: "nginx:1.27"}
+
+	alloc := func(owner string, id Identity) netip.Addr {
+		id.ContainerID = owner
+		return mustAlloc(t, a, Request{Owner: owner, Family: 6, Algo: embed, Identity: id})
+	}
+	masked := func(ad netip.Addr) netip.Prefix { return netip.PrefixFrom(ad, 96).Masked() }
+
+	r1, r2 := alloc("c1", id), alloc("c2", id)
+	if r1 == r2 {
+		t.Fatal("replicas got the same address")
+	}
+	want := embedWant(t, pool, "prod", "web", "nginx:1.27")
+	if masked(r1) != want || masked(r2) != want {
+		t.Fatalf("replicas %s, %s not in %s", r1, r2, want)
+	}
+
+	other := id
+	other.App = "api"
+	if fnv32a("api")&0xffff == fnv32a("web")&0xffff {
+		t.Fatal("test apps collide")
+	}
+	if o := alloc("c3", other); masked(o) == want {
+		t.Fatalf("different app shares sub-prefix %s", want)
+	} else if masked(o) != embedWant(t, pool, "prod", "api", "nginx:1.27") {
+		t.Fatalf("other app: %s", o)
+	}
+
+	// Empty image: the container ID's hash is used instead.
+	noImg := Identity{Namespace: "prod", App: "web"}
+	for _, cid := range []string{"0123abcd", "ffee9988"} {
+		got := alloc(cid, noImg)
+		if w := embedWant(t, pool, "prod", "web", cid); masked(got) != w {
+			t.Fatalf("empty image, container %s: %s not in %s", cid, got, w)
+		}
+	}
+
+	// Custom layout and range: embed:app/4 in a /120 leaves 4 instance bits.
+	rng := pfx("fd00:10:1::5:0/120")
+	small := Algo{Kind: Embed, Layout: []Field{{"app", 4}}}
+	appNib := fnv32a("web") & 0xf
+	sub := netip.PrefixFrom(netip.AddrFrom16(func() [16]byte {
+		b := rng.Addr().As16()
+		b[15] = byte(appNib << 4)
+		return b
+	}()), 124)
+	for i := 0; i < 16; i++ {
+		got := mustAlloc(t, a, Request{Owner: fmt.Sprint("s", i), Family: 6, Range: rng, Algo: small, Identity: id})
+		if !sub.Contains(got) {
+			t.Fatalf("%s not in %s", got, sub)
+		}
+	}
+	_, err := a.Allocate(Request{Owner: "s", Family: 6, Range: rng, Algo: small, Identity: id})
+	wantMsg := fmt.Sprintf(`ipam: embed sub-prefix %s of pool fd00:10:1::/64 exhausted (16 of 16 usable addresses in use; ip-algo "embed:app/4", namespace "prod", app "web"`, sub)
+	if !errors.Is(err, ErrExhausted) || !strings.HasPrefix(err.Error(), wantMsg) {
+		t.Fatalf("got %v\nwant prefix %s", err, wantMsg)
+	}
+	// The minimum: exactly layout + 4 host bits is enough.
+	if _, err := a.Allocate(Request{Owner: "m", Family: 6, Range: pfx("fd00:10:1::/92"), Algo: embed, Identity: id}); err != nil {
+		t.Fatalf("/92 with 36 host bits: %v", err)
+	}
+	_, err = a.Allocate(Request{Owner: "m", Family: 6, Range: pfx("fd00:10:1::/93"), Algo: embed, Identity: id})
+	if !errors.Is(err, ErrBadAlgo) || !strings.Contains(err.Error(), "fd00:10:1::/93 has 35") {
+		t.Fatalf("/93: %v", err)
+	}
+
+	// IPv4: embed is served as random.
+	seen := map[netip.Addr]bool{}
+	for i := 0; i < 20; i++ {
+		got := mustAlloc(t, a, Request{Owner: "v4", Family: 4, Algo: embed, Identity: id})
+		if !pfx("10.7.0.0/16").Contains(got) || seen[got] {
+			t.Fatalf("v4 embed gave %s", got)
+		}
+		seen[got] = true
+	}
+	// Even a /28 range, far too small for the layout, works for IPv4.
+	if _, err := a.Allocate(Request{Owner: "v4", Family: 4, Range: pfx("10.7.3.0/28"), Algo: embed, Identity: id}); err != nil {
+		t.Fatalf("v4 embed in /28: %v", err)
+	}
+}
+
+func TestEmbedSubPrefixAtPoolStart(t *testing.T) {
+	// All field values 0 would put the sub-prefix at the pool's network
+	// address; it must stay excluded. Force this with a /122 pool and
+	// fields whose low bit is 0.
+	var ns string
+	for i := 0; ; i++ {
+		ns = fmt.Sprint("ns", i)
+		if fnv32a(ns)&1 == 0 {
+			break
+		}
+	}
+	a := mustNew(t, summary("fd00::/122")) // 6 host bits: ns/1 + 5 instance bits
+	algo := Algo{Kind: Embed, Layout: []Field{{"ns", 1}}}
+	for i := 0; i < 31; i++ { // 32 in the lower /123 minus the network address
+		got := mustAlloc(t, a, Request{Owner: "o", Family: 6, Algo: algo, Identity: Identity{Namespace: ns}})
+		if got == addr("fd00::") || !pfx("fd00::/123").Contains(got) {
+			t.Fatalf("got %s", got)
+		}
+	}
+	if _, err := a.Allocate(Request{Owner: "o", Family: 6, Algo: algo, Identity: Identity{Namespace: ns}}); !errors.Is(err, ErrExhausted) || !strings.Contains(err.Error(), "31 of 31") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestReserveRelease(t *testing.T) {
+	a := mustNew(t, summary("10.0.0.0/29"), summary("fd00::/64"))
+	ad := addr("10.0.0.3")
+	if err := a.Reserve(ad, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Reserve(ad, "alice"); err != nil {
+		t.Fatalf("idempotent reserve: %v", err)
+	}
+	if st := a.Stats()[0]; st.Used != 1 {
+		t.Fatalf("used after double reserve = %d", st.Used)
+	}
+	err := a.Reserve(ad, "bob")
+	if !errors.Is(err, ErrConflict) || err.Error() != `ipam: cannot reserve 10.0.0.3 for "bob": held by "alice"` {
+		t.Fatalf("conflict: %v", err)
+	}
+	err = a.Reserve(addr("192.168.0.1"), "bob")
+	if !errors.Is(err, ErrNotInPool) || err.Error() != `ipam: cannot reserve 192.168.0.1 for "bob": not inside any pool of this node (pools: 10.0.0.0/29, fd00::/64)` {
+		t.Fatalf("outside: %v", err)
+	}
+	if err := a.Reserve(netip.Addr{}, "bob"); err == nil {
+		t.Fatal("invalid address reserved")
+	}
+	if err := a.Reserve(addr("10.0.0.4"), ""); err == nil {
+		t.Fatal("empty owner reserved")
+	}
+	if o, ok := a.Owner(ad); !ok || o != "alice" {
+		t.Fatalf("Owner = %q, %v", o, ok)
+	}
+	if a.Release(ad, "bob") {
+		t.Fatal("release by other owner freed")
+	}
+	if o, _ := a.Owner(ad); o != "alice" {
+		t.Fatalf("owner changed to %q", o)
+	}
+	if !a.Release(ad, "alice") {
+		t.Fatal("release by owner did not free")
+	}
+	if a.Release(ad, "alice") {
+		t.Fatal("double release freed")
+	}
+	if _, ok := a.Owner(ad); ok {
+		t.Fatal("still owned")
+	}
+	if err := a.Reserve(ad, "bob"); err != nil {
+		t.Fatalf("reserve after release: %v", err)
+	}
+	// 4in6 form is the same address.
+	if o, ok := a.Owner(addr("::ffff:10.0.0.3")); !ok || o != "bob" {
+		t.Fatalf("4in6 owner: %q %v", o, ok)
+	}
+
+	// Allocation skips reserved addresses.
+	for _, s := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.4", "10.0.0.6"} {
+		if err := a.Reserve(addr(s), "r"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := mustAlloc(t, a, Request{Owner: "n", Family: 4}); got != addr("10.0.0.5") {
+		t.Fatalf("got %s, want the only free 10.0.0.5", got)
+	}
+
+	// PoolOf and Pools.
+	if p, ok := a.PoolOf(addr("fd00::1234")); !ok || p.Prefix != pfx("fd00::/64") || !p.Summary {
+		t.Fatalf("PoolOf = %+v %v", p, ok)
+	}
+	if p, ok := a.PoolOf(addr("10.0.0.7")); !ok || p.Prefix != pfx("10.0.0.0/29") {
+		t.Fatalf("PoolOf boundary = %+v %v", p, ok)
+	}
+	if _, ok := a.PoolOf(addr("fd01::1")); ok {
+		t.Fatal("PoolOf outside")
+	}
+	if ps := a.Pools(); len(ps) != 2 || ps[0].Prefix != pfx("10.0.0.0/29") || ps[1].Prefix != pfx("fd00::/64") {
+		t.Fatalf("Pools = %+v", ps)
+	}
+}
+
+func TestPoolsAreCopies(t *testing.T) {
+	ns := []string{"a", "b"}
+	a := mustNew(t, Pool{Prefix: pfx("fd00::/64"), Namespaces: ns})
+	ns[0] = "evil"
+	ps := a.Pools()
+	ps[0].Namespaces[1] = "evil"
+	if _, err := a.Allocate(Request{Owner: "o", Family: 6, Range: pfx("fd00::/64"), Identity: Identity{Namespace: "b"}}); err != nil {
+		t.Fatalf("pool config was aliased: %v", err)
+	}
+}
+
+func TestStats(t *testing.T) {
+	a := mustNew(t, summary("fd00::/64"), summary("10.0.0.0/24"), Pool{Prefix: pfx("2001:db8::/32")})
+	for i := 0; i < 3; i++ {
+		mustAlloc(t, a, Request{Owner: "o", Family: 6})
+	}
+	mustAlloc(t, a, Request{Owner: "o", Family: 4})
+	st := a.Stats()
+	want := []struct {
+		used uint64
+		free string
+	}{
+		{3, "18446744073709551611"},
+		{1, "253"},
+		{0, "79228162514264337593543950334"},
+	}
+	for i, w := range want {
+		if st[i].Used != w.used || st[i].Free != w.free {
+			t.Errorf("stats[%d] = %+v, want used %d free %s", i, st[i], w.used, w.free)
+		}
+	}
+	if st[0].FreeApprox < 1.8e19 || st[0].FreeApprox > 1.9e19 || st[1].FreeApprox != 253 {
+		t.Errorf("approx: %v %v", st[0].FreeApprox, st[1].FreeApprox)
+	}
+}
+
+func TestConcurrentAllocate(t *testing.T) {
+	a := mustNew(t, summary("fd00::/64"), summary("10.0.0.0/20"))
+	const workers, per = 32, 100
+	var (
+		mu   sync.Mutex
+		seen = map[netip.Addr]string{}
+		wg   sync.WaitGroup
+	)
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < per; i++ {
+				owner := fmt.Sprintf("w%d-%d", w, i)
+				algo := allAlgos[i%3]
+				fam := 4 + 2*(i%2)
+				ad, err := a.Allocate(Request{Owner: owner, Family: fam, Algo: algo, Identity: Identity{Namespace: "ns", App: fmt.Sprint("app", w%4)}})
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				if prev, dup := seen[ad]; dup {
+					mu.Unlock()
+					errs <- fmt.Errorf("%s handed to %s and %s", ad, prev, owner)
+					return
+				}
+				seen[ad] = owner
+				mu.Unlock()
+				if i%10 == 9 {
+					// Exercise Release/Owner/Stats concurrently too.
+					if o, ok := a.Owner(ad); !ok || o != owner {
+						errs <- fmt.Errorf("owner of %s = %q", ad, o)
+						return
+					}
+					_ = a.Stats()
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if len(seen) != workers*per {
+		t.Fatalf("%d addresses, want %d", len(seen), workers*per)
+	}
+	var used uint64
+	for _, s := range a.Stats() {
+		used += s.Used
+	}
+	if used != workers*per {
+		t.Fatalf("stats used %d", used)
+	}
+}
+
+func BenchmarkAllocateRandomV6(b *testing.B) {
+	a := mustNew(b, summary("fd00::/64"))
+	for i := 0; i < 10000; i++ { // some background occupancy
+		mustAlloc(b, a, Request{Owner: "bg", Family: 6})
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		ad, err := a.Allocate(Request{Owner: "b", Family: 6})
+		if err != nil {
+			b.Fatal(err)
+		}
+		a.Release(ad, "b")
+	}
+}
+
+func BenchmarkAllocateSequentialV4(b *testing.B) {
+	a := mustNew(b, summary("10.0.0.0/16"))
+	for i := 0; i < 10000; i++ {
+		mustAlloc(b, a, Request{Owner: "bg", Family: 4, Algo: Algo{Kind: Sequential}})
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		ad, err := a.Allocate(Request{Owner: "b", Family: 4, Algo: Algo{Kind: Sequential}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		a.Release(ad, "b")
+	}
+}

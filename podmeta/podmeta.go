@@ -1,0 +1,101 @@
+// Package podmeta tells the agent who a pod is: its namespace, name, UID,
+// annotations and workload identity (app, image). The standalone source reads
+// CNI_ARGS; the Kubernetes source (informer-backed) implements the same
+// interface.
+package podmeta
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// CNI_ARGS keys.
+const (
+	ArgNamespace = "K8S_POD_NAMESPACE"
+	ArgName      = "K8S_POD_NAME"
+	ArgUID       = "K8S_POD_UID"
+	ArgInfra     = "K8S_POD_INFRA_CONTAINER_ID"
+	// ArgApp and ArgImage carry workload identity in standalone mode, where
+	// no API server can tell which controller owns the pod.
+	ArgApp   = "FLOCK_APP"
+	ArgImage = "FLOCK_IMAGE"
+)
+
+// Pod is what the agent knows about a pod at ADD time.
+type Pod struct {
+	Namespace, Name, UID string
+	Annotations          map[string]string
+	// App is the top stable controller's name (pod name for bare pods);
+	// Image the first container's image reference. Inputs to ip-algo embed.
+	App, Image string
+}
+
+// Source looks a pod up. Implementations may wait (bounded by ctx) for a
+// cache to catch up with a just-created pod.
+type Source interface {
+	Lookup(ctx context.Context, args Args) (Pod, error)
+}
+
+// Args is CNI_ARGS parsed into key/value pairs.
+type Args map[string]string
+
+// ParseArgs parses CNI_ARGS ("K=V;K=V"). Values may contain '=' (only the
+// first one splits), which the CNI library's own parser does not allow.
+func ParseArgs(s string) (Args, error) {
+	out := Args{}
+	if s == "" {
+		return out, nil
+	}
+	for _, pair := range strings.Split(s, ";") {
+		if pair == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(pair, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("CNI_ARGS: malformed pair %q (want KEY=VALUE)", pair)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// MissingArgError is a required CNI_ARGS key that is absent.
+type MissingArgError struct{ Key string }
+
+func (e *MissingArgError) Error() string {
+	return fmt.Sprintf("CNI_ARGS: %s is missing (the runtime must pass the pod's namespace and name)", e.Key)
+}
+
+// PodRef returns namespace, name and UID from args.
+func (a Args) PodRef() (ns, name, uid string, err error) {
+	for _, k := range []string{ArgNamespace, ArgName} {
+		if a[k] == "" {
+			return "", "", "", &MissingArgError{Key: k}
+		}
+	}
+	return a[ArgNamespace], a[ArgName], a[ArgUID], nil
+}
+
+// Standalone takes everything from CNI_ARGS: annotations are the keys with
+// the flock.fritzlab.net/ prefix, identity comes from FLOCK_APP and
+// FLOCK_IMAGE (app defaults to the pod name, as for a bare pod).
+type Standalone struct{}
+
+// Lookup implements Source.
+func (Standalone) Lookup(_ context.Context, args Args) (Pod, error) {
+	ns, name, uid, err := args.PodRef()
+	if err != nil {
+		return Pod{}, err
+	}
+	p := Pod{Namespace: ns, Name: name, UID: uid, Annotations: map[string]string{}, App: args[ArgApp], Image: args[ArgImage]}
+	if p.App == "" {
+		p.App = name
+	}
+	for k, v := range args {
+		if strings.HasPrefix(k, "flock.fritzlab.net/") {
+			p.Annotations[k] = v
+		}
+	}
+	return p, nil
+}

@@ -1,0 +1,506 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func openTemp(t *testing.T) *Store {
+	t.Helper()
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	return s
+}
+
+func sample(id string, st State) Allocation {
+	return Allocation{
+		ContainerID: id,
+		IfName:      "eth0",
+		Netns:       "/var/run/netns/cni-" + id,
+		HostVeth:    "flk" + id,
+		State:       st,
+		Pod:         PodRef{Namespace: "default", Name: "pod-" + id, UID: "uid-" + id},
+		IPs:         []netip.Addr{netip.MustParseAddr("2001:db8::5"), netip.MustParseAddr("10.1.2.3")},
+		Addresses:   []netip.Addr{netip.MustParseAddr("2001:db8:ffff::1")},
+		Anycast:     []netip.Addr{netip.MustParseAddr("2001:db8:aaaa::53"), netip.MustParseAddr("192.0.2.53")},
+		Created:     time.Date(2025, 3, 4, 5, 6, 7, 123456789, time.FixedZone("x", 3600)),
+	}
+}
+
+// equalAlloc compares allocations, using time.Equal for Created.
+func equalAlloc(t *testing.T, got, want Allocation) {
+	t.Helper()
+	if !got.Created.Equal(want.Created) {
+		t.Errorf("Created = %v, want %v", got.Created, want.Created)
+	}
+	got.Created, want.Created = time.Time{}, time.Time{}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("allocation mismatch:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func writeRaw(t *testing.T, s *Store, name, content string) string {
+	t.Helper()
+	p := filepath.Join(s.allocDir, name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func mustLoad(t *testing.T, s *Store) []Allocation {
+	t.Helper()
+	as, err := s.Load()
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	return as
+}
+
+func TestOpenCreatesDir(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "state")
+	s, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Dir() != root {
+		t.Errorf("Dir() = %q, want %q", s.Dir(), root)
+	}
+	fi, err := os.Stat(filepath.Join(root, "allocations"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+		t.Errorf("allocations dir mode = %v, want dir 0700", fi.Mode())
+	}
+}
+
+func TestPutLoadRoundTrip(t *testing.T) {
+	s := openTemp(t)
+	a := sample("abc123", Pending)
+	if err := s.Put(a); err != nil {
+		t.Fatal(err)
+	}
+	got := mustLoad(t, s)
+	if len(got) != 1 {
+		t.Fatalf("Load returned %d records, want 1", len(got))
+	}
+	a.Version = CurrentVersion
+	equalAlloc(t, got[0], a)
+
+	// The file is where the layout says it is, and no temp files remain.
+	if _, err := os.Stat(filepath.Join(s.Dir(), "allocations", "abc123.json")); err != nil {
+		t.Errorf("record file: %v", err)
+	}
+	ents, _ := os.ReadDir(s.allocDir)
+	if len(ents) != 1 {
+		t.Errorf("allocations dir has %d entries, want 1", len(ents))
+	}
+
+	// A fresh Store over the same directory sees the same data.
+	s2, err := Open(s.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got2 := mustLoad(t, s2)
+	if len(got2) != 1 {
+		t.Fatalf("reopened Load returned %d records", len(got2))
+	}
+	equalAlloc(t, got2[0], a)
+}
+
+func TestPutOverwritePendingToCommitted(t *testing.T) {
+	s := openTemp(t)
+	a := sample("c1", Pending)
+	if err := s.Put(a); err != nil {
+		t.Fatal(err)
+	}
+	a.State = Committed
+	a.HostVeth = "flkchanged"
+	if err := s.Put(a); err != nil {
+		t.Fatal(err)
+	}
+	got := mustLoad(t, s)
+	if len(got) != 1 {
+		t.Fatalf("got %d records, want 1", len(got))
+	}
+	if got[0].State != Committed || got[0].HostVeth != "flkchanged" {
+		t.Errorf("got state %q veth %q, want committed/flkchanged", got[0].State, got[0].HostVeth)
+	}
+}
+
+func TestDeleteIdempotent(t *testing.T) {
+	s := openTemp(t)
+	if err := s.Put(sample("d1", Committed)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(sample("d2", Committed)); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := s.Delete("d1"); err != nil {
+			t.Fatalf("Delete #%d: %v", i+1, err)
+		}
+	}
+	if err := s.Delete("never-existed"); err != nil {
+		t.Fatalf("Delete of missing record: %v", err)
+	}
+	got := mustLoad(t, s)
+	if len(got) != 1 || got[0].ContainerID != "d2" {
+		t.Fatalf("after delete got %+v, want only d2", got)
+	}
+}
+
+func TestLoadSortedAndIgnoresOtherFiles(t *testing.T) {
+	s := openTemp(t)
+	ids := []string{"zeta", "alpha", "Mike", "0001", "bravo-2", "bravo_1"}
+	for _, id := range ids {
+		if err := s.Put(sample(id, Committed)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeRaw(t, s, "README", "not a record")
+	writeRaw(t, s, "notes.txt", "{")
+	if err := os.Mkdir(filepath.Join(s.allocDir, "subdir"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	got := mustLoad(t, s)
+	var gotIDs []string
+	for _, a := range got {
+		gotIDs = append(gotIDs, a.ContainerID)
+	}
+	want := []string{"0001", "Mike", "alpha", "bravo-2", "bravo_1", "zeta"}
+	if !reflect.DeepEqual(gotIDs, want) {
+		t.Errorf("Load order = %v, want %v", gotIDs, want)
+	}
+}
+
+func TestLoadMissingDirCreated(t *testing.T) {
+	s := openTemp(t)
+	if err := os.RemoveAll(s.allocDir); err != nil {
+		t.Fatal(err)
+	}
+	got := mustLoad(t, s)
+	if len(got) != 0 {
+		t.Fatalf("got %d records from missing dir", len(got))
+	}
+	if fi, err := os.Stat(s.allocDir); err != nil || !fi.IsDir() {
+		t.Fatalf("allocations dir not recreated: %v", err)
+	}
+}
+
+// assertLoadFailsUntouched checks that Load fails with an error naming path
+// and containing wantSubstr, and that the file is byte-for-byte unchanged.
+func assertLoadFailsUntouched(t *testing.T, s *Store, path, wantSubstr string) {
+	t.Helper()
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Load()
+	if err == nil {
+		t.Fatalf("Load succeeded, want error for %s", path)
+	}
+	if !strings.Contains(err.Error(), path) {
+		t.Errorf("error %q does not name file %s", err, path)
+	}
+	if !strings.Contains(err.Error(), wantSubstr) {
+		t.Errorf("error %q does not mention %q", err, wantSubstr)
+	}
+	after, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("file gone after Load: %v", err)
+	}
+	if !bytes.Equal(before, after) {
+		t.Errorf("file modified by Load:\nbefore %q\nafter  %q", before, after)
+	}
+}
+
+func TestLoadCorruptJSON(t *testing.T) {
+	s := openTemp(t)
+	if err := s.Put(sample("good", Committed)); err != nil {
+		t.Fatal(err)
+	}
+	p := writeRaw(t, s, "broken.json", `{"version":1,"containerID":"broken","state":"comm`)
+	assertLoadFailsUntouched(t, s, p, "invalid JSON")
+
+	// Trailing garbage and empty files are corrupt too.
+	os.Remove(p)
+	p = writeRaw(t, s, "trail.json", `{"version":1,"containerID":"trail","state":"pending"} xx`)
+	assertLoadFailsUntouched(t, s, p, "invalid JSON")
+	os.Remove(p)
+	p = writeRaw(t, s, "empty.json", "")
+	assertLoadFailsUntouched(t, s, p, "empty")
+}
+
+func TestLoadRejectsInvalidRecords(t *testing.T) {
+	cases := []struct {
+		name, file, content, want string
+	}{
+		{"unknown state", "s1.json", `{"version":1,"containerID":"s1","state":"deleting"}`, "unknown state"},
+		{"empty state", "s2.json", `{"version":1,"containerID":"s2"}`, "unknown state"},
+		{"version 2", "v2.json", `{"version":2,"containerID":"v2","state":"pending"}`, "unsupported version 2"},
+		{"version missing", "v0.json", `{"containerID":"v0","state":"pending"}`, "unsupported version 0"},
+		{"id mismatch", "m1.json", `{"version":1,"containerID":"other","state":"committed"}`, "does not match file name"},
+		{"dot file", ".hidden.json", `{"version":1,"containerID":".hidden","state":"committed"}`, "must not start with"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openTemp(t)
+			if err := s.Put(sample("fine", Pending)); err != nil {
+				t.Fatal(err)
+			}
+			p := writeRaw(t, s, tc.file, tc.content)
+			assertLoadFailsUntouched(t, s, p, tc.want)
+		})
+	}
+}
+
+func TestLoadUnreadableRecord(t *testing.T) {
+	s := openTemp(t)
+	// A directory named like a record cannot be read as a file, even as root.
+	p := filepath.Join(s.allocDir, "x.json")
+	if err := os.Mkdir(p, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Load()
+	if err == nil {
+		t.Fatal("Load succeeded with unreadable record")
+	}
+	if !strings.Contains(err.Error(), p) {
+		t.Errorf("error %q does not name %s", err, p)
+	}
+	if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
+		t.Errorf("unreadable record was touched: %v", err)
+	}
+}
+
+func TestLoadReportsAllBadFiles(t *testing.T) {
+	s := openTemp(t)
+	p1 := writeRaw(t, s, "a.json", "{")
+	p2 := writeRaw(t, s, "b.json", `{"version":7,"containerID":"b","state":"pending"}`)
+	_, err := s.Load()
+	if err == nil {
+		t.Fatal("Load succeeded")
+	}
+	for _, p := range []string{p1, p2} {
+		if !strings.Contains(err.Error(), p) {
+			t.Errorf("error %q does not name %s", err, p)
+		}
+	}
+}
+
+func TestLeftoverTempFileRemovedRealFileWins(t *testing.T) {
+	s := openTemp(t)
+	old := sample("t1", Pending)
+	if err := s.Put(old); err != nil {
+		t.Fatal(err)
+	}
+	newer := old
+	newer.State = Committed
+	tmp := writeRaw(t, s, ".t1.json.123456.tmp", `{"version":1,"containerID":"t1","state":"committed"}`)
+	// A temp file for a container with no real record at all, and a
+	// truncated one: both just crash debris.
+	orphan := writeRaw(t, s, ".t2.json.999.tmp", `{"vers`)
+
+	var logBuf bytes.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logBuf, nil)))
+	got, err := s.Load()
+	slog.SetDefault(prev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].State != Pending {
+		t.Fatalf("Load = %+v, want only t1 pending", got)
+	}
+	for _, p := range []string{tmp, orphan} {
+		if !strings.Contains(logBuf.String(), p) {
+			t.Errorf("removal of %s not logged; log: %s", p, logBuf.String())
+		}
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("temp file %s not removed (stat err %v)", p, err)
+		}
+	}
+}
+
+func TestCrashBetweenWriteAndRename(t *testing.T) {
+	s := openTemp(t)
+	v1 := sample("crash", Pending)
+	if err := s.Put(v1); err != nil {
+		t.Fatal(err)
+	}
+
+	var tmpPath string
+	errCrash := errors.New("simulated crash")
+	s.afterTempWrite = func(p string) error {
+		tmpPath = p
+		return errCrash
+	}
+	v2 := v1
+	v2.State = Committed
+	v2.HostVeth = "flknew"
+	if err := s.Put(v2); !errors.Is(err, errCrash) {
+		t.Fatalf("Put = %v, want simulated crash", err)
+	}
+	s.afterTempWrite = nil
+
+	// The new version is fully on disk, in a temp file.
+	base := filepath.Base(tmpPath)
+	if !strings.HasPrefix(base, ".crash.json.") || !strings.HasSuffix(base, ".tmp") {
+		t.Errorf("temp file name %q does not follow .<id>.json.<random>.tmp", base)
+	}
+	data, err := os.ReadFile(tmpPath)
+	if err != nil {
+		t.Fatalf("temp file missing after crash: %v", err)
+	}
+	if !strings.Contains(string(data), `"committed"`) {
+		t.Errorf("temp file does not hold the new version: %s", data)
+	}
+
+	// "Restart": a new Store over the same dir sees the previous version.
+	s2, err := Open(s.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := mustLoad(t, s2)
+	if len(got) != 1 {
+		t.Fatalf("got %d records, want 1", len(got))
+	}
+	v1.Version = CurrentVersion
+	equalAlloc(t, got[0], v1)
+	if _, err := os.Stat(tmpPath); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("temp file not cleaned up by Load: %v", err)
+	}
+
+	// And a normal Put afterwards works.
+	if err := s2.Put(v2); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustLoad(t, s2); got[0].State != Committed {
+		t.Errorf("state after retry = %q", got[0].State)
+	}
+}
+
+func TestCrashOnFirstPutLeavesNoRecord(t *testing.T) {
+	s := openTemp(t)
+	s.afterTempWrite = func(string) error { return errors.New("crash") }
+	if err := s.Put(sample("first", Pending)); err == nil {
+		t.Fatal("Put succeeded despite crash hook")
+	}
+	s.afterTempWrite = nil
+	if got := mustLoad(t, s); len(got) != 0 {
+		t.Fatalf("got %+v, want no records", got)
+	}
+}
+
+func TestBadContainerIDs(t *testing.T) {
+	s := openTemp(t)
+	bad := []string{"../x", "a/b", "", ".hidden", "..", ".", "a b", "x\x00y", "/abs", `a\b`, strings.Repeat("a", maxContainerIDLen+1), strings.Repeat("a", 256)}
+	for _, id := range bad {
+		a := sample("ok", Pending)
+		a.ContainerID = id
+		if err := s.Put(a); err == nil {
+			t.Errorf("Put(%q) succeeded", id)
+		} else if id != "" && !strings.Contains(err.Error(), fmt.Sprintf("%q", id)) {
+			t.Errorf("Put(%q) error %q does not name the ID", id, err)
+		}
+		if err := s.Delete(id); err == nil {
+			t.Errorf("Delete(%q) succeeded", id)
+		}
+	}
+	// Nothing escaped the allocations dir.
+	ents, _ := os.ReadDir(s.Dir())
+	if len(ents) != 1 {
+		t.Errorf("state dir has %d entries, want only allocations/", len(ents))
+	}
+	if got := mustLoad(t, s); len(got) != 0 {
+		t.Errorf("records written for bad IDs: %+v", got)
+	}
+	// Boundary: the longest allowed ID (whose temp file name must also fit
+	// in NAME_MAX) and dots/dashes inside are fine.
+	if maxContainerIDLen != 234 {
+		t.Errorf("maxContainerIDLen = %d, want 234", maxContainerIDLen)
+	}
+	for _, id := range []string{strings.Repeat("a", maxContainerIDLen), "a.b-c_D9", "a..b"} {
+		if err := s.Put(sample(id, Pending)); err != nil {
+			t.Errorf("Put(%q): %v", id, err)
+		}
+	}
+}
+
+func TestPutValidatesStateAndVersion(t *testing.T) {
+	s := openTemp(t)
+	for _, st := range []State{"", "deleting", "Committed"} {
+		if err := s.Put(sample("st", st)); err == nil {
+			t.Errorf("Put with state %q succeeded", st)
+		}
+	}
+	a := sample("ver", Pending)
+	a.Version = 2
+	if err := s.Put(a); err == nil {
+		t.Error("Put with version 2 succeeded")
+	}
+	a.Version = 1
+	if err := s.Put(a); err != nil {
+		t.Errorf("Put with explicit version 1: %v", err)
+	}
+}
+
+func TestConcurrentPuts(t *testing.T) {
+	s := openTemp(t)
+	const n = 50
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*n)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			id := fmt.Sprintf("ctr%02d", i)
+			if err := s.Put(sample(id, Pending)); err != nil {
+				errs <- err
+				return
+			}
+			if err := s.Put(sample(id, Committed)); err != nil {
+				errs <- err
+			}
+		}(i)
+	}
+	// Loads racing with Puts must neither fail nor break an in-flight Put
+	// by deleting its temp file.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < 20; i++ {
+			if _, err := s.Load(); err != nil {
+				errs <- err
+			}
+		}
+	}()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	got := mustLoad(t, s)
+	if len(got) != n {
+		t.Fatalf("got %d records, want %d", len(got), n)
+	}
+	for i, a := range got {
+		if want := fmt.Sprintf("ctr%02d", i); a.ContainerID != want || a.State != Committed {
+			t.Errorf("record %d = %s/%s, want %s/committed", i, a.ContainerID, a.State, want)
+		}
+	}
+}
