@@ -33,7 +33,9 @@ type Member struct {
 	Ready       bool
 }
 
-func (m Member) claims() []netip.Addr { return append(append([]netip.Addr{}, m.Anycast...), m.Addresses...) }
+func (m Member) claims() []netip.Addr {
+	return append(append([]netip.Addr{}, m.Anycast...), m.Addresses...)
+}
 
 func (m Member) nexthop(ip netip.Addr) (dataplane.Nexthop, bool) {
 	for _, a := range m.IPs {

@@ -183,3 +183,9 @@ func assertClean(t *testing.T, n *node) {
 		}
 	}
 }
+
+type netIPNet = net.IPNet
+
+func toIPNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}

@@ -48,7 +48,9 @@ func (c *CNI) Add(ctx context.Context, p Pod) (types.Result, error) {
 }
 
 // Del runs DEL.
-func (c *CNI) Del(ctx context.Context, p Pod) error { return c.Config.DelNetworkList(ctx, c.List, p.rt()) }
+func (c *CNI) Del(ctx context.Context, p Pod) error {
+	return c.Config.DelNetworkList(ctx, c.List, p.rt())
+}
 
 // Check runs CHECK (with the cached result as prevResult).
 func (c *CNI) Check(ctx context.Context, p Pod) error {
