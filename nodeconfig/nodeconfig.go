@@ -113,7 +113,7 @@ func Pools(s *v1alpha1.NodeConfigSpec) ([]ipam.Pool, error) {
 		}
 		for j, ns := range p.Namespaces {
 			if strings.TrimSpace(ns) == "" {
-				errs = append(errs, fmt.Errorf("spec.pools[%d].namespaces[%d]: empty namespace", i, j))
+				errs = append(errs, fmt.Errorf("spec.pools[%d].namespaces[%d]: %q: empty namespace", i, j, ns))
 			}
 		}
 		out = append(out, ipam.Pool{Prefix: pfx, Summary: !p.Shared, Namespaces: p.Namespaces})
