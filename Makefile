@@ -4,13 +4,12 @@ GO      ?= go
 BIN     := bin
 CMDS    := flock flock-agent flockctl flock-installer
 LDFLAGS := -s -w
-export CGO_ENABLED := 0
 
 .PHONY: build test unit demo vet fmt clean
 
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(CMDS))
 
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }

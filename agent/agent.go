@@ -77,9 +77,13 @@ type Agent struct {
 
 	mu     sync.Mutex
 	allocs map[string]store.Allocation // committed, by container ID
-	// claims holds `addresses` IPs (exclusive to one pod) from allocation
-	// on, so two concurrent ADDs cannot both take one.
-	claims map[netip.Addr]string
+	// claims indexes every anycast and `addresses` IP from allocation on
+	// (before the dataplane is touched), so two concurrent ADDs cannot both
+	// take one `addresses` IP, nor turn another pod's anycast into one.
+	claims map[netip.Addr]*claim
+	// stuck holds failed ADDs whose rollback could not remove the veth: their
+	// IPs stay reserved until a DEL (or the next start) finishes the job.
+	stuck map[string]store.Allocation
 }
 
 // New validates the config and builds an agent; Start must run before it
@@ -113,7 +117,8 @@ func New(cfg Config) (*Agent, error) {
 		summaries: nodeconfig.Summaries(cfg.Spec),
 		anycast:   anycast.New(cfg.Dataplane),
 		allocs:    map[string]store.Allocation{},
-		claims:    map[netip.Addr]string{},
+		claims:    map[netip.Addr]*claim{},
+		stuck:     map[string]store.Allocation{},
 	}
 	return a, nil
 }
@@ -189,11 +194,8 @@ func (a *Agent) restore(r store.Allocation) error {
 			a.log.Warn("restored address is outside the configured pools", "container", r.ContainerID, "ip", ip, "err", err)
 		}
 	}
-	for _, ip := range r.Addresses {
-		if prev, ok := a.claims[ip]; ok && prev != r.ContainerID {
-			return fmt.Errorf("store: address %s is claimed by both %s and %s", ip, prev, r.ContainerID)
-		}
-		a.claims[ip] = r.ContainerID
+	if err := a.claimLocked(r); err != nil {
+		return fmt.Errorf("store: allocation %s: %w", r.ContainerID, err)
 	}
 	a.allocs[r.ContainerID] = r
 	if err := a.anycast.Update(a.member(r, a.cfg.ReadyOnCommit)); err != nil {
@@ -258,6 +260,9 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 			return store.Allocation{}, &Error{Code: codeConfig, Err: fmt.Errorf("container %s already has flock interface %s; a second interface %s is not supported", containerID, r.IfName, ifName)}
 		}
 		return r, nil // kubelet retried an ADD that succeeded
+	}
+	if _, err := a.finishStuck(containerID); err != nil {
+		return store.Allocation{}, fmt.Errorf("an earlier failed ADD of %s cannot be cleaned up: %w", containerID, err)
 	}
 	pod, err := a.cfg.Source.Lookup(ctx, args)
 	if err != nil {
@@ -325,7 +330,22 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 	return rec, nil
 }
 
-// claim checks the anycast/addresses IPs and reserves the exclusive ones.
+// claim is the set of pods claiming one anycast or `addresses` IP.
+type claim struct {
+	kind   anycast.Kind
+	owners map[string]bool
+}
+
+func (c *claim) other(id string) string {
+	for o := range c.owners {
+		if o != id {
+			return o
+		}
+	}
+	return ""
+}
+
+// claim checks the anycast/addresses IPs and indexes them.
 func (a *Agent) claim(rec store.Allocation) error {
 	for _, set := range []struct {
 		key string
@@ -339,18 +359,39 @@ func (a *Agent) claim(rec store.Allocation) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.claimLocked(rec)
+}
+
+// claimLocked: an `addresses` IP belongs to one pod; an anycast IP may be
+// shared, but never with a pod that holds it as an `addresses` IP.
+func (a *Agent) claimLocked(rec store.Allocation) error {
+	id := rec.ContainerID
 	for _, ip := range rec.Addresses {
-		if owner, ok := a.claims[ip]; ok && owner != rec.ContainerID {
-			return &Error{Code: codeConfig, Err: fmt.Errorf("annotation %s: %s is already bound by container %s", annotations.Addresses, ip, owner)}
+		if c := a.claims[ip]; c != nil {
+			if o := c.other(id); o != "" {
+				return &Error{Code: codeConfig, Err: fmt.Errorf("annotation %s: %s is already claimed by container %s (as %s)", annotations.Addresses, ip, o, c.kind)}
+			}
 		}
 	}
 	for _, ip := range rec.Anycast {
-		if owner, ok := a.claims[ip]; ok && owner != rec.ContainerID {
-			return &Error{Code: codeConfig, Err: fmt.Errorf("annotation %s: %s is an `addresses` IP of container %s, not anycast", annotations.Anycast, ip, owner)}
+		if c := a.claims[ip]; c != nil && c.kind == anycast.KindAddress {
+			if o := c.other(id); o != "" {
+				return &Error{Code: codeConfig, Err: fmt.Errorf("annotation %s: %s is an `addresses` IP of container %s, not anycast", annotations.Anycast, ip, o)}
+			}
 		}
 	}
-	for _, ip := range rec.Addresses {
-		a.claims[ip] = rec.ContainerID
+	for _, set := range []struct {
+		kind anycast.Kind
+		ips  []netip.Addr
+	}{{anycast.KindAnycast, rec.Anycast}, {anycast.KindAddress, rec.Addresses}} {
+		for _, ip := range set.ips {
+			c := a.claims[ip]
+			if c == nil {
+				c = &claim{kind: set.kind, owners: map[string]bool{}}
+				a.claims[ip] = c
+			}
+			c.owners[id] = true
+		}
 	}
 	return nil
 }
@@ -358,7 +399,15 @@ func (a *Agent) claim(rec store.Allocation) error {
 // rollback undoes a failed ADD: kernel state, record, IPs, claims.
 func (a *Agent) rollback(rec store.Allocation) {
 	if err := a.cfg.Dataplane.Teardown(rec.ContainerID); err != nil {
-		a.log.Error("rollback: teardown", "container", rec.ContainerID, "err", err)
+		// Keep the IPs and the pending record: handing the IPs out again
+		// while the old veth may still route them would be worse than
+		// holding them until DEL (which the runtime sends after a failed
+		// ADD) or the next start finishes the teardown.
+		a.log.Error("rollback: teardown failed; IPs stay reserved until DEL", "container", rec.ContainerID, "err", err)
+		a.mu.Lock()
+		a.stuck[rec.ContainerID] = rec
+		a.mu.Unlock()
+		return
 	}
 	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {
 		a.log.Error("rollback: delete record", "container", rec.ContainerID, "err", err)
@@ -371,12 +420,37 @@ func (a *Agent) release(rec store.Allocation) {
 		a.ipam.Release(ip, rec.ContainerID)
 	}
 	a.mu.Lock()
-	for _, ip := range rec.Addresses {
-		if a.claims[ip] == rec.ContainerID {
-			delete(a.claims, ip)
+	for _, ip := range append(append([]netip.Addr{}, rec.Anycast...), rec.Addresses...) {
+		if c := a.claims[ip]; c != nil {
+			delete(c.owners, rec.ContainerID)
+			if len(c.owners) == 0 {
+				delete(a.claims, ip)
+			}
 		}
 	}
 	a.mu.Unlock()
+}
+
+// finishStuck completes the rollback of a failed ADD whose teardown failed.
+// Call with the container's lock held.
+func (a *Agent) finishStuck(containerID string) (bool, error) {
+	a.mu.Lock()
+	rec, ok := a.stuck[containerID]
+	a.mu.Unlock()
+	if !ok {
+		return false, nil
+	}
+	if err := a.cfg.Dataplane.Teardown(containerID); err != nil {
+		return true, err
+	}
+	if err := a.cfg.Store.Delete(containerID); err != nil {
+		return true, err
+	}
+	a.mu.Lock()
+	delete(a.stuck, containerID)
+	a.mu.Unlock()
+	a.release(rec)
+	return true, nil
 }
 
 // Del tears a container down. Unknown containers succeed; a leftover veth
@@ -388,6 +462,9 @@ func (a *Agent) Del(ctx context.Context, containerID string) error {
 	unlock := a.locks.Lock(containerID)
 	defer unlock()
 	rec, known := a.get(containerID)
+	if done, err := a.finishStuck(containerID); done || err != nil {
+		return err
+	}
 	if known {
 		if err := a.anycast.Remove(containerID); err != nil {
 			a.log.Error("anycast", "container", containerID, "err", err)

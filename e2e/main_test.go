@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,6 +112,9 @@ func startNode(t *testing.T, config string, agentArgs ...string) *node {
 	t.Cleanup(func() {
 		if err := a.Stop(); err != nil {
 			t.Errorf("stop agent: %v", err)
+		}
+		if strings.Contains(a.Log(), "DATA RACE") {
+			t.Error("the race detector caught a data race in flock-agent")
 		}
 		if t.Failed() {
 			t.Logf("agent log:\n%s", a.Log())

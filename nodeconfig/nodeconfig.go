@@ -83,6 +83,18 @@ func Validate(s *v1alpha1.NodeConfigSpec) error {
 	if _, err := Pools(s); err != nil {
 		errs = append(errs, err)
 	}
+	have := map[bool]bool{} // is4 → a non-shared pool of that family exists
+	for _, p := range s.Pools {
+		if pfx, err := netip.ParsePrefix(p.CIDR); err == nil && !p.Shared {
+			have[pfx.Addr().Is4()] = true
+		}
+	}
+	if s.Defaults.WantIPv6() && !have[false] {
+		errs = append(errs, errors.New("spec.defaults.ipv6: pods get IPv6 by default, but no pool is a (non-shared) IPv6 node summary; add one or set ipv6: false"))
+	}
+	if s.Defaults.IPv4 && !have[true] {
+		errs = append(errs, errors.New("spec.defaults.ipv4: true, but no pool is a (non-shared) IPv4 node summary; add one or set ipv4: false"))
+	}
 	if s.Defaults.IPAlgo != "" {
 		if _, err := ipam.ParseAlgo(s.Defaults.IPAlgo); err != nil {
 			errs = append(errs, fmt.Errorf("spec.defaults.ipAlgo: %w", err))
@@ -112,6 +124,10 @@ func Pools(s *v1alpha1.NodeConfigSpec) ([]ipam.Pool, error) {
 			}
 		}
 		for j, ns := range p.Namespaces {
+			if strings.TrimSpace(ns) != "" && strings.TrimSpace(ns) != ns {
+				errs = append(errs, fmt.Errorf("spec.pools[%d].namespaces[%d]: %q has surrounding spaces", i, j, ns))
+				continue
+			}
 			if strings.TrimSpace(ns) == "" {
 				errs = append(errs, fmt.Errorf("spec.pools[%d].namespaces[%d]: %q: empty namespace", i, j, ns))
 			}

@@ -296,6 +296,21 @@ func TestParseErrors(t *testing.T) {
 			want: []string{"spec.pools", "10.1.1.0/31", "no usable address"},
 		},
 		{
+			name: "ipv4 default without an IPv4 summary",
+			yaml: func(t *testing.T) string { return replace(t, "    - cidr: 10.1.1.0/24\n", "") },
+			want: []string{"spec.defaults.ipv4", "no pool is a (non-shared) IPv4 node summary"},
+		},
+		{
+			name: "ipv6 default without an IPv6 summary",
+			yaml: func(t *testing.T) string { return replace(t, "    - cidr: fd00:10:1::/64\n", "") },
+			want: []string{"spec.defaults.ipv6", "no pool is a (non-shared) IPv6 node summary"},
+		},
+		{
+			name: "namespace with spaces",
+			yaml: func(t *testing.T) string { return replace(t, "namespaces: [prod, staging]", `namespaces: [" prod"]`) },
+			want: []string{"spec.pools[2].namespaces[0]", `" prod"`, "surrounding spaces"},
+		},
+		{
 			name: "empty namespace entry",
 			yaml: func(t *testing.T) string { return replace(t, "namespaces: [prod, staging]", `namespaces: [prod, ""]`) },
 			want: []string{"spec.pools[2].namespaces[1]", `""`, "empty namespace"},

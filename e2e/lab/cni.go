@@ -3,9 +3,12 @@ package lab
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
 )
 
 // CNI invokes the real flock plugin binary through libcni, exactly as
@@ -23,7 +26,10 @@ func NewCNI(binDir, cacheDir, socket, cniVersion string) (*CNI, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &CNI{Config: libcni.NewCNIConfigWithCacheDir([]string{binDir}, cacheDir, nil), List: list}, nil
+	// An explicit exec: libcni's lazy default is initialised without a lock,
+	// which races when a runtime (or a test) runs ADDs concurrently.
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
+	return &CNI{Config: libcni.NewCNIConfigWithCacheDir([]string{binDir}, cacheDir, exec), List: list}, nil
 }
 
 // Pod is one sandbox attachment.

@@ -1,0 +1,66 @@
+package installer
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestInstallAtomicAndIdempotent(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "flock")
+	if err := os.WriteFile(src, []byte("plugin-v1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{PluginSrc: src, CNIBinDir: filepath.Join(dir, "bin"), CNIConfDir: filepath.Join(dir, "net.d"), Socket: "/run/flock/cni.sock", Portmap: true}
+	changed, err := Install(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(changed) != 2 {
+		t.Fatalf("first install changed %v", changed)
+	}
+	st, err := os.Stat(filepath.Join(o.CNIBinDir, "flock"))
+	if err != nil || st.Mode().Perm() != 0o755 {
+		t.Fatalf("plugin: %v %v", st, err)
+	}
+	var conf struct {
+		CNIVersion string           `json:"cniVersion"`
+		Plugins    []map[string]any `json:"plugins"`
+	}
+	b, err := os.ReadFile(filepath.Join(o.CNIConfDir, ConfName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &conf); err != nil {
+		t.Fatal(err)
+	}
+	if conf.CNIVersion != "1.1.0" || len(conf.Plugins) != 2 || conf.Plugins[0]["socket"] != o.Socket || conf.Plugins[1]["type"] != "portmap" {
+		t.Errorf("conflist: %s", b)
+	}
+	if changed, err := Install(o); err != nil || len(changed) != 0 {
+		t.Errorf("second install changed %v (%v), want nothing", changed, err)
+	}
+	if err := os.WriteFile(src, []byte("plugin-v2"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := Install(o); err != nil || len(changed) != 1 || !strings.HasSuffix(changed[0], "/bin/flock") {
+		t.Errorf("upgrade changed %v (%v), want only the plugin", changed, err)
+	}
+	ents, _ := os.ReadDir(o.CNIBinDir)
+	if len(ents) != 1 {
+		t.Errorf("temp files left in the bin dir: %v", ents)
+	}
+}
+
+func TestInstallErrors(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := Install(Options{PluginSrc: filepath.Join(dir, "missing"), CNIBinDir: dir, CNIConfDir: dir, Socket: "/s"}); err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Errorf("missing source: %v", err)
+	}
+	if _, err := Install(Options{PluginSrc: "/bin/true", CNIBinDir: dir, CNIConfDir: dir}); err == nil || !strings.Contains(err.Error(), "socket") {
+		t.Errorf("empty socket: %v", err)
+	}
+}
