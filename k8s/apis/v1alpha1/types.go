@@ -25,6 +25,168 @@ type NodeConfigSpec struct {
 	// Defaults apply to pods without the matching annotation.
 	// +optional
 	Defaults Defaults `json:"defaults,omitempty"`
+
+	// BGP configures the embedded speaker and its peers.
+	// +optional
+	BGP BGP `json:"bgp,omitempty"`
+}
+
+// BGP is the speaker's node-wide configuration.
+type BGP struct {
+	// ListenPort for incoming sessions. 0 means 179; -1 disables listening
+	// (the node only connects out).
+	// +kubebuilder:validation:Minimum=-1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	ListenPort int32 `json:"listenPort,omitempty"`
+
+	// ImportPolicy for routes received from peers: reject (default: the
+	// node needs none) or accept.
+	// +kubebuilder:validation:Enum=reject;accept
+	// +optional
+	ImportPolicy string `json:"importPolicy,omitempty"`
+
+	// Peers are the BGP neighbours, usually the top-of-rack switches.
+	// +optional
+	Peers []Peer `json:"peers,omitempty"`
+}
+
+// Peer is one BGP neighbour. Exactly one of Address and Interface is set.
+type Peer struct {
+	// Address of the neighbour (IPv6 or IPv4).
+	// +optional
+	Address string `json:"address,omitempty"`
+
+	// Interface for an unnumbered session: the neighbour is found by its
+	// IPv6 link-local address on this interface.
+	// +optional
+	Interface string `json:"interface,omitempty"`
+
+	// ASN of the neighbour.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=4294967294
+	ASN uint32 `json:"asn"`
+
+	// Port of the neighbour, default 179.
+	// +optional
+	Port uint16 `json:"port,omitempty"`
+
+	// LocalAddress pins the session's source address. Recommended: without
+	// it the kernel may pick, say, a SLAAC address the ToR does not expect.
+	// +optional
+	LocalAddress string `json:"localAddress,omitempty"`
+
+	// PasswordFile holds the TCP-MD5 password (standalone mode).
+	// +optional
+	PasswordFile string `json:"passwordFile,omitempty"`
+
+	// PasswordSecretKey names the key of the BGP password Secret in
+	// flock's namespace (Kubernetes mode).
+	// +optional
+	PasswordSecretKey string `json:"passwordSecretKey,omitempty"`
+
+	// Timers in seconds.
+	// +optional
+	Timers Timers `json:"timers,omitempty"`
+
+	// GracefulRestart is on by default with explicit times, so a restarting
+	// agent keeps its routes at the ToR.
+	// +optional
+	GracefulRestart GracefulRestart `json:"gracefulRestart,omitempty"`
+
+	// BFD for fast failure detection.
+	// +optional
+	BFD BFD `json:"bfd,omitempty"`
+
+	// EBGPMultihop TTL for a neighbour that is not directly connected; 0
+	// means a directly connected neighbour.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=255
+	// +optional
+	EBGPMultihop uint8 `json:"ebgpMultihop,omitempty"`
+
+	// TTLSecurityMin enables GTSM (RFC 5082): packets with a lower TTL are
+	// dropped; 255 for a directly connected neighbour. 0 disables it.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=255
+	// +optional
+	TTLSecurityMin uint8 `json:"ttlSecurityMin,omitempty"`
+
+	// MaxPrefixes received per family before the session is shut down; 0
+	// means no limit.
+	// +optional
+	MaxPrefixes uint32 `json:"maxPrefixes,omitempty"`
+
+	// Families to negotiate: ipv6 and/or ipv4. Default: both over an IPv6
+	// or unnumbered session (IPv4 with an IPv6 next hop, RFC 5549), ipv4
+	// over an IPv4 session.
+	// +optional
+	Families []string `json:"families,omitempty"`
+
+	// Communities ("asn:value") added per advertisement kind.
+	// +optional
+	Communities KindCommunities `json:"communities,omitempty"`
+
+	// LargeCommunities ("global:local1:local2") added per kind.
+	// +optional
+	LargeCommunities KindCommunities `json:"largeCommunities,omitempty"`
+}
+
+// Timers of a session, in seconds; 0 means the default.
+type Timers struct {
+	// HoldTime, default 90 (0 or >= 3).
+	// +optional
+	HoldTime uint32 `json:"holdTime,omitempty"`
+	// KeepaliveTime, default a third of the hold time.
+	// +optional
+	KeepaliveTime uint32 `json:"keepaliveTime,omitempty"`
+	// ConnectRetry, default 5.
+	// +optional
+	ConnectRetry uint32 `json:"connectRetry,omitempty"`
+}
+
+// GracefulRestart (RFC 4724) settings.
+type GracefulRestart struct {
+	// Disabled turns graceful restart off (it is on by default).
+	// +optional
+	Disabled bool `json:"disabled,omitempty"`
+	// RestartTime the peer keeps our routes after the session drops,
+	// default 120 seconds.
+	// +optional
+	RestartTime uint32 `json:"restartTime,omitempty"`
+	// DeferralTime we wait for peers' End-of-RIB after our own restart,
+	// default 60 seconds.
+	// +optional
+	DeferralTime uint32 `json:"deferralTime,omitempty"`
+}
+
+// BFD (RFC 5880) settings.
+type BFD struct {
+	// Enabled turns BFD on.
+	// +optional
+	Enabled bool `json:"enabled,omitempty"`
+	// IntervalMs is the transmit and receive interval, default 300.
+	// +optional
+	IntervalMs uint32 `json:"intervalMs,omitempty"`
+	// Multiplier of missed packets before the session is down, default 3.
+	// +optional
+	Multiplier uint32 `json:"multiplier,omitempty"`
+}
+
+// KindCommunities lists communities per advertisement kind.
+type KindCommunities struct {
+	// Summary: the node's pod CIDRs.
+	// +optional
+	Summary []string `json:"summary,omitempty"`
+	// Pod: /128 and /32 of pods allocated outside the summaries.
+	// +optional
+	Pod []string `json:"pod,omitempty"`
+	// Anycast IPs of Ready pods.
+	// +optional
+	Anycast []string `json:"anycast,omitempty"`
+	// Address: `addresses` IPs of Ready pods.
+	// +optional
+	Address []string `json:"address,omitempty"`
 }
 
 // Pool is one CIDR pod addresses come from.

@@ -1,0 +1,164 @@
+package bgp
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+
+	api "github.com/osrg/gobgp/v4/api"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+)
+
+// Defaults applied to a peer's unset knobs. Graceful restart is on with
+// explicit times: never GoBGP's silent 360 s default.
+const (
+	DefaultHoldTime     = 90
+	DefaultConnectRetry = 5
+	DefaultRestartTime  = 120
+	DefaultDeferralTime = 60
+	DefaultBFDInterval  = 300 // ms
+	DefaultBFDMult      = 3
+)
+
+// Key identifies a peer across config changes: its address, or
+// "interface <name>" for an unnumbered session.
+func Key(p v1alpha1.Peer) string {
+	if p.Interface != "" {
+		return "interface " + p.Interface
+	}
+	if a, err := netip.ParseAddr(p.Address); err == nil {
+		return a.String()
+	}
+	return p.Address
+}
+
+// TransportV6 tells whether the session runs over IPv6 (so IPv4 routes
+// would carry an IPv6 next hop, RFC 5549).
+func TransportV6(p v1alpha1.Peer) bool {
+	if p.Interface != "" {
+		return true
+	}
+	a, err := netip.ParseAddr(p.Address)
+	return err == nil && a.Is6()
+}
+
+// Families resolves the families to negotiate.
+func Families(p v1alpha1.Peer) []string {
+	if len(p.Families) > 0 {
+		f := slices.Clone(p.Families)
+		slices.Sort(f)
+		return slices.Compact(f)
+	}
+	if TransportV6(p) {
+		return []string{"ipv4", "ipv6"}
+	}
+	return []string{"ipv4"}
+}
+
+func apiFamily(f string) *api.Family {
+	if f == "ipv4" {
+		return &api.Family{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}
+	}
+	return &api.Family{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}
+}
+
+// PasswordReader returns the TCP-MD5 password of a peer ("" for none).
+type PasswordReader func(p v1alpha1.Peer) (string, error)
+
+// FilePasswords reads passwords from PasswordFile (standalone mode).
+func FilePasswords(p v1alpha1.Peer) (string, error) {
+	if p.PasswordFile == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(p.PasswordFile)
+	if err != nil {
+		return "", fmt.Errorf("peer %s: passwordFile: %w", Key(p), err)
+	}
+	pw := strings.TrimRight(string(b), "\r\n")
+	if pw == "" {
+		return "", fmt.Errorf("peer %s: passwordFile %s is empty", Key(p), p.PasswordFile)
+	}
+	if len(pw) > 80 {
+		return "", fmt.Errorf("peer %s: passwordFile %s: TCP-MD5 keys are at most 80 bytes", Key(p), p.PasswordFile)
+	}
+	return pw, nil
+}
+
+// apiPeer builds the GoBGP peer config. adminDown holds the session until
+// the export policy knows the peer's address.
+func apiPeer(p v1alpha1.Peer, password string, adminDown bool) *api.Peer {
+	hold := uint64(p.Timers.HoldTime)
+	if hold == 0 {
+		hold = DefaultHoldTime
+	}
+	keep := uint64(p.Timers.KeepaliveTime)
+	if keep == 0 {
+		keep = hold / 3
+	}
+	retry := uint64(p.Timers.ConnectRetry)
+	if retry == 0 {
+		retry = DefaultConnectRetry
+	}
+	out := &api.Peer{
+		Conf: &api.PeerConf{
+			PeerAsn: p.ASN, AuthPassword: password, AdminDown: adminDown,
+			Description: "flock " + Key(p),
+		},
+		Timers:    &api.Timers{Config: &api.TimersConfig{HoldTime: hold, KeepaliveInterval: keep, ConnectRetry: retry}},
+		Transport: &api.Transport{LocalAddress: p.LocalAddress, RemotePort: uint32(p.Port)},
+	}
+	if p.Interface != "" {
+		out.Conf.NeighborInterface = p.Interface
+	} else {
+		out.Conf.NeighborAddress = Key(p)
+	}
+	gr := !p.GracefulRestart.Disabled
+	if gr {
+		rt, dt := p.GracefulRestart.RestartTime, p.GracefulRestart.DeferralTime
+		if rt == 0 {
+			rt = DefaultRestartTime
+		}
+		if dt == 0 {
+			dt = DefaultDeferralTime
+		}
+		out.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: rt, DeferralTime: dt}
+	}
+	for _, f := range Families(p) {
+		af := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: apiFamily(f), Enabled: true}}
+		if gr {
+			af.MpGracefulRestart = &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}}
+		}
+		if p.MaxPrefixes > 0 {
+			af.PrefixLimits = &api.PrefixLimit{Family: apiFamily(f), MaxPrefixes: p.MaxPrefixes}
+		}
+		out.AfiSafis = append(out.AfiSafis, af)
+	}
+	if p.BFD.Enabled {
+		iv, m := p.BFD.IntervalMs, p.BFD.Multiplier
+		if iv == 0 {
+			iv = DefaultBFDInterval
+		}
+		if m == 0 {
+			m = DefaultBFDMult
+		}
+		out.Bfd = &api.BfdPeerConfig{Enabled: true, DesiredMinimumTxInterval: iv * 1000, RequiredMinimumReceive: iv * 1000, DetectionMultiplier: m}
+	}
+	if p.EBGPMultihop > 0 {
+		out.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(p.EBGPMultihop)}
+	}
+	if p.TTLSecurityMin > 0 {
+		out.TtlSecurity = &api.TtlSecurity{Enabled: true, TtlMin: uint32(p.TTLSecurityMin)}
+	}
+	return out
+}
+
+// sessionFingerprint covers everything that needs the session re-created
+// when it changes; communities are applied by policy, without a reset.
+func sessionFingerprint(p v1alpha1.Peer, password string) string {
+	q := p
+	q.Communities, q.LargeCommunities = v1alpha1.KindCommunities{}, v1alpha1.KindCommunities{}
+	return fmt.Sprintf("%+v|%s", q, password)
+}
