@@ -51,11 +51,45 @@ type Route struct {
 	Owners   []string `json:"owners"`
 }
 
+// FamilyCounts are a session's per-family prefix counters.
+type FamilyCounts struct {
+	Family     string `json:"family"`
+	Received   uint64 `json:"received"`
+	Accepted   uint64 `json:"accepted"`
+	Advertised uint64 `json:"advertised"`
+}
+
+// Neighbor is one BGP session.
+type Neighbor struct {
+	Peer      string         `json:"peer"`
+	Address   string         `json:"address,omitempty"`
+	LocalASN  uint32         `json:"localASN"`
+	PeerASN   uint32         `json:"peerASN"`
+	State     string         `json:"state"`
+	Since     time.Time      `json:"since,omitzero"`
+	Uptime    string         `json:"uptime,omitempty"`
+	Families  []FamilyCounts `json:"families"`
+	BFD       string         `json:"bfd"`
+	GR        string         `json:"gracefulRestart"`
+	Warnings  []string       `json:"warnings,omitempty"`
+	LastError string         `json:"lastError,omitempty"`
+}
+
+// BGPRoute is one path the node originates (or wants to).
+type BGPRoute struct {
+	Prefix     string   `json:"prefix"`
+	Kind       string   `json:"kind"`
+	Owners     []string `json:"owners"` // "node" or namespace/name of the pods
+	Advertised bool     `json:"advertised"`
+}
+
 // Source is what the agent exposes.
 type Source interface {
 	Pods() []Pod
 	Pools() []Pool
 	Routes() []Route
+	Neighbors() []Neighbor
+	BGPRoutes() []BGPRoute
 }
 
 // Handler serves the API.
@@ -72,6 +106,8 @@ func Handler(src Source) http.Handler {
 	get("/v1/pods", func() any { return src.Pods() })
 	get("/v1/ipam", func() any { return src.Pools() })
 	get("/v1/routes", func() any { return src.Routes() })
+	get("/v1/bgp/neighbors", func() any { return src.Neighbors() })
+	get("/v1/bgp/routes", func() any { return src.BGPRoutes() })
 	return mux
 }
 

@@ -6,6 +6,7 @@
 package advert
 
 import (
+	"cmp"
 	"net/netip"
 	"slices"
 	"sync"
@@ -56,6 +57,23 @@ func (e *entry) kind() Kind {
 	return ""
 }
 
+// kindRank is a kind's position in Kinds (unknown kinds rank last).
+func kindRank(k Kind) int {
+	if i := slices.Index(Kinds, k); i >= 0 {
+		return i
+	}
+	return len(Kinds)
+}
+
+// comparePrefixes orders by address, then by length (so that 10.0.0.0/24
+// and 10.0.0.0/32 always come out in the same order).
+func comparePrefixes(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Bits(), b.Bits())
+}
+
 // Set is the desired set. Safe for concurrent use.
 type Set struct {
 	mu      sync.Mutex
@@ -103,7 +121,11 @@ func (s *Set) SetOwner(owner string, claims []Claim) {
 			e = &entry{owners: map[string]Kind{}}
 			s.routes[c.Prefix] = e
 		}
-		e.owners[owner] = c.Kind
+		// One owner claiming a prefix as several kinds: keep the one
+		// that takes precedence, whatever the order of the claims.
+		if k, ok := e.owners[owner]; !ok || kindRank(c.Kind) < kindRank(k) {
+			e.owners[owner] = c.Kind
+		}
 	}
 	for p, k := range before {
 		s.markIfChanged(p, k)
@@ -174,7 +196,7 @@ func (s *Set) Routes() []Route {
 		out = append(out, r)
 	}
 	s.mu.Unlock()
-	slices.SortFunc(out, func(a, b Route) int { return a.Prefix.Addr().Compare(b.Prefix.Addr()) })
+	slices.SortFunc(out, func(a, b Route) int { return comparePrefixes(a.Prefix, b.Prefix) })
 	return out
 }
 
@@ -196,6 +218,6 @@ func Diff(desired, held map[netip.Prefix]Kind) (announce map[netip.Prefix]Kind, 
 			withdraw = append(withdraw, p)
 		}
 	}
-	slices.SortFunc(withdraw, func(a, b netip.Prefix) int { return a.Addr().Compare(b.Addr()) })
+	slices.SortFunc(withdraw, comparePrefixes)
 	return announce, withdraw
 }

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"code.fritzlab.net/fritzlab/flock/advert"
 	"code.fritzlab.net/fritzlab/flock/annotations"
 	"code.fritzlab.net/fritzlab/flock/anycast"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
@@ -62,6 +63,10 @@ type Config struct {
 	// ReadyOnCommit treats every committed pod as Ready (standalone mode,
 	// where nothing else reports readiness).
 	ReadyOnCommit bool
+	// Adverts, if set, receives the routes this node should advertise:
+	// the summaries, pod IPs outside them, and the anycast and `addresses`
+	// IPs of Ready pods.
+	Adverts *advert.Set
 }
 
 // Agent handles pod network lifecycles on one node.
@@ -84,6 +89,8 @@ type Agent struct {
 	// stuck holds failed ADDs whose rollback could not remove the veth: their
 	// IPs stay reserved until a DEL (or the next start) finishes the job.
 	stuck map[string]store.Allocation
+	// readiness of committed pods (by container ID), as last reported.
+	readiness map[string]bool
 }
 
 // New validates the config and builds an agent; Start must run before it
@@ -119,6 +126,7 @@ func New(cfg Config) (*Agent, error) {
 		allocs:    map[string]store.Allocation{},
 		claims:    map[netip.Addr]*claim{},
 		stuck:     map[string]store.Allocation{},
+		readiness: map[string]bool{},
 	}
 	return a, nil
 }
@@ -132,6 +140,13 @@ func (a *Agent) Ready() bool { return a.ready.Load() }
 func (a *Agent) Start(ctx context.Context) error {
 	if err := a.cfg.Dataplane.EnsureNode(a.summaries); err != nil {
 		return fmt.Errorf("node setup: %w", err)
+	}
+	if a.cfg.Adverts != nil {
+		var claims []advert.Claim
+		for _, p := range a.summaries {
+			claims = append(claims, advert.Claim{Prefix: p, Kind: advert.Summary})
+		}
+		a.cfg.Adverts.SetOwner(advert.NodeOwner, claims)
 	}
 	recs, err := a.cfg.Store.Load()
 	if err != nil {
@@ -198,10 +213,64 @@ func (a *Agent) restore(r store.Allocation) error {
 		return fmt.Errorf("store: allocation %s: %w", r.ContainerID, err)
 	}
 	a.allocs[r.ContainerID] = r
-	if err := a.anycast.Update(a.member(r, a.cfg.ReadyOnCommit)); err != nil {
+	a.readiness[r.ContainerID] = a.cfg.ReadyOnCommit
+	a.publish(r, a.cfg.ReadyOnCommit)
+	return nil
+}
+
+// publish pushes one pod's state to the kernel anycast routes and the
+// desired BGP set.
+func (a *Agent) publish(r store.Allocation, ready bool) {
+	if err := a.anycast.Update(a.member(r, ready)); err != nil {
 		a.log.Error("anycast", "container", r.ContainerID, "err", err)
 	}
-	return nil
+	if a.cfg.Adverts != nil {
+		a.cfg.Adverts.SetOwner(r.ContainerID, a.advertClaims(r, ready))
+	}
+}
+
+// advertClaims is what a pod contributes to the advertised set: its own IPs when
+// they lie outside the node summaries (always: the pod exists), and its
+// anycast and `addresses` IPs while it is Ready.
+func (a *Agent) advertClaims(r store.Allocation, ready bool) []advert.Claim {
+	var out []advert.Claim
+	for _, ip := range r.IPs {
+		if !a.inSummary(ip) {
+			out = append(out, advert.Claim{Prefix: netip.PrefixFrom(ip, ip.BitLen()), Kind: advert.Pod})
+		}
+	}
+	if ready {
+		for _, ip := range r.Anycast {
+			out = append(out, advert.Claim{Prefix: netip.PrefixFrom(ip, ip.BitLen()), Kind: advert.Anycast})
+		}
+		for _, ip := range r.Addresses {
+			out = append(out, advert.Claim{Prefix: netip.PrefixFrom(ip, ip.BitLen()), Kind: advert.Address})
+		}
+	}
+	return out
+}
+
+func (a *Agent) inSummary(ip netip.Addr) bool {
+	for _, s := range a.summaries {
+		if s.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// SetReady records a pod's readiness (by container ID) and re-publishes
+// its anycast and `addresses` IPs at once. Unknown containers are
+// remembered, so a readiness report that beats the ADD's commit is kept.
+func (a *Agent) SetReady(containerID string, ready bool) {
+	a.mu.Lock()
+	prev, known := a.readiness[containerID]
+	a.readiness[containerID] = ready
+	rec, ok := a.allocs[containerID]
+	a.mu.Unlock()
+	if ok && (!known || prev != ready) {
+		a.publish(rec, ready)
+	}
 }
 
 func (a *Agent) member(r store.Allocation, ready bool) anycast.Member {
@@ -323,9 +392,11 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 	a.mu.Lock()
 	a.allocs[containerID] = rec
 	a.mu.Unlock()
-	if err := a.anycast.Update(a.member(rec, a.cfg.ReadyOnCommit)); err != nil {
-		a.log.Error("anycast", "container", containerID, "err", err)
-	}
+	a.mu.Lock()
+	ready := a.readiness[containerID] || a.cfg.ReadyOnCommit
+	a.readiness[containerID] = ready
+	a.mu.Unlock()
+	a.publish(rec, ready)
 	a.log.Info("pod added", "container", containerID, "pod", pod.Namespace+"/"+pod.Name, "ips", rec.IPs, "veth", rec.HostVeth)
 	return rec, nil
 }
@@ -469,6 +540,9 @@ func (a *Agent) Del(ctx context.Context, containerID string) error {
 		if err := a.anycast.Remove(containerID); err != nil {
 			a.log.Error("anycast", "container", containerID, "err", err)
 		}
+		if a.cfg.Adverts != nil {
+			a.cfg.Adverts.SetOwner(containerID, nil)
+		}
 	}
 	if err := a.cfg.Dataplane.Teardown(containerID); err != nil {
 		return err
@@ -481,6 +555,7 @@ func (a *Agent) Del(ctx context.Context, containerID string) error {
 	}
 	a.mu.Lock()
 	delete(a.allocs, containerID)
+	delete(a.readiness, containerID)
 	a.mu.Unlock()
 	a.release(rec)
 	a.log.Info("pod deleted", "container", containerID, "pod", rec.Pod.Namespace+"/"+rec.Pod.Name, "ips", rec.IPs)

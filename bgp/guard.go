@@ -24,7 +24,7 @@ func Decide(transportV6, ipv4Configured bool, remote []bgp.ParameterCapabilityIn
 	if !transportV6 {
 		return Guard{SendIPv4: true}
 	}
-	mp := false
+	mp, enhe := false, false
 	for _, c := range remote {
 		switch c := c.(type) {
 		case *bgp.CapMultiProtocol:
@@ -34,13 +34,18 @@ func Decide(transportV6, ipv4Configured bool, remote []bgp.ParameterCapabilityIn
 		case *bgp.CapExtendedNexthop:
 			for _, t := range c.Tuples {
 				if t.NLRIAFI == bgp.AFI_IP && t.NLRISAFI == bgp.SAFI_UNICAST && t.NexthopAFI == bgp.AFI_IP6 {
-					return Guard{SendIPv4: true}
+					enhe = true
 				}
 			}
 		}
 	}
+	// Both are needed: an extended next hop tuple without IPv4 unicast
+	// itself still means no IPv4 route reaches the peer.
 	if !mp {
 		return Guard{Warning: "peer did not negotiate IPv4 unicast: no IPv4 routes sent"}
+	}
+	if enhe {
+		return Guard{SendIPv4: true}
 	}
 	return Guard{Warning: "RFC 5549 mismatch: peer negotiated IPv4 unicast but not the extended next hop capability, so IPv4 routes (IPv6 next hop) are withheld; enable 'extended next hop' on the peer"}
 }

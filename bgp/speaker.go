@@ -118,8 +118,20 @@ func New(ctx context.Context, cfg Config) (*Speaker, error) {
 	if cfg.BGP.ImportPolicy == "accept" {
 		importDefault = api.RouteAction_ROUTE_ACTION_ACCEPT
 	}
+	// GoBGP runs locally originated paths through the global import policy
+	// too: without this statement a reject-by-default import would turn
+	// every path we add into a withdrawal.
+	if err := s.srv.AddPolicy(ctx, &api.AddPolicyRequest{Policy: &api.Policy{Name: "flock-import", Statements: []*api.Statement{{
+		Name:       "flock-accept-local",
+		Conditions: &api.Conditions{RouteType: api.Conditions_ROUTE_TYPE_LOCAL},
+		Actions:    &api.Actions{RouteAction: api.RouteAction_ROUTE_ACTION_ACCEPT},
+	}}}}); err != nil {
+		s.srv.Stop()
+		return nil, fmt.Errorf("bgp: import policy: %w", err)
+	}
 	if err := s.srv.SetPolicyAssignment(ctx, &api.SetPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
-		Name: "global", Direction: api.PolicyDirection_POLICY_DIRECTION_IMPORT, DefaultAction: importDefault,
+		Name: "global", Direction: api.PolicyDirection_POLICY_DIRECTION_IMPORT,
+		Policies: []*api.Policy{{Name: "flock-import"}}, DefaultAction: importDefault,
 	}}); err != nil {
 		s.srv.Stop()
 		return nil, fmt.Errorf("bgp: import policy: %w", err)

@@ -8,7 +8,9 @@ import (
 
 	api "github.com/osrg/gobgp/v4/api"
 	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	gobgpmetrics "github.com/osrg/gobgp/v4/pkg/metrics"
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // FamilyCounts are per-family prefix counters.
@@ -63,7 +65,7 @@ func (s *Speaker) Neighbors(ctx context.Context) []Neighbor {
 			n.State = stateName(p.state)
 			n.Since = p.since
 			if p.state == bgp.BGP_FSM_ESTABLISHED {
-				n.Uptime = time.Since(p.since).Round(time.Second)
+				n.Uptime = max(time.Since(p.since).Round(time.Second), time.Second)
 			}
 		}
 		lp := live[key]
@@ -184,3 +186,24 @@ func (s *Speaker) Mismatches() []string {
 	slices.Sort(out)
 	return out
 }
+
+// SessionState is a cheap per-peer summary (no GoBGP call).
+type SessionState struct {
+	Peer        string
+	Established bool
+}
+
+// Sessions lists every configured peer and whether it is established.
+func (s *Speaker) Sessions() []SessionState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]SessionState, 0, len(s.peers))
+	for k, p := range s.peers {
+		out = append(out, SessionState{Peer: k, Established: p.state == bgp.BGP_FSM_ESTABLISHED})
+	}
+	slices.SortFunc(out, func(a, b SessionState) int { return strings.Compare(a.Peer, b.Peer) })
+	return out
+}
+
+// Collector is GoBGP's own Prometheus collector for this server.
+func (s *Speaker) Collector() prometheus.Collector { return gobgpmetrics.NewBgpCollector(s.srv) }

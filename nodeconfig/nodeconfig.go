@@ -95,6 +95,7 @@ func Validate(s *v1alpha1.NodeConfigSpec) error {
 	if s.Defaults.IPv4 && !have[true] {
 		errs = append(errs, errors.New("spec.defaults.ipv4: true, but no pool is a (non-shared) IPv4 node summary; add one or set ipv4: false"))
 	}
+	errs = append(errs, validateBGP(&s.BGP)...)
 	if s.Defaults.IPAlgo != "" {
 		if _, err := ipam.ParseAlgo(s.Defaults.IPAlgo); err != nil {
 			errs = append(errs, fmt.Errorf("spec.defaults.ipAlgo: %w", err))

@@ -1,6 +1,6 @@
 // Command flock-agent is flock's node daemon: IPAM, allocation store,
-// dataplane and (later) the BGP speaker, serving the CNI plugin and flockctl
-// over unix sockets.
+// dataplane and the embedded BGP speaker, serving the CNI plugin and
+// flockctl over unix sockets.
 package main
 
 import (
@@ -14,12 +14,9 @@ import (
 	"syscall"
 
 	"code.fritzlab.net/fritzlab/flock/admin"
-	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
-	"code.fritzlab.net/fritzlab/flock/dataplane"
-	"code.fritzlab.net/fritzlab/flock/nodeconfig"
-	"code.fritzlab.net/fritzlab/flock/podmeta"
-	"code.fritzlab.net/fritzlab/flock/store"
+	"code.fritzlab.net/fritzlab/flock/daemon"
+	"code.fritzlab.net/fritzlab/flock/metrics"
 )
 
 func main() {
@@ -30,10 +27,12 @@ func main() {
 }
 
 func run() error {
-	nodeConfig := flag.String("node-config", "", "standalone mode: NodeConfig YAML file (its spec is the NodeConfig CRD's spec)")
-	cniSocket := flag.String("cni-socket", wire.DefaultSocket, "unix socket the CNI plugin talks to")
-	adminSocket := flag.String("admin-socket", admin.DefaultSocket, "unix socket flockctl talks to")
-	stateDir := flag.String("state-dir", "/var/lib/flock", "directory of the allocation store")
+	var o daemon.Options
+	flag.StringVar(&o.NodeConfig, "node-config", "", "standalone mode: NodeConfig YAML file (its spec is the NodeConfig CRD's spec); reloaded on change and on SIGHUP")
+	flag.StringVar(&o.CNISocket, "cni-socket", wire.DefaultSocket, "unix socket the CNI plugin talks to")
+	flag.StringVar(&o.AdminSocket, "admin-socket", admin.DefaultSocket, "unix socket flockctl talks to")
+	flag.StringVar(&o.StateDir, "state-dir", "/var/lib/flock", "directory of the allocation store")
+	flag.StringVar(&o.MetricsAddress, "metrics-address", metrics.DefaultAddress, "address for /metrics, /healthz and /readyz; empty disables")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	testHook := flag.String("test-hook", "", "testing only: 'pause-before-commit' blocks every ADD after the dataplane is programmed, before the commit")
 	flag.Parse()
@@ -42,75 +41,24 @@ func run() error {
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %q: %w", *logLevel, err)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	slog.SetDefault(log)
-
-	if *nodeConfig == "" {
+	o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	slog.SetDefault(o.Log)
+	if o.NodeConfig == "" {
 		return errors.New("--node-config is required (standalone mode; Kubernetes mode is not built yet)")
-	}
-	nc, err := nodeconfig.Load(*nodeConfig)
-	if err != nil {
-		return err
-	}
-	st, err := store.Open(*stateDir)
-	if err != nil {
-		return err
-	}
-	cfg := agent.Config{
-		Spec: &nc.Spec, Store: st, Dataplane: &dataplane.Netlink{Log: log},
-		Source: podmeta.Standalone{}, Log: log, ReadyOnCommit: true,
 	}
 	switch *testHook {
 	case "":
 	case "pause-before-commit":
-		cfg.Hooks.BeforeCommit = func(id string) {
-			log.Warn("test hook: pausing before commit until killed", "container", id)
+		o.Hooks.BeforeCommit = func(id string) {
+			o.Log.Warn("test hook: pausing before commit until killed", "container", id)
 			select {}
 		}
 	default:
 		return fmt.Errorf("--test-hook: unknown hook %q", *testHook)
 	}
-	a, err := agent.New(cfg)
-	if err != nil {
-		return fmt.Errorf("node config %s: %w", *nodeConfig, err)
-	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-
-	// Bind the sockets before recovery so a plugin call during startup gets
-	// "starting" instead of "not running"; Handle refuses until Start is done.
-	cl, err := wire.Listen(*cniSocket)
-	if err != nil {
-		return err
-	}
-	al, err := admin.Listen(*adminSocket)
-	if err != nil {
-		cl.Close()
-		return err
-	}
-	errc := make(chan error, 2)
-	go func() {
-		srv := &wire.Server{Handler: wire.HandlerFunc(a.Handle), Logger: log}
-		errc <- srv.Serve(ctx, cl)
-	}()
-	go func() { errc <- admin.Serve(ctx, al, agent.AdminSource{A: a}) }()
-
-	if err := a.Start(ctx); err != nil {
-		stop()
-		<-errc
-		<-errc
-		return err
-	}
-	log.Info("serving", "cni-socket", *cniSocket, "admin-socket", *adminSocket, "state-dir", *stateDir, "node", nc.Metadata.Name)
-	var first error
-	for range 2 {
-		if err := <-errc; err != nil && first == nil {
-			first = err
-			stop()
-		}
-	}
-	// Kernel state stays: pods keep their network while the agent is down.
-	log.Info("stopped")
-	return first
+	err := daemon.Run(ctx, o)
+	o.Log.Info("stopped")
+	return err
 }

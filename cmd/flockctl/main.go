@@ -21,9 +21,11 @@ import (
 const usage = `usage: flockctl [--socket PATH] [-o table|json|yaml] COMMAND
 
 commands:
-  pods      allocations: container, pod, interface, veth, IPs
-  ipam      pools with used and free addresses
-  routes    anycast and addresses host routes with their next hops
+  bgp neighbors   BGP sessions: state, uptime, families, prefix counts, BFD, GR, warnings
+  bgp routes      paths the node originates: prefix, kind, owning pods, advertised
+  pods            allocations: container, pod, interface, veth, IPs
+  ipam            pools with used and free addresses
+  routes          anycast and addresses host routes in the kernel, with next hops
 `
 
 func main() {
@@ -90,6 +92,44 @@ func run(args []string, out io.Writer) error {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Prefix, r.Kind, list(r.Nexthops), list(owners))
 			}
 		})
+	case "bgp neighbors", "bgp neighbours", "bgp neighbor":
+		var v []admin.Neighbor
+		if err := c.Get(ctx, "/v1/bgp/neighbors", &v); err != nil {
+			return err
+		}
+		return emit(out, *format, v, func(w *tabwriter.Writer) {
+			fmt.Fprintln(w, "PEER\tLOCAL AS\tPEER AS\tSTATE\tUPTIME\tFAMILIES (RCVD/ACC/ADV)\tBFD\tGR\tWARNINGS")
+			for _, n := range v {
+				var fams []string
+				for _, f := range n.Families {
+					fams = append(fams, fmt.Sprintf("%s %d/%d/%d", f.Family, f.Received, f.Accepted, f.Advertised))
+				}
+				peer := n.Peer
+				if n.Address != "" && n.Address != n.Peer {
+					peer += " (" + n.Address + ")"
+				}
+				warn := strings.Join(n.Warnings, "; ")
+				if n.LastError != "" && n.State != "Established" {
+					warn = strings.TrimPrefix(warn+"; "+n.LastError, "; ")
+				}
+				uptime := n.Uptime
+				if uptime == "" {
+					uptime = "-"
+				}
+				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", peer, n.LocalASN, n.PeerASN, n.State, uptime, list(fams), n.BFD, n.GR, dash(warn))
+			}
+		})
+	case "bgp routes":
+		var v []admin.BGPRoute
+		if err := c.Get(ctx, "/v1/bgp/routes", &v); err != nil {
+			return err
+		}
+		return emit(out, *format, v, func(w *tabwriter.Writer) {
+			fmt.Fprintln(w, "PREFIX\tKIND\tOWNERS\tADVERTISED")
+			for _, r := range v {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%v\n", r.Prefix, r.Kind, list(r.Owners), r.Advertised)
+			}
+		})
 	default:
 		fs.Usage()
 		return fmt.Errorf("unknown command %q", cmd)
@@ -120,6 +160,13 @@ func list(s []string) string {
 		return "-"
 	}
 	return strings.Join(s, ",")
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func short(id string) string {
