@@ -88,8 +88,9 @@ func FilePasswords(p v1alpha1.Peer) (string, error) {
 }
 
 // apiPeer builds the GoBGP peer config. adminDown holds the session until
-// the export policy knows the peer's address.
-func apiPeer(p v1alpha1.Peer, password string, adminDown bool) *api.Peer {
+// the export policy knows the peer's address; restarting marks a peer added
+// when the agent restarts (see LocalRestarting).
+func apiPeer(p v1alpha1.Peer, password string, adminDown, restarting bool) *api.Peer {
 	hold := uint64(p.Timers.HoldTime)
 	if hold == 0 {
 		hold = DefaultHoldTime
@@ -124,7 +125,10 @@ func apiPeer(p v1alpha1.Peer, password string, adminDown bool) *api.Peer {
 		if dt == 0 {
 			dt = DefaultDeferralTime
 		}
-		out.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: rt, DeferralTime: dt}
+		// LocalRestarting sets the Restart State and Forwarding State bits
+		// in our OPEN, so the peer keeps our routes until our End-of-RIB
+		// instead of flushing them the moment the new session comes up.
+		out.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: rt, DeferralTime: dt, LocalRestarting: restarting}
 	}
 	for _, f := range Families(p) {
 		af := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: apiFamily(f), Enabled: true}}

@@ -45,6 +45,17 @@ type Config struct {
 	OnChange func()
 }
 
+// Restarting tells whether this node ran a speaker before (its state file
+// exists): then the first peers are added as graceful-restart "restarting"
+// so the ToR keeps our routes until our End-of-RIB.
+func (c Config) Restarting() bool {
+	if c.StateFile == "" {
+		return false
+	}
+	_, err := os.Stat(c.StateFile)
+	return err == nil
+}
+
 // Speaker is one embedded GoBGP server.
 type Speaker struct {
 	log       *slog.Logger
@@ -64,6 +75,8 @@ type Speaker struct {
 	knownGood  map[string]bool // keys that negotiated RFC 5549 before
 	policyGen  int
 	policySets []*api.DefinedSet
+	// restarting applies to the peers of the first ApplyPeers only.
+	restarting bool
 }
 
 type heldPath struct {
@@ -84,6 +97,8 @@ type peer struct {
 	since    time.Time
 	guard    Guard
 	lastErr  string
+	// restarting: added as GR "restarting" (the agent restarted).
+	restarting bool
 }
 
 // New starts a GoBGP server with flock's global config and policies; peers
@@ -97,7 +112,7 @@ func New(ctx context.Context, cfg Config) (*Speaker, error) {
 	lvl.Set(slog.LevelWarn) // GoBGP is chatty at info
 	s := &Speaker{
 		log: log, asn: cfg.ASN, passwords: cfg.Passwords, stateFile: cfg.StateFile, onChange: cfg.OnChange,
-		srv:    server.NewBgpServer(server.LoggerOption(log.With("component", "gobgp"), lvl)),
+		srv:    server.NewBgpServer(server.LoggerOption(slog.New(levelFilter{log.With("component", "gobgp").Handler(), lvl}), lvl)),
 		events: make(chan *apiutil.WatchEventMessage_PeerEvent, 256),
 		ctx:    ctx,
 		peers:  map[string]*peer{}, held: map[netip.Prefix]heldPath{}, ipv4OK: map[string]bool{}, knownGood: map[string]bool{},
@@ -136,7 +151,9 @@ func New(ctx context.Context, cfg Config) (*Speaker, error) {
 		s.srv.Stop()
 		return nil, fmt.Errorf("bgp: import policy: %w", err)
 	}
+	s.restarting = cfg.Restarting()
 	s.loadState()
+	s.saveStateLocked() // marks the node as having run a speaker
 	if err := s.installBaseSets(ctx); err != nil {
 		s.srv.Stop()
 		return nil, err
@@ -161,6 +178,26 @@ func New(ctx context.Context, cfg Config) (*Speaker, error) {
 	}
 	go s.eventLoop()
 	return s, nil
+}
+
+// levelFilter drops records below min. GoBGP does not filter by the
+// LevelVar it is given (it only changes it on a SetLogLevel call), so
+// without this GoBGP logged at the agent's level, debug included.
+type levelFilter struct {
+	slog.Handler
+	min slog.Leveler
+}
+
+func (h levelFilter) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min.Level() && h.Handler.Enabled(ctx, l)
+}
+
+func (h levelFilter) WithAttrs(a []slog.Attr) slog.Handler {
+	return levelFilter{h.Handler.WithAttrs(a), h.min}
+}
+
+func (h levelFilter) WithGroup(name string) slog.Handler {
+	return levelFilter{h.Handler.WithGroup(name), h.min}
 }
 
 // Stop shuts the server down, sending Cease to every peer (which withdraws
@@ -205,10 +242,11 @@ func (s *Speaker) ApplyPeers(peers []v1alpha1.Peer) error {
 			continue
 		}
 		ctx, cancel := context.WithCancel(s.ctx)
-		p := &peer{spec: np, fp: sessionFingerprint(np, pw), password: pw, cancel: cancel, done: make(chan struct{})}
+		p := &peer{spec: np, fp: sessionFingerprint(np, pw), password: pw, cancel: cancel, done: make(chan struct{}), restarting: s.restarting}
 		s.peers[key] = p
 		go s.addPeer(ctx, key, p)
 	}
+	s.restarting = false
 	if err := s.installExport(s.ctx, s.policyPeersLocked()); err != nil {
 		errs = append(errs, err)
 	}
@@ -224,11 +262,19 @@ func (s *Speaker) removePeerLocked(key string, p *peer) {
 	<-p.done // the add goroutine takes s.mu too
 	s.mu.Lock()
 	if p.added {
-		req := &api.DeletePeerRequest{Address: p.apiAddr}
-		if p.spec.Interface != "" {
-			req = &api.DeletePeerRequest{Interface: p.spec.Interface}
+		// Delete by the address GoBGP keys the peer by (with its zone for
+		// an unnumbered peer), never by Interface: GoBGP v4.8.0's
+		// DeletePeer runs netip.MustParseAddr on Address, so an empty one
+		// panics inside its server goroutine (the whole agent dies), and
+		// with Interface set it re-resolves the link-local neighbour, which
+		// fails once the neighbour is gone.
+		addr := p.apiAddr
+		if addr == "" && p.spec.Interface == "" {
+			addr = Key(p.spec)
 		}
-		if err := s.srv.DeletePeer(s.ctx, req); err != nil {
+		if _, err := netip.ParseAddr(addr); err != nil {
+			s.log.Warn("bgp: delete peer: no neighbour address", "peer", key, "address", addr)
+		} else if err := s.srv.DeletePeer(s.ctx, &api.DeletePeerRequest{Address: addr}); err != nil {
 			s.log.Warn("bgp: delete peer", "peer", key, "err", err)
 		}
 	}
@@ -247,7 +293,7 @@ func (s *Speaker) addPeer(ctx context.Context, key string, p *peer) {
 	defer close(p.done)
 	backoff := 100 * time.Millisecond
 	for {
-		err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p.spec, p.password, true)})
+		err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p.spec, p.password, true, p.restarting)})
 		if err == nil {
 			break
 		}
@@ -269,7 +315,10 @@ func (s *Speaker) addPeer(ctx context.Context, key string, p *peer) {
 		backoff = min(backoff*2, 5*time.Second)
 	}
 	var apiAddr string
-	_ = s.srv.ListPeer(ctx, &api.ListPeerRequest{Address: listKey(p.spec)}, func(ap *api.Peer) {
+	// s.ctx, not ctx: if the peer is being removed right now, its address
+	// is still needed to delete it (ListPeer returns nothing once its
+	// context is cancelled).
+	_ = s.srv.ListPeer(s.ctx, &api.ListPeerRequest{Address: listKey(p.spec)}, func(ap *api.Peer) {
 		if ap.State != nil && ap.State.NeighborAddress != "" {
 			apiAddr = ap.State.NeighborAddress
 		} else if ap.Conf != nil {
@@ -296,7 +345,11 @@ func (s *Speaker) addPeer(ctx context.Context, key string, p *peer) {
 	if err := s.installExport(s.ctx, s.policyPeersLocked()); err != nil {
 		s.log.Error("bgp: export policy", "err", err)
 	}
-	if err := s.srv.EnablePeer(s.ctx, &api.EnablePeerRequest{Address: apiAddr}); err != nil {
+	if apiAddr == "" {
+		// EnablePeer with no address would enable every peer.
+		s.log.Error("bgp: enable peer: added but not listed", "peer", key)
+		p.lastErr = "added to GoBGP but not listed by it"
+	} else if err := s.srv.EnablePeer(s.ctx, &api.EnablePeerRequest{Address: apiAddr}); err != nil {
 		s.log.Error("bgp: enable peer", "peer", key, "err", err)
 		p.lastErr = err.Error()
 	}

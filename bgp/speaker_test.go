@@ -27,6 +27,7 @@ import (
 	"github.com/osrg/gobgp/v4/pkg/apiutil"
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 	"github.com/osrg/gobgp/v4/pkg/server"
+	"github.com/vishvananda/netlink"
 
 	"code.fritzlab.net/fritzlab/flock/advert"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
@@ -256,12 +257,17 @@ func communities(p *apiutil.Path) (std, large []string) {
 }
 
 func asPath(p *apiutil.Path) string {
+	var out []string
 	for _, a := range p.Attrs {
 		if a, ok := a.(*bgp.PathAttributeAsPath); ok {
-			return a.String()
+			for _, seg := range a.Value {
+				for _, as := range seg.GetAS() {
+					out = append(out, fmt.Sprint(as))
+				}
+			}
 		}
 	}
-	return ""
+	return strings.Join(out, " ")
 }
 
 // assertNoMarker fails if any path at the ToR carries a flock marker.
@@ -539,16 +545,17 @@ func TestSpeakerCommunities(t *testing.T) {
 		t.Errorf("flock saw a state change: %+v (since %v)", n, since)
 	}
 
-	// New timers: the session is re-created.
-	p.Timers.HoldTime, p.Timers.KeepaliveTime = 12, 4
+	// New timers: the session is re-created (the ToR has 9, so a shorter
+	// hold time shows in the negotiated one).
+	p.Timers.HoldTime, p.Timers.KeepaliveTime = 6, 2
 	if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "session re-created with hold time 12", func() (bool, string) {
+	eventually(t, "session re-created with hold time 6", func() (bool, string) {
 		tp := r.peer(t)
 		n, _ := neighbor(sp, "::1")
 		ok := tp.GetState().GetSessionState() == api.PeerState_SESSION_STATE_ESTABLISHED &&
-			tp.GetTimers().GetState().GetNegotiatedHoldTime() == 12 &&
+			tp.GetTimers().GetState().GetNegotiatedHoldTime() == 6 &&
 			r.uptime(t).After(uptime) && n.State == "Established"
 		return ok, fmt.Sprintf("ToR %v hold %d; flock %s", tp.GetState().GetSessionState(), tp.GetTimers().GetState().GetNegotiatedHoldTime(), n.State)
 	})
@@ -922,5 +929,121 @@ func TestHandlePeerEventGuard(t *testing.T) {
 	sp2.mu.Unlock()
 	if !good {
 		t.Error("state file not loaded")
+	}
+}
+
+// gobgpPeers lists the peers the speaker's GoBGP server holds.
+func gobgpPeers(t *testing.T, sp *Speaker) []string {
+	t.Helper()
+	var out []string
+	if err := sp.srv.ListPeer(context.Background(), &api.ListPeerRequest{}, func(p *api.Peer) {
+		out = append(out, p.GetState().GetNeighborAddress())
+	}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func waitAdded(t *testing.T, sp *Speaker, key string) Neighbor {
+	t.Helper()
+	var n Neighbor
+	eventually(t, key+" added", func() (bool, string) {
+		var ok bool
+		n, ok = neighbor(sp, key)
+		return ok && n.State != "Configuring" && n.State != "Resolving" && n.Address != "", fmt.Sprintf("%+v", n)
+	})
+	return n
+}
+
+// A peer whose GoBGP address was never learnt is still deleted (by its
+// configured address): GoBGP's DeletePeer panics on an empty address.
+func TestRemovePeerWithoutListedAddress(t *testing.T) {
+	sp := newSpeaker(t)
+	p := v1alpha1.Peer{Address: "::1", Port: freePort(t, "::1"), ASN: torASN, Timers: v1alpha1.Timers{ConnectRetry: 1}}
+	if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
+		t.Fatal(err)
+	}
+	waitAdded(t, sp, "::1")
+	if got := gobgpPeers(t, sp); !slices.Equal(got, []string{"::1"}) {
+		t.Fatalf("GoBGP peers %v", got)
+	}
+	sp.mu.Lock()
+	sp.peers["::1"].apiAddr = ""
+	sp.mu.Unlock()
+	if err := sp.ApplyPeers(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := gobgpPeers(t, sp); len(got) != 0 {
+		t.Fatalf("GoBGP peers after removal %v", got)
+	}
+}
+
+// TestInterfacePeerRemove adds an unnumbered peer on a veth whose
+// neighbour table holds one (permanent) link-local neighbour, then removes
+// it, also after the neighbour is gone. Needs root (CAP_NET_ADMIN); it
+// creates and deletes a veth pair in the current network namespace.
+func TestInterfacePeerRemove(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create a veth pair")
+	}
+	name := fmt.Sprintf("flkt%x", uint16(os.Getpid()))
+	la := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name + "a"}, PeerName: name + "b"}
+	if err := netlink.LinkAdd(la); err != nil {
+		t.Skipf("cannot create a veth pair: %v", err)
+	}
+	t.Cleanup(func() { _ = netlink.LinkDel(la) })
+	link, err := netlink.LinkByName(la.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		t.Fatal(err)
+	}
+	neigh := &netlink.Neigh{
+		LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V6, State: netlink.NUD_PERMANENT,
+		IP: net.ParseIP("fe80::beef"), HardwareAddr: net.HardwareAddr{2, 0, 0, 0, 0xbe, 0xef},
+	}
+	if err := netlink.NeighAdd(neigh); err != nil {
+		t.Fatal(err)
+	}
+
+	sp := newSpeaker(t)
+	key := "interface " + la.Name
+	p := v1alpha1.Peer{Interface: la.Name, ASN: torASN, Timers: v1alpha1.Timers{ConnectRetry: 1}}
+	if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
+		t.Fatal(err)
+	}
+	n := waitAdded(t, sp, key)
+	if n.Address != "fe80::beef" || n.LastError != "" {
+		t.Errorf("neighbour %+v", n)
+	}
+	if got := gobgpPeers(t, sp); len(got) != 1 {
+		t.Fatalf("GoBGP peers %v", got)
+	}
+
+	// Remove it (GoBGP v4.8.0 panics on a DeletePeer by interface alone).
+	if err := sp.ApplyPeers(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := gobgpPeers(t, sp); len(got) != 0 {
+		t.Fatalf("GoBGP peers after removal %v", got)
+	}
+
+	// Again, and it can be removed after its neighbour entry is gone.
+	if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
+		t.Fatal(err)
+	}
+	if n := waitAdded(t, sp, key); n.LastError != "" {
+		t.Errorf("re-added: %+v", n)
+	}
+	if err := netlink.NeighDel(neigh); err != nil {
+		t.Fatal(err)
+	}
+	if err := sp.ApplyPeers(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := gobgpPeers(t, sp); len(got) != 0 {
+		t.Fatalf("GoBGP peers after removal without a neighbour %v", got)
 	}
 }
