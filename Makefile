@@ -5,7 +5,7 @@ BIN     := bin
 CMDS    := flock flock-agent flockctl flock-installer
 LDFLAGS := -s -w
 
-.PHONY: build test unit demo vet fmt clean
+.PHONY: build test unit demo demo-down deps vet clean
 
 build:
 	@mkdir -p $(BIN)
@@ -19,14 +19,24 @@ vet:
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
 
-# The whole suite: unit tests, then the root-only integration tests in real
-# network namespaces (they build the binaries themselves).
-test: vet build
-	$(GO) test -race -count=1 ./...
+# Debian packages the labs need: BIRD 2 and FRR as ToR routers.
+deps:
+	@command -v bird >/dev/null && command -v vtysh >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bird2 frr; }
 
-# Local demo lab on the embedded default config.
-demo: build
-	$(GO) run ./e2e/cmd/demo
+# The whole suite: unit tests, then the root-only integration tests in real
+# network namespaces with real BIRD and FRR ToRs (they build the binaries
+# themselves).
+test: deps vet build
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+# Local demo lab: BIRD ToR + two flock nodes, pods, BGP, pings, teardown.
+# DEMO_FLAGS=-keep leaves it running; `make demo-down` removes it.
+demo: deps build
+	$(GO) run ./e2e/cmd/demo $(DEMO_FLAGS)
+
+demo-down:
+	$(GO) run ./e2e/cmd/demo -down
 
 clean:
 	rm -rf $(BIN)

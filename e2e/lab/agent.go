@@ -25,9 +25,9 @@ type Agent struct {
 	StateDir    string
 	Args        []string // extra flags
 
-	cmd  *exec.Cmd
-	log  *syncBuffer
-	done chan error
+	cmd     *exec.Cmd
+	logPath string
+	done    chan error
 }
 
 type syncBuffer struct {
@@ -72,9 +72,16 @@ func (a *Agent) Start(bin string, timeout time.Duration) error {
 		"--node-config", a.ConfigPath, "--cni-socket", a.CNISocket,
 		"--admin-socket", a.AdminSocket, "--state-dir", a.StateDir, "--log-level", "debug",
 	}, a.Args...)
-	a.log = &syncBuffer{}
+	// The log goes to a file, not a pipe: an agent left running by the
+	// demo must not die of SIGPIPE when the lab process exits.
+	a.logPath = filepath.Join(a.Dir, "agent.log")
+	f, err := os.OpenFile(a.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
 	a.cmd = exec.Command(bin, args...)
-	a.cmd.Stdout, a.cmd.Stderr = a.log, a.log
+	a.cmd.Stdout, a.cmd.Stderr = f, f
 	if err := a.NS.InNS(a.cmd.Start); err != nil {
 		return fmt.Errorf("start agent in %s: %w", a.NS.Name, err)
 	}
@@ -107,12 +114,13 @@ func (a *Agent) WaitReady(timeout time.Duration) error {
 	}
 }
 
-// Log returns everything the agent printed.
+// Log returns everything the agent printed (all runs).
 func (a *Agent) Log() string {
-	if a.log == nil {
+	if a.logPath == "" {
 		return ""
 	}
-	return a.log.String()
+	b, _ := os.ReadFile(a.logPath)
+	return string(b)
 }
 
 // Pid of the running agent (0 if not started).
@@ -154,4 +162,13 @@ func (a *Agent) signal(sig syscall.Signal) error {
 		_ = a.cmd.Process.Kill()
 		return fmt.Errorf("agent pid %d ignored %s for 10s; killed", a.cmd.Process.Pid, sig)
 	}
+}
+
+// Detach lets the agent outlive the lab process (the demo's -keep): the
+// lab stops waiting for it and will not signal it.
+func (a *Agent) Detach() {
+	if a.cmd != nil && a.cmd.Process != nil {
+		_ = a.cmd.Process.Release()
+	}
+	a.cmd, a.done = nil, nil
 }

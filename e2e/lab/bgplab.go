@@ -278,7 +278,7 @@ func (l *BGPLab) BirdConfig(o BirdOptions) string {
 		IPv4Sessions    bool
 		Password        string
 		Nodes           []node
-	}{Dir: l.Opts.Dir, TorASN: TorASN, NodeASN: NodeASN, GR: o.GR, BFD: o.BFD, NoENH: o.NoExtendedNextHop, Password: o.MD5Password, IPv4Sessions: o.IPv4Sessions}
+	}{Dir: filepath.Join(l.Opts.Dir, "tor"), TorASN: TorASN, NodeASN: NodeASN, GR: o.GR, BFD: o.BFD, NoENH: o.NoExtendedNextHop, Password: o.MD5Password, IPv4Sessions: o.IPv4Sessions}
 	for _, n := range l.Nodes {
 		nd := node{Name: n.Name, TorIf: n.TorIf, V6: n.V6, TorV6: n.TorV6, V4: n.V4, TorV4: n.TorV4}
 		if ll, ok := o.Unnumbered[n.Index]; ok {

@@ -12,13 +12,13 @@ import (
 
 // Bird is a BIRD 2 daemon running in a namespace (the ToR of a lab).
 type Bird struct {
-	NS     *NS
-	Dir    string
-	Conf   string
-	Socket string
-	cmd    *exec.Cmd
-	log    *syncBuffer
-	done   chan error
+	NS      *NS
+	Dir     string
+	Conf    string
+	Socket  string
+	cmd     *exec.Cmd
+	logPath string
+	done    chan error
 }
 
 // StartBird writes conf and runs bird in the foreground inside ns, so the
@@ -31,9 +31,14 @@ func StartBird(ns *NS, dir, conf string) (*Bird, error) {
 	if err := os.WriteFile(b.Conf, []byte(conf), 0o644); err != nil {
 		return nil, err
 	}
-	b.log = &syncBuffer{}
+	b.logPath = filepath.Join(dir, "bird.out")
+	f, err := os.OpenFile(b.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
 	b.cmd = exec.Command("bird", "-f", "-c", b.Conf, "-s", b.Socket, "-P", filepath.Join(dir, "bird.pid"))
-	b.cmd.Stdout, b.cmd.Stderr = b.log, b.log
+	b.cmd.Stdout, b.cmd.Stderr = f, f
 	if err := ns.InNS(b.cmd.Start); err != nil {
 		return nil, fmt.Errorf("start bird in %s: %w (is bird2 installed?)", ns.Name, err)
 	}
@@ -47,12 +52,12 @@ func StartBird(ns *NS, dir, conf string) (*Bird, error) {
 		select {
 		case err := <-b.done:
 			b.done <- err
-			return nil, fmt.Errorf("bird exited: %v\n%s", err, b.log.String())
+			return nil, fmt.Errorf("bird exited: %v\n%s", err, b.Log())
 		default:
 		}
 		if time.Now().After(deadline) {
 			b.Stop()
-			return nil, fmt.Errorf("bird did not answer on %s:\n%s", b.Socket, b.log.String())
+			return nil, fmt.Errorf("bird did not answer on %s:\n%s", b.Socket, b.Log())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -84,8 +89,12 @@ func (b *Bird) Reconfigure(conf string) error {
 	return nil
 }
 
-// Log returns bird's stdout/stderr.
-func (b *Bird) Log() string { return b.log.String() }
+// Log returns bird's stdout/stderr and its log file.
+func (b *Bird) Log() string {
+	out, _ := os.ReadFile(b.logPath)
+	lg, _ := os.ReadFile(filepath.Join(b.Dir, "bird.log"))
+	return string(out) + string(lg)
+}
 
 // Stop ends bird (SIGTERM, then SIGKILL) and waits for it.
 func (b *Bird) Stop() {
@@ -100,4 +109,20 @@ func (b *Bird) Stop() {
 		_ = b.cmd.Process.Kill()
 		<-b.done
 	}
+}
+
+// Pid of the bird process.
+func (b *Bird) Pid() int {
+	if b.cmd == nil || b.cmd.Process == nil {
+		return 0
+	}
+	return b.cmd.Process.Pid
+}
+
+// Detach lets bird outlive the lab process (the demo's -keep).
+func (b *Bird) Detach() {
+	if b.cmd != nil && b.cmd.Process != nil {
+		_ = b.cmd.Process.Release()
+	}
+	b.cmd = nil
 }
