@@ -24,10 +24,11 @@ func Decide(transportV6, ipv4Configured bool, remote []bgp.ParameterCapabilityIn
 	if !transportV6 {
 		return Guard{SendIPv4: true}
 	}
-	mp, enhe := false, false
+	mp, anyMP, enhe := false, false, false
 	for _, c := range remote {
 		switch c := c.(type) {
 		case *bgp.CapMultiProtocol:
+			anyMP = true
 			if c.CapValue == bgp.RF_IPv4_UC {
 				mp = true
 			}
@@ -40,8 +41,9 @@ func Decide(transportV6, ipv4Configured bool, remote []bgp.ParameterCapabilityIn
 		}
 	}
 	// Both are needed: an extended next hop tuple without IPv4 unicast
-	// itself still means no IPv4 route reaches the peer.
-	if !mp {
+	// itself still means no IPv4 route reaches the peer. No multiprotocol
+	// capability at all means IPv4 unicast (RFC 4760, as GoBGP negotiates).
+	if !mp && anyMP {
 		return Guard{Warning: "peer did not negotiate IPv4 unicast: no IPv4 routes sent"}
 	}
 	if enhe {

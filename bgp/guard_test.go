@@ -92,9 +92,16 @@ func TestDecide(t *testing.T) {
 			wantWarn: "did not negotiate IPv4 unicast",
 		},
 		{
+			// No multiprotocol capability means IPv4 unicast only.
 			name:        "IPv6 transport, no capabilities at all",
 			transportV6: true, ipv4: true,
-			wantWarn: "IPv4",
+			wantWarn: "extended next hop",
+		},
+		{
+			name:        "IPv6 transport, extended next hop and no multiprotocol capability (IPv4 implied)",
+			transportV6: true, ipv4: true,
+			remote:   []bgp.ParameterCapabilityInterface{as4, enhe4},
+			wantSend: true,
 		},
 		{
 			// An extended next hop tuple is no use without IPv4 unicast

@@ -68,7 +68,7 @@ func TestFamiliesAndTransport(t *testing.T) {
 			if got := Families(tt.peer); !slices.Equal(got, tt.want) {
 				t.Errorf("Families = %v, want %v", got, tt.want)
 			}
-			if got := families(apiPeer(tt.peer, "", false)); !slices.Equal(got, tt.apiFam) {
+			if got := families(apiPeer(tt.peer, "", false, false)); !slices.Equal(got, tt.apiFam) {
 				t.Errorf("apiPeer families = %v, want %v", got, tt.apiFam)
 			}
 		})
@@ -82,7 +82,7 @@ func TestFamiliesAndTransport(t *testing.T) {
 }
 
 func TestAPIPeerDefaults(t *testing.T) {
-	p := apiPeer(v1alpha1.Peer{Address: "fd00:0:1::2", ASN: 64513}, "", true)
+	p := apiPeer(v1alpha1.Peer{Address: "fd00:0:1::2", ASN: 64513}, "", true, false)
 	if p.Conf.PeerAsn != 64513 || !p.Conf.AdminDown || p.Conf.AuthPassword != "" {
 		t.Errorf("conf = %+v", p.Conf)
 	}
@@ -97,8 +97,8 @@ func TestAPIPeerDefaults(t *testing.T) {
 		t.Errorf("transport = %+v", p.Transport)
 	}
 	gr := p.GracefulRestart
-	if gr == nil || !gr.Enabled || gr.RestartTime != 120 || gr.DeferralTime != 60 {
-		t.Errorf("graceful restart = %+v, want enabled 120/60", gr)
+	if gr == nil || !gr.Enabled || gr.RestartTime != 120 || gr.DeferralTime != 60 || gr.LocalRestarting {
+		t.Errorf("graceful restart = %+v, want enabled 120/60, not restarting", gr)
 	}
 	if len(p.AfiSafis) != 2 {
 		t.Fatalf("%d families, want 2", len(p.AfiSafis))
@@ -120,8 +120,14 @@ func TestAPIPeerDefaults(t *testing.T) {
 	if !strings.Contains(p.Conf.Description, "fd00:0:1::2") {
 		t.Errorf("description %q", p.Conf.Description)
 	}
-	if apiPeer(v1alpha1.Peer{Address: "fd00::1"}, "", false).Conf.AdminDown {
+	if apiPeer(v1alpha1.Peer{Address: "fd00::1"}, "", false, false).Conf.AdminDown {
 		t.Error("adminDown=false gives an admin-down peer")
+	}
+	if gr := apiPeer(v1alpha1.Peer{Address: "fd00::1"}, "", true, true).GracefulRestart; gr == nil || !gr.LocalRestarting {
+		t.Errorf("restarting: graceful restart = %+v, want LocalRestarting", gr)
+	}
+	if gr := apiPeer(v1alpha1.Peer{Address: "fd00::1", GracefulRestart: v1alpha1.GracefulRestart{Disabled: true}}, "", true, true).GracefulRestart; gr != nil && (gr.Enabled || gr.LocalRestarting) {
+		t.Errorf("restarting with GR disabled: graceful restart = %+v", gr)
 	}
 }
 
@@ -273,7 +279,7 @@ func TestAPIPeerKnobs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tt.check(t, apiPeer(tt.peer, "s3cret", false))
+			tt.check(t, apiPeer(tt.peer, "s3cret", false, false))
 		})
 	}
 }

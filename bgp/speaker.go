@@ -291,18 +291,23 @@ func (s *Speaker) removePeerLocked(key string, p *peer) {
 // which an all-nodes ping fills.
 func (s *Speaker) addPeer(ctx context.Context, key string, p *peer) {
 	defer close(p.done)
+	// ApplyPeers replaces p.spec under s.mu when only communities change;
+	// what this goroutine uses cannot change that way, so read it once.
+	s.mu.Lock()
+	spec := p.spec
+	s.mu.Unlock()
 	backoff := 100 * time.Millisecond
 	for {
-		err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(p.spec, p.password, true, p.restarting)})
+		err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(spec, p.password, true, p.restarting)})
 		if err == nil {
 			break
 		}
 		s.mu.Lock()
 		p.lastErr = err.Error()
 		s.mu.Unlock()
-		if p.spec.Interface != "" && strings.Contains(err.Error(), "link-local") {
-			if serr := SolicitNeighbors(p.spec.Interface); serr != nil {
-				s.log.Debug("bgp: soliciting link-local neighbours", "interface", p.spec.Interface, "err", serr)
+		if spec.Interface != "" && strings.Contains(err.Error(), "link-local") {
+			if serr := SolicitNeighbors(spec.Interface); serr != nil {
+				s.log.Debug("bgp: soliciting link-local neighbours", "interface", spec.Interface, "err", serr)
 			}
 		} else {
 			s.log.Warn("bgp: add peer", "peer", key, "err", err)
@@ -318,7 +323,7 @@ func (s *Speaker) addPeer(ctx context.Context, key string, p *peer) {
 	// s.ctx, not ctx: if the peer is being removed right now, its address
 	// is still needed to delete it (ListPeer returns nothing once its
 	// context is cancelled).
-	_ = s.srv.ListPeer(s.ctx, &api.ListPeerRequest{Address: listKey(p.spec)}, func(ap *api.Peer) {
+	_ = s.srv.ListPeer(s.ctx, &api.ListPeerRequest{Address: listKey(spec)}, func(ap *api.Peer) {
 		if ap.State != nil && ap.State.NeighborAddress != "" {
 			apiAddr = ap.State.NeighborAddress
 		} else if ap.Conf != nil {

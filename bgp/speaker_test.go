@@ -215,7 +215,7 @@ func prefixes(m map[netip.Prefix]*apiutil.Path) []netip.Prefix {
 	return slices.SortedFunc(maps.Keys(m), func(a, b netip.Prefix) int { return strings.Compare(a.String(), b.String()) })
 }
 
-// ribHas waits until the ToR holds exactly want.
+// waitRIB waits until the ToR holds exactly want.
 func (r *tor) waitRIB(t *testing.T, want ...netip.Prefix) map[netip.Prefix]*apiutil.Path {
 	t.Helper()
 	slices.SortFunc(want, func(a, b netip.Prefix) int { return strings.Compare(a.String(), b.String()) })
@@ -602,7 +602,11 @@ func TestSpeakerTwoPeers(t *testing.T) {
 	r4 := startToR(t, "127.0.0.1", tor2ASN, "10.255.0.3")
 	r4.addNeighbor(t, "127.0.0.1", flockASN)
 	sp := newSpeaker(t)
-	if err := sp.ApplyPeers([]v1alpha1.Peer{torPeer(r6), torPeer(r4)}); err != nil {
+	// Each peer its own communities for the same kind.
+	p6, p4 := torPeer(r6), torPeer(r4)
+	p6.Communities.Pod = []string{"64512:600"}
+	p4.Communities.Pod = []string{"64512:400"}
+	if err := sp.ApplyPeers([]v1alpha1.Peer{p6, p4}); err != nil {
 		t.Fatal(err)
 	}
 	waitEstablished(t, sp, r6, "::1")
@@ -618,13 +622,18 @@ func TestSpeakerTwoPeers(t *testing.T) {
 	if nh := nextHop(rib4[pod4]); nh != netip.MustParseAddr("127.0.0.1") {
 		t.Errorf("IPv4 session: next hop %v, want 127.0.0.1", nh)
 	}
+	eventually(t, "per-peer communities", func() (bool, string) {
+		std6, _ := communities(r6.rib(t)[pod4])
+		std4, _ := communities(r4.rib(t)[pod4])
+		return slices.Equal(std6, []string{"64512:600"}) && slices.Equal(std4, []string{"64512:400"}), fmt.Sprintf("ToR6 %v ToR4 %v", std6, std4)
+	})
 	if up, total := sp.Established(); up != 2 || total != 2 {
 		t.Errorf("Established() = %d/%d", up, total)
 	}
 
 	uptime4 := r4.uptime(t)
 	flops4 := r4.peer(t).GetState().GetFlops()
-	if err := sp.ApplyPeers([]v1alpha1.Peer{torPeer(r4)}); err != nil {
+	if err := sp.ApplyPeers([]v1alpha1.Peer{p4}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "IPv6 session gone", func() (bool, string) {
@@ -997,8 +1006,16 @@ func TestInterfacePeerRemove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := netlink.LinkSetUp(link); err != nil {
+	peerLink, err := netlink.LinkByName(la.PeerName)
+	if err != nil {
 		t.Fatal(err)
+	}
+	// Both ends up, so that the link-local address (which GoBGP needs as
+	// the session's source) passes duplicate address detection.
+	for _, l := range []netlink.Link{link, peerLink} {
+		if err := netlink.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
 	}
 	neigh := &netlink.Neigh{
 		LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V6, State: netlink.NUD_PERMANENT,
@@ -1045,5 +1062,198 @@ func TestInterfacePeerRemove(t *testing.T) {
 	}
 	if got := gobgpPeers(t, sp); len(got) != 0 {
 		t.Fatalf("GoBGP peers after removal without a neighbour %v", got)
+	}
+}
+
+// Community-only updates while a peer is still being added (here: an
+// unnumbered peer whose interface does not exist, so adding retries) must
+// not race with the add goroutine.
+func TestApplyPeersWhileAdding(t *testing.T) {
+	sp := newSpeaker(t)
+	p := v1alpha1.Peer{Interface: "flk-nonexist0", ASN: torASN}
+	if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		p.Communities.Pod = []string{fmt.Sprintf("64512:%d", i)}
+		if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(60 * time.Millisecond)
+	}
+	n := mustNeighbor(t, sp, "interface flk-nonexist0")
+	if n.State != "Resolving" || n.LastError == "" {
+		t.Errorf("neighbour %+v, want Resolving with an error", n)
+	}
+	if err := sp.ApplyPeers(nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := sp.Neighbors(context.Background()); len(n) != 0 {
+		t.Errorf("Neighbors = %+v", n)
+	}
+}
+
+// Everything the agent calls, concurrently, against a live session (for
+// -race); the ToR ends up with exactly the final desired set.
+func TestSpeakerConcurrentUse(t *testing.T) {
+	r := startToR(t, "::1", torASN, "10.255.0.1")
+	r.addNeighbor(t, "::1", flockASN)
+	sp := newSpeaker(t)
+	p := torPeer(r)
+	if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
+		t.Fatal(err)
+	}
+	waitEstablished(t, sp, r, "::1")
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 50 {
+				pfx := netip.PrefixFrom(netip.AddrFrom16([16]byte{0: 0xfd, 1: byte(w), 15: byte(i)}), 128)
+				if err := sp.Sync(map[netip.Prefix]advert.Kind{pfx: advert.Pod}); err != nil {
+					t.Error(err)
+				}
+				if i%2 == 1 {
+					if err := sp.Sync(map[netip.Prefix]advert.Kind{pfx: ""}); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range 10 {
+			q := p
+			q.Communities.Pod = []string{fmt.Sprintf("64512:%d", i)}
+			if err := sp.ApplyPeers([]v1alpha1.Peer{q}); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	wg.Go(func() {
+		for range 50 {
+			sp.Neighbors(context.Background())
+			sp.Held()
+			sp.Established()
+			sp.Mismatches()
+		}
+	})
+	wg.Wait()
+	// 4 workers × 25 prefixes kept.
+	if got := len(sp.Held()); got != 100 {
+		t.Fatalf("Held has %d paths, want 100", got)
+	}
+	eventually(t, "ToR has the 100 kept prefixes with the last communities", func() (bool, string) {
+		rib := r.rib(t)
+		if len(rib) != 100 {
+			return false, fmt.Sprintf("%d prefixes", len(rib))
+		}
+		for pfx, path := range rib {
+			if std, _ := communities(path); !slices.Equal(std, []string{"64512:9"}) {
+				return false, fmt.Sprintf("%s: %v", pfx, std)
+			}
+		}
+		return true, ""
+	})
+	if !r.established(t) {
+		t.Error("session lost")
+	}
+}
+
+// The import policy: reject (the default) keeps what the ToR sends out of
+// the node's RIB but not the node's own paths; accept takes both.
+func TestSpeakerImportPolicy(t *testing.T) {
+	for _, policy := range []string{"", "accept"} {
+		t.Run("policy="+policy, func(t *testing.T) {
+			r := startToR(t, "::1", torASN, "10.255.0.1")
+			r.addNeighbor(t, "::1", flockASN)
+			torRoute := netip.MustParsePrefix("fd00:aaaa::/48")
+			nlri, _ := bgp.NewIPAddrPrefix(torRoute)
+			mp, _ := bgp.NewPathAttributeMpReachNLRI(bgp.RF_IPv6_UC, []bgp.PathNLRI{{NLRI: nlri}}, netip.IPv6Unspecified())
+			if _, err := r.srv.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{{
+				Family: bgp.RF_IPv6_UC, Nlri: nlri, Attrs: []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(0), mp},
+			}}}); err != nil {
+				t.Fatal(err)
+			}
+			sp := newSpeaker(t, func(c *Config) { c.BGP.ImportPolicy = policy })
+			if err := sp.Sync(map[netip.Prefix]advert.Kind{pod6: advert.Pod}); err != nil {
+				t.Fatal(err)
+			}
+			if err := sp.ApplyPeers([]v1alpha1.Peer{torPeer(r)}); err != nil {
+				t.Fatal(err)
+			}
+			waitEstablished(t, sp, r, "::1")
+			r.waitRIB(t, pod6, torRoute)
+			node := &tor{srv: sp.srv, addr: "node"}
+			want := []netip.Prefix{pod6}
+			if policy == "accept" {
+				want = append(want, torRoute)
+			}
+			node.waitRIB(t, want...)
+			if policy == "" {
+				consistently(t, "nothing imported", time.Second, func() (bool, string) {
+					got := prefixes(node.rib(t))
+					return slices.Equal(got, want), fmt.Sprint(got)
+				})
+			}
+		})
+	}
+}
+
+// restartFlag is the Restart State bit of flock's GR capability as the
+// ToR received it.
+func (r *tor) restartFlag(t *testing.T) (gr, restarting bool) {
+	t.Helper()
+	caps, err := apiutil.UnmarshalCapabilities(r.peer(t).GetState().GetRemoteCap())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range caps {
+		if c, ok := c.(*bgp.CapGracefulRestart); ok {
+			return true, c.Flags&0x08 != 0
+		}
+	}
+	return false, false
+}
+
+// A speaker whose state file exists restarted: its first peers come up as
+// GR "restarting" (and still get their routes at once); later ones do not.
+func TestSpeakerRestarting(t *testing.T) {
+	statePath := filepath.Join(t.TempDir(), "bgp.json")
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprint("restart=", restart), func(t *testing.T) {
+			r := startToR(t, "::1", torASN, "10.255.0.1")
+			r.addNeighbor(t, "::1", flockASN)
+			_, statErr := os.Stat(statePath)
+			if exists := statErr == nil; exists != restart {
+				t.Fatalf("state file exists = %v", exists)
+			}
+			sp := newSpeaker(t, func(c *Config) { c.StateFile = statePath })
+			if err := sp.Sync(map[netip.Prefix]advert.Kind{pod6: advert.Pod}); err != nil {
+				t.Fatal(err)
+			}
+			p := torPeer(r)
+			if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
+				t.Fatal(err)
+			}
+			waitEstablished(t, sp, r, "::1")
+			if gr, restarting := r.restartFlag(t); !gr || restarting != restart {
+				t.Errorf("ToR sees GR %v restarting %v, want restarting %v", gr, restarting, restart)
+			}
+			r.waitRIB(t, pod6)
+			// Re-created later (new timers): never restarting again.
+			uptime := r.uptime(t)
+			p.Timers.HoldTime, p.Timers.KeepaliveTime = 6, 2
+			if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "session re-created", func() (bool, string) {
+				n, _ := neighbor(sp, "::1")
+				return r.established(t) && r.uptime(t).After(uptime) && n.State == "Established", n.State
+			})
+			if _, restarting := r.restartFlag(t); restarting {
+				t.Error("re-created peer is still restarting")
+			}
+			r.waitRIB(t, pod6)
+		})
 	}
 }
