@@ -164,5 +164,14 @@ func apiPeer(p v1alpha1.Peer, password string, adminDown, restarting bool) *api.
 func sessionFingerprint(p v1alpha1.Peer, password string) string {
 	q := p
 	q.Communities, q.LargeCommunities = v1alpha1.KindCommunities{}, v1alpha1.KindCommunities{}
+	// Canonical forms, so "fd00::01" or a reordered family list is not a
+	// change that resets the session.
+	if a, err := netip.ParseAddr(q.Address); err == nil {
+		q.Address = a.String()
+	}
+	if a, err := netip.ParseAddr(q.LocalAddress); err == nil {
+		q.LocalAddress = a.String()
+	}
+	q.Families = Families(p)
 	return fmt.Sprintf("%+v|%s", q, password)
 }

@@ -392,10 +392,28 @@ func (s *Speaker) softResetOutLocked() {
 	}
 }
 
+// softResetOut re-sends a peer its routes. GoBGP reports a session as
+// established to watchers a moment before it accepts a reset for it, so a
+// failed attempt is retried briefly in the background.
 func (s *Speaker) softResetOut(addr string) {
-	if err := s.srv.ResetPeer(s.ctx, &api.ResetPeerRequest{Address: addr, Soft: true, Direction: api.ResetPeerRequest_DIRECTION_OUT}); err != nil {
-		s.log.Debug("bgp: soft reset out", "peer", addr, "err", err)
+	req := &api.ResetPeerRequest{Address: addr, Soft: true, Direction: api.ResetPeerRequest_DIRECTION_OUT}
+	if err := s.srv.ResetPeer(s.ctx, req); err == nil {
+		return
 	}
+	go func() {
+		var err error
+		for range 40 {
+			select {
+			case <-s.ctx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			if err = s.srv.ResetPeer(s.ctx, req); err == nil {
+				return
+			}
+		}
+		s.log.Warn("bgp: soft reset out failed; routes follow at the next change", "peer", addr, "err", err)
+	}()
 }
 
 func (s *Speaker) eventLoop() {
@@ -516,7 +534,19 @@ func (s *Speaker) applyLocked(announce map[netip.Prefix]advert.Kind, withdraw []
 			ids = append(ids, s.held[p].uuid)
 		}
 		if err := s.srv.DeletePath(apiutil.DeletePathRequest{UUIDs: ids}); err != nil {
-			errs = append(errs, fmt.Errorf("bgp: withdraw %d paths: %w", len(ids), err))
+			// One unknown UUID fails the whole batch: withdraw the paths one
+			// by one, by NLRI, so a stale entry cannot block the others
+			// (and is not retried forever).
+			for _, p := range withdraw {
+				path, perr := s.path(p, s.held[p].kind)
+				if perr == nil {
+					perr = s.srv.DeletePath(apiutil.DeletePathRequest{Paths: []*apiutil.Path{path}})
+				}
+				if perr != nil {
+					s.log.Warn("bgp: withdraw", "prefix", p, "err", perr)
+				}
+				delete(s.held, p)
+			}
 		} else {
 			for _, p := range withdraw {
 				delete(s.held, p)

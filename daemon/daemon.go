@@ -61,6 +61,7 @@ func Run(ctx context.Context, o Options) error {
 	m := metrics.New(d.metricsSource())
 	d.metrics = m
 
+	outer := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Bind the sockets before recovery, so a plugin call during startup
@@ -91,10 +92,14 @@ func Run(ctx context.Context, o Options) error {
 			errc <- nil
 		}()
 	}
+	parent := outer
 	fail := func(err error) error {
 		cancel()
 		for range servers {
 			<-errc
+		}
+		if parent.Err() != nil && errors.Is(err, context.Canceled) {
+			return nil // told to stop while starting: not a failure
 		}
 		return err
 	}

@@ -279,6 +279,38 @@ func TestBGPToR(t *testing.T) {
 				ping(t, l.Tor, any4.Addr())
 			})
 
+			// The agent's metrics do not depend on the ToR: checked once.
+			metrics := func(t *testing.T) {
+				if h := httpGet(t, n1, "/readyz"); !strings.Contains(h, "200 OK") {
+					t.Errorf("/readyz: %s", h)
+				}
+				if h := httpGet(t, n1, "/healthz"); !strings.Contains(h, "200 OK") {
+					t.Errorf("/healthz: %s", h)
+				}
+				m := scrape(t, n1)
+				for _, want := range []string{
+					`flock_cni_requests_total{op="ADD",result="success"}`,
+					`flock_cni_requests_total{op="DEL",result="success"}`,
+					`flock_cni_request_duration_seconds_bucket{op="ADD",result="success"`,
+					`flock_ipam_addresses{pool="fd00:10:1::/64",state="used"}`,
+					`flock_bgp_advertised_routes{kind="summary"} 2`,
+					fmt.Sprintf(`flock_bgp_session_established{peer="%s"} 1`, n1.TorV6),
+					fmt.Sprintf(`flock_bgp_rfc5549_mismatch{peer="%s"} 0`, n1.TorV6),
+					`flock_bgp_reconcile_duration_seconds_count{full="false"}`,
+					`bgp_peer_uptime`, // GoBGP's own collector
+				} {
+					if !strings.Contains(m, want) {
+						t.Errorf("/metrics lacks %s", want)
+					}
+				}
+				if t.Failed() {
+					t.Logf("metrics:\n%s", grepLines(m, "flock_"))
+				}
+			}
+			if k.name == "bird" {
+				t.Run("metrics and health", metrics)
+			}
+
 			t.Run("two replicas on one node", func(t *testing.T) {
 				p := netip.MustParsePrefix("2001:db8:a::2/128")
 				addPod(t, n1, "rep-1", "flock.fritzlab.net/anycast", p.Addr().String())

@@ -201,7 +201,11 @@ func birdSince(t *testing.T, l *lab.BGPLab, proto string) string {
 }
 
 // scrape reads the agent's /metrics from inside its namespace.
-func scrape(t *testing.T, n *lab.LabNode) string {
+func scrape(t *testing.T, n *lab.LabNode) string { return httpGet(t, n, "/metrics") }
+
+// httpGet fetches a path from the agent's metrics listener, dialling from
+// inside the node's namespace.
+func httpGet(t *testing.T, n *lab.LabNode, path string) string {
 	t.Helper()
 	var conn net.Conn
 	if err := n.NS.InNS(func() error {
@@ -213,7 +217,7 @@ func scrape(t *testing.T, n *lab.LabNode) string {
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	fmt.Fprint(conn, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+	fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: x\r\n\r\n", path)
 	b, err := io.ReadAll(bufio.NewReader(conn))
 	if err != nil {
 		t.Fatal(err)
