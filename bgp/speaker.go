@@ -392,27 +392,32 @@ func (s *Speaker) softResetOutLocked() {
 	}
 }
 
-// softResetOut re-sends a peer its routes. GoBGP reports a session as
-// established to watchers a moment before it accepts a reset for it, so a
-// failed attempt is retried briefly in the background.
+// softResetOut re-sends a peer its routes through the current export
+// policy. GoBGP tells watchers a session is established a moment before it
+// counts it as established itself, and a soft reset of a peer it does not
+// yet count as established silently does nothing: so wait for GoBGP's own
+// view first (briefly, in the background).
 func (s *Speaker) softResetOut(addr string) {
-	req := &api.ResetPeerRequest{Address: addr, Soft: true, Direction: api.ResetPeerRequest_DIRECTION_OUT}
-	if err := s.srv.ResetPeer(s.ctx, req); err == nil {
-		return
-	}
 	go func() {
-		var err error
-		for range 40 {
+		req := &api.ResetPeerRequest{Address: addr, Soft: true, Direction: api.ResetPeerRequest_DIRECTION_OUT}
+		for range 100 {
+			up := false
+			_ = s.srv.ListPeer(s.ctx, &api.ListPeerRequest{Address: addr}, func(p *api.Peer) {
+				up = p.State != nil && p.State.SessionState == api.PeerState_SESSION_STATE_ESTABLISHED
+			})
+			if up {
+				if err := s.srv.ResetPeer(s.ctx, req); err != nil {
+					s.log.Warn("bgp: soft reset out", "peer", addr, "err", err)
+				}
+				return
+			}
 			select {
 			case <-s.ctx.Done():
 				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			if err = s.srv.ResetPeer(s.ctx, req); err == nil {
-				return
+			case <-time.After(20 * time.Millisecond):
 			}
 		}
-		s.log.Warn("bgp: soft reset out failed; routes follow at the next change", "peer", addr, "err", err)
+		s.log.Debug("bgp: soft reset out skipped: session not established", "peer", addr)
 	}()
 }
 
