@@ -89,8 +89,11 @@ type Agent struct {
 	// stuck holds failed ADDs whose rollback could not remove the veth: their
 	// IPs stay reserved until a DEL (or the next start) finishes the job.
 	stuck map[string]store.Allocation
-	// readiness of committed pods (by container ID), as last reported.
+	// readiness by pod (podKey), as last reported; kept for pods not (yet)
+	// allocated, so a report that beats the ADD's commit is not lost.
 	readiness map[string]bool
+	// pods maps a pod (podKey) to its attachments (container IDs).
+	pods map[string]map[string]bool
 }
 
 // New validates the config and builds an agent; Start must run before it
@@ -127,6 +130,7 @@ func New(cfg Config) (*Agent, error) {
 		claims:    map[netip.Addr]*claim{},
 		stuck:     map[string]store.Allocation{},
 		readiness: map[string]bool{},
+		pods:      map[string]map[string]bool{},
 	}
 	return a, nil
 }
@@ -213,9 +217,29 @@ func (a *Agent) restore(r store.Allocation) error {
 		return fmt.Errorf("store: allocation %s: %w", r.ContainerID, err)
 	}
 	a.allocs[r.ContainerID] = r
-	a.readiness[r.ContainerID] = a.cfg.ReadyOnCommit
-	a.publish(r, a.cfg.ReadyOnCommit)
+	a.indexPodLocked(r)
+	a.publish(r, a.cfg.ReadyOnCommit || a.readiness[podKey(r.Pod)])
 	return nil
+}
+
+// podKey identifies a pod across its attachments; the UID tells a pod from
+// a re-created one of the same name (StatefulSets).
+func podKey(p store.PodRef) string { return p.Namespace + "/" + p.Name + "/" + p.UID }
+
+func (a *Agent) indexPodLocked(r store.Allocation) {
+	k := podKey(r.Pod)
+	if a.pods[k] == nil {
+		a.pods[k] = map[string]bool{}
+	}
+	a.pods[k][r.ContainerID] = true
+}
+
+func (a *Agent) unindexPodLocked(r store.Allocation) {
+	k := podKey(r.Pod)
+	delete(a.pods[k], r.ContainerID)
+	if len(a.pods[k]) == 0 {
+		delete(a.pods, k)
+	}
 }
 
 // publish pushes one pod's state to the kernel anycast routes and the
@@ -259,18 +283,31 @@ func (a *Agent) inSummary(ip netip.Addr) bool {
 	return false
 }
 
-// SetReady records a pod's readiness (by container ID) and re-publishes
-// its anycast and `addresses` IPs at once. Unknown containers are
-// remembered, so a readiness report that beats the ADD's commit is kept.
-func (a *Agent) SetReady(containerID string, ready bool) {
+// SetPodReady records a pod's readiness and re-publishes the anycast and
+// `addresses` IPs of its attachments at once (kernel routes and BGP).
+func (a *Agent) SetPodReady(namespace, name, uid string, ready bool) {
+	k := podKey(store.PodRef{Namespace: namespace, Name: name, UID: uid})
 	a.mu.Lock()
-	prev, known := a.readiness[containerID]
-	a.readiness[containerID] = ready
-	rec, ok := a.allocs[containerID]
-	a.mu.Unlock()
-	if ok && (!known || prev != ready) {
-		a.publish(rec, ready)
+	prev, known := a.readiness[k]
+	a.readiness[k] = ready
+	var recs []store.Allocation
+	if !known || prev != ready {
+		for id := range a.pods[k] {
+			recs = append(recs, a.allocs[id])
+		}
 	}
+	a.mu.Unlock()
+	for _, r := range recs {
+		a.publish(r, ready || a.cfg.ReadyOnCommit)
+		a.log.Info("pod readiness changed", "pod", namespace+"/"+name, "ready", ready, "container", r.ContainerID)
+	}
+}
+
+// ForgetPod drops the readiness kept for a pod that left the API.
+func (a *Agent) ForgetPod(namespace, name, uid string) {
+	a.mu.Lock()
+	delete(a.readiness, podKey(store.PodRef{Namespace: namespace, Name: name, UID: uid}))
+	a.mu.Unlock()
 }
 
 func (a *Agent) member(r store.Allocation, ready bool) anycast.Member {
@@ -391,10 +428,8 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 	committed = true
 	a.mu.Lock()
 	a.allocs[containerID] = rec
-	a.mu.Unlock()
-	a.mu.Lock()
-	ready := a.readiness[containerID] || a.cfg.ReadyOnCommit
-	a.readiness[containerID] = ready
+	a.indexPodLocked(rec)
+	ready := a.readiness[podKey(rec.Pod)] || a.cfg.ReadyOnCommit
 	a.mu.Unlock()
 	a.publish(rec, ready)
 	a.log.Info("pod added", "container", containerID, "pod", pod.Namespace+"/"+pod.Name, "ips", rec.IPs, "veth", rec.HostVeth)
@@ -555,7 +590,7 @@ func (a *Agent) Del(ctx context.Context, containerID string) error {
 	}
 	a.mu.Lock()
 	delete(a.allocs, containerID)
-	delete(a.readiness, containerID)
+	a.unindexPodLocked(rec)
 	a.mu.Unlock()
 	a.release(rec)
 	a.log.Info("pod deleted", "container", containerID, "pod", rec.Pod.Namespace+"/"+rec.Pod.Name, "ips", rec.IPs)

@@ -1,6 +1,7 @@
 // Package daemon wires flock-agent together: node config, allocation store,
 // pod handler, BGP speaker and its reconcile loop, admin API, metrics, and
-// live reconfiguration. cmd/flock-agent only parses flags.
+// live reconfiguration — from a file (standalone) or from the API server
+// (Kubernetes mode). cmd/flock-agent only parses flags.
 package daemon
 
 import (
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"reflect"
+	"sync"
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/admin"
@@ -18,6 +20,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/bgp"
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/metrics"
 	"code.fritzlab.net/fritzlab/flock/nodeconfig"
 	"code.fritzlab.net/fritzlab/flock/podmeta"
@@ -26,12 +29,21 @@ import (
 
 // Options are the agent's command-line settings.
 type Options struct {
-	NodeConfig     string // standalone NodeConfig file
+	NodeConfig     string // standalone: NodeConfig file
 	CNISocket      string
 	AdminSocket    string
 	StateDir       string
 	MetricsAddress string // "" disables the metrics listener
 	Log            *slog.Logger
+
+	// Kubernetes mode: NodeConfig, pods and BGP passwords come from the API.
+	Kubernetes     bool
+	Kubeconfig     string        // "" = in-cluster
+	NodeName       string        // this node
+	Namespace      string        // flock's namespace (the password Secret lives there)
+	NodeConfigWait time.Duration // how long to wait for this node's NodeConfig
+	LeakGCGrace    time.Duration // how long a deleted pod's allocation waits for kubelet's DEL
+
 	// Hooks are for tests only.
 	Hooks agent.Hooks
 }
@@ -41,9 +53,29 @@ type Options struct {
 // routes at the ToR until the agent is back.
 func Run(ctx context.Context, o Options) error {
 	log := o.Log
-	nc, err := nodeconfig.Load(o.NodeConfig)
-	if err != nil {
-		return err
+	outer := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var (
+		spec      *v1alpha1.NodeConfigSpec
+		source    podmeta.Source = podmeta.Standalone{}
+		passwords bgp.PasswordReader
+		kube      *kubeMode
+		nodeName  string
+	)
+	if o.Kubernetes {
+		k, err := newKube(ctx, o)
+		if err != nil {
+			return err
+		}
+		kube, spec, source, passwords, nodeName = k, k.spec, k.pods, k.secrets.Password, o.NodeName
+	} else {
+		nc, err := nodeconfig.Load(o.NodeConfig)
+		if err != nil {
+			return err
+		}
+		spec, passwords, nodeName = &nc.Spec, bgp.FilePasswords, nc.Metadata.Name
 	}
 	st, err := store.Open(o.StateDir)
 	if err != nil {
@@ -51,19 +83,19 @@ func Run(ctx context.Context, o Options) error {
 	}
 	adverts := advert.NewSet()
 	a, err := agent.New(agent.Config{
-		Spec: &nc.Spec, Store: st, Dataplane: &dataplane.Netlink{Log: log},
-		Source: podmeta.Standalone{}, Log: log, ReadyOnCommit: true, Adverts: adverts, Hooks: o.Hooks,
+		Spec: spec, Store: st, Dataplane: &dataplane.Netlink{Log: log},
+		Source: source, Log: log, ReadyOnCommit: !o.Kubernetes, Adverts: adverts, Hooks: o.Hooks,
 	})
 	if err != nil {
-		return fmt.Errorf("node config %s: %w", o.NodeConfig, err)
+		if kube != nil {
+			kube.reportError(ctx, err)
+		}
+		return fmt.Errorf("node config: %w", err)
 	}
-	d := &daemon{log: log, agent: a, adverts: adverts, spec: nc.Spec}
+	d := &daemon{log: log, agent: a, adverts: adverts, spec: *spec, kube: kube}
 	m := metrics.New(d.metricsSource())
 	d.metrics = m
 
-	outer := ctx
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	// Bind the sockets before recovery, so a plugin call during startup
 	// gets "starting, try again" instead of "not running".
 	cl, err := wire.Listen(o.CNISocket)
@@ -92,24 +124,31 @@ func Run(ctx context.Context, o Options) error {
 			errc <- nil
 		}()
 	}
-	parent := outer
 	fail := func(err error) error {
 		cancel()
 		for range servers {
 			<-errc
 		}
-		if parent.Err() != nil && errors.Is(err, context.Canceled) {
+		if outer.Err() != nil && errors.Is(err, context.Canceled) {
 			return nil // told to stop while starting: not a failure
 		}
 		return err
 	}
 
+	if kube != nil {
+		// Readiness of every pod is known before allocations are restored,
+		// so a restart neither withdraws nor re-announces anycast routes.
+		if err := kube.startPods(ctx, a, m); err != nil {
+			return fail(err)
+		}
+	}
 	if err := a.Start(ctx); err != nil {
 		return fail(err)
 	}
 	sp, err := bgp.New(ctx, bgp.Config{
-		ASN: nc.Spec.ASN, RouterID: nc.Spec.RouterID, BGP: nc.Spec.BGP, Log: log,
+		ASN: spec.ASN, RouterID: spec.RouterID, BGP: spec.BGP, Log: log, Passwords: passwords,
 		StateFile: filepath.Join(o.StateDir, "bgp-state.json"),
+		OnChange:  d.statusChanged,
 	})
 	if err != nil {
 		return fail(err)
@@ -123,13 +162,18 @@ func Run(ctx context.Context, o Options) error {
 	if err := sp.Resync(adverts.Desired()); err != nil {
 		log.Error("bgp: initial sync", "err", err)
 	}
-	if err := sp.ApplyPeers(nc.Spec.BGP.Peers); err != nil {
+	if err := sp.ApplyPeers(spec.BGP.Peers); err != nil {
 		log.Error("bgp: peers", "err", err)
+		d.setLastError(err)
 	}
 	go bgp.Reconcile(ctx, adverts, sp, bgp.MinResync, m.ObserveReconcile)
-	go d.watchConfig(ctx, o.NodeConfig)
+	if kube != nil {
+		kube.afterStart(ctx, d)
+	} else {
+		go d.watchConfig(ctx, o.NodeConfig)
+	}
 	log.Info("serving", "cni-socket", o.CNISocket, "admin-socket", o.AdminSocket, "metrics", o.MetricsAddress,
-		"state-dir", o.StateDir, "node", nc.Metadata.Name, "asn", nc.Spec.ASN, "peers", len(nc.Spec.BGP.Peers))
+		"state-dir", o.StateDir, "node", nodeName, "asn", spec.ASN, "peers", len(spec.BGP.Peers), "kubernetes", o.Kubernetes)
 
 	var first error
 	for range servers {
@@ -146,8 +190,12 @@ type daemon struct {
 	agent   *agent.Agent
 	adverts *advert.Set
 	metrics *metrics.Metrics
-	spec    nodeconfigSpec
+	kube    *kubeMode
 	speaker speakerRef
+
+	mu      sync.Mutex
+	spec    v1alpha1.NodeConfigSpec
+	lastErr string
 }
 
 func (d *daemon) handleCNI(ctx context.Context, req wire.Request) wire.Response {
@@ -157,30 +205,78 @@ func (d *daemon) handleCNI(ctx context.Context, req wire.Request) wire.Response 
 	return resp
 }
 
-// reload applies a changed NodeConfig: peers are added, removed or updated
-// live; other changes need a restart and are reported as such.
-func (d *daemon) reload(path string) error {
-	nc, err := nodeconfig.Load(path)
-	if err != nil {
+func (d *daemon) setLastError(err error) {
+	d.mu.Lock()
+	if err == nil {
+		d.lastErr = ""
+	} else {
+		d.lastErr = err.Error()
+	}
+	d.mu.Unlock()
+	d.statusChanged()
+}
+
+func (d *daemon) statusChanged() {
+	if d.kube != nil {
+		d.kube.statusChanged()
+	}
+}
+
+// applySpec applies a changed NodeConfig: peers are added, removed or
+// updated live; other changes need a restart and are reported as such.
+func (d *daemon) applySpec(spec *v1alpha1.NodeConfigSpec) error {
+	if err := nodeconfig.Validate(spec); err != nil {
 		d.metrics.ReloadsTotal.WithLabelValues("error").Inc()
+		d.setLastError(err)
 		return err
 	}
 	sp := d.speaker.get()
 	if sp == nil {
 		return errors.New("reload: speaker not started")
 	}
-	old := d.spec
-	oldRest, newRest := old, nc.Spec
+	d.mu.Lock()
+	oldRest, newRest := d.spec, *spec
+	d.mu.Unlock()
 	oldRest.BGP.Peers, newRest.BGP.Peers = nil, nil
 	if !reflect.DeepEqual(oldRest, newRest) {
 		d.log.Warn("reload: changes outside spec.bgp.peers (pools, defaults, asn, routerID, listen port, import policy) take effect at the next agent restart")
 	}
-	if err := sp.ApplyPeers(nc.Spec.BGP.Peers); err != nil {
+	if err := sp.ApplyPeers(spec.BGP.Peers); err != nil {
+		d.metrics.ReloadsTotal.WithLabelValues("error").Inc()
+		d.setLastError(err)
+		return err
+	}
+	d.mu.Lock()
+	d.spec.BGP.Peers = spec.BGP.Peers
+	d.mu.Unlock()
+	d.metrics.ReloadsTotal.WithLabelValues("success").Inc()
+	d.setLastError(nil)
+	d.log.Info("reload: node config applied", "peers", len(spec.BGP.Peers))
+	return nil
+}
+
+// reapplyPeers re-reads passwords (a rotated Secret): only sessions whose
+// password changed are re-created.
+func (d *daemon) reapplyPeers() {
+	d.mu.Lock()
+	spec := d.spec
+	d.mu.Unlock()
+	if sp := d.speaker.get(); sp != nil {
+		if err := sp.ApplyPeers(spec.BGP.Peers); err != nil {
+			d.log.Error("bgp: peers", "err", err)
+			d.setLastError(err)
+			return
+		}
+		d.setLastError(nil)
+	}
+}
+
+// reload re-reads the standalone file.
+func (d *daemon) reload(path string) error {
+	nc, err := nodeconfig.Load(path)
+	if err != nil {
 		d.metrics.ReloadsTotal.WithLabelValues("error").Inc()
 		return err
 	}
-	d.spec.BGP.Peers = nc.Spec.BGP.Peers
-	d.metrics.ReloadsTotal.WithLabelValues("success").Inc()
-	d.log.Info("reload: node config applied", "peers", len(nc.Spec.BGP.Peers))
-	return nil
+	return d.applySpec(&nc.Spec)
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"code.fritzlab.net/fritzlab/flock/admin"
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
@@ -33,6 +34,12 @@ func run() error {
 	flag.StringVar(&o.AdminSocket, "admin-socket", admin.DefaultSocket, "unix socket flockctl talks to")
 	flag.StringVar(&o.StateDir, "state-dir", "/var/lib/flock", "directory of the allocation store")
 	flag.StringVar(&o.MetricsAddress, "metrics-address", metrics.DefaultAddress, "address for /metrics, /healthz and /readyz; empty disables")
+	flag.BoolVar(&o.Kubernetes, "kubernetes", false, "Kubernetes mode: NodeConfig, pods and BGP passwords from the API server")
+	flag.StringVar(&o.Kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file (default: in-cluster config)")
+	flag.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "Kubernetes mode: this node's name (default $NODE_NAME)")
+	flag.StringVar(&o.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "Kubernetes mode: flock's namespace, where the BGP password Secret is (default $POD_NAMESPACE, else flock-system)")
+	flag.DurationVar(&o.NodeConfigWait, "nodeconfig-wait", 5*time.Minute, "Kubernetes mode: how long to wait for this node's NodeConfig to exist")
+	flag.DurationVar(&o.LeakGCGrace, "leak-gc-grace", 2*time.Minute, "Kubernetes mode: how long an allocation of a deleted pod waits for kubelet's DEL before it is released")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	testHook := flag.String("test-hook", "", "testing only: 'pause-before-commit' blocks every ADD after the dataplane is programmed, before the commit")
 	flag.Parse()
@@ -43,8 +50,11 @@ func run() error {
 	}
 	o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(o.Log)
-	if o.NodeConfig == "" {
-		return errors.New("--node-config is required (standalone mode; Kubernetes mode is not built yet)")
+	switch {
+	case o.Kubernetes && o.NodeConfig != "":
+		return errors.New("--node-config and --kubernetes are exclusive: the NodeConfig comes from the file or from the API")
+	case !o.Kubernetes && o.NodeConfig == "":
+		return errors.New("set --node-config FILE (standalone mode) or --kubernetes")
 	}
 	switch *testHook {
 	case "":

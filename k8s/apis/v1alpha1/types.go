@@ -2,6 +2,12 @@
 // NodeConfig spec is shared by the CRD and by the standalone node-config
 // file, so both modes are configured with exactly the same fields.
 //
+// The OpenAPI validation below (kubebuilder markers, rendered into
+// deploy/crd by `make generate`) is a first line of defence at the API
+// server; nodeconfig.Validate is the authority and runs in both modes. The
+// CRD sets no defaults that change behaviour: the Go code applies them.
+//
+// +kubebuilder:object:generate=true
 // +groupName=flock.fritzlab.net
 package v1alpha1
 
@@ -20,6 +26,7 @@ type NodeConfigSpec struct {
 
 	// Pools are the CIDRs this node allocates pod addresses from.
 	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
 	Pools []Pool `json:"pools"`
 
 	// Defaults apply to pods without the matching annotation.
@@ -43,22 +50,36 @@ type BGP struct {
 	// ImportPolicy for routes received from peers: reject (default: the
 	// node needs none) or accept.
 	// +kubebuilder:validation:Enum=reject;accept
+	// +kubebuilder:default=reject
 	// +optional
 	ImportPolicy string `json:"importPolicy,omitempty"`
 
 	// Peers are the BGP neighbours, usually the top-of-rack switches.
+	// +kubebuilder:validation:MaxItems=64
 	// +optional
 	Peers []Peer `json:"peers,omitempty"`
 }
 
 // Peer is one BGP neighbour. Exactly one of Address and Interface is set.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.address) != has(self.interface)",message="set exactly one of address and interface (unnumbered)"
+// +kubebuilder:validation:XValidation:rule="!has(self.address) || !has(self.localAddress) || !isIP(self.address) || !isIP(self.localAddress) || ip(self.address).family() == ip(self.localAddress).family()",message="localAddress must be of the same family as address"
+// +kubebuilder:validation:XValidation:rule="!has(self.passwordFile) || !has(self.passwordSecretKey)",message="set only one of passwordFile and passwordSecretKey"
+// +kubebuilder:validation:XValidation:rule="!has(self.ebgpMultihop) || self.ebgpMultihop == 0 || !has(self.ttlSecurityMin) || self.ttlSecurityMin == 0",message="ebgpMultihop and ttlSecurityMin (GTSM) are exclusive"
 type Peer struct {
-	// Address of the neighbour (IPv6 or IPv4).
+	// Address of the neighbour (IPv6 or IPv4, no zone: for a link-local
+	// neighbour use interface).
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=45
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IPv6 or IPv4 address"
 	// +optional
 	Address string `json:"address,omitempty"`
 
 	// Interface for an unnumbered session: the neighbour is found by its
 	// IPv6 link-local address on this interface.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=15
+	// +kubebuilder:validation:Pattern=`^[^/%\s]+$`
 	// +optional
 	Interface string `json:"interface,omitempty"`
 
@@ -68,11 +89,15 @@ type Peer struct {
 	ASN uint32 `json:"asn"`
 
 	// Port of the neighbour, default 179.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65535
 	// +optional
 	Port uint16 `json:"port,omitempty"`
 
 	// LocalAddress pins the session's source address. Recommended: without
 	// it the kernel may pick, say, a SLAAC address the ToR does not expect.
+	// +kubebuilder:validation:MaxLength=45
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IPv6 or IPv4 address"
 	// +optional
 	LocalAddress string `json:"localAddress,omitempty"`
 
@@ -120,6 +145,8 @@ type Peer struct {
 	// Families to negotiate: ipv6 and/or ipv4. Default: both over an IPv6
 	// or unnumbered session (IPv4 with an IPv6 next hop, RFC 5549), ipv4
 	// over an IPv4 session.
+	// +kubebuilder:validation:MaxItems=2
+	// +kubebuilder:validation:items:Enum=ipv4;ipv6
 	// +optional
 	Families []string `json:"families,omitempty"`
 
@@ -133,8 +160,12 @@ type Peer struct {
 }
 
 // Timers of a session, in seconds; 0 means the default.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.keepaliveTime) || self.keepaliveTime == 0 || self.keepaliveTime < (has(self.holdTime) && self.holdTime != 0 ? self.holdTime : 90)",message="keepaliveTime must be below the hold time (default 90)"
 type Timers struct {
 	// HoldTime, default 90 (0 or >= 3).
+	// +kubebuilder:validation:Maximum=65535
+	// +kubebuilder:validation:XValidation:rule="self == 0 || self >= 3",message="must be 0 (default 90) or at least 3"
 	// +optional
 	HoldTime uint32 `json:"holdTime,omitempty"`
 	// KeepaliveTime, default a third of the hold time.
@@ -152,6 +183,7 @@ type GracefulRestart struct {
 	Disabled bool `json:"disabled,omitempty"`
 	// RestartTime the peer keeps our routes after the session drops,
 	// default 120 seconds.
+	// +kubebuilder:validation:Maximum=4095
 	// +optional
 	RestartTime uint32 `json:"restartTime,omitempty"`
 	// DeferralTime we wait for peers' End-of-RIB after our own restart,
@@ -192,6 +224,9 @@ type KindCommunities struct {
 // Pool is one CIDR pod addresses come from.
 type Pool struct {
 	// CIDR of the pool, canonical form (no host bits set).
+	// +kubebuilder:validation:MaxLength=43
+	// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a CIDR, e.g. fd00:10:1::/64 or 10.1.1.0/24"
+	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || cidr(self) == cidr(self).masked()",message="must have no host bits set"
 	CIDR string `json:"cidr"`
 
 	// Shared marks a pool that is not this node's own block (for example
@@ -205,6 +240,8 @@ type Pool struct {
 
 	// Namespaces that may request this pool (or a range inside it) by
 	// annotation. Empty means every namespace.
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:Pattern=`^\S+$`
 	// +optional
 	Namespaces []string `json:"namespaces,omitempty"`
 }
@@ -212,6 +249,7 @@ type Pool struct {
 // Defaults for pods that carry no annotation of their own.
 type Defaults struct {
 	// IPv6 gives pods an IPv6 address unless they opt out. Default true.
+	// +kubebuilder:default=true
 	// +optional
 	IPv6 *bool `json:"ipv6,omitempty"`
 
@@ -222,6 +260,7 @@ type Defaults struct {
 
 	// IPAlgo is the default ip-algo (random, sequential, embed[:...]).
 	// Default random.
+	// +kubebuilder:validation:Pattern=`^(random|sequential|embed(:[a-z]+/[0-9]+(,[a-z]+/[0-9]+)*)?)$`
 	// +optional
 	IPAlgo string `json:"ipAlgo,omitempty"`
 }

@@ -1,0 +1,161 @@
+// Package pods is the Kubernetes pod metadata source: an informer on the
+// pods of this node only (field selector spec.nodeName), answering the
+// agent's ADD-time lookups from its cache and reporting readiness changes
+// and deletions as they happen.
+package pods
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/identity"
+	"code.fritzlab.net/fritzlab/flock/podmeta"
+)
+
+// Events receives what the informer sees.
+type Events interface {
+	// PodReady reports the pod's Ready condition (on add, and on every change).
+	PodReady(namespace, name, uid string, ready bool)
+	// PodGone reports a pod deleted from the API.
+	PodGone(namespace, name, uid string)
+}
+
+// DefaultWait bounds how long ADD waits for the informer to see a pod that
+// was just created (kubelet can be faster than our watch).
+const DefaultWait = 3 * time.Second
+
+// Source implements podmeta.Source from the API.
+type Source struct {
+	client   kubernetes.Interface
+	factory  informers.SharedInformerFactory
+	informer cache.SharedIndexInformer
+	lister   listers.PodLister
+	events   Events
+	// Wait bounds the ADD-time wait for a pod the cache does not have yet.
+	Wait time.Duration
+}
+
+// New builds the informer for node's pods; Start runs it.
+func New(client kubernetes.Interface, node string, events Events) *Source {
+	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+	}))
+	inf := f.Core().V1().Pods()
+	s := &Source{client: client, factory: f, informer: inf.Informer(), lister: inf.Lister(), events: events, Wait: DefaultWait}
+	_, _ = s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if p, ok := obj.(*corev1.Pod); ok && s.events != nil {
+				s.events.PodReady(p.Namespace, p.Name, string(p.UID), Ready(p))
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Pod)
+			n, ok2 := newObj.(*corev1.Pod)
+			if ok1 && ok2 && s.events != nil && Ready(o) != Ready(n) {
+				s.events.PodReady(n.Namespace, n.Name, string(n.UID), Ready(n))
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if p, ok := obj.(*corev1.Pod); ok && s.events != nil {
+				s.events.PodGone(p.Namespace, p.Name, string(p.UID))
+			}
+		},
+	})
+	return s
+}
+
+// Start runs the informer until ctx ends and waits for its first sync.
+func (s *Source) Start(ctx context.Context) error {
+	s.factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced) {
+		return fmt.Errorf("pods: informer did not sync: %w", ctx.Err())
+	}
+	return nil
+}
+
+// Ready reports the pod's Ready condition.
+func Ready(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// ErrNotFound is a pod neither the cache nor the API knows.
+var ErrNotFound = errors.New("pod not found")
+
+// Lookup implements podmeta.Source: namespace and name come from CNI_ARGS,
+// the rest from the Pod object.
+func (s *Source) Lookup(ctx context.Context, args podmeta.Args) (podmeta.Pod, error) {
+	ns, name, uid, err := args.PodRef()
+	if err != nil {
+		return podmeta.Pod{}, err
+	}
+	p, err := s.get(ctx, ns, name, uid)
+	if err != nil {
+		return podmeta.Pod{}, err
+	}
+	return podmeta.Pod{
+		Namespace: p.Namespace, Name: p.Name, UID: string(p.UID),
+		Annotations: p.Annotations, App: identity.App(p), Image: identity.Image(p),
+	}, nil
+}
+
+// get waits (bounded) for the cache to hold the pod with that UID, then
+// asks the API itself before giving up.
+func (s *Source) get(ctx context.Context, ns, name, uid string) (*corev1.Pod, error) {
+	deadline := time.Now().Add(s.Wait)
+	for {
+		p, err := s.lister.Pods(ns).Get(name)
+		if err == nil && (uid == "" || string(p.UID) == uid) {
+			return p, nil
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+	p, err := s.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("%w: %s/%s is not in the API", ErrNotFound, ns, name)
+	case err != nil:
+		return nil, fmt.Errorf("pod %s/%s: %w", ns, name, err)
+	case uid != "" && string(p.UID) != uid:
+		return nil, fmt.Errorf("%w: %s/%s has UID %s in the API, the runtime asked for %s", ErrNotFound, ns, name, p.UID, uid)
+	}
+	return p, nil
+}
+
+// Exists asks the API (not the cache) whether the pod still exists; with a
+// uid, only that incarnation counts.
+func (s *Source) Exists(ctx context.Context, ns, name, uid string) (bool, error) {
+	p, err := s.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return uid == "" || string(p.UID) == uid, nil
+}
