@@ -4,8 +4,12 @@ GO      ?= go
 BIN     := bin
 CMDS    := flock flock-agent flockctl flock-installer
 LDFLAGS := -s -w
+# controller-gen renders k8s/apis into deepcopy code and the CRD in deploy/crd.
+# v0.19.x is the line built on the Kubernetes 1.34 libraries.
+CONTROLLER_GEN_VERSION ?= v0.19.0
+CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
-.PHONY: build test unit demo demo-down deps vet clean
+.PHONY: build test unit demo demo-down deps vet clean generate generate-check
 
 build:
 	@mkdir -p $(BIN)
@@ -37,6 +41,16 @@ demo: deps build
 
 demo-down:
 	$(GO) run ./e2e/cmd/demo -down
+
+# Regenerate zz_generated.deepcopy.go and the CRD from the API types
+# (`go run pkg@version` leaves go.mod alone).
+generate:
+	$(CONTROLLER_GEN) object paths=./k8s/apis/... crd paths=./k8s/apis/... output:crd:artifacts:config=deploy/crd
+
+# Fail when the checked-in generated files are stale.
+generate-check: generate
+	@git diff --exit-code -- k8s/apis deploy/crd || { echo 'generated files are stale: run make generate and commit'; exit 1; }
+	@test -z "$$(git status --porcelain -- k8s/apis deploy/crd)" || { git status --porcelain -- k8s/apis deploy/crd; echo 'untracked generated files: commit them'; exit 1; }
 
 clean:
 	rm -rf $(BIN)

@@ -17,6 +17,7 @@ type NodeConfigSpec struct {
 	// ASN is the node's local BGP autonomous system number.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=4294967294
+	// +kubebuilder:validation:Format=int64
 	ASN uint32 `json:"asn"`
 
 	// RouterID is the BGP router ID, a dotted quad. Required: an IPv6-only
@@ -86,6 +87,7 @@ type Peer struct {
 	// ASN of the neighbour.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=4294967294
+	// +kubebuilder:validation:Format=int64
 	ASN uint32 `json:"asn"`
 
 	// Port of the neighbour, default 179.

@@ -1,0 +1,683 @@
+// Package deploy_test checks the Kubernetes manifests in deploy/: they parse
+// strictly into the API types, the kustomization is complete, the DaemonSet
+// has what the agent needs, RBAC is least-privilege, and the example
+// NodeConfig passes the agent's own validation and the CRD's schema.
+package deploy_test
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/nodeconfig"
+)
+
+const (
+	namespace  = "flock-system"
+	secretName = "flock-bgp-passwords"
+	image      = "docker.io/fritzlab/flock"
+	crdFile    = "crd/flock.fritzlab.net_nodeconfigs.yaml"
+	example    = "examples/nodeconfig.yaml"
+)
+
+type doc struct {
+	file string
+	data []byte
+	kind string
+	name string
+}
+
+// readDocs returns every YAML document of a file.
+func readDocs(t *testing.T, file string) []doc {
+	t.Helper()
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
+	var out []doc
+	for {
+		b, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		var head struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+			Metadata   struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+		}
+		if err := yaml.Unmarshal(b, &head); err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		if head.Kind == "" && head.APIVersion == "" && len(bytes.TrimSpace(stripComments(b))) == 0 {
+			continue // empty document
+		}
+		if head.Kind == "" || head.APIVersion == "" {
+			t.Fatalf("%s: document without apiVersion/kind:\n%s", file, b)
+		}
+		out = append(out, doc{file: file, data: b, kind: head.Kind, name: head.Metadata.Name})
+	}
+}
+
+func stripComments(b []byte) []byte {
+	var out []byte
+	for _, l := range bytes.Split(b, []byte("\n")) {
+		if t := bytes.TrimSpace(l); len(t) > 0 && t[0] != '#' {
+			out = append(out, l...)
+		}
+	}
+	return out
+}
+
+// allDocs reads every YAML file under deploy/.
+func allDocs(t *testing.T) []doc {
+	t.Helper()
+	var out []doc
+	err := filepath.WalkDir(".", func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() && (strings.HasSuffix(p, ".yaml") || strings.HasSuffix(p, ".yml")) {
+			out = append(out, readDocs(t, p)...)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func strict[T any](t *testing.T, d doc) *T {
+	t.Helper()
+	v := new(T)
+	if err := yaml.UnmarshalStrict(d.data, v); err != nil {
+		t.Fatalf("%s: %s %s: %v", d.file, d.kind, d.name, err)
+	}
+	return v
+}
+
+// find returns the documents of a kind (from the kustomization's files).
+func find(t *testing.T, kind string) []doc {
+	t.Helper()
+	var out []doc
+	for _, f := range kustomization(t).Resources {
+		for _, d := range readDocs(t, f) {
+			if d.kind == kind {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
+type kust struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Resources  []string `json:"resources"`
+	Images     []struct {
+		Name    string `json:"name"`
+		NewName string `json:"newName"`
+		NewTag  string `json:"newTag"`
+	} `json:"images"`
+}
+
+func kustomization(t *testing.T) *kust {
+	t.Helper()
+	return strict[kust](t, readDocs(t, "kustomization.yaml")[0])
+}
+
+func TestEveryDocumentParses(t *testing.T) {
+	kinds := map[string]int{}
+	for _, d := range allDocs(t) {
+		kinds[d.kind]++
+		switch d.kind {
+		case "Namespace":
+			strict[corev1.Namespace](t, d)
+		case "ServiceAccount":
+			strict[corev1.ServiceAccount](t, d)
+		case "ClusterRole":
+			strict[rbacv1.ClusterRole](t, d)
+		case "ClusterRoleBinding":
+			strict[rbacv1.ClusterRoleBinding](t, d)
+		case "Role":
+			strict[rbacv1.Role](t, d)
+		case "RoleBinding":
+			strict[rbacv1.RoleBinding](t, d)
+		case "DaemonSet":
+			strict[appsv1.DaemonSet](t, d)
+		case "NodeConfig":
+			strict[v1alpha1.NodeConfig](t, d)
+		case "Kustomization", "CustomResourceDefinition":
+			// Checked by their own tests.
+		default:
+			t.Errorf("%s: unexpected kind %s", d.file, d.kind)
+		}
+	}
+	for _, k := range []string{"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
+		"ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "Kustomization", "NodeConfig"} {
+		if kinds[k] == 0 {
+			t.Errorf("no %s in deploy/", k)
+		}
+	}
+}
+
+func TestKustomization(t *testing.T) {
+	k := kustomization(t)
+	if k.APIVersion != "kustomize.config.k8s.io/v1beta1" || k.Kind != "Kustomization" {
+		t.Errorf("kustomization apiVersion/kind = %s %s", k.APIVersion, k.Kind)
+	}
+	for _, r := range k.Resources {
+		if _, err := os.Stat(r); err != nil {
+			t.Errorf("kustomization resource %s: %v", r, err)
+		}
+	}
+	// Every manifest in deploy/ but the per-node examples is installed.
+	want := []string{}
+	err := filepath.WalkDir(".", func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && p == "examples" {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ".yaml") && p != "kustomization.yaml" {
+			want = append(want, filepath.ToSlash(p))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := slices.Clone(k.Resources)
+	sort.Strings(got)
+	sort.Strings(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("kustomization resources %v, want the manifests %v", got, want)
+	}
+	if slices.Contains(k.Resources, example) {
+		t.Errorf("%s is per node and must not be in the kustomization", example)
+	}
+	if !slices.Contains(k.Resources, crdFile) {
+		t.Errorf("the CRD %s is not in the kustomization", crdFile)
+	}
+	if len(k.Images) != 1 || k.Images[0].Name != image || k.Images[0].NewTag == "" {
+		t.Errorf("images = %+v, want one entry for %s with a tag", k.Images, image)
+	}
+	for _, d := range find(t, "Namespace") {
+		if d.name != namespace {
+			t.Errorf("namespace %q, want %q", d.name, namespace)
+		}
+	}
+}
+
+func daemonSet(t *testing.T) *appsv1.DaemonSet {
+	t.Helper()
+	ds := find(t, "DaemonSet")
+	if len(ds) != 1 {
+		t.Fatalf("%d DaemonSets, want 1", len(ds))
+	}
+	return strict[appsv1.DaemonSet](t, ds[0])
+}
+
+func TestDaemonSet(t *testing.T) {
+	ds := daemonSet(t)
+	if ds.Name != "flock" || ds.Namespace != namespace {
+		t.Errorf("DaemonSet %s/%s, want %s/flock", ds.Namespace, ds.Name, namespace)
+	}
+	if ds.Spec.Selector == nil || len(ds.Spec.Selector.MatchLabels) == 0 {
+		t.Fatal("no selector")
+	}
+	for k, v := range ds.Spec.Selector.MatchLabels {
+		if ds.Spec.Template.Labels[k] != v {
+			t.Errorf("selector %s=%s does not match the template labels %v", k, v, ds.Spec.Template.Labels)
+		}
+	}
+	u := ds.Spec.UpdateStrategy
+	if u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil ||
+		u.RollingUpdate.MaxUnavailable == nil || u.RollingUpdate.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("updateStrategy = %+v, want RollingUpdate maxUnavailable 1", u)
+	}
+	p := ds.Spec.Template.Spec
+	if !p.HostNetwork {
+		t.Error("not hostNetwork")
+	}
+	if p.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+		t.Errorf("dnsPolicy %q", p.DNSPolicy)
+	}
+	if p.PriorityClassName != "system-node-critical" {
+		t.Errorf("priorityClassName %q", p.PriorityClassName)
+	}
+	if p.ServiceAccountName != "flock" {
+		t.Errorf("serviceAccountName %q", p.ServiceAccountName)
+	}
+	if !slices.ContainsFunc(p.Tolerations, func(tl corev1.Toleration) bool {
+		return tl.Operator == corev1.TolerationOpExists && tl.Key == "" && tl.Effect == ""
+	}) {
+		t.Errorf("tolerations %+v do not tolerate everything", p.Tolerations)
+	}
+
+	vols := map[string]corev1.Volume{}
+	for _, v := range p.Volumes {
+		vols[v.Name] = v
+	}
+	// hostPath returns the host path a container's mount at mountPath comes from.
+	hostPath := func(c corev1.Container, mountPath string) (string, *corev1.VolumeMount) {
+		for i, m := range c.VolumeMounts {
+			if m.MountPath == mountPath {
+				v, ok := vols[m.Name]
+				if !ok || v.HostPath == nil {
+					t.Errorf("%s: mount %s: volume %q is not a hostPath", c.Name, mountPath, m.Name)
+					return "", nil
+				}
+				return v.HostPath.Path, &c.VolumeMounts[i]
+			}
+		}
+		return "", nil
+	}
+	checkMount := func(c corev1.Container, mountPath, host string) *corev1.VolumeMount {
+		got, m := hostPath(c, mountPath)
+		if got != host {
+			t.Errorf("%s: %s comes from host %q, want %q", c.Name, mountPath, got, host)
+		}
+		return m
+	}
+
+	if len(p.InitContainers) != 1 || p.InitContainers[0].Name != "install-cni" {
+		t.Fatalf("initContainers %d, want install-cni", len(p.InitContainers))
+	}
+	ic := p.InitContainers[0]
+	checkImage(t, ic)
+	wantCmd := "/usr/local/bin/flock-installer --plugin /usr/local/bin/flock --cni-bin-dir /host/opt/cni/bin " +
+		"--cni-conf-dir /host/etc/cni/net.d --socket /run/flock/cni.sock --portmap --bandwidth"
+	if got := strings.Join(append(slices.Clone(ic.Command), ic.Args...), " "); got != wantCmd {
+		t.Errorf("install-cni runs %q, want %q", got, wantCmd)
+	}
+	checkMount(ic, "/host/opt/cni/bin", "/opt/cni/bin")
+	checkMount(ic, "/host/etc/cni/net.d", "/etc/cni/net.d")
+	checkMount(ic, "/run/flock", "/run/flock")
+
+	if len(p.Containers) != 1 || p.Containers[0].Name != "agent" {
+		t.Fatalf("containers %d, want agent", len(p.Containers))
+	}
+	c := p.Containers[0]
+	checkImage(t, c)
+	args := append(slices.Clone(c.Command), c.Args...)
+	if len(args) == 0 || args[0] != "/usr/local/bin/flock-agent" {
+		t.Errorf("agent runs %v", args)
+	}
+	joined := " " + strings.Join(args, " ") + " "
+	for _, a := range []string{"--kubernetes", "--node-name=$(NODE_NAME)", "--cni-socket /run/flock/cni.sock",
+		"--admin-socket /run/flock/admin.sock", "--state-dir /var/lib/flock", "--metrics-address 127.0.0.1:9476"} {
+		if !strings.Contains(joined, " "+a+" ") {
+			t.Errorf("agent args %v lack %q", args, a)
+		}
+	}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			env[e.Name] = e.ValueFrom.FieldRef.FieldPath
+		}
+	}
+	if env["NODE_NAME"] != "spec.nodeName" || env["POD_NAMESPACE"] != "metadata.namespace" {
+		t.Errorf("env fieldRefs %v", env)
+	}
+	if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+		t.Error("agent is not privileged")
+	}
+	checkProbe := func(what string, pr *corev1.Probe, path string) {
+		if pr == nil || pr.HTTPGet == nil {
+			t.Errorf("%s probe missing or not httpGet", what)
+			return
+		}
+		g := pr.HTTPGet
+		if g.Path != path || g.Port.IntValue() != 9476 || g.Host != "127.0.0.1" {
+			t.Errorf("%s probe = %s:%s%s, want 127.0.0.1:9476%s", what, g.Host, g.Port.String(), g.Path, path)
+		}
+	}
+	checkProbe("readiness", c.ReadinessProbe, "/readyz")
+	checkProbe("liveness", c.LivenessProbe, "/healthz")
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" && p.ContainerPort == 9476 }) {
+		t.Errorf("ports %+v lack metrics 9476", c.Ports)
+	}
+	if q := c.Resources.Requests.Cpu(); q.String() != "50m" {
+		t.Errorf("cpu request %s", q)
+	}
+	if q := c.Resources.Requests.Memory(); q.String() != "64Mi" {
+		t.Errorf("memory request %s", q)
+	}
+	if q := c.Resources.Limits.Memory(); q.String() != "256Mi" {
+		t.Errorf("memory limit %s", q)
+	}
+	if _, ok := c.Resources.Limits[corev1.ResourceCPU]; ok {
+		t.Error("a CPU limit throttles the node's networking: leave it out")
+	}
+	checkMount(c, "/run/flock", "/run/flock")
+	checkMount(c, "/var/lib/flock", "/var/lib/flock")
+	if m := checkMount(c, "/var/run/netns", "/var/run/netns"); m != nil &&
+		(m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer) {
+		t.Error("/var/run/netns lacks mountPropagation HostToContainer: netns created after the agent started would be empty mount points")
+	}
+	if m := checkMount(c, "/lib/modules", "/lib/modules"); m != nil && !m.ReadOnly {
+		t.Error("/lib/modules is not read-only")
+	}
+	for _, name := range []string{"run", "state"} {
+		if v, ok := vols[name]; !ok || v.HostPath == nil || v.HostPath.Type == nil || *v.HostPath.Type != corev1.HostPathDirectoryOrCreate {
+			t.Errorf("volume %s is not a DirectoryOrCreate hostPath", name)
+		}
+	}
+}
+
+func checkImage(t *testing.T, c corev1.Container) {
+	t.Helper()
+	if !strings.HasPrefix(c.Image, image+":") {
+		t.Errorf("%s: image %q, want %s:<tag> (retagged by the kustomization)", c.Name, c.Image, image)
+	}
+	if c.ImagePullPolicy != corev1.PullIfNotPresent {
+		t.Errorf("%s: imagePullPolicy %q", c.Name, c.ImagePullPolicy)
+	}
+}
+
+func checkRules(t *testing.T, who string, rules []rbacv1.PolicyRule) {
+	t.Helper()
+	for _, r := range rules {
+		for _, l := range [][]string{r.Verbs, r.Resources, r.APIGroups, r.ResourceNames} {
+			if slices.Contains(l, "*") {
+				t.Errorf("%s: wildcard in rule %+v", who, r)
+			}
+		}
+		if len(r.NonResourceURLs) > 0 {
+			t.Errorf("%s: nonResourceURLs %v", who, r.NonResourceURLs)
+		}
+		for _, verb := range r.Verbs {
+			if verb == "escalate" || verb == "bind" || verb == "impersonate" || verb == "delete" || verb == "deletecollection" {
+				t.Errorf("%s: verb %s", who, verb)
+			}
+		}
+	}
+}
+
+// allows reports whether rules grant verb on group/resource.
+func allows(rules []rbacv1.PolicyRule, group, resource, verb string) *rbacv1.PolicyRule {
+	for i, r := range rules {
+		if slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, resource) && slices.Contains(r.Verbs, verb) {
+			return &rules[i]
+		}
+	}
+	return nil
+}
+
+func TestRBAC(t *testing.T) {
+	sas := find(t, "ServiceAccount")
+	if len(sas) != 1 || sas[0].name != "flock" || strict[corev1.ServiceAccount](t, sas[0]).Namespace != namespace {
+		t.Errorf("want one ServiceAccount %s/flock", namespace)
+	}
+	crs := find(t, "ClusterRole")
+	if len(crs) != 1 {
+		t.Fatalf("%d ClusterRoles, want 1", len(crs))
+	}
+	cr := strict[rbacv1.ClusterRole](t, crs[0])
+	checkRules(t, "ClusterRole "+cr.Name, cr.Rules)
+	for _, want := range []struct{ group, resource, verbs string }{
+		{"flock.fritzlab.net", "nodeconfigs", "get list watch"},
+		{"flock.fritzlab.net", "nodeconfigs/status", "get update patch"},
+		{"", "pods", "get list watch"},
+		{"", "events", "create patch"},
+	} {
+		for _, v := range strings.Fields(want.verbs) {
+			if allows(cr.Rules, want.group, want.resource, v) == nil {
+				t.Errorf("ClusterRole does not allow %s %q/%s", v, want.group, want.resource)
+			}
+		}
+	}
+	for _, verb := range []string{"create", "update", "patch"} {
+		if allows(cr.Rules, "flock.fritzlab.net", "nodeconfigs", verb) != nil {
+			t.Errorf("ClusterRole allows %s on nodeconfigs: the agent only reads its spec", verb)
+		}
+	}
+	for _, r := range cr.Rules {
+		if slices.Contains(r.Resources, "secrets") {
+			t.Errorf("ClusterRole grants secrets cluster-wide: %+v", r)
+		}
+	}
+
+	roles := find(t, "Role")
+	var secretRule *rbacv1.PolicyRule
+	var roleName string
+	for _, d := range roles {
+		r := strict[rbacv1.Role](t, d)
+		checkRules(t, "Role "+r.Name, r.Rules)
+		if r.Namespace != namespace {
+			t.Errorf("Role %s in namespace %q, want %s", r.Name, r.Namespace, namespace)
+		}
+		if rule := allows(r.Rules, "", "secrets", "get"); rule != nil {
+			secretRule, roleName = rule, r.Name
+		}
+	}
+	if secretRule == nil {
+		t.Fatal("no Role grants get on secrets")
+	}
+	if !slices.Equal(secretRule.ResourceNames, []string{secretName}) {
+		t.Errorf("secrets rule resourceNames %v, want [%s]", secretRule.ResourceNames, secretName)
+	}
+	for _, v := range secretRule.Verbs {
+		if v != "get" && v != "list" && v != "watch" {
+			t.Errorf("secrets verb %s", v)
+		}
+	}
+
+	bound := func(kind, roleKind, role string) {
+		t.Helper()
+		for _, d := range find(t, kind) {
+			var subjects []rbacv1.Subject
+			var ref rbacv1.RoleRef
+			switch kind {
+			case "ClusterRoleBinding":
+				b := strict[rbacv1.ClusterRoleBinding](t, d)
+				subjects, ref = b.Subjects, b.RoleRef
+			case "RoleBinding":
+				b := strict[rbacv1.RoleBinding](t, d)
+				if b.Namespace != namespace {
+					continue
+				}
+				subjects, ref = b.Subjects, b.RoleRef
+			}
+			if ref.Kind == roleKind && ref.Name == role && ref.APIGroup == rbacv1.GroupName &&
+				slices.Contains(subjects, rbacv1.Subject{Kind: "ServiceAccount", Name: "flock", Namespace: namespace}) {
+				return
+			}
+		}
+		t.Errorf("no %s binds %s %s to ServiceAccount %s/flock", kind, roleKind, role, namespace)
+	}
+	bound("ClusterRoleBinding", "ClusterRole", cr.Name)
+	bound("RoleBinding", "Role", roleName)
+}
+
+func TestExampleNodeConfig(t *testing.T) {
+	docs := readDocs(t, example)
+	if len(docs) != 1 || docs[0].kind != "NodeConfig" {
+		t.Fatalf("%s: want one NodeConfig", example)
+	}
+	nc := strict[v1alpha1.NodeConfig](t, docs[0])
+	if nc.APIVersion != v1alpha1.GroupVersion.String() {
+		t.Errorf("apiVersion %q", nc.APIVersion)
+	}
+	if err := nodeconfig.Validate(&nc.Spec); err != nil {
+		t.Errorf("nodeconfig.Validate: %v", err)
+	}
+	// The same object is a valid standalone node-config file.
+	if _, err := nodeconfig.Parse(docs[0].data); err != nil {
+		t.Errorf("nodeconfig.Parse: %v", err)
+	}
+	s := nc.Spec
+	if len(s.BGP.Peers) == 0 || !s.BGP.Peers[0].BFD.Enabled || s.BGP.Peers[0].GracefulRestart.Disabled {
+		t.Errorf("the example should show a peer with BFD and graceful restart: %+v", s.BGP.Peers)
+	}
+	// And it passes the CRD's OpenAPI schema (the structural part; the
+	// CEL rules are the API server's to evaluate).
+	var obj any
+	if err := yaml.Unmarshal(docs[0].data, &obj); err != nil {
+		t.Fatal(err)
+	}
+	sch := crdSchema(t)
+	for _, e := range validate("", obj, sch) {
+		t.Errorf("%s: %s", example, e)
+	}
+}
+
+func TestSchemaCheckerRejects(t *testing.T) {
+	sch := crdSchema(t)
+	for _, tc := range []struct{ name, yaml string }{
+		{"unknown field", "spec: {asn: 1, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}], bogus: 1}"},
+		{"asn 0", "spec: {asn: 0, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}]}"},
+		{"routerID v6", "spec: {asn: 1, routerID: 'fd00::1', pools: [{cidr: fd00::/64}]}"},
+		{"no pools", "spec: {asn: 1, routerID: 192.0.2.1}"},
+		{"family", "spec: {asn: 1, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}], bgp: {peers: [{address: 'fd00::2', asn: 2, families: [evpn]}]}}"},
+		{"ipAlgo", "spec: {asn: 1, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}], defaults: {ipAlgo: fancy}}"},
+	} {
+		var obj any
+		if err := yaml.Unmarshal([]byte("apiVersion: flock.fritzlab.net/v1alpha1\nkind: NodeConfig\nmetadata: {name: x}\n"+tc.yaml), &obj); err != nil {
+			t.Fatal(err)
+		}
+		if errs := validate("", obj, sch); len(errs) == 0 {
+			t.Errorf("%s: accepted", tc.name)
+		}
+	}
+}
+
+// schema is the subset of OpenAPI v3 the CRD uses.
+type schema struct {
+	Type       string            `json:"type"`
+	Format     string            `json:"format"`
+	Properties map[string]schema `json:"properties"`
+	Items      *schema           `json:"items"`
+	Required   []string          `json:"required"`
+	Enum       []any             `json:"enum"`
+	Pattern    string            `json:"pattern"`
+	Minimum    *float64          `json:"minimum"`
+	Maximum    *float64          `json:"maximum"`
+	MinItems   *int              `json:"minItems"`
+	MaxItems   *int              `json:"maxItems"`
+	MinLength  *int              `json:"minLength"`
+	MaxLength  *int              `json:"maxLength"`
+}
+
+func crdSchema(t *testing.T) schema {
+	t.Helper()
+	var c struct {
+		Spec struct {
+			Versions []struct {
+				Schema struct {
+					OpenAPIV3Schema schema `json:"openAPIV3Schema"`
+				} `json:"schema"`
+			} `json:"versions"`
+		} `json:"spec"`
+	}
+	raw, err := os.ReadFile(crdFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &c); err != nil || len(c.Spec.Versions) != 1 {
+		t.Fatalf("%s: %v", crdFile, err)
+	}
+	return c.Spec.Versions[0].Schema.OpenAPIV3Schema
+}
+
+var ipv4 = regexp.MustCompile(`^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$`)
+
+// validate is a small OpenAPI checker for the keywords the CRD uses
+// (metadata is the API server's).
+func validate(path string, v any, s schema) []string {
+	var errs []string
+	bad := func(format string, a ...any) { errs = append(errs, path+": "+fmt.Sprintf(format, a...)) }
+	switch s.Type {
+	case "object":
+		m, ok := v.(map[string]any)
+		if !ok {
+			bad("want an object, got %T", v)
+			return errs
+		}
+		if path == ".metadata" {
+			return nil
+		}
+		for _, r := range s.Required {
+			if _, ok := m[r]; !ok {
+				bad("%s is required", r)
+			}
+		}
+		for k, x := range m {
+			sub, ok := s.Properties[k]
+			if !ok {
+				bad("unknown field %q", k)
+				continue
+			}
+			errs = append(errs, validate(path+"."+k, x, sub)...)
+		}
+	case "array":
+		l, ok := v.([]any)
+		if !ok {
+			bad("want an array, got %T", v)
+			return errs
+		}
+		if s.MinItems != nil && len(l) < *s.MinItems || s.MaxItems != nil && len(l) > *s.MaxItems {
+			bad("%d items out of range", len(l))
+		}
+		for i, x := range l {
+			errs = append(errs, validate(fmt.Sprintf("%s[%d]", path, i), x, *s.Items)...)
+		}
+	case "string":
+		str, ok := v.(string)
+		if !ok {
+			bad("want a string, got %T", v)
+			return errs
+		}
+		if s.MinLength != nil && len(str) < *s.MinLength || s.MaxLength != nil && len(str) > *s.MaxLength {
+			bad("length %d out of range", len(str))
+		}
+		if s.Pattern != "" && !regexp.MustCompile(s.Pattern).MatchString(str) {
+			bad("%q does not match %s", str, s.Pattern)
+		}
+		if s.Format == "ipv4" && !ipv4.MatchString(str) {
+			bad("%q is not ipv4", str)
+		}
+	case "integer":
+		f, ok := v.(float64)
+		if !ok || f != math.Trunc(f) {
+			bad("want an integer, got %v", v)
+			return errs
+		}
+		if s.Minimum != nil && f < *s.Minimum || s.Maximum != nil && f > *s.Maximum {
+			bad("%v out of range", f)
+		}
+	case "boolean":
+		if _, ok := v.(bool); !ok {
+			bad("want a boolean, got %T", v)
+		}
+	}
+	if len(s.Enum) > 0 && !slices.Contains(s.Enum, v) {
+		bad("%v not in %v", v, s.Enum)
+	}
+	return errs
+}

@@ -1,0 +1,308 @@
+package v1alpha1_test
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/yaml"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+)
+
+// crdPath is the CRD `make generate` writes from this package.
+var crdPath = filepath.Join("..", "..", "..", "deploy", "crd", "flock.fritzlab.net_nodeconfigs.yaml")
+
+// The subset of apiextensions.k8s.io/v1 the tests read (the module does not
+// depend on apiextensions-apiserver).
+type crd struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	Metadata   struct {
+		Name string `json:"name"`
+	} `json:"metadata"`
+	Spec struct {
+		Group string `json:"group"`
+		Names struct {
+			Kind       string   `json:"kind"`
+			ListKind   string   `json:"listKind"`
+			Plural     string   `json:"plural"`
+			Singular   string   `json:"singular"`
+			ShortNames []string `json:"shortNames"`
+		} `json:"names"`
+		Scope    string `json:"scope"`
+		Versions []struct {
+			Name                     string `json:"name"`
+			Served                   bool   `json:"served"`
+			Storage                  bool   `json:"storage"`
+			AdditionalPrinterColumns []struct {
+				Name     string `json:"name"`
+				Type     string `json:"type"`
+				JSONPath string `json:"jsonPath"`
+				Priority int32  `json:"priority"`
+			} `json:"additionalPrinterColumns"`
+			Subresources map[string]any `json:"subresources"`
+			Schema       struct {
+				OpenAPIV3Schema schema `json:"openAPIV3Schema"`
+			} `json:"schema"`
+		} `json:"versions"`
+	} `json:"spec"`
+}
+
+type schema struct {
+	Type        string            `json:"type"`
+	Format      string            `json:"format"`
+	Properties  map[string]schema `json:"properties"`
+	Items       *schema           `json:"items"`
+	Required    []string          `json:"required"`
+	Enum        []any             `json:"enum"`
+	Pattern     string            `json:"pattern"`
+	Minimum     *float64          `json:"minimum"`
+	Maximum     *float64          `json:"maximum"`
+	Validations []struct {
+		Rule    string `json:"rule"`
+		Message string `json:"message"`
+	} `json:"x-kubernetes-validations"`
+}
+
+func loadCRD(t *testing.T) *crd {
+	t.Helper()
+	data, err := os.ReadFile(crdPath)
+	if err != nil {
+		t.Fatalf("%v (run make generate)", err)
+	}
+	var c crd
+	if err := yaml.Unmarshal(data, &c); err != nil {
+		t.Fatalf("%s: %v", crdPath, err)
+	}
+	return &c
+}
+
+func TestCRDIdentity(t *testing.T) {
+	c := loadCRD(t)
+	if c.APIVersion != "apiextensions.k8s.io/v1" || c.Kind != "CustomResourceDefinition" {
+		t.Errorf("apiVersion/kind = %s %s", c.APIVersion, c.Kind)
+	}
+	if c.Metadata.Name != "nodeconfigs.flock.fritzlab.net" {
+		t.Errorf("name = %q", c.Metadata.Name)
+	}
+	if c.Spec.Group != v1alpha1.GroupVersion.Group {
+		t.Errorf("group = %q, want %q", c.Spec.Group, v1alpha1.GroupVersion.Group)
+	}
+	n := c.Spec.Names
+	if n.Kind != "NodeConfig" || n.ListKind != "NodeConfigList" || n.Plural != "nodeconfigs" || n.Singular != "nodeconfig" {
+		t.Errorf("names = %+v", n)
+	}
+	if !slices.Contains(n.ShortNames, "nc") {
+		t.Errorf("shortNames = %v, want nc", n.ShortNames)
+	}
+	if c.Spec.Scope != "Cluster" {
+		t.Errorf("scope = %q, want Cluster", c.Spec.Scope)
+	}
+	if len(c.Spec.Versions) != 1 {
+		t.Fatalf("%d versions, want 1", len(c.Spec.Versions))
+	}
+	v := c.Spec.Versions[0]
+	if v.Name != v1alpha1.GroupVersion.Version || !v.Served || !v.Storage {
+		t.Errorf("version %q served=%v storage=%v", v.Name, v.Served, v.Storage)
+	}
+	if _, ok := v.Subresources["status"]; !ok {
+		t.Errorf("no status subresource: %v", v.Subresources)
+	}
+}
+
+func TestCRDPrinterColumns(t *testing.T) {
+	v := loadCRD(t).Spec.Versions[0]
+	type col struct {
+		name, typ, path string
+		priority        int32
+	}
+	want := []col{
+		{"ASN", "integer", ".spec.asn", 0},
+		{"Router ID", "string", ".spec.routerID", 0},
+		{"Peers", "string", ".status.peers", 0},
+		{"Allocations", "integer", ".status.allocations", 0},
+		{"Last Error", "string", ".status.lastError", 1},
+		{"Age", "date", ".metadata.creationTimestamp", 0},
+	}
+	var got []col
+	for _, c := range v.AdditionalPrinterColumns {
+		got = append(got, col{c.Name, c.Type, c.JSONPath, c.Priority})
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("printer columns\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestCRDValidation(t *testing.T) {
+	root := loadCRD(t).Spec.Versions[0].Schema.OpenAPIV3Schema
+	spec := root.Properties["spec"]
+	peer := spec.Properties["bgp"].Properties["peers"].Items
+	if peer == nil {
+		t.Fatal("no spec.bgp.peers items schema")
+	}
+	hasRule := func(s schema, rule string) bool {
+		for _, v := range s.Validations {
+			if v.Rule == rule {
+				return true
+			}
+		}
+		return false
+	}
+	// `interface` is not among the CEL reserved words Kubernetes escapes
+	// (k8s.io/apiserver/pkg/cel/escaping.go), so it is accessed as is.
+	if r := "has(self.address) != has(self.interface)"; !hasRule(*peer, r) {
+		t.Errorf("peer rules %+v lack %q", peer.Validations, r)
+	}
+	if !hasRule(peer.Properties["address"], "isIP(self)") || !hasRule(peer.Properties["localAddress"], "isIP(self)") {
+		t.Error("address/localAddress lack isIP(self)")
+	}
+	if !hasRule(spec.Properties["pools"].Items.Properties["cidr"], "isCIDR(self)") {
+		t.Error("pools[].cidr lacks isCIDR(self)")
+	}
+	for _, s := range []schema{spec.Properties["asn"], peer.Properties["asn"]} {
+		if s.Minimum == nil || *s.Minimum != 1 || s.Maximum == nil || *s.Maximum != 4294967294 || s.Format == "int32" {
+			t.Errorf("asn schema %+v, want 1..4294967294 and not int32", s)
+		}
+	}
+	if f := spec.Properties["routerID"].Format; f != "ipv4" {
+		t.Errorf("routerID format %q, want ipv4", f)
+	}
+	if e := peer.Properties["families"].Items.Enum; !reflect.DeepEqual(e, []any{"ipv4", "ipv6"}) {
+		t.Errorf("families enum %v", e)
+	}
+	if e := spec.Properties["bgp"].Properties["importPolicy"].Enum; !reflect.DeepEqual(e, []any{"reject", "accept"}) {
+		t.Errorf("importPolicy enum %v", e)
+	}
+	if p := spec.Properties["defaults"].Properties["ipAlgo"].Pattern; p == "" {
+		t.Error("defaults.ipAlgo has no pattern")
+	}
+	for _, f := range []string{"asn", "routerID", "pools"} {
+		if !slices.Contains(spec.Required, f) {
+			t.Errorf("spec.%s not required (required: %v)", f, spec.Required)
+		}
+	}
+}
+
+// TestCRDMatchesTypes catches a field added to the Go types without `make
+// generate`: every JSON field of NodeConfig must be in the CRD schema and
+// vice versa.
+func TestCRDMatchesTypes(t *testing.T) {
+	root := loadCRD(t).Spec.Versions[0].Schema.OpenAPIV3Schema
+	for _, top := range []string{"spec", "status"} {
+		f, _ := reflect.TypeOf(v1alpha1.NodeConfig{}).FieldByName(strings.ToUpper(top[:1]) + top[1:])
+		compareFields(t, top, f.Type, root.Properties[top])
+	}
+}
+
+var skipTypes = map[reflect.Type]bool{
+	reflect.TypeOf(metav1.Time{}):      true,
+	reflect.TypeOf(metav1.Condition{}): true,
+}
+
+func compareFields(t *testing.T, path string, typ reflect.Type, s schema) {
+	t.Helper()
+	for typ.Kind() == reflect.Pointer {
+		typ = typ.Elem()
+	}
+	if skipTypes[typ] {
+		return
+	}
+	switch typ.Kind() {
+	case reflect.Slice:
+		if s.Items == nil {
+			t.Errorf("%s: Go slice, schema %q without items", path, s.Type)
+			return
+		}
+		compareFields(t, path+"[]", typ.Elem(), *s.Items)
+		return
+	case reflect.Struct:
+	default:
+		return
+	}
+	seen := map[string]bool{}
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "" || name == "-" {
+			continue
+		}
+		seen[name] = true
+		sub, ok := s.Properties[name]
+		if !ok {
+			t.Errorf("%s.%s: in the Go type, not in the CRD (run make generate)", path, name)
+			continue
+		}
+		compareFields(t, path+"."+name, f.Type, sub)
+	}
+	for name := range s.Properties {
+		if !seen[name] {
+			t.Errorf("%s.%s: in the CRD, not in the Go type (run make generate)", path, name)
+		}
+	}
+}
+
+func TestScheme(t *testing.T) {
+	s := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	for _, obj := range []runtime.Object{&v1alpha1.NodeConfig{}, &v1alpha1.NodeConfigList{}} {
+		gvks, _, err := s.ObjectKinds(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gvks[0].GroupVersion() != v1alpha1.GroupVersion {
+			t.Errorf("%T registered as %v", obj, gvks[0])
+		}
+	}
+	if gv := v1alpha1.GroupVersion.String(); gv != "flock.fritzlab.net/v1alpha1" {
+		t.Errorf("GroupVersion = %s", gv)
+	}
+	if r := v1alpha1.Resource("nodeconfigs"); r.Group != "flock.fritzlab.net" || r.Resource != "nodeconfigs" {
+		t.Errorf("Resource = %v", r)
+	}
+}
+
+func TestDeepCopy(t *testing.T) {
+	yes := true
+	since := metav1.Now()
+	nc := &v1alpha1.NodeConfig{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
+		Spec: v1alpha1.NodeConfigSpec{
+			ASN: 64512, RouterID: "192.0.2.1",
+			Pools:    []v1alpha1.Pool{{CIDR: "fd00::/64", Namespaces: []string{"a"}}},
+			Defaults: v1alpha1.Defaults{IPv6: &yes},
+			BGP: v1alpha1.BGP{Peers: []v1alpha1.Peer{{
+				Address: "fd00::2", ASN: 64513, Families: []string{"ipv6"},
+				Communities: v1alpha1.KindCommunities{Summary: []string{"1:2"}},
+			}}},
+		},
+		Status: v1alpha1.NodeConfigStatus{
+			Peers:      "1/1",
+			PeerStates: []v1alpha1.PeerStatus{{Peer: "fd00::2", State: "established", Since: &since}},
+			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue}},
+		},
+	}
+	cp := nc.DeepCopyObject().(*v1alpha1.NodeConfig)
+	if !reflect.DeepEqual(nc, cp) {
+		t.Fatalf("copy differs:\n%+v\n%+v", nc, cp)
+	}
+	cp.Spec.Pools[0].Namespaces[0] = "b"
+	*cp.Spec.Defaults.IPv6 = false
+	cp.Spec.BGP.Peers[0].Communities.Summary[0] = "3:4"
+	cp.Status.PeerStates[0].Since.Time = cp.Status.PeerStates[0].Since.Add(1)
+	if nc.Spec.Pools[0].Namespaces[0] != "a" || !*nc.Spec.Defaults.IPv6 ||
+		nc.Spec.BGP.Peers[0].Communities.Summary[0] != "1:2" || !nc.Status.PeerStates[0].Since.Equal(&since) {
+		t.Error("the copy shares memory with the original")
+	}
+	list := &v1alpha1.NodeConfigList{Items: []v1alpha1.NodeConfig{*nc}}
+	if !reflect.DeepEqual(list, list.DeepCopyObject()) {
+		t.Error("list copy differs")
+	}
+}
