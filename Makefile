@@ -9,7 +9,7 @@ LDFLAGS := -s -w
 CONTROLLER_GEN_VERSION ?= v0.19.0
 CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
-.PHONY: build test unit demo demo-down deps vet clean generate generate-check
+.PHONY: image build test unit demo demo-down deps vet clean generate generate-check
 
 build:
 	@mkdir -p $(BIN)
@@ -51,6 +51,12 @@ generate:
 generate-check: generate
 	@git diff --exit-code -- k8s/apis deploy/crd || { echo 'generated files are stale: run make generate and commit'; exit 1; }
 	@test -z "$$(git status --porcelain -- k8s/apis deploy/crd)" || { git status --porcelain -- k8s/apis deploy/crd; echo 'untracked generated files: commit them'; exit 1; }
+
+# The container image as a docker-archive tarball, built offline (no
+# registry, no Docker engine): `ctr -n k8s.io images import out/flock-image.tar`.
+IMAGE ?= docker.io/fritzlab/flock:dev
+image:
+	$(GO) run ./imagetar/mkimage -tag $(IMAGE) -out out/flock-image.tar
 
 clean:
 	rm -rf $(BIN)
