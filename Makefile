@@ -31,8 +31,11 @@ deps:
 # The whole suite: unit tests, then the root-only integration tests in real
 # network namespaces with real BIRD and FRR ToRs (they build the binaries
 # themselves).
+# The e2e packages run one at a time: they share the host (network
+# namespaces, a Kubernetes node, /opt/cni/bin).
 test: deps vet build
-	$(GO) test -race -count=1 -timeout 30m ./...
+	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -v /e2e)
+	$(GO) test -race -count=1 -timeout 60m -p 1 ./e2e/...
 
 # Local demo lab: BIRD ToR + two flock nodes, pods, BGP, pings, teardown.
 # DEMO_FLAGS=-keep leaves it running; `make demo-down` removes it.

@@ -376,7 +376,7 @@ func TestDaemonSet(t *testing.T) {
 	}
 	checkMount(c, "/run/flock", "/run/flock")
 	checkMount(c, "/var/lib/flock", "/var/lib/flock")
-	if m := checkMount(c, "/var/run/netns", "/var/run/netns"); m != nil &&
+	if m := checkMount(c, "/var/run/netns", "/run/netns"); m != nil &&
 		(m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer) {
 		t.Error("/var/run/netns lacks mountPropagation HostToContainer: netns created after the agent started would be empty mount points")
 	}

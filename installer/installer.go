@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 )
 
 // ConfName is lexically first so runtimes pick it over other CNIs' files.
@@ -24,7 +25,13 @@ type Options struct {
 	Socket     string // agent CNI socket written into the config
 	Portmap    bool   // chain the portmap plugin (hostPort)
 	Bandwidth  bool   // chain the bandwidth plugin
+	// CNIVersion of the conflist, default 1.1.0. Runtimes built on an older
+	// libcni (containerd 1.6: up to 1.0.0) need an older one.
+	CNIVersion string
 }
+
+// Versions the plugin supports, oldest first.
+var Versions = []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"}
 
 // Conflist renders the network config list.
 func Conflist(o Options) ([]byte, error) {
@@ -35,7 +42,14 @@ func Conflist(o Options) ([]byte, error) {
 	if o.Bandwidth {
 		plugins = append(plugins, map[string]any{"type": "bandwidth", "capabilities": map[string]bool{"bandwidth": true}})
 	}
-	b, err := json.MarshalIndent(map[string]any{"cniVersion": "1.1.0", "name": "flock", "plugins": plugins}, "", "  ")
+	v := o.CNIVersion
+	if v == "" {
+		v = "1.1.0"
+	}
+	if !slices.Contains(Versions, v) {
+		return nil, fmt.Errorf("installer: cni-version %q: want one of %v", v, Versions)
+	}
+	b, err := json.MarshalIndent(map[string]any{"cniVersion": v, "name": "flock", "plugins": plugins}, "", "  ")
 	if err != nil {
 		return nil, err
 	}
@@ -46,6 +60,10 @@ func Conflist(o Options) ([]byte, error) {
 func Install(o Options) (changed []string, err error) {
 	if o.Socket == "" {
 		return nil, fmt.Errorf("installer: socket path is empty")
+	}
+	conf, err := Conflist(o)
+	if err != nil {
+		return nil, err
 	}
 	bin, err := os.ReadFile(o.PluginSrc)
 	if err != nil {
@@ -58,10 +76,6 @@ func Install(o Options) (changed []string, err error) {
 	}
 	if ok {
 		changed = append(changed, dst)
-	}
-	conf, err := Conflist(o)
-	if err != nil {
-		return nil, err
 	}
 	cdst := filepath.Join(o.CNIConfDir, ConfName)
 	ok, err = writeIfChanged(cdst, conf, 0o644)

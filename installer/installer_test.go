@@ -64,3 +64,18 @@ func TestInstallErrors(t *testing.T) {
 		t.Errorf("empty socket: %v", err)
 	}
 }
+
+func TestCNIVersion(t *testing.T) {
+	b, err := Conflist(Options{Socket: "/s", CNIVersion: "1.0.0"})
+	if err != nil || !strings.Contains(string(b), `"cniVersion": "1.0.0"`) {
+		t.Errorf("1.0.0: %s %v", b, err)
+	}
+	dir := t.TempDir()
+	_, err = Install(Options{PluginSrc: "/bin/true", CNIBinDir: dir, CNIConfDir: dir, Socket: "/s", CNIVersion: "2.0"})
+	if err == nil || !strings.Contains(err.Error(), `cni-version "2.0"`) {
+		t.Errorf("bad version: %v", err)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("a rejected install wrote %v", ents)
+	}
+}

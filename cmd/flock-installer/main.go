@@ -19,6 +19,7 @@ func main() {
 	flag.StringVar(&o.Socket, "socket", wire.DefaultSocket, "agent CNI socket path, as seen by the plugin on the host")
 	flag.BoolVar(&o.Portmap, "portmap", false, "chain the portmap plugin (hostPort support)")
 	flag.BoolVar(&o.Bandwidth, "bandwidth", false, "chain the bandwidth plugin")
+	flag.StringVar(&o.CNIVersion, "cni-version", "1.1.0", "cniVersion of the conflist (containerd 1.6 needs 1.0.0)")
 	flag.Parse()
 	changed, err := installer.Install(o)
 	if err != nil {

@@ -1,0 +1,54 @@
+package k8slab
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Component names, as used for log files and LogTail.
+const (
+	Etcd              = "etcd"
+	APIServer         = "kube-apiserver"
+	ControllerManager = "kube-controller-manager"
+	Scheduler         = "kube-scheduler"
+	Containerd        = "containerd"
+	Kubelet           = "kubelet"
+)
+
+func (c *Cluster) logPath(component string) string {
+	return filepath.Join(c.Opts.Dir, "logs", component+".log")
+}
+
+// LogTail returns the last n lines of a component's log (see the component
+// name constants), for test failure output.
+func (c *Cluster) LogTail(component string, n int) string {
+	f, err := os.Open(c.logPath(component))
+	if err != nil {
+		return fmt.Sprintf("(no %s log: %v)", component, err)
+	}
+	defer f.Close()
+	// The tail of a busy log is in its last few hundred KiB.
+	const window = 512 << 10
+	if fi, err := f.Stat(); err == nil && fi.Size() > window {
+		if _, err := f.Seek(-window, io.SeekEnd); err != nil {
+			return fmt.Sprintf("(read %s log: %v)", component, err)
+		}
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return fmt.Sprintf("(read %s log: %v)", component, err)
+	}
+	return tail(string(b), n)
+}
+
+// tail returns the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

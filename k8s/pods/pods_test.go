@@ -1,0 +1,131 @@
+package pods
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"code.fritzlab.net/fritzlab/flock/podmeta"
+)
+
+type recorder struct {
+	mu    sync.Mutex
+	ready map[string]bool
+	gone  []string
+}
+
+func (r *recorder) PodReady(ns, name, uid string, ready bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ready[ns+"/"+name] = ready
+}
+
+func (r *recorder) PodGone(ns, name, uid string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.gone = append(r.gone, ns+"/"+name)
+}
+
+func (r *recorder) get(k string) (bool, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	v, ok := r.ready[k]
+	return v, ok
+}
+
+func pod(name, node string, ready bool) *corev1.Pod {
+	st := corev1.ConditionFalse
+	if ready {
+		st = corev1.ConditionTrue
+	}
+	ctrl := true
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: "shop", UID: types.UID("uid-" + name),
+			Annotations:     map[string]string{"flock.fritzlab.net/ipv4": "false"},
+			Labels:          map[string]string{"pod-template-hash": "abc12"},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "ReplicaSet", Name: "web-abc12", Controller: &ctrl}},
+		},
+		Spec:   corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Image: "registry.example/web:1"}}},
+		Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}},
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestLookupReadinessAndDeletion(t *testing.T) {
+	cs := fake.NewClientset(pod("web-abc12-x", "vm", false))
+	rec := &recorder{ready: map[string]bool{}}
+	s := New(cs, "vm", rec)
+	s.Wait = 300 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	args := podmeta.Args{podmeta.ArgNamespace: "shop", podmeta.ArgName: "web-abc12-x", podmeta.ArgUID: "uid-web-abc12-x"}
+	p, err := s.Lookup(ctx, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.App != "web" || p.Image != "registry.example/web:1" || p.Annotations["flock.fritzlab.net/ipv4"] != "false" || p.UID != "uid-web-abc12-x" {
+		t.Errorf("lookup: %+v", p)
+	}
+	waitFor(t, "the initial readiness report", func() bool { _, ok := rec.get("shop/web-abc12-x"); return ok })
+
+	// Ready transition reported.
+	up := pod("web-abc12-x", "vm", true)
+	if _, err := cs.CoreV1().Pods("shop").UpdateStatus(ctx, up, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "Ready=true", func() bool { v, _ := rec.get("shop/web-abc12-x"); return v })
+
+	// A UID the API does not have: not found, after the bounded wait.
+	args[podmeta.ArgUID] = "another"
+	if _, err := s.Lookup(ctx, args); !errors.Is(err, ErrNotFound) {
+		t.Errorf("stale UID: want ErrNotFound, got %v", err)
+	}
+	// A pod created a moment after the ADD started is found.
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		_, _ = cs.CoreV1().Pods("shop").Create(ctx, pod("late", "vm", false), metav1.CreateOptions{})
+	}()
+	if _, err := s.Lookup(ctx, podmeta.Args{podmeta.ArgNamespace: "shop", podmeta.ArgName: "late"}); err != nil {
+		t.Errorf("late pod: %v", err)
+	}
+	// Missing CNI_ARGS.
+	var me *podmeta.MissingArgError
+	if _, err := s.Lookup(ctx, podmeta.Args{podmeta.ArgNamespace: "shop"}); !errors.As(err, &me) {
+		t.Errorf("missing name: %v", err)
+	}
+
+	if ok, err := s.Exists(ctx, "shop", "web-abc12-x", "uid-web-abc12-x"); !ok || err != nil {
+		t.Errorf("Exists: %v %v", ok, err)
+	}
+	if ok, _ := s.Exists(ctx, "shop", "web-abc12-x", "old-uid"); ok {
+		t.Error("Exists with another UID should be false")
+	}
+	if err := cs.CoreV1().Pods("shop").Delete(ctx, "web-abc12-x", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "PodGone", func() bool { rec.mu.Lock(); defer rec.mu.Unlock(); return len(rec.gone) == 1 })
+	if ok, err := s.Exists(ctx, "shop", "web-abc12-x", ""); ok || err != nil {
+		t.Errorf("Exists after delete: %v %v", ok, err)
+	}
+}
