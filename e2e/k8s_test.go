@@ -102,7 +102,11 @@ spec:
 ---
 apiVersion: v1
 kind: Pod
-metadata: {name: solo, namespace: default}
+metadata:
+  name: solo
+  namespace: default
+  annotations:
+    flock.fritzlab.net/addresses: "2001:db8:b::10"
 spec:
   automountServiceAccountToken: false
   terminationGracePeriodSeconds: 1
@@ -440,6 +444,18 @@ func TestKubernetes(t *testing.T) {
 		e.waitPods("web", "-l", "app=web")
 		e.waitPods("solo", "solo")
 		var all [][]netip.Addr
+		// An `addresses` IP is in the CNI result after the pod IPs, but the
+		// API allows one pod IP per family, so kubelet keeps it out of
+		// status.podIPs: check it is bound, advertised and reachable.
+		addr := netip.MustParseAddr("2001:db8:b::10")
+		if ips := e.podIPs("default", "solo"); slices.Contains(ips, addr) || len(ips) != 2 {
+			t.Errorf("solo: status.podIPs %v", ips)
+		}
+		if out := e.kubectl("exec", "solo", "--", "ip", "-6", "addr", "show", "dev", "eth0"); !strings.Contains(out, addr.String()) {
+			t.Errorf("%s not on solo's eth0:\n%s", addr, out)
+		}
+		e.waitBird(netip.PrefixFrom(addr, 128), 1)
+		ping(t, tor, addr)
 		for _, name := range append(podNames(e, "app=web"), "solo") {
 			ips := e.podIPs("default", name)
 			if len(ips) != 2 || !k8sSummary6.Contains(ips[0]) || !k8sSummary4.Contains(ips[1]) {
