@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -82,4 +81,3 @@ func peerName(p v1alpha1.Peer) string {
 	return p.Address
 }
 
-var _ = corev1.SecretTypeOpaque
