@@ -80,4 +80,3 @@ func peerName(p v1alpha1.Peer) string {
 	}
 	return p.Address
 }
-
