@@ -343,6 +343,18 @@ func cmpStr(a, b string) int {
 	return 0
 }
 
+// PodAllocations returns one pod's allocations, from the pod index (no
+// scan over every allocation).
+func (a *Agent) PodAllocations(namespace, name, uid string) []store.Allocation {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []store.Allocation
+	for id := range a.pods[podKey(store.PodRef{Namespace: namespace, Name: name, UID: uid})] {
+		out = append(out, a.allocs[id])
+	}
+	return out
+}
+
 // IPAM returns pool usage.
 func (a *Agent) IPAM() []ipam.PoolStats { return a.ipam.Stats() }
 

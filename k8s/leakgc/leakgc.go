@@ -17,6 +17,8 @@ import (
 // Allocations is the agent side.
 type Allocations interface {
 	Allocations() []store.Allocation
+	// PodAllocations is one pod's allocations (by namespace, name, UID).
+	PodAllocations(namespace, name, uid string) []store.Allocation
 	Del(ctx context.Context, containerID string) error
 }
 
@@ -97,12 +99,7 @@ func (g *GC) check(ctx context.Context, ns, name, uid string) {
 	if ctx == nil || ctx.Err() != nil {
 		return
 	}
-	var mine []store.Allocation
-	for _, r := range g.Allocs.Allocations() {
-		if r.Pod.Namespace == ns && r.Pod.Name == name && (uid == "" || r.Pod.UID == uid) {
-			mine = append(mine, r)
-		}
-	}
+	mine := g.Allocs.PodAllocations(ns, name, uid)
 	if len(mine) == 0 {
 		return // kubelet's DEL came first, as it should
 	}

@@ -30,6 +30,16 @@ func (f *fakeAllocs) Allocations() []store.Allocation {
 	return out
 }
 
+func (f *fakeAllocs) PodAllocations(ns, name, uid string) []store.Allocation {
+	var out []store.Allocation
+	for _, r := range f.Allocations() {
+		if r.Pod.Namespace == ns && r.Pod.Name == name && r.Pod.UID == uid {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 func (f *fakeAllocs) Del(_ context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
