@@ -9,7 +9,7 @@ LDFLAGS := -s -w
 CONTROLLER_GEN_VERSION ?= v0.19.0
 CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
-.PHONY: image build test unit demo demo-down deps vet clean generate generate-check
+.PHONY: bench image build test unit demo demo-down deps vet clean generate generate-check
 
 build:
 	@mkdir -p $(BIN)
@@ -36,6 +36,12 @@ deps:
 test: deps vet build
 	$(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -v /e2e)
 	$(GO) test -race -count=1 -timeout 60m -p 1 ./e2e/...
+
+# Benchmarks (root): dual-stack CNI ADD through libcni, flock against the
+# reference ptp plugin measured in the same run; IPAM allocation.
+bench: build
+	$(GO) test -run '^$$' -bench . -benchtime 200x ./e2e/
+	$(GO) test -run '^$$' -bench . ./ipam/
 
 # Local demo lab: BIRD ToR + two flock nodes, pods, BGP, pings, teardown.
 # DEMO_FLAGS=-keep leaves it running; `make demo-down` removes it.
