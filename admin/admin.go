@@ -13,9 +13,10 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"syscall"
 	"time"
+
+	"code.fritzlab.net/fritzlab/flock/unixsock"
 )
 
 // DefaultSocket is the admin socket path.
@@ -113,20 +114,8 @@ func Handler(src Source) http.Handler {
 
 // Listen binds the admin socket, mode 0600.
 func Listen(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("admin socket dir: %w", err)
-	}
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-		c.Close()
-		return nil, fmt.Errorf("admin socket %s: another agent is listening on it", path)
-	}
-	_ = os.Remove(path)
-	l, err := net.Listen("unix", path)
+	l, err := unixsock.Listen(path)
 	if err != nil {
-		return nil, fmt.Errorf("admin socket: %w", err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
 		return nil, fmt.Errorf("admin socket: %w", err)
 	}
 	return l, nil

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -329,18 +330,8 @@ func (a *Agent) Allocations() []store.Allocation {
 		out = append(out, r)
 	}
 	a.mu.Unlock()
-	slices.SortFunc(out, func(x, y store.Allocation) int { return cmpStr(x.ContainerID, y.ContainerID) })
+	slices.SortFunc(out, func(x, y store.Allocation) int { return strings.Compare(x.ContainerID, y.ContainerID) })
 	return out
-}
-
-func cmpStr(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // PodAllocations returns one pod's allocations, from the pod index (no
@@ -353,6 +344,13 @@ func (a *Agent) PodAllocations(namespace, name, uid string) []store.Allocation {
 		out = append(out, a.allocs[id])
 	}
 	return out
+}
+
+// Count is the number of committed allocations.
+func (a *Agent) Count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.allocs)
 }
 
 // IPAM returns pool usage.

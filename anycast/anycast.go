@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 
 	"code.fritzlab.net/fritzlab/flock/dataplane"
@@ -149,19 +150,9 @@ func (r *Reconciler) desired(ip netip.Addr) []dataplane.Nexthop {
 		if c := a.Gateway.Compare(b.Gateway); c != 0 {
 			return c
 		}
-		return cmpString(a.Dev, b.Dev)
+		return strings.Compare(a.Dev, b.Dev)
 	})
 	return nhs
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (r *Reconciler) sync(affected map[netip.Addr]bool) (bool, error) {

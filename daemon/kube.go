@@ -183,7 +183,7 @@ func (k *kubeMode) reportError(ctx context.Context, err error) {
 
 // nodeStatus builds the NodeConfig status from the live state.
 func (d *daemon) nodeStatus(gen int64) v1alpha1.NodeConfigStatus {
-	st := v1alpha1.NodeConfigStatus{ObservedGeneration: gen, Allocations: int32(len(d.agent.Allocations()))}
+	st := v1alpha1.NodeConfigStatus{ObservedGeneration: gen, Allocations: int32(d.agent.Count())}
 	d.mu.Lock()
 	st.LastError = d.lastErr
 	d.mu.Unlock()

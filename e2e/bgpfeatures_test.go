@@ -220,12 +220,26 @@ func scrape(t *testing.T, n *lab.LabNode) string { return httpGet(t, n, "/metric
 // inside the node's namespace.
 func httpGet(t *testing.T, n *lab.LabNode, path string) string {
 	t.Helper()
+	return metricsGet(t, n.NS, path)
+}
+
+// metricsGet fetches path from the agent's metrics listener on the
+// loopback of ns (nil: this process's own namespace, the host).
+func metricsGet(t *testing.T, ns *lab.NS, path string) string {
+	t.Helper()
 	var conn net.Conn
-	if err := n.NS.InNS(func() error {
+	dial := func() error {
 		var err error
 		conn, err = net.DialTimeout("tcp", "127.0.0.1:9476", 2*time.Second)
 		return err
-	}); err != nil {
+	}
+	var err error
+	if ns == nil {
+		err = dial()
+	} else {
+		err = ns.InNS(dial) // the socket stays in that namespace
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()

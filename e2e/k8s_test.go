@@ -604,26 +604,7 @@ func podNames(e *k8sEnv, selector string) []string {
 }
 
 // scrapeHost reads the agent's metrics on the host's loopback.
-func scrapeHost(t *testing.T) string {
-	t.Helper()
-	conn, err := net.DialTimeout("tcp", "127.0.0.1:9476", 2*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	fmt.Fprint(conn, "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-	b := make([]byte, 1<<20)
-	var sb strings.Builder
-	for {
-		n, err := conn.Read(b)
-		sb.Write(b[:n])
-		if err != nil {
-			break
-		}
-	}
-	return sb.String()
-}
+func scrapeHost(t *testing.T) string { return metricsGet(t, nil, "/metrics") }
 
 // sharedNetnsDir makes /run/netns a shared mount point unless it already
 // is one; the returned func undoes what it did.

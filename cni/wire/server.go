@@ -7,13 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"code.fritzlab.net/fritzlab/flock/unixsock"
 )
 
 // DefaultReadTimeout bounds reading the request frame on the server.
@@ -30,45 +30,15 @@ type HandlerFunc func(ctx context.Context, req Request) Response
 // Handle calls f(ctx, req).
 func (f HandlerFunc) Handle(ctx context.Context, req Request) Response { return f(ctx, req) }
 
-// staleProbeTimeout bounds the dial Listen uses to check whether an existing
-// socket file is still served.
-const staleProbeTimeout = time.Second
-
 // Listen creates the agent's unix socket at path: it creates the parent
 // directory (0755) if needed, removes a stale socket left by a previous agent
 // (only if dialing it fails), binds, and restricts the socket to mode 0600.
 // If another process answers on path, Listen fails with an error naming it.
 // A non-socket file at path is never removed.
 func Listen(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, fmt.Errorf("wire: creating socket directory: %w", err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode().Type() != os.ModeSocket {
-			return nil, fmt.Errorf("wire: %s exists and is not a socket (mode %v); refusing to remove it", path, fi.Mode())
-		}
-		c, derr := net.DialTimeout("unix", path, staleProbeTimeout)
-		if derr == nil {
-			c.Close()
-			return nil, fmt.Errorf("wire: another agent is listening on %s", path)
-		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("wire: removing stale socket %s: %w", path, err)
-		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("wire: checking %s: %w", path, err)
-	}
-
-	l, err := net.Listen("unix", path)
+	l, err := unixsock.Listen(path)
 	if err != nil {
-		return nil, fmt.Errorf("wire: listening on %s: %w", path, err)
-	}
-	// There is a short window between bind and chmod in which the socket
-	// has umask-derived permissions; connecting still requires search
-	// permission on the parent and the agent's peer is root anyway.
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("wire: chmod %s: %w", path, err)
+		return nil, fmt.Errorf("wire: %w", err)
 	}
 	return l, nil
 }
