@@ -65,7 +65,7 @@ generate-check: generate
 # registry, no Docker engine): `ctr -n k8s.io images import out/flock-image.tar`.
 IMAGE ?= docker.io/fritzlab/flock:dev
 image:
-	$(GO) run ./imagetar/mkimage -tag $(IMAGE) -out out/flock-image.tar
+	$(GO) run ./deploy/imagetar/mkimage -tag $(IMAGE) -out out/flock-image.tar
 
 clean:
 	rm -rf $(BIN)

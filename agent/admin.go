@@ -3,7 +3,7 @@ package agent
 import (
 	"net/netip"
 
-	"code.fritzlab.net/fritzlab/flock/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/admin"
 )
 
 // AdminSource adapts the agent to the admin API.

@@ -16,15 +16,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/advert"
-	"code.fritzlab.net/fritzlab/flock/annotations"
-	"code.fritzlab.net/fritzlab/flock/anycast"
+	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/store"
+	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/dataplane/anycast"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
-	"code.fritzlab.net/fritzlab/flock/nodeconfig"
-	"code.fritzlab.net/fritzlab/flock/podmeta"
-	"code.fritzlab.net/fritzlab/flock/store"
 )
 
 // Dataplane is what the agent needs from the kernel side.

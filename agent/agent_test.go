@@ -16,12 +16,12 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"code.fritzlab.net/fritzlab/flock/agent"
-	"code.fritzlab.net/fritzlab/flock/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
-	"code.fritzlab.net/fritzlab/flock/podmeta"
-	"code.fritzlab.net/fritzlab/flock/store"
 )
 
 func TestNewRejectsBadSpec(t *testing.T) {

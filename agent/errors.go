@@ -7,10 +7,10 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"code.fritzlab.net/fritzlab/flock/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/ipam"
-	"code.fritzlab.net/fritzlab/flock/podmeta"
 )
 
 // CNI error codes the agent answers with.

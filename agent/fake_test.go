@@ -15,10 +15,10 @@ import (
 	"testing"
 
 	"code.fritzlab.net/fritzlab/flock/agent"
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
-	"code.fritzlab.net/fritzlab/flock/podmeta"
-	"code.fritzlab.net/fritzlab/flock/store"
 )
 
 // fakeDP is an in-memory agent.Dataplane. It records every call, can be told

@@ -15,12 +15,12 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"code.fritzlab.net/fritzlab/flock/agent"
-	"code.fritzlab.net/fritzlab/flock/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/ipam"
-	"code.fritzlab.net/fritzlab/flock/podmeta"
-	"code.fritzlab.net/fritzlab/flock/store"
 )
 
 const netConf = `{"cniVersion":"1.1.0","name":"n","type":"flock"}`

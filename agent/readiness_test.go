@@ -4,8 +4,8 @@ import (
 	"net/netip"
 	"testing"
 
-	"code.fritzlab.net/fritzlab/flock/advert"
 	"code.fritzlab.net/fritzlab/flock/agent"
+	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 )
 
 // Without ReadyOnCommit (Kubernetes mode) anycast is published only while

@@ -7,8 +7,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
-	"code.fritzlab.net/fritzlab/flock/store"
 )
 
 // buildResult turns an allocation into the CNI result: IPv6 first, then

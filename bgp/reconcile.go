@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/advert"
+	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 )
 
 // MinResync is the shortest safety-net resync period: the loop is driven

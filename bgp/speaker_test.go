@@ -29,7 +29,7 @@ import (
 	"github.com/osrg/gobgp/v4/pkg/server"
 	"github.com/vishvananda/netlink"
 
-	"code.fritzlab.net/fritzlab/flock/advert"
+	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 

@@ -16,9 +16,9 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 
+	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
-	"code.fritzlab.net/fritzlab/flock/store"
 )
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }

@@ -340,7 +340,7 @@ func TestKubernetes(t *testing.T) {
 
 	t.Log("building the flock image offline")
 	imageTar := filepath.Join(dir, "flock-image.tar")
-	build := exec.Command("go", "run", "./imagetar/mkimage", "-tag", k8sImage, "-out", imageTar)
+	build := exec.Command("go", "run", "./deploy/imagetar/mkimage", "-tag", k8sImage, "-out", imageTar)
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("make image: %v\n%s", err, out)

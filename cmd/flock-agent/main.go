@@ -14,10 +14,10 @@ import (
 	"syscall"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/daemon"
+	"code.fritzlab.net/fritzlab/flock/agent/metrics"
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
-	"code.fritzlab.net/fritzlab/flock/daemon"
-	"code.fritzlab.net/fritzlab/flock/metrics"
 )
 
 func main() {

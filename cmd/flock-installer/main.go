@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"os"
 
+	"code.fritzlab.net/fritzlab/flock/cni/install"
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
-	"code.fritzlab.net/fritzlab/flock/installer"
 )
 
 func main() {
-	var o installer.Options
+	var o install.Options
 	flag.StringVar(&o.PluginSrc, "plugin", "/opt/flock/bin/flock", "plugin binary to install")
 	flag.StringVar(&o.CNIBinDir, "cni-bin-dir", "/host/opt/cni/bin", "host CNI plugin directory")
 	flag.StringVar(&o.CNIConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "host CNI config directory")
@@ -21,7 +21,7 @@ func main() {
 	flag.BoolVar(&o.Bandwidth, "bandwidth", false, "chain the bandwidth plugin")
 	flag.StringVar(&o.CNIVersion, "cni-version", "1.1.0", "cniVersion of the conflist (containerd 1.6 needs 1.0.0)")
 	flag.Parse()
-	changed, err := installer.Install(o)
+	changed, err := install.Install(o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "flock-installer:", err)
 		os.Exit(1)

@@ -15,7 +15,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"code.fritzlab.net/fritzlab/flock/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/admin"
 )
 
 const usage = `usage: flockctl [--socket PATH] [-o table|json|yaml] COMMAND

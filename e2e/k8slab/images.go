@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"code.fritzlab.net/fritzlab/flock/imagetar"
+	"code.fritzlab.net/fritzlab/flock/deploy/imagetar"
 )
 
 // busyboxBin is Debian busybox-static's binary: static, so it is the whole

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/store"
+	"code.fritzlab.net/fritzlab/flock/agent/store"
 )
 
 // Allocations is the agent side.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/store"
+	"code.fritzlab.net/fritzlab/flock/agent/store"
 )
 
 type fakeAllocs struct {

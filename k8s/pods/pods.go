@@ -19,8 +19,8 @@ import (
 	listers "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/k8s/identity"
-	"code.fritzlab.net/fritzlab/flock/podmeta"
 )
 
 // Events receives what the informer sees.

@@ -12,7 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"code.fritzlab.net/fritzlab/flock/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 )
 
 type recorder struct {

@@ -14,17 +14,17 @@ import (
 	"sync"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/admin"
-	"code.fritzlab.net/fritzlab/flock/advert"
 	"code.fritzlab.net/fritzlab/flock/agent"
+	"code.fritzlab.net/fritzlab/flock/agent/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/metrics"
+	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/bgp"
+	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
-	"code.fritzlab.net/fritzlab/flock/metrics"
-	"code.fritzlab.net/fritzlab/flock/nodeconfig"
-	"code.fritzlab.net/fritzlab/flock/podmeta"
-	"code.fritzlab.net/fritzlab/flock/store"
 )
 
 // Options are the agent's command-line settings.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"code.fritzlab.net/fritzlab/flock/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 )
 
 func TestParseArgs(t *testing.T) {

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
-	"code.fritzlab.net/fritzlab/flock/nodeconfig"
 )
 
 const goodYAML = `apiVersion: flock.fritzlab.net/v1alpha1

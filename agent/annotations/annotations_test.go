@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"code.fritzlab.net/fritzlab/flock/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 )
 

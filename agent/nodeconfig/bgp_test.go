@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"code.fritzlab.net/fritzlab/flock/nodeconfig"
+	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
 )
 
 const bgpBase = `apiVersion: flock.fritzlab.net/v1alpha1

@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/unixsock"
+	"code.fritzlab.net/fritzlab/flock/agent/unixsock"
 )
 
 // DefaultSocket is the admin socket path.

@@ -1,8 +1,8 @@
-// Package installer puts the flock CNI plugin and its network config in
+// Package install puts the flock CNI plugin and its network config in
 // place on a node. Both writes are atomic (temp file + rename in the target
 // directory), so a runtime exec'ing the plugin mid-upgrade never runs a
 // half-written binary, and repeating an install changes nothing.
-package installer
+package install
 
 import (
 	"bytes"

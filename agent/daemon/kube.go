@@ -14,12 +14,12 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"code.fritzlab.net/fritzlab/flock/agent"
+	"code.fritzlab.net/fritzlab/flock/agent/metrics"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/leakgc"
 	"code.fritzlab.net/fritzlab/flock/k8s/nodeconfigs"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 	"code.fritzlab.net/fritzlab/flock/k8s/secrets"
-	"code.fritzlab.net/fritzlab/flock/metrics"
 )
 
 // kubeMode holds what Kubernetes mode adds: clients, informers, leak GC

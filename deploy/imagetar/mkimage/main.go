@@ -11,7 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 
-	"code.fritzlab.net/fritzlab/flock/imagetar"
+	"code.fritzlab.net/fritzlab/flock/deploy/imagetar"
 )
 
 // Binaries is what the image holds.

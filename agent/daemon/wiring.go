@@ -13,11 +13,11 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 
-	"code.fritzlab.net/fritzlab/flock/admin"
 	"code.fritzlab.net/fritzlab/flock/agent"
+	"code.fritzlab.net/fritzlab/flock/agent/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/metrics"
 	"code.fritzlab.net/fritzlab/flock/bgp"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
-	"code.fritzlab.net/fritzlab/flock/metrics"
 )
 
 type nodeconfigSpec = v1alpha1.NodeConfigSpec
