@@ -90,11 +90,11 @@ type Agent struct {
 	// stuck holds failed ADDs whose rollback could not remove the veth: their
 	// IPs stay reserved until a DEL (or the next start) finishes the job.
 	stuck map[string]store.Allocation
-	// readiness by pod (podKey), as last reported; kept for pods not (yet)
+	// readiness by pod, as last reported; kept for pods not (yet)
 	// allocated, so a report that beats the ADD's commit is not lost.
-	readiness map[string]bool
-	// pods maps a pod (podKey) to its attachments (container IDs).
-	pods map[string]map[string]bool
+	readiness map[podmeta.ID]bool
+	// pods maps a pod to its attachments (container IDs).
+	pods map[podmeta.ID]map[string]bool
 }
 
 // New validates the config and builds an agent; Start must run before it
@@ -130,8 +130,8 @@ func New(cfg Config) (*Agent, error) {
 		allocs:    map[string]store.Allocation{},
 		claims:    map[netip.Addr]*claim{},
 		stuck:     map[string]store.Allocation{},
-		readiness: map[string]bool{},
-		pods:      map[string]map[string]bool{},
+		readiness: map[podmeta.ID]bool{},
+		pods:      map[podmeta.ID]map[string]bool{},
 	}
 	return a, nil
 }
@@ -162,7 +162,7 @@ func (a *Agent) Start(ctx context.Context) error {
 			return err
 		}
 		if r.State == store.Pending {
-			a.log.Warn("dropping allocation left pending by a crash", "container", r.ContainerID, "pod", r.Pod.Namespace+"/"+r.Pod.Name, "ips", r.IPs)
+			a.log.Warn("dropping allocation left pending by a crash", "container", r.ContainerID, "pod", r.Pod, "ips", r.IPs)
 			if err := a.cfg.Dataplane.Teardown(r.ContainerID); err != nil {
 				return fmt.Errorf("tear down pending %s: %w", r.ContainerID, err)
 			}
@@ -219,16 +219,12 @@ func (a *Agent) restore(r store.Allocation) error {
 	}
 	a.allocs[r.ContainerID] = r
 	a.indexPodLocked(r)
-	a.publish(r, a.cfg.ReadyOnCommit || a.readiness[podKey(r.Pod)])
+	a.publish(r, a.cfg.ReadyOnCommit || a.readiness[r.Pod])
 	return nil
 }
 
-// podKey identifies a pod across its attachments; the UID tells a pod from
-// a re-created one of the same name (StatefulSets).
-func podKey(p store.PodRef) string { return p.Namespace + "/" + p.Name + "/" + p.UID }
-
 func (a *Agent) indexPodLocked(r store.Allocation) {
-	k := podKey(r.Pod)
+	k := r.Pod
 	if a.pods[k] == nil {
 		a.pods[k] = map[string]bool{}
 	}
@@ -236,7 +232,7 @@ func (a *Agent) indexPodLocked(r store.Allocation) {
 }
 
 func (a *Agent) unindexPodLocked(r store.Allocation) {
-	k := podKey(r.Pod)
+	k := r.Pod
 	delete(a.pods[k], r.ContainerID)
 	if len(a.pods[k]) == 0 {
 		delete(a.pods, k)
@@ -286,8 +282,7 @@ func (a *Agent) inSummary(ip netip.Addr) bool {
 
 // SetPodReady records a pod's readiness and re-publishes the anycast and
 // `addresses` IPs of its attachments at once (kernel routes and BGP).
-func (a *Agent) SetPodReady(namespace, name, uid string, ready bool) {
-	k := podKey(store.PodRef{Namespace: namespace, Name: name, UID: uid})
+func (a *Agent) SetPodReady(k podmeta.ID, ready bool) {
 	a.mu.Lock()
 	prev, known := a.readiness[k]
 	a.readiness[k] = ready
@@ -300,14 +295,14 @@ func (a *Agent) SetPodReady(namespace, name, uid string, ready bool) {
 	a.mu.Unlock()
 	for _, r := range recs {
 		a.publish(r, ready || a.cfg.ReadyOnCommit)
-		a.log.Info("pod readiness changed", "pod", namespace+"/"+name, "ready", ready, "container", r.ContainerID)
+		a.log.Info("pod readiness changed", "pod", k, "ready", ready, "container", r.ContainerID)
 	}
 }
 
 // ForgetPod drops the readiness kept for a pod that left the API.
-func (a *Agent) ForgetPod(namespace, name, uid string) {
+func (a *Agent) ForgetPod(id podmeta.ID) {
 	a.mu.Lock()
-	delete(a.readiness, podKey(store.PodRef{Namespace: namespace, Name: name, UID: uid}))
+	delete(a.readiness, id)
 	a.mu.Unlock()
 }
 
@@ -336,11 +331,11 @@ func (a *Agent) Allocations() []store.Allocation {
 
 // PodAllocations returns one pod's allocations, from the pod index (no
 // scan over every allocation).
-func (a *Agent) PodAllocations(namespace, name, uid string) []store.Allocation {
+func (a *Agent) PodAllocations(pod podmeta.ID) []store.Allocation {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var out []store.Allocation
-	for id := range a.pods[podKey(store.PodRef{Namespace: namespace, Name: name, UID: uid})] {
+	for id := range a.pods[pod] {
 		out = append(out, a.allocs[id])
 	}
 	return out
@@ -391,7 +386,7 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 	rec := store.Allocation{
 		ContainerID: containerID, IfName: ifName, Netns: netns,
 		HostVeth: dataplane.HostVethName(containerID), State: store.Pending,
-		Pod:     store.PodRef{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
+		Pod:     pod.ID,
 		Anycast: req.Anycast, Addresses: req.Addresses, Created: time.Now().UTC(),
 	}
 	if err := a.claim(rec); err != nil {
@@ -439,10 +434,10 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 	a.mu.Lock()
 	a.allocs[containerID] = rec
 	a.indexPodLocked(rec)
-	ready := a.readiness[podKey(rec.Pod)] || a.cfg.ReadyOnCommit
+	ready := a.readiness[rec.Pod] || a.cfg.ReadyOnCommit
 	a.mu.Unlock()
 	a.publish(rec, ready)
-	a.log.Info("pod added", "container", containerID, "pod", pod.Namespace+"/"+pod.Name, "ips", rec.IPs, "veth", rec.HostVeth)
+	a.log.Info("pod added", "container", containerID, "pod", pod.ID, "ips", rec.IPs, "veth", rec.HostVeth)
 	return rec, nil
 }
 
@@ -603,7 +598,7 @@ func (a *Agent) Del(ctx context.Context, containerID string) error {
 	a.unindexPodLocked(rec)
 	a.mu.Unlock()
 	a.release(rec)
-	a.log.Info("pod deleted", "container", containerID, "pod", rec.Pod.Namespace+"/"+rec.Pod.Name, "ips", rec.IPs)
+	a.log.Info("pod deleted", "container", containerID, "pod", rec.Pod, "ips", rec.IPs)
 	return nil
 }
 

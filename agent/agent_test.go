@@ -75,7 +75,7 @@ func TestAddDualStack(t *testing.T) {
 	if rec.HostVeth != dataplane.HostVethName("c1") {
 		t.Errorf("HostVeth = %q, want %q", rec.HostVeth, dataplane.HostVethName("c1"))
 	}
-	if rec.Pod != (store.PodRef{Namespace: "prod", Name: "web-0", UID: "uid-1"}) {
+	if rec.Pod != (podmeta.ID{Namespace: "prod", Name: "web-0", UID: "uid-1"}) {
 		t.Errorf("Pod = %+v", rec.Pod)
 	}
 	if rec.HostMAC != "02:00:00:00:00:01" || rec.PodMAC != "02:00:00:00:00:02" {
@@ -862,12 +862,12 @@ func TestStartRecovery(t *testing.T) {
 	e := newEnv(t, withSpec(s), readyOnCommit())
 	keepV6, keepV4 := mustAddr("fd00:10:1::1"), mustAddr("10.1.1.1")
 	putRecord(t, e.dir, store.Allocation{
-		ContainerID: "keep", State: store.Committed, Pod: store.PodRef{Namespace: "default", Name: "keep"},
+		ContainerID: "keep", State: store.Committed, Pod: podmeta.ID{Namespace: "default", Name: "keep"},
 		IPs: []netip.Addr{keepV6, keepV4}, Addresses: []netip.Addr{mustAddr("2001:db8:aa::1")},
 		Anycast: []netip.Addr{mustAddr("2001:db8:ff::1")},
 	})
 	putRecord(t, e.dir, store.Allocation{
-		ContainerID: "half", State: store.Pending, Pod: store.PodRef{Namespace: "default", Name: "half"},
+		ContainerID: "half", State: store.Pending, Pod: podmeta.ID{Namespace: "default", Name: "half"},
 		IPs: []netip.Addr{mustAddr("fd00:10:1::2"), mustAddr("10.1.1.2")},
 	})
 	orphan := "flockdeadbeef"

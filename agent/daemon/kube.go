@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"code.fritzlab.net/fritzlab/flock/agent"
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/metrics"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/leakgc"
@@ -42,18 +43,18 @@ type podEvents struct {
 	gc    *leakgc.GC
 }
 
-func (e *podEvents) PodReady(ns, name, uid string, ready bool) {
+func (e *podEvents) PodReady(id podmeta.ID, ready bool) {
 	if e.agent != nil {
-		e.agent.SetPodReady(ns, name, uid, ready)
+		e.agent.SetPodReady(id, ready)
 	}
 }
 
-func (e *podEvents) PodGone(ns, name, uid string) {
+func (e *podEvents) PodGone(id podmeta.ID) {
 	if e.agent != nil {
-		e.agent.ForgetPod(ns, name, uid)
+		e.agent.ForgetPod(id)
 	}
 	if e.gc != nil {
-		e.gc.PodGone(ns, name, uid)
+		e.gc.PodGone(id)
 	}
 }
 

@@ -22,9 +22,24 @@ const (
 	ArgImage = "FLOCK_IMAGE"
 )
 
+// ID identifies a pod: namespace and name, plus the UID that tells one
+// incarnation from the next (a StatefulSet pod re-created under its old
+// name). It is the one pod identity every part of the agent uses.
+type ID struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	UID       string `json:"uid,omitempty"`
+}
+
+// Key is unique per incarnation ("namespace/name/uid").
+func (id ID) Key() string { return id.Namespace + "/" + id.Name + "/" + id.UID }
+
+// String is "namespace/name", for people.
+func (id ID) String() string { return id.Namespace + "/" + id.Name }
+
 // Pod is what the agent knows about a pod at ADD time.
 type Pod struct {
-	Namespace, Name, UID string
+	ID
 	Annotations          map[string]string
 	// App is the top stable controller's name (pod name for bare pods);
 	// Image the first container's image reference. Inputs to ip-algo embed.
@@ -67,14 +82,14 @@ func (e *MissingArgError) Error() string {
 	return fmt.Sprintf("CNI_ARGS: %s is missing (the runtime must pass the pod's namespace and name)", e.Key)
 }
 
-// PodRef returns namespace, name and UID from args.
-func (a Args) PodRef() (ns, name, uid string, err error) {
+// PodID returns the pod's namespace, name and UID from args.
+func (a Args) PodID() (ID, error) {
 	for _, k := range []string{ArgNamespace, ArgName} {
 		if a[k] == "" {
-			return "", "", "", &MissingArgError{Key: k}
+			return ID{}, &MissingArgError{Key: k}
 		}
 	}
-	return a[ArgNamespace], a[ArgName], a[ArgUID], nil
+	return ID{Namespace: a[ArgNamespace], Name: a[ArgName], UID: a[ArgUID]}, nil
 }
 
 // Standalone takes everything from CNI_ARGS: annotations are the keys with
@@ -84,13 +99,13 @@ type Standalone struct{}
 
 // Lookup implements Source.
 func (Standalone) Lookup(_ context.Context, args Args) (Pod, error) {
-	ns, name, uid, err := args.PodRef()
+	id, err := args.PodID()
 	if err != nil {
 		return Pod{}, err
 	}
-	p := Pod{Namespace: ns, Name: name, UID: uid, Annotations: map[string]string{}, App: args[ArgApp], Image: args[ArgImage]}
+	p := Pod{ID: id, Annotations: map[string]string{}, App: args[ArgApp], Image: args[ArgImage]}
 	if p.App == "" {
-		p.App = name
+		p.App = id.Name
 	}
 	for k, v := range args {
 		if strings.HasPrefix(k, "flock.fritzlab.net/") {

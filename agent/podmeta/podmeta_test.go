@@ -80,15 +80,18 @@ func TestParseArgsErrors(t *testing.T) {
 	}
 }
 
-func TestPodRef(t *testing.T) {
-	ns, name, uid, err := podmeta.Args{podmeta.ArgNamespace: "prod", podmeta.ArgName: "web-0", podmeta.ArgUID: "u-1"}.PodRef()
-	if err != nil || ns != "prod" || name != "web-0" || uid != "u-1" {
-		t.Errorf("PodRef = %q %q %q %v", ns, name, uid, err)
+func TestPodID(t *testing.T) {
+	id, err := podmeta.Args{podmeta.ArgNamespace: "prod", podmeta.ArgName: "web-0", podmeta.ArgUID: "u-1"}.PodID()
+	if err != nil || id != (podmeta.ID{Namespace: "prod", Name: "web-0", UID: "u-1"}) {
+		t.Errorf("PodID = %+v %v", id, err)
+	}
+	if id.Key() != "prod/web-0/u-1" || id.String() != "prod/web-0" {
+		t.Errorf("Key %q String %q", id.Key(), id.String())
 	}
 	// UID is optional.
-	_, _, uid, err = podmeta.Args{podmeta.ArgNamespace: "prod", podmeta.ArgName: "web-0"}.PodRef()
-	if err != nil || uid != "" {
-		t.Errorf("PodRef without UID: uid %q err %v", uid, err)
+	id, err = podmeta.Args{podmeta.ArgNamespace: "prod", podmeta.ArgName: "web-0"}.PodID()
+	if err != nil || id.UID != "" {
+		t.Errorf("PodID without UID: %+v err %v", id, err)
 	}
 }
 
@@ -101,17 +104,17 @@ func TestStandaloneLookup(t *testing.T) {
 		{
 			name: "minimal: app defaults to pod name",
 			args: "K8S_POD_NAMESPACE=default;K8S_POD_NAME=bare",
-			want: podmeta.Pod{Namespace: "default", Name: "bare", Annotations: map[string]string{}, App: "bare"},
+			want: podmeta.Pod{ID: podmeta.ID{Namespace: "default", Name: "bare"}, Annotations: map[string]string{}, App: "bare"},
 		},
 		{
 			name: "uid, app and image",
 			args: "K8S_POD_NAMESPACE=prod;K8S_POD_NAME=web-7d9f-abcde;K8S_POD_UID=1234;FLOCK_APP=web;FLOCK_IMAGE=registry.example/web:1.2",
-			want: podmeta.Pod{Namespace: "prod", Name: "web-7d9f-abcde", UID: "1234", Annotations: map[string]string{}, App: "web", Image: "registry.example/web:1.2"},
+			want: podmeta.Pod{ID: podmeta.ID{Namespace: "prod", Name: "web-7d9f-abcde", UID: "1234"}, Annotations: map[string]string{}, App: "web", Image: "registry.example/web:1.2"},
 		},
 		{
 			name: "image with = and empty app",
 			args: "K8S_POD_NAMESPACE=prod;K8S_POD_NAME=p;FLOCK_APP=;FLOCK_IMAGE=reg/x@sha256:ab=",
-			want: podmeta.Pod{Namespace: "prod", Name: "p", Annotations: map[string]string{}, App: "p", Image: "reg/x@sha256:ab="},
+			want: podmeta.Pod{ID: podmeta.ID{Namespace: "prod", Name: "p"}, Annotations: map[string]string{}, App: "p", Image: "reg/x@sha256:ab="},
 		},
 		{
 			name: "only flock annotations are extracted",
@@ -120,7 +123,7 @@ func TestStandaloneLookup(t *testing.T) {
 				"flock.fritzlab.net/ipv44=typo;" +
 				"example.com/ipv4=false;flock.fritzlab.net=noslash;FLOCK.FRITZLAB.NET/ipv6=false;x.flock.fritzlab.net/ipv6=false",
 			want: podmeta.Pod{
-				Namespace: "prod", Name: "p", App: "p",
+				ID: podmeta.ID{Namespace: "prod", Name: "p"}, App: "p",
 				Annotations: map[string]string{
 					"flock.fritzlab.net/ipv4":    "true",
 					"flock.fritzlab.net/anycast": "2001:db8:ff::1,192.0.2.1",

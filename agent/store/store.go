@@ -27,6 +27,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 )
 
 // CurrentVersion is the record format version written by Put and the only
@@ -63,13 +65,6 @@ const (
 
 func (s State) valid() bool { return s == Pending || s == Committed }
 
-// PodRef identifies the pod an allocation belongs to.
-type PodRef struct {
-	Namespace string `json:"namespace"`
-	Name      string `json:"name"`
-	UID       string `json:"uid,omitempty"`
-}
-
 // Allocation is one persisted pod attachment.
 type Allocation struct {
 	Version     int          `json:"version"` // record format; Put sets CurrentVersion if 0
@@ -78,7 +73,7 @@ type Allocation struct {
 	Netns       string       `json:"netns"`
 	HostVeth    string       `json:"hostVeth"`
 	State       State        `json:"state"`
-	Pod         PodRef       `json:"pod"`
+	Pod         podmeta.ID   `json:"pod"`
 	IPs         []netip.Addr `json:"ips"`                 // pod eth0 addresses, IPv6 first
 	Addresses   []netip.Addr `json:"addresses,omitempty"` // extra public addresses on eth0
 	Anycast     []netip.Addr `json:"anycast,omitempty"`   // anycast IPs on pod lo

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 )
 
 func openTemp(t *testing.T) *Store {
@@ -31,7 +33,7 @@ func sample(id string, st State) Allocation {
 		Netns:       "/var/run/netns/cni-" + id,
 		HostVeth:    "flk" + id,
 		State:       st,
-		Pod:         PodRef{Namespace: "default", Name: "pod-" + id, UID: "uid-" + id},
+		Pod:         podmeta.ID{Namespace: "default", Name: "pod-" + id, UID: "uid-" + id},
 		IPs:         []netip.Addr{netip.MustParseAddr("2001:db8::5"), netip.MustParseAddr("10.1.2.3")},
 		Addresses:   []netip.Addr{netip.MustParseAddr("2001:db8:ffff::1")},
 		Anycast:     []netip.Addr{netip.MustParseAddr("2001:db8:aaaa::53"), netip.MustParseAddr("192.0.2.53")},

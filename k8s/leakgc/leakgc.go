@@ -11,21 +11,22 @@ import (
 	"sync"
 	"time"
 
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 )
 
 // Allocations is the agent side.
 type Allocations interface {
 	Allocations() []store.Allocation
-	// PodAllocations is one pod's allocations (by namespace, name, UID).
-	PodAllocations(namespace, name, uid string) []store.Allocation
+	// PodAllocations is one pod's allocations.
+	PodAllocations(id podmeta.ID) []store.Allocation
 	Del(ctx context.Context, containerID string) error
 }
 
 // API tells whether a pod still exists (asked of the API server, not a
 // cache, right before anything is released).
 type API interface {
-	Exists(ctx context.Context, namespace, name, uid string) (bool, error)
+	Exists(ctx context.Context, id podmeta.ID) (bool, error)
 }
 
 // GC schedules and runs the checks.
@@ -42,8 +43,6 @@ type GC struct {
 	pending map[string]*time.Timer // pod key → scheduled check
 }
 
-func key(ns, name, uid string) string { return ns + "/" + name + "/" + uid }
-
 // Start remembers ctx for the scheduled checks and schedules one for every
 // allocation (pods deleted while the agent was down are found this way).
 func (g *GC) Start(ctx context.Context) {
@@ -51,27 +50,26 @@ func (g *GC) Start(ctx context.Context) {
 	g.ctx = ctx
 	g.pending = map[string]*time.Timer{}
 	g.mu.Unlock()
-	seen := map[string]bool{}
+	seen := map[podmeta.ID]bool{}
 	for _, r := range g.Allocs.Allocations() {
-		k := key(r.Pod.Namespace, r.Pod.Name, r.Pod.UID)
-		if !seen[k] {
-			seen[k] = true
-			g.schedule(r.Pod.Namespace, r.Pod.Name, r.Pod.UID)
+		if !seen[r.Pod] {
+			seen[r.Pod] = true
+			g.schedule(r.Pod)
 		}
 	}
 }
 
 // PodGone schedules a check of the pod's allocations after the grace
 // period, which gives kubelet time to send its DEL first.
-func (g *GC) PodGone(ns, name, uid string) { g.schedule(ns, name, uid) }
+func (g *GC) PodGone(id podmeta.ID) { g.schedule(id) }
 
-func (g *GC) schedule(ns, name, uid string) {
+func (g *GC) schedule(id podmeta.ID) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.ctx == nil {
 		return
 	}
-	k := key(ns, name, uid)
+	k := id.Key()
 	if t, ok := g.pending[k]; ok {
 		t.Stop()
 	}
@@ -80,7 +78,7 @@ func (g *GC) schedule(ns, name, uid string) {
 		delete(g.pending, k)
 		ctx := g.ctx
 		g.mu.Unlock()
-		g.check(ctx, ns, name, uid)
+		g.check(ctx, id)
 	})
 }
 
@@ -95,29 +93,29 @@ func (g *GC) Stop() {
 	g.ctx = nil
 }
 
-func (g *GC) check(ctx context.Context, ns, name, uid string) {
+func (g *GC) check(ctx context.Context, id podmeta.ID) {
 	if ctx == nil || ctx.Err() != nil {
 		return
 	}
-	mine := g.Allocs.PodAllocations(ns, name, uid)
+	mine := g.Allocs.PodAllocations(id)
 	if len(mine) == 0 {
 		return // kubelet's DEL came first, as it should
 	}
-	exists, err := g.API.Exists(ctx, ns, name, uid)
+	exists, err := g.API.Exists(ctx, id)
 	if err != nil {
 		// Never release on doubt: try again after another grace period.
-		g.Log.Warn("leak GC: cannot ask the API; will retry", "pod", ns+"/"+name, "err", err)
-		g.schedule(ns, name, uid)
+		g.Log.Warn("leak GC: cannot ask the API; will retry", "pod", id, "err", err)
+		g.schedule(id)
 		return
 	}
 	if exists {
 		return
 	}
 	for _, r := range mine {
-		g.Log.Warn("leak GC: releasing the allocation of a pod that no longer exists", "pod", ns+"/"+name, "uid", uid, "container", r.ContainerID, "ips", r.IPs)
+		g.Log.Warn("leak GC: releasing the allocation of a pod that no longer exists", "pod", id, "uid", id.UID, "container", r.ContainerID, "ips", r.IPs)
 		if err := g.Allocs.Del(ctx, r.ContainerID); err != nil {
 			g.Log.Error("leak GC: release", "container", r.ContainerID, "err", err)
-			g.schedule(ns, name, uid)
+			g.schedule(id)
 			continue
 		}
 		if g.OnCollect != nil {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 )
 
@@ -30,10 +31,10 @@ func (f *fakeAllocs) Allocations() []store.Allocation {
 	return out
 }
 
-func (f *fakeAllocs) PodAllocations(ns, name, uid string) []store.Allocation {
+func (f *fakeAllocs) PodAllocations(id podmeta.ID) []store.Allocation {
 	var out []store.Allocation
 	for _, r := range f.Allocations() {
-		if r.Pod.Namespace == ns && r.Pod.Name == name && r.Pod.UID == uid {
+		if r.Pod == id {
 			out = append(out, r)
 		}
 	}
@@ -60,14 +61,16 @@ type fakeAPI struct {
 	err    error
 }
 
-func (f *fakeAPI) Exists(_ context.Context, ns, name, uid string) (bool, error) {
+func (f *fakeAPI) Exists(_ context.Context, id podmeta.ID) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.exists[key(ns, name, uid)], f.err
+	return f.exists[id.Key()], f.err
 }
 
+func key(ns, name, uid string) string { return podmeta.ID{Namespace: ns, Name: name, UID: uid}.Key() }
+
 func rec(id, ns, name, uid string) store.Allocation {
-	return store.Allocation{ContainerID: id, Pod: store.PodRef{Namespace: ns, Name: name, UID: uid}, IPs: []netip.Addr{netip.MustParseAddr("fd00::1")}}
+	return store.Allocation{ContainerID: id, Pod: podmeta.ID{Namespace: ns, Name: name, UID: uid}, IPs: []netip.Addr{netip.MustParseAddr("fd00::1")}}
 }
 
 func newGC(a *fakeAllocs, api *fakeAPI) (*GC, *atomic.Int32) {
@@ -119,7 +122,7 @@ func TestPodGoneWaitsForGraceAndKubeletDel(t *testing.T) {
 	g.Start(ctx)
 	defer g.Stop()
 	// Startup already scheduled c1's pod; the event reschedules it.
-	g.PodGone("ns", "p", "u")
+	g.PodGone(podmeta.ID{Namespace: "ns", Name: "p", UID: "u"})
 	time.Sleep(50 * time.Millisecond)
 	if d := a.deleted(); len(d) != 0 {
 		t.Fatalf("released before the grace period: %v", d)

@@ -26,9 +26,9 @@ import (
 // Events receives what the informer sees.
 type Events interface {
 	// PodReady reports the pod's Ready condition (on add, and on every change).
-	PodReady(namespace, name, uid string, ready bool)
+	PodReady(id podmeta.ID, ready bool)
 	// PodGone reports a pod deleted from the API.
-	PodGone(namespace, name, uid string)
+	PodGone(id podmeta.ID)
 }
 
 // DefaultWait bounds how long ADD waits for the informer to see a pod that
@@ -56,14 +56,14 @@ func New(client kubernetes.Interface, node string, events Events) *Source {
 	_, _ = s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if p, ok := obj.(*corev1.Pod); ok && s.events != nil {
-				s.events.PodReady(p.Namespace, p.Name, string(p.UID), Ready(p))
+				s.events.PodReady(ID(p), Ready(p))
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*corev1.Pod)
 			n, ok2 := newObj.(*corev1.Pod)
 			if ok1 && ok2 && s.events != nil && Ready(o) != Ready(n) {
-				s.events.PodReady(n.Namespace, n.Name, string(n.UID), Ready(n))
+				s.events.PodReady(ID(n), Ready(n))
 			}
 		},
 		DeleteFunc: func(obj any) {
@@ -71,7 +71,7 @@ func New(client kubernetes.Interface, node string, events Events) *Source {
 				obj = t.Obj
 			}
 			if p, ok := obj.(*corev1.Pod); ok && s.events != nil {
-				s.events.PodGone(p.Namespace, p.Name, string(p.UID))
+				s.events.PodGone(ID(p))
 			}
 		},
 	})
@@ -85,6 +85,11 @@ func (s *Source) Start(ctx context.Context) error {
 		return fmt.Errorf("pods: informer did not sync: %w", ctx.Err())
 	}
 	return nil
+}
+
+// ID is the pod's identity.
+func ID(p *corev1.Pod) podmeta.ID {
+	return podmeta.ID{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID)}
 }
 
 // Ready reports the pod's Ready condition.
@@ -103,18 +108,15 @@ var ErrNotFound = errors.New("pod not found")
 // Lookup implements podmeta.Source: namespace and name come from CNI_ARGS,
 // the rest from the Pod object.
 func (s *Source) Lookup(ctx context.Context, args podmeta.Args) (podmeta.Pod, error) {
-	ns, name, uid, err := args.PodRef()
+	id, err := args.PodID()
 	if err != nil {
 		return podmeta.Pod{}, err
 	}
-	p, err := s.get(ctx, ns, name, uid)
+	p, err := s.get(ctx, id.Namespace, id.Name, id.UID)
 	if err != nil {
 		return podmeta.Pod{}, err
 	}
-	return podmeta.Pod{
-		Namespace: p.Namespace, Name: p.Name, UID: string(p.UID),
-		Annotations: p.Annotations, App: identity.App(p), Image: identity.Image(p),
-	}, nil
+	return podmeta.Pod{ID: ID(p), Annotations: p.Annotations, App: identity.App(p), Image: identity.Image(p)}, nil
 }
 
 // get waits (bounded) for the cache to hold the pod with that UID, then
@@ -148,14 +150,14 @@ func (s *Source) get(ctx context.Context, ns, name, uid string) (*corev1.Pod, er
 }
 
 // Exists asks the API (not the cache) whether the pod still exists; with a
-// uid, only that incarnation counts.
-func (s *Source) Exists(ctx context.Context, ns, name, uid string) (bool, error) {
-	p, err := s.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+// UID, only that incarnation counts.
+func (s *Source) Exists(ctx context.Context, id podmeta.ID) (bool, error) {
+	p, err := s.client.CoreV1().Pods(id.Namespace).Get(ctx, id.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	return uid == "" || string(p.UID) == uid, nil
+	return id.UID == "" || string(p.UID) == id.UID, nil
 }

@@ -21,16 +21,16 @@ type recorder struct {
 	gone  []string
 }
 
-func (r *recorder) PodReady(ns, name, uid string, ready bool) {
+func (r *recorder) PodReady(id podmeta.ID, ready bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.ready[ns+"/"+name] = ready
+	r.ready[id.String()] = ready
 }
 
-func (r *recorder) PodGone(ns, name, uid string) {
+func (r *recorder) PodGone(id podmeta.ID) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.gone = append(r.gone, ns+"/"+name)
+	r.gone = append(r.gone, id.String())
 }
 
 func (r *recorder) get(k string) (bool, bool) {
@@ -115,17 +115,17 @@ func TestLookupReadinessAndDeletion(t *testing.T) {
 		t.Errorf("missing name: %v", err)
 	}
 
-	if ok, err := s.Exists(ctx, "shop", "web-abc12-x", "uid-web-abc12-x"); !ok || err != nil {
+	if ok, err := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "web-abc12-x", UID: "uid-web-abc12-x"}); !ok || err != nil {
 		t.Errorf("Exists: %v %v", ok, err)
 	}
-	if ok, _ := s.Exists(ctx, "shop", "web-abc12-x", "old-uid"); ok {
+	if ok, _ := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "web-abc12-x", UID: "old-uid"}); ok {
 		t.Error("Exists with another UID should be false")
 	}
 	if err := cs.CoreV1().Pods("shop").Delete(ctx, "web-abc12-x", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "PodGone", func() bool { rec.mu.Lock(); defer rec.mu.Unlock(); return len(rec.gone) == 1 })
-	if ok, err := s.Exists(ctx, "shop", "web-abc12-x", ""); ok || err != nil {
+	if ok, err := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "web-abc12-x"}); ok || err != nil {
 		t.Errorf("Exists after delete: %v %v", ok, err)
 	}
 }
