@@ -1,7 +1,10 @@
-// Package agent is the node agent's pod handler: it turns CNI requests into
-// IPAM allocations, persisted records and dataplane programming, in the order
-// that keeps every crash recoverable (pending record before any netlink
-// work, committed after), and rolls back completely on any error.
+// Package agent is the node agent's pod lifecycle: it turns CNI requests
+// into changes of the node state (agent/nodestate), persisted records and
+// dataplane programming, in the order that keeps every crash recoverable
+// (pending record before any netlink work, committed after), and rolls back
+// completely on any error. It never publishes a route: the reconcilers
+// derive BGP paths and kernel host routes from the state; ADD and DEL only
+// wait (bounded) until they have applied the change.
 package agent
 
 import (
@@ -11,32 +14,27 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
+	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
-	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
-	"code.fritzlab.net/fritzlab/flock/dataplane/anycast"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
-// Dataplane is what the agent needs from the kernel side.
+// Dataplane is what the agent needs from the kernel for pod attachments.
 type Dataplane interface {
 	Setup(p dataplane.Pod) (dataplane.Link, error)
-	Teardown(containerID string) error
+	Teardown(hostVeth string) error
 	Check(p dataplane.Pod) error
 	HostVeths() ([]string, error)
-	DeleteVeth(name string) error
+	NetnsExists(path string) (bool, error)
 	EnsureNode(summaries []netip.Prefix) error
-	SetRoute(dst netip.Prefix, nhs []dataplane.Nexthop) error
-	GatewayRoutes() ([]netip.Prefix, error)
 }
 
 // Store persists allocation records.
@@ -53,66 +51,55 @@ type Hooks struct {
 	BeforeCommit func(containerID string)
 }
 
+// Reasons an allocation is reaped (flock_allocations_reaped_total{reason}).
+const (
+	ReapNetnsGone   = "netns-gone"      // the pod's network namespace no longer exists (a reboot)
+	ReapInterrupted = "interrupted-add" // a pending record left by a crash mid-ADD
+)
+
 // Config wires an Agent.
 type Config struct {
 	Spec      *v1alpha1.NodeConfigSpec
+	State     *nodestate.State
 	Store     Store
 	Dataplane Dataplane
 	Source    podmeta.Source
 	Log       *slog.Logger
 	Hooks     Hooks
-	// ReadyOnCommit treats every committed pod as Ready (standalone mode,
-	// where nothing else reports readiness).
-	ReadyOnCommit bool
-	// Adverts, if set, receives the routes this node should advertise:
-	// the summaries, pod IPs outside them, and the anycast and `addresses`
-	// IPs of Ready pods.
-	Adverts *advert.Set
+	// Settle waits until the route reconcilers have applied state
+	// generation gen; nil means no reconcilers (unit tests). ADD returns,
+	// and DEL removes the veth, only after it (bounded by SettleTimeout).
+	Settle func(ctx context.Context, gen uint64) error
+	// SettleTimeout bounds Settle (default 2 s): a failing reconciler
+	// retries on its own and must not hang the runtime.
+	SettleTimeout time.Duration
+	// Reaped, if set, counts reaped allocations by reason.
+	Reaped func(reason string)
+	// ReapInterval is the period of Run's netns check (default 30 s).
+	ReapInterval time.Duration
 }
 
 // Agent handles pod network lifecycles on one node.
 type Agent struct {
-	cfg       Config
-	log       *slog.Logger
-	ipam      *ipam.Allocator
-	defaults  annotations.Defaults
-	summaries []netip.Prefix
-	anycast   *anycast.Reconciler
-	locks     keyedMutex
-	ready     atomic.Bool
-
-	mu     sync.Mutex
-	allocs map[string]store.Allocation // committed, by container ID
-	// claims indexes every anycast and `addresses` IP from allocation on
-	// (before the dataplane is touched), so two concurrent ADDs cannot both
-	// take one `addresses` IP, nor turn another pod's anycast into one.
-	claims map[netip.Addr]*claim
-	// stuck holds failed ADDs whose rollback could not remove the veth: their
-	// IPs stay reserved until a DEL (or the next start) finishes the job.
-	stuck map[string]store.Allocation
-	// readiness by pod, as last reported; kept for pods not (yet)
-	// allocated, so a report that beats the ADD's commit is not lost.
-	readiness map[podmeta.ID]bool
-	// pods maps a pod to its attachments (container IDs).
-	pods map[podmeta.ID]map[string]bool
+	cfg      Config
+	log      *slog.Logger
+	state    *nodestate.State
+	defaults annotations.Defaults
+	locks    keyedMutex
 }
 
-// New validates the config and builds an agent; Start must run before it
+// New validates the config and builds an agent; Restore must run before it
 // serves.
 func New(cfg Config) (*Agent, error) {
 	if err := nodeconfig.Validate(cfg.Spec); err != nil {
 		return nil, err
 	}
-	pools, err := nodeconfig.Pools(cfg.Spec)
-	if err != nil {
-		return nil, err
-	}
-	alloc, err := ipam.New(pools)
-	if err != nil {
-		return nil, err
+	if cfg.State == nil {
+		return nil, errors.New("agent: no node state")
 	}
 	algo := ipam.Algo{Kind: ipam.Random}
 	if cfg.Spec.Defaults.IPAlgo != "" {
+		var err error
 		if algo, err = ipam.ParseAlgo(cfg.Spec.Defaults.IPAlgo); err != nil {
 			return nil, err
 		}
@@ -120,38 +107,28 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	a := &Agent{
-		cfg:       cfg,
-		log:       cfg.Log,
-		ipam:      alloc,
-		defaults:  annotations.Defaults{IPv6: cfg.Spec.Defaults.WantIPv6(), IPv4: cfg.Spec.Defaults.IPv4, Algo: algo},
-		summaries: nodeconfig.Summaries(cfg.Spec),
-		anycast:   anycast.New(cfg.Dataplane),
-		allocs:    map[string]store.Allocation{},
-		claims:    map[netip.Addr]*claim{},
-		stuck:     map[string]store.Allocation{},
-		readiness: map[podmeta.ID]bool{},
-		pods:      map[podmeta.ID]map[string]bool{},
+	if cfg.SettleTimeout <= 0 {
+		cfg.SettleTimeout = 2 * time.Second
 	}
-	return a, nil
+	if cfg.ReapInterval <= 0 {
+		cfg.ReapInterval = 30 * time.Second
+	}
+	return &Agent{
+		cfg: cfg, log: cfg.Log, state: cfg.State,
+		defaults: annotations.Defaults{IPv6: cfg.Spec.Defaults.WantIPv6(), IPv4: cfg.Spec.Defaults.IPv4, Algo: algo},
+	}, nil
 }
 
-// Ready reports whether Start has finished.
-func (a *Agent) Ready() bool { return a.ready.Load() }
+// State is the node state the agent changes.
+func (a *Agent) State() *nodestate.State { return a.state }
 
-// Start recovers state: committed records go back into IPAM, pending ones
-// (a crash mid-ADD) are torn down and dropped, flock veths that no record
-// owns are removed, and the anycast routes are rebuilt.
-func (a *Agent) Start(ctx context.Context) error {
-	if err := a.cfg.Dataplane.EnsureNode(a.summaries); err != nil {
+// Restore recovers the node at start, before anything is served: committed
+// records go back into the state (unless their network namespace is gone:
+// those are reaped), pending ones (a crash mid-ADD) are torn down and
+// dropped, and flock veths that no record owns are removed.
+func (a *Agent) Restore(ctx context.Context) error {
+	if err := a.cfg.Dataplane.EnsureNode(a.state.Summaries()); err != nil {
 		return fmt.Errorf("node setup: %w", err)
-	}
-	if a.cfg.Adverts != nil {
-		var claims []advert.Claim
-		for _, p := range a.summaries {
-			claims = append(claims, advert.Claim{Prefix: p, Kind: advert.Summary})
-		}
-		a.cfg.Adverts.SetOwner(advert.NodeOwner, claims)
 	}
 	recs, err := a.cfg.Store.Load()
 	if err != nil {
@@ -163,196 +140,147 @@ func (a *Agent) Start(ctx context.Context) error {
 		}
 		if r.State == store.Pending {
 			a.log.Warn("dropping allocation left pending by a crash", "container", r.ContainerID, "pod", r.Pod, "ips", r.IPs)
-			if err := a.cfg.Dataplane.Teardown(r.ContainerID); err != nil {
+			if err := a.dropRecord(r, ReapInterrupted); err != nil {
 				return fmt.Errorf("tear down pending %s: %w", r.ContainerID, err)
-			}
-			if err := a.cfg.Store.Delete(r.ContainerID); err != nil {
-				return err
 			}
 			continue
 		}
-		if err := a.restore(r); err != nil {
+		if gone, err := a.netnsGone(r); err != nil {
 			return err
+		} else if gone {
+			a.log.Warn("reaping allocation whose network namespace is gone", "container", r.ContainerID, "pod", r.Pod, "netns", r.Netns, "ips", r.IPs)
+			if err := a.dropRecord(r, ReapNetnsGone); err != nil {
+				return fmt.Errorf("reap %s: %w", r.ContainerID, err)
+			}
+			continue
 		}
-	}
-	owned := map[string]bool{}
-	for _, r := range a.allocs {
-		owned[r.HostVeth] = true
+		warns, err := a.state.Restore(r)
+		if err != nil {
+			return fmt.Errorf("store: %w", err)
+		}
+		for _, w := range warns {
+			a.log.Warn("restore: " + w)
+		}
 	}
 	veths, err := a.cfg.Dataplane.HostVeths()
 	if err != nil {
 		return err
 	}
 	for _, v := range veths {
-		if !owned[v] {
+		if _, owned := a.state.VethOwner(v); !owned {
 			a.log.Warn("removing flock veth that no allocation owns", "veth", v)
-			if err := a.cfg.Dataplane.DeleteVeth(v); err != nil {
+			if err := a.cfg.Dataplane.Teardown(v); err != nil {
 				return err
 			}
 		}
 	}
-	existing, err := a.cfg.Dataplane.GatewayRoutes()
-	if err != nil {
+	a.log.Info("allocations recovered", "allocations", a.state.Count(), "summaries", a.state.Summaries())
+	return nil
+}
+
+// dropRecord removes a record that never made it into the state.
+func (a *Agent) dropRecord(r store.Allocation, reason string) error {
+	if r.HostVeth != "" {
+		if err := a.cfg.Dataplane.Teardown(r.HostVeth); err != nil {
+			return err
+		}
+	}
+	if err := a.cfg.Store.Delete(r.ContainerID); err != nil {
 		return err
 	}
-	if err := a.anycast.Resync(existing); err != nil {
-		a.log.Error("anycast resync", "err", err)
-	}
-	a.ready.Store(true)
-	a.log.Info("agent ready", "allocations", len(a.allocs), "summaries", a.summaries)
+	a.reaped(reason)
 	return nil
 }
 
-func (a *Agent) restore(r store.Allocation) error {
-	for _, ip := range r.IPs {
-		if err := a.ipam.Reserve(ip, r.ContainerID); err != nil {
-			if errors.Is(err, ipam.ErrConflict) {
-				return fmt.Errorf("store: allocation %s: %w", r.ContainerID, err)
-			}
-			// The pool may have been removed from NodeConfig: the pod keeps
-			// its address, the pool is just no longer handed out.
-			a.log.Warn("restored address is outside the configured pools", "container", r.ContainerID, "ip", ip, "err", err)
+func (a *Agent) reaped(reason string) {
+	if a.cfg.Reaped != nil {
+		a.cfg.Reaped(reason)
+	}
+}
+
+func (a *Agent) netnsGone(r store.Allocation) (bool, error) {
+	ok, err := a.cfg.Dataplane.NetnsExists(r.Netns)
+	if err != nil {
+		return false, fmt.Errorf("allocation %s: %w", r.ContainerID, err)
+	}
+	return !ok, nil
+}
+
+// Run is the periodic repair of pod attachments: an allocation whose
+// network namespace vanished without a DEL (the node rebooted, the runtime
+// lost it) is torn down and released, so its routes are withdrawn.
+func (a *Agent) Run(ctx context.Context) error {
+	t := time.NewTicker(a.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			a.ReapGone(ctx)
 		}
 	}
-	if err := a.claimLocked(r); err != nil {
-		return fmt.Errorf("store: allocation %s: %w", r.ContainerID, err)
+}
+
+// ReapGone reaps every committed allocation whose netns is gone.
+func (a *Agent) ReapGone(ctx context.Context) {
+	for _, r := range a.state.Committed() {
+		if gone, err := a.netnsGone(r); err != nil || !gone {
+			continue
+		}
+		if err := a.reap(ctx, r.ContainerID); err != nil {
+			a.log.Error("reap", "container", r.ContainerID, "err", err)
+		}
 	}
-	a.allocs[r.ContainerID] = r
-	a.indexPodLocked(r)
-	a.publish(r, a.cfg.ReadyOnCommit || a.readiness[r.Pod])
+}
+
+func (a *Agent) reap(ctx context.Context, id string) error {
+	unlock := a.locks.Lock(id)
+	defer unlock()
+	r, phase, ok := a.state.Get(id)
+	if !ok || phase != nodestate.Committed {
+		return nil // a DEL came first
+	}
+	if gone, err := a.netnsGone(r); err != nil || !gone {
+		return err
+	}
+	a.log.Warn("reaping allocation whose network namespace is gone", "container", id, "pod", r.Pod, "netns", r.Netns, "ips", r.IPs)
+	if err := a.remove(ctx, r); err != nil {
+		return err
+	}
+	a.reaped(ReapNetnsGone)
 	return nil
 }
 
-func (a *Agent) indexPodLocked(r store.Allocation) {
-	k := r.Pod
-	if a.pods[k] == nil {
-		a.pods[k] = map[string]bool{}
+// settle waits (bounded) until the reconcilers applied gen.
+func (a *Agent) settle(ctx context.Context, gen uint64) {
+	if a.cfg.Settle == nil {
+		return
 	}
-	a.pods[k][r.ContainerID] = true
-}
-
-func (a *Agent) unindexPodLocked(r store.Allocation) {
-	k := r.Pod
-	delete(a.pods[k], r.ContainerID)
-	if len(a.pods[k]) == 0 {
-		delete(a.pods, k)
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.SettleTimeout)
+	defer cancel()
+	if err := a.cfg.Settle(ctx, gen); err != nil {
+		a.log.Warn("routes not yet reconciled; the reconcilers keep trying", "generation", gen, "err", err)
 	}
 }
 
-// publish pushes one pod's state to the kernel anycast routes and the
-// desired BGP set.
-func (a *Agent) publish(r store.Allocation, ready bool) {
-	if err := a.anycast.Update(a.member(r, ready)); err != nil {
-		a.log.Error("anycast", "container", r.ContainerID, "err", err)
-	}
-	if a.cfg.Adverts != nil {
-		a.cfg.Adverts.SetOwner(r.ContainerID, a.advertClaims(r, ready))
-	}
-}
-
-// advertClaims is what a pod contributes to the advertised set: its own IPs when
-// they lie outside the node summaries (always: the pod exists), and its
-// anycast and `addresses` IPs while it is Ready.
-func (a *Agent) advertClaims(r store.Allocation, ready bool) []advert.Claim {
-	var out []advert.Claim
-	for _, ip := range r.IPs {
-		if !a.inSummary(ip) {
-			out = append(out, advert.Claim{Prefix: netip.PrefixFrom(ip, ip.BitLen()), Kind: advert.Pod})
-		}
-	}
-	if ready {
-		for _, ip := range r.Anycast {
-			out = append(out, advert.Claim{Prefix: netip.PrefixFrom(ip, ip.BitLen()), Kind: advert.Anycast})
-		}
-		for _, ip := range r.Addresses {
-			out = append(out, advert.Claim{Prefix: netip.PrefixFrom(ip, ip.BitLen()), Kind: advert.Address})
-		}
-	}
-	return out
-}
-
-func (a *Agent) inSummary(ip netip.Addr) bool {
-	for _, s := range a.summaries {
-		if s.Contains(ip) {
-			return true
-		}
-	}
-	return false
-}
-
-// SetPodReady records a pod's readiness and re-publishes the anycast and
-// `addresses` IPs of its attachments at once (kernel routes and BGP).
-func (a *Agent) SetPodReady(k podmeta.ID, ready bool) {
-	a.mu.Lock()
-	prev, known := a.readiness[k]
-	a.readiness[k] = ready
-	var recs []store.Allocation
-	if !known || prev != ready {
-		for id := range a.pods[k] {
-			recs = append(recs, a.allocs[id])
-		}
-	}
-	a.mu.Unlock()
-	for _, r := range recs {
-		a.publish(r, ready || a.cfg.ReadyOnCommit)
-		a.log.Info("pod readiness changed", "pod", k, "ready", ready, "container", r.ContainerID)
+// SetPodReady records a pod's readiness; the reconcilers follow at once.
+func (a *Agent) SetPodReady(pod podmeta.ID, ready bool) {
+	if a.state.SetReady(pod, ready) {
+		a.log.Info("pod readiness changed", "pod", pod, "uid", pod.UID, "ready", ready)
 	}
 }
 
 // ForgetPod drops the readiness kept for a pod that left the API.
-func (a *Agent) ForgetPod(id podmeta.ID) {
-	a.mu.Lock()
-	delete(a.readiness, id)
-	a.mu.Unlock()
-}
-
-func (a *Agent) member(r store.Allocation, ready bool) anycast.Member {
-	return anycast.Member{ContainerID: r.ContainerID, HostVeth: r.HostVeth, IPs: r.IPs, Anycast: r.Anycast, Addresses: r.Addresses, Ready: ready}
-}
-
-func (a *Agent) get(id string) (store.Allocation, bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	r, ok := a.allocs[id]
-	return r, ok
-}
+func (a *Agent) ForgetPod(pod podmeta.ID) { a.state.ForgetPod(pod) }
 
 // Allocations returns the committed allocations, sorted by container ID.
-func (a *Agent) Allocations() []store.Allocation {
-	a.mu.Lock()
-	out := make([]store.Allocation, 0, len(a.allocs))
-	for _, r := range a.allocs {
-		out = append(out, r)
-	}
-	a.mu.Unlock()
-	slices.SortFunc(out, func(x, y store.Allocation) int { return strings.Compare(x.ContainerID, y.ContainerID) })
-	return out
-}
+func (a *Agent) Allocations() []store.Allocation { return a.state.Committed() }
 
-// PodAllocations returns one pod's allocations, from the pod index (no
-// scan over every allocation).
+// PodAllocations returns one pod's allocations (for the leak GC).
 func (a *Agent) PodAllocations(pod podmeta.ID) []store.Allocation {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	var out []store.Allocation
-	for id := range a.pods[pod] {
-		out = append(out, a.allocs[id])
-	}
-	return out
+	return a.state.PodAllocations(pod)
 }
-
-// Count is the number of committed allocations.
-func (a *Agent) Count() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.allocs)
-}
-
-// IPAM returns pool usage.
-func (a *Agent) IPAM() []ipam.PoolStats { return a.ipam.Stats() }
-
-// AnycastRoutes returns the installed anycast/addresses host routes.
-func (a *Agent) AnycastRoutes() []anycast.Route { return a.anycast.Routes() }
 
 // Add runs the ADD flow and returns the committed allocation.
 func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs string) (store.Allocation, error) {
@@ -366,14 +294,20 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 	unlock := a.locks.Lock(containerID)
 	defer unlock()
 
-	if r, ok := a.get(containerID); ok {
-		if r.IfName != ifName {
-			return store.Allocation{}, &Error{Code: codeConfig, Err: fmt.Errorf("container %s already has flock interface %s; a second interface %s is not supported", containerID, r.IfName, ifName)}
+	if r, phase, ok := a.state.Get(containerID); ok {
+		switch phase {
+		case nodestate.Committed:
+			if r.IfName != ifName {
+				return store.Allocation{}, &Error{Code: codeConfig, Err: fmt.Errorf("container %s already has flock interface %s; a second interface %s is not supported", containerID, r.IfName, ifName)}
+			}
+			return r, nil // kubelet retried an ADD that succeeded
+		case nodestate.Stuck:
+			if err := a.finishStuck(r); err != nil {
+				return store.Allocation{}, fmt.Errorf("an earlier failed ADD of %s cannot be cleaned up: %w", containerID, err)
+			}
+		default:
+			return store.Allocation{}, &Error{Code: codeTryAgain, Err: fmt.Errorf("container %s is being deleted (an earlier DEL failed); retry the DEL first", containerID)}
 		}
-		return r, nil // kubelet retried an ADD that succeeded
-	}
-	if _, err := a.finishStuck(containerID); err != nil {
-		return store.Allocation{}, fmt.Errorf("an earlier failed ADD of %s cannot be cleaned up: %w", containerID, err)
 	}
 	pod, err := a.cfg.Source.Lookup(ctx, args)
 	if err != nil {
@@ -383,13 +317,22 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 	if err != nil {
 		return store.Allocation{}, err
 	}
-	rec := store.Allocation{
-		ContainerID: containerID, IfName: ifName, Netns: netns,
-		HostVeth: dataplane.HostVethName(containerID), State: store.Pending,
-		Pod:     pod.ID,
-		Anycast: req.Anycast, Addresses: req.Addresses, Created: time.Now().UTC(),
+	id := ipam.Identity{Namespace: pod.Namespace, App: pod.App, Image: pod.Image, ContainerID: containerID}
+	var reqs []ipam.Request
+	for _, fam := range []struct {
+		want bool
+		n    int
+		rng  netip.Prefix
+	}{{req.IPv6, 6, req.CIDR6}, {req.IPv4, 4, req.CIDR4}} {
+		if fam.want {
+			reqs = append(reqs, ipam.Request{Family: fam.n, Range: fam.rng, Algo: req.Algo, Identity: id})
+		}
 	}
-	if err := a.claim(rec); err != nil {
+	rec, err := a.state.Reserve(store.Allocation{
+		ContainerID: containerID, IfName: ifName, Netns: netns, Pod: pod.ID,
+		Anycast: req.Anycast, Addresses: req.Addresses, Created: time.Now().UTC(),
+	}, reqs)
+	if err != nil {
 		return store.Allocation{}, err
 	}
 	committed := false
@@ -398,27 +341,12 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 			a.rollback(rec)
 		}
 	}()
-	id := ipam.Identity{Namespace: pod.Namespace, App: pod.App, Image: pod.Image, ContainerID: containerID}
-	for _, fam := range []struct {
-		want bool
-		n    int
-		rng  netip.Prefix
-	}{{req.IPv6, 6, req.CIDR6}, {req.IPv4, 4, req.CIDR4}} {
-		if !fam.want {
-			continue
-		}
-		ip, err := a.ipam.Allocate(ipam.Request{Owner: containerID, Family: fam.n, Range: fam.rng, Algo: req.Algo, Identity: id})
-		if err != nil {
-			return store.Allocation{}, err
-		}
-		rec.IPs = append(rec.IPs, ip)
-	}
 	// Persist before touching the kernel: a crash from here on leaves a
 	// record that the next start tears down.
 	if err := a.cfg.Store.Put(rec); err != nil {
 		return store.Allocation{}, err
 	}
-	link, err := a.cfg.Dataplane.Setup(dataplane.Pod{ContainerID: containerID, Netns: netns, IfName: ifName, IPs: rec.IPs, Addresses: rec.Addresses, Anycast: rec.Anycast})
+	link, err := a.cfg.Dataplane.Setup(podOf(rec))
 	if err != nil {
 		return store.Allocation{}, err
 	}
@@ -430,174 +358,92 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 	if err := a.cfg.Store.Put(rec); err != nil {
 		return store.Allocation{}, err
 	}
+	gen, err := a.state.Commit(rec)
+	if err != nil {
+		return store.Allocation{}, err
+	}
 	committed = true
-	a.mu.Lock()
-	a.allocs[containerID] = rec
-	a.indexPodLocked(rec)
-	ready := a.readiness[rec.Pod] || a.cfg.ReadyOnCommit
-	a.mu.Unlock()
-	a.publish(rec, ready)
+	a.settle(ctx, gen) // the UPDATE leaves before ADD returns
 	a.log.Info("pod added", "container", containerID, "pod", pod.ID, "ips", rec.IPs, "veth", rec.HostVeth)
 	return rec, nil
 }
 
-// claim is the set of pods claiming one anycast or `addresses` IP.
-type claim struct {
-	kind   anycast.Kind
-	owners map[string]bool
-}
-
-func (c *claim) other(id string) string {
-	for o := range c.owners {
-		if o != id {
-			return o
-		}
-	}
-	return ""
-}
-
-// claim checks the anycast/addresses IPs and indexes them.
-func (a *Agent) claim(rec store.Allocation) error {
-	for _, set := range []struct {
-		key string
-		ips []netip.Addr
-	}{{annotations.Anycast, rec.Anycast}, {annotations.Addresses, rec.Addresses}} {
-		for _, ip := range set.ips {
-			if p, ok := a.ipam.PoolOf(ip); ok {
-				return &annotations.Error{Key: set.key, Value: ip.String(), Reason: fmt.Sprintf("inside pod pool %s, where IPAM hands addresses out", p.Prefix)}
-			}
-		}
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.claimLocked(rec)
-}
-
-// claimLocked: an `addresses` IP belongs to one pod; an anycast IP may be
-// shared, but never with a pod that holds it as an `addresses` IP.
-func (a *Agent) claimLocked(rec store.Allocation) error {
-	id := rec.ContainerID
-	for _, ip := range rec.Addresses {
-		if c := a.claims[ip]; c != nil {
-			if o := c.other(id); o != "" {
-				return &Error{Code: codeConfig, Err: fmt.Errorf("annotation %s: %s is already claimed by container %s (as %s)", annotations.Addresses, ip, o, c.kind)}
-			}
-		}
-	}
-	for _, ip := range rec.Anycast {
-		if c := a.claims[ip]; c != nil && c.kind == anycast.KindAddress {
-			if o := c.other(id); o != "" {
-				return &Error{Code: codeConfig, Err: fmt.Errorf("annotation %s: %s is an `addresses` IP of container %s, not anycast", annotations.Anycast, ip, o)}
-			}
-		}
-	}
-	for _, set := range []struct {
-		kind anycast.Kind
-		ips  []netip.Addr
-	}{{anycast.KindAnycast, rec.Anycast}, {anycast.KindAddress, rec.Addresses}} {
-		for _, ip := range set.ips {
-			c := a.claims[ip]
-			if c == nil {
-				c = &claim{kind: set.kind, owners: map[string]bool{}}
-				a.claims[ip] = c
-			}
-			c.owners[id] = true
-		}
-	}
-	return nil
+func podOf(r store.Allocation) dataplane.Pod {
+	return dataplane.Pod{ContainerID: r.ContainerID, HostVeth: r.HostVeth, Netns: r.Netns, IfName: r.IfName, IPs: r.IPs, Addresses: r.Addresses, Anycast: r.Anycast}
 }
 
 // rollback undoes a failed ADD: kernel state, record, IPs, claims.
 func (a *Agent) rollback(rec store.Allocation) {
-	if err := a.cfg.Dataplane.Teardown(rec.ContainerID); err != nil {
+	if err := a.cfg.Dataplane.Teardown(rec.HostVeth); err != nil {
 		// Keep the IPs and the pending record: handing the IPs out again
 		// while the old veth may still route them would be worse than
 		// holding them until DEL (which the runtime sends after a failed
 		// ADD) or the next start finishes the teardown.
 		a.log.Error("rollback: teardown failed; IPs stay reserved until DEL", "container", rec.ContainerID, "err", err)
-		a.mu.Lock()
-		a.stuck[rec.ContainerID] = rec
-		a.mu.Unlock()
+		a.state.MarkStuck(rec.ContainerID)
 		return
 	}
 	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {
 		a.log.Error("rollback: delete record", "container", rec.ContainerID, "err", err)
 	}
-	a.release(rec)
-}
-
-func (a *Agent) release(rec store.Allocation) {
-	for _, ip := range rec.IPs {
-		a.ipam.Release(ip, rec.ContainerID)
-	}
-	a.mu.Lock()
-	for _, ip := range append(append([]netip.Addr{}, rec.Anycast...), rec.Addresses...) {
-		if c := a.claims[ip]; c != nil {
-			delete(c.owners, rec.ContainerID)
-			if len(c.owners) == 0 {
-				delete(a.claims, ip)
-			}
-		}
-	}
-	a.mu.Unlock()
+	a.state.Release(rec.ContainerID)
 }
 
 // finishStuck completes the rollback of a failed ADD whose teardown failed.
 // Call with the container's lock held.
-func (a *Agent) finishStuck(containerID string) (bool, error) {
-	a.mu.Lock()
-	rec, ok := a.stuck[containerID]
-	a.mu.Unlock()
-	if !ok {
-		return false, nil
+func (a *Agent) finishStuck(rec store.Allocation) error {
+	if err := a.cfg.Dataplane.Teardown(rec.HostVeth); err != nil {
+		return err
 	}
-	if err := a.cfg.Dataplane.Teardown(containerID); err != nil {
-		return true, err
+	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {
+		return err
 	}
-	if err := a.cfg.Store.Delete(containerID); err != nil {
-		return true, err
+	a.state.Release(rec.ContainerID)
+	return nil
+}
+
+// remove takes a committed (or half-deleted) attachment out of every route
+// first, then tears it down and releases it. Call with the container's lock
+// held.
+func (a *Agent) remove(ctx context.Context, rec store.Allocation) error {
+	if gen, ok := a.state.MarkDeleting(rec.ContainerID); ok {
+		// Other replicas' ECMP routes must stop naming this veth before
+		// it vanishes, and the ToR should stop sending traffic here.
+		a.settle(ctx, gen)
 	}
-	a.mu.Lock()
-	delete(a.stuck, containerID)
-	a.mu.Unlock()
-	a.release(rec)
-	return true, nil
+	if err := a.cfg.Dataplane.Teardown(rec.HostVeth); err != nil {
+		return err
+	}
+	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {
+		return err
+	}
+	a.state.Release(rec.ContainerID)
+	return nil
 }
 
 // Del tears a container down. Unknown containers succeed; a leftover veth
-// of that name is still removed.
+// of the container's name is still removed, unless another container holds
+// that name.
 func (a *Agent) Del(ctx context.Context, containerID string) error {
 	if err := validateContainerID(containerID); err != nil {
 		return err
 	}
 	unlock := a.locks.Lock(containerID)
 	defer unlock()
-	rec, known := a.get(containerID)
-	if done, err := a.finishStuck(containerID); done || err != nil {
-		return err
-	}
-	if known {
-		if err := a.anycast.Remove(containerID); err != nil {
-			a.log.Error("anycast", "container", containerID, "err", err)
-		}
-		if a.cfg.Adverts != nil {
-			a.cfg.Adverts.SetOwner(containerID, nil)
-		}
-	}
-	if err := a.cfg.Dataplane.Teardown(containerID); err != nil {
-		return err
-	}
+	rec, phase, known := a.state.Get(containerID)
 	if !known {
-		return nil
+		name := dataplane.HostVethName(containerID)
+		if _, taken := a.state.VethOwner(name); taken {
+			return nil
+		}
+		return a.cfg.Dataplane.Teardown(name)
 	}
-	if err := a.cfg.Store.Delete(containerID); err != nil {
+	if phase == nodestate.Stuck {
+		return a.finishStuck(rec)
+	}
+	if err := a.remove(ctx, rec); err != nil {
 		return err
 	}
-	a.mu.Lock()
-	delete(a.allocs, containerID)
-	a.unindexPodLocked(rec)
-	a.mu.Unlock()
-	a.release(rec)
 	a.log.Info("pod deleted", "container", containerID, "pod", rec.Pod, "ips", rec.IPs)
 	return nil
 }
@@ -610,8 +456,8 @@ func (a *Agent) Check(ctx context.Context, containerID, ifName string, prev []ne
 	}
 	unlock := a.locks.Lock(containerID)
 	defer unlock()
-	rec, ok := a.get(containerID)
-	if !ok {
+	rec, phase, ok := a.state.Get(containerID)
+	if !ok || phase != nodestate.Committed {
 		return &Error{Code: codeUnknownContainer, Err: fmt.Errorf("no flock allocation for container %s", containerID)}
 	}
 	if ifName != "" && ifName != rec.IfName {
@@ -623,7 +469,7 @@ func (a *Agent) Check(ctx context.Context, containerID, ifName string, prev []ne
 			return fmt.Errorf("container %s: cached result has IPs %v, the agent has %v", containerID, prev, want)
 		}
 	}
-	return a.cfg.Dataplane.Check(dataplane.Pod{ContainerID: rec.ContainerID, Netns: rec.Netns, IfName: rec.IfName, IPs: rec.IPs, Addresses: rec.Addresses, Anycast: rec.Anycast})
+	return a.cfg.Dataplane.Check(podOf(rec))
 }
 
 func sameSet(a, b []netip.Addr) bool {
@@ -640,15 +486,16 @@ func sameSet(a, b []netip.Addr) bool {
 // Attachment names one container interface the runtime still uses.
 type Attachment struct{ ContainerID, IfName string }
 
-// GC deletes every allocation whose attachment the runtime no longer
-// lists (CNI GC, spec 1.1).
+// GC deletes every attachment (committed, or left by a failed ADD or DEL)
+// whose container interface the runtime no longer lists (CNI GC, spec
+// 1.1). An ADD in progress is left alone.
 func (a *Agent) GC(ctx context.Context, valid []Attachment) error {
 	keep := map[Attachment]bool{}
 	for _, v := range valid {
 		keep[v] = true
 	}
 	var errs []error
-	for _, r := range a.Allocations() {
+	for _, r := range a.state.Attachments(nodestate.Committed, nodestate.Deleting, nodestate.Stuck) {
 		if keep[Attachment{r.ContainerID, r.IfName}] {
 			continue
 		}

@@ -17,6 +17,7 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
@@ -42,7 +43,11 @@ func TestNewRejectsBadSpec(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = agent.New(agent.Config{Spec: s, Store: st, Dataplane: newFakeDP(), Source: podmeta.Standalone{}, Log: discard})
+			// The pools are the state's, the rest the agent's to check.
+			state, err := nodestate.New(s, false)
+			if err == nil {
+				_, err = agent.New(agent.Config{Spec: s, State: state, Store: st, Dataplane: newFakeDP(), Source: podmeta.Standalone{}, Log: discard})
+			}
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("New: err %v, want one naming %s", err, tc.want)
 			}
@@ -338,7 +343,7 @@ func TestAddRollback(t *testing.T) {
 			if got := e.dp.count("Setup c1") > 0; got != tc.touched {
 				t.Errorf("Setup called: %v, want %v", got, tc.touched)
 			}
-			if tc.touched && e.dp.count("Teardown c1") == 0 {
+			if tc.touched && e.dp.count(td("c1")) == 0 {
 				t.Error("dataplane was touched but not torn down")
 			}
 			if e.dp.hasVeth(dataplane.HostVethName("c1")) {
@@ -437,30 +442,19 @@ func TestPendingRecordBeforeSetup(t *testing.T) {
 
 // The BeforeCommit hook runs after Setup, while the record is still pending.
 func TestBeforeCommitHook(t *testing.T) {
-	st, err := store.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dp := newFakeDP()
 	var state store.State
 	var setups int
-	a, err := agent.New(agent.Config{
-		Spec: testSpec(), Store: st, Dataplane: dp, Source: podmeta.Standalone{}, Log: discard,
-		Hooks: agent.Hooks{BeforeCommit: func(id string) {
-			recs, _ := st.Load()
+	var e *env
+	e = started(t, func(c *envConfig) {
+		c.Hooks = agent.Hooks{BeforeCommit: func(id string) {
+			recs, _ := e.st.Load()
 			if len(recs) == 1 {
 				state = recs[0].State
 			}
-			setups = dp.count("Setup " + id)
-		}},
+			setups = e.dp.count("Setup " + id)
+		}}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.Add(context.Background(), "c1", "/ns", "eth0", podArgs("default", "p")); err != nil {
+	if _, err := e.a.Add(context.Background(), "c1", "/ns", "eth0", podArgs("default", "p")); err != nil {
 		t.Fatal(err)
 	}
 	if state != store.Pending || setups != 1 {
@@ -563,12 +557,12 @@ func TestAnycastShared(t *testing.T) {
 	const ip = "2001:db8:ff::1"
 	r1 := e.mustAdd("c1", annotations.Anycast+"="+ip)
 	r2 := e.mustAdd("c2", annotations.Anycast+"="+ip+",192.0.2.50")
-	routes := e.a.AnycastRoutes()
+	routes, _ := e.state.HostRoutes()
 	if len(routes) != 2 {
-		t.Fatalf("AnycastRoutes = %+v, want 2 routes", routes)
+		t.Fatalf("HostRoutes = %+v, want 2 routes", routes)
 	}
 	v4, v6 := routes[0], routes[1]
-	if v6.IP != mustAddr(ip) || len(v6.Nexthops) != 2 || !slices.Equal(v6.Owners, []string{"c1", "c2"}) {
+	if v6.Prefix.Addr() != mustAddr(ip) || len(v6.Nexthops) != 2 || !slices.Equal(v6.Owners, []string{"c1", "c2"}) {
 		t.Errorf("IPv6 anycast route = %+v, want 2 next hops owned by c1, c2", v6)
 	}
 	wantNH := []dataplane.Nexthop{{Gateway: r1.IPs[0], Dev: r1.HostVeth}, {Gateway: r2.IPs[0], Dev: r2.HostVeth}}
@@ -576,28 +570,27 @@ func TestAnycastShared(t *testing.T) {
 	if !slices.Equal(v6.Nexthops, wantNH) {
 		t.Errorf("next hops = %v, want %v", v6.Nexthops, wantNH)
 	}
-	if v4.IP != mustAddr("192.0.2.50") || len(v4.Nexthops) != 1 || v4.Nexthops[0].Gateway != r2.IPs[1] {
+	if v4.Prefix.Addr() != mustAddr("192.0.2.50") || len(v4.Nexthops) != 1 || v4.Nexthops[0].Gateway != r2.IPs[1] {
 		t.Errorf("IPv4 anycast route = %+v, want via %s", v4, r2.IPs[1])
 	}
-	if nhs := e.dp.routes[netip.MustParsePrefix(ip+"/128")]; len(nhs) != 2 {
+	if nhs := e.dp.kernelRoutes()[netip.MustParsePrefix(ip+"/128")]; len(nhs) != 2 {
 		t.Errorf("dataplane route for %s has %d next hops", ip, len(nhs))
 	}
 
 	if err := e.a.Del(context.Background(), "c1"); err != nil {
 		t.Fatal(err)
 	}
-	routes = e.a.AnycastRoutes()
-	if len(routes) != 2 || len(routes[1].Nexthops) != 1 || routes[1].Nexthops[0].Dev != r2.HostVeth {
-		t.Errorf("after DEL c1: %+v", routes)
+	if nhs := e.dp.kernelRoutes()[netip.MustParsePrefix(ip+"/128")]; len(nhs) != 1 || nhs[0].Dev != r2.HostVeth {
+		t.Errorf("after DEL c1 the kernel routes %s via %v", ip, nhs)
 	}
 	if err := e.a.Del(context.Background(), "c2"); err != nil {
 		t.Fatal(err)
 	}
-	if routes := e.a.AnycastRoutes(); len(routes) != 0 {
+	if routes, _ := e.state.HostRoutes(); len(routes) != 0 {
 		t.Errorf("after DEL c2: %+v", routes)
 	}
-	if len(e.dp.routes) != 0 {
-		t.Errorf("dataplane routes left: %v", e.dp.routes)
+	if rts := e.dp.kernelRoutes(); len(rts) != 0 {
+		t.Errorf("dataplane routes left: %v", rts)
 	}
 }
 
@@ -645,7 +638,7 @@ func TestDel(t *testing.T) {
 		if err := e.a.Del(ctx, "ghost"); err != nil {
 			t.Fatalf("Del: %v", err)
 		}
-		if e.dp.count("Teardown ghost") != 1 {
+		if e.dp.count(td("ghost")) != 1 {
 			t.Error("Teardown not called")
 		}
 		if e.dp.hasVeth(veth) {
@@ -807,12 +800,12 @@ func TestGC(t *testing.T) {
 		t.Errorf("records = %v, want [a c]", ids)
 	}
 	for _, id := range []string{"b", "d"} {
-		if e.dp.count("Teardown "+id) != 1 {
+		if e.dp.count(td(id)) != 1 {
 			t.Errorf("%s not torn down", id)
 		}
 	}
 	for _, id := range []string{"a", "c"} {
-		if e.dp.count("Teardown "+id) != 0 {
+		if e.dp.count(td(id)) != 0 {
 			t.Errorf("%s torn down", id)
 		}
 	}
@@ -875,24 +868,19 @@ func TestStartRecovery(t *testing.T) {
 	e.dp.addVeth(dataplane.HostVethName("half"))
 	e.dp.addVeth(orphan)
 	stale := netip.MustParsePrefix("2001:db8:ee::1/128")
-	e.dp.set(func(d *fakeDP) { d.gatewayRts = []netip.Prefix{stale} })
-
-	// Before Start the agent answers "try again".
-	if e.a.Ready() {
-		t.Fatal("Ready before Start")
+	e.dp.set(func(d *fakeDP) {
+		d.routes[stale] = []dataplane.Nexthop{{Gateway: keepV6, Dev: dataplane.HostVethName("keep")}}
+	})
+	if err := e.run(); err != nil {
+		t.Fatalf("Restore: %v", err)
 	}
-	if err := e.a.Start(context.Background()); err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	if !e.a.Ready() {
-		t.Error("not Ready after Start")
-	}
+	e.settled()
 	if got := e.dp.summaries; !slices.Equal(got, []netip.Prefix{pool6, pool4}) {
 		t.Errorf("EnsureNode summaries = %v", got)
 	}
 
 	// Pending: torn down and forgotten.
-	if e.dp.count("Teardown half") != 1 {
+	if e.dp.count(td("half")) != 1 {
 		t.Error("pending allocation not torn down")
 	}
 	if e.dp.hasVeth(dataplane.HostVethName("half")) {
@@ -906,24 +894,24 @@ func TestStartRecovery(t *testing.T) {
 	if len(allocs) != 1 || allocs[0].ContainerID != "keep" || !slices.Equal(allocs[0].IPs, []netip.Addr{keepV6, keepV4}) {
 		t.Errorf("Allocations = %+v", allocs)
 	}
-	if e.dp.count("Teardown keep") != 0 || !e.dp.hasVeth(dataplane.HostVethName("keep")) {
+	if e.dp.count(td("keep")) != 0 || !e.dp.hasVeth(dataplane.HostVethName("keep")) {
 		t.Error("committed allocation was torn down")
 	}
 	e.wantUsed(pool6, 1)
 	e.wantUsed(pool4, 1)
 	// Orphan veth removed.
-	if e.dp.count("DeleteVeth "+orphan) != 1 || e.dp.hasVeth(orphan) {
+	if e.dp.count("Teardown "+orphan) != 1 || e.dp.hasVeth(orphan) {
 		t.Error("orphan veth not removed")
 	}
-	if e.dp.countPrefix("DeleteVeth") != 1 {
-		t.Errorf("DeleteVeth called %d times, want only for the orphan", e.dp.countPrefix("DeleteVeth"))
+	if e.dp.countPrefix("Teardown") != 2 {
+		t.Errorf("Teardown called %d times, want only for the pending record and the orphan", e.dp.countPrefix("Teardown"))
 	}
 	// Anycast routes rebuilt, the stale gateway route removed.
 	if e.dp.count("SetRoute "+stale.String()+" 0") != 1 {
 		t.Errorf("stale gateway route %s not removed; calls %v", stale, e.dp.calls)
 	}
-	if rts := e.a.AnycastRoutes(); len(rts) != 2 {
-		t.Errorf("AnycastRoutes after Start = %+v, want anycast and addresses routes", rts)
+	if rts := e.dp.kernelRoutes(); len(rts) != 2 {
+		t.Errorf("kernel routes after Restore = %+v, want anycast and addresses routes", rts)
 	}
 
 	// A new ADD never gets a restored IP; the pending one's are free again.
@@ -953,7 +941,7 @@ func TestStartRestoresManyWithoutCollision(t *testing.T) {
 		restored[v6], restored[v4] = true, true
 		putRecord(t, e.dir, store.Allocation{ContainerID: fmt.Sprintf("old%d", i), State: store.Committed, IPs: []netip.Addr{v6, v4}})
 	}
-	if err := e.a.Start(context.Background()); err != nil {
+	if err := e.run(); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 5; i++ {
@@ -1015,15 +1003,12 @@ func TestStartFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			want := tc.setup(t, e.dir)
-			err := e.a.Start(context.Background())
+			err := e.a.Restore(context.Background())
 			if err == nil {
-				t.Fatal("Start succeeded")
+				t.Fatal("Restore succeeded")
 			}
 			if !strings.Contains(err.Error(), want) {
-				t.Errorf("Start error %q does not contain %q", err, want)
-			}
-			if e.a.Ready() {
-				t.Error("Ready after failed Start")
+				t.Errorf("Restore error %q does not contain %q", err, want)
 			}
 		})
 	}
@@ -1033,7 +1018,7 @@ func TestStartFailures(t *testing.T) {
 func TestStartKeepsAllocationOutsidePools(t *testing.T) {
 	e := newEnv(t)
 	putRecord(t, e.dir, store.Allocation{ContainerID: "old", State: store.Committed, IPs: []netip.Addr{mustAddr("fd99::5")}})
-	if err := e.a.Start(context.Background()); err != nil {
+	if err := e.run(); err != nil {
 		t.Fatal(err)
 	}
 	if ids := e.allocIDs(); !slices.Equal(ids, []string{"old"}) {
@@ -1064,7 +1049,7 @@ func TestConcurrentAdds(t *testing.T) {
 		defer wg.Done()
 		for i := 0; i < 20; i++ {
 			e.a.Allocations()
-			e.a.IPAM()
+			e.state.IPAM()
 		}
 	}()
 	wg.Wait()

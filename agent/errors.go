@@ -3,12 +3,13 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"regexp"
 
 	"github.com/containernetworking/cni/pkg/types"
 
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 )
@@ -44,10 +45,11 @@ func ToCNI(err error) *types.Error {
 	var ae *annotations.Error
 	var me *podmeta.MissingArgError
 	var ne *dataplane.NetnsError
+	var cf *nodestate.ConflictError
 	switch {
 	case errors.As(err, &ce):
 		code = ce.Code
-	case errors.As(err, &ae):
+	case errors.As(err, &ae), errors.As(err, &cf):
 		code = codeConfig
 	case errors.As(err, &me):
 		code = codeEnv
@@ -61,14 +63,14 @@ func ToCNI(err error) *types.Error {
 	return &types.Error{Code: code, Msg: "flock: " + err.Error()}
 }
 
-var cniName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`)
-
+// validateContainerID applies the one container-ID rule (the store's: the
+// ID names the record file) and maps a violation to a CNI error.
 func validateContainerID(id string) error {
 	if id == "" {
 		return &Error{Code: codeUnknownContainer, Err: errors.New("CNI_CONTAINERID is empty")}
 	}
-	if len(id) > 256 || !cniName.MatchString(id) {
-		return &Error{Code: codeEnv, Err: fmt.Errorf("CNI_CONTAINERID %q: only letters, digits, '_', '.' and '-' are allowed", id)}
+	if err := store.ValidateContainerID(id); err != nil {
+		return &Error{Code: codeEnv, Err: fmt.Errorf("CNI_CONTAINERID: %w", err)}
 	}
 	return nil
 }

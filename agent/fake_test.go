@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -13,16 +14,22 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"code.fritzlab.net/fritzlab/flock/agent"
+	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
+	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/dataplane/anycast"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
-// fakeDP is an in-memory agent.Dataplane. It records every call, can be told
-// to fail, and remembers which host veths "exist".
+// fakeDP is an in-memory agent.Dataplane and anycast.Kernel. It records
+// every call, can be told to fail, and remembers which host veths "exist",
+// which network namespaces are gone and which host routes are installed.
 type fakeDP struct {
 	mu    sync.Mutex
 	calls []string
@@ -31,17 +38,19 @@ type fakeDP struct {
 	routes    map[netip.Prefix][]dataplane.Nexthop
 	summaries []netip.Prefix
 	checked   []dataplane.Pod
+	goneNetns map[string]bool
 
 	setupErr    error
 	teardownErr error
 	checkErr    error
-	gatewayRts  []netip.Prefix
+	// routeErrs fails the next n SetRoute calls.
+	routeErrs int
 	// onSetup, if set, runs at the start of Setup (outside the lock).
 	onSetup func(p dataplane.Pod)
 }
 
 func newFakeDP() *fakeDP {
-	return &fakeDP{veths: map[string]bool{}, routes: map[netip.Prefix][]dataplane.Nexthop{}}
+	return &fakeDP{veths: map[string]bool{}, routes: map[netip.Prefix][]dataplane.Nexthop{}, goneNetns: map[string]bool{}}
 }
 
 func (d *fakeDP) record(format string, args ...any) {
@@ -58,28 +67,41 @@ func (d *fakeDP) Setup(p dataplane.Pod) (dataplane.Link, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.record("Setup %s", p.ContainerID)
-	name := dataplane.HostVethName(p.ContainerID)
+	if p.HostVeth == "" {
+		return dataplane.Link{}, errors.New("fake: Setup without a host veth name")
+	}
+	// Like the real one: a leftover veth of that name is replaced.
 	// Even a failed Setup may have created the veth: that is what
 	// rollback must clean up.
-	d.veths[name] = true
+	d.veths[p.HostVeth] = true
 	if d.setupErr != nil {
 		return dataplane.Link{}, d.setupErr
 	}
 	return dataplane.Link{
-		HostVeth: name,
+		HostVeth: p.HostVeth,
 		HostMAC:  net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01},
 		PodMAC:   net.HardwareAddr{0x02, 0, 0, 0, 0, 0x02},
 	}, nil
 }
 
-func (d *fakeDP) Teardown(containerID string) error {
+// Teardown of a veth also removes the kernel routes through it, as the
+// kernel does.
+func (d *fakeDP) Teardown(veth string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.record("Teardown %s", containerID)
+	d.record("Teardown %s", veth)
 	if d.teardownErr != nil {
 		return d.teardownErr
 	}
-	delete(d.veths, dataplane.HostVethName(containerID))
+	delete(d.veths, veth)
+	for p, nhs := range d.routes {
+		live := slices.DeleteFunc(slices.Clone(nhs), func(nh dataplane.Nexthop) bool { return nh.Dev == veth })
+		if len(live) == 0 {
+			delete(d.routes, p)
+		} else {
+			d.routes[p] = live
+		}
+	}
 	return nil
 }
 
@@ -102,12 +124,10 @@ func (d *fakeDP) HostVeths() ([]string, error) {
 	return out, nil
 }
 
-func (d *fakeDP) DeleteVeth(name string) error {
+func (d *fakeDP) NetnsExists(path string) (bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.record("DeleteVeth %s", name)
-	delete(d.veths, name)
-	return nil
+	return !d.goneNetns[path], nil
 }
 
 func (d *fakeDP) EnsureNode(summaries []netip.Prefix) error {
@@ -118,10 +138,20 @@ func (d *fakeDP) EnsureNode(summaries []netip.Prefix) error {
 	return nil
 }
 
+// SetRoute fails like the kernel when a next hop's device is missing.
 func (d *fakeDP) SetRoute(dst netip.Prefix, nhs []dataplane.Nexthop) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.record("SetRoute %s %d", dst, len(nhs))
+	if d.routeErrs > 0 {
+		d.routeErrs--
+		return fmt.Errorf("fake: injected route failure for %s", dst)
+	}
+	for _, nh := range nhs {
+		if !d.veths[nh.Dev] {
+			return fmt.Errorf("fake: route %s via %s dev %s: no such device", dst, nh.Gateway, nh.Dev)
+		}
+	}
 	if len(nhs) == 0 {
 		delete(d.routes, dst)
 	} else {
@@ -130,10 +160,19 @@ func (d *fakeDP) SetRoute(dst netip.Prefix, nhs []dataplane.Nexthop) error {
 	return nil
 }
 
-func (d *fakeDP) GatewayRoutes() ([]netip.Prefix, error) {
+func (d *fakeDP) HostRoutes() (map[netip.Prefix][]dataplane.Nexthop, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return slices.Clone(d.gatewayRts), nil
+	out := map[netip.Prefix][]dataplane.Nexthop{}
+	for p, nhs := range d.routes {
+		out[p] = slices.Clone(nhs)
+	}
+	return out, nil
+}
+
+func (d *fakeDP) kernelRoutes() map[netip.Prefix][]dataplane.Nexthop {
+	r, _ := d.HostRoutes()
+	return r
 }
 
 // count returns how many calls were exactly call.
@@ -177,6 +216,66 @@ func (d *fakeDP) set(f func(d *fakeDP)) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	f(d)
+}
+
+// td is the Teardown call for a container's default veth.
+func td(id string) string { return "Teardown " + dataplane.HostVethName(id) }
+
+// fakeSpeaker is the BGP reconcile target: it holds paths, can fail.
+type fakeSpeaker struct {
+	mu   sync.Mutex
+	held map[netip.Prefix]advert.Kind
+	// errs fails the next n Sets (after applying half of the diff, like a
+	// partly failed batch).
+	errs  int
+	sets  int
+	fulls int
+}
+
+func newFakeSpeaker() *fakeSpeaker { return &fakeSpeaker{held: map[netip.Prefix]advert.Kind{}} }
+
+func (f *fakeSpeaker) Set(_ context.Context, desired map[netip.Prefix]advert.Kind, full bool) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sets++
+	if full {
+		f.fulls++
+	}
+	announce, withdraw := advert.Diff(desired, f.held)
+	fail := f.errs > 0
+	if fail {
+		f.errs--
+	}
+	i := 0
+	for p, k := range announce {
+		if fail && i%2 == 1 {
+			continue
+		}
+		f.held[p] = k
+		i++
+	}
+	for j, p := range withdraw {
+		if fail && j%2 == 1 {
+			continue
+		}
+		delete(f.held, p)
+	}
+	if fail {
+		return errors.New("fake speaker: injected batch failure")
+	}
+	return nil
+}
+
+func (f *fakeSpeaker) Held() map[netip.Prefix]advert.Kind {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.held)
+}
+
+func (f *fakeSpeaker) set(fn func(f *fakeSpeaker)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
 }
 
 // faultStore wraps the real store and can fail the Nth Put (1-based,
@@ -226,23 +325,35 @@ func testSpec() *v1alpha1.NodeConfigSpec {
 }
 
 type env struct {
-	t     *testing.T
-	a     *agent.Agent
-	dp    *fakeDP
-	st    *faultStore
-	dir   string
-	hooks agent.Hooks
+	t          *testing.T
+	a          *agent.Agent
+	state      *nodestate.State
+	dp         *fakeDP
+	sp         *fakeSpeaker
+	kernel     *anycast.Routes
+	bgpLoop    *reconcile.Loop[map[netip.Prefix]advert.Kind]
+	kernelLoop *reconcile.Loop[map[netip.Prefix][]dataplane.Nexthop]
+	st         *faultStore
+	dir        string
+	cancel     context.CancelFunc
+	done       sync.WaitGroup
 }
 
-type envOpt func(*agent.Config)
+type envConfig struct {
+	agent.Config
+	standalone bool // pods count as Ready unless reported otherwise
+}
 
-func withSpec(s *v1alpha1.NodeConfigSpec) envOpt { return func(c *agent.Config) { c.Spec = s } }
-func readyOnCommit() envOpt                      { return func(c *agent.Config) { c.ReadyOnCommit = true } }
+type envOpt func(*envConfig)
+
+func withSpec(s *v1alpha1.NodeConfigSpec) envOpt { return func(c *envConfig) { c.Spec = s } }
+func readyOnCommit() envOpt                      { return func(c *envConfig) { c.standalone = true } }
 
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-// newEnv builds an agent on a fake dataplane and a real store in a temp dir,
-// without starting it.
+// newEnv builds an agent on a fake dataplane, a fake speaker and a real
+// store in a temp dir, with the two real reconcile loops, without
+// restoring or running anything.
 func newEnv(t *testing.T, opts ...envOpt) *env {
 	t.Helper()
 	dir := t.TempDir()
@@ -250,26 +361,81 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, dp: newFakeDP(), st: &faultStore{Store: st}, dir: dir}
-	cfg := agent.Config{Spec: testSpec(), Store: e.st, Dataplane: e.dp, Source: podmeta.Standalone{}, Log: discard}
+	e := &env{t: t, dp: newFakeDP(), sp: newFakeSpeaker(), st: &faultStore{Store: st}, dir: dir}
+	cfg := envConfig{Config: agent.Config{Spec: testSpec(), Store: e.st, Dataplane: e.dp, Source: podmeta.Standalone{}, Log: discard}}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	e.a, err = agent.New(cfg)
-	if err != nil {
+	e.build(cfg)
+	return e
+}
+
+func (e *env) build(cfg envConfig) {
+	t := e.t
+	var err error
+	if e.state, err = nodestate.New(cfg.Spec, cfg.standalone); err != nil {
+		t.Fatalf("nodestate.New: %v", err)
+	}
+	e.kernel = anycast.New(e.dp)
+	e.bgpLoop = &reconcile.Loop[map[netip.Prefix]advert.Kind]{Name: "bgp", Target: e.sp, Desired: e.state.Adverts, Wake: e.state.Subscribe(),
+		MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond, Log: discard}
+	e.kernelLoop = &reconcile.Loop[map[netip.Prefix][]dataplane.Nexthop]{Name: "kernel", Target: e.kernel, Desired: e.state.KernelRoutes, Wake: e.state.Subscribe(),
+		MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond, Log: discard}
+	cfg.State = e.state
+	cfg.Settle = func(ctx context.Context, gen uint64) error {
+		return errors.Join(e.bgpLoop.Wait(ctx, gen), e.kernelLoop.Wait(ctx, gen))
+	}
+	if e.a, err = agent.New(cfg.Config); err != nil {
 		t.Fatalf("agent.New: %v", err)
+	}
+}
+
+// run restores the agent and starts the reconcile loops (stopped when the
+// test ends).
+func (e *env) run() error {
+	if err := e.a.Restore(context.Background()); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
+	for _, run := range []func(context.Context) error{e.bgpLoop.Run, e.kernelLoop.Run} {
+		e.done.Add(1)
+		go func() {
+			defer e.done.Done()
+			_ = run(ctx)
+		}()
+	}
+	e.t.Cleanup(e.stop)
+	return nil
+}
+
+func (e *env) stop() {
+	if e.cancel != nil {
+		e.cancel()
+		e.done.Wait()
+		e.cancel = nil
+	}
+}
+
+// started is newEnv plus run.
+func started(t *testing.T, opts ...envOpt) *env {
+	t.Helper()
+	e := newEnv(t, opts...)
+	if err := e.run(); err != nil {
+		t.Fatalf("Restore: %v", err)
 	}
 	return e
 }
 
-// started is newEnv plus Start.
-func started(t *testing.T, opts ...envOpt) *env {
-	t.Helper()
-	e := newEnv(t, opts...)
-	if err := e.a.Start(context.Background()); err != nil {
-		t.Fatalf("Start: %v", err)
+// settled waits until both loops applied the current state.
+func (e *env) settled() {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	gen := e.state.Generation()
+	if err := errors.Join(e.bgpLoop.Wait(ctx, gen), e.kernelLoop.Wait(ctx, gen)); err != nil {
+		e.t.Fatalf("reconcilers did not apply generation %d: %v", gen, err)
 	}
-	return e
 }
 
 // podArgs builds CNI_ARGS for ns/name plus extra "K=V" pairs.
@@ -295,7 +461,7 @@ func (e *env) mustAdd(id string, extra ...string) store.Allocation {
 // used returns the IPAM used count of pool p.
 func (e *env) used(p netip.Prefix) uint64 {
 	e.t.Helper()
-	for _, s := range e.a.IPAM() {
+	for _, s := range e.state.IPAM() {
 		if s.Pool.Prefix == p {
 			return s.Used
 		}
@@ -330,9 +496,10 @@ func (e *env) recordIDs() []string {
 	return ids
 }
 
+// allocIDs lists every attachment the state holds, whatever its phase.
 func (e *env) allocIDs() []string {
 	var ids []string
-	for _, r := range e.a.Allocations() {
+	for _, r := range e.state.Attachments() {
 		ids = append(ids, r.ContainerID)
 	}
 	return ids

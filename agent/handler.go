@@ -16,9 +16,11 @@ import (
 
 // netConf is the part of the network config the agent reads.
 type netConf struct {
-	CNIVersion       string          `json:"cniVersion"`
-	RawPrevResult    json.RawMessage `json:"prevResult,omitempty"`
-	ValidAttachments []struct {
+	CNIVersion    string          `json:"cniVersion"`
+	RawPrevResult json.RawMessage `json:"prevResult,omitempty"`
+	// ValidAttachments is a pointer: absent (refuse the GC) and empty
+	// (nothing is valid) must not look alike.
+	ValidAttachments *[]struct {
 		ContainerID string `json:"containerID"`
 		IfName      string `json:"ifname"`
 	} `json:"cni.dev/valid-attachments,omitempty"`
@@ -26,9 +28,6 @@ type netConf struct {
 
 // Handle serves one wire request.
 func (a *Agent) Handle(ctx context.Context, req wire.Request) wire.Response {
-	if !a.Ready() {
-		return wire.Response{Error: &types.Error{Code: codeNotAvailable, Msg: "flock: agent is starting (recovering allocations); try again"}}
-	}
 	var conf netConf
 	if len(req.Config) > 0 {
 		if err := json.Unmarshal(req.Config, &conf); err != nil {
@@ -56,8 +55,13 @@ func (a *Agent) Handle(ctx context.Context, req wire.Request) wire.Response {
 		}
 		return wire.Response{Error: ToCNI(a.Check(ctx, req.ContainerID, req.IfName, prev))}
 	case wire.OpGC:
+		if conf.ValidAttachments == nil {
+			// Spec 1.1: GC deletes what the list leaves out, so a config
+			// without the list would delete every attachment on the node.
+			return wire.Response{Error: &types.Error{Code: types.ErrInvalidNetworkConfig, Msg: "flock: GC: the network config has no cni.dev/valid-attachments; refusing to delete every attachment on the node"}}
+		}
 		var valid []Attachment
-		for _, v := range conf.ValidAttachments {
+		for _, v := range *conf.ValidAttachments {
 			valid = append(valid, Attachment{ContainerID: v.ContainerID, IfName: v.IfName})
 		}
 		return wire.Response{Error: ToCNI(a.GC(ctx, valid))}

@@ -66,23 +66,6 @@ func TestToCNI(t *testing.T) {
 	}
 }
 
-func TestHandleBeforeStart(t *testing.T) {
-	e := newEnv(t)
-	for _, op := range []wire.Op{wire.OpAdd, wire.OpDel, wire.OpCheck, wire.OpGC, wire.OpStatus} {
-		resp := e.a.Handle(context.Background(), wire.Request{Op: op, ContainerID: "c1", Netns: "/ns", IfName: "eth0", Args: podArgs("default", "p"), Config: json.RawMessage(netConf)})
-		if resp.Error == nil || resp.Error.Code != types.ErrPluginNotAvailable {
-			t.Errorf("%s before Start: %+v, want code %d", op, resp.Error, types.ErrPluginNotAvailable)
-			continue
-		}
-		if !strings.HasPrefix(resp.Error.Msg, "flock: ") {
-			t.Errorf("message %q", resp.Error.Msg)
-		}
-	}
-	if e.dp.countPrefix("Setup")+e.dp.countPrefix("Teardown") != 0 {
-		t.Error("dataplane touched before Start")
-	}
-}
-
 // ADD errors reach the runtime with the right CNI code.
 func TestHandleAddErrors(t *testing.T) {
 	tests := []struct {
@@ -330,7 +313,7 @@ func TestHandleGC(t *testing.T) {
 	if ids := e.allocIDs(); len(ids) != 2 || ids[0] != "a" || ids[1] != "c" {
 		t.Errorf("allocations after GC = %v, want [a c]", ids)
 	}
-	if e.dp.count("Teardown b") != 1 {
+	if e.dp.count(td("b")) != 1 {
 		t.Error("b not torn down")
 	}
 }
@@ -343,7 +326,7 @@ func TestHandleAddResultOrderFromRestoredRecord(t *testing.T) {
 		ContainerID: "old", State: store.Committed,
 		IPs: []netip.Addr{mustAddr("10.1.1.9"), mustAddr("fd00:10:1::9")}, // IPv4 first on disk
 	})
-	if err := e.a.Start(context.Background()); err != nil {
+	if err := e.run(); err != nil {
 		t.Fatal(err)
 	}
 	resp := e.a.Handle(context.Background(), addReq("old", podArgs("default", "old")))

@@ -14,7 +14,7 @@ import (
 // a missing route is an error, never ignored.
 func (d *Netlink) Check(p Pod) error {
 	var errs []error
-	hostName := HostVethName(p.ContainerID)
+	hostName := p.HostVeth
 	host, err := netlink.LinkByName(hostName)
 	if err != nil {
 		return fmt.Errorf("host veth %s: %w", hostName, err)

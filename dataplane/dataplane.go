@@ -6,6 +6,7 @@
 package dataplane
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -40,15 +41,25 @@ var (
 
 // HostVethName is the host-side veth of a container: "flock" + 8 hex digits
 // of FNV-1a-32 of the container ID.
-func HostVethName(containerID string) string {
+func HostVethName(containerID string) string { return ProbeVethName(containerID, 0) }
+
+// ProbeVethName is the container's n-th candidate host veth name: n = 0 is
+// HostVethName; on a hash collision with another live container the agent
+// takes the first free n > 0 (the FNV-1a-32 of "<containerID>#<n>") and
+// records the name it took, so every later step uses that name.
+func ProbeVethName(containerID string, n int) string {
 	h := fnv.New32a()
 	h.Write([]byte(containerID))
+	if n > 0 {
+		fmt.Fprintf(h, "#%d", n)
+	}
 	return fmt.Sprintf("%s%08x", VethPrefix, h.Sum32())
 }
 
 // Pod is the desired network of one pod attachment.
 type Pod struct {
 	ContainerID string
+	HostVeth    string // host-side veth name (the agent picks it, see ProbeVethName)
 	Netns       string // path
 	IfName      string
 	IPs         []netip.Addr // /128 and /32 on IfName
@@ -67,6 +78,11 @@ type Link struct {
 type Nexthop struct {
 	Gateway netip.Addr
 	Dev     string
+}
+
+// CompareNexthops orders next hops by gateway, then device.
+func CompareNexthops(a, b Nexthop) int {
+	return cmp.Or(a.Gateway.Compare(b.Gateway), strings.Compare(a.Dev, b.Dev))
 }
 
 // Netlink is the real dataplane, acting on the agent's own (node) netns.
@@ -143,7 +159,10 @@ func addrFlags(ip netip.Addr) int {
 // of the same name (a crashed earlier attempt) is removed first. On error the
 // caller tears down; Setup does not clean up after itself.
 func (d *Netlink) Setup(p Pod) (Link, error) {
-	hostName := HostVethName(p.ContainerID)
+	hostName := p.HostVeth
+	if !strings.HasPrefix(hostName, VethPrefix) || len(hostName) > 15 {
+		return Link{}, fmt.Errorf("host veth name %q: want %s plus at most %d characters", hostName, VethPrefix, 15-len(VethPrefix))
+	}
 	nsh, ph, err := openNetns(p.Netns)
 	if err != nil {
 		return Link{}, err
@@ -291,10 +310,22 @@ func (d *Netlink) deleteHostVeth(name string) error {
 	return nil
 }
 
-// Teardown removes a container's host veth; the pod end, the host routes
-// and the neighbour entries go with it. Missing objects are not errors.
-func (d *Netlink) Teardown(containerID string) error {
-	return d.deleteHostVeth(HostVethName(containerID))
+// Teardown removes a pod's host veth; the pod end, the host routes and the
+// neighbour entries go with it. Missing objects are not errors.
+func (d *Netlink) Teardown(hostVeth string) error { return d.deleteHostVeth(hostVeth) }
+
+// NetnsExists tells whether path still is a network namespace. After a
+// reboot (or once the runtime removed it) the bind mount is gone: the path
+// is missing, or an empty file that is no longer nsfs.
+func (d *Netlink) NetnsExists(path string) (bool, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+			return false, nil
+		}
+		return false, fmt.Errorf("netns %s: %w", path, err)
+	}
+	return st.Type == unix.NSFS_MAGIC || st.Type == unix.PROC_SUPER_MAGIC, nil
 }
 
 // HostVeths lists the flock veths present on the node.
@@ -311,9 +342,6 @@ func (d *Netlink) HostVeths() ([]string, error) {
 	}
 	return out, nil
 }
-
-// DeleteVeth removes a host veth by name (an orphan found at startup).
-func (d *Netlink) DeleteVeth(name string) error { return d.deleteHostVeth(name) }
 
 // EnsureNode turns on forwarding and installs a blackhole route for each
 // node summary, removing flock blackholes for summaries no longer
@@ -377,45 +405,81 @@ func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
 }
 
 // SetRoute points dst at the given next hops (one ECMP route for several),
-// or removes it when there are none.
+// or removes it when there are none. A next hop whose device is gone is
+// left out and reported in the error, so one vanished replica cannot keep
+// the others' route from being programmed.
 func (d *Netlink) SetRoute(dst netip.Prefix, nhs []Nexthop) error {
 	r := &netlink.Route{Dst: ipnet(dst), Protocol: RouteProtocol, Family: family(dst.Addr())}
-	if len(nhs) == 0 {
-		if err := netlink.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("delete route %s: %w", dst, err)
-		}
-		return nil
+	var errs []error
+	type hop struct {
+		idx int
+		gw  netip.Addr
 	}
+	var live []hop
 	for _, nh := range nhs {
 		l, err := netlink.LinkByName(nh.Dev)
 		if err != nil {
-			return fmt.Errorf("route %s via %s dev %s: %w", dst, nh.Gateway, nh.Dev, err)
+			errs = append(errs, fmt.Errorf("route %s via %s dev %s: %w", dst, nh.Gateway, nh.Dev, err))
+			continue
 		}
-		if len(nhs) == 1 {
-			r.LinkIndex, r.Gw = l.Attrs().Index, nh.Gateway.AsSlice()
-			break
+		live = append(live, hop{l.Attrs().Index, nh.Gateway})
+	}
+	switch len(live) {
+	case 0:
+		if err := netlink.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("delete route %s: %w", dst, err))
 		}
-		r.MultiPath = append(r.MultiPath, &netlink.NexthopInfo{LinkIndex: l.Attrs().Index, Gw: nh.Gateway.AsSlice()})
+		return errors.Join(errs...)
+	case 1:
+		r.LinkIndex, r.Gw = live[0].idx, live[0].gw.AsSlice()
+	default:
+		for _, h := range live {
+			r.MultiPath = append(r.MultiPath, &netlink.NexthopInfo{LinkIndex: h.idx, Gw: h.gw.AsSlice()})
+		}
 	}
 	if err := netlink.RouteReplace(r); err != nil {
-		return fmt.Errorf("route %s via %v: %w", dst, nhs, err)
+		errs = append(errs, fmt.Errorf("route %s via %v: %w", dst, nhs, err))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
-// GatewayRoutes lists the flock routes that have a gateway (anycast and
-// addresses host routes), for pruning stale ones at startup.
-func (d *Netlink) GatewayRoutes() ([]netip.Prefix, error) {
+// HostRoutes returns the flock routes that have a gateway (the anycast and
+// `addresses` host routes) with their next hops, as the kernel holds them.
+func (d *Netlink) HostRoutes() (map[netip.Prefix][]Nexthop, error) {
 	routes, err := d.flockRoutes()
 	if err != nil {
 		return nil, err
 	}
-	var out []netip.Prefix
+	links, err := netlink.LinkList()
+	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	names := make(map[int]string, len(links))
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	hop := func(idx int, gw net.IP) Nexthop {
+		a, _ := netip.AddrFromSlice(gw)
+		dev := names[idx]
+		if dev == "" {
+			dev = fmt.Sprintf("ifindex-%d", idx)
+		}
+		return Nexthop{Gateway: a.Unmap(), Dev: dev}
+	}
+	out := map[netip.Prefix][]Nexthop{}
 	for _, r := range routes {
-		if r.Type == unix.RTN_UNICAST && (r.Gw != nil || len(r.MultiPath) > 0) {
-			if p, ok := prefixOf(r.Dst); ok {
-				out = append(out, p)
-			}
+		if r.Type != unix.RTN_UNICAST || (r.Gw == nil && len(r.MultiPath) == 0) {
+			continue
+		}
+		p, ok := prefixOf(r.Dst)
+		if !ok {
+			continue
+		}
+		if r.Gw != nil {
+			out[p] = append(out[p], hop(r.LinkIndex, r.Gw))
+		}
+		for _, m := range r.MultiPath {
+			out[p] = append(out[p], hop(m.LinkIndex, m.Gw))
 		}
 	}
 	return out, nil

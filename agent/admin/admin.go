@@ -4,6 +4,7 @@
 package admin
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,16 +23,19 @@ import (
 // DefaultSocket is the admin socket path.
 const DefaultSocket = "/run/flock/admin.sock"
 
-// Pod is one allocation.
+// Pod is one attachment.
 type Pod struct {
 	ContainerID string    `json:"containerID"`
 	Namespace   string    `json:"namespace"`
 	Name        string    `json:"name"`
+	UID         string    `json:"uid,omitempty"`
 	IfName      string    `json:"ifName"`
 	HostVeth    string    `json:"hostVeth"`
 	IPs         []string  `json:"ips"`
 	Addresses   []string  `json:"addresses,omitempty"`
 	Anycast     []string  `json:"anycast,omitempty"`
+	Phase       string    `json:"phase"` // committed, pending (ADD in progress), deleting, stuck
+	Ready       bool      `json:"ready"`
 	Created     time.Time `json:"created"`
 }
 
@@ -44,12 +48,15 @@ type Pool struct {
 	Free       string   `json:"free"` // decimal; may exceed 64 bits
 }
 
-// Route is one anycast/addresses host route.
+// Route is one anycast/addresses host route: what the kernel holds and
+// what the node state wants.
 type Route struct {
 	Prefix   string   `json:"prefix"`
-	Kind     string   `json:"kind"`
-	Nexthops []string `json:"nexthops"`
+	Kind     string   `json:"kind,omitempty"`
+	Nexthops []string `json:"nexthops"` // in the kernel
+	Desired  []string `json:"desired"`  // wanted by the node state
 	Owners   []string `json:"owners"`
+	Synced   bool     `json:"synced"`
 }
 
 // FamilyCounts are a session's per-family prefix counters.
@@ -84,13 +91,47 @@ type BGPRoute struct {
 	Advertised bool     `json:"advertised"`
 }
 
+// Reconciler is one route reconciler's health.
+type Reconciler struct {
+	Target      string    `json:"target"`
+	Passes      uint64    `json:"passes"`
+	Errors      uint64    `json:"errors"`
+	Failing     bool      `json:"failing"`
+	LastError   string    `json:"lastError,omitempty"`
+	LastErrorAt time.Time `json:"lastErrorAt,omitzero"`
+	LastSuccess time.Time `json:"lastSuccess,omitzero"`
+}
+
+// Status is the agent's health at a glance.
+type Status struct {
+	Ready       bool              `json:"ready"`
+	Allocations int               `json:"allocations"`
+	PeersUp     int               `json:"peersEstablished"`
+	Peers       int               `json:"peersConfigured"`
+	Reconcilers []Reconciler      `json:"reconcilers"`
+	Reaped      map[string]uint64 `json:"reaped,omitempty"`
+	ConfigError string            `json:"configError,omitempty"`
+	Problems    []string          `json:"problems,omitempty"`
+}
+
+// Readiness is an operator's readiness report for a pod (standalone mode).
+type Readiness struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Ready     bool   `json:"ready"`
+}
+
 // Source is what the agent exposes.
 type Source interface {
+	Status() Status
 	Pods() []Pod
 	Pools() []Pool
 	Routes() []Route
 	Neighbors() []Neighbor
 	BGPRoutes() []BGPRoute
+	// SetReadiness records a pod's readiness and returns how many pod
+	// incarnations it applied to.
+	SetReadiness(r Readiness) (int, error)
 }
 
 // Handler serves the API.
@@ -104,11 +145,26 @@ func Handler(src Source) http.Handler {
 			}
 		})
 	}
+	get("/v1/status", func() any { return src.Status() })
 	get("/v1/pods", func() any { return src.Pods() })
 	get("/v1/ipam", func() any { return src.Pools() })
 	get("/v1/routes", func() any { return src.Routes() })
 	get("/v1/bgp/neighbors", func() any { return src.Neighbors() })
 	get("/v1/bgp/routes", func() any { return src.BGPRoutes() })
+	mux.HandleFunc("POST /v1/pods/readiness", func(w http.ResponseWriter, r *http.Request) {
+		var req Readiness
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&req); err != nil {
+			http.Error(w, "body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		n, err := src.SetReadiness(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusConflict)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]int{"pods": n})
+	})
 	return mux
 }
 
@@ -156,7 +212,20 @@ func NewClient(socket string) *Client {
 
 // Get decodes GET path into v.
 func (c *Client) Get(ctx context.Context, path string, v any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://flock"+path, nil)
+	return c.do(ctx, http.MethodGet, path, nil, v)
+}
+
+// Post sends body as JSON to path and decodes the answer into v.
+func (c *Client) Post(ctx context.Context, path string, body, v any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, http.MethodPost, path, bytes.NewReader(b), v)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body io.Reader, v any) error {
+	req, err := http.NewRequestWithContext(ctx, method, "http://flock"+path, body)
 	if err != nil {
 		return err
 	}
@@ -170,7 +239,7 @@ func (c *Client) Get(ctx context.Context, path string, v any) error {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("admin %s: %s: %s", path, resp.Status, b)
+		return fmt.Errorf("admin %s: %s: %s", path, resp.Status, bytes.TrimSpace(b))
 	}
 	return json.NewDecoder(resp.Body).Decode(v)
 }

@@ -1,29 +1,46 @@
-// Package daemon wires flock-agent together: node config, allocation store,
-// pod handler, BGP speaker and its reconcile loop, admin API, metrics, and
-// live reconfiguration — from a file (standalone) or from the API server
-// (Kubernetes mode). cmd/flock-agent only parses flags.
+// Package daemon wires flock-agent together: node config, node state,
+// allocation store, pod handler, BGP speaker, the two route reconcilers,
+// admin API, metrics, and live reconfiguration — from a file (standalone)
+// or from the API server (Kubernetes mode). cmd/flock-agent only parses
+// flags.
+//
+// Every long-running part is a component with Run(ctx) error, started in
+// one errgroup. The order is the design: the facts restore needs (pod
+// readiness from the API) are synced first, then allocations are restored,
+// then the speaker originates the full set, and only then are peers added
+// and the CNI and admin sockets served — so nothing is ever served from a
+// half-restored state.
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"path/filepath"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/metrics"
 	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
+	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
+	"code.fritzlab.net/fritzlab/flock/agent/status"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/bgp"
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/dataplane/anycast"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
@@ -44,6 +61,10 @@ type Options struct {
 	NodeConfigWait time.Duration // how long to wait for this node's NodeConfig
 	LeakGCGrace    time.Duration // how long a deleted pod's allocation waits for kubelet's DEL
 
+	// Repair is the period of the reconcilers' full repair and of the
+	// netns check (default 30 s).
+	Repair time.Duration
+
 	// Hooks are for tests only.
 	Hooks agent.Hooks
 }
@@ -52,150 +73,183 @@ type Options struct {
 // down on the way out: pods keep working and graceful restart keeps their
 // routes at the ToR until the agent is back.
 func Run(ctx context.Context, o Options) error {
-	log := o.Log
 	outer := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	g, ctx := errgroup.WithContext(ctx)
+	stop := func(err error) error {
+		cancel()
+		werr := g.Wait()
+		if outer.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+			return nil // told to stop: not a failure
+		}
+		return cmp.Or(err, werr)
+	}
 
+	d, err := newDaemon(ctx, o)
+	if err != nil {
+		return stop(err)
+	}
+	// Bind the sockets before recovery: a plugin call during start-up waits
+	// in the backlog and is answered once the state is restored.
+	cl, err := wire.Listen(o.CNISocket)
+	if err != nil {
+		return stop(err)
+	}
+	defer cl.Close()
+	al, err := admin.Listen(o.AdminSocket)
+	if err != nil {
+		return stop(err)
+	}
+	defer al.Close()
+
+	// 1. What runs during recovery: metrics (readyz says "not yet"), the
+	// speaker's own loop, and in Kubernetes mode the informers whose facts
+	// (pod readiness, BGP passwords) recovery and the first UPDATEs need.
+	if o.MetricsAddress != "" {
+		g.Go(func() error {
+			if err := metrics.Serve(ctx, o.MetricsAddress, d.metrics, d.ready.Load); err != nil {
+				return fmt.Errorf("metrics on %s: %w", o.MetricsAddress, err)
+			}
+			return nil
+		})
+	}
+	g.Go(func() error { return d.speaker.Run(ctx) })
+	if d.kube != nil {
+		if err := d.kube.startInformers(ctx, g); err != nil {
+			return stop(err)
+		}
+	}
+
+	// 2. Restore; originate the full set before any session comes up, so
+	// each peer's first UPDATEs (and End-of-RIB) carry all of it.
+	if err := d.agent.Restore(ctx); err != nil {
+		d.reportStartError(ctx, err)
+		return stop(err)
+	}
+	if err := d.bgpLoop.Pass(ctx, true); err != nil {
+		d.log.Error("bgp: initial sync; the reconciler retries", "err", err)
+	}
+	if err := d.speaker.ApplyPeers(d.spec.BGP.Peers); err != nil {
+		d.log.Error("bgp: peers", "err", err)
+		d.setConfigError(err)
+	}
+	d.ready.Store(true)
+
+	// 3. Serve.
+	g.Go(func() error { return d.bgpLoop.Run(ctx) })
+	g.Go(func() error { return d.kernelLoop.Run(ctx) })
+	g.Go(func() error { return d.agent.Run(ctx) })
+	g.Go(func() error {
+		srv := &wire.Server{Handler: wire.HandlerFunc(d.handleCNI), Logger: d.log}
+		return srv.Serve(ctx, cl)
+	})
+	g.Go(func() error { return admin.Serve(ctx, al, d) })
+	if d.kube != nil {
+		d.kube.startServing(ctx, g, d)
+	} else {
+		w := &nodeconfig.FileWatcher{Path: o.NodeConfig, Log: d.log, Hup: hangups(ctx)}
+		g.Go(func() error { return w.Run(ctx, d.reloadFile) })
+	}
+	d.log.Info("serving", "cni-socket", o.CNISocket, "admin-socket", o.AdminSocket, "metrics", o.MetricsAddress,
+		"state-dir", o.StateDir, "node", d.nodeName, "asn", d.spec.ASN, "peers", len(d.spec.BGP.Peers), "kubernetes", o.Kubernetes)
+	return stop(g.Wait())
+}
+
+type daemon struct {
+	o          Options
+	log        *slog.Logger
+	nodeName   string
+	state      *nodestate.State
+	agent      *agent.Agent
+	speaker    *bgp.Speaker
+	kernel     *anycast.Routes
+	bgpLoop    *reconcile.Loop[map[netip.Prefix]advert.Kind]
+	kernelLoop *reconcile.Loop[map[netip.Prefix][]dataplane.Nexthop]
+	metrics    *metrics.Metrics
+	kube       *kubeMode // nil in standalone mode
+	ready      atomic.Bool
+
+	mu     sync.Mutex
+	spec   v1alpha1.NodeConfigSpec // the running config
+	cfgErr string
+	reaped map[string]uint64
+}
+
+// newDaemon reads the node config (in Kubernetes mode waiting for it) and
+// builds every part; nothing runs yet.
+func newDaemon(ctx context.Context, o Options) (*daemon, error) {
+	d := &daemon{o: o, log: o.Log, reaped: map[string]uint64{agent.ReapNetnsGone: 0, agent.ReapInterrupted: 0}}
 	var (
 		spec      *v1alpha1.NodeConfigSpec
 		source    podmeta.Source = podmeta.Standalone{}
 		passwords bgp.PasswordReader
-		kube      *kubeMode
-		nodeName  string
 	)
 	if o.Kubernetes {
 		k, err := newKube(ctx, o)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		kube, spec, source, passwords, nodeName = k, k.spec, k.pods, k.secrets.Password, o.NodeName
+		d.kube, spec, source, passwords, d.nodeName = k, k.spec, k.pods, k.secrets.Password, o.NodeName
 	} else {
 		nc, err := nodeconfig.Load(o.NodeConfig)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		spec, passwords, nodeName = &nc.Spec, bgp.FilePasswords, nc.Metadata.Name
+		spec, passwords, d.nodeName = &nc.Spec, bgp.FilePasswords, nc.Metadata.Name
+	}
+	d.spec = *spec
+	fail := func(err error) (*daemon, error) {
+		err = fmt.Errorf("node config: %w", err)
+		d.reportStartError(ctx, err)
+		return nil, err
+	}
+	if err := nodeconfig.Validate(spec); err != nil {
+		return fail(err)
 	}
 	st, err := store.Open(o.StateDir)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	adverts := advert.NewSet()
-	a, err := agent.New(agent.Config{
-		Spec: spec, Store: st, Dataplane: &dataplane.Netlink{Log: log},
-		Source: source, Log: log, ReadyOnCommit: !o.Kubernetes, Adverts: adverts, Hooks: o.Hooks,
-	})
-	if err != nil {
-		if kube != nil {
-			kube.reportError(ctx, err)
-		}
-		return fmt.Errorf("node config: %w", err)
-	}
-	d := &daemon{log: log, agent: a, adverts: adverts, spec: *spec, kube: kube}
-	m := metrics.New(d.metricsSource())
-	d.metrics = m
-
-	// Bind the sockets before recovery, so a plugin call during startup
-	// gets "starting, try again" instead of "not running".
-	cl, err := wire.Listen(o.CNISocket)
-	if err != nil {
-		return err
-	}
-	al, err := admin.Listen(o.AdminSocket)
-	if err != nil {
-		cl.Close()
-		return err
-	}
-	errc := make(chan error, 4)
-	servers := 2
-	go func() {
-		srv := &wire.Server{Handler: wire.HandlerFunc(d.handleCNI), Logger: log}
-		errc <- srv.Serve(ctx, cl)
-	}()
-	go func() { errc <- admin.Serve(ctx, al, d) }()
-	if o.MetricsAddress != "" {
-		servers++
-		go func() {
-			if err := metrics.Serve(ctx, o.MetricsAddress, m, a.Ready); err != nil {
-				errc <- fmt.Errorf("metrics on %s: %w", o.MetricsAddress, err)
-				return
-			}
-			errc <- nil
-		}()
-	}
-	fail := func(err error) error {
-		cancel()
-		for range servers {
-			<-errc
-		}
-		if outer.Err() != nil && errors.Is(err, context.Canceled) {
-			return nil // told to stop while starting: not a failure
-		}
-		return err
-	}
-
-	if kube != nil {
-		// Readiness of every pod is known before allocations are restored,
-		// so a restart neither withdraws nor re-announces anycast routes.
-		if err := kube.startPods(ctx, a, m); err != nil {
-			return fail(err)
-		}
-	}
-	if err := a.Start(ctx); err != nil {
+	// Standalone: nothing reports readiness but the operator (flockctl
+	// ready), so a committed pod counts as Ready.
+	if d.state, err = nodestate.New(spec, !o.Kubernetes); err != nil {
 		return fail(err)
 	}
-	sp, err := bgp.New(ctx, bgp.Config{
-		ASN: spec.ASN, RouterID: spec.RouterID, BGP: spec.BGP, Log: log, Passwords: passwords,
+	dp := &dataplane.Netlink{Log: d.log}
+	d.kernel = anycast.New(dp)
+	d.speaker, err = bgp.New(bgp.Config{
+		ASN: spec.ASN, RouterID: spec.RouterID, BGP: spec.BGP, Log: d.log, Passwords: passwords,
 		StateFile: filepath.Join(o.StateDir, "bgp-state.json"),
 		OnChange:  d.statusChanged,
 	})
 	if err != nil {
+		return nil, err
+	}
+	d.metrics = metrics.New(d.snapshot, d.speaker.Collector())
+	d.bgpLoop = &reconcile.Loop[map[netip.Prefix]advert.Kind]{
+		Name: "bgp", Target: d.speaker, Desired: d.state.Adverts, Wake: d.state.Subscribe(),
+		Repair: o.Repair, Log: d.log, Observe: d.observeReconcile,
+	}
+	d.kernelLoop = &reconcile.Loop[map[netip.Prefix][]dataplane.Nexthop]{
+		Name: "kernel", Target: d.kernel, Desired: d.state.KernelRoutes, Wake: d.state.Subscribe(),
+		Repair: o.Repair, Log: d.log, Observe: d.observeReconcile,
+	}
+	d.agent, err = agent.New(agent.Config{
+		Spec: spec, State: d.state, Store: st, Dataplane: dp, Source: source, Log: d.log, Hooks: o.Hooks,
+		Settle: func(ctx context.Context, gen uint64) error {
+			return errors.Join(d.bgpLoop.Wait(ctx, gen), d.kernelLoop.Wait(ctx, gen))
+		},
+		Reaped:       d.countReaped,
+		ReapInterval: o.Repair,
+	})
+	if err != nil {
 		return fail(err)
 	}
-	d.setSpeaker(sp)
-	if err := m.Registry.Register(sp.Collector()); err != nil {
-		log.Warn("metrics: GoBGP collector", "err", err)
+	if d.kube != nil {
+		d.kube.wire(d)
 	}
-	// Originate everything before any session comes up, so each peer's
-	// first UPDATEs (and End-of-RIB) carry the complete set.
-	if err := sp.Resync(adverts.Desired()); err != nil {
-		log.Error("bgp: initial sync", "err", err)
-	}
-	if err := sp.ApplyPeers(spec.BGP.Peers); err != nil {
-		log.Error("bgp: peers", "err", err)
-		d.setLastError(err)
-	}
-	go bgp.Reconcile(ctx, adverts, sp, bgp.MinResync, m.ObserveReconcile)
-	if kube != nil {
-		kube.afterStart(ctx, d)
-	} else {
-		go d.watchConfig(ctx, o.NodeConfig)
-	}
-	log.Info("serving", "cni-socket", o.CNISocket, "admin-socket", o.AdminSocket, "metrics", o.MetricsAddress,
-		"state-dir", o.StateDir, "node", nodeName, "asn", spec.ASN, "peers", len(spec.BGP.Peers), "kubernetes", o.Kubernetes)
-
-	var first error
-	for range servers {
-		if err := <-errc; err != nil && first == nil {
-			first = err
-			cancel()
-		}
-	}
-	return first
-}
-
-type daemon struct {
-	log     *slog.Logger
-	agent   *agent.Agent
-	adverts *advert.Set
-	metrics *metrics.Metrics
-	kube    *kubeMode
-	speaker speakerRef
-
-	mu      sync.Mutex
-	spec    v1alpha1.NodeConfigSpec
-	lastErr string
+	return d, nil
 }
 
 func (d *daemon) handleCNI(ctx context.Context, req wire.Request) wire.Response {
@@ -205,12 +259,22 @@ func (d *daemon) handleCNI(ctx context.Context, req wire.Request) wire.Response 
 	return resp
 }
 
-func (d *daemon) setLastError(err error) {
+func (d *daemon) observeReconcile(target string, full bool, dur time.Duration, err error) {
+	d.metrics.ObserveReconcile(target, full, dur, err)
+	d.statusChanged()
+}
+
+func (d *daemon) countReaped(reason string) {
 	d.mu.Lock()
-	if err == nil {
-		d.lastErr = ""
-	} else {
-		d.lastErr = err.Error()
+	d.reaped[reason]++
+	d.mu.Unlock()
+}
+
+func (d *daemon) setConfigError(err error) {
+	d.mu.Lock()
+	d.cfgErr = ""
+	if err != nil {
+		d.cfgErr = err.Error()
 	}
 	d.mu.Unlock()
 	d.statusChanged()
@@ -222,17 +286,42 @@ func (d *daemon) statusChanged() {
 	}
 }
 
+func (d *daemon) reportStartError(ctx context.Context, err error) {
+	if d.kube != nil {
+		d.kube.reportError(ctx, err)
+	}
+}
+
+// snapshot is the one status snapshot (see package status).
+func (d *daemon) snapshot() status.Node {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	n := status.Node{
+		Time: time.Now(), Ready: d.ready.Load(), Allocations: d.state.Count(), Pools: d.state.IPAM(),
+		Neighbors:   d.speaker.Neighbors(ctx),
+		Advertised:  map[advert.Kind]int{},
+		Reconcilers: []reconcile.Status{d.bgpLoop.Status(), d.kernelLoop.Status()},
+		Reaped:      map[string]uint64{},
+	}
+	for _, k := range d.speaker.Held() {
+		n.Advertised[k]++
+	}
+	d.mu.Lock()
+	n.ConfigError = d.cfgErr
+	for r, c := range d.reaped {
+		n.Reaped[r] = c
+	}
+	d.mu.Unlock()
+	return n
+}
+
 // applySpec applies a changed NodeConfig: peers are added, removed or
 // updated live; other changes need a restart and are reported as such.
 func (d *daemon) applySpec(spec *v1alpha1.NodeConfigSpec) error {
 	if err := nodeconfig.Validate(spec); err != nil {
 		d.metrics.ReloadsTotal.WithLabelValues("error").Inc()
-		d.setLastError(err)
+		d.setConfigError(err)
 		return err
-	}
-	sp := d.speaker.get()
-	if sp == nil {
-		return errors.New("reload: speaker not started")
 	}
 	d.mu.Lock()
 	oldRest, newRest := d.spec, *spec
@@ -241,16 +330,16 @@ func (d *daemon) applySpec(spec *v1alpha1.NodeConfigSpec) error {
 	if !reflect.DeepEqual(oldRest, newRest) {
 		d.log.Warn("reload: changes outside spec.bgp.peers (pools, defaults, asn, routerID, listen port, import policy) take effect at the next agent restart")
 	}
-	if err := sp.ApplyPeers(spec.BGP.Peers); err != nil {
+	if err := d.speaker.ApplyPeers(spec.BGP.Peers); err != nil {
 		d.metrics.ReloadsTotal.WithLabelValues("error").Inc()
-		d.setLastError(err)
+		d.setConfigError(err)
 		return err
 	}
 	d.mu.Lock()
 	d.spec.BGP.Peers = spec.BGP.Peers
 	d.mu.Unlock()
 	d.metrics.ReloadsTotal.WithLabelValues("success").Inc()
-	d.setLastError(nil)
+	d.setConfigError(nil)
 	d.log.Info("reload: node config applied", "peers", len(spec.BGP.Peers))
 	return nil
 }
@@ -259,24 +348,27 @@ func (d *daemon) applySpec(spec *v1alpha1.NodeConfigSpec) error {
 // password changed are re-created.
 func (d *daemon) reapplyPeers() {
 	d.mu.Lock()
-	spec := d.spec
+	peers := d.spec.BGP.Peers
 	d.mu.Unlock()
-	if sp := d.speaker.get(); sp != nil {
-		if err := sp.ApplyPeers(spec.BGP.Peers); err != nil {
-			d.log.Error("bgp: peers", "err", err)
-			d.setLastError(err)
-			return
-		}
-		d.setLastError(nil)
+	if err := d.speaker.ApplyPeers(peers); err != nil {
+		d.log.Error("bgp: peers", "err", err)
+		d.setConfigError(err)
+		return
 	}
+	d.setConfigError(nil)
 }
 
-// reload re-reads the standalone file.
-func (d *daemon) reload(path string) error {
-	nc, err := nodeconfig.Load(path)
-	if err != nil {
+// reloadFile re-reads the standalone file.
+func (d *daemon) reloadFile() {
+	d.log.Info("reload: node config", "file", d.o.NodeConfig)
+	nc, err := nodeconfig.Load(d.o.NodeConfig)
+	if err == nil {
+		err = d.applySpec(&nc.Spec)
+	} else {
 		d.metrics.ReloadsTotal.WithLabelValues("error").Inc()
-		return err
+		d.setConfigError(err)
 	}
-	return d.applySpec(&nc.Spec)
+	if err != nil {
+		d.log.Error("reload: keeping the running config", "err", err)
+	}
 }

@@ -2,92 +2,122 @@ package daemon
 
 import (
 	"context"
-	"math/big"
+	"errors"
 	"net/netip"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"sync/atomic"
+	"slices"
 	"syscall"
-	"time"
 
-	"github.com/fsnotify/fsnotify"
-
-	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
-	"code.fritzlab.net/fritzlab/flock/agent/metrics"
-	"code.fritzlab.net/fritzlab/flock/bgp"
-	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/dataplane"
 )
 
-type nodeconfigSpec = v1alpha1.NodeConfigSpec
-
-type speakerRef struct{ p atomic.Pointer[bgp.Speaker] }
-
-func (r *speakerRef) get() *bgp.Speaker { return r.p.Load() }
-
-func (d *daemon) setSpeaker(sp *bgp.Speaker) { d.speaker.p.Store(sp) }
-
-// watchConfig reloads on SIGHUP and whenever the config file changes. The
-// directory is watched, not the file, so editors' and ConfigMap-style
-// rename-into-place updates are seen too.
-func (d *daemon) watchConfig(ctx context.Context, path string) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	var events <-chan fsnotify.Event
-	if w, err := fsnotify.NewWatcher(); err != nil {
-		d.log.Warn("reload: cannot watch the config file; SIGHUP still works", "err", err)
-	} else {
-		defer w.Close()
-		if err := w.Add(filepath.Dir(path)); err != nil {
-			d.log.Warn("reload: cannot watch the config dir; SIGHUP still works", "err", err)
-		} else {
-			events = w.Events
-		}
-	}
-	abs, _ := filepath.Abs(path)
-	var debounce <-chan time.Time
-	reload := func(why string) {
-		d.log.Info("reload: node config", "trigger", why, "file", path)
-		if err := d.reload(path); err != nil {
-			d.log.Error("reload: keeping the running config", "err", err)
-		}
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-hup:
-			reload("SIGHUP")
-		case ev := <-events:
-			if p, _ := filepath.Abs(ev.Name); p == abs && ev.Op&(fsnotify.Write|fsnotify.Create|fsnotify.Rename) != 0 {
-				// An editor writes in several steps: wait for the burst to end.
-				debounce = time.After(100 * time.Millisecond)
-			}
-		case <-debounce:
-			debounce = nil
-			reload("file changed")
-		}
-	}
+// hangups delivers SIGHUP until ctx ends.
+func hangups(ctx context.Context) <-chan os.Signal {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	context.AfterFunc(ctx, func() { signal.Stop(ch) })
+	return ch
 }
 
-// Admin API.
+// The admin API (flockctl): every view is rendered from the node state,
+// the targets' own view or the status snapshot.
 
-func (d *daemon) Pods() []admin.Pod     { return agent.AdminSource{A: d.agent}.Pods() }
-func (d *daemon) Pools() []admin.Pool   { return agent.AdminSource{A: d.agent}.Pools() }
-func (d *daemon) Routes() []admin.Route { return agent.AdminSource{A: d.agent}.Routes() }
+func strs(ips []netip.Addr) []string {
+	out := make([]string, 0, len(ips))
+	for _, ip := range ips {
+		out = append(out, ip.String())
+	}
+	return out
+}
+
+func v6First(ips []netip.Addr) []netip.Addr {
+	out := slices.Clone(ips)
+	slices.SortStableFunc(out, func(a, b netip.Addr) int {
+		switch {
+		case a.Is6() && b.Is4():
+			return -1
+		case a.Is4() && b.Is6():
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func (d *daemon) Status() admin.Status {
+	n := d.snapshot()
+	up, total := n.Peers()
+	st := admin.Status{Ready: n.Ready, Allocations: n.Allocations, PeersUp: up, Peers: total,
+		Reaped: n.Reaped, ConfigError: n.ConfigError, Problems: n.Problems()}
+	for _, r := range n.Reconcilers {
+		st.Reconcilers = append(st.Reconcilers, admin.Reconciler{Target: r.Target, Passes: r.Passes, Errors: r.Errors,
+			Failing: r.Failing, LastError: r.LastError, LastErrorAt: r.LastErrorAt, LastSuccess: r.LastSuccess})
+	}
+	return st
+}
+
+func (d *daemon) Pods() []admin.Pod {
+	out := []admin.Pod{}
+	for _, r := range d.state.Attachments() {
+		out = append(out, admin.Pod{
+			ContainerID: r.ContainerID, Namespace: r.Pod.Namespace, Name: r.Pod.Name, UID: r.Pod.UID,
+			IfName: r.IfName, HostVeth: r.HostVeth, IPs: strs(v6First(r.IPs)),
+			Addresses: strs(r.Addresses), Anycast: strs(r.Anycast), Phase: r.Phase.String(), Ready: r.Ready, Created: r.Created,
+		})
+	}
+	return out
+}
+
+func (d *daemon) Pools() []admin.Pool {
+	out := []admin.Pool{}
+	for _, st := range d.state.IPAM() {
+		kind := "summary"
+		if !st.Pool.Summary {
+			kind = "shared"
+		}
+		out = append(out, admin.Pool{CIDR: st.Pool.Prefix.String(), Kind: kind, Namespaces: st.Pool.Namespaces, Used: st.Used, Free: st.Free})
+	}
+	return out
+}
+
+func hops(nhs []dataplane.Nexthop) []string {
+	out := []string{}
+	for _, nh := range nhs {
+		out = append(out, nh.Gateway.String()+"%"+nh.Dev)
+	}
+	return out
+}
+
+// Routes shows the kernel's flock host routes next to what the state
+// wants: a route the kernel holds but nobody wants (a crash leftover not
+// yet repaired) is listed too.
+func (d *daemon) Routes() []admin.Route {
+	desired, _ := d.state.HostRoutes()
+	installed := d.kernel.Installed()
+	out := []admin.Route{}
+	seen := map[netip.Prefix]bool{}
+	for _, r := range desired {
+		seen[r.Prefix] = true
+		out = append(out, admin.Route{Prefix: r.Prefix.String(), Kind: string(r.Kind), Nexthops: hops(installed[r.Prefix]),
+			Desired: hops(r.Nexthops), Owners: r.Owners, Synced: slices.Equal(installed[r.Prefix], r.Nexthops)})
+	}
+	for p, nhs := range installed {
+		if !seen[p] {
+			out = append(out, admin.Route{Prefix: p.String(), Nexthops: hops(nhs), Desired: []string{}, Owners: []string{}})
+		}
+	}
+	slices.SortFunc(out, func(a, b admin.Route) int {
+		return netip.MustParsePrefix(a.Prefix).Addr().Compare(netip.MustParsePrefix(b.Prefix).Addr())
+	})
+	return out
+}
 
 func (d *daemon) Neighbors() []admin.Neighbor {
-	sp := d.speaker.get()
-	if sp == nil {
-		return []admin.Neighbor{}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	out := []admin.Neighbor{}
-	for _, n := range sp.Neighbors(ctx) {
-		an := admin.Neighbor{Peer: n.Peer, Address: n.Address, LocalASN: n.LocalASN, PeerASN: n.PeerASN, State: n.State,
+	for _, n := range d.snapshot().Neighbors {
+		an := admin.Neighbor{Peer: n.Peer, Address: n.Address, LocalASN: n.LocalASN, PeerASN: n.PeerASN, State: string(n.State),
 			Since: n.Since, BFD: n.BFD, GR: n.GR, Warnings: n.Warnings, LastError: n.LastError}
 		if n.Uptime > 0 {
 			an.Uptime = n.Uptime.String()
@@ -102,19 +132,14 @@ func (d *daemon) Neighbors() []admin.Neighbor {
 
 func (d *daemon) BGPRoutes() []admin.BGPRoute {
 	names := map[string]string{}
-	for _, r := range d.agent.Allocations() {
-		names[r.ContainerID] = r.Pod.Namespace + "/" + r.Pod.Name
+	for _, r := range d.state.Attachments() {
+		names[r.ContainerID] = r.Pod.String()
 	}
-	var held map[netip.Prefix]string
-	if sp := d.speaker.get(); sp != nil {
-		held = map[netip.Prefix]string{}
-		for p, k := range sp.Held() {
-			held[p] = string(k)
-		}
-	}
+	held := d.speaker.Held()
+	routes, _ := d.state.AdvertRoutes()
 	out := []admin.BGPRoute{}
-	for _, r := range d.adverts.Routes() {
-		br := admin.BGPRoute{Prefix: r.Prefix.String(), Kind: string(r.Kind), Advertised: held[r.Prefix] == string(r.Kind)}
+	for _, r := range routes {
+		br := admin.BGPRoute{Prefix: r.Prefix.String(), Kind: string(r.Kind), Advertised: held[r.Prefix] == r.Kind}
 		for _, o := range r.Owners {
 			if n, ok := names[o]; ok {
 				o = n
@@ -126,40 +151,18 @@ func (d *daemon) BGPRoutes() []admin.BGPRoute {
 	return out
 }
 
-func (d *daemon) metricsSource() metrics.Source {
-	return metrics.Source{
-		Pools: func() []metrics.PoolUsage {
-			var out []metrics.PoolUsage
-			for _, p := range d.agent.IPAM() {
-				free, _ := new(big.Float).SetString(p.Free)
-				f, _ := free.Float64()
-				out = append(out, metrics.PoolUsage{CIDR: p.Pool.Prefix.String(), Used: float64(p.Used), Free: f})
-			}
-			return out
-		},
-		Advertised: func() map[string]int {
-			out := map[string]int{}
-			if sp := d.speaker.get(); sp != nil {
-				for _, k := range sp.Held() {
-					out[string(k)]++
-				}
-			}
-			return out
-		},
-		Sessions: func() []metrics.Session {
-			sp := d.speaker.get()
-			if sp == nil {
-				return nil
-			}
-			mis := map[string]bool{}
-			for _, k := range sp.Mismatches() {
-				mis[k] = true
-			}
-			var out []metrics.Session
-			for _, st := range sp.Sessions() {
-				out = append(out, metrics.Session{Peer: st.Peer, Established: st.Established, Mismatch: mis[st.Peer]})
-			}
-			return out
-		},
+// SetReadiness is the operator's readiness report (standalone mode; in
+// Kubernetes mode the pod's Ready condition is the only source).
+func (d *daemon) SetReadiness(r admin.Readiness) (int, error) {
+	if d.kube != nil {
+		return 0, errors.New("Kubernetes mode: readiness comes from the pod's Ready condition in the API")
 	}
+	if r.Namespace == "" || r.Name == "" {
+		return 0, errors.New("readiness: namespace and name are required")
+	}
+	n, err := d.state.SetReadyByName(r.Namespace, r.Name, r.Ready)
+	if err == nil {
+		d.log.Info("readiness set by operator", "pod", r.Namespace+"/"+r.Name, "ready", r.Ready, "incarnations", n)
+	}
+	return n, err
 }

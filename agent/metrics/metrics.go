@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"code.fritzlab.net/fritzlab/flock/agent/status"
 )
 
 // DefaultAddress serves metrics on loopback only.
@@ -20,42 +22,18 @@ const DefaultAddress = "127.0.0.1:9476"
 
 // Metrics are flock's own instruments.
 type Metrics struct {
-	Registry        *prometheus.Registry
-	CNIRequests     *prometheus.CounterVec
-	CNIDuration     *prometheus.HistogramVec
-	ReconcileTime   *prometheus.HistogramVec
-	LeaksCollected  prometheus.Counter
-	ReloadsTotal    *prometheus.CounterVec
-	rfc5549Mismatch *prometheus.GaugeVec
+	Registry       *prometheus.Registry
+	CNIRequests    *prometheus.CounterVec
+	CNIDuration    *prometheus.HistogramVec
+	ReconcileTime  *prometheus.HistogramVec
+	LeaksCollected prometheus.Counter
+	ReloadsTotal   *prometheus.CounterVec
 }
 
-// Source is read at scrape time.
-type Source struct {
-	// Pools returns per pool: cidr, used, free (approximate for huge pools).
-	Pools func() []PoolUsage
-	// Advertised counts the paths the speaker originates per kind.
-	Advertised func() map[string]int
-	// Sessions reports per peer whether it is established, and whether the
-	// RFC 5549 guard holds IPv4 back from it.
-	Sessions func() []Session
-}
-
-// PoolUsage of one IPAM pool.
-type PoolUsage struct {
-	CIDR       string
-	Used, Free float64
-}
-
-// Session of one peer.
-type Session struct {
-	Peer        string
-	Established bool
-	Mismatch    bool
-}
-
-// New registers flock's metrics plus the Go and process collectors and any
-// extra collectors (GoBGP's own).
-func New(src Source, extra ...prometheus.Collector) *Metrics {
+// New registers flock's metrics, the gauges read from the status snapshot
+// at scrape time, the Go and process collectors and any extra collectors
+// (GoBGP's own).
+func New(snapshot func() status.Node, extra ...prometheus.Collector) *Metrics {
 	r := prometheus.NewRegistry()
 	m := &Metrics{
 		Registry: r,
@@ -67,9 +45,9 @@ func New(src Source, extra ...prometheus.Collector) *Metrics {
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"op", "result"}),
 		ReconcileTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "flock_bgp_reconcile_duration_seconds", Help: "Time to push desired-set changes into the BGP speaker (full = periodic resync).",
+			Name: "flock_reconcile_duration_seconds", Help: "Time of one reconcile pass, by target (bgp, kernel) and whether it was a full repair.",
 			Buckets: []float64{.0001, .0005, .001, .005, .01, .05, .1, .5, 1, 5},
-		}, []string{"full"}),
+		}, []string{"target", "full"}),
 		LeaksCollected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "flock_leaked_allocations_collected_total", Help: "Allocations released because their pod no longer exists.",
 		}),
@@ -79,7 +57,7 @@ func New(src Source, extra ...prometheus.Collector) *Metrics {
 	}
 	r.MustRegister(m.CNIRequests, m.CNIDuration, m.ReconcileTime, m.LeaksCollected, m.ReloadsTotal,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&scrape{src: src})
+		&scrape{snapshot: snapshot})
 	for _, c := range extra {
 		r.MustRegister(c)
 	}
@@ -96,26 +74,29 @@ func (m *Metrics) ObserveCNI(op string, ok bool, d time.Duration) {
 	m.CNIDuration.WithLabelValues(op, res).Observe(d.Seconds())
 }
 
-// ObserveReconcile records one BGP reconcile pass.
-func (m *Metrics) ObserveReconcile(full bool, d time.Duration, _ error) {
-	m.ReconcileTime.WithLabelValues(strconv.FormatBool(full)).Observe(d.Seconds())
+// ObserveReconcile records one reconcile pass.
+func (m *Metrics) ObserveReconcile(target string, full bool, d time.Duration, _ error) {
+	m.ReconcileTime.WithLabelValues(target, strconv.FormatBool(full)).Observe(d.Seconds())
 }
 
 var (
-	descPool       = prometheus.NewDesc("flock_ipam_addresses", "Addresses per IPAM pool, by state (used, free).", []string{"pool", "state"}, nil)
-	descAdvertised = prometheus.NewDesc("flock_bgp_advertised_routes", "Paths the node originates, by kind.", []string{"kind"}, nil)
-	descSession    = prometheus.NewDesc("flock_bgp_session_established", "1 if the BGP session to the peer is established.", []string{"peer"}, nil)
-	descMismatch   = prometheus.NewDesc("flock_bgp_rfc5549_mismatch", "1 if IPv4 routes are withheld from the peer because it did not negotiate the extended next hop capability.", []string{"peer"}, nil)
+	descPool            = prometheus.NewDesc("flock_ipam_addresses", "Addresses per IPAM pool, by state (used, free).", []string{"pool", "state"}, nil)
+	descAdvertised      = prometheus.NewDesc("flock_bgp_advertised_routes", "Paths the node originates, by kind.", []string{"kind"}, nil)
+	descSession         = prometheus.NewDesc("flock_bgp_session_established", "1 if the BGP session to the peer is established.", []string{"peer"}, nil)
+	descMismatch        = prometheus.NewDesc("flock_bgp_rfc5549_mismatch", "1 if IPv4 routes are withheld from the peer because it did not negotiate the extended next hop capability.", []string{"peer"}, nil)
+	descReconcileErrors = prometheus.NewDesc("flock_reconcile_errors_total", "Failed reconcile passes, by target (bgp, kernel).", []string{"target"}, nil)
+	descReconcileFail   = prometheus.NewDesc("flock_reconcile_failing", "1 while the last reconcile pass of the target failed.", []string{"target"}, nil)
+	descReaped          = prometheus.NewDesc("flock_allocations_reaped_total", "Allocations torn down without a DEL, by reason (netns-gone: the pod's network namespace vanished, e.g. a reboot; interrupted-add: a crash mid-ADD).", []string{"reason"}, nil)
+	descAllocations     = prometheus.NewDesc("flock_allocations", "Committed pod attachments on this node.", nil, nil)
 )
 
-// scrape reads gauges from the agent at scrape time, so nothing polls.
-type scrape struct{ src Source }
+// scrape renders the status snapshot at scrape time, so nothing polls.
+type scrape struct{ snapshot func() status.Node }
 
 func (s *scrape) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descPool
-	ch <- descAdvertised
-	ch <- descSession
-	ch <- descMismatch
+	for _, d := range []*prometheus.Desc{descPool, descAdvertised, descSession, descMismatch, descReconcileErrors, descReconcileFail, descReaped, descAllocations} {
+		ch <- d
+	}
 }
 
 func b2f(b bool) float64 {
@@ -126,22 +107,28 @@ func b2f(b bool) float64 {
 }
 
 func (s *scrape) Collect(ch chan<- prometheus.Metric) {
-	if s.src.Pools != nil {
-		for _, p := range s.src.Pools() {
-			ch <- prometheus.MustNewConstMetric(descPool, prometheus.GaugeValue, p.Used, p.CIDR, "used")
-			ch <- prometheus.MustNewConstMetric(descPool, prometheus.GaugeValue, p.Free, p.CIDR, "free")
-		}
+	if s.snapshot == nil {
+		return
 	}
-	if s.src.Advertised != nil {
-		for k, n := range s.src.Advertised() {
-			ch <- prometheus.MustNewConstMetric(descAdvertised, prometheus.GaugeValue, float64(n), k)
-		}
+	n := s.snapshot()
+	ch <- prometheus.MustNewConstMetric(descAllocations, prometheus.GaugeValue, float64(n.Allocations))
+	for _, p := range n.Pools {
+		ch <- prometheus.MustNewConstMetric(descPool, prometheus.GaugeValue, float64(p.Used), p.Pool.Prefix.String(), "used")
+		ch <- prometheus.MustNewConstMetric(descPool, prometheus.GaugeValue, p.FreeApprox, p.Pool.Prefix.String(), "free")
 	}
-	if s.src.Sessions != nil {
-		for _, x := range s.src.Sessions() {
-			ch <- prometheus.MustNewConstMetric(descSession, prometheus.GaugeValue, b2f(x.Established), x.Peer)
-			ch <- prometheus.MustNewConstMetric(descMismatch, prometheus.GaugeValue, b2f(x.Mismatch), x.Peer)
-		}
+	for k, c := range n.Advertised {
+		ch <- prometheus.MustNewConstMetric(descAdvertised, prometheus.GaugeValue, float64(c), string(k))
+	}
+	for _, p := range n.Neighbors {
+		ch <- prometheus.MustNewConstMetric(descSession, prometheus.GaugeValue, b2f(p.Established()), p.Peer)
+		ch <- prometheus.MustNewConstMetric(descMismatch, prometheus.GaugeValue, b2f(p.RFC5549Mismatch), p.Peer)
+	}
+	for _, r := range n.Reconcilers {
+		ch <- prometheus.MustNewConstMetric(descReconcileErrors, prometheus.CounterValue, float64(r.Errors), r.Target)
+		ch <- prometheus.MustNewConstMetric(descReconcileFail, prometheus.GaugeValue, b2f(r.Failing), r.Target)
+	}
+	for reason, c := range n.Reaped {
+		ch <- prometheus.MustNewConstMetric(descReaped, prometheus.CounterValue, float64(c), reason)
 	}
 }
 

@@ -40,7 +40,7 @@ func (id ID) String() string { return id.Namespace + "/" + id.Name }
 // Pod is what the agent knows about a pod at ADD time.
 type Pod struct {
 	ID
-	Annotations          map[string]string
+	Annotations map[string]string
 	// App is the top stable controller's name (pod name for bare pods);
 	// Image the first container's image reference. Inputs to ip-algo embed.
 	App, Image string

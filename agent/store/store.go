@@ -127,20 +127,20 @@ func (s *Store) ensureDir() error {
 // non-empty, at most 234 bytes (see maxContainerIDLen), only [A-Za-z0-9_.-] and not starting with '.'.
 func ValidateContainerID(id string) error {
 	if id == "" {
-		return errors.New("store: empty container ID")
+		return errors.New("empty container ID")
 	}
 	if len(id) > maxContainerIDLen {
-		return fmt.Errorf("store: container ID %q is %d bytes, longer than %d", id, len(id), maxContainerIDLen)
+		return fmt.Errorf("container ID %q is %d bytes, longer than %d", id, len(id), maxContainerIDLen)
 	}
 	if id[0] == '.' {
-		return fmt.Errorf("store: invalid container ID %q: must not start with '.'", id)
+		return fmt.Errorf("invalid container ID %q: must not start with '.'", id)
 	}
 	for i := 0; i < len(id); i++ {
 		c := id[i]
 		switch {
 		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_', c == '.', c == '-':
 		default:
-			return fmt.Errorf("store: invalid container ID %q: only [A-Za-z0-9_.-] allowed", id)
+			return fmt.Errorf("invalid container ID %q: only [A-Za-z0-9_.-] allowed", id)
 		}
 	}
 	return nil

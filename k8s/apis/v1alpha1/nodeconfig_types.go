@@ -67,9 +67,17 @@ type NodeConfigStatus struct {
 	Allocations int32 `json:"allocations,omitempty"`
 
 	// LastError is the most recent error applying the spec or running the
-	// node's networking, empty when there is none.
+	// node's networking (a reconciler whose last pass failed), empty when
+	// there is none.
 	// +optional
 	LastError string `json:"lastError,omitempty"`
+
+	// Reconcilers is the health of the route reconcilers (bgp: the paths
+	// the node originates; kernel: its anycast/addresses host routes).
+	// +listType=map
+	// +listMapKey=target
+	// +optional
+	Reconcilers []ReconcilerStatus `json:"reconcilers,omitempty"`
 
 	// ObservedGeneration is the spec generation the agent last applied.
 	// +optional
@@ -103,6 +111,29 @@ type PeerStatus struct {
 	// could not be read), empty when there is none.
 	// +optional
 	Warning string `json:"warning,omitempty"`
+}
+
+// ReconcilerStatus is the health of one route reconciler.
+type ReconcilerStatus struct {
+	// Target is bgp or kernel.
+	Target string `json:"target"`
+
+	// Errors counts failed passes since the agent started.
+	// +optional
+	Errors int64 `json:"errors,omitempty"`
+
+	// Failing is true while the last pass failed (it is retried with
+	// back-off).
+	// +optional
+	Failing bool `json:"failing,omitempty"`
+
+	// LastError is the error of the last failed pass.
+	// +optional
+	LastError string `json:"lastError,omitempty"`
+
+	// LastErrorTime is when the last pass failed.
+	// +optional
+	LastErrorTime *metav1.Time `json:"lastErrorTime,omitempty"`
 }
 
 // NodeConfigList is a list of NodeConfigs.

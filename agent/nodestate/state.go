@@ -1,0 +1,531 @@
+// Package nodestate is the node's one source of truth: every pod attachment
+// (pending, committed, being deleted, stuck), the IPs and veth names they
+// hold, the anycast and `addresses` claims, and pod readiness — all behind
+// one lock. ADD, DEL, readiness reports, restore and reaping change it and
+// nothing else; what the node advertises in BGP and routes in its kernel is
+// derived from it (desired.go) by the reconcilers, never published by the
+// event handlers themselves. Every change bumps a generation and wakes the
+// subscribers.
+package nodestate
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+
+	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/store"
+	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/ipam"
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+)
+
+// Phase of an attachment.
+type Phase uint8
+
+const (
+	// Pending: an ADD is in progress. Its IPs, claims and veth name are
+	// held; nothing is routed or advertised for it yet.
+	Pending Phase = iota + 1
+	// Committed: set up and recorded; routed and advertised.
+	Committed
+	// Deleting: a DEL (or a reap) is in progress. It still holds its IPs
+	// and veth name, but is routed and advertised nowhere.
+	Deleting
+	// Stuck: an ADD failed and its rollback could not remove the veth; it
+	// holds its IPs until a DEL (or the next start) finishes the job.
+	Stuck
+)
+
+func (p Phase) String() string {
+	switch p {
+	case Pending:
+		return "pending"
+	case Committed:
+		return "committed"
+	case Deleting:
+		return "deleting"
+	case Stuck:
+		return "stuck"
+	}
+	return fmt.Sprintf("phase(%d)", uint8(p))
+}
+
+type entry struct {
+	rec   store.Allocation
+	phase Phase
+}
+
+// Kind of a claimed IP.
+type Kind string
+
+const (
+	KindAnycast Kind = "anycast"
+	KindAddress Kind = "address"
+)
+
+// claim is the set of attachments claiming one anycast or `addresses` IP.
+type claim struct {
+	kind   Kind
+	owners map[string]bool
+}
+
+// ConflictError is a claim that collides with another attachment's.
+type ConflictError struct {
+	Key    string // annotation key
+	IP     netip.Addr
+	Reason string
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("annotation %s: %s %s", e.Key, e.IP, e.Reason)
+}
+
+// ErrExists is a Reserve for a container the state already holds.
+var ErrExists = errors.New("container already has an attachment")
+
+// State is the node state. Safe for concurrent use.
+type State struct {
+	mu        sync.Mutex
+	ipam      *ipam.Allocator
+	summaries []netip.Prefix
+	// defaultReady is the readiness of a pod nobody reported on: true in
+	// standalone mode (no API to ask), false in Kubernetes mode.
+	defaultReady bool
+
+	entries map[string]*entry              // by container ID
+	veths   map[string]string              // host veth name → container ID
+	claims  map[netip.Addr]*claim          // anycast and `addresses` IPs
+	ready   map[podmeta.ID]bool            // last report per pod
+	pods    map[podmeta.ID]map[string]bool // pod → its container IDs
+	gen     uint64
+	subs    []chan struct{}
+}
+
+// New builds an empty state for a node config (its pools become the IPAM
+// pools). defaultReady: see State.
+func New(spec *v1alpha1.NodeConfigSpec, defaultReady bool) (*State, error) {
+	pools, err := nodeconfig.Pools(spec)
+	if err != nil {
+		return nil, err
+	}
+	alloc, err := ipam.New(pools)
+	if err != nil {
+		return nil, err
+	}
+	return &State{
+		ipam: alloc, summaries: nodeconfig.Summaries(spec), defaultReady: defaultReady,
+		entries: map[string]*entry{}, veths: map[string]string{}, claims: map[netip.Addr]*claim{},
+		ready: map[podmeta.ID]bool{}, pods: map[podmeta.ID]map[string]bool{},
+	}, nil
+}
+
+// Summaries are the node summary prefixes.
+func (s *State) Summaries() []netip.Prefix { return slices.Clone(s.summaries) }
+
+// Subscribe returns a channel that receives a (coalesced) value after every
+// change.
+func (s *State) Subscribe() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	s.mu.Lock()
+	s.subs = append(s.subs, ch)
+	s.mu.Unlock()
+	return ch
+}
+
+// Generation is the number of changes so far.
+func (s *State) Generation() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.gen
+}
+
+// changedLocked bumps the generation and wakes the subscribers.
+func (s *State) changedLocked() uint64 {
+	s.gen++
+	for _, ch := range s.subs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	return s.gen
+}
+
+// Reserve takes everything a new attachment needs, all or nothing: its
+// anycast and `addresses` claims, a host veth name no other attachment
+// holds (probing deterministic alternatives on a hash collision), and an
+// address per request. rec describes the attachment (its IPs and HostVeth
+// are filled in); it enters the state as Pending.
+func (s *State) Reserve(rec store.Allocation, reqs []ipam.Request) (store.Allocation, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := rec.ContainerID
+	if _, ok := s.entries[id]; ok {
+		return store.Allocation{}, fmt.Errorf("container %s: %w", id, ErrExists)
+	}
+	if err := s.checkClaimsLocked(rec); err != nil {
+		return store.Allocation{}, err
+	}
+	rec.HostVeth = s.freeVethLocked(id)
+	rec.IPs = nil
+	for _, r := range reqs {
+		r.Owner = id
+		ip, err := s.ipam.Allocate(r)
+		if err != nil {
+			for _, got := range rec.IPs {
+				s.ipam.Release(got, id)
+			}
+			return store.Allocation{}, err
+		}
+		rec.IPs = append(rec.IPs, ip)
+	}
+	rec.State = store.Pending
+	s.insertLocked(rec, Pending)
+	return rec, nil
+}
+
+// freeVethLocked returns the first of the container's deterministic veth
+// names (dataplane.HostVethName, then its probes) that no attachment holds.
+func (s *State) freeVethLocked(id string) string {
+	for n := 0; ; n++ {
+		name := dataplane.ProbeVethName(id, n)
+		if owner, taken := s.veths[name]; !taken || owner == id {
+			return name
+		}
+	}
+}
+
+// checkClaimsLocked: anycast and `addresses` IPs must not lie inside a pod
+// pool (IPAM hands those out); an `addresses` IP belongs to one attachment;
+// an anycast IP may be shared, but never with an attachment that holds it as
+// an `addresses` IP.
+func (s *State) checkClaimsLocked(rec store.Allocation) error {
+	id := rec.ContainerID
+	for _, set := range []struct {
+		key string
+		ips []netip.Addr
+	}{{annotations.Anycast, rec.Anycast}, {annotations.Addresses, rec.Addresses}} {
+		for _, ip := range set.ips {
+			if p, ok := s.ipam.PoolOf(ip); ok {
+				return &annotations.Error{Key: set.key, Value: ip.String(), Reason: fmt.Sprintf("inside pod pool %s, where IPAM hands addresses out", p.Prefix)}
+			}
+		}
+	}
+	for _, ip := range rec.Addresses {
+		if c := s.claims[ip]; c != nil {
+			if o := c.other(id); o != "" {
+				return &ConflictError{Key: annotations.Addresses, IP: ip, Reason: fmt.Sprintf("is already claimed by container %s (as %s)", o, c.kind)}
+			}
+		}
+	}
+	for _, ip := range rec.Anycast {
+		if c := s.claims[ip]; c != nil && c.kind == KindAddress {
+			if o := c.other(id); o != "" {
+				return &ConflictError{Key: annotations.Anycast, IP: ip, Reason: fmt.Sprintf("is an `addresses` IP of container %s, not anycast", o)}
+			}
+		}
+	}
+	return nil
+}
+
+func (c *claim) other(id string) string {
+	var out []string
+	for o := range c.owners {
+		if o != id {
+			out = append(out, o)
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	slices.Sort(out)
+	return out[0]
+}
+
+func (s *State) insertLocked(rec store.Allocation, phase Phase) {
+	id := rec.ContainerID
+	s.entries[id] = &entry{rec: rec, phase: phase}
+	if _, taken := s.veths[rec.HostVeth]; !taken && rec.HostVeth != "" {
+		s.veths[rec.HostVeth] = id
+	}
+	for _, set := range []struct {
+		kind Kind
+		ips  []netip.Addr
+	}{{KindAnycast, rec.Anycast}, {KindAddress, rec.Addresses}} {
+		for _, ip := range set.ips {
+			c := s.claims[ip]
+			if c == nil {
+				c = &claim{kind: set.kind, owners: map[string]bool{}}
+				s.claims[ip] = c
+			}
+			c.owners[id] = true
+		}
+	}
+	if s.pods[rec.Pod] == nil {
+		s.pods[rec.Pod] = map[string]bool{}
+	}
+	s.pods[rec.Pod][id] = true
+}
+
+// Restore puts a committed record back (agent start): its IPs, claims and
+// veth name are taken again. An IP or claim another record holds is an
+// error: the store is inconsistent and must not be papered over.
+func (s *State) Restore(rec store.Allocation) (warnings []string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := rec.ContainerID
+	if _, ok := s.entries[id]; ok {
+		return nil, fmt.Errorf("allocation %s: %w", id, ErrExists)
+	}
+	if err := s.checkClaimsLocked(rec); err != nil {
+		return nil, fmt.Errorf("allocation %s: %w", id, err)
+	}
+	var taken []netip.Addr
+	for _, ip := range rec.IPs {
+		if err := s.ipam.Reserve(ip, id); err != nil {
+			if errors.Is(err, ipam.ErrConflict) {
+				for _, t := range taken {
+					s.ipam.Release(t, id)
+				}
+				return nil, fmt.Errorf("allocation %s: %w", id, err)
+			}
+			// The pool may have been removed from the NodeConfig: the pod
+			// keeps its address, the pool is just no longer handed out.
+			warnings = append(warnings, fmt.Sprintf("address %s of %s is outside the configured pools: %v", ip, id, err))
+			continue
+		}
+		taken = append(taken, ip)
+	}
+	if owner, dup := s.veths[rec.HostVeth]; dup {
+		warnings = append(warnings, fmt.Sprintf("allocation %s: host veth %s is also recorded for %s", id, rec.HostVeth, owner))
+	}
+	rec.State = store.Committed
+	s.insertLocked(rec, Committed)
+	s.changedLocked()
+	return warnings, nil
+}
+
+// Commit marks a Pending attachment set up (rec carries what the dataplane
+// reported) and returns the new generation.
+func (s *State) Commit(rec store.Allocation) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[rec.ContainerID]
+	if e == nil || e.phase != Pending {
+		return 0, fmt.Errorf("commit %s: not pending", rec.ContainerID)
+	}
+	rec.State = store.Committed
+	e.rec, e.phase = rec, Committed
+	return s.changedLocked(), nil
+}
+
+// MarkDeleting takes an attachment out of every route and advertisement
+// while it still holds its IPs and veth, and returns the new generation.
+func (s *State) MarkDeleting(id string) (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[id]
+	if e == nil || (e.phase != Committed && e.phase != Deleting) {
+		return 0, false
+	}
+	e.phase = Deleting
+	return s.changedLocked(), true
+}
+
+// MarkStuck records that a Pending attachment's rollback could not remove
+// its veth: it keeps its IPs until Release.
+func (s *State) MarkStuck(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.entries[id]; e != nil {
+		e.phase = Stuck
+	}
+}
+
+// Release drops an attachment and frees everything it held.
+func (s *State) Release(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[id]
+	if e == nil {
+		return
+	}
+	rec := e.rec
+	delete(s.entries, id)
+	for _, ip := range rec.IPs {
+		s.ipam.Release(ip, id)
+	}
+	if s.veths[rec.HostVeth] == id {
+		delete(s.veths, rec.HostVeth)
+	}
+	for _, ip := range append(slices.Clone(rec.Anycast), rec.Addresses...) {
+		if c := s.claims[ip]; c != nil {
+			delete(c.owners, id)
+			if len(c.owners) == 0 {
+				delete(s.claims, ip)
+			}
+		}
+	}
+	delete(s.pods[rec.Pod], id)
+	if len(s.pods[rec.Pod]) == 0 {
+		delete(s.pods, rec.Pod)
+		if s.defaultReady {
+			// Standalone: readiness is only ever reported for existing
+			// pods (flockctl), so it goes with the pod's last attachment.
+			delete(s.ready, rec.Pod)
+		}
+	}
+	s.changedLocked()
+}
+
+// SetReady records a pod's readiness. Reports for pods without an
+// attachment are kept (in Kubernetes mode the informer can beat the ADD).
+// It tells whether this changed anything routed.
+func (s *State) SetReady(pod podmeta.ID, ready bool) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	prev, known := s.ready[pod]
+	s.ready[pod] = ready
+	if (known && prev == ready) || (!known && ready == s.defaultReady) || len(s.pods[pod]) == 0 {
+		return false
+	}
+	s.changedLocked()
+	return true
+}
+
+// ForgetPod drops the readiness of a pod that left the API; its remaining
+// attachments (kubelet's DEL still to come) fall back to the default.
+func (s *State) ForgetPod(pod podmeta.ID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	prev, known := s.ready[pod]
+	delete(s.ready, pod)
+	if known && prev != s.defaultReady && len(s.pods[pod]) > 0 {
+		s.changedLocked()
+	}
+}
+
+// SetReadyByName records readiness for every pod incarnation of
+// namespace/name that has an attachment (the operator's override in
+// standalone mode, where CNI_ARGS may not carry a UID).
+func (s *State) SetReadyByName(namespace, name string, ready bool) (int, error) {
+	s.mu.Lock()
+	var ids []podmeta.ID
+	for id := range s.pods {
+		if id.Namespace == namespace && id.Name == name {
+			ids = append(ids, id)
+		}
+	}
+	s.mu.Unlock()
+	if len(ids) == 0 {
+		return 0, fmt.Errorf("no attachment of pod %s/%s on this node", namespace, name)
+	}
+	for _, id := range ids {
+		s.SetReady(id, ready)
+	}
+	return len(ids), nil
+}
+
+// readyLocked is a pod's effective readiness.
+func (s *State) readyLocked(pod podmeta.ID) bool {
+	if r, ok := s.ready[pod]; ok {
+		return r
+	}
+	return s.defaultReady
+}
+
+// Ready is a pod's effective readiness.
+func (s *State) Ready(pod podmeta.ID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.readyLocked(pod)
+}
+
+// Get returns an attachment and its phase.
+func (s *State) Get(id string) (store.Allocation, Phase, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.entries[id]
+	if e == nil {
+		return store.Allocation{}, 0, false
+	}
+	return e.rec, e.phase, true
+}
+
+// VethOwner tells which attachment holds a host veth name.
+func (s *State) VethOwner(name string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id, ok := s.veths[name]
+	return id, ok
+}
+
+// Attachment is an entry with its phase.
+type Attachment struct {
+	store.Allocation
+	Phase Phase
+	Ready bool
+}
+
+// Attachments lists every attachment in the given phases (all when none
+// are given), sorted by container ID.
+func (s *State) Attachments(phases ...Phase) []Attachment {
+	s.mu.Lock()
+	out := make([]Attachment, 0, len(s.entries))
+	for _, e := range s.entries {
+		if len(phases) == 0 || slices.Contains(phases, e.phase) {
+			out = append(out, Attachment{Allocation: e.rec, Phase: e.phase, Ready: s.readyLocked(e.rec.Pod)})
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b Attachment) int { return strings.Compare(a.ContainerID, b.ContainerID) })
+	return out
+}
+
+// Committed lists the committed allocations, sorted by container ID.
+func (s *State) Committed() []store.Allocation {
+	var out []store.Allocation
+	for _, a := range s.Attachments(Committed) {
+		out = append(out, a.Allocation)
+	}
+	return out
+}
+
+// PodAllocations lists one pod's attachments that are not mid-ADD.
+func (s *State) PodAllocations(pod podmeta.ID) []store.Allocation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []store.Allocation
+	for id := range s.pods[pod] {
+		if e := s.entries[id]; e != nil && e.phase != Pending {
+			out = append(out, e.rec)
+		}
+	}
+	slices.SortFunc(out, func(a, b store.Allocation) int { return strings.Compare(a.ContainerID, b.ContainerID) })
+	return out
+}
+
+// Count is the number of committed allocations.
+func (s *State) Count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, e := range s.entries {
+		if e.phase == Committed {
+			n++
+		}
+	}
+	return n
+}
+
+// IPAM returns pool usage.
+func (s *State) IPAM() []ipam.PoolStats { return s.ipam.Stats() }
+
+// PoolOf returns the pool an address belongs to.
+func (s *State) PoolOf(ip netip.Addr) (ipam.Pool, bool) { return s.ipam.PoolOf(ip) }

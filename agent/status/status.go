@@ -1,0 +1,59 @@
+// Package status is the agent's one status snapshot: built in one place
+// (the daemon) and rendered by flockctl (through the admin API), by
+// /metrics and by the NodeConfig status, so the three never disagree and
+// none of them queries the speaker on its own.
+package status
+
+import (
+	"fmt"
+	"time"
+
+	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
+	"code.fritzlab.net/fritzlab/flock/bgp"
+	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/ipam"
+)
+
+// Node is one coherent view of the agent.
+type Node struct {
+	Time time.Time
+	// Ready: allocations recovered, CNI served.
+	Ready       bool
+	Allocations int
+	Pools       []ipam.PoolStats
+	Neighbors   []bgp.Neighbor
+	// Advertised counts the paths the speaker holds, by kind.
+	Advertised  map[advert.Kind]int
+	Reconcilers []reconcile.Status
+	// Reaped counts allocations reaped since start, by reason.
+	Reaped map[string]uint64
+	// ConfigError is the last error applying the NodeConfig ("" if the
+	// running config is the latest).
+	ConfigError string
+}
+
+// Peers counts established and configured sessions.
+func (n Node) Peers() (established, configured int) {
+	for _, p := range n.Neighbors {
+		configured++
+		if p.Established() {
+			established++
+		}
+	}
+	return established, configured
+}
+
+// Problems lists what an operator must look at: a NodeConfig that could
+// not be applied, reconcilers whose last pass failed.
+func (n Node) Problems() []string {
+	var out []string
+	if n.ConfigError != "" {
+		out = append(out, "config: "+n.ConfigError)
+	}
+	for _, r := range n.Reconcilers {
+		if r.Failing {
+			out = append(out, fmt.Sprintf("reconcile %s: %s", r.Target, r.LastError))
+		}
+	}
+	return out
+}
