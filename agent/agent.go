@@ -384,7 +384,10 @@ func (a *Agent) rollback(rec store.Allocation) {
 		return
 	}
 	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {
-		a.log.Error("rollback: delete record", "container", rec.ContainerID, "err", err)
+		// The pending record still names the IPs: keep them until DEL.
+		a.log.Error("rollback: delete record failed; IPs stay reserved until DEL", "container", rec.ContainerID, "err", err)
+		a.state.MarkStuck(rec.ContainerID)
+		return
 	}
 	a.state.Release(rec.ContainerID)
 }
@@ -433,10 +436,14 @@ func (a *Agent) Del(ctx context.Context, containerID string) error {
 	rec, phase, known := a.state.Get(containerID)
 	if !known {
 		name := dataplane.HostVethName(containerID)
-		if _, taken := a.state.VethOwner(name); taken {
-			return nil
+		if _, taken := a.state.VethOwner(name); !taken {
+			if err := a.cfg.Dataplane.Teardown(name); err != nil {
+				return err
+			}
 		}
-		return a.cfg.Dataplane.Teardown(name)
+		// A record the state does not know (one left by a failed
+		// rollback before a restart) goes too.
+		return a.cfg.Store.Delete(containerID)
 	}
 	if phase == nodestate.Stuck {
 		return a.finishStuck(rec)

@@ -45,8 +45,13 @@ type fakeDP struct {
 	checkErr    error
 	// routeErrs fails the next n SetRoute calls.
 	routeErrs int
-	// onSetup, if set, runs at the start of Setup (outside the lock).
-	onSetup func(p dataplane.Pod)
+	// fault, if set, may inject an error into "setup", "teardown" and
+	// "route" calls (the model test's chaos).
+	fault func(op string) error
+	// onSetup and onTeardown, if set, run at the start of Setup and
+	// Teardown (outside the lock).
+	onSetup    func(p dataplane.Pod)
+	onTeardown func(veth string)
 }
 
 func newFakeDP() *fakeDP {
@@ -77,6 +82,9 @@ func (d *fakeDP) Setup(p dataplane.Pod) (dataplane.Link, error) {
 	if d.setupErr != nil {
 		return dataplane.Link{}, d.setupErr
 	}
+	if err := d.inject("setup"); err != nil {
+		return dataplane.Link{}, err
+	}
 	return dataplane.Link{
 		HostVeth: p.HostVeth,
 		HostMAC:  net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01},
@@ -88,10 +96,19 @@ func (d *fakeDP) Setup(p dataplane.Pod) (dataplane.Link, error) {
 // kernel does.
 func (d *fakeDP) Teardown(veth string) error {
 	d.mu.Lock()
+	hook := d.onTeardown
+	d.mu.Unlock()
+	if hook != nil {
+		hook(veth)
+	}
+	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.record("Teardown %s", veth)
 	if d.teardownErr != nil {
 		return d.teardownErr
+	}
+	if err := d.inject("teardown"); err != nil {
+		return err
 	}
 	delete(d.veths, veth)
 	for p, nhs := range d.routes {
@@ -147,6 +164,9 @@ func (d *fakeDP) SetRoute(dst netip.Prefix, nhs []dataplane.Nexthop) error {
 		d.routeErrs--
 		return fmt.Errorf("fake: injected route failure for %s", dst)
 	}
+	if err := d.inject("route"); err != nil {
+		return err
+	}
 	for _, nh := range nhs {
 		if !d.veths[nh.Dev] {
 			return fmt.Errorf("fake: route %s via %s dev %s: no such device", dst, nh.Gateway, nh.Dev)
@@ -168,6 +188,13 @@ func (d *fakeDP) HostRoutes() (map[netip.Prefix][]dataplane.Nexthop, error) {
 		out[p] = slices.Clone(nhs)
 	}
 	return out, nil
+}
+
+func (d *fakeDP) inject(op string) error {
+	if d.fault == nil {
+		return nil
+	}
+	return d.fault(op)
 }
 
 func (d *fakeDP) kernelRoutes() map[netip.Prefix][]dataplane.Nexthop {
@@ -226,8 +253,9 @@ type fakeSpeaker struct {
 	mu   sync.Mutex
 	held map[netip.Prefix]advert.Kind
 	// errs fails the next n Sets (after applying half of the diff, like a
-	// partly failed batch).
+	// partly failed batch); fault, if set, may fail any Set the same way.
 	errs  int
+	fault func() bool
 	sets  int
 	fulls int
 }
@@ -245,6 +273,9 @@ func (f *fakeSpeaker) Set(_ context.Context, desired map[netip.Prefix]advert.Kin
 	fail := f.errs > 0
 	if fail {
 		f.errs--
+	}
+	if f.fault != nil && f.fault() {
+		fail = true
 	}
 	i := 0
 	for p, k := range announce {
@@ -284,6 +315,8 @@ type faultStore struct {
 	*store.Store
 	puts      atomic.Int64
 	failPutOn atomic.Int64
+	// fault, if set, may fail any Put or Delete (the model test).
+	fault func(op string) error
 }
 
 var errPut = errors.New("injected Put failure")
@@ -293,7 +326,21 @@ func (s *faultStore) Put(a store.Allocation) error {
 	if f := s.failPutOn.Load(); f > 0 && n == f {
 		return errPut
 	}
+	if s.fault != nil {
+		if err := s.fault("put"); err != nil {
+			return err
+		}
+	}
 	return s.Store.Put(a)
+}
+
+func (s *faultStore) Delete(id string) error {
+	if s.fault != nil {
+		if err := s.fault("delete"); err != nil {
+			return err
+		}
+	}
+	return s.Store.Delete(id)
 }
 
 // failNthPut makes the nth Put from now on fail.

@@ -1,99 +1,194 @@
 package anycast
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 )
 
-type fakeRoutes struct {
-	calls  int
-	routes map[netip.Prefix][]dataplane.Nexthop
+// kernel is a fake: routes by prefix; a route can only name existing
+// devices; calls are counted; SetRoute can be told to fail.
+type kernel struct {
+	mu      sync.Mutex
+	routes  map[netip.Prefix][]dataplane.Nexthop
+	devs    map[string]bool
+	calls   []string
+	failFor map[netip.Prefix]int
+	reads   int
 }
 
-func (f *fakeRoutes) SetRoute(dst netip.Prefix, nhs []dataplane.Nexthop) error {
-	f.calls++
+func newKernel(devs ...string) *kernel {
+	k := &kernel{routes: map[netip.Prefix][]dataplane.Nexthop{}, devs: map[string]bool{}, failFor: map[netip.Prefix]int{}}
+	for _, d := range devs {
+		k.devs[d] = true
+	}
+	return k
+}
+
+func (k *kernel) SetRoute(dst netip.Prefix, nhs []dataplane.Nexthop) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.calls = append(k.calls, fmt.Sprintf("%s %d", dst, len(nhs)))
+	if k.failFor[dst] > 0 {
+		k.failFor[dst]--
+		return errors.New("injected")
+	}
+	for _, nh := range nhs {
+		if !k.devs[nh.Dev] {
+			return fmt.Errorf("dev %s: no such device", nh.Dev)
+		}
+	}
 	if len(nhs) == 0 {
-		delete(f.routes, dst)
+		delete(k.routes, dst)
 	} else {
-		f.routes[dst] = nhs
+		k.routes[dst] = slices.Clone(nhs)
 	}
 	return nil
 }
 
-var (
-	any6 = netip.MustParseAddr("2001:db8:a::1")
-	any4 = netip.MustParseAddr("203.0.113.1")
-	p6   = netip.PrefixFrom(any6, 128)
-	p4   = netip.PrefixFrom(any4, 32)
-)
-
-func member(id string, n int, ready bool) Member {
-	return Member{
-		ContainerID: id, HostVeth: "flock" + id, Ready: ready,
-		IPs:     []netip.Addr{netip.MustParseAddr(fmt.Sprintf("fd00::%d", n)), netip.MustParseAddr(fmt.Sprintf("10.0.0.%d", n))},
-		Anycast: []netip.Addr{any6, any4},
+func (k *kernel) HostRoutes() (map[netip.Prefix][]dataplane.Nexthop, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.reads++
+	out := map[netip.Prefix][]dataplane.Nexthop{}
+	for p, nhs := range k.routes {
+		out[p] = slices.Clone(nhs)
 	}
+	return out, nil
 }
 
-func TestECMPReplicaCounting(t *testing.T) {
-	f := &fakeRoutes{routes: map[netip.Prefix][]dataplane.Nexthop{}}
-	r := New(f)
-	changes := 0
-	r.OnChange = func() { changes++ }
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
+func (k *kernel) snapshot() (map[netip.Prefix][]dataplane.Nexthop, int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return maps.Clone(k.routes), len(k.calls)
+}
+
+var (
+	p1  = netip.MustParsePrefix("2001:db8:ff::1/128")
+	p2  = netip.MustParsePrefix("203.0.113.1/32")
+	nhA = dataplane.Nexthop{Gateway: netip.MustParseAddr("fd00:10:1::a"), Dev: "flock0000000a"}
+	nhB = dataplane.Nexthop{Gateway: netip.MustParseAddr("fd00:10:1::b"), Dev: "flock0000000b"}
+	nh4 = dataplane.Nexthop{Gateway: netip.MustParseAddr("10.1.1.10"), Dev: "flock0000000a"}
+)
+
+func equal(a, b map[netip.Prefix][]dataplane.Nexthop) bool {
+	return maps.EqualFunc(a, b, func(x, y []dataplane.Nexthop) bool { return slices.Equal(x, y) })
+}
+
+func TestSetIsIdempotent(t *testing.T) {
+	k := newKernel(nhA.Dev, nhB.Dev)
+	r := New(k)
+	want := map[netip.Prefix][]dataplane.Nexthop{p1: {nhA, nhB}, p2: {nh4}}
+	ctx := context.Background()
+	if err := r.Set(ctx, want, false); err != nil {
+		t.Fatal(err)
+	}
+	got, calls := k.snapshot()
+	if !equal(got, want) {
+		t.Fatalf("kernel = %v, want %v", got, want)
+	}
+	for range 3 {
+		if err := r.Set(ctx, want, false); err != nil {
 			t.Fatal(err)
 		}
 	}
-	must(r.Update(member("a", 1, true)))
-	must(r.Update(member("b", 2, true)))
-	if got := f.routes[p6]; len(got) != 2 || got[0].Gateway.String() != "fd00::1" || got[1].Dev != "flockb" {
-		t.Fatalf("IPv6 ECMP: %v", got)
+	if _, again := k.snapshot(); again != calls {
+		t.Errorf("repeated Set made %d more kernel calls, want none", again-calls)
 	}
-	if got := f.routes[p4]; len(got) != 2 || got[0].Gateway.String() != "10.0.0.1" {
-		t.Fatalf("IPv4 ECMP uses IPv4 next hops: %v", got)
+	if err := r.Set(ctx, want, true); err != nil {
+		t.Fatal(err)
 	}
-	calls := f.calls
-	must(r.Update(member("b", 2, true))) // unchanged: no kernel call
-	if f.calls != calls {
-		t.Errorf("unchanged update reprogrammed routes (%d calls)", f.calls-calls)
+	if _, again := k.snapshot(); again != calls {
+		t.Errorf("a full pass over an unchanged kernel made %d calls", again-calls)
 	}
-	must(r.Update(member("a", 1, false))) // a not Ready
-	if got := f.routes[p6]; len(got) != 1 || got[0].Dev != "flockb" {
-		t.Errorf("after a went NotReady: %v", got)
+	// One replica leaves: only that route is touched.
+	want = map[netip.Prefix][]dataplane.Nexthop{p1: {nhB}, p2: {nh4}}
+	if err := r.Set(ctx, want, false); err != nil {
+		t.Fatal(err)
 	}
-	must(r.Remove("b"))
-	if _, ok := f.routes[p6]; ok {
-		t.Errorf("route kept with no Ready replica: %v", f.routes)
+	got, after := k.snapshot()
+	if !equal(got, want) || after != calls+1 {
+		t.Errorf("kernel = %v after %d calls, want %v after 1", got, after-calls, want)
 	}
-	must(r.Remove("a"))
-	must(r.Remove("never"))
-	if len(r.Routes()) != 0 || len(f.routes) != 0 {
-		t.Errorf("leftovers: %v %v", r.Routes(), f.routes)
-	}
-	if changes == 0 {
-		t.Error("OnChange never called")
+	if !equal(r.Installed(), want) {
+		t.Errorf("Installed = %v", r.Installed())
 	}
 }
 
-func TestResyncPrunesStale(t *testing.T) {
-	stale := netip.MustParsePrefix("2001:db8:dead::1/128")
-	f := &fakeRoutes{routes: map[netip.Prefix][]dataplane.Nexthop{stale: {{Dev: "x"}}}}
-	r := New(f)
-	if err := r.Update(member("a", 1, true)); err != nil {
+// Routes flock owns but nobody wants — left by a crash, or by a pod that
+// is NotReady across a restart — go at the first pass; a route someone
+// removed behind our back comes back at the next full pass.
+func TestFullPassRepairsDrift(t *testing.T) {
+	k := newKernel(nhA.Dev, nhB.Dev)
+	stale := netip.MustParsePrefix("2001:db8:ee::1/128")
+	k.routes[stale] = []dataplane.Nexthop{nhA}
+	r := New(k)
+	want := map[netip.Prefix][]dataplane.Nexthop{p1: {nhA}}
+	ctx := context.Background()
+	if err := r.Set(ctx, want, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Resync([]netip.Prefix{stale, p6}); err != nil {
+	if got, _ := k.snapshot(); !equal(got, want) {
+		t.Fatalf("after the first pass the kernel holds %v, want %v", got, want)
+	}
+	k.mu.Lock()
+	delete(k.routes, p1)
+	k.routes[stale] = []dataplane.Nexthop{nhB}
+	k.mu.Unlock()
+	if err := r.Set(ctx, want, false); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := f.routes[stale]; ok {
-		t.Error("stale route survived Resync")
+	if got, _ := k.snapshot(); equal(got, want) {
+		t.Fatal("an event pass noticed drift without re-reading (the test assumption changed)")
 	}
-	if len(f.routes[p6]) != 1 {
-		t.Errorf("claimed route lost in Resync: %v", f.routes)
+	if err := r.Set(ctx, want, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := k.snapshot(); !equal(got, want) {
+		t.Errorf("after a full pass the kernel holds %v, want %v", got, want)
+	}
+}
+
+// A failed route is retried at the next pass (which re-reads the kernel),
+// and does not stop the other routes.
+func TestFailedRouteIsRetried(t *testing.T) {
+	k := newKernel(nhA.Dev, nhB.Dev)
+	k.failFor[p1] = 1
+	r := New(k)
+	want := map[netip.Prefix][]dataplane.Nexthop{p1: {nhA}, p2: {nh4}}
+	ctx := context.Background()
+	err := r.Set(ctx, want, false)
+	if err == nil || !strings.Contains(err.Error(), p1.String()) {
+		t.Fatalf("Set = %v, want an error naming %s", err, p1)
+	}
+	if got, _ := k.snapshot(); !slices.Equal(got[p2], want[p2]) {
+		t.Errorf("one failing route kept %s from being programmed", p2)
+	}
+	reads := k.reads
+	if err := r.Set(ctx, want, false); err != nil {
+		t.Fatal(err)
+	}
+	if k.reads != reads+1 {
+		t.Error("the pass after an error did not re-read the kernel")
+	}
+	if got, _ := k.snapshot(); !equal(got, want) {
+		t.Errorf("kernel = %v, want %v", got, want)
+	}
+}
+
+func TestCancelledContextStopsEarly(t *testing.T) {
+	r := New(newKernel(nhA.Dev))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.Set(ctx, map[netip.Prefix][]dataplane.Nexthop{p1: {nhA}}, false); !errors.Is(err, context.Canceled) {
+		t.Errorf("Set = %v", err)
 	}
 }

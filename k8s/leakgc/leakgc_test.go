@@ -3,6 +3,7 @@ package leakgc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -73,10 +74,35 @@ func rec(id, ns, name, uid string) store.Allocation {
 	return store.Allocation{ContainerID: id, Pod: podmeta.ID{Namespace: ns, Name: name, UID: uid}, IPs: []netip.Addr{netip.MustParseAddr("fd00::1")}}
 }
 
-func newGC(a *fakeAllocs, api *fakeAPI) (*GC, *atomic.Int32) {
+func newGC(a Allocations, api *fakeAPI, grace time.Duration) (*GC, *atomic.Int32) {
 	var n atomic.Int32
-	g := &GC{Allocs: a, API: api, Grace: 30 * time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), OnCollect: func() { n.Add(1) }}
+	g := &GC{Allocs: a, API: api, Grace: grace, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), OnCollect: func() { n.Add(1) }}
 	return g, &n
+}
+
+// run runs g until the test ends (or stop is called) and checks that Run
+// returns nil once its context ends.
+func run(t *testing.T, g *GC) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Error("Run did not return after its context ended")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 func waitFor(t *testing.T, cond func() bool) {
@@ -97,11 +123,8 @@ func TestStartupSweepReleasesOnlyVanishedPods(t *testing.T) {
 		"c3": rec("c3", "default", "recreated", "old-uid"), // same name, new UID in the API
 	}}
 	api := &fakeAPI{exists: map[string]bool{key("default", "alive", "u1"): true, key("default", "recreated", "new-uid"): true}}
-	g, n := newGC(a, api)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	g.Start(ctx)
-	defer g.Stop()
+	g, n := newGC(a, api, 30*time.Millisecond)
+	run(t, g)
 	waitFor(t, func() bool { return len(a.deleted()) == 2 })
 	time.Sleep(50 * time.Millisecond)
 	got := a.deleted()
@@ -115,12 +138,9 @@ func TestStartupSweepReleasesOnlyVanishedPods(t *testing.T) {
 
 func TestPodGoneWaitsForGraceAndKubeletDel(t *testing.T) {
 	a := &fakeAllocs{recs: map[string]store.Allocation{"c1": rec("c1", "ns", "p", "u")}}
-	g, _ := newGC(a, &fakeAPI{exists: map[string]bool{}})
-	g.Grace = 200 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	g.Start(ctx)
-	defer g.Stop()
+	g, _ := newGC(a, &fakeAPI{exists: map[string]bool{}}, 200*time.Millisecond)
+	run(t, g)
+	ctx := context.Background()
 	// Startup already scheduled c1's pod; the event reschedules it.
 	g.PodGone(podmeta.ID{Namespace: "ns", Name: "p", UID: "u"})
 	time.Sleep(50 * time.Millisecond)
@@ -138,10 +158,8 @@ func TestPodGoneWaitsForGraceAndKubeletDel(t *testing.T) {
 func TestAPIErrorNeverReleases(t *testing.T) {
 	a := &fakeAllocs{recs: map[string]store.Allocation{"c1": rec("c1", "ns", "p", "u")}}
 	api := &fakeAPI{exists: map[string]bool{}, err: errors.New("connection refused")}
-	g, _ := newGC(a, api)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	g.Start(ctx)
+	g, _ := newGC(a, api, 30*time.Millisecond)
+	stop := run(t, g)
 	time.Sleep(150 * time.Millisecond) // several retries
 	if d := a.deleted(); len(d) != 0 {
 		t.Fatalf("released while the API was unreachable: %v", d)
@@ -150,5 +168,101 @@ func TestAPIErrorNeverReleases(t *testing.T) {
 	api.err = nil
 	api.mu.Unlock()
 	waitFor(t, func() bool { return len(a.deleted()) == 1 })
-	g.Stop()
+	stop()
+}
+
+// lateAllocs models records committed after Run's startup sweep listed the
+// store: the sweep does not see them, so only PodGone can.
+type lateAllocs struct{ *fakeAllocs }
+
+func (lateAllocs) Allocations() []store.Allocation { return nil }
+
+// Defect: PodGone before Start was dropped (the GC had no context yet), and
+// the GC kept a stored context and timers outside any loop. PodGone now
+// queues for Run's loop, whenever it is called. Run under -race with
+// PodGone racing Run's start.
+func TestPodGoneConcurrentWithRunStart(t *testing.T) {
+	const pods = 50
+	a := &fakeAllocs{recs: map[string]store.Allocation{}}
+	var ids []podmeta.ID
+	for i := range pods {
+		r := rec(fmt.Sprintf("c%d", i), "ns", fmt.Sprintf("p%d", i), "u")
+		a.recs[r.ContainerID] = r
+		ids = append(ids, r.Pod)
+	}
+	g, n := newGC(lateAllocs{a}, &fakeAPI{exists: map[string]bool{}}, 20*time.Millisecond)
+	// Half the events before Run, half while it starts.
+	for _, id := range ids[:pods/2] {
+		g.PodGone(id)
+	}
+	var wg sync.WaitGroup
+	for _, id := range ids[pods/2:] {
+		wg.Add(1)
+		go func() { defer wg.Done(); g.PodGone(id) }()
+	}
+	run(t, g)
+	wg.Wait()
+	waitFor(t, func() bool { return len(a.deleted()) == pods })
+	if got := n.Load(); got != pods {
+		t.Errorf("collected %d, want %d", got, pods)
+	}
+}
+
+// Only the exact incarnation is released: a record of the same name with
+// another UID (the pod was re-created) survives its predecessor's PodGone.
+func TestPodGoneOnlyThatIncarnation(t *testing.T) {
+	a := &fakeAllocs{recs: map[string]store.Allocation{
+		"old": rec("old", "ns", "sts-0", "u1"),
+		"new": rec("new", "ns", "sts-0", "u2"),
+	}}
+	api := &fakeAPI{exists: map[string]bool{key("ns", "sts-0", "u2"): true}}
+	g, _ := newGC(lateAllocs{a}, api, 20*time.Millisecond)
+	run(t, g)
+	g.PodGone(podmeta.ID{Namespace: "ns", Name: "sts-0", UID: "u1"})
+	waitFor(t, func() bool { return len(a.deleted()) == 1 })
+	time.Sleep(100 * time.Millisecond)
+	if d := a.deleted(); len(d) != 1 || d[0] != "old" {
+		t.Errorf("deleted %v, want [old]", d)
+	}
+}
+
+// A record without a UID (written before UIDs were kept) belongs to an
+// unknown incarnation: another UID's absence does not prove it gone, even
+// if the agent's PodAllocations matches by name.
+func TestRecordOfUnknownIncarnationKept(t *testing.T) {
+	a := looseAllocs{&fakeAllocs{recs: map[string]store.Allocation{"c1": rec("c1", "ns", "p", "")}}}
+	// A pod named ns/p exists (some incarnation), but not u9.
+	api := &fakeAPI{exists: map[string]bool{key("ns", "p", ""): true}}
+	g, _ := newGC(a, api, 20*time.Millisecond)
+	run(t, g)
+	g.PodGone(podmeta.ID{Namespace: "ns", Name: "p", UID: "u9"})
+	time.Sleep(150 * time.Millisecond)
+	if d := a.deleted(); len(d) != 0 {
+		t.Errorf("released %v on the absence of another incarnation", d)
+	}
+}
+
+// looseAllocs matches PodAllocations by namespace/name only.
+type looseAllocs struct{ *fakeAllocs }
+
+func (l looseAllocs) PodAllocations(id podmeta.ID) []store.Allocation {
+	var out []store.Allocation
+	for _, r := range l.Allocations() {
+		if r.Pod.Namespace == id.Namespace && r.Pod.Name == id.Name {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func TestRunValidation(t *testing.T) {
+	if err := (&GC{}).Run(context.Background()); err == nil {
+		t.Error("Run without Allocs/API: want an error")
+	}
+	g, _ := newGC(&fakeAllocs{}, &fakeAPI{}, time.Second)
+	run(t, g)
+	time.Sleep(10 * time.Millisecond)
+	if err := g.Run(context.Background()); err == nil {
+		t.Error("second Run: want an error")
+	}
 }

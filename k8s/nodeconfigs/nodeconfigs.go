@@ -4,7 +4,9 @@ package nodeconfigs
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -29,43 +31,67 @@ type Watcher struct {
 	node     string
 	factory  dynamicinformer.DynamicSharedInformerFactory
 	informer cache.SharedIndexInformer
-	// OnChange receives every new version of the spec (after the first Get).
-	OnChange func(spec *v1alpha1.NodeConfigSpec, generation int64)
+	running  atomic.Bool
 }
 
-// New watches the NodeConfig named node.
+// New watches the NodeConfig named node; Run delivers its versions.
 func New(dyn dynamic.Interface, node string) *Watcher {
 	f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, "", func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", node).String()
 	})
-	w := &Watcher{dyn: dyn, node: node, factory: f, informer: f.ForResource(GVR).Informer()}
-	_, _ = w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { w.changed(obj) },
-		UpdateFunc: func(o, n any) { w.changedIfGeneration(o, n) },
+	return &Watcher{dyn: dyn, node: node, factory: f, informer: f.ForResource(GVR).Informer()}
+}
+
+// Run runs the informer until ctx ends, calling onChange (from the
+// informer's goroutine, one call at a time) with the spec as first listed
+// and with every new generation after that. Status writes (ours) bump
+// resourceVersion, not generation, and are not reported. A spec that does
+// not convert is skipped: Wait and the agent's validation report it.
+func (w *Watcher) Run(ctx context.Context, onChange func(spec *v1alpha1.NodeConfigSpec, generation int64)) error {
+	if onChange == nil {
+		return errors.New("nodeconfigs: Run needs an onChange callback")
+	}
+	if !w.running.CompareAndSwap(false, true) {
+		return errors.New("nodeconfigs: Run called twice")
+	}
+	changed := func(obj any) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok || u.GetName() != w.node {
+			return
+		}
+		if spec, err := SpecOf(u); err == nil {
+			onChange(spec, u.GetGeneration())
+		}
+	}
+	// Registered before Start, so the first list is delivered too.
+	reg, err := w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: changed,
+		UpdateFunc: func(o, n any) {
+			ou, ok1 := o.(*unstructured.Unstructured)
+			nu, ok2 := n.(*unstructured.Unstructured)
+			if ok1 && ok2 && ou.GetGeneration() == nu.GetGeneration() {
+				return
+			}
+			changed(n)
+		},
 	})
-	return w
-}
-
-func (w *Watcher) changedIfGeneration(o, n any) {
-	ou, ok1 := o.(*unstructured.Unstructured)
-	nu, ok2 := n.(*unstructured.Unstructured)
-	// Status writes (ours) bump resourceVersion, not generation.
-	if ok1 && ok2 && ou.GetGeneration() == nu.GetGeneration() {
-		return
-	}
-	w.changed(n)
-}
-
-func (w *Watcher) changed(obj any) {
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok || w.OnChange == nil {
-		return
-	}
-	spec, err := SpecOf(u)
 	if err != nil {
-		return // Get and the agent's validation report bad specs
+		return fmt.Errorf("nodeconfigs: %w", err)
 	}
-	w.OnChange(spec, u.GetGeneration())
+	w.factory.Start(ctx.Done())
+	<-ctx.Done()
+	w.factory.Shutdown()
+	_ = w.informer.RemoveEventHandler(reg)
+	return nil
+}
+
+// WaitSynced returns once the informer has listed the NodeConfig, or
+// ctx.Err().
+func (w *Watcher) WaitSynced(ctx context.Context) error {
+	if !cache.WaitForCacheSync(ctx.Done(), w.informer.HasSynced) {
+		return fmt.Errorf("nodeconfigs: informer did not sync: %w", ctx.Err())
+	}
+	return nil
 }
 
 // SpecOf converts an object's spec.
@@ -81,21 +107,14 @@ func SpecOf(u *unstructured.Unstructured) (*v1alpha1.NodeConfigSpec, error) {
 	return &spec, nil
 }
 
-// Start runs the informer until ctx ends.
-func (w *Watcher) Start(ctx context.Context) { w.factory.Start(ctx.Done()) }
-
 // Wait returns the NodeConfig, waiting up to timeout for it to be created.
 func (w *Watcher) Wait(ctx context.Context, timeout time.Duration) (*v1alpha1.NodeConfigSpec, int64, error) {
 	deadline := time.Now().Add(timeout)
-	logged := false
 	for {
 		u, err := w.dyn.Resource(GVR).Get(ctx, w.node, metav1.GetOptions{})
 		if err == nil {
 			spec, err := SpecOf(u)
 			return spec, u.GetGeneration(), err
-		}
-		if !apierrors.IsNotFound(err) && !logged {
-			logged = true
 		}
 		if time.Now().After(deadline) {
 			if apierrors.IsNotFound(err) {
@@ -115,13 +134,15 @@ func (w *Watcher) Wait(ctx context.Context, timeout time.Duration) (*v1alpha1.No
 func (w *Watcher) UpdateStatus(ctx context.Context, status v1alpha1.NodeConfigStatus) error {
 	u, err := w.dyn.Resource(GVR).Get(ctx, w.node, metav1.GetOptions{})
 	if err != nil {
-		return err
+		return fmt.Errorf("NodeConfig %q status: %w", w.node, err)
 	}
 	st, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&status)
 	if err != nil {
-		return err
+		return fmt.Errorf("NodeConfig %q status: %w", w.node, err)
 	}
 	u.Object["status"] = st
-	_, err = w.dyn.Resource(GVR).UpdateStatus(ctx, u, metav1.UpdateOptions{})
-	return err
+	if _, err := w.dyn.Resource(GVR).UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("NodeConfig %q status: %w", w.node, err)
+	}
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -23,7 +24,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/identity"
 )
 
-// Events receives what the informer sees.
+// Events receives what the informer sees, from the informer's goroutine.
 type Events interface {
 	// PodReady reports the pod's Ready condition (on add, and on every change).
 	PodReady(id podmeta.ID, ready bool)
@@ -35,52 +36,69 @@ type Events interface {
 // was just created (kubelet can be faster than our watch).
 const DefaultWait = 3 * time.Second
 
-// Source implements podmeta.Source from the API.
+// Source implements podmeta.Source from the API. Use: New, go Run,
+// WaitSynced, then Lookup.
 type Source struct {
 	client   kubernetes.Interface
 	factory  informers.SharedInformerFactory
 	informer cache.SharedIndexInformer
 	lister   listers.PodLister
-	events   Events
+	running  atomic.Bool
 	// Wait bounds the ADD-time wait for a pod the cache does not have yet.
+	// Set it before the first Lookup.
 	Wait time.Duration
 }
 
-// New builds the informer for node's pods; Start runs it.
+// New builds the informer for node's pods; Run runs it. events (may be nil)
+// is wired here, before any informer goroutine exists.
 func New(client kubernetes.Interface, node string, events Events) *Source {
 	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
 	}))
 	inf := f.Core().V1().Pods()
-	s := &Source{client: client, factory: f, informer: inf.Informer(), lister: inf.Lister(), events: events, Wait: DefaultWait}
+	s := &Source{client: client, factory: f, informer: inf.Informer(), lister: inf.Lister(), Wait: DefaultWait}
+	if events == nil {
+		return s
+	}
 	_, _ = s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
-			if p, ok := obj.(*corev1.Pod); ok && s.events != nil {
-				s.events.PodReady(ID(p), Ready(p))
+			if p, ok := obj.(*corev1.Pod); ok {
+				events.PodReady(ID(p), Ready(p))
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*corev1.Pod)
 			n, ok2 := newObj.(*corev1.Pod)
-			if ok1 && ok2 && s.events != nil && Ready(o) != Ready(n) {
-				s.events.PodReady(ID(n), Ready(n))
+			if ok1 && ok2 && Ready(o) != Ready(n) {
+				events.PodReady(ID(n), Ready(n))
 			}
 		},
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
 			}
-			if p, ok := obj.(*corev1.Pod); ok && s.events != nil {
-				s.events.PodGone(ID(p))
+			if p, ok := obj.(*corev1.Pod); ok {
+				events.PodGone(ID(p))
 			}
 		},
 	})
 	return s
 }
 
-// Start runs the informer until ctx ends and waits for its first sync.
-func (s *Source) Start(ctx context.Context) error {
+// Run runs the informer until ctx ends.
+func (s *Source) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return errors.New("pods: Run called twice")
+	}
 	s.factory.Start(ctx.Done())
+	<-ctx.Done()
+	s.factory.Shutdown()
+	return nil
+}
+
+// WaitSynced returns once the informer has listed this node's pods, or
+// ctx.Err().
+func (s *Source) WaitSynced(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced) {
 		return fmt.Errorf("pods: informer did not sync: %w", ctx.Err())
 	}
@@ -105,27 +123,40 @@ func Ready(p *corev1.Pod) bool {
 // ErrNotFound is a pod neither the cache nor the API knows.
 var ErrNotFound = errors.New("pod not found")
 
+// MirrorAnnotation is set by kubelet on the mirror pod of a static pod: its
+// value is the static pod's UID, which is the UID the runtime passes in
+// K8S_POD_UID (the mirror pod in the API has a UID of its own).
+const MirrorAnnotation = "kubernetes.io/config.mirror"
+
+// Is reports whether p is the pod incarnation the runtime means by uid: the
+// same UID, or the mirror of the static pod with that UID. An empty uid
+// (a runtime that does not pass one) matches any.
+func Is(p *corev1.Pod, uid string) bool {
+	return uid == "" || string(p.UID) == uid || p.Annotations[MirrorAnnotation] == uid
+}
+
 // Lookup implements podmeta.Source: namespace and name come from CNI_ARGS,
-// the rest from the Pod object.
+// the rest from the Pod object. The result carries the API object's UID
+// (for a static pod, its mirror's), the one readiness events use.
 func (s *Source) Lookup(ctx context.Context, args podmeta.Args) (podmeta.Pod, error) {
 	id, err := args.PodID()
 	if err != nil {
 		return podmeta.Pod{}, err
 	}
-	p, err := s.get(ctx, id.Namespace, id.Name, id.UID)
+	p, err := s.get(ctx, id)
 	if err != nil {
 		return podmeta.Pod{}, err
 	}
 	return podmeta.Pod{ID: ID(p), Annotations: p.Annotations, App: identity.App(p), Image: identity.Image(p)}, nil
 }
 
-// get waits (bounded) for the cache to hold the pod with that UID, then
-// asks the API itself before giving up.
-func (s *Source) get(ctx context.Context, ns, name, uid string) (*corev1.Pod, error) {
+// get waits (bounded) for the cache to hold the pod the runtime means,
+// then asks the API itself before giving up.
+func (s *Source) get(ctx context.Context, id podmeta.ID) (*corev1.Pod, error) {
 	deadline := time.Now().Add(s.Wait)
 	for {
-		p, err := s.lister.Pods(ns).Get(name)
-		if err == nil && (uid == "" || string(p.UID) == uid) {
+		p, err := s.lister.Pods(id.Namespace).Get(id.Name)
+		if err == nil && Is(p, id.UID) {
 			return p, nil
 		}
 		if time.Now().After(deadline) {
@@ -137,20 +168,27 @@ func (s *Source) get(ctx context.Context, ns, name, uid string) (*corev1.Pod, er
 		case <-time.After(25 * time.Millisecond):
 		}
 	}
-	p, err := s.client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	p, err := s.client.CoreV1().Pods(id.Namespace).Get(ctx, id.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("%w: %s/%s is not in the API", ErrNotFound, ns, name)
+		return nil, fmt.Errorf("%w: %s is not in the API", ErrNotFound, id)
 	case err != nil:
-		return nil, fmt.Errorf("pod %s/%s: %w", ns, name, err)
-	case uid != "" && string(p.UID) != uid:
-		return nil, fmt.Errorf("%w: %s/%s has UID %s in the API, the runtime asked for %s", ErrNotFound, ns, name, p.UID, uid)
+		return nil, fmt.Errorf("pod %s: %w", id, err)
+	case !Is(p, id.UID):
+		has := string(p.UID)
+		if m := p.Annotations[MirrorAnnotation]; m != "" {
+			has += " (mirror of static pod " + m + ")"
+		}
+		return nil, fmt.Errorf("%w: %s has UID %s in the API, the runtime asked for %s", ErrNotFound, id, has, id.UID)
 	}
 	return p, nil
 }
 
 // Exists asks the API (not the cache) whether the pod still exists; with a
-// UID, only that incarnation counts.
+// UID, only that incarnation counts. A mirror pod under the same name
+// counts as existing whatever its UID: deleting a mirror pod makes kubelet
+// re-create it with a new UID while the static pod keeps running, and
+// kubelet itself sends DEL when the static pod goes.
 func (s *Source) Exists(ctx context.Context, id podmeta.ID) (bool, error) {
 	p, err := s.client.CoreV1().Pods(id.Namespace).Get(ctx, id.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -159,5 +197,5 @@ func (s *Source) Exists(ctx context.Context, id podmeta.ID) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return id.UID == "" || string(p.UID) == id.UID, nil
+	return Is(p, id.UID) || p.Annotations[MirrorAnnotation] != "", nil
 }

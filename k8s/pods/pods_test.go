@@ -3,6 +3,7 @@ package pods
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -69,16 +70,33 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// run runs s until the test ends and waits for its sync.
+func run(t *testing.T, s *Source) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := s.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+	defer scancel()
+	if err := s.WaitSynced(sctx); err != nil {
+		t.Fatal(err)
+	}
+	return ctx
+}
+
 func TestLookupReadinessAndDeletion(t *testing.T) {
 	cs := fake.NewClientset(pod("web-abc12-x", "vm", false))
 	rec := &recorder{ready: map[string]bool{}}
 	s := New(cs, "vm", rec)
 	s.Wait = 300 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ctx := run(t, s)
 	args := podmeta.Args{podmeta.ArgNamespace: "shop", podmeta.ArgName: "web-abc12-x", podmeta.ArgUID: "uid-web-abc12-x"}
 	p, err := s.Lookup(ctx, args)
 	if err != nil {
@@ -127,5 +145,103 @@ func TestLookupReadinessAndDeletion(t *testing.T) {
 	waitFor(t, "PodGone", func() bool { rec.mu.Lock(); defer rec.mu.Unlock(); return len(rec.gone) == 1 })
 	if ok, err := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "web-abc12-x"}); ok || err != nil {
 		t.Errorf("Exists after delete: %v %v", ok, err)
+	}
+}
+
+// mirror is the API's mirror pod of a static pod whose UID (the one the
+// runtime passes in K8S_POD_UID) is staticUID.
+func mirror(name, node, staticUID string) *corev1.Pod {
+	p := pod(name, node, true)
+	p.UID = "mirror-uid"
+	p.OwnerReferences = []metav1.OwnerReference{{Kind: "Node", Name: node}}
+	p.Annotations[MirrorAnnotation] = staticUID
+	return p
+}
+
+func podGets(cs *fake.Clientset) int {
+	n := 0
+	for _, a := range cs.Actions() {
+		if a.GetVerb() == "get" && a.GetResource().Resource == "pods" {
+			n++
+		}
+	}
+	return n
+}
+
+// Defect 12: static pods never got a network. The runtime passes the static
+// pod's UID; the mirror pod in the API has another UID and carries the
+// static one in kubernetes.io/config.mirror. Both the cache path and the
+// API fallback must accept it; the result carries the mirror's UID.
+func TestLookupStaticPodByMirrorAnnotation(t *testing.T) {
+	args := podmeta.Args{podmeta.ArgNamespace: "shop", podmeta.ArgName: "etcd-vm", podmeta.ArgUID: "static-uid"}
+	check := func(t *testing.T, p podmeta.Pod, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := podmeta.ID{Namespace: "shop", Name: "etcd-vm", UID: "mirror-uid"}
+		if p.ID != want || p.Annotations["flock.fritzlab.net/ipv4"] != "false" {
+			t.Errorf("lookup: %+v, want ID %+v", p, want)
+		}
+	}
+
+	t.Run("cache", func(t *testing.T) {
+		cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
+		rec := &recorder{ready: map[string]bool{}}
+		s := New(cs, "vm", rec)
+		s.Wait = 0 // one look at the cache, then the API
+		ctx := run(t, s)
+		before := podGets(cs)
+		p, err := s.Lookup(ctx, args)
+		check(t, p, err)
+		if n := podGets(cs) - before; n != 0 {
+			t.Errorf("answered by %d API GETs, want the cache", n)
+		}
+	})
+
+	t.Run("API fallback", func(t *testing.T) {
+		cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
+		s := New(cs, "vm", nil) // never run: the cache stays empty
+		s.Wait = 0
+		p, err := s.Lookup(context.Background(), args)
+		check(t, p, err)
+		if podGets(cs) != 1 {
+			t.Errorf("API GETs: %d, want 1", podGets(cs))
+		}
+	})
+
+	t.Run("other static pod", func(t *testing.T) {
+		cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
+		s := New(cs, "vm", nil)
+		s.Wait = 0
+		bad := podmeta.Args{podmeta.ArgNamespace: "shop", podmeta.ArgName: "etcd-vm", podmeta.ArgUID: "older-static-uid"}
+		_, err := s.Lookup(context.Background(), bad)
+		if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "older-static-uid") {
+			t.Errorf("want ErrNotFound naming the UID, got %v", err)
+		}
+	})
+}
+
+// A deleted mirror pod is re-created by kubelet with a new UID while the
+// static pod keeps running: the leak GC must not release its allocation.
+func TestExistsMirrorRecreated(t *testing.T) {
+	cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
+	s := New(cs, "vm", nil)
+	ctx := context.Background()
+	for _, uid := range []string{"mirror-uid", "static-uid", "an-earlier-mirror-uid"} {
+		if ok, err := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "etcd-vm", UID: uid}); !ok || err != nil {
+			t.Errorf("Exists(%s): %v %v", uid, ok, err)
+		}
+	}
+	if ok, err := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "gone", UID: "x"}); ok || err != nil {
+		t.Errorf("Exists(gone): %v %v", ok, err)
+	}
+}
+
+func TestRunTwice(t *testing.T) {
+	s := New(fake.NewClientset(), "vm", nil)
+	run(t, s)
+	if err := s.Run(context.Background()); err == nil {
+		t.Error("second Run: want an error")
 	}
 }

@@ -1,0 +1,538 @@
+package agent_test
+
+// The randomized model-based test of route truth: many goroutines run ADD,
+// DEL, CHECK and readiness reports against one agent (real store in a temp
+// dir, real node state and reconcile loops, fake kernel and speaker) while
+// the dataplane, the speaker and the store fail at random; between rounds
+// GC runs, the agent restarts (sometimes after a "crash" left a half-done
+// ADD or a "reboot" took a pod's network namespace), and at every
+// quiescent point the invariants are checked against an oracle computed
+// from the workers' own knowledge, not from the agent's code:
+//
+//   - advertised paths == f(live attachments, readiness)
+//   - kernel host routes == g(live attachments, readiness)
+//   - no IP held by two containers; no veth name shared by two containers
+//   - a deleted container owns nothing anywhere (state, store, veth,
+//     kernel route, BGP path, IPAM, claims)
+//
+// Reproduce a failure with the printed seed:
+//
+//	go test -race -run Model ./agent/ -args -model.seed=N
+//
+// and run more seeds with -count=N (each run draws a new seed).
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"code.fritzlab.net/fritzlab/flock/agent"
+	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/store"
+	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+)
+
+var (
+	modelSeed    = flag.Uint64("model.seed", 0, "seed of TestModel (0: a new one each run)")
+	modelSeeds   = flag.Int("model.seeds", 2, "seeds TestModel runs")
+	modelRounds  = flag.Int("model.rounds", 4, "rounds (restart + checks) per seed")
+	modelOps     = flag.Int("model.ops", 150, "operations per worker per round")
+	modelWorkers = flag.Int("model.workers", 6, "concurrent workers")
+)
+
+func TestModel(t *testing.T) {
+	for i := range *modelSeeds {
+		seed := *modelSeed
+		if seed == 0 {
+			seed = rand.Uint64()
+		} else if i > 0 {
+			break
+		}
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Logf("seed %d (replay: go test -race -run Model ./agent/ -args -model.seed=%d)", seed, seed)
+			m := newModel(t, seed)
+			for round := range *modelRounds {
+				m.round(round)
+				m.quiesce()
+				m.check(fmt.Sprintf("round %d", round))
+				m.restart()
+				m.check(fmt.Sprintf("after restart %d", round))
+			}
+			if t.Failed() {
+				t.Logf("FAILED with seed %d", seed)
+			}
+		})
+	}
+}
+
+// ctr is one container as its worker (the runtime) knows it.
+type ctr struct {
+	id    string
+	pod   podmeta.ID
+	live  bool             // the last ADD succeeded and no DEL since
+	dirty bool             // an op failed: the runtime owes a DEL
+	rec   store.Allocation // from the last successful ADD
+}
+
+type model struct {
+	t    *testing.T
+	seed uint64
+	e    *env
+	rnd  *rand.Rand // for the coordinator only
+
+	// chaos is on while the workers run.
+	mu       sync.Mutex
+	chaos    bool
+	chaosRnd *rand.Rand
+	ready    map[podmeta.ID]bool // the last report per pod (only its worker reports)
+	ctrs     map[string]*ctr
+	// deleted holds every container whose DEL (or GC, or reap) succeeded,
+	// with its last allocation: it must own nothing anywhere.
+	deleted map[string]store.Allocation
+	nextID  int
+}
+
+var (
+	modelAnycast = []string{"2001:db8:ff::1", "2001:db8:ff::2", "203.0.113.1"}
+	modelAddrs   = []string{"2001:db8:aa::1", "2001:db8:aa::2", "2001:db8:aa::3", "198.51.100.7"}
+)
+
+func newModel(t *testing.T, seed uint64) *model {
+	m := &model{t: t, seed: seed, rnd: rand.New(rand.NewPCG(seed, 0)), chaosRnd: rand.New(rand.NewPCG(seed, 1)),
+		ready: map[podmeta.ID]bool{}, ctrs: map[string]*ctr{}, deleted: map[string]store.Allocation{}}
+	s := testSpec()
+	s.Pools[2].Namespaces = nil // shared pool: pods advertised as /128
+	m.e = newEnv(t, withSpec(s), func(c *envConfig) { c.SettleTimeout = 200 * time.Millisecond })
+	m.wire(m.e)
+	if err := m.e.run(); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// wire connects an env's fakes to the model's chaos.
+func (m *model) wire(e *env) {
+	e.kernelLoop.Repair, e.bgpLoop.Repair = 20*time.Millisecond, 20*time.Millisecond
+	e.dp.set(func(d *fakeDP) {
+		d.fault = func(op string) error {
+			if m.roll(map[string]float64{"setup": 0.05, "teardown": 0.05, "route": 0.03}[op]) {
+				return fmt.Errorf("chaos: %s failed", op)
+			}
+			return nil
+		}
+	})
+	e.sp.set(func(f *fakeSpeaker) { f.fault = func() bool { return m.roll(0.03) } })
+	e.st.fault = func(op string) error {
+		if m.roll(0.02) {
+			return fmt.Errorf("chaos: store %s failed", op)
+		}
+		return nil
+	}
+}
+
+func (m *model) roll(p float64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.chaos && m.chaosRnd.Float64() < p
+}
+
+func (m *model) setChaos(on bool) {
+	m.mu.Lock()
+	m.chaos = on
+	m.mu.Unlock()
+}
+
+// round runs the workers concurrently with chaos on.
+func (m *model) round(round int) {
+	m.setChaos(true)
+	var wg sync.WaitGroup
+	for w := range *modelWorkers {
+		wg.Add(1)
+		rnd := rand.New(rand.NewPCG(m.seed, uint64(1000*round+w+2)))
+		go func() {
+			defer wg.Done()
+			m.worker(w, rnd)
+		}()
+	}
+	wg.Wait()
+	m.setChaos(false)
+}
+
+// worker owns its containers and pods: ops on one container never run
+// concurrently, so the worker knows what each should own.
+func (m *model) worker(w int, rnd *rand.Rand) {
+	var mine []*ctr
+	for _, c := range m.snapshotCtrs() {
+		if strings.HasPrefix(c.id, fmt.Sprintf("w%d-", w)) {
+			mine = append(mine, c)
+		}
+	}
+	ctx := context.Background()
+	for range *modelOps {
+		switch op := rnd.IntN(100); {
+		case op < 35 || len(mine) == 0: // ADD a new container (sometimes of an existing pod)
+			c := m.newCtr(w, rnd, mine)
+			mine = append(mine, c)
+			m.add(ctx, c, rnd)
+		case op < 45: // retried ADD of an existing container
+			m.add(ctx, mine[rnd.IntN(len(mine))], rnd)
+		case op < 70: // DEL
+			c := mine[rnd.IntN(len(mine))]
+			m.del(ctx, c)
+		case op < 75: // CHECK
+			c := mine[rnd.IntN(len(mine))]
+			m.mu.Lock()
+			live := c.live && !c.dirty
+			m.mu.Unlock()
+			if live {
+				if err := m.e.a.Check(ctx, c.id, "eth0", nil); err != nil {
+					m.t.Errorf("CHECK of live %s: %v", c.id, err)
+				}
+			}
+		default: // readiness report for one of my pods
+			c := mine[rnd.IntN(len(mine))]
+			r := rnd.IntN(2) == 0
+			m.mu.Lock()
+			m.ready[c.pod] = r
+			m.mu.Unlock()
+			m.e.a.SetPodReady(c.pod, r)
+		}
+	}
+}
+
+func (m *model) snapshotCtrs() []*ctr {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := slices.Collect(maps.Values(m.ctrs))
+	slices.SortFunc(out, func(a, b *ctr) int { return strings.Compare(a.id, b.id) })
+	return out
+}
+
+func (m *model) newCtr(w int, rnd *rand.Rand, mine []*ctr) *ctr {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.nextID++
+	c := &ctr{id: fmt.Sprintf("w%d-%04d", w, m.nextID)}
+	if len(mine) > 0 && rnd.IntN(4) == 0 {
+		c.pod = mine[rnd.IntN(len(mine))].pod // a second attachment of a pod
+	} else {
+		c.pod = podmeta.ID{Namespace: "default", Name: "pod-" + c.id, UID: "uid-" + c.id}
+	}
+	m.ctrs[c.id] = c
+	return c
+}
+
+func (m *model) add(ctx context.Context, c *ctr, rnd *rand.Rand) {
+	args := []string{"K8S_POD_UID=" + c.pod.UID}
+	if rnd.IntN(3) == 0 {
+		args = append(args, annotations.Anycast+"="+pick(rnd, modelAnycast, 1+rnd.IntN(2)))
+	}
+	if rnd.IntN(4) == 0 {
+		args = append(args, annotations.Addresses+"="+pick(rnd, modelAddrs, 1))
+	}
+	if rnd.IntN(3) == 0 {
+		args = append(args, annotations.CIDR6+"="+shared6.String())
+	}
+	argStr := strings.Join(append([]string{"K8S_POD_NAMESPACE=" + c.pod.Namespace, "K8S_POD_NAME=" + c.pod.Name}, args...), ";")
+	rec, err := m.e.a.Add(ctx, c.id, netnsOf(c.id), "eth0", argStr)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		if c.live && !c.dirty {
+			// A retry of a committed ADD returns the allocation; an error
+			// here would mean the agent lost a live container.
+			if !strings.Contains(err.Error(), "chaos") {
+				m.t.Errorf("retried ADD of live %s: %v", c.id, err)
+			}
+		}
+		c.dirty = true // the runtime sends DEL after a failed ADD
+		return
+	}
+	if c.live && !slices.Equal(rec.IPs, c.rec.IPs) {
+		m.t.Errorf("retried ADD of %s returned IPs %v, first %v", c.id, rec.IPs, c.rec.IPs)
+	}
+	c.live, c.rec = true, rec
+	delete(m.deleted, c.id)
+}
+
+func pick(rnd *rand.Rand, from []string, n int) string {
+	var out []string
+	for _, i := range rnd.Perm(len(from))[:n] {
+		out = append(out, from[i])
+	}
+	return strings.Join(out, ",")
+}
+
+func (m *model) del(ctx context.Context, c *ctr) {
+	err := m.e.a.Del(ctx, c.id)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		c.dirty = true
+		return
+	}
+	m.deleted[c.id] = c.rec
+	c.live, c.dirty = false, false
+}
+
+// quiesce turns chaos off and does what the runtime would: DEL every
+// container with a failed op until it succeeds, and a GC that keeps a
+// random part of the live ones.
+func (m *model) quiesce() {
+	ctx := context.Background()
+	for _, c := range m.snapshotCtrs() {
+		if c.dirty {
+			m.del(ctx, c)
+			if c.dirty {
+				m.t.Fatalf("DEL of %s still fails with chaos off", c.id)
+			}
+		}
+	}
+	var valid []agent.Attachment
+	var gone []*ctr
+	for _, c := range m.snapshotCtrs() {
+		if !c.live {
+			continue
+		}
+		if m.rnd.IntN(10) == 0 {
+			gone = append(gone, c)
+			continue
+		}
+		valid = append(valid, agent.Attachment{ContainerID: c.id, IfName: "eth0"})
+	}
+	if err := m.e.a.GC(ctx, valid); err != nil {
+		m.t.Fatalf("GC: %v", err)
+	}
+	m.mu.Lock()
+	for _, c := range gone {
+		m.deleted[c.id] = c.rec
+		c.live = false
+	}
+	m.mu.Unlock()
+}
+
+// restart stops the agent and starts a new one on the same store and
+// kernel (a fresh speaker: GoBGP starts empty), after maybe leaving crash
+// debris: a half-done ADD, and a pod whose netns vanished (a reboot).
+func (m *model) restart() {
+	old := m.e
+	old.stop()
+	if m.rnd.IntN(2) == 0 {
+		id := fmt.Sprintf("crash-%d", m.rnd.IntN(1<<30))
+		veth := dataplane.HostVethName(id)
+		putRecord(m.t, old.dir, store.Allocation{ContainerID: id, State: store.Pending, HostVeth: veth,
+			Pod: podmeta.ID{Namespace: "default", Name: id}, IPs: []netip.Addr{mustAddr("fd00:10:1::dead")}})
+		old.dp.addVeth(veth)
+		m.mu.Lock()
+		m.deleted[id] = store.Allocation{ContainerID: id, HostVeth: veth, IPs: []netip.Addr{mustAddr("fd00:10:1::dead")}}
+		m.mu.Unlock()
+	}
+	if live := m.liveCtrs(); len(live) > 0 && m.rnd.IntN(2) == 0 {
+		c := live[m.rnd.IntN(len(live))]
+		old.dp.set(func(d *fakeDP) {
+			d.goneNetns[c.rec.Netns] = true
+			delete(d.veths, c.rec.HostVeth) // the netns took the veth with it
+		})
+		m.mu.Lock()
+		m.deleted[c.id] = c.rec
+		c.live = false
+		delete(m.ctrs, c.id) // its sandbox is gone: the runtime never uses the ID again
+		m.mu.Unlock()
+	}
+	e := &env{t: m.t, dp: old.dp, sp: newFakeSpeaker(), st: old.st, dir: old.dir}
+	s := testSpec()
+	s.Pools[2].Namespaces = nil
+	e.build(envConfig{Config: agentConfig(s, e, 200*time.Millisecond)})
+	m.wire(e)
+	// Kubernetes mode: the informer reports readiness before restore.
+	m.mu.Lock()
+	for p, r := range m.ready {
+		e.a.SetPodReady(p, r)
+	}
+	m.mu.Unlock()
+	if err := e.run(); err != nil {
+		m.t.Fatalf("restart: %v", err)
+	}
+	m.e = e
+}
+
+func agentConfig(s *v1alpha1.NodeConfigSpec, e *env, settle time.Duration) agent.Config {
+	return agent.Config{Spec: s, Store: e.st, Dataplane: e.dp, Source: podmeta.Standalone{}, Log: discard, SettleTimeout: settle}
+}
+
+func (m *model) liveCtrs() []*ctr {
+	var out []*ctr
+	for _, c := range m.snapshotCtrs() {
+		m.mu.Lock()
+		if c.live {
+			out = append(out, c)
+		}
+		m.mu.Unlock()
+	}
+	return out
+}
+
+// check verifies the invariants at a quiescent point.
+func (m *model) check(when string) {
+	t, e := m.t, m.e
+	t.Helper()
+	if t.Failed() {
+		return
+	}
+	live := m.liveCtrs()
+	m.mu.Lock()
+	ready := maps.Clone(m.ready)
+	deleted := maps.Clone(m.deleted)
+	m.mu.Unlock()
+	isReady := func(p podmeta.ID) bool { return ready[p] } // Kubernetes mode: NotReady until reported
+
+	// The state, the store and the dataplane hold exactly the live ones.
+	var wantIDs []string
+	for _, c := range live {
+		wantIDs = append(wantIDs, c.id)
+	}
+	if got := e.allocIDs(); !slices.Equal(got, wantIDs) {
+		t.Fatalf("%s: state holds %v, want the live containers %v", when, got, wantIDs)
+	}
+	recs := e.records()
+	var recIDs []string
+	ipOwner := map[netip.Addr]string{}
+	vethOwner := map[string]string{}
+	for _, r := range recs {
+		recIDs = append(recIDs, r.ContainerID)
+		if r.State != store.Committed {
+			t.Errorf("%s: record %s is %s", when, r.ContainerID, r.State)
+		}
+		for _, ip := range append(slices.Clone(r.IPs), r.Addresses...) {
+			if o, dup := ipOwner[ip]; dup {
+				t.Errorf("%s: %s held by %s and %s", when, ip, o, r.ContainerID)
+			}
+			ipOwner[ip] = r.ContainerID
+		}
+		if o, dup := vethOwner[r.HostVeth]; dup {
+			t.Errorf("%s: veth %s shared by %s and %s", when, r.HostVeth, o, r.ContainerID)
+		}
+		vethOwner[r.HostVeth] = r.ContainerID
+		if !e.dp.hasVeth(r.HostVeth) {
+			t.Errorf("%s: live %s has no veth %s", when, r.ContainerID, r.HostVeth)
+		}
+	}
+	if !slices.Equal(recIDs, wantIDs) {
+		t.Fatalf("%s: store holds %v, want %v", when, recIDs, wantIDs)
+	}
+	veths, _ := e.dp.HostVeths()
+	for _, v := range veths {
+		if _, ok := vethOwner[v]; !ok {
+			t.Errorf("%s: veth %s belongs to no live container", when, v)
+		}
+	}
+	// IPAM counts exactly the live IPs.
+	perPool := map[netip.Prefix]uint64{}
+	for _, r := range recs {
+		for _, ip := range r.IPs {
+			for _, p := range []netip.Prefix{pool6, pool4, shared6} {
+				if p.Contains(ip) {
+					perPool[p]++
+				}
+			}
+		}
+	}
+	for _, p := range []netip.Prefix{pool6, pool4, shared6} {
+		if got := e.used(p); got != perPool[p] {
+			t.Errorf("%s: IPAM %s used %d, live IPs %d", when, p, got, perPool[p])
+		}
+	}
+
+	// The oracle: what must be advertised and routed.
+	wantAdv := map[netip.Prefix]advert.Kind{pool6: advert.Summary, pool4: advert.Summary}
+	wantKernel := map[netip.Prefix][]dataplane.Nexthop{}
+	for _, r := range recs {
+		for _, ip := range r.IPs {
+			if !pool6.Contains(ip) && !pool4.Contains(ip) {
+				wantAdv[netip.PrefixFrom(ip, ip.BitLen())] = advert.Pod
+			}
+		}
+		if !isReady(r.Pod) {
+			continue
+		}
+		for kind, ips := range map[advert.Kind][]netip.Addr{advert.Anycast: r.Anycast, advert.Address: r.Addresses} {
+			for _, ip := range ips {
+				p := netip.PrefixFrom(ip, ip.BitLen())
+				wantAdv[p] = kind
+				for _, own := range r.IPs {
+					if own.Is4() == ip.Is4() {
+						wantKernel[p] = append(wantKernel[p], dataplane.Nexthop{Gateway: own, Dev: r.HostVeth})
+					}
+				}
+			}
+		}
+	}
+	for p := range wantKernel {
+		slices.SortFunc(wantKernel[p], dataplane.CompareNexthops)
+	}
+	// The reconcilers converge on their own (event passes, retries, the
+	// periodic repair).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		adv, kern := e.sp.Held(), e.dp.kernelRoutes()
+		okAdv := maps.Equal(adv, wantAdv)
+		okKern := maps.EqualFunc(kern, wantKernel, func(a, b []dataplane.Nexthop) bool { return slices.Equal(a, b) })
+		if okAdv && okKern {
+			break
+		}
+		if time.Now().After(deadline) {
+			if !okAdv {
+				t.Errorf("%s: advertised\n%v\nwant\n%v", when, adv, wantAdv)
+			}
+			if !okKern {
+				t.Errorf("%s: kernel routes\n%v\nwant\n%v", when, kern, wantKernel)
+			}
+			t.FailNow()
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	// A deleted container owns nothing anywhere.
+	adv := e.sp.Held()
+	kern := e.dp.kernelRoutes()
+	for id, r := range deleted {
+		if _, _, ok := e.state.Get(id); ok {
+			t.Errorf("%s: deleted %s is in the state", when, id)
+		}
+		if o, ok := vethOwner[r.HostVeth]; ok && o != id {
+			continue // the name went to another container later: fine
+		}
+		if r.HostVeth != "" && e.dp.hasVeth(r.HostVeth) {
+			t.Errorf("%s: deleted %s left veth %s", when, id, r.HostVeth)
+		}
+		for p, nhs := range kern {
+			for _, nh := range nhs {
+				if nh.Dev == r.HostVeth {
+					t.Errorf("%s: kernel route %s still via deleted %s's veth", when, p, id)
+				}
+			}
+		}
+		for _, ip := range r.IPs {
+			if o, ok := ipOwner[ip]; ok && o != id {
+				continue // reused by a live container: fine
+			}
+			if _, ok := adv[netip.PrefixFrom(ip, ip.BitLen())]; ok && !pool6.Contains(ip) && !pool4.Contains(ip) {
+				t.Errorf("%s: deleted %s's %s is advertised", when, id, ip)
+			}
+		}
+	}
+	if st := e.kernelLoop.Status(); st.Failing {
+		t.Errorf("%s: kernel reconciler failing with chaos off: %s", when, st.LastError)
+	}
+}

@@ -1,0 +1,209 @@
+package nodeconfig
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// watch runs a FileWatcher on path until the test ends; every changed()
+// call arrives on the returned channel.
+func watch(t *testing.T, path string, hup <-chan os.Signal) <-chan struct{} {
+	t.Helper()
+	calls := make(chan struct{}, 100)
+	ready := make(chan struct{})
+	w := &FileWatcher{Path: path, Hup: hup, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), ready: func() { close(ready) }}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := w.Run(ctx, func() { calls <- struct{}{} }); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	// The baseline must be read before the test changes anything.
+	select {
+	case <-ready:
+	case <-time.After(5 * time.Second):
+		t.Fatal("watcher not ready")
+	}
+	return calls
+}
+
+func expectCall(t *testing.T, calls <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-calls:
+	case <-time.After(3 * time.Second):
+		t.Fatalf("%s: changed() not called", what)
+	}
+	// One change, one call: the debounce swallows the burst.
+	expectNone(t, calls, what+" (second call)")
+}
+
+func expectNone(t *testing.T, calls <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-calls:
+		t.Fatalf("%s: changed() called", what)
+	case <-time.After(400 * time.Millisecond):
+	}
+}
+
+func write(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// configMap is a ConfigMap volume as kubelet's atomic writer lays it out:
+//
+//	dir/..2024_01_01_00_00_00.000000001/nodeconfig.yaml
+//	dir/..data -> ..2024_01_01_00_00_00.000000001
+//	dir/nodeconfig.yaml -> ..data/nodeconfig.yaml
+type configMap struct {
+	t   *testing.T
+	dir string
+	gen int
+	ts  string // current timestamped dir
+}
+
+func newConfigMap(t *testing.T, content string) *configMap {
+	c := &configMap{t: t, dir: t.TempDir()}
+	c.ts = c.payload(content)
+	if err := os.Symlink(c.ts, filepath.Join(c.dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join("..data", "nodeconfig.yaml"), c.path()); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (c *configMap) path() string { return filepath.Join(c.dir, "nodeconfig.yaml") }
+
+func (c *configMap) payload(content string) string {
+	c.gen++
+	ts := fmt.Sprintf("..2024_01_01_00_00_00.%09d", c.gen)
+	if err := os.Mkdir(filepath.Join(c.dir, ts), 0o755); err != nil {
+		c.t.Fatal(err)
+	}
+	write(c.t, filepath.Join(c.dir, ts, "nodeconfig.yaml"), content)
+	return ts
+}
+
+// update does what kubelet does: a new timestamped dir, a ..data_tmp
+// symlink to it renamed over ..data, then the old dir removed.
+func (c *configMap) update(content string) {
+	old := c.ts
+	c.ts = c.payload(content)
+	tmp := filepath.Join(c.dir, "..data_tmp")
+	if err := os.Symlink(c.ts, tmp); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(c.dir, "..data")); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(c.dir, old)); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// Defect 11: the standalone reload watched the config file's directory and
+// reacted only to events naming the file, so a ConfigMap update (a ..data
+// symlink swap; the file itself gets no event) was never reloaded.
+func TestFileWatcherConfigMapSwap(t *testing.T) {
+	c := newConfigMap(t, "v1")
+	calls := watch(t, c.path(), nil)
+	expectNone(t, calls, "start")
+
+	c.update("v2")
+	expectCall(t, calls, "first ..data swap")
+	c.update("v3")
+	expectCall(t, calls, "second ..data swap (the watched target dir is gone)")
+
+	// kubelet re-projects unchanged content (e.g. another key changed).
+	c.update("v3")
+	expectNone(t, calls, "swap to equal content")
+}
+
+func TestFileWatcherPlainFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "nodeconfig.yaml")
+	write(t, path, "v1")
+	calls := watch(t, path, nil)
+
+	write(t, path, "v2")
+	expectCall(t, calls, "in-place write")
+
+	// An editor: write a temp file, rename it over the original.
+	tmp := filepath.Join(dir, ".nodeconfig.yaml.swp")
+	write(t, tmp, "v3")
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	expectCall(t, calls, "rename into place")
+
+	write(t, filepath.Join(dir, "unrelated.yaml"), "x")
+	expectNone(t, calls, "unrelated file in the directory")
+
+	now := time.Now().Add(time.Minute)
+	if err := os.Chtimes(path, now, now); err != nil {
+		t.Fatal(err)
+	}
+	write(t, path, "v3")
+	expectNone(t, calls, "touch and rewrite with equal content")
+
+	// Deleted, then back: no call while it is missing; one when it returns
+	// (the agent keeps running on the config it has meanwhile).
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	expectNone(t, calls, "file removed")
+	write(t, path, "v3")
+	expectCall(t, calls, "file re-created")
+}
+
+// A symlink to a file in another directory, written in place there: the
+// event is in the target's directory, not the link's.
+func TestFileWatcherSymlinkTargetElsewhere(t *testing.T) {
+	etc, srv := t.TempDir(), t.TempDir()
+	target := filepath.Join(srv, "node.yaml")
+	write(t, target, "v1")
+	path := filepath.Join(etc, "nodeconfig.yaml")
+	if err := os.Symlink(target, path); err != nil {
+		t.Fatal(err)
+	}
+	calls := watch(t, path, nil)
+	write(t, target, "v2")
+	expectCall(t, calls, "target written in place")
+}
+
+func TestFileWatcherHup(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "nodeconfig.yaml")
+	write(t, path, "v1")
+	hup := make(chan os.Signal, 1)
+	calls := watch(t, path, hup)
+	hup <- syscall.SIGHUP
+	expectCall(t, calls, "SIGHUP with unchanged content")
+}
+
+func TestFileWatcherMissingFileAtStart(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "nodeconfig.yaml")
+	calls := watch(t, path, nil)
+	expectNone(t, calls, "start without the file")
+	write(t, path, "v1")
+	expectCall(t, calls, "file created")
+}
