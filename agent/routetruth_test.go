@@ -26,7 +26,9 @@ import (
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 )
 
-func podID(id string) podmeta.ID { return podmeta.ID{Namespace: "default", Name: "pod-" + id, UID: "uid-" + id} }
+func podID(id string) podmeta.ID {
+	return podmeta.ID{Namespace: "default", Name: "pod-" + id, UID: "uid-" + id}
+}
 
 func (e *env) addPod(id string, extra ...string) store.Allocation {
 	e.t.Helper()

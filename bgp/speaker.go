@@ -1,8 +1,9 @@
 // Package bgp owns flock's embedded GoBGP speaker: its lifecycle, the peers
 // from NodeConfig (added, removed and updated live), the export policy
-// (RFC 5549 guard, per-peer communities per advertisement kind), the paths
-// it originates (synced as a diff against a desired set) and the session
-// state that flockctl and the metrics show.
+// (RFC 5549 guard, per-peer communities per advertisement kind, nothing
+// but locally originated paths), the paths it originates (Set: a
+// level-triggered diff against the full desired set) and the session state
+// that flockctl and the metrics show.
 package bgp
 
 import (
@@ -17,9 +18,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	api "github.com/osrg/gobgp/v4/api"
 	"github.com/osrg/gobgp/v4/pkg/apiutil"
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
@@ -40,8 +41,8 @@ type Config struct {
 	// restart IPv4 routes go out in the first UPDATEs instead of after a
 	// re-check (an End-of-RIB without them would flush them at a GR peer).
 	StateFile string
-	// OnChange is called (from the speaker's goroutine) when session state
-	// changes.
+	// OnChange is called (from the speaker's goroutines, never with a lock
+	// held) when session state changes.
 	OnChange func()
 }
 
@@ -56,6 +57,13 @@ func (c Config) Restarting() bool {
 	return err == nil
 }
 
+// Back-off of Run's retries (a failed export policy install) and of adding
+// a peer.
+const (
+	minRetry = 100 * time.Millisecond
+	maxRetry = 5 * time.Second
+)
+
 // Speaker is one embedded GoBGP server.
 type Speaker struct {
 	log       *slog.Logger
@@ -64,46 +72,77 @@ type Speaker struct {
 	passwords PasswordReader
 	stateFile string
 	onChange  func()
-	events    chan *apiutil.WatchEventMessage_PeerEvent
-	ctx       context.Context
+	wake      chan struct{} // coalesced: the desired peers changed, or Run should retry
+	running   atomic.Bool
 
-	applyMu    sync.Mutex // serialises ApplyPeers
+	// Paths (Set, Held).
+	pathMu sync.Mutex
+	held   map[netip.Prefix]advert.Kind
+	// reread: an earlier Set failed, so GoBGP may hold paths held does not
+	// know about (AddPath reports nothing per path when one of a batch
+	// fails); the next Set re-reads the RIB first.
+	reread bool
+	// announceHook, if set (tests), may replace a path before it is added.
+	announceHook func(netip.Prefix, *apiutil.Path) *apiutil.Path
+
+	// Peers.
 	mu         sync.Mutex
-	peers      map[string]*peer
-	held       map[netip.Prefix]heldPath
-	ipv4OK     map[string]bool // resolved addresses in the IPv4-ok set
-	knownGood  map[string]bool // keys that negotiated RFC 5549 before
-	policyGen  int
-	policySets []*api.DefinedSet
-	// restarting applies to the peers of the first ApplyPeers only.
-	restarting bool
+	want       map[string]wantPeer // desired peers (ApplyPeers)
+	peers      map[string]*peer    // the peers Run has taken on
+	knownGood  map[string]bool     // peer keys that negotiated RFC 5549 before
+	export     exportState
+	restarting bool // the next ApplyPeers is the first one
 }
 
-type heldPath struct {
-	kind advert.Kind
-	uuid uuid.UUID
+// wantPeer is one desired peer, its password already read.
+type wantPeer struct {
+	spec       v1alpha1.Peer
+	password   string
+	fp         string
+	restarting bool
 }
 
 type peer struct {
-	spec     v1alpha1.Peer
-	fp       string
-	password string
-	addr     string // resolved neighbour address, zone stripped
-	apiAddr  string // the address GoBGP keys the peer by (may carry a zone)
-	added    bool
-	cancel   context.CancelFunc
-	done     chan struct{}
-	state    bgp.FSMState
-	since    time.Time
-	guard    Guard
-	lastErr  string
-	// restarting: added as GR "restarting" (the agent restarted).
-	restarting bool
+	key        string
+	spec       v1alpha1.Peer // communities may change in place; the rest is fp
+	fp         string
+	password   string
+	restarting bool // added as GR "restarting" (the agent restarted)
+
+	cancel  context.CancelFunc // ends the add goroutine (nil: none started)
+	done    chan struct{}      // closed when the add goroutine has ended
+	added   bool               // AddPeer succeeded
+	enabled bool               // EnablePeer succeeded
+	apiAddr netip.Addr         // the address GoBGP keys the peer by (zone for a link-local one)
+	local   netip.Addr         // the session's local address, without zone
+	state   bgp.FSMState
+	since   time.Time
+	guard   Guard
+	ipv4OK  bool // the RFC 5549 guard lets IPv4 through
+	// exported is what the export policy in force gives the peer;
+	// policyWarning says when that is not what it is configured for.
+	exported      string
+	policyWarning string
+	ipv4Held      bool // the policy holds IPv4 back although the guard allows it
+	lastErr       string
 }
 
-// New starts a GoBGP server with flock's global config and policies; peers
-// are added by ApplyPeers. ctx bounds the speaker's background work.
-func New(ctx context.Context, cfg Config) (*Speaker, error) {
+// adding tells whether the peer's add goroutine is running.
+func (p *peer) adding() bool {
+	if p.done == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// New builds a GoBGP server with flock's global config and policies. Paths
+// can be Set at once; peers are recorded by ApplyPeers and taken on by Run.
+func New(cfg Config) (*Speaker, error) {
 	log := cfg.Log
 	if log == nil {
 		log = slog.Default()
@@ -112,22 +151,32 @@ func New(ctx context.Context, cfg Config) (*Speaker, error) {
 	lvl.Set(slog.LevelWarn) // GoBGP is chatty at info
 	s := &Speaker{
 		log: log, asn: cfg.ASN, passwords: cfg.Passwords, stateFile: cfg.StateFile, onChange: cfg.OnChange,
-		srv:    server.NewBgpServer(server.LoggerOption(slog.New(levelFilter{log.With("component", "gobgp").Handler(), lvl}), lvl)),
-		events: make(chan *apiutil.WatchEventMessage_PeerEvent, 256),
-		ctx:    ctx,
-		peers:  map[string]*peer{}, held: map[netip.Prefix]heldPath{}, ipv4OK: map[string]bool{}, knownGood: map[string]bool{},
+		srv:  server.NewBgpServer(server.LoggerOption(slog.New(levelFilter{log.With("component", "gobgp").Handler(), lvl}), lvl)),
+		wake: make(chan struct{}, 1),
+		held: map[netip.Prefix]advert.Kind{},
+		want: map[string]wantPeer{}, peers: map[string]*peer{}, knownGood: map[string]bool{},
 	}
 	if s.passwords == nil {
 		s.passwords = FilePasswords
 	}
 	go s.srv.Serve()
+	if err := s.setup(context.Background(), cfg); err != nil {
+		s.srv.Stop()
+		return nil, err
+	}
+	s.restarting = cfg.Restarting()
+	s.loadState()
+	s.saveStateLocked() // marks the node as having run a speaker
+	return s, nil
+}
+
+func (s *Speaker) setup(ctx context.Context, cfg Config) error {
 	port := cfg.BGP.ListenPort
 	if port == 0 {
 		port = 179
 	}
 	if err := s.srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: cfg.ASN, RouterId: cfg.RouterID, ListenPort: port}}); err != nil {
-		s.srv.Stop()
-		return nil, fmt.Errorf("bgp: start: %w", err)
+		return fmt.Errorf("bgp: start: %w", err)
 	}
 	importDefault := api.RouteAction_ROUTE_ACTION_REJECT
 	if cfg.BGP.ImportPolicy == "accept" {
@@ -141,43 +190,19 @@ func New(ctx context.Context, cfg Config) (*Speaker, error) {
 		Conditions: &api.Conditions{RouteType: api.Conditions_ROUTE_TYPE_LOCAL},
 		Actions:    &api.Actions{RouteAction: api.RouteAction_ROUTE_ACTION_ACCEPT},
 	}}}}); err != nil {
-		s.srv.Stop()
-		return nil, fmt.Errorf("bgp: import policy: %w", err)
+		return fmt.Errorf("bgp: import policy: %w", err)
 	}
 	if err := s.srv.SetPolicyAssignment(ctx, &api.SetPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{
 		Name: "global", Direction: api.PolicyDirection_POLICY_DIRECTION_IMPORT,
 		Policies: []*api.Policy{{Name: "flock-import"}}, DefaultAction: importDefault,
 	}}); err != nil {
-		s.srv.Stop()
-		return nil, fmt.Errorf("bgp: import policy: %w", err)
+		return fmt.Errorf("bgp: import policy: %w", err)
 	}
-	s.restarting = cfg.Restarting()
-	s.loadState()
-	s.saveStateLocked() // marks the node as having run a speaker
 	if err := s.installBaseSets(ctx); err != nil {
-		s.srv.Stop()
-		return nil, err
+		return err
 	}
-	if err := s.installExport(ctx, nil); err != nil {
-		s.srv.Stop()
-		return nil, err
-	}
-	if err := s.srv.WatchEvent(ctx, server.WatchEventMessageCallbacks{
-		OnPeerUpdate: func(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time) {
-			if ev.Type == apiutil.PEER_EVENT_STATE {
-				select {
-				case s.events <- ev:
-				default:
-					s.log.Warn("bgp: peer event queue full; state will catch up at the next event")
-				}
-			}
-		},
-	}, server.WatchPeer()); err != nil {
-		s.srv.Stop()
-		return nil, fmt.Errorf("bgp: watch: %w", err)
-	}
-	go s.eventLoop()
-	return s, nil
+	_, err := s.installExport(ctx, nil)
+	return err
 }
 
 // levelFilter drops records below min. GoBGP does not filter by the
@@ -201,66 +226,187 @@ func (h levelFilter) WithGroup(name string) slog.Handler {
 }
 
 // Stop shuts the server down, sending Cease to every peer (which withdraws
-// our routes there). The agent does not call it on a restart: it just exits,
-// and graceful restart keeps the routes at the ToR.
+// our routes there). The agent does not call it: it just exits, and
+// graceful restart keeps the routes at the ToR.
 func (s *Speaker) Stop() { s.srv.Stop() }
 
-// ApplyPeers makes the configured peers match: new ones are added, removed
-// ones deleted, changed ones re-created; untouched sessions are left alone.
-// Community changes only rebuild the export policy (no session reset).
+// Run takes on the desired peers and follows their sessions until ctx
+// ends: it adds peers (retrying with back-off), removes and re-creates
+// them, keeps the export policy in step and applies the RFC 5549 guard. It
+// then returns nil, leaving the GoBGP server and its sessions as they are
+// (no Cease: graceful restart keeps our routes at the ToR while the agent
+// restarts). Every goroutine Run starts has ended when it returns.
+func (s *Speaker) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return errors.New("bgp: Run is already running")
+	}
+	defer s.running.Store(false)
+	events := make(chan *apiutil.WatchEventMessage_PeerEvent, 256)
+	// GoBGP's watcher goroutine ends with ctx.
+	if err := s.srv.WatchEvent(ctx, server.WatchEventMessageCallbacks{
+		OnPeerUpdate: func(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Time) {
+			if ev.Type != apiutil.PEER_EVENT_STATE && ev.Type != apiutil.PEER_EVENT_INIT {
+				return
+			}
+			select {
+			case events <- ev:
+			default:
+				s.log.Warn("bgp: peer event queue full; state will catch up at the next event")
+			}
+		},
+	}, server.WatchPeer()); err != nil {
+		return fmt.Errorf("bgp: watch peer events: %w", err)
+	}
+	var wg sync.WaitGroup // add goroutines and soft resets
+	defer s.stopPeers(&wg)
+
+	var retry <-chan time.Time
+	backoff := minRetry
+	apply := func() {
+		if err := s.syncPeers(ctx, &wg); err != nil {
+			s.log.Error("bgp: peers; retrying", "err", err, "in", backoff)
+			retry = time.After(backoff)
+			backoff = min(backoff*2, maxRetry)
+		} else {
+			retry, backoff = nil, minRetry
+		}
+		s.notify()
+	}
+	apply()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev := <-events:
+			s.handlePeerEvent(ctx, &wg, ev)
+			s.notify()
+		case <-s.wake:
+			apply()
+		case <-retry:
+			apply()
+		}
+	}
+}
+
+// stopPeers ends the goroutines Run started; peers whose add did not
+// finish are picked up again by a later Run.
+func (s *Speaker) stopPeers(wg *sync.WaitGroup) {
+	s.mu.Lock()
+	for _, p := range s.peers {
+		if p.cancel != nil {
+			p.cancel()
+		}
+	}
+	s.mu.Unlock()
+	wg.Wait()
+	s.mu.Lock()
+	for _, p := range s.peers {
+		p.cancel, p.done = nil, nil
+	}
+	s.mu.Unlock()
+}
+
+// kick makes Run look at the peers again (a new desired set, or something
+// to retry).
+func (s *Speaker) kick() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Speaker) notify() {
+	if s.onChange != nil {
+		s.onChange()
+	}
+}
+
+// ApplyPeers records the configured peers; Run makes the sessions match:
+// new ones are added, removed ones deleted, changed ones re-created,
+// untouched sessions are left alone, and community changes only rebuild
+// the export policy (no session reset). It may be called before Run
+// starts. Passwords are read here: a peer whose password cannot be read
+// keeps its running session (or is not added), and the error is returned.
 func (s *Speaker) ApplyPeers(peers []v1alpha1.Peer) error {
-	want := map[string]v1alpha1.Peer{}
+	type read struct {
+		spec v1alpha1.Peer
+		pw   string
+		err  error
+	}
+	reads := make([]read, 0, len(peers))
 	for _, p := range peers {
-		want[Key(p)] = p
+		pw, err := s.passwords(p)
+		reads = append(reads, read{p, pw, err})
 	}
 	var errs []error
-	s.applyMu.Lock()
-	defer s.applyMu.Unlock()
 	s.mu.Lock()
-	for key, p := range s.peers {
-		np, keep := want[key]
-		if keep {
-			pw, err := s.passwords(np)
-			if err != nil {
-				errs = append(errs, err)
-				continue // keep the running session rather than break it
+	want := make(map[string]wantPeer, len(peers))
+	for _, r := range reads {
+		key := Key(r.spec)
+		old, had := s.want[key]
+		if r.err != nil {
+			errs = append(errs, r.err)
+			if had {
+				want[key] = old // keep the running session rather than break it
 			}
-			if sessionFingerprint(np, pw) == p.fp {
-				p.spec = np // communities may differ
-				continue
-			}
-		}
-		s.removePeerLocked(key, p)
-	}
-	for key, np := range want {
-		if _, ok := s.peers[key]; ok {
 			continue
 		}
-		pw, err := s.passwords(np)
-		if err != nil {
-			errs = append(errs, err)
-			continue
+		w := wantPeer{spec: r.spec, password: r.pw, fp: sessionFingerprint(r.spec, r.pw), restarting: s.restarting}
+		if had && old.fp == w.fp {
+			w.restarting = old.restarting
 		}
-		ctx, cancel := context.WithCancel(s.ctx)
-		p := &peer{spec: np, fp: sessionFingerprint(np, pw), password: pw, cancel: cancel, done: make(chan struct{}), restarting: s.restarting}
-		s.peers[key] = p
-		go s.addPeer(ctx, key, p)
+		want[key] = w
 	}
-	s.restarting = false
-	if err := s.installExport(s.ctx, s.policyPeersLocked()); err != nil {
-		errs = append(errs, err)
-	}
-	s.softResetOutLocked()
+	// Only the peers of the first ApplyPeers come up as GR "restarting".
+	s.want, s.restarting = want, false
 	s.mu.Unlock()
-	s.notify()
+	s.kick()
 	return errors.Join(errs...)
 }
 
-func (s *Speaker) removePeerLocked(key string, p *peer) {
-	p.cancel()
-	s.mu.Unlock()
-	<-p.done // the add goroutine takes s.mu too
+// syncPeers makes the peers match the desired ones and the export policy
+// match the peers. Run's goroutine only.
+func (s *Speaker) syncPeers(ctx context.Context, wg *sync.WaitGroup) error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	keys := make([]string, 0, len(s.peers))
+	for k := range s.peers {
+		keys = append(keys, k)
+	}
+	for _, key := range keys {
+		p := s.peers[key]
+		if w, ok := s.want[key]; ok && w.fp == p.fp {
+			p.spec = w.spec // communities may differ
+			continue
+		}
+		s.removePeerLocked(ctx, key, p)
+	}
+	for key, w := range s.want {
+		p := s.peers[key]
+		if p == nil {
+			p = &peer{key: key, spec: w.spec, fp: w.fp, password: w.password, restarting: w.restarting}
+			s.peers[key] = p
+		}
+		switch {
+		case p.adding():
+		case !p.added:
+			s.startAddLocked(ctx, wg, p)
+		case !p.enabled:
+			// Added while an earlier Run was ending, or EnablePeer failed.
+			s.enableLocked(ctx, wg, p)
+		}
+	}
+	return s.updateExportLocked(ctx, wg)
+}
+
+// removePeerLocked deletes a peer, waiting for its add goroutine first.
+func (s *Speaker) removePeerLocked(ctx context.Context, key string, p *peer) {
+	if p.cancel != nil {
+		p.cancel()
+		s.mu.Unlock()
+		<-p.done // the add goroutine takes s.mu too
+		s.mu.Lock()
+	}
 	if p.added {
 		// Delete by the address GoBGP keys the peer by (with its zone for
 		// an unnumbered peer), never by Interface: GoBGP v4.8.0's
@@ -269,36 +415,50 @@ func (s *Speaker) removePeerLocked(key string, p *peer) {
 		// with Interface set it re-resolves the link-local neighbour, which
 		// fails once the neighbour is gone.
 		addr := p.apiAddr
-		if addr == "" && p.spec.Interface == "" {
-			addr = Key(p.spec)
+		if !addr.IsValid() {
+			addr, _ = s.lookupPeer(ctx, p.spec)
 		}
-		if _, err := netip.ParseAddr(addr); err != nil {
-			s.log.Warn("bgp: delete peer: no neighbour address", "peer", key, "address", addr)
-		} else if err := s.srv.DeletePeer(s.ctx, &api.DeletePeerRequest{Address: addr}); err != nil {
+		if !addr.IsValid() && p.spec.Interface == "" {
+			addr, _ = netip.ParseAddr(Key(p.spec))
+		}
+		if !addr.IsValid() {
+			s.log.Warn("bgp: delete peer: no neighbour address", "peer", key)
+		} else if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: addr.String()}); err != nil {
 			s.log.Warn("bgp: delete peer", "peer", key, "err", err)
 		}
-	}
-	if s.ipv4OK[p.addr] {
-		_ = s.setIPv4OK(s.ctx, p.addr, false)
-		delete(s.ipv4OK, p.addr)
 	}
 	delete(s.peers, key)
 	s.log.Info("bgp: peer removed", "peer", key)
 }
 
-// addPeer adds one peer, retrying until it works or the peer is removed:
-// an unnumbered peer needs its link-local address in the neighbour table,
-// which an all-nodes ping fills.
-func (s *Speaker) addPeer(ctx context.Context, key string, p *peer) {
-	defer close(p.done)
-	// ApplyPeers replaces p.spec under s.mu when only communities change;
-	// what this goroutine uses cannot change that way, so read it once.
+// startAddLocked starts the goroutine that adds a peer.
+func (s *Speaker) startAddLocked(ctx context.Context, wg *sync.WaitGroup, p *peer) {
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	p.cancel, p.done = cancel, done
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(done)
+		if s.addPeer(pctx, wg, p) {
+			s.notify()
+		}
+	}()
+}
+
+// addPeer adds one peer, retrying until it works or ctx ends (the peer is
+// removed, or Run ends): an unnumbered peer needs its link-local address in
+// the neighbour table, which an all-nodes ping fills. The peer is added
+// admin-down and enabled once the export policy knows its address.
+func (s *Speaker) addPeer(ctx context.Context, wg *sync.WaitGroup, p *peer) bool {
+	// Everything used here is covered by the fingerprint, so it cannot
+	// change under us (ApplyPeers changes only communities in place).
 	s.mu.Lock()
-	spec := p.spec
+	spec, password, restarting, key := p.spec, p.password, p.restarting, p.key
 	s.mu.Unlock()
-	backoff := 100 * time.Millisecond
+	backoff := minRetry
 	for {
-		err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(spec, p.password, true, p.restarting)})
+		err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(spec, password, true, restarting)})
 		if err == nil {
 			break
 		}
@@ -314,51 +474,44 @@ func (s *Speaker) addPeer(ctx context.Context, key string, p *peer) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 5*time.Second)
+		backoff = min(backoff*2, maxRetry)
 	}
-	var apiAddr string
-	// s.ctx, not ctx: if the peer is being removed right now, its address
-	// is still needed to delete it (ListPeer returns nothing once its
-	// context is cancelled).
-	_ = s.srv.ListPeer(s.ctx, &api.ListPeerRequest{Address: listKey(spec)}, func(ap *api.Peer) {
-		if ap.State != nil && ap.State.NeighborAddress != "" {
-			apiAddr = ap.State.NeighborAddress
-		} else if ap.Conf != nil {
-			apiAddr = ap.Conf.NeighborAddress
-		}
-	})
+	// Even if ctx ended meanwhile: the address is needed to delete it.
+	addr, local := s.lookupPeer(ctx, spec)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	p.added, p.apiAddr, p.local, p.lastErr = true, addr, local, ""
+	ipv4 := slices.Contains(Families(spec), "ipv4")
+	p.ipv4OK = ipv4 && (!TransportV6(spec) || s.knownGood[key])
 	if ctx.Err() != nil {
-		// Removed while we were adding: removePeerLocked deletes it.
-		p.added, p.apiAddr = true, apiAddr
-		return
+		// Removed while we were adding (removePeerLocked deletes it), or
+		// Run ended (the next Run enables it).
+		return false
 	}
-	p.added, p.apiAddr, p.lastErr = true, apiAddr, ""
-	if a, err := netip.ParseAddr(apiAddr); err == nil {
-		p.addr = a.WithZone("").String()
-	}
-	ipv4 := slices.Contains(Families(p.spec), "ipv4")
-	if ipv4 && (!TransportV6(p.spec) || s.knownGood[key]) && p.addr != "" {
-		if err := s.setIPv4OK(s.ctx, p.addr, true); err == nil {
-			s.ipv4OK[p.addr] = true
+	s.enableLocked(ctx, wg, p)
+	s.log.Info("bgp: peer added", "peer", key, "address", addr, "asn", spec.ASN)
+	return true
+}
+
+// lookupPeer returns the address GoBGP keys a peer by (for an unnumbered
+// peer: the resolved link-local address with its zone) and the session's
+// local address without zone (invalid when unspecified).
+func (s *Speaker) lookupPeer(ctx context.Context, spec v1alpha1.Peer) (addr, local netip.Addr) {
+	// ListPeer returns nothing under a cancelled context.
+	_ = s.srv.ListPeer(context.WithoutCancel(ctx), &api.ListPeerRequest{Address: listKey(spec)}, func(ap *api.Peer) {
+		a := ap.GetState().GetNeighborAddress()
+		if a == "" {
+			a = ap.GetConf().GetNeighborAddress()
 		}
-	}
-	if err := s.installExport(s.ctx, s.policyPeersLocked()); err != nil {
-		s.log.Error("bgp: export policy", "err", err)
-	}
-	if apiAddr == "" {
-		// EnablePeer with no address would enable every peer.
-		s.log.Error("bgp: enable peer: added but not listed", "peer", key)
-		p.lastErr = "added to GoBGP but not listed by it"
-	} else if err := s.srv.EnablePeer(s.ctx, &api.EnablePeerRequest{Address: apiAddr}); err != nil {
-		s.log.Error("bgp: enable peer", "peer", key, "err", err)
-		p.lastErr = err.Error()
-	}
-	s.log.Info("bgp: peer added", "peer", key, "address", apiAddr, "asn", p.spec.ASN)
+		addr, _ = netip.ParseAddr(a)
+		if l, err := netip.ParseAddr(ap.GetTransport().GetLocalAddress()); err == nil && !l.IsUnspecified() {
+			local = l.WithZone("")
+		}
+	})
+	return addr, local
 }
 
 func listKey(p v1alpha1.Peer) string {
@@ -368,51 +521,94 @@ func listKey(p v1alpha1.Peer) string {
 	return Key(p)
 }
 
+// enableLocked puts an added peer into the export policy, then enables its
+// session.
+func (s *Speaker) enableLocked(ctx context.Context, wg *sync.WaitGroup, p *peer) {
+	if !p.apiAddr.IsValid() {
+		p.apiAddr, p.local = s.lookupPeer(ctx, p.spec)
+	}
+	if !p.apiAddr.IsValid() {
+		// EnablePeer with no address would enable every peer.
+		s.log.Error("bgp: enable peer: added but not listed", "peer", p.key)
+		p.lastErr = "added to GoBGP but not listed by it"
+		return
+	}
+	if err := s.updateExportLocked(ctx, wg); err != nil {
+		// Enable anyway: the guard fails closed, and Run retries the
+		// policy (a peer whose outcome then changes gets a soft reset).
+		s.log.Error("bgp: export policy", "err", err)
+		s.kick()
+	}
+	if err := s.srv.EnablePeer(ctx, &api.EnablePeerRequest{Address: p.apiAddr.String()}); err != nil {
+		s.log.Error("bgp: enable peer", "peer", p.key, "err", err)
+		p.lastErr = err.Error()
+		return
+	}
+	p.enabled = true
+}
+
 func (s *Speaker) policyPeersLocked() []policyPeer {
 	keys := make([]string, 0, len(s.peers))
 	for k := range s.peers {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	var out []policyPeer
+	out := make([]policyPeer, 0, len(keys))
 	for _, k := range keys {
 		p := s.peers[k]
-		out = append(out, policyPeer{addr: p.addr, spec: p.spec})
+		out = append(out, policyPeer{
+			key: k, addr: p.apiAddr.WithZone(""), local: p.local, ipv4OK: p.ipv4OK,
+			comms: p.spec.Communities, large: p.spec.LargeCommunities,
+		})
 	}
 	return out
 }
 
-// softResetOutLocked re-sends every established peer its routes through
-// the current export policy.
-func (s *Speaker) softResetOutLocked() {
-	for _, p := range s.peers {
-		if p.state == bgp.BGP_FSM_ESTABLISHED && p.apiAddr != "" {
-			s.softResetOut(p.apiAddr)
-		}
+// updateExportLocked installs the export policy for the peers' current
+// state (if it changed) and soft-resets every enabled peer whose outcome
+// changed.
+func (s *Speaker) updateExportLocked(ctx context.Context, wg *sync.WaitGroup) error {
+	pol, err := s.installExport(ctx, s.policyPeersLocked())
+	if err != nil || pol == nil {
+		return err
 	}
+	for key, p := range s.peers {
+		o, w := pol.outcome[key], pol.warning[key]
+		if o != p.exported && p.enabled && p.apiAddr.IsValid() {
+			s.softResetOut(ctx, wg, p.apiAddr)
+		}
+		if w != "" && w != p.policyWarning {
+			s.log.Warn("bgp: "+w, "peer", key)
+		}
+		p.exported, p.policyWarning, p.ipv4Held = o, w, pol.ipv4Held[key]
+	}
+	return nil
 }
 
 // softResetOut re-sends a peer its routes through the current export
 // policy. GoBGP tells watchers a session is established a moment before it
 // counts it as established itself, and a soft reset of a peer it does not
 // yet count as established silently does nothing: so wait for GoBGP's own
-// view first (briefly, in the background).
-func (s *Speaker) softResetOut(addr string) {
+// view first (briefly, in the background). A session that comes up later
+// gets the current policy anyway.
+func (s *Speaker) softResetOut(ctx context.Context, wg *sync.WaitGroup, addr netip.Addr) {
+	wg.Add(1)
 	go func() {
-		req := &api.ResetPeerRequest{Address: addr, Soft: true, Direction: api.ResetPeerRequest_DIRECTION_OUT}
+		defer wg.Done()
+		req := &api.ResetPeerRequest{Address: addr.String(), Soft: true, Direction: api.ResetPeerRequest_DIRECTION_OUT}
 		for range 100 {
 			up := false
-			_ = s.srv.ListPeer(s.ctx, &api.ListPeerRequest{Address: addr}, func(p *api.Peer) {
+			_ = s.srv.ListPeer(ctx, &api.ListPeerRequest{Address: addr.String()}, func(p *api.Peer) {
 				up = p.State != nil && p.State.SessionState == api.PeerState_SESSION_STATE_ESTABLISHED
 			})
 			if up {
-				if err := s.srv.ResetPeer(s.ctx, req); err != nil {
+				if err := s.srv.ResetPeer(ctx, req); err != nil {
 					s.log.Warn("bgp: soft reset out", "peer", addr, "err", err)
 				}
 				return
 			}
 			select {
-			case <-s.ctx.Done():
+			case <-ctx.Done():
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
@@ -421,47 +617,36 @@ func (s *Speaker) softResetOut(addr string) {
 	}()
 }
 
-func (s *Speaker) eventLoop() {
-	for {
-		select {
-		case <-s.ctx.Done():
-			return
-		case ev := <-s.events:
-			s.handlePeerEvent(ev)
-			s.notify()
+// peerForEventLocked finds the peer an event is about: by interface for an
+// unnumbered peer, else by the full address GoBGP reports, zone included
+// (two links may lead to the same link-local address).
+func (s *Speaker) peerForEventLocked(ev *apiutil.WatchEventMessage_PeerEvent) (string, *peer) {
+	if iface := ev.Peer.Conf.NeighborInterface; iface != "" {
+		key := Key(v1alpha1.Peer{Interface: iface})
+		return key, s.peers[key]
+	}
+	addr := ev.Peer.State.NeighborAddress
+	if !addr.IsValid() {
+		addr = ev.Peer.Conf.NeighborAddress
+	}
+	if !addr.IsValid() {
+		return "", nil
+	}
+	if p := s.peers[addr.String()]; p != nil && p.spec.Interface == "" {
+		return addr.String(), p
+	}
+	for k, p := range s.peers {
+		if p.apiAddr == addr {
+			return k, p
 		}
 	}
+	return "", nil
 }
 
-func (s *Speaker) notify() {
-	if s.onChange != nil {
-		s.onChange()
-	}
-}
-
-func (s *Speaker) handlePeerEvent(ev *apiutil.WatchEventMessage_PeerEvent) {
+func (s *Speaker) handlePeerEvent(ctx context.Context, wg *sync.WaitGroup, ev *apiutil.WatchEventMessage_PeerEvent) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var key string
-	var p *peer
-	if iface := ev.Peer.Conf.NeighborInterface; iface != "" {
-		key = "interface " + iface
-		p = s.peers[key]
-	} else {
-		addr := ev.Peer.State.NeighborAddress
-		if !addr.IsValid() {
-			addr = ev.Peer.Conf.NeighborAddress
-		}
-		key = addr.WithZone("").String()
-		p = s.peers[key]
-		if p == nil { // an unnumbered peer reported by its address
-			for k, q := range s.peers {
-				if q.addr == key {
-					key, p = k, q
-				}
-			}
-		}
-	}
+	key, p := s.peerForEventLocked(ev)
 	if p == nil {
 		return
 	}
@@ -471,161 +656,32 @@ func (s *Speaker) handlePeerEvent(ev *apiutil.WatchEventMessage_PeerEvent) {
 	}
 	wasUp := p.state == bgp.BGP_FSM_ESTABLISHED
 	p.state, p.since = st, time.Now()
-	ipv4 := slices.Contains(Families(p.spec), "ipv4")
 	switch {
 	case st == bgp.BGP_FSM_ESTABLISHED:
+		if l := ev.Peer.Transport.LocalAddress; l.IsValid() && !l.IsUnspecified() {
+			p.local = l.WithZone("")
+		}
+		ipv4 := slices.Contains(Families(p.spec), "ipv4")
 		g := Decide(TransportV6(p.spec), ipv4, ev.Peer.State.RemoteCap)
 		p.guard = g
 		s.log.Info("bgp: session established", "peer", key, "asn", p.spec.ASN)
 		if g.Warning != "" {
 			s.log.Warn("bgp: "+g.Warning, "peer", key)
 		}
-		if TransportV6(p.spec) && ipv4 && p.addr != "" {
-			changed := s.ipv4OK[p.addr] != g.SendIPv4
-			if changed {
-				if err := s.setIPv4OK(s.ctx, p.addr, g.SendIPv4); err != nil {
-					s.log.Error("bgp: rfc5549 guard", "peer", key, "err", err)
-				}
-				if g.SendIPv4 {
-					s.ipv4OK[p.addr] = true
-				} else {
-					delete(s.ipv4OK, p.addr)
-				}
-				s.softResetOut(p.apiAddr)
-			}
+		if TransportV6(p.spec) && ipv4 {
+			p.ipv4OK = g.SendIPv4
 			if s.knownGood[key] != g.SendIPv4 {
 				s.knownGood[key] = g.SendIPv4
 				s.saveStateLocked()
 			}
 		}
+		if err := s.updateExportLocked(ctx, wg); err != nil {
+			s.log.Error("bgp: rfc5549 guard", "peer", key, "err", err)
+			s.kick()
+		}
 	case wasUp:
 		s.log.Warn("bgp: session down", "peer", key, "state", st.String(), "reason", ev.Peer.State.DisconnectReason.String(), "message", ev.Peer.State.DisconnectMessage)
 	}
-}
-
-// Sync applies changes (prefix → desired kind, "" = withdraw) to what the
-// speaker originates, sending only real differences.
-func (s *Speaker) Sync(changes map[netip.Prefix]advert.Kind) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	held := make(map[netip.Prefix]advert.Kind, len(changes))
-	for p := range changes {
-		if h, ok := s.held[p]; ok {
-			held[p] = h.kind
-		}
-	}
-	announce, withdraw := advert.Diff(changes, held)
-	return s.applyLocked(announce, withdraw)
-}
-
-// Resync compares the full desired state with everything held (the safety
-// net behind the event-driven Sync).
-func (s *Speaker) Resync(desired map[netip.Prefix]advert.Kind) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	held := make(map[netip.Prefix]advert.Kind, len(s.held))
-	for p, h := range s.held {
-		held[p] = h.kind
-	}
-	announce, withdraw := advert.Diff(desired, held)
-	return s.applyLocked(announce, withdraw)
-}
-
-func (s *Speaker) applyLocked(announce map[netip.Prefix]advert.Kind, withdraw []netip.Prefix) error {
-	var errs []error
-	if len(withdraw) > 0 {
-		ids := make([]uuid.UUID, 0, len(withdraw))
-		for _, p := range withdraw {
-			ids = append(ids, s.held[p].uuid)
-		}
-		if err := s.srv.DeletePath(apiutil.DeletePathRequest{UUIDs: ids}); err != nil {
-			// One unknown UUID fails the whole batch: withdraw the paths one
-			// by one, by NLRI, so a stale entry cannot block the others
-			// (and is not retried forever).
-			for _, p := range withdraw {
-				path, perr := s.path(p, s.held[p].kind)
-				if perr == nil {
-					perr = s.srv.DeletePath(apiutil.DeletePathRequest{Paths: []*apiutil.Path{path}})
-				}
-				if perr != nil {
-					s.log.Warn("bgp: withdraw", "prefix", p, "err", perr)
-				}
-				delete(s.held, p)
-			}
-		} else {
-			for _, p := range withdraw {
-				delete(s.held, p)
-			}
-		}
-	}
-	if len(announce) > 0 {
-		prefixes := make([]netip.Prefix, 0, len(announce))
-		paths := make([]*apiutil.Path, 0, len(announce))
-		for p, k := range announce {
-			path, err := s.path(p, k)
-			if err != nil {
-				errs = append(errs, err)
-				continue
-			}
-			prefixes = append(prefixes, p)
-			paths = append(paths, path)
-		}
-		resp, err := s.srv.AddPath(apiutil.AddPathRequest{Paths: paths})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("bgp: announce %d paths: %w", len(paths), err))
-		}
-		for i, r := range resp {
-			if i >= len(prefixes) {
-				break
-			}
-			if r.Error != nil {
-				errs = append(errs, fmt.Errorf("bgp: announce %s: %w", prefixes[i], r.Error))
-				continue
-			}
-			s.held[prefixes[i]] = heldPath{kind: announce[prefixes[i]], uuid: r.UUID}
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// path builds a locally originated path with next-hop-self.
-func (s *Speaker) path(p netip.Prefix, k advert.Kind) (*apiutil.Path, error) {
-	nlri, err := bgp.NewIPAddrPrefix(p)
-	if err != nil {
-		return nil, fmt.Errorf("bgp: %s: %w", p, err)
-	}
-	lc, err := bgp.ParseLargeCommunity(marker(s.asn, k))
-	if err != nil {
-		return nil, err
-	}
-	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(0), bgp.NewPathAttributeLargeCommunities([]*bgp.LargeCommunity{lc})}
-	fam := bgp.RF_IPv4_UC
-	if p.Addr().Is4() {
-		nh, err := bgp.NewPathAttributeNextHop(netip.IPv4Unspecified())
-		if err != nil {
-			return nil, err
-		}
-		attrs = append(attrs, nh)
-	} else {
-		fam = bgp.RF_IPv6_UC
-		mp, err := bgp.NewPathAttributeMpReachNLRI(bgp.RF_IPv6_UC, []bgp.PathNLRI{{NLRI: nlri}}, netip.IPv6Unspecified())
-		if err != nil {
-			return nil, err
-		}
-		attrs = append(attrs, mp)
-	}
-	return &apiutil.Path{Family: fam, Nlri: nlri, Attrs: attrs}, nil
-}
-
-// Held returns what the speaker originates (prefix → kind).
-func (s *Speaker) Held() map[netip.Prefix]advert.Kind {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make(map[netip.Prefix]advert.Kind, len(s.held))
-	for p, h := range s.held {
-		out[p] = h.kind
-	}
-	return out
 }
 
 type stateFile struct {

@@ -22,7 +22,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	api "github.com/osrg/gobgp/v4/api"
 	"github.com/osrg/gobgp/v4/pkg/apiutil"
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
@@ -285,22 +284,50 @@ func assertNoMarker(t *testing.T, rib map[netip.Prefix]*apiutil.Path) {
 
 type speakerOpt func(*Config)
 
-func newSpeaker(t *testing.T, opts ...speakerOpt) *Speaker {
+// newIdleSpeaker builds a speaker without running it.
+func newIdleSpeaker(t *testing.T, opts ...speakerOpt) *Speaker {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
 	cfg := Config{ASN: flockASN, RouterID: "10.255.0.2", BGP: v1alpha1.BGP{ListenPort: -1}, Log: testLogger(t)}
 	for _, o := range opts {
 		o(&cfg)
 	}
-	sp, err := New(ctx, cfg)
+	sp, err := New(cfg)
 	if err != nil {
-		cancel()
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		sp.Stop()
-		cancel()
-	})
+	t.Cleanup(sp.Stop)
+	return sp
+}
+
+// startRun runs sp until the test ends (or the returned stop is called,
+// which waits for Run to return and checks it returned nil).
+func startRun(t *testing.T, sp *Speaker) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sp.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(waitFor):
+				t.Error("Run did not return after its context ended")
+			}
+		})
+	}
+	t.Cleanup(stop) // before the speaker's Stop (cleanups run last first)
+	return stop
+}
+
+func newSpeaker(t *testing.T, opts ...speakerOpt) *Speaker {
+	t.Helper()
+	sp := newIdleSpeaker(t, opts...)
+	startRun(t, sp)
 	return sp
 }
 
@@ -326,19 +353,45 @@ func waitEstablished(t *testing.T, sp *Speaker, r *tor, key string) Neighbor {
 	eventually(t, "session "+key+" Established", func() (bool, string) {
 		var ok bool
 		n, ok = neighbor(sp, key)
-		return ok && n.State == "Established" && r.established(t), fmt.Sprintf("flock: %+v", n)
+		return ok && n.Established() && r.established(t), fmt.Sprintf("flock: %+v", n)
 	})
 	return n
 }
 
-func (s *Speaker) heldUUIDs() map[netip.Prefix]uuid.UUID {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := map[netip.Prefix]uuid.UUID{}
-	for p, h := range s.held {
-		out[p] = h.uuid
+// countAnnounces counts the paths the speaker hands to AddPath from now on.
+func countAnnounces(sp *Speaker) func() int {
+	var mu sync.Mutex
+	n := 0
+	sp.pathMu.Lock()
+	sp.announceHook = func(_ netip.Prefix, p *apiutil.Path) *apiutil.Path {
+		mu.Lock()
+		n++
+		mu.Unlock()
+		return p
 	}
-	return out
+	sp.pathMu.Unlock()
+	return func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return n
+	}
+}
+
+// gobgpRIB is what the speaker's GoBGP server really originates.
+func gobgpRIB(t *testing.T, sp *Speaker) map[netip.Prefix]advert.Kind {
+	t.Helper()
+	got, err := sp.readRIB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func set(t *testing.T, sp *Speaker, desired map[netip.Prefix]advert.Kind, full bool) {
+	t.Helper()
+	if err := sp.Set(context.Background(), desired, full); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func familyCounts(n Neighbor) map[string]uint64 {
@@ -369,11 +422,8 @@ func TestSpeakerEstablished(t *testing.T) {
 	if n.BFD != "off" || len(n.Warnings) != 0 || n.LastError != "" || n.Since.IsZero() {
 		t.Errorf("neighbour %+v", n)
 	}
-	if up, total := sp.Established(); up != 1 || total != 1 {
-		t.Errorf("Established() = %d/%d", up, total)
-	}
-	if m := sp.Mismatches(); len(m) != 0 {
-		t.Errorf("Mismatches() = %v", m)
+	if n.State != Established || n.RFC5549Mismatch {
+		t.Errorf("neighbour %+v", n)
 	}
 	// The ToR sees flock with the configured timers.
 	if ht := r.peer(t).GetTimers().GetState().GetNegotiatedHoldTime(); ht != 9 {
@@ -381,18 +431,19 @@ func TestSpeakerEstablished(t *testing.T) {
 	}
 }
 
-func TestSpeakerSync(t *testing.T) {
+func TestSpeakerSet(t *testing.T) {
 	r := startToR(t, "::1", torASN, "10.255.0.1")
 	r.addNeighbor(t, "::1", flockASN)
 	sp := newSpeaker(t)
 
-	// Routes synced before there is any session go out once it is up.
+	// Paths set before there is any session go out once it is up.
 	first := map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod6: advert.Pod, pod4: advert.Pod}
-	if err := sp.Sync(first); err != nil {
-		t.Fatal(err)
-	}
+	set(t, sp, first, true)
 	if got := sp.Held(); !maps.Equal(got, first) {
 		t.Fatalf("Held = %v, want %v", got, first)
+	}
+	if got := gobgpRIB(t, sp); !maps.Equal(got, first) {
+		t.Fatalf("GoBGP holds %v, want %v", got, first)
 	}
 	if err := sp.ApplyPeers([]v1alpha1.Peer{torPeer(r)}); err != nil {
 		t.Fatal(err)
@@ -417,49 +468,44 @@ func TestSpeakerSync(t *testing.T) {
 		return c["ipv4"] == 1 && c["ipv6"] == 2, fmt.Sprint(n.Families)
 	})
 
-	// The same kinds again: nothing is re-added, nothing is sent.
+	// The same set again, trusted or re-read: nothing is re-added, nothing
+	// is sent.
 	eventually(t, "ToR update count to settle", func() (bool, string) {
 		a := r.receivedUpdates(t)
 		time.Sleep(500 * time.Millisecond)
 		b := r.receivedUpdates(t)
 		return a == b, fmt.Sprintf("%d then %d", a, b)
 	})
-	updates, ids := r.receivedUpdates(t), sp.heldUUIDs()
-	if err := sp.Sync(first); err != nil {
-		t.Fatal(err)
-	}
-	if err := sp.Resync(first); err != nil {
-		t.Fatal(err)
-	}
-	if got := sp.heldUUIDs(); !maps.Equal(got, ids) {
-		t.Errorf("held paths re-added: %v, was %v", got, ids)
+	updates, announced := r.receivedUpdates(t), countAnnounces(sp)
+	set(t, sp, first, false)
+	set(t, sp, first, true)
+	if n := announced(); n != 0 {
+		t.Errorf("%d unchanged paths re-added", n)
 	}
 	time.Sleep(time.Second)
 	if got := r.receivedUpdates(t); got != updates {
-		t.Errorf("ToR received %d UPDATEs after a no-op Sync", got-updates)
+		t.Errorf("ToR received %d UPDATEs after a no-op Set", got-updates)
 	}
 
-	// "" withdraws; a prefix not held withdraws nothing.
-	if err := sp.Sync(map[netip.Prefix]advert.Kind{pod6: "", any6: ""}); err != nil {
-		t.Fatal(err)
-	}
+	// What the set no longer has is withdrawn.
+	set(t, sp, map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod4: advert.Pod}, false)
 	r.waitRIB(t, summary6, pod4)
 	if got := sp.Held(); !maps.Equal(got, map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod4: advert.Pod}) {
 		t.Errorf("Held = %v", got)
 	}
 
-	// Resync removes what the desired set no longer has and adds what it
-	// has, leaving the rest alone.
-	ids = sp.heldUUIDs()
-	if err := sp.Resync(map[netip.Prefix]advert.Kind{summary6: advert.Summary, any6: advert.Anycast}); err != nil {
-		t.Fatal(err)
-	}
+	// Added, withdrawn and left alone at once.
+	want := map[netip.Prefix]advert.Kind{summary6: advert.Summary, any6: advert.Anycast}
+	set(t, sp, want, false)
 	r.waitRIB(t, summary6, any6)
-	if got := sp.Held(); !maps.Equal(got, map[netip.Prefix]advert.Kind{summary6: advert.Summary, any6: advert.Anycast}) {
+	if got := sp.Held(); !maps.Equal(got, want) {
 		t.Errorf("Held = %v", got)
 	}
-	if got := sp.heldUUIDs(); got[summary6] != ids[summary6] {
-		t.Error("Resync re-added an unchanged path")
+	if got := gobgpRIB(t, sp); !maps.Equal(got, want) {
+		t.Errorf("GoBGP holds %v", got)
+	}
+	if n := announced(); n != 1 {
+		t.Errorf("%d paths announced, want 1 (any6 only)", n)
 	}
 	eventually(t, "advertised counts after withdrawals", func() (bool, string) {
 		n, _ := neighbor(sp, "::1")
@@ -468,13 +514,116 @@ func TestSpeakerSync(t *testing.T) {
 	})
 
 	// Everything gone.
-	if err := sp.Resync(nil); err != nil {
-		t.Fatal(err)
-	}
+	set(t, sp, nil, false)
 	r.waitRIB(t)
 	if got := sp.Held(); len(got) != 0 {
 		t.Errorf("Held = %v", got)
 	}
+	if got := gobgpRIB(t, sp); len(got) != 0 {
+		t.Errorf("GoBGP holds %v", got)
+	}
+}
+
+// A full Set trusts GoBGP's RIB, not its own view: paths changed behind
+// its back are repaired; a plain Set trusts its own view.
+func TestSetFullRereadsGoBGP(t *testing.T) {
+	sp := newIdleSpeaker(t) // Set needs no Run
+	want := map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod6: advert.Pod, pod4: advert.Pod}
+	set(t, sp, want, false)
+
+	// Behind the speaker's back: pod6 withdrawn, any6 added, pod4 turned
+	// into an anycast path, and a path without a marker.
+	del, _ := sp.path(pod6, advert.Pod)
+	if err := sp.srv.DeletePath(apiutil.DeletePathRequest{Paths: []*apiutil.Path{del}}); err != nil {
+		t.Fatal(err)
+	}
+	stray := netip.MustParsePrefix("fd00:77::/64")
+	var add []*apiutil.Path
+	for pfx, k := range map[netip.Prefix]advert.Kind{any6: advert.Anycast, pod4: advert.Anycast, stray: ""} {
+		p, err := sp.path(pfx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		add = append(add, p)
+	}
+	if _, err := sp.srv.AddPath(apiutil.AddPathRequest{Paths: add}); err != nil {
+		t.Fatal(err)
+	}
+	behind := map[netip.Prefix]advert.Kind{summary6: advert.Summary, any6: advert.Anycast, pod4: advert.Anycast, stray: ""}
+	if got := gobgpRIB(t, sp); !maps.Equal(got, behind) {
+		t.Fatalf("GoBGP holds %v, want %v", got, behind)
+	}
+
+	set(t, sp, want, false)
+	if got := gobgpRIB(t, sp); !maps.Equal(got, behind) {
+		t.Errorf("a plain Set changed GoBGP: %v", got)
+	}
+	set(t, sp, want, true)
+	if got := gobgpRIB(t, sp); !maps.Equal(got, want) {
+		t.Errorf("after a full Set GoBGP holds %v, want %v", got, want)
+	}
+	if got := sp.Held(); !maps.Equal(got, want) {
+		t.Errorf("Held = %v, want %v", got, want)
+	}
+}
+
+// Defect 15: GoBGP v4.8.0's AddPath returns no per-path results when one
+// path of a batch fails, although it added the others. The speaker lost
+// track of them and could never withdraw them; now the next Set re-reads
+// GoBGP first.
+func TestSetPartialBatchFailure(t *testing.T) {
+	r := startToR(t, "::1", torASN, "10.255.0.1")
+	r.addNeighbor(t, "::1", flockASN)
+	sp := newSpeaker(t)
+	if err := sp.ApplyPeers([]v1alpha1.Peer{torPeer(r)}); err != nil {
+		t.Fatal(err)
+	}
+	waitEstablished(t, sp, r, "::1")
+
+	bad := netip.MustParsePrefix("fd00:bad::/64")
+	sp.pathMu.Lock()
+	sp.announceHook = func(pfx netip.Prefix, p *apiutil.Path) *apiutil.Path {
+		if pfx != bad {
+			return p
+		}
+		// No next hop: GoBGP rejects this one path.
+		return &apiutil.Path{Family: p.Family, Nlri: p.Nlri, Attrs: p.Attrs[:1]}
+	}
+	sp.pathMu.Unlock()
+	err := sp.Set(context.Background(), map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod6: advert.Pod, bad: advert.Pod}, false)
+	if err == nil {
+		t.Fatal("Set with a bad path: no error")
+	}
+	// The test is about GoBGP's behaviour: the good paths went in.
+	if got := gobgpRIB(t, sp); !maps.Equal(got, map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod6: advert.Pod}) {
+		t.Fatalf("GoBGP holds %v after the failed batch", got)
+	}
+	r.waitRIB(t, summary6, pod6)
+
+	// The failure is gone; pod6 is no longer wanted. The next Set must
+	// know that GoBGP holds it.
+	sp.pathMu.Lock()
+	sp.announceHook = nil
+	sp.pathMu.Unlock()
+	want := map[netip.Prefix]advert.Kind{summary6: advert.Summary, bad: advert.Pod, any6: advert.Anycast}
+	set(t, sp, want, false)
+	if got := gobgpRIB(t, sp); !maps.Equal(got, want) {
+		t.Errorf("GoBGP holds %v, want %v", got, want)
+	}
+	if got := sp.Held(); !maps.Equal(got, want) {
+		t.Errorf("Held = %v, want %v", got, want)
+	}
+	r.waitRIB(t, summary6, bad, any6)
+
+	// And everything can be withdrawn, at GoBGP and at the ToR.
+	set(t, sp, nil, false)
+	if got := gobgpRIB(t, sp); len(got) != 0 {
+		t.Errorf("GoBGP holds %v", got)
+	}
+	if got := sp.Held(); len(got) != 0 {
+		t.Errorf("Held = %v", got)
+	}
+	r.waitRIB(t)
 }
 
 func TestSpeakerCommunities(t *testing.T) {
@@ -488,9 +637,7 @@ func TestSpeakerCommunities(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEstablished(t, sp, r, "::1")
-	if err := sp.Sync(map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod6: advert.Pod, any6: advert.Anycast, pod4: advert.Pod}); err != nil {
-		t.Fatal(err)
-	}
+	set(t, sp, map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod6: advert.Pod, any6: advert.Anycast, pod4: advert.Pod}, false)
 	type comms struct{ std, large string }
 	check := func(what string, want map[netip.Prefix]comms) {
 		t.Helper()
@@ -514,9 +661,7 @@ func TestSpeakerCommunities(t *testing.T) {
 	})
 
 	// A kind change moves the prefix to the other kind's communities.
-	if err := sp.Sync(map[netip.Prefix]advert.Kind{any6: advert.Pod, pod6: advert.Anycast}); err != nil {
-		t.Fatal(err)
-	}
+	set(t, sp, map[netip.Prefix]advert.Kind{summary6: advert.Summary, any6: advert.Pod, pod6: advert.Anycast, pod4: advert.Pod}, false)
 	check("communities after a kind change", map[netip.Prefix]comms{
 		summary6: {},
 		pod6:     {large: "64512:1:2"},
@@ -541,7 +686,7 @@ func TestSpeakerCommunities(t *testing.T) {
 	if !r.established(t) || !r.uptime(t).Equal(uptime) || r.peer(t).GetState().GetFlops() != flops {
 		t.Errorf("session reset by a community change: uptime %v → %v, flops %d → %d", uptime, r.uptime(t), flops, r.peer(t).GetState().GetFlops())
 	}
-	if n := mustNeighbor(t, sp, "::1"); n.State != "Established" || !n.Since.Equal(since) {
+	if n := mustNeighbor(t, sp, "::1"); !n.Established() || !n.Since.Equal(since) {
 		t.Errorf("flock saw a state change: %+v (since %v)", n, since)
 	}
 
@@ -556,7 +701,7 @@ func TestSpeakerCommunities(t *testing.T) {
 		n, _ := neighbor(sp, "::1")
 		ok := tp.GetState().GetSessionState() == api.PeerState_SESSION_STATE_ESTABLISHED &&
 			tp.GetTimers().GetState().GetNegotiatedHoldTime() == 6 &&
-			r.uptime(t).After(uptime) && n.State == "Established"
+			r.uptime(t).After(uptime) && n.Established()
 		return ok, fmt.Sprintf("ToR %v hold %d; flock %s", tp.GetState().GetSessionState(), tp.GetTimers().GetState().GetNegotiatedHoldTime(), n.State)
 	})
 	check("communities after re-creation", map[netip.Prefix]comms{
@@ -578,13 +723,20 @@ func TestSpeakerCommunities(t *testing.T) {
 	if n := sp.Neighbors(context.Background()); len(n) != 0 {
 		t.Errorf("Neighbors = %+v", n)
 	}
-	if up, total := sp.Established(); up != 0 || total != 0 {
-		t.Errorf("Established() = %d/%d", up, total)
-	}
 	// The paths stay held for when a peer comes back.
 	if got := len(sp.Held()); got != 4 {
 		t.Errorf("Held has %d paths, want 4", got)
 	}
+}
+
+func established(sp *Speaker) int {
+	up := 0
+	for _, n := range sp.Neighbors(context.Background()) {
+		if n.Established() {
+			up++
+		}
+	}
+	return up
 }
 
 func mustNeighbor(t *testing.T, sp *Speaker, key string) Neighbor {
@@ -614,9 +766,7 @@ func TestSpeakerTwoPeers(t *testing.T) {
 	if got := familyCounts(n4); len(got) != 1 {
 		t.Errorf("IPv4 session families %+v, want ipv4 only", n4.Families)
 	}
-	if err := sp.Sync(map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod4: advert.Pod}); err != nil {
-		t.Fatal(err)
-	}
+	set(t, sp, map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod4: advert.Pod}, false)
 	r6.waitRIB(t, summary6, pod4)
 	rib4 := r4.waitRIB(t, pod4)
 	if nh := nextHop(rib4[pod4]); nh != netip.MustParseAddr("127.0.0.1") {
@@ -627,8 +777,8 @@ func TestSpeakerTwoPeers(t *testing.T) {
 		std4, _ := communities(r4.rib(t)[pod4])
 		return slices.Equal(std6, []string{"64512:600"}) && slices.Equal(std4, []string{"64512:400"}), fmt.Sprintf("ToR6 %v ToR4 %v", std6, std4)
 	})
-	if up, total := sp.Established(); up != 2 || total != 2 {
-		t.Errorf("Established() = %d/%d", up, total)
+	if up := established(sp); up != 2 {
+		t.Errorf("%d sessions established, want 2", up)
 	}
 
 	uptime4 := r4.uptime(t)
@@ -650,14 +800,12 @@ func TestSpeakerTwoPeers(t *testing.T) {
 	if got := prefixes(r4.rib(t)); !slices.Equal(got, []netip.Prefix{pod4}) {
 		t.Errorf("remaining ToR RIB %v", got)
 	}
-	if up, total := sp.Established(); up != 1 || total != 1 {
-		t.Errorf("Established() = %d/%d", up, total)
+	if n := sp.Neighbors(context.Background()); len(n) != 1 || !n[0].Established() {
+		t.Errorf("Neighbors = %+v", n)
 	}
 	// The remaining peer still gets new routes through the rebuilt policy.
 	p2 := netip.MustParsePrefix("10.20.0.6/32")
-	if err := sp.Sync(map[netip.Prefix]advert.Kind{p2: advert.Pod}); err != nil {
-		t.Fatal(err)
-	}
+	set(t, sp, map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod4: advert.Pod, p2: advert.Pod}, false)
 	r4.waitRIB(t, pod4, p2)
 }
 
@@ -759,9 +907,7 @@ func TestSpeakerGuardWithoutExtendedNexthop(t *testing.T) {
 	sp := newSpeaker(t, func(c *Config) { c.StateFile = statePath })
 	p := torPeer(r)
 	p.Port = proxyPort
-	if err := sp.Sync(map[netip.Prefix]advert.Kind{pod6: advert.Pod, pod4: advert.Pod}); err != nil {
-		t.Fatal(err)
-	}
+	set(t, sp, map[netip.Prefix]advert.Kind{pod6: advert.Pod, pod4: advert.Pod}, true)
 	if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
 		t.Fatal(err)
 	}
@@ -777,8 +923,8 @@ func TestSpeakerGuardWithoutExtendedNexthop(t *testing.T) {
 	if len(n.Warnings) != 1 || !strings.Contains(n.Warnings[0], "extended next hop") {
 		t.Errorf("warnings %q", n.Warnings)
 	}
-	if m := sp.Mismatches(); !slices.Equal(m, []string{"::1"}) {
-		t.Errorf("Mismatches() = %v", m)
+	if !n.RFC5549Mismatch {
+		t.Errorf("neighbour %+v: no RFC 5549 mismatch", n)
 	}
 	r.waitRIB(t, pod6)
 	consistently(t, "IPv4 withheld", 2*time.Second, func() (bool, string) {
@@ -801,49 +947,69 @@ func TestSpeakerGuardWithoutExtendedNexthop(t *testing.T) {
 		t.Errorf("state file %s (%v)", b, err)
 	}
 	// New IPv4 routes stay withheld too.
-	if err := sp.Sync(map[netip.Prefix]advert.Kind{netip.MustParsePrefix("10.20.0.6/32"): advert.Pod, any6: advert.Anycast}); err != nil {
-		t.Fatal(err)
-	}
+	set(t, sp, map[netip.Prefix]advert.Kind{pod6: advert.Pod, pod4: advert.Pod, netip.MustParsePrefix("10.20.0.6/32"): advert.Pod, any6: advert.Anycast}, false)
 	r.waitRIB(t, pod6, any6)
 }
 
+// ipv4OKList is the IPv4-ok set of the export policy in force.
 func ipv4OKList(t *testing.T, sp *Speaker) []string {
 	t.Helper()
+	sp.mu.Lock()
+	name := fmt.Sprintf("%s-%d", ipv4OKSet, sp.export.seq)
+	sp.mu.Unlock()
 	var out []string
-	err := sp.srv.ListDefinedSet(context.Background(), &api.ListDefinedSetRequest{DefinedType: api.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: ipv4OKSet}, func(ds *api.DefinedSet) {
-		if ds.Name == ipv4OKSet {
+	found := false
+	err := sp.srv.ListDefinedSet(context.Background(), &api.ListDefinedSetRequest{DefinedType: api.DefinedType_DEFINED_TYPE_NEIGHBOR, Name: name}, func(ds *api.DefinedSet) {
+		if ds.Name == name {
+			found = true
 			out = append(out, ds.List...)
 		}
 	})
-	if err != nil {
-		t.Fatal(err)
+	if err != nil || !found {
+		t.Fatalf("set %s: found %v, %v", name, found, err)
 	}
 	slices.Sort(out)
 	return out
 }
 
+// fakePeer puts an added, enabled peer into a speaker that does not run,
+// for driving handlePeerEvent with crafted events.
+func fakePeer(sp *Speaker, spec v1alpha1.Peer, apiAddr string) {
+	key := Key(spec)
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.want[key] = wantPeer{spec: spec, fp: "fake"}
+	sp.peers[key] = &peer{key: key, spec: spec, fp: "fake", added: true, enabled: true, apiAddr: netip.MustParseAddr(apiAddr)}
+}
+
+func peerEvent(addr string, st bgp.FSMState, caps ...bgp.ParameterCapabilityInterface) *apiutil.WatchEventMessage_PeerEvent {
+	a := netip.MustParseAddr(addr)
+	return &apiutil.WatchEventMessage_PeerEvent{Type: apiutil.PEER_EVENT_STATE, Peer: apiutil.Peer{
+		Conf:  apiutil.PeerConf{NeighborAddress: a, PeerASN: torASN},
+		State: apiutil.PeerState{NeighborAddress: a, PeerASN: torASN, SessionState: st, RemoteCap: caps},
+	}}
+}
+
+var (
+	capMP4  = bgp.NewCapMultiProtocol(bgp.RF_IPv4_UC)
+	capMP6  = bgp.NewCapMultiProtocol(bgp.RF_IPv6_UC)
+	capENHE = bgp.NewCapExtendedNexthop([]*bgp.CapExtendedNexthopTuple{bgp.NewCapExtendedNexthopTuple(bgp.RF_IPv4_UC, bgp.AFI_IP6)})
+)
+
 // TestHandlePeerEventGuard drives the guard plumbing with crafted events,
 // without any session.
 func TestHandlePeerEventGuard(t *testing.T) {
 	statePath := filepath.Join(t.TempDir(), "bgp.json")
-	sp := newSpeaker(t, func(c *Config) { c.StateFile = statePath })
+	sp := newIdleSpeaker(t, func(c *Config) { c.StateFile = statePath })
 	const key = "fd00::1"
-	done := make(chan struct{})
-	close(done)
-	sp.mu.Lock()
-	sp.peers[key] = &peer{
-		spec: v1alpha1.Peer{Address: key, ASN: torASN}, addr: key, apiAddr: key,
-		added: true, cancel: func() {}, done: done,
-	}
-	sp.mu.Unlock()
+	fakePeer(sp, v1alpha1.Peer{Address: key, ASN: torASN}, key)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	handle := func(ev *apiutil.WatchEventMessage_PeerEvent) { sp.handlePeerEvent(ctx, &wg, ev) }
 	ev := func(st bgp.FSMState, caps ...bgp.ParameterCapabilityInterface) *apiutil.WatchEventMessage_PeerEvent {
-		return &apiutil.WatchEventMessage_PeerEvent{Type: apiutil.PEER_EVENT_STATE, Peer: apiutil.Peer{
-			Conf:  apiutil.PeerConf{NeighborAddress: netip.MustParseAddr(key), PeerASN: torASN},
-			State: apiutil.PeerState{NeighborAddress: netip.MustParseAddr(key), PeerASN: torASN, SessionState: st, RemoteCap: caps},
-		}}
+		return peerEvent(key, st, caps...)
 	}
-	mp4, mp6 := bgp.NewCapMultiProtocol(bgp.RF_IPv4_UC), bgp.NewCapMultiProtocol(bgp.RF_IPv6_UC)
-	enhe4 := bgp.NewCapExtendedNexthop([]*bgp.CapExtendedNexthopTuple{bgp.NewCapExtendedNexthopTuple(bgp.RF_IPv4_UC, bgp.AFI_IP6)})
 	knownGood := func() (bool, bool) {
 		b, err := os.ReadFile(statePath)
 		if err != nil {
@@ -856,88 +1022,106 @@ func TestHandlePeerEventGuard(t *testing.T) {
 		v, ok := st.RFC5549[key]
 		return v, ok
 	}
+	check := func(what string, state SessionState, mismatch bool) {
+		t.Helper()
+		n := mustNeighbor(t, sp, key)
+		if n.State != state || n.RFC5549Mismatch != mismatch {
+			t.Errorf("%s: neighbour %+v, want %s, mismatch %v", what, n, state, mismatch)
+		}
+		if mismatch != (len(n.Warnings) == 1 && strings.Contains(n.Warnings[0], "extended next hop")) {
+			t.Errorf("%s: warnings %q", what, n.Warnings)
+		}
+	}
 
 	// Established with the capability: the peer joins the IPv4-ok set.
-	sp.handlePeerEvent(ev(bgp.BGP_FSM_ESTABLISHED, mp4, mp6, enhe4))
+	handle(ev(bgp.BGP_FSM_ESTABLISHED, capMP4, capMP6, capENHE))
 	if got := ipv4OKList(t, sp); !slices.Equal(got, []string{key + "/128"}) {
 		t.Errorf("%s = %v", ipv4OKSet, got)
 	}
-	if m := sp.Mismatches(); len(m) != 0 {
-		t.Errorf("Mismatches() = %v", m)
-	}
+	check("established", Established, false)
 	if good, ok := knownGood(); !ok || !good {
 		t.Errorf("state file does not remember %s as good", key)
-	}
-	if up, total := sp.Established(); up != 1 || total != 1 {
-		t.Errorf("Established() = %d/%d", up, total)
 	}
 
 	// The session drops and comes back without it (the ToR's config
 	// changed): the peer leaves the set, with a warning.
-	sp.handlePeerEvent(ev(bgp.BGP_FSM_IDLE))
-	if m := sp.Mismatches(); len(m) != 0 {
-		t.Errorf("Mismatches() while down = %v", m)
-	}
-	sp.handlePeerEvent(ev(bgp.BGP_FSM_ESTABLISHED, mp4, mp6))
+	handle(ev(bgp.BGP_FSM_IDLE))
+	check("down", Idle, false)
+	handle(ev(bgp.BGP_FSM_ESTABLISHED, capMP4, capMP6))
 	if got := ipv4OKList(t, sp); len(got) != 0 {
 		t.Errorf("%s = %v, want empty", ipv4OKSet, got)
 	}
-	sp.mu.Lock()
-	inSet := sp.ipv4OK[key]
-	sp.mu.Unlock()
-	if inSet {
-		t.Error("ipv4OK still has the peer")
-	}
-	if m := sp.Mismatches(); !slices.Equal(m, []string{key}) {
-		t.Errorf("Mismatches() = %v", m)
-	}
-	n := mustNeighbor(t, sp, key)
-	if n.State != "Established" || len(n.Warnings) != 1 || !strings.Contains(n.Warnings[0], "extended next hop") {
-		t.Errorf("neighbour %+v", n)
-	}
+	check("established without extended next hop", Established, true)
 	if good, ok := knownGood(); !ok || good {
 		t.Errorf("state file still remembers %s as good", key)
 	}
 	// A repeated event changes nothing.
-	sp.handlePeerEvent(ev(bgp.BGP_FSM_ESTABLISHED, mp4, mp6))
-	if m := sp.Mismatches(); !slices.Equal(m, []string{key}) {
-		t.Errorf("Mismatches() = %v", m)
-	}
+	handle(ev(bgp.BGP_FSM_ESTABLISHED, capMP4, capMP6))
+	check("repeated", Established, true)
 
 	// Down: the warning goes with the session.
-	sp.handlePeerEvent(ev(bgp.BGP_FSM_ACTIVE))
-	if m := sp.Mismatches(); len(m) != 0 {
-		t.Errorf("Mismatches() while down = %v", m)
-	}
-	if n := mustNeighbor(t, sp, key); n.State != "Active" || len(n.Warnings) != 0 {
-		t.Errorf("neighbour %+v", n)
-	}
+	handle(ev(bgp.BGP_FSM_ACTIVE))
+	check("down again", Active, false)
 
 	// Back with the capability: in the set again.
-	sp.handlePeerEvent(ev(bgp.BGP_FSM_ESTABLISHED, mp4, mp6, enhe4))
+	handle(ev(bgp.BGP_FSM_ESTABLISHED, capMP4, capMP6, capENHE))
 	if got := ipv4OKList(t, sp); !slices.Equal(got, []string{key + "/128"}) {
 		t.Errorf("%s = %v", ipv4OKSet, got)
 	}
-	if m := sp.Mismatches(); len(m) != 0 {
-		t.Errorf("Mismatches() = %v", m)
-	}
+	check("back", Established, false)
 
 	// An event for a peer flock does not know is ignored.
-	other := ev(bgp.BGP_FSM_ESTABLISHED, mp4, mp6)
-	other.Peer.State.NeighborAddress = netip.MustParseAddr("fd00::99")
-	other.Peer.Conf.NeighborAddress = netip.MustParseAddr("fd00::99")
-	sp.handlePeerEvent(other)
-	if m := sp.Mismatches(); len(m) != 0 {
-		t.Errorf("Mismatches() = %v", m)
+	handle(peerEvent("fd00::99", bgp.BGP_FSM_ESTABLISHED, capMP4, capMP6))
+	check("other peer's event", Established, false)
+	if n := sp.Neighbors(ctx); len(n) != 1 {
+		t.Errorf("Neighbors = %+v", n)
 	}
 
 	// A new speaker reads the state file.
-	sp2 := newSpeaker(t, func(c *Config) { c.StateFile = statePath })
+	sp2 := newIdleSpeaker(t, func(c *Config) { c.StateFile = statePath })
 	sp2.mu.Lock()
 	good := sp2.knownGood[key]
 	sp2.mu.Unlock()
 	if !good {
 		t.Error("state file not loaded")
+	}
+}
+
+// Defect 8: an event about one of two sessions to the same link-local
+// address on different links was matched by the address without its zone,
+// so it could land on the other peer.
+func TestPeerEventMatchesZone(t *testing.T) {
+	sp := newIdleSpeaker(t)
+	// Numbered peers configured with zones, so that no event names an
+	// interface; GoBGP keys them by the full address.
+	fakePeer(sp, v1alpha1.Peer{Address: "fe80::1%flka", ASN: torASN}, "fe80::1%flka")
+	fakePeer(sp, v1alpha1.Peer{Address: "fe80::1%flkb", ASN: torASN}, "fe80::1%flkb")
+	// Unnumbered peers whose events carry no interface (they always do in
+	// GoBGP v4.8.0; the address is the fallback).
+	fakePeer(sp, v1alpha1.Peer{Interface: "flkc", ASN: torASN}, "fe80::2%flkc")
+	fakePeer(sp, v1alpha1.Peer{Interface: "flkd", ASN: torASN}, "fe80::2%flkd")
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx := context.Background()
+	sp.handlePeerEvent(ctx, &wg, peerEvent("fe80::1%flkb", bgp.BGP_FSM_ESTABLISHED, capMP4, capMP6))
+	sp.handlePeerEvent(ctx, &wg, peerEvent("fe80::2%flkc", bgp.BGP_FSM_ACTIVE))
+	ifaceEv := peerEvent("fe80::2%flkd", bgp.BGP_FSM_OPENSENT)
+	ifaceEv.Peer.Conf.NeighborInterface = "flkd"
+	sp.handlePeerEvent(ctx, &wg, ifaceEv)
+	// fe80::1%flka had no event: added, no state yet, so Idle.
+	want := map[string]SessionState{
+		"fe80::1%flka": Idle, "fe80::1%flkb": Established,
+		"interface flkc": Active, "interface flkd": OpenSent,
+	}
+	got := map[string]SessionState{}
+	for _, n := range sp.Neighbors(ctx) {
+		got[n.Peer] = n.State
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("states %v, want %v", got, want)
+	}
+	if n := mustNeighbor(t, sp, "fe80::1%flkb"); !n.RFC5549Mismatch || n.Address != "fe80::1" {
+		t.Errorf("neighbour %+v", n)
 	}
 }
 
@@ -960,7 +1144,7 @@ func waitAdded(t *testing.T, sp *Speaker, key string) Neighbor {
 	eventually(t, key+" added", func() (bool, string) {
 		var ok bool
 		n, ok = neighbor(sp, key)
-		return ok && n.State != "Configuring" && n.State != "Resolving" && n.Address != "", fmt.Sprintf("%+v", n)
+		return ok && n.State != Configuring && n.State != Resolving && n.Address != "", fmt.Sprintf("%+v", n)
 	})
 	return n
 }
@@ -978,14 +1162,21 @@ func TestRemovePeerWithoutListedAddress(t *testing.T) {
 		t.Fatalf("GoBGP peers %v", got)
 	}
 	sp.mu.Lock()
-	sp.peers["::1"].apiAddr = ""
+	sp.peers["::1"].apiAddr = netip.Addr{}
 	sp.mu.Unlock()
 	if err := sp.ApplyPeers(nil); err != nil {
 		t.Fatal(err)
 	}
-	if got := gobgpPeers(t, sp); len(got) != 0 {
-		t.Fatalf("GoBGP peers after removal %v", got)
-	}
+	waitNoGoBGPPeers(t, sp)
+}
+
+// waitNoGoBGPPeers waits until Run has removed every peer from GoBGP.
+func waitNoGoBGPPeers(t *testing.T, sp *Speaker) {
+	t.Helper()
+	eventually(t, "GoBGP has no peers", func() (bool, string) {
+		got := gobgpPeers(t, sp)
+		return len(got) == 0, fmt.Sprint(got)
+	})
 }
 
 // TestInterfacePeerRemove adds an unnumbered peer on a veth whose
@@ -1043,9 +1234,7 @@ func TestInterfacePeerRemove(t *testing.T) {
 	if err := sp.ApplyPeers(nil); err != nil {
 		t.Fatal(err)
 	}
-	if got := gobgpPeers(t, sp); len(got) != 0 {
-		t.Fatalf("GoBGP peers after removal %v", got)
-	}
+	waitNoGoBGPPeers(t, sp)
 
 	// Again, and it can be removed after its neighbour entry is gone.
 	if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
@@ -1060,9 +1249,7 @@ func TestInterfacePeerRemove(t *testing.T) {
 	if err := sp.ApplyPeers(nil); err != nil {
 		t.Fatal(err)
 	}
-	if got := gobgpPeers(t, sp); len(got) != 0 {
-		t.Fatalf("GoBGP peers after removal without a neighbour %v", got)
-	}
+	waitNoGoBGPPeers(t, sp)
 }
 
 // Community-only updates while a peer is still being added (here: an
@@ -1082,7 +1269,7 @@ func TestApplyPeersWhileAdding(t *testing.T) {
 		time.Sleep(60 * time.Millisecond)
 	}
 	n := mustNeighbor(t, sp, "interface flk-nonexist0")
-	if n.State != "Resolving" || n.LastError == "" {
+	if n.State != Resolving || n.LastError == "" {
 		t.Errorf("neighbour %+v, want Resolving with an error", n)
 	}
 	if err := sp.ApplyPeers(nil); err != nil {
@@ -1104,18 +1291,27 @@ func TestSpeakerConcurrentUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitEstablished(t, sp, r, "::1")
+	// Each worker changes the shared desired set and hands the speaker a
+	// snapshot (a reconcile loop's passes, racing).
+	var mu sync.Mutex
+	desired := map[netip.Prefix]advert.Kind{}
+	pass := func(full bool, change func()) {
+		mu.Lock()
+		change()
+		snap := maps.Clone(desired)
+		mu.Unlock()
+		if err := sp.Set(context.Background(), snap, full); err != nil {
+			t.Error(err)
+		}
+	}
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Go(func() {
 			for i := range 50 {
 				pfx := netip.PrefixFrom(netip.AddrFrom16([16]byte{0: 0xfd, 1: byte(w), 15: byte(i)}), 128)
-				if err := sp.Sync(map[netip.Prefix]advert.Kind{pfx: advert.Pod}); err != nil {
-					t.Error(err)
-				}
+				pass(i%10 == 0, func() { desired[pfx] = advert.Pod })
 				if i%2 == 1 {
-					if err := sp.Sync(map[netip.Prefix]advert.Kind{pfx: ""}); err != nil {
-						t.Error(err)
-					}
+					pass(false, func() { delete(desired, pfx) })
 				}
 			}
 		})
@@ -1133,11 +1329,12 @@ func TestSpeakerConcurrentUse(t *testing.T) {
 		for range 50 {
 			sp.Neighbors(context.Background())
 			sp.Held()
-			sp.Established()
-			sp.Mismatches()
 		}
 	})
 	wg.Wait()
+	// Snapshots may have been applied out of order: the next pass
+	// converges.
+	pass(false, func() {})
 	// 4 workers × 25 prefixes kept.
 	if got := len(sp.Held()); got != 100 {
 		t.Fatalf("Held has %d paths, want 100", got)
@@ -1175,9 +1372,7 @@ func TestSpeakerImportPolicy(t *testing.T) {
 				t.Fatal(err)
 			}
 			sp := newSpeaker(t, func(c *Config) { c.BGP.ImportPolicy = policy })
-			if err := sp.Sync(map[netip.Prefix]advert.Kind{pod6: advert.Pod}); err != nil {
-				t.Fatal(err)
-			}
+			set(t, sp, map[netip.Prefix]advert.Kind{pod6: advert.Pod}, true)
 			if err := sp.ApplyPeers([]v1alpha1.Peer{torPeer(r)}); err != nil {
 				t.Fatal(err)
 			}
@@ -1228,9 +1423,7 @@ func TestSpeakerRestarting(t *testing.T) {
 				t.Fatalf("state file exists = %v", exists)
 			}
 			sp := newSpeaker(t, func(c *Config) { c.StateFile = statePath })
-			if err := sp.Sync(map[netip.Prefix]advert.Kind{pod6: advert.Pod}); err != nil {
-				t.Fatal(err)
-			}
+			set(t, sp, map[netip.Prefix]advert.Kind{pod6: advert.Pod}, true)
 			p := torPeer(r)
 			if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
 				t.Fatal(err)
@@ -1248,12 +1441,149 @@ func TestSpeakerRestarting(t *testing.T) {
 			}
 			eventually(t, "session re-created", func() (bool, string) {
 				n, _ := neighbor(sp, "::1")
-				return r.established(t) && r.uptime(t).After(uptime) && n.State == "Established", n.State
+				return r.established(t) && r.uptime(t).After(uptime) && n.Established(), string(n.State)
 			})
 			if _, restarting := r.restartFlag(t); restarting {
 				t.Error("re-created peer is still restarting")
 			}
 			r.waitRIB(t, pod6)
 		})
+	}
+}
+
+// announce originates prefixes at the ToR.
+func (r *tor) announce(t *testing.T, pfxs ...netip.Prefix) {
+	t.Helper()
+	var paths []*apiutil.Path
+	for _, pfx := range pfxs {
+		nlri, err := bgp.NewIPAddrPrefix(pfx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(0)}
+		fam := bgp.RF_IPv4_UC
+		if pfx.Addr().Is4() {
+			nh, _ := bgp.NewPathAttributeNextHop(netip.IPv4Unspecified())
+			attrs = append(attrs, nh)
+		} else {
+			fam = bgp.RF_IPv6_UC
+			mp, _ := bgp.NewPathAttributeMpReachNLRI(fam, []bgp.PathNLRI{{NLRI: nlri}}, netip.IPv6Unspecified())
+			attrs = append(attrs, mp)
+		}
+		paths = append(paths, &apiutil.Path{Family: fam, Nlri: nlri, Attrs: attrs})
+	}
+	if _, err := r.srv.AddPath(apiutil.AddPathRequest{Paths: paths}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Defect 14: with importPolicy accept the export policy accepted learned
+// routes too, so the node re-advertised what one ToR sent it to the other:
+// a transit router. Only what the node originates may leave it.
+func TestSpeakerNoTransit(t *testing.T) {
+	rA := startToR(t, "::1", torASN, "10.255.0.1")
+	rA.addNeighbor(t, "::1", flockASN)
+	rB := startToR(t, "127.0.0.1", tor2ASN, "10.255.0.3")
+	rB.addNeighbor(t, "127.0.0.1", flockASN)
+	fromA6, fromA4 := netip.MustParsePrefix("fd00:aaaa::/48"), netip.MustParsePrefix("10.99.0.0/24")
+	fromB4 := netip.MustParsePrefix("10.98.0.0/24")
+	rA.announce(t, fromA6, fromA4)
+	rB.announce(t, fromB4)
+
+	sp := newSpeaker(t, func(c *Config) { c.BGP.ImportPolicy = "accept" })
+	own := map[netip.Prefix]advert.Kind{pod6: advert.Pod, pod4: advert.Pod}
+	set(t, sp, own, true)
+	if err := sp.ApplyPeers([]v1alpha1.Peer{torPeer(rA), torPeer(rB)}); err != nil {
+		t.Fatal(err)
+	}
+	waitEstablished(t, sp, rA, "::1")
+	waitEstablished(t, sp, rB, "127.0.0.1")
+	node := &tor{srv: sp.srv, addr: "node"}
+	node.waitRIB(t, pod6, pod4, fromA6, fromA4, fromB4) // imported
+	rA.waitRIB(t, fromA6, fromA4, pod6, pod4)
+	rB.waitRIB(t, fromB4, pod4)
+	consistently(t, "no learned route passed on", 2*time.Second, func() (bool, string) {
+		a, b := prefixes(rA.rib(t)), prefixes(rB.rib(t))
+		return len(a) == 4 && len(b) == 2, fmt.Sprintf("ToR A %v, ToR B %v", a, b)
+	})
+
+	// Learned paths are not the speaker's: a full Set neither claims nor
+	// withdraws them.
+	set(t, sp, own, true)
+	if got := sp.Held(); !maps.Equal(got, own) {
+		t.Errorf("Held = %v, want %v", got, own)
+	}
+	node.waitRIB(t, pod6, pod4, fromA6, fromA4, fromB4)
+}
+
+// Run's lifecycle: peers recorded before Run are taken on by it; paths can
+// be set without it; when its context ends it returns nil, its goroutines
+// have ended and GoBGP keeps its sessions (no Cease); a later Run carries
+// on.
+func TestRunLifecycle(t *testing.T) {
+	r := startToR(t, "::1", torASN, "10.255.0.1")
+	r.addNeighbor(t, "::1", flockASN)
+	sp := newIdleSpeaker(t)
+	set(t, sp, map[netip.Prefix]advert.Kind{pod6: advert.Pod}, true)
+	missing := v1alpha1.Peer{Interface: "flk-nonexist1", ASN: torASN}
+	if err := sp.ApplyPeers([]v1alpha1.Peer{torPeer(r), missing}); err != nil {
+		t.Fatal(err)
+	}
+	if n := mustNeighbor(t, sp, "::1"); n.State != Configuring {
+		t.Errorf("before Run: %+v", n)
+	}
+	consistently(t, "no peer added before Run", 300*time.Millisecond, func() (bool, string) {
+		got := gobgpPeers(t, sp)
+		return len(got) == 0, fmt.Sprint(got)
+	})
+
+	stop := startRun(t, sp)
+	waitEstablished(t, sp, r, "::1")
+	r.waitRIB(t, pod6)
+	if err := sp.Run(context.Background()); err == nil {
+		t.Error("a second concurrent Run was not refused")
+	}
+	eventually(t, "the missing interface retried", func() (bool, string) {
+		n := mustNeighbor(t, sp, "interface flk-nonexist1")
+		return n.State == Resolving && n.LastError != "", fmt.Sprintf("%+v", n)
+	})
+	sp.mu.Lock()
+	adding := sp.peers["interface flk-nonexist1"].done
+	sp.mu.Unlock()
+	uptime := r.uptime(t)
+
+	stop() // checks that Run returned nil
+	select {
+	case <-adding:
+	default:
+		t.Error("the add goroutine still runs after Run returned")
+	}
+	consistently(t, "GoBGP keeps the session and the routes", time.Second, func() (bool, string) {
+		ok := r.established(t) && r.uptime(t).Equal(uptime) && slices.Equal(prefixes(r.rib(t)), []netip.Prefix{pod6})
+		return ok, fmt.Sprintf("established %v, RIB %v", r.established(t), prefixes(r.rib(t)))
+	})
+
+	// Paths still work without Run; a new Run takes on config changes
+	// made meanwhile, without resetting the session.
+	set(t, sp, map[netip.Prefix]advert.Kind{pod6: advert.Pod, any6: advert.Anycast}, false)
+	r.waitRIB(t, pod6, any6)
+	p := torPeer(r)
+	p.Communities.Anycast = []string{"64512:7"}
+	if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
+		t.Fatal(err)
+	}
+	startRun(t, sp)
+	eventually(t, "communities from the second Run", func() (bool, string) {
+		std, _ := communities(r.rib(t)[any6])
+		return slices.Equal(std, []string{"64512:7"}), fmt.Sprint(std)
+	})
+	if !r.established(t) || !r.uptime(t).Equal(uptime) {
+		t.Error("session reset")
+	}
+	if n := mustNeighbor(t, sp, "::1"); !n.Established() {
+		t.Errorf("neighbour %+v", n)
+	}
+	if _, ok := neighbor(sp, "interface flk-nonexist1"); ok {
+		t.Error("removed peer still listed")
 	}
 }

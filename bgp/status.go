@@ -2,6 +2,7 @@ package bgp
 
 import (
 	"context"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -21,116 +22,172 @@ type FamilyCounts struct {
 	Advertised uint64 `json:"advertised"`
 }
 
-// Neighbor is one session as an operator sees it.
-type Neighbor struct {
-	Peer      string         `json:"peer"`              // configured address or "interface X"
-	Address   string         `json:"address,omitempty"` // resolved neighbour address
-	LocalASN  uint32         `json:"localASN"`
-	PeerASN   uint32         `json:"peerASN"`
-	State     string         `json:"state"`
-	Since     time.Time      `json:"since,omitzero"` // last state change
-	Uptime    time.Duration  `json:"uptime"`         // while established
-	Families  []FamilyCounts `json:"families"`
-	BFD       string         `json:"bfd"`
-	GR        string         `json:"gracefulRestart"`
-	Warnings  []string       `json:"warnings,omitempty"`
-	LastError string         `json:"lastError,omitempty"`
+// SessionState is a session's state: a BGP FSM state, or Configuring /
+// Resolving for a peer not yet added to GoBGP.
+type SessionState string
+
+// Session states.
+const (
+	Configuring SessionState = "Configuring" // being added
+	Resolving   SessionState = "Resolving"   // unnumbered: waiting for the neighbour's link-local address
+	Idle        SessionState = "Idle"
+	Connect     SessionState = "Connect"
+	Active      SessionState = "Active"
+	OpenSent    SessionState = "OpenSent"
+	OpenConfirm SessionState = "OpenConfirm"
+	Established SessionState = "Established"
+)
+
+func sessionState(st bgp.FSMState) SessionState {
+	switch st {
+	case bgp.BGP_FSM_IDLE:
+		return Idle
+	case bgp.BGP_FSM_CONNECT:
+		return Connect
+	case bgp.BGP_FSM_ACTIVE:
+		return Active
+	case bgp.BGP_FSM_OPENSENT:
+		return OpenSent
+	case bgp.BGP_FSM_OPENCONFIRM:
+		return OpenConfirm
+	case bgp.BGP_FSM_ESTABLISHED:
+		return Established
+	}
+	return SessionState(st.String())
 }
 
-// Neighbors lists every configured peer with live state from GoBGP.
+// Neighbor is one session as an operator sees it.
+type Neighbor struct {
+	Peer     string        `json:"peer"`              // Key: configured address or "interface X"
+	Address  string        `json:"address,omitempty"` // resolved neighbour address (no zone)
+	LocalASN uint32        `json:"localASN"`
+	PeerASN  uint32        `json:"peerASN"`
+	State    SessionState  `json:"state"`
+	Since    time.Time     `json:"since,omitzero"` // last state change
+	Uptime   time.Duration `json:"uptime"`         // while established
+	// RFC5549Mismatch: the RFC 5549 guard holds IPv4 routes back from
+	// this established session (Warnings says why).
+	RFC5549Mismatch bool           `json:"rfc5549Mismatch,omitempty"`
+	Families        []FamilyCounts `json:"families"`
+	BFD             string         `json:"bfd"`
+	GR              string         `json:"gracefulRestart"`
+	Warnings        []string       `json:"warnings,omitempty"`
+	LastError       string         `json:"lastError,omitempty"`
+}
+
+// Established tells whether the session is up.
+func (n Neighbor) Established() bool { return n.State == Established }
+
+// Neighbors lists every configured peer with live state from GoBGP: the
+// one source of per-peer status.
 func (s *Speaker) Neighbors(ctx context.Context) []Neighbor {
-	live := map[string]*api.Peer{}
+	byAddr := map[netip.Addr]*api.Peer{} // full address, zone included
+	byIface := map[string]*api.Peer{}
 	_ = s.srv.ListPeer(ctx, &api.ListPeerRequest{EnableAdvertised: true}, func(p *api.Peer) {
 		if p.Conf == nil {
 			return
 		}
 		if p.Conf.NeighborInterface != "" {
-			live["interface "+p.Conf.NeighborInterface] = p
+			byIface[p.Conf.NeighborInterface] = p
 			return
 		}
-		live[strings.Split(p.Conf.NeighborAddress, "%")[0]] = p
+		a := p.GetState().GetNeighborAddress()
+		if a == "" {
+			a = p.Conf.NeighborAddress
+		}
+		if addr, err := netip.ParseAddr(a); err == nil {
+			byAddr[addr] = p
+		}
 	})
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Neighbor, 0, len(s.peers))
+	out := make([]Neighbor, 0, len(s.want))
 	for key, p := range s.peers {
-		n := Neighbor{Peer: key, Address: p.addr, LocalASN: s.asn, PeerASN: p.spec.ASN, State: "Idle", LastError: p.lastErr}
-		if !p.added {
-			n.State = "Configuring"
-			if p.spec.Interface != "" {
-				n.State = "Resolving"
-			}
+		if _, ok := s.want[key]; ok {
+			out = append(out, s.neighborLocked(key, p, byAddr, byIface))
 		}
-		if p.state != 0 {
-			n.State = stateName(p.state)
-			n.Since = p.since
-			if p.state == bgp.BGP_FSM_ESTABLISHED {
-				n.Uptime = max(time.Since(p.since).Round(time.Second), time.Second)
-			}
+	}
+	// Desired peers Run has not taken on yet.
+	for key, w := range s.want {
+		if _, ok := s.peers[key]; !ok {
+			out = append(out, s.neighborLocked(key, &peer{key: key, spec: w.spec}, nil, nil))
 		}
-		lp := live[key]
-		if lp == nil && p.addr != "" {
-			lp = live[p.addr]
-		}
-		counts := map[string]*FamilyCounts{}
-		for _, f := range Families(p.spec) {
-			counts[f] = &FamilyCounts{Family: f}
-		}
-		n.BFD, n.GR = "off", "off"
-		if p.spec.BFD.Enabled {
-			n.BFD = "down"
-		}
-		if !p.spec.GracefulRestart.Disabled {
-			n.GR = "on"
-		}
-		if lp != nil {
-			for _, af := range lp.AfiSafis {
-				if af.State == nil || af.State.Family == nil {
-					continue
-				}
-				name := "ipv6"
-				if af.State.Family.Afi == api.Family_AFI_IP {
-					name = "ipv4"
-				}
-				if c := counts[name]; c != nil {
-					c.Received, c.Accepted, c.Advertised = af.State.Received, af.State.Accepted, af.State.Advertised
-				}
-			}
-			if p.spec.BFD.Enabled && lp.State != nil && lp.State.BfdState != nil {
-				n.BFD = bfdName(lp.State.BfdState.SessionState)
-			}
-			if !p.spec.GracefulRestart.Disabled && lp.State != nil {
-				n.GR = grState(lp)
-			}
-		}
-		for _, f := range Families(p.spec) {
-			n.Families = append(n.Families, *counts[f])
-		}
-		if p.state == bgp.BGP_FSM_ESTABLISHED && p.guard.Warning != "" {
-			n.Warnings = append(n.Warnings, p.guard.Warning)
-		}
-		out = append(out, n)
 	}
 	slices.SortFunc(out, func(a, b Neighbor) int { return strings.Compare(a.Peer, b.Peer) })
 	return out
 }
 
-func stateName(st bgp.FSMState) string {
-	switch st {
-	case bgp.BGP_FSM_IDLE:
-		return "Idle"
-	case bgp.BGP_FSM_CONNECT:
-		return "Connect"
-	case bgp.BGP_FSM_ACTIVE:
-		return "Active"
-	case bgp.BGP_FSM_OPENSENT:
-		return "OpenSent"
-	case bgp.BGP_FSM_OPENCONFIRM:
-		return "OpenConfirm"
-	case bgp.BGP_FSM_ESTABLISHED:
-		return "Established"
+func (s *Speaker) neighborLocked(key string, p *peer, byAddr map[netip.Addr]*api.Peer, byIface map[string]*api.Peer) Neighbor {
+	n := Neighbor{Peer: key, LocalASN: s.asn, PeerASN: p.spec.ASN, State: Idle, LastError: p.lastErr}
+	if p.apiAddr.IsValid() {
+		n.Address = p.apiAddr.WithZone("").String()
 	}
-	return st.String()
+	if !p.added {
+		n.State = Configuring
+		if p.spec.Interface != "" {
+			n.State = Resolving
+		}
+	}
+	if p.state != 0 {
+		n.State = sessionState(p.state)
+		n.Since = p.since
+		if p.state == bgp.BGP_FSM_ESTABLISHED {
+			n.Uptime = max(time.Since(p.since).Round(time.Second), time.Second)
+		}
+	}
+	var lp *api.Peer
+	if p.spec.Interface != "" {
+		lp = byIface[p.spec.Interface]
+	} else if p.apiAddr.IsValid() {
+		lp = byAddr[p.apiAddr]
+	} else if a, err := netip.ParseAddr(key); err == nil {
+		lp = byAddr[a]
+	}
+	counts := map[string]*FamilyCounts{}
+	for _, f := range Families(p.spec) {
+		counts[f] = &FamilyCounts{Family: f}
+	}
+	n.BFD, n.GR = "off", "off"
+	if p.spec.BFD.Enabled {
+		n.BFD = "down"
+	}
+	if !p.spec.GracefulRestart.Disabled {
+		n.GR = "on"
+	}
+	if lp != nil {
+		for _, af := range lp.AfiSafis {
+			if af.State == nil || af.State.Family == nil {
+				continue
+			}
+			name := "ipv6"
+			if af.State.Family.Afi == api.Family_AFI_IP {
+				name = "ipv4"
+			}
+			if c := counts[name]; c != nil {
+				c.Received, c.Accepted, c.Advertised = af.State.Received, af.State.Accepted, af.State.Advertised
+			}
+		}
+		if p.spec.BFD.Enabled && lp.State != nil && lp.State.BfdState != nil {
+			n.BFD = bfdName(lp.State.BfdState.SessionState)
+		}
+		if !p.spec.GracefulRestart.Disabled && lp.State != nil {
+			n.GR = grState(lp)
+		}
+	}
+	for _, f := range Families(p.spec) {
+		n.Families = append(n.Families, *counts[f])
+	}
+	if p.state == bgp.BGP_FSM_ESTABLISHED {
+		if p.guard.Warning != "" {
+			n.Warnings = append(n.Warnings, p.guard.Warning)
+			n.RFC5549Mismatch = true
+		}
+		n.RFC5549Mismatch = n.RFC5549Mismatch || p.ipv4Held
+	}
+	if p.policyWarning != "" {
+		n.Warnings = append(n.Warnings, p.policyWarning)
+	}
+	return n
 }
 
 func bfdName(st api.BfdSessionState) string {
@@ -158,51 +215,6 @@ func grState(lp *api.Peer) string {
 		}
 	}
 	return "on"
-}
-
-// Established counts established sessions.
-func (s *Speaker) Established() (up, total int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, p := range s.peers {
-		total++
-		if p.state == bgp.BGP_FSM_ESTABLISHED {
-			up++
-		}
-	}
-	return up, total
-}
-
-// Mismatches lists peers the RFC 5549 guard holds IPv4 back from.
-func (s *Speaker) Mismatches() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for k, p := range s.peers {
-		if p.state == bgp.BGP_FSM_ESTABLISHED && p.guard.Warning != "" {
-			out = append(out, k)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// SessionState is a cheap per-peer summary (no GoBGP call).
-type SessionState struct {
-	Peer        string
-	Established bool
-}
-
-// Sessions lists every configured peer and whether it is established.
-func (s *Speaker) Sessions() []SessionState {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]SessionState, 0, len(s.peers))
-	for k, p := range s.peers {
-		out = append(out, SessionState{Peer: k, Established: p.state == bgp.BGP_FSM_ESTABLISHED})
-	}
-	slices.SortFunc(out, func(a, b SessionState) int { return strings.Compare(a.Peer, b.Peer) })
-	return out
 }
 
 // Collector is GoBGP's own Prometheus collector for this server.

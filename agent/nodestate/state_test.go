@@ -44,7 +44,9 @@ func newState(t *testing.T, defaultReady bool) *State {
 	return s
 }
 
-func pod(name string) podmeta.ID { return podmeta.ID{Namespace: "default", Name: name, UID: "uid-" + name} }
+func pod(name string) podmeta.ID {
+	return podmeta.ID{Namespace: "default", Name: name, UID: "uid-" + name}
+}
 
 func dual() []ipam.Request {
 	return []ipam.Request{{Family: 6, Algo: ipam.Algo{Kind: ipam.Random}}, {Family: 4, Algo: ipam.Algo{Kind: ipam.Random}}}
