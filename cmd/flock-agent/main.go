@@ -40,6 +40,7 @@ func run() error {
 	flag.StringVar(&o.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "Kubernetes mode: flock's namespace, where the BGP password Secret is (default $POD_NAMESPACE, else flock-system)")
 	flag.DurationVar(&o.NodeConfigWait, "nodeconfig-wait", 5*time.Minute, "Kubernetes mode: how long to wait for this node's NodeConfig to exist")
 	flag.DurationVar(&o.LeakGCGrace, "leak-gc-grace", 2*time.Minute, "Kubernetes mode: how long an allocation of a deleted pod waits for kubelet's DEL before it is released")
+	flag.DurationVar(&o.Repair, "repair-interval", 30*time.Second, "period of the full repair: the route reconcilers re-read the speaker and the kernel, and allocations whose network namespace vanished are reaped")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	testHook := flag.String("test-hook", "", "testing only: 'pause-before-commit' blocks every ADD after the dataplane is programmed, before the commit")
 	flag.Parse()

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,11 +23,14 @@ import (
 const usage = `usage: flockctl [--socket PATH] [-o table|json|yaml] COMMAND
 
 commands:
-  bgp neighbors   BGP sessions: state, uptime, families, prefix counts, BFD, GR, warnings
-  bgp routes      paths the node originates: prefix, kind, owning pods, advertised
-  pods            allocations: container, pod, interface, veth, IPs
-  ipam            pools with used and free addresses
-  routes          anycast and addresses host routes in the kernel, with next hops
+  status                          agent health: recovery, sessions, route reconcilers (errors, last error), reaped allocations
+  bgp neighbors                   BGP sessions: state, uptime, families, prefix counts, BFD, GR, warnings
+  bgp routes                      paths the node originates: prefix, kind, owning pods, advertised
+  pods                            attachments: container, pod, phase, readiness, interface, veth, IPs
+  ipam                            pools with used and free addresses
+  routes                          anycast and addresses host routes: in the kernel and as wanted, with next hops
+  ready NAMESPACE/NAME true|false standalone mode: report a pod Ready or NotReady (its anycast and addresses
+                                  IPs are advertised and routed only while Ready)
 `
 
 func main() {
@@ -53,16 +58,56 @@ func run(args []string, out io.Writer) error {
 	c := admin.NewClient(*socket)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if fs.Arg(0) == "ready" {
+		return ready(ctx, c, fs.Args()[1:], out)
+	}
 	switch cmd := strings.Join(fs.Args(), " "); cmd {
+	case "status":
+		var v admin.Status
+		if err := c.Get(ctx, "/v1/status", &v); err != nil {
+			return err
+		}
+		return emit(out, *format, v, func(w *tabwriter.Writer) {
+			state := "recovering allocations"
+			if v.Ready {
+				state = "serving"
+			}
+			fmt.Fprintf(w, "AGENT\t%s\n", state)
+			fmt.Fprintf(w, "ALLOCATIONS\t%d\n", v.Allocations)
+			fmt.Fprintf(w, "BGP SESSIONS\t%d/%d established\n", v.PeersUp, v.Peers)
+			if len(v.Reaped) > 0 {
+				var rs []string
+				for _, k := range sortedKeys(v.Reaped) {
+					rs = append(rs, fmt.Sprintf("%s=%d", k, v.Reaped[k]))
+				}
+				fmt.Fprintf(w, "REAPED\t%s\n", strings.Join(rs, " "))
+			}
+			if v.ConfigError != "" {
+				fmt.Fprintf(w, "CONFIG ERROR\t%s\n", v.ConfigError)
+			}
+			fmt.Fprintln(w)
+			fmt.Fprintln(w, "RECONCILER\tSTATE\tPASSES\tERRORS\tLAST ERROR")
+			for _, r := range v.Reconcilers {
+				st := "ok"
+				if r.Failing {
+					st = "FAILING"
+				}
+				last := "-"
+				if r.LastError != "" {
+					last = fmt.Sprintf("%s (%s ago)", r.LastError, time.Since(r.LastErrorAt).Round(time.Second))
+				}
+				fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\n", r.Target, st, r.Passes, r.Errors, last)
+			}
+		})
 	case "pods":
 		var v []admin.Pod
 		if err := c.Get(ctx, "/v1/pods", &v); err != nil {
 			return err
 		}
 		return emit(out, *format, v, func(w *tabwriter.Writer) {
-			fmt.Fprintln(w, "CONTAINER\tPOD\tIFACE\tVETH\tIPS\tADDRESSES\tANYCAST\tAGE")
+			fmt.Fprintln(w, "CONTAINER\tPOD\tPHASE\tREADY\tIFACE\tVETH\tIPS\tADDRESSES\tANYCAST\tAGE")
 			for _, p := range v {
-				fmt.Fprintf(w, "%s\t%s/%s\t%s\t%s\t%s\t%s\t%s\t%s\n", short(p.ContainerID), p.Namespace, p.Name, p.IfName, p.HostVeth,
+				fmt.Fprintf(w, "%s\t%s/%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\t%s\n", short(p.ContainerID), p.Namespace, p.Name, p.Phase, p.Ready, p.IfName, p.HostVeth,
 					list(p.IPs), list(p.Addresses), list(p.Anycast), time.Since(p.Created).Round(time.Second))
 			}
 		})
@@ -83,13 +128,17 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 		return emit(out, *format, v, func(w *tabwriter.Writer) {
-			fmt.Fprintln(w, "PREFIX\tKIND\tNEXTHOPS\tOWNERS")
+			fmt.Fprintln(w, "PREFIX\tKIND\tNEXTHOPS (KERNEL)\tWANTED\tOWNERS\tSYNCED")
 			for _, r := range v {
 				owners := make([]string, 0, len(r.Owners))
 				for _, o := range r.Owners {
 					owners = append(owners, short(o))
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", r.Prefix, r.Kind, list(r.Nexthops), list(owners))
+				kind := r.Kind
+				if kind == "" {
+					kind = "stale" // in the kernel, wanted by nobody: the reconciler removes it
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%v\n", r.Prefix, kind, list(r.Nexthops), list(r.Desired), list(owners), r.Synced)
 			}
 		})
 	case "bgp neighbors", "bgp neighbours", "bgp neighbor":
@@ -134,6 +183,40 @@ func run(args []string, out io.Writer) error {
 		fs.Usage()
 		return fmt.Errorf("unknown command %q", cmd)
 	}
+}
+
+// ready reports a pod's readiness (standalone mode).
+func ready(ctx context.Context, c *admin.Client, args []string, out io.Writer) error {
+	if len(args) != 2 {
+		return errors.New("usage: flockctl ready NAMESPACE/NAME true|false")
+	}
+	ns, name, ok := strings.Cut(args[0], "/")
+	if !ok || ns == "" || name == "" {
+		return fmt.Errorf("ready: pod %q: want NAMESPACE/NAME", args[0])
+	}
+	r, err := strconv.ParseBool(args[1])
+	if err != nil {
+		return fmt.Errorf("ready: %q: want true or false", args[1])
+	}
+	var resp struct{ Pods int }
+	if err := c.Post(ctx, "/v1/pods/readiness", admin.Readiness{Namespace: ns, Name: name, Ready: r}, &resp); err != nil {
+		return err
+	}
+	state := "NotReady"
+	if r {
+		state = "Ready"
+	}
+	_, err = fmt.Fprintf(out, "%s/%s: %s (%d incarnation(s))\n", ns, name, state, resp.Pods)
+	return err
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 func emit(out io.Writer, format string, v any, table func(*tabwriter.Writer)) error {

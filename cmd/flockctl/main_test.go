@@ -2,8 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"code.fritzlab.net/fritzlab/flock/agent/admin"
 )
 
 func TestNotRunning(t *testing.T) {
@@ -28,5 +34,98 @@ func TestUsageErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: want error containing %q, got %v", tc.args, tc.want, err)
 		}
+	}
+}
+
+// fakeSource answers the admin API like an agent would.
+type fakeSource struct {
+	readiness []admin.Readiness
+}
+
+func (f *fakeSource) Status() admin.Status {
+	return admin.Status{Ready: true, Allocations: 3, PeersUp: 1, Peers: 2,
+		Reaped: map[string]uint64{"netns-gone": 2, "interrupted-add": 0},
+		Reconcilers: []admin.Reconciler{
+			{Target: "bgp", Passes: 10},
+			{Target: "kernel", Passes: 12, Errors: 4, Failing: true, LastError: "route 2001:db8:ff::1/128: no such device", LastErrorAt: time.Now()},
+		}}
+}
+func (f *fakeSource) Pods() []admin.Pod {
+	return []admin.Pod{{ContainerID: "abc", Namespace: "ns", Name: "p", Phase: "committed", Ready: true}}
+}
+func (f *fakeSource) Pools() []admin.Pool         { return nil }
+func (f *fakeSource) Neighbors() []admin.Neighbor { return nil }
+func (f *fakeSource) BGPRoutes() []admin.BGPRoute { return nil }
+func (f *fakeSource) Routes() []admin.Route {
+	return []admin.Route{
+		{Prefix: "2001:db8:ff::1/128", Kind: "anycast", Nexthops: []string{"fd00::1%flock1"}, Desired: []string{"fd00::1%flock1"}, Owners: []string{"abc"}, Synced: true},
+		{Prefix: "2001:db8:ee::1/128", Nexthops: []string{"fd00::2%flock2"}},
+	}
+}
+func (f *fakeSource) SetReadiness(r admin.Readiness) (int, error) {
+	if r.Name == "nope" {
+		return 0, errors.New("no attachment of pod ns/nope on this node")
+	}
+	f.readiness = append(f.readiness, r)
+	return 1, nil
+}
+
+func serve(t *testing.T, src admin.Source) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "admin.sock")
+	l, err := admin.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = admin.Serve(ctx, l, src) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return sock
+}
+
+func TestStatusRoutesReady(t *testing.T) {
+	src := &fakeSource{}
+	sock := serve(t, src)
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"status"}, []string{"serving", "1/2 established", "netns-gone=2", "kernel", "FAILING", "no such device", "bgp"}},
+		{[]string{"routes"}, []string{"2001:db8:ff::1/128", "anycast", "true", "2001:db8:ee::1/128", "stale"}},
+		{[]string{"pods"}, []string{"committed", "ns/p"}},
+		{[]string{"ready", "ns/p", "false"}, []string{"ns/p: NotReady"}},
+		{[]string{"-o", "json", "status"}, []string{`"failing": true`, `"lastError": "route 2001:db8:ff::1/128: no such device"`}},
+	} {
+		var out bytes.Buffer
+		if err := run(append([]string{"--socket", sock}, tc.args...), &out); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out.String(), w) {
+				t.Errorf("%v: output lacks %q:\n%s", tc.args, w, out.String())
+			}
+		}
+	}
+	if len(src.readiness) != 1 || src.readiness[0] != (admin.Readiness{Namespace: "ns", Name: "p", Ready: false}) {
+		t.Errorf("readiness reports %+v", src.readiness)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"ready", "ns/p"}, "usage: flockctl ready"},
+		{[]string{"ready", "p", "true"}, `pod "p": want NAMESPACE/NAME`},
+		{[]string{"ready", "ns/p", "maybe"}, `"maybe": want true or false`},
+		{[]string{"ready", "ns/nope", "true"}, "no attachment of pod ns/nope"},
+	} {
+		var out bytes.Buffer
+		err := run(append([]string{"--socket", sock}, tc.args...), &out)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err %v, want one containing %q", tc.args, err, tc.want)
+		}
+	}
+	if len(src.readiness) != 1 {
+		t.Errorf("a refused report reached the agent: %+v", src.readiness)
 	}
 }
