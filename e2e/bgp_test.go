@@ -296,7 +296,10 @@ func TestBGPToR(t *testing.T) {
 					`flock_bgp_advertised_routes{kind="summary"} 2`,
 					fmt.Sprintf(`flock_bgp_session_established{peer="%s"} 1`, n1.TorV6),
 					fmt.Sprintf(`flock_bgp_rfc5549_mismatch{peer="%s"} 0`, n1.TorV6),
-					`flock_bgp_reconcile_duration_seconds_count{full="false"}`,
+					`flock_reconcile_duration_seconds_count{full="false",target="bgp"}`,
+					`flock_reconcile_duration_seconds_count{full="true",target="kernel"}`,
+					`flock_reconcile_errors_total{target="kernel"} 0`,
+					`flock_allocations_reaped_total{reason="netns-gone"} 0`,
 					`bgp_peer_uptime`, // GoBGP's own collector
 				} {
 					if !strings.Contains(m, want) {

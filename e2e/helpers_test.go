@@ -189,3 +189,12 @@ type netIPNet = net.IPNet
 func toIPNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
+
+// flockctlJSON runs flockctl -o json and decodes its output into v.
+func flockctlJSON(t *testing.T, a *lab.Agent, v any, args ...string) {
+	t.Helper()
+	out := flockctl(t, a, append([]string{"-o", "json"}, args...)...)
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		t.Fatalf("flockctl %v: %v\n%s", args, err, out)
+	}
+}
