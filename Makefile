@@ -18,6 +18,7 @@ build:
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }
 	$(GO) vet ./...
+	$(GO) mod tidy -diff
 
 # Unit tests only: no root needed.
 unit:

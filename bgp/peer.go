@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"os"
 	"slices"
-	"strings"
 
 	api "github.com/osrg/gobgp/v4/api"
 
@@ -77,12 +76,9 @@ func FilePasswords(p v1alpha1.Peer) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("peer %s: passwordFile: %w", Key(p), err)
 	}
-	pw := strings.TrimRight(string(b), "\r\n")
-	if pw == "" {
-		return "", fmt.Errorf("peer %s: passwordFile %s is empty", Key(p), p.PasswordFile)
-	}
-	if len(pw) > 80 {
-		return "", fmt.Errorf("peer %s: passwordFile %s: TCP-MD5 keys are at most 80 bytes", Key(p), p.PasswordFile)
+	pw, err := NormalizePassword(b)
+	if err != nil {
+		return "", fmt.Errorf("peer %s: passwordFile %s: %w", Key(p), p.PasswordFile, err)
 	}
 	return pw, nil
 }

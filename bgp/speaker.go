@@ -41,8 +41,8 @@ type Config struct {
 	// restart IPv4 routes go out in the first UPDATEs instead of after a
 	// re-check (an End-of-RIB without them would flush them at a GR peer).
 	StateFile string
-	// OnChange is called (from the speaker's goroutines, never with a lock
-	// held) when session state changes.
+	// OnChange is called from Run's goroutine, with no lock held, when
+	// session state may have changed.
 	OnChange func()
 }
 
@@ -111,6 +111,7 @@ type peer struct {
 
 	cancel  context.CancelFunc // ends the add goroutine (nil: none started)
 	done    chan struct{}      // closed when the add goroutine has ended
+	gone    chan struct{}      // closed when the peer is removed
 	added   bool               // AddPeer succeeded
 	enabled bool               // EnablePeer succeeded
 	apiAddr netip.Addr         // the address GoBGP keys the peer by (zone for a link-local one)
@@ -226,8 +227,8 @@ func (h levelFilter) WithGroup(name string) slog.Handler {
 }
 
 // Stop shuts the server down, sending Cease to every peer (which withdraws
-// our routes there). The agent does not call it: it just exits, and
-// graceful restart keeps the routes at the ToR.
+// our routes there); call it after Run has returned. The agent does not
+// call it: it just exits, and graceful restart keeps the routes at the ToR.
 func (s *Speaker) Stop() { s.srv.Stop() }
 
 // Run takes on the desired peers and follows their sessions until ctx
@@ -384,7 +385,7 @@ func (s *Speaker) syncPeers(ctx context.Context, wg *sync.WaitGroup) error {
 	for key, w := range s.want {
 		p := s.peers[key]
 		if p == nil {
-			p = &peer{key: key, spec: w.spec, fp: w.fp, password: w.password, restarting: w.restarting}
+			p = &peer{key: key, spec: w.spec, fp: w.fp, password: w.password, restarting: w.restarting, gone: make(chan struct{})}
 			s.peers[key] = p
 		}
 		switch {
@@ -427,6 +428,9 @@ func (s *Speaker) removePeerLocked(ctx context.Context, key string, p *peer) {
 			s.log.Warn("bgp: delete peer", "peer", key, "err", err)
 		}
 	}
+	if p.gone != nil {
+		close(p.gone)
+	}
 	delete(s.peers, key)
 	s.log.Info("bgp: peer removed", "peer", key)
 }
@@ -441,7 +445,7 @@ func (s *Speaker) startAddLocked(ctx context.Context, wg *sync.WaitGroup, p *pee
 		defer wg.Done()
 		defer close(done)
 		if s.addPeer(pctx, wg, p) {
-			s.notify()
+			s.kick() // Run calls OnChange
 		}
 	}()
 }
@@ -575,7 +579,7 @@ func (s *Speaker) updateExportLocked(ctx context.Context, wg *sync.WaitGroup) er
 	for key, p := range s.peers {
 		o, w := pol.outcome[key], pol.warning[key]
 		if o != p.exported && p.enabled && p.apiAddr.IsValid() {
-			s.softResetOut(ctx, wg, p.apiAddr)
+			s.softResetOut(ctx, wg, p.apiAddr, p.gone)
 		}
 		if w != "" && w != p.policyWarning {
 			s.log.Warn("bgp: "+w, "peer", key)
@@ -590,8 +594,9 @@ func (s *Speaker) updateExportLocked(ctx context.Context, wg *sync.WaitGroup) er
 // counts it as established itself, and a soft reset of a peer it does not
 // yet count as established silently does nothing: so wait for GoBGP's own
 // view first (briefly, in the background). A session that comes up later
-// gets the current policy anyway.
-func (s *Speaker) softResetOut(ctx context.Context, wg *sync.WaitGroup, addr netip.Addr) {
+// gets the current policy anyway. It gives up when ctx ends or the peer
+// is gone.
+func (s *Speaker) softResetOut(ctx context.Context, wg *sync.WaitGroup, addr netip.Addr, gone <-chan struct{}) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -609,6 +614,8 @@ func (s *Speaker) softResetOut(ctx context.Context, wg *sync.WaitGroup, addr net
 			}
 			select {
 			case <-ctx.Done():
+				return
+			case <-gone:
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
@@ -651,11 +658,16 @@ func (s *Speaker) handlePeerEvent(ctx context.Context, wg *sync.WaitGroup, ev *a
 		return
 	}
 	st := ev.Peer.State.SessionState
-	if st == p.state {
+	changed := st != p.state
+	// An INIT event (a new Run's view of a running session) may follow a
+	// flap Run did not see: decide the guard again.
+	if !changed && ev.Type != apiutil.PEER_EVENT_INIT {
 		return
 	}
 	wasUp := p.state == bgp.BGP_FSM_ESTABLISHED
-	p.state, p.since = st, time.Now()
+	if changed {
+		p.state, p.since = st, time.Now()
+	}
 	switch {
 	case st == bgp.BGP_FSM_ESTABLISHED:
 		if l := ev.Peer.Transport.LocalAddress; l.IsValid() && !l.IsUnspecified() {
@@ -663,11 +675,13 @@ func (s *Speaker) handlePeerEvent(ctx context.Context, wg *sync.WaitGroup, ev *a
 		}
 		ipv4 := slices.Contains(Families(p.spec), "ipv4")
 		g := Decide(TransportV6(p.spec), ipv4, ev.Peer.State.RemoteCap)
-		p.guard = g
-		s.log.Info("bgp: session established", "peer", key, "asn", p.spec.ASN)
-		if g.Warning != "" {
-			s.log.Warn("bgp: "+g.Warning, "peer", key)
+		if changed || g != p.guard {
+			s.log.Info("bgp: session established", "peer", key, "asn", p.spec.ASN)
+			if g.Warning != "" {
+				s.log.Warn("bgp: "+g.Warning, "peer", key)
+			}
 		}
+		p.guard = g
 		if TransportV6(p.spec) && ipv4 {
 			p.ipv4OK = g.SendIPv4
 			if s.knownGood[key] != g.SendIPv4 {
@@ -679,7 +693,7 @@ func (s *Speaker) handlePeerEvent(ctx context.Context, wg *sync.WaitGroup, ev *a
 			s.log.Error("bgp: rfc5549 guard", "peer", key, "err", err)
 			s.kick()
 		}
-	case wasUp:
+	case wasUp && changed:
 		s.log.Warn("bgp: session down", "peer", key, "state", st.String(), "reason", ev.Peer.State.DisconnectReason.String(), "message", ev.Peer.State.DisconnectMessage)
 	}
 }

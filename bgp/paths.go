@@ -1,0 +1,195 @@
+package bgp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+
+	api "github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/apiutil"
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
+
+	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+)
+
+// Set makes the paths the speaker originates equal desired (the full set:
+// prefix → kind). Only the difference is sent, in one AddPath and one
+// DeletePath batch; a path held with the same kind is never re-sent. With
+// full, or when an earlier Set failed, it first re-reads what GoBGP really
+// holds (its global RIB, locally originated paths, kinds from the marker
+// community) and diffs against that. Set only talks to GoBGP, so it works
+// before Run.
+func (s *Speaker) Set(ctx context.Context, desired map[netip.Prefix]advert.Kind, full bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.pathMu.Lock()
+	defer s.pathMu.Unlock()
+	if full || s.reread {
+		held, err := s.readRIB()
+		if err != nil {
+			s.reread = true
+			return err
+		}
+		s.held = held
+	}
+	announce, withdraw := advert.Diff(desired, s.held)
+	err := s.applyPaths(announce, withdraw)
+	s.reread = err != nil
+	return err
+}
+
+// Held returns what the speaker believes it originates (prefix → kind).
+func (s *Speaker) Held() map[netip.Prefix]advert.Kind {
+	s.pathMu.Lock()
+	defer s.pathMu.Unlock()
+	return maps.Clone(s.held)
+}
+
+// applyPaths withdraws and announces, updating s.held with what is known
+// to have worked. Withdrawal is by path (NLRI), which also drops GoBGP's
+// UUID entry, so no UUIDs are kept.
+func (s *Speaker) applyPaths(announce map[netip.Prefix]advert.Kind, withdraw []netip.Prefix) error {
+	var errs []error
+	if len(withdraw) > 0 {
+		paths := make([]*apiutil.Path, 0, len(withdraw))
+		var gone []netip.Prefix
+		for _, p := range withdraw {
+			path, err := s.path(p, s.held[p])
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			paths = append(paths, path)
+			gone = append(gone, p)
+		}
+		if len(paths) > 0 {
+			if err := s.srv.DeletePath(apiutil.DeletePathRequest{Paths: paths}); err != nil {
+				errs = append(errs, fmt.Errorf("bgp: withdraw %d paths: %w", len(paths), err))
+			} else {
+				for _, p := range gone {
+					delete(s.held, p)
+				}
+			}
+		}
+	}
+	if len(announce) > 0 {
+		prefixes := slices.SortedFunc(maps.Keys(announce), advert.ComparePrefixes)
+		paths := make([]*apiutil.Path, 0, len(prefixes))
+		sent := make([]netip.Prefix, 0, len(prefixes))
+		for _, p := range prefixes {
+			path, err := s.path(p, announce[p])
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if s.announceHook != nil {
+				path = s.announceHook(p, path)
+			}
+			paths = append(paths, path)
+			sent = append(sent, p)
+		}
+		if len(paths) > 0 {
+			resp, err := s.srv.AddPath(apiutil.AddPathRequest{Paths: paths})
+			if err != nil {
+				// GoBGP v4.8.0 returns no per-path results when one path of
+				// the batch fails, although it added the others: what it
+				// holds is unknown until the next Set re-reads it.
+				errs = append(errs, fmt.Errorf("bgp: announce %d paths: %w", len(paths), err))
+			} else {
+				for i, r := range resp {
+					if i >= len(sent) {
+						break
+					}
+					if r.Error != nil {
+						errs = append(errs, fmt.Errorf("bgp: announce %s: %w", sent[i], r.Error))
+						continue
+					}
+					s.held[sent[i]] = announce[sent[i]]
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// readRIB lists the locally originated paths GoBGP holds, with the kind
+// their marker names ("" for a path without one: not what any desired
+// kind asks for, so Set replaces or withdraws it).
+func (s *Speaker) readRIB() (map[netip.Prefix]advert.Kind, error) {
+	out := map[netip.Prefix]advert.Kind{}
+	for _, fam := range []bgp.Family{bgp.RF_IPv4_UC, bgp.RF_IPv6_UC} {
+		var perr error
+		err := s.srv.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: fam}, func(nlri bgp.NLRI, paths []*apiutil.Path) {
+			for _, p := range paths {
+				if p.PeerAddress.IsValid() || p.Withdrawal {
+					continue // learned from a peer (import policy accept)
+				}
+				pfx, err := netip.ParsePrefix(nlri.String())
+				if err != nil {
+					perr = fmt.Errorf("bgp: read RIB: %s: %w", nlri, err)
+					continue
+				}
+				out[pfx] = s.kindOf(p.Attrs)
+			}
+		})
+		if err != nil {
+			return nil, fmt.Errorf("bgp: read RIB %s: %w", fam, err)
+		}
+		if perr != nil {
+			return nil, perr
+		}
+	}
+	return out, nil
+}
+
+func (s *Speaker) kindOf(attrs []bgp.PathAttributeInterface) advert.Kind {
+	for _, a := range attrs {
+		if lc, ok := a.(*bgp.PathAttributeLargeCommunities); ok {
+			for _, v := range lc.Values {
+				if k := markerKind(s.asn, v.ASN, v.LocalData1, v.LocalData2); k != "" {
+					return k
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// path builds a locally originated path with next-hop-self.
+func (s *Speaker) path(p netip.Prefix, k advert.Kind) (*apiutil.Path, error) {
+	nlri, err := bgp.NewIPAddrPrefix(p)
+	if err != nil {
+		return nil, fmt.Errorf("bgp: %s: %w", p, err)
+	}
+	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(0)}
+	if k != "" {
+		if kindIndex(k) == 0 {
+			return nil, fmt.Errorf("bgp: %s: unknown kind %q", p, k)
+		}
+		lc, err := bgp.ParseLargeCommunity(marker(s.asn, k))
+		if err != nil {
+			return nil, fmt.Errorf("bgp: %s: marker: %w", p, err)
+		}
+		attrs = append(attrs, bgp.NewPathAttributeLargeCommunities([]*bgp.LargeCommunity{lc}))
+	}
+	fam := bgp.RF_IPv4_UC
+	if p.Addr().Is4() {
+		nh, err := bgp.NewPathAttributeNextHop(netip.IPv4Unspecified())
+		if err != nil {
+			return nil, fmt.Errorf("bgp: %s: %w", p, err)
+		}
+		attrs = append(attrs, nh)
+	} else {
+		fam = bgp.RF_IPv6_UC
+		mp, err := bgp.NewPathAttributeMpReachNLRI(bgp.RF_IPv6_UC, []bgp.PathNLRI{{NLRI: nlri}}, netip.IPv6Unspecified())
+		if err != nil {
+			return nil, fmt.Errorf("bgp: %s: %w", p, err)
+		}
+		attrs = append(attrs, mp)
+	}
+	return &apiutil.Path{Family: fam, Nlri: nlri, Attrs: attrs}, nil
+}
