@@ -228,6 +228,10 @@ protocol bfd { interface "to-*" { min rx interval 300 ms; min tx interval 300 ms
 template bgp flock {
   local as {{.TorASN}};
   hold time 9; keepalive time 3; connect retry time 1;
+  # Reconnect to a restarted agent within a second (default 5 s): until
+  # then a graceful-restart helper keeps its routes stale, including those
+  # of pods that vanished while it was down.
+  connect delay time 1;
 {{- if .GR}}
   graceful restart on;
 {{- end}}
