@@ -302,7 +302,7 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 			}
 			return r, nil // kubelet retried an ADD that succeeded
 		case nodestate.Stuck:
-			if err := a.finishStuck(r); err != nil {
+			if err := a.teardown(r); err != nil {
 				return store.Allocation{}, fmt.Errorf("an earlier failed ADD of %s cannot be cleaned up: %w", containerID, err)
 			}
 		default:
@@ -392,9 +392,10 @@ func (a *Agent) rollback(rec store.Allocation) {
 	a.state.Release(rec.ContainerID)
 }
 
-// finishStuck completes the rollback of a failed ADD whose teardown failed.
-// Call with the container's lock held.
-func (a *Agent) finishStuck(rec store.Allocation) error {
+// teardown removes an attachment for good: veth, record, then what the
+// state holds (it also finishes a stuck rollback). Call with the
+// container's lock held.
+func (a *Agent) teardown(rec store.Allocation) error {
 	if err := a.cfg.Dataplane.Teardown(rec.HostVeth); err != nil {
 		return err
 	}
@@ -414,14 +415,7 @@ func (a *Agent) remove(ctx context.Context, rec store.Allocation) error {
 		// it vanishes, and the ToR should stop sending traffic here.
 		a.settle(ctx, gen)
 	}
-	if err := a.cfg.Dataplane.Teardown(rec.HostVeth); err != nil {
-		return err
-	}
-	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {
-		return err
-	}
-	a.state.Release(rec.ContainerID)
-	return nil
+	return a.teardown(rec)
 }
 
 // Del tears a container down. Unknown containers succeed; a leftover veth
@@ -446,7 +440,7 @@ func (a *Agent) Del(ctx context.Context, containerID string) error {
 		return a.cfg.Store.Delete(containerID)
 	}
 	if phase == nodestate.Stuck {
-		return a.finishStuck(rec)
+		return a.teardown(rec)
 	}
 	if err := a.remove(ctx, rec); err != nil {
 		return err

@@ -77,13 +77,19 @@ func Run(ctx context.Context, o Options) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	g, ctx := errgroup.WithContext(ctx)
+	// stop ends every component and returns the error that mattered: a
+	// component's own failure cancels ctx, so the start-up step that then
+	// sees "context canceled" is not the cause.
 	stop := func(err error) error {
 		cancel()
 		werr := g.Wait()
-		if outer.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
-			return nil // told to stop: not a failure
+		if err == nil || errors.Is(err, context.Canceled) {
+			if outer.Err() != nil {
+				return nil // told to stop: not a failure
+			}
+			return cmp.Or(werr, err)
 		}
-		return cmp.Or(err, werr)
+		return err
 	}
 
 	d, err := newDaemon(ctx, o)
