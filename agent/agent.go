@@ -125,7 +125,11 @@ func (a *Agent) State() *nodestate.State { return a.state }
 // Restore recovers the node at start, before anything is served: committed
 // records go back into the state (unless their network namespace is gone:
 // those are reaped), pending ones (a crash mid-ADD) are torn down and
-// dropped, and flock veths that no record owns are removed.
+// dropped, and flock veths that no record owns are removed. One record
+// that cannot be restored or torn down never keeps the node from serving
+// (nor from receiving the DEL that clears it): it is quarantined as Stuck.
+// A record that cannot even be read does stop the start (store.Load): what
+// it holds is unknown, and handing its IPs out again could duplicate them.
 func (a *Agent) Restore(ctx context.Context) error {
 	if err := a.cfg.Dataplane.EnsureNode(a.state.Summaries()); err != nil {
 		return fmt.Errorf("node setup: %w", err)
@@ -134,6 +138,11 @@ func (a *Agent) Restore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	quarantine := func(r store.Allocation, why string, err error) {
+		reason := fmt.Sprintf("%s: %v", why, err)
+		a.log.Error("quarantined allocation: it is routed nowhere until a DEL or GC removes it", "container", r.ContainerID, "pod", r.Pod, "ips", r.IPs, "reason", reason)
+		a.state.Quarantine(r, reason)
+	}
 	for _, r := range recs {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -141,22 +150,24 @@ func (a *Agent) Restore(ctx context.Context) error {
 		if r.State == store.Pending {
 			a.log.Warn("dropping allocation left pending by a crash", "container", r.ContainerID, "pod", r.Pod, "ips", r.IPs)
 			if err := a.dropRecord(r, ReapInterrupted); err != nil {
-				return fmt.Errorf("tear down pending %s: %w", r.ContainerID, err)
+				quarantine(r, "tear down an interrupted ADD", err)
 			}
 			continue
 		}
-		if gone, err := a.netnsGone(r); err != nil {
-			return err
+		gone, err := a.netnsGone(r)
+		if err != nil {
+			a.log.Warn("cannot tell whether the network namespace exists; keeping the allocation", "container", r.ContainerID, "err", err)
 		} else if gone {
 			a.log.Warn("reaping allocation whose network namespace is gone", "container", r.ContainerID, "pod", r.Pod, "netns", r.Netns, "ips", r.IPs)
 			if err := a.dropRecord(r, ReapNetnsGone); err != nil {
-				return fmt.Errorf("reap %s: %w", r.ContainerID, err)
+				quarantine(r, "reap (netns gone)", err)
 			}
 			continue
 		}
 		warns, err := a.state.Restore(r)
 		if err != nil {
-			return fmt.Errorf("store: %w", err)
+			quarantine(r, "restore", err)
+			continue
 		}
 		for _, w := range warns {
 			a.log.Warn("restore: " + w)
@@ -170,7 +181,7 @@ func (a *Agent) Restore(ctx context.Context) error {
 		if _, owned := a.state.VethOwner(v); !owned {
 			a.log.Warn("removing flock veth that no allocation owns", "veth", v)
 			if err := a.cfg.Dataplane.Teardown(v); err != nil {
-				return err
+				a.log.Error("orphan veth stays", "veth", v, "err", err)
 			}
 		}
 	}
@@ -380,13 +391,13 @@ func (a *Agent) rollback(rec store.Allocation) {
 		// holding them until DEL (which the runtime sends after a failed
 		// ADD) or the next start finishes the teardown.
 		a.log.Error("rollback: teardown failed; IPs stay reserved until DEL", "container", rec.ContainerID, "err", err)
-		a.state.MarkStuck(rec.ContainerID)
+		a.state.MarkStuck(rec.ContainerID, "rollback of a failed ADD: "+err.Error())
 		return
 	}
 	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {
 		// The pending record still names the IPs: keep them until DEL.
 		a.log.Error("rollback: delete record failed; IPs stay reserved until DEL", "container", rec.ContainerID, "err", err)
-		a.state.MarkStuck(rec.ContainerID)
+		a.state.MarkStuck(rec.ContainerID, "rollback of a failed ADD: "+err.Error())
 		return
 	}
 	a.state.Release(rec.ContainerID)
@@ -429,9 +440,14 @@ func (a *Agent) Del(ctx context.Context, containerID string) error {
 	defer unlock()
 	rec, phase, known := a.state.Get(containerID)
 	if !known {
+		// A leftover veth of the container's default name goes, unless a
+		// live container holds that name (a hash collision); the name is
+		// held meanwhile so that no ADD takes it under our feet.
 		name := dataplane.HostVethName(containerID)
-		if _, taken := a.state.VethOwner(name); !taken {
-			if err := a.cfg.Dataplane.Teardown(name); err != nil {
+		if release, ok := a.state.HoldVeth(name, containerID); ok {
+			err := a.cfg.Dataplane.Teardown(name)
+			release()
+			if err != nil {
 				return err
 			}
 		}

@@ -980,24 +980,6 @@ func TestStartFailures(t *testing.T) {
 				return p
 			},
 		},
-		{
-			name: "two records hold one IP",
-			setup: func(t *testing.T, dir string) string {
-				ip := mustAddr("fd00:10:1::7")
-				putRecord(t, dir, store.Allocation{ContainerID: "x1", State: store.Committed, IPs: []netip.Addr{ip}})
-				putRecord(t, dir, store.Allocation{ContainerID: "x2", State: store.Committed, IPs: []netip.Addr{ip}})
-				return "fd00:10:1::7"
-			},
-		},
-		{
-			name: "two records claim one addresses IP",
-			setup: func(t *testing.T, dir string) string {
-				a := []netip.Addr{mustAddr("2001:db8:aa::9")}
-				putRecord(t, dir, store.Allocation{ContainerID: "x1", State: store.Committed, IPs: []netip.Addr{mustAddr("fd00:10:1::1")}, Addresses: a})
-				putRecord(t, dir, store.Allocation{ContainerID: "x2", State: store.Committed, IPs: []netip.Addr{mustAddr("fd00:10:1::2")}, Addresses: a})
-				return "2001:db8:aa::9"
-			},
-		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1152,4 +1134,95 @@ func TestAddAfterStuckRollback(t *testing.T) {
 	}
 	e.wantUsed(pool6, 1)
 	e.wantUsed(pool4, 1)
+}
+
+// A record that cannot be restored as it is never keeps the node from
+// serving (the DEL that clears it needs a running agent): it is
+// quarantined, routed nowhere, and a DEL removes it.
+func TestRestoreQuarantines(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, e *env) string // returns a substring of the reason
+	}{
+		{"two records hold one IP", func(t *testing.T, e *env) string {
+			ip := mustAddr("fd00:10:1::7")
+			putRecord(t, e.dir, store.Allocation{ContainerID: "x1", State: store.Committed, IPs: []netip.Addr{ip}})
+			putRecord(t, e.dir, store.Allocation{ContainerID: "x2", State: store.Committed, IPs: []netip.Addr{ip}})
+			return "fd00:10:1::7"
+		}},
+		{"two records claim one addresses IP", func(t *testing.T, e *env) string {
+			a := []netip.Addr{mustAddr("2001:db8:aa::9")}
+			putRecord(t, e.dir, store.Allocation{ContainerID: "x1", State: store.Committed, IPs: []netip.Addr{mustAddr("fd00:10:1::1")}, Addresses: a})
+			putRecord(t, e.dir, store.Allocation{ContainerID: "x2", State: store.Committed, IPs: []netip.Addr{mustAddr("fd00:10:1::2")}, Addresses: a})
+			return "2001:db8:aa::9"
+		}},
+		{"a pool now covers the anycast IP", func(t *testing.T, e *env) string {
+			putRecord(t, e.dir, store.Allocation{ContainerID: "x1", State: store.Committed, IPs: []netip.Addr{mustAddr("fd00:10:1::1")}})
+			putRecord(t, e.dir, store.Allocation{ContainerID: "x2", State: store.Committed, IPs: []netip.Addr{mustAddr("fd00:10:1::2")}, Anycast: []netip.Addr{mustAddr("10.1.1.77")}})
+			return "10.1.1.77"
+		}},
+		{"a pending record whose teardown fails", func(t *testing.T, e *env) string {
+			putRecord(t, e.dir, store.Allocation{ContainerID: "x1", State: store.Committed, IPs: []netip.Addr{mustAddr("fd00:10:1::1")}})
+			putRecord(t, e.dir, store.Allocation{ContainerID: "x2", State: store.Pending, IPs: []netip.Addr{mustAddr("fd00:10:1::2")}})
+			e.dp.set(func(d *fakeDP) {
+				d.fault = func(op string) error {
+					if op == "teardown" {
+						return errors.New("device busy")
+					}
+					return nil
+				}
+			})
+			return "device busy"
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, readyOnCommit())
+			want := tc.setup(t, e)
+			if err := e.run(); err != nil {
+				t.Fatalf("Restore: %v", err)
+			}
+			e.settled()
+			at := e.state.Attachments()
+			if len(at) != 2 || at[0].ContainerID != "x1" || at[0].Phase != nodestate.Committed ||
+				at[1].ContainerID != "x2" || at[1].Phase != nodestate.Stuck || !strings.Contains(at[1].Reason, want) {
+				t.Fatalf("attachments %+v, want x1 committed and x2 stuck for %q", at, want)
+			}
+			for p := range e.sp.Held() {
+				if p.Addr() == mustAddr("fd00:10:1::2") || p.Addr() == mustAddr("10.1.1.77") {
+					t.Errorf("quarantined x2's %s is advertised", p)
+				}
+			}
+			e.dp.set(func(d *fakeDP) { d.fault = nil })
+			if err := e.a.Del(context.Background(), "x2"); err != nil {
+				t.Fatal(err)
+			}
+			e.wantNothingFor("x2")
+			if _, _, ok := e.state.Get("x1"); !ok {
+				t.Fatal("DEL of the quarantined x2 took x1")
+			}
+			e.wantUsed(pool6, 1) // x1's address is still held
+		})
+	}
+}
+
+// A restored pod address outside every pool cannot be claimed by another
+// pod as its `addresses` or anycast IP.
+func TestOutOfPoolAddressStaysExclusive(t *testing.T) {
+	e := newEnv(t)
+	putRecord(t, e.dir, store.Allocation{ContainerID: "x", State: store.Committed, IPs: []netip.Addr{mustAddr("192.0.2.50")}})
+	if err := e.run(); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{annotations.Addresses, annotations.Anycast} {
+		_, err := e.add("y", key+"=192.0.2.50")
+		if err == nil || !strings.Contains(err.Error(), "192.0.2.50") || !strings.Contains(err.Error(), "container x") {
+			t.Errorf("%s=192.0.2.50: err %v, want a conflict naming container x", key, err)
+		}
+		e.wantNothingFor("y")
+	}
+	if err := e.a.Del(context.Background(), "x"); err != nil {
+		t.Fatal(err)
+	}
+	e.mustAdd("y", annotations.Addresses+"=192.0.2.50")
 }

@@ -110,6 +110,7 @@ type Status struct {
 	Peers       int               `json:"peersConfigured"`
 	Reconcilers []Reconciler      `json:"reconcilers"`
 	Reaped      map[string]uint64 `json:"reaped,omitempty"`
+	Stuck       []string          `json:"stuck,omitempty"`
 	ConfigError string            `json:"configError,omitempty"`
 	Problems    []string          `json:"problems,omitempty"`
 }

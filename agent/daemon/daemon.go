@@ -92,6 +92,9 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 
+	// SIGHUP reloads the standalone config; caught from the start, so one
+	// sent while the agent recovers does not kill it.
+	hup := hangups(ctx)
 	d, err := newDaemon(ctx, o)
 	if err != nil {
 		return stop(err)
@@ -136,10 +139,7 @@ func Run(ctx context.Context, o Options) error {
 	if err := d.bgpLoop.Pass(ctx, true); err != nil {
 		d.log.Error("bgp: initial sync; the reconciler retries", "err", err)
 	}
-	if err := d.speaker.ApplyPeers(d.spec.BGP.Peers); err != nil {
-		d.log.Error("bgp: peers", "err", err)
-		d.setConfigError(err)
-	}
+	d.reapplyPeers()
 	d.ready.Store(true)
 
 	// 3. Serve.
@@ -154,11 +154,14 @@ func Run(ctx context.Context, o Options) error {
 	if d.kube != nil {
 		d.kube.startServing(ctx, g, d)
 	} else {
-		w := &nodeconfig.FileWatcher{Path: o.NodeConfig, Log: d.log, Hup: hangups(ctx)}
+		w := &nodeconfig.FileWatcher{Path: o.NodeConfig, Log: d.log, Hup: hup, Baseline: d.loaded}
 		g.Go(func() error { return w.Run(ctx, d.reloadFile) })
 	}
+	d.mu.Lock()
+	asn, peers := d.spec.ASN, len(d.spec.BGP.Peers)
+	d.mu.Unlock()
 	d.log.Info("serving", "cni-socket", o.CNISocket, "admin-socket", o.AdminSocket, "metrics", o.MetricsAddress,
-		"state-dir", o.StateDir, "node", d.nodeName, "asn", d.spec.ASN, "peers", len(d.spec.BGP.Peers), "kubernetes", o.Kubernetes)
+		"state-dir", o.StateDir, "node", d.nodeName, "asn", asn, "peers", peers, "kubernetes", o.Kubernetes)
 	return stop(g.Wait())
 }
 
@@ -175,6 +178,11 @@ type daemon struct {
 	metrics    *metrics.Metrics
 	kube       *kubeMode // nil in standalone mode
 	ready      atomic.Bool
+	loaded     []byte // standalone: the node-config file as loaded
+
+	// peersMu orders every apply of the peers (NodeConfig change, Secret
+	// rotation, file reload): a slower one must not undo a newer one.
+	peersMu sync.Mutex
 
 	mu     sync.Mutex
 	spec   v1alpha1.NodeConfigSpec // the running config
@@ -202,7 +210,7 @@ func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 		if err != nil {
 			return nil, err
 		}
-		spec, passwords, d.nodeName = &nc.Spec, bgp.FilePasswords, nc.Metadata.Name
+		spec, passwords, d.nodeName, d.loaded = &nc.Spec, bgp.FilePasswords, nc.Metadata.Name, nc.Raw
 	}
 	d.spec = *spec
 	fail := func(err error) (*daemon, error) {
@@ -312,6 +320,9 @@ func (d *daemon) snapshot() status.Node {
 	for _, k := range d.speaker.Held() {
 		n.Advertised[k]++
 	}
+	for _, a := range d.state.Attachments(nodestate.Stuck) {
+		n.Stuck = append(n.Stuck, a.ContainerID+": "+a.Reason)
+	}
 	d.mu.Lock()
 	n.ConfigError = d.cfgErr
 	for r, c := range d.reaped {
@@ -324,6 +335,8 @@ func (d *daemon) snapshot() status.Node {
 // applySpec applies a changed NodeConfig: peers are added, removed or
 // updated live; other changes need a restart and are reported as such.
 func (d *daemon) applySpec(spec *v1alpha1.NodeConfigSpec) error {
+	d.peersMu.Lock()
+	defer d.peersMu.Unlock()
 	if err := nodeconfig.Validate(spec); err != nil {
 		d.metrics.ReloadsTotal.WithLabelValues("error").Inc()
 		d.setConfigError(err)
@@ -353,6 +366,8 @@ func (d *daemon) applySpec(spec *v1alpha1.NodeConfigSpec) error {
 // reapplyPeers re-reads passwords (a rotated Secret): only sessions whose
 // password changed are re-created.
 func (d *daemon) reapplyPeers() {
+	d.peersMu.Lock()
+	defer d.peersMu.Unlock()
 	d.mu.Lock()
 	peers := d.spec.BGP.Peers
 	d.mu.Unlock()

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -50,7 +51,7 @@ func (d *daemon) Status() admin.Status {
 	n := d.snapshot()
 	up, total := n.Peers()
 	st := admin.Status{Ready: n.Ready, Allocations: n.Allocations, PeersUp: up, Peers: total,
-		Reaped: n.Reaped, ConfigError: n.ConfigError, Problems: n.Problems()}
+		Reaped: n.Reaped, Stuck: n.Stuck, ConfigError: n.ConfigError, Problems: n.Problems()}
 	for _, r := range n.Reconcilers {
 		st.Reconcilers = append(st.Reconcilers, admin.Reconciler{Target: r.Target, Passes: r.Passes, Errors: r.Errors,
 			Failing: r.Failing, LastError: r.LastError, LastErrorAt: r.LastErrorAt, LastSuccess: r.LastSuccess})
@@ -158,7 +159,7 @@ func (d *daemon) SetReadiness(r admin.Readiness) (int, error) {
 		return 0, errors.New("Kubernetes mode: readiness comes from the pod's Ready condition in the API")
 	}
 	if r.Namespace == "" || r.Name == "" {
-		return 0, errors.New("readiness: namespace and name are required")
+		return 0, fmt.Errorf("readiness: namespace %q and name %q: both are required", r.Namespace, r.Name)
 	}
 	n, err := d.state.SetReadyByName(r.Namespace, r.Name, r.Ready)
 	if err == nil {

@@ -29,6 +29,8 @@ type File struct {
 	Kind       string                  `json:"kind"`
 	Metadata   Metadata                `json:"metadata"`
 	Spec       v1alpha1.NodeConfigSpec `json:"spec"`
+	// Raw is the file's content as read by Load (the reload baseline).
+	Raw []byte `json:"-"`
 }
 
 // Metadata is the subset of object metadata the file uses.
@@ -46,6 +48,7 @@ func Load(path string) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node config %s: %w", path, err)
 	}
+	f.Raw = data
 	return f, nil
 }
 

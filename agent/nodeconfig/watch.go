@@ -29,6 +29,10 @@ type FileWatcher struct {
 	Log  *slog.Logger // nil: slog.Default()
 	// Hup forces a change (SIGHUP), whatever the content; nil: none.
 	Hup <-chan os.Signal
+	// Baseline is the content the caller already applied (what it loaded
+	// before Run started), so an edit made in between is not taken as the
+	// baseline and lost; nil: the content at Run's start.
+	Baseline []byte
 
 	ready func() // tests: called once the baseline is read and watches are set
 }
@@ -51,7 +55,10 @@ func (w *FileWatcher) Run(ctx context.Context, changed func()) error {
 	if err != nil {
 		return fmt.Errorf("config watch: %w", err)
 	}
-	last, lastErr := os.ReadFile(path)
+	last, lastErr := w.Baseline, error(nil)
+	if last == nil {
+		last, lastErr = os.ReadFile(path)
+	}
 
 	fsw, err := fsnotify.NewWatcher()
 	var events <-chan fsnotify.Event
@@ -116,6 +123,10 @@ func (w *FileWatcher) Run(ctx context.Context, changed func()) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop() // armed by the first event (no stale fire: Go ≥ 1.23 timers)
 	defer timer.Stop()
+	if w.Baseline != nil {
+		// Changed between the caller's load and now: no event will tell.
+		timer.Reset(0)
+	}
 	for {
 		select {
 		case <-ctx.Done():

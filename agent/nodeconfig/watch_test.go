@@ -207,3 +207,29 @@ func TestFileWatcherMissingFileAtStart(t *testing.T) {
 	write(t, path, "v1")
 	expectCall(t, calls, "file created")
 }
+
+// An edit between the agent's load and the watcher's start is not lost:
+// the baseline is what the agent applied, not what the file holds later.
+func TestFileWatcherBaseline(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "nodeconfig.yaml")
+	write(t, path, "edited after load")
+	calls := make(chan struct{}, 10)
+	w := &FileWatcher{Path: path, Baseline: []byte("as loaded"), Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx, func() { calls <- struct{}{} }) }()
+	t.Cleanup(func() { cancel(); <-done })
+	expectCall(t, calls, "content differing from the baseline at start")
+	expectNone(t, calls, "nothing more")
+
+	// The same content as the baseline: no call.
+	path2 := filepath.Join(t.TempDir(), "nodeconfig.yaml")
+	write(t, path2, "same")
+	calls2 := make(chan struct{}, 10)
+	w2 := &FileWatcher{Path: path2, Baseline: []byte("same"), Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	done2 := make(chan struct{})
+	go func() { defer close(done2); _ = w2.Run(ctx, func() { calls2 <- struct{}{} }) }()
+	t.Cleanup(func() { cancel(); <-done2 })
+	expectNone(t, calls2, "content equal to the baseline")
+}

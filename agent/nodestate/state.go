@@ -59,6 +59,8 @@ func (p Phase) String() string {
 type entry struct {
 	rec   store.Allocation
 	phase Phase
+	// why a Stuck entry is stuck (for status and logs)
+	reason string
 }
 
 // Kind of a claimed IP.
@@ -101,6 +103,9 @@ type State struct {
 	entries map[string]*entry              // by container ID
 	veths   map[string]string              // host veth name → container ID
 	claims  map[netip.Addr]*claim          // anycast and `addresses` IPs
+	// outside holds restored pod IPs that no configured pool covers any
+	// more (IPAM cannot hold them): nobody else may claim them.
+	outside map[netip.Addr]string
 	ready   map[podmeta.ID]bool            // last report per pod
 	pods    map[podmeta.ID]map[string]bool // pod → its container IDs
 	gen     uint64
@@ -120,7 +125,7 @@ func New(spec *v1alpha1.NodeConfigSpec, defaultReady bool) (*State, error) {
 	}
 	return &State{
 		ipam: alloc, summaries: nodeconfig.Summaries(spec), defaultReady: defaultReady,
-		entries: map[string]*entry{}, veths: map[string]string{}, claims: map[netip.Addr]*claim{},
+		entries: map[string]*entry{}, veths: map[string]string{}, claims: map[netip.Addr]*claim{}, outside: map[netip.Addr]string{},
 		ready: map[podmeta.ID]bool{}, pods: map[podmeta.ID]map[string]bool{},
 	}, nil
 }
@@ -217,6 +222,16 @@ func (s *State) checkClaimsLocked(rec store.Allocation) error {
 			}
 		}
 	}
+	for _, set := range []struct {
+		key string
+		ips []netip.Addr
+	}{{annotations.Anycast, rec.Anycast}, {annotations.Addresses, rec.Addresses}} {
+		for _, ip := range set.ips {
+			if o, ok := s.outside[ip]; ok && o != id {
+				return &ConflictError{Key: set.key, IP: ip, Reason: fmt.Sprintf("is the pod address of container %s", o)}
+			}
+		}
+	}
 	for _, ip := range rec.Addresses {
 		if c := s.claims[ip]; c != nil {
 			if o := c.other(id); o != "" {
@@ -298,6 +313,12 @@ func (s *State) Restore(rec store.Allocation) (warnings []string, err error) {
 			// The pool may have been removed from the NodeConfig: the pod
 			// keeps its address, the pool is just no longer handed out.
 			warnings = append(warnings, fmt.Sprintf("address %s of %s is outside the configured pools: %v", ip, id, err))
+			if o, dup := s.outside[ip]; dup {
+				for _, t := range taken {
+					s.ipam.Release(t, id)
+				}
+				return nil, fmt.Errorf("allocation %s: address %s is also held by %s", id, ip, o)
+			}
 			continue
 		}
 		taken = append(taken, ip)
@@ -305,10 +326,67 @@ func (s *State) Restore(rec store.Allocation) (warnings []string, err error) {
 	if owner, dup := s.veths[rec.HostVeth]; dup {
 		warnings = append(warnings, fmt.Sprintf("allocation %s: host veth %s is also recorded for %s", id, rec.HostVeth, owner))
 	}
+	for _, ip := range rec.IPs {
+		if _, ok := s.ipam.PoolOf(ip); !ok {
+			s.outside[ip] = id
+		}
+	}
 	rec.State = store.Committed
 	s.insertLocked(rec, Committed)
 	s.changedLocked()
 	return warnings, nil
+}
+
+// Quarantine puts back a record that cannot be restored as it is (its IPs
+// or claims collide with another record's, a pool now covers its anycast
+// IP, its teardown failed) as Stuck: routed and advertised nowhere, it
+// holds the IPs IPAM lets it hold until a DEL or GC removes it. Refusing to
+// start instead would leave the node without CNI, so that DEL could never
+// come.
+func (s *State) Quarantine(rec store.Allocation, reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := rec.ContainerID
+	if _, ok := s.entries[id]; ok {
+		return
+	}
+	for _, ip := range rec.IPs {
+		_ = s.ipam.Reserve(ip, id) // whatever is free: the rest is someone else's
+	}
+	// No claims: its anycast and addresses IPs are not routed, and the
+	// collision may be with them.
+	e := &entry{rec: rec, phase: Stuck, reason: reason}
+	s.entries[id] = e
+	if _, taken := s.veths[rec.HostVeth]; !taken && rec.HostVeth != "" {
+		s.veths[rec.HostVeth] = id
+	}
+	if s.pods[rec.Pod] == nil {
+		s.pods[rec.Pod] = map[string]bool{}
+	}
+	s.pods[rec.Pod][id] = true
+	s.changedLocked()
+}
+
+// HoldVeth reserves a host veth name for holder while it is torn down
+// outside any attachment (the DEL of an unknown container), so that a
+// concurrent ADD cannot take the name in between. It fails if another
+// attachment holds the name; release gives it back.
+func (s *State) HoldVeth(name, holder string) (release func(), ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if owner, taken := s.veths[name]; taken && owner != holder {
+		return nil, false
+	}
+	s.veths[name] = holder
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.veths[name] == holder {
+			if e := s.entries[holder]; e == nil || e.rec.HostVeth != name {
+				delete(s.veths, name)
+			}
+		}
+	}, true
 }
 
 // Commit marks a Pending attachment set up (rec carries what the dataplane
@@ -317,8 +395,11 @@ func (s *State) Commit(rec store.Allocation) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.entries[rec.ContainerID]
-	if e == nil || e.phase != Pending {
-		return 0, fmt.Errorf("commit %s: not pending", rec.ContainerID)
+	if e == nil {
+		return 0, fmt.Errorf("commit %s: no such attachment", rec.ContainerID)
+	}
+	if e.phase != Pending {
+		return 0, fmt.Errorf("commit %s: it is %s, not pending", rec.ContainerID, e.phase)
 	}
 	rec.State = store.Committed
 	e.rec, e.phase = rec, Committed
@@ -340,11 +421,11 @@ func (s *State) MarkDeleting(id string) (uint64, bool) {
 
 // MarkStuck records that a Pending attachment's rollback could not remove
 // its veth: it keeps its IPs until Release.
-func (s *State) MarkStuck(id string) {
+func (s *State) MarkStuck(id, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e := s.entries[id]; e != nil {
-		e.phase = Stuck
+		e.phase, e.reason = Stuck, reason
 	}
 }
 
@@ -360,12 +441,15 @@ func (s *State) Release(id string) {
 	delete(s.entries, id)
 	for _, ip := range rec.IPs {
 		s.ipam.Release(ip, id)
+		if s.outside[ip] == id {
+			delete(s.outside, ip)
+		}
 	}
 	if s.veths[rec.HostVeth] == id {
 		delete(s.veths, rec.HostVeth)
 	}
 	for _, ip := range append(slices.Clone(rec.Anycast), rec.Addresses...) {
-		if c := s.claims[ip]; c != nil {
+		if c := s.claims[ip]; c != nil && c.owners[id] {
 			delete(c.owners, id)
 			if len(c.owners) == 0 {
 				delete(s.claims, ip)
@@ -390,6 +474,10 @@ func (s *State) Release(id string) {
 func (s *State) SetReady(pod podmeta.ID, ready bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.setReadyLocked(pod, ready)
+}
+
+func (s *State) setReadyLocked(pod podmeta.ID, ready bool) bool {
 	prev, known := s.ready[pod]
 	s.ready[pod] = ready
 	if (known && prev == ready) || (!known && ready == s.defaultReady) || len(s.pods[pod]) == 0 {
@@ -416,20 +504,18 @@ func (s *State) ForgetPod(pod podmeta.ID) {
 // standalone mode, where CNI_ARGS may not carry a UID).
 func (s *State) SetReadyByName(namespace, name string, ready bool) (int, error) {
 	s.mu.Lock()
-	var ids []podmeta.ID
+	defer s.mu.Unlock()
+	n := 0
 	for id := range s.pods {
 		if id.Namespace == namespace && id.Name == name {
-			ids = append(ids, id)
+			s.setReadyLocked(id, ready)
+			n++
 		}
 	}
-	s.mu.Unlock()
-	if len(ids) == 0 {
+	if n == 0 {
 		return 0, fmt.Errorf("no attachment of pod %s/%s on this node", namespace, name)
 	}
-	for _, id := range ids {
-		s.SetReady(id, ready)
-	}
-	return len(ids), nil
+	return n, nil
 }
 
 // readyLocked is a pod's effective readiness.
@@ -471,6 +557,8 @@ type Attachment struct {
 	store.Allocation
 	Phase Phase
 	Ready bool
+	// Reason a Stuck attachment is stuck.
+	Reason string
 }
 
 // Attachments lists every attachment in the given phases (all when none
@@ -480,7 +568,7 @@ func (s *State) Attachments(phases ...Phase) []Attachment {
 	out := make([]Attachment, 0, len(s.entries))
 	for _, e := range s.entries {
 		if len(phases) == 0 || slices.Contains(phases, e.phase) {
-			out = append(out, Attachment{Allocation: e.rec, Phase: e.phase, Ready: s.readyLocked(e.rec.Pod)})
+			out = append(out, Attachment{Allocation: e.rec, Phase: e.phase, Ready: s.readyLocked(e.rec.Pod), Reason: e.reason})
 		}
 	}
 	s.mu.Unlock()

@@ -286,7 +286,7 @@ func TestAttachmentsAndPhases(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.MarkStuck(rec.ContainerID)
+	s.MarkStuck(rec.ContainerID, "test")
 	var got []string
 	for _, at := range s.Attachments() {
 		got = append(got, at.ContainerID+":"+at.Phase.String())

@@ -6,6 +6,7 @@ package status
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
@@ -27,6 +28,10 @@ type Node struct {
 	Reconcilers []reconcile.Status
 	// Reaped counts allocations reaped since start, by reason.
 	Reaped map[string]uint64
+	// Stuck lists attachments routed nowhere until a DEL or GC removes
+	// them ("<container>: <reason>"): a failed rollback, a record that
+	// could not be restored.
+	Stuck []string
 	// ConfigError is the last error applying the NodeConfig ("" if the
 	// running config is the latest).
 	ConfigError string
@@ -54,6 +59,9 @@ func (n Node) Problems() []string {
 		if r.Failing {
 			out = append(out, fmt.Sprintf("reconcile %s: %s", r.Target, r.LastError))
 		}
+	}
+	if len(n.Stuck) > 0 {
+		out = append(out, fmt.Sprintf("%d attachment(s) stuck until a DEL or GC removes them: %s", len(n.Stuck), strings.Join(n.Stuck, "; ")))
 	}
 	return out
 }

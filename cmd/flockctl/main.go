@@ -85,6 +85,9 @@ func run(args []string, out io.Writer) error {
 			if v.ConfigError != "" {
 				fmt.Fprintf(w, "CONFIG ERROR\t%s\n", v.ConfigError)
 			}
+			for _, s := range v.Stuck {
+				fmt.Fprintf(w, "STUCK\t%s\n", s)
+			}
 			fmt.Fprintln(w)
 			fmt.Fprintln(w, "RECONCILER\tSTATE\tPASSES\tERRORS\tLAST ERROR")
 			for _, r := range v.Reconcilers {
