@@ -100,9 +100,9 @@ type State struct {
 	// standalone mode (no API to ask), false in Kubernetes mode.
 	defaultReady bool
 
-	entries map[string]*entry              // by container ID
-	veths   map[string]string              // host veth name → container ID
-	claims  map[netip.Addr]*claim          // anycast and `addresses` IPs
+	entries map[string]*entry     // by container ID
+	veths   map[string]string     // host veth name → container ID
+	claims  map[netip.Addr]*claim // anycast and `addresses` IPs
 	// outside holds restored pod IPs that no configured pool covers any
 	// more (IPAM cannot hold them): nobody else may claim them.
 	outside map[netip.Addr]string
