@@ -86,6 +86,9 @@ type Agent struct {
 	state    *nodestate.State
 	defaults annotations.Defaults
 	locks    keyedMutex
+	// suspects are containers whose veth vanished: Run checks their netns
+	// at once instead of at the next repair.
+	suspects chan string
 }
 
 // New validates the config and builds an agent; Restore must run before it
@@ -114,7 +117,7 @@ func New(cfg Config) (*Agent, error) {
 		cfg.ReapInterval = 30 * time.Second
 	}
 	return &Agent{
-		cfg: cfg, log: cfg.Log, state: cfg.State,
+		cfg: cfg, log: cfg.Log, state: cfg.State, suspects: make(chan string, 64),
 		defaults: annotations.Defaults{IPv6: cfg.Spec.Defaults.WantIPv6(), IPv4: cfg.Spec.Defaults.IPv4, Algo: algo},
 	}, nil
 }
@@ -229,7 +232,25 @@ func (a *Agent) Run(ctx context.Context) error {
 			return nil
 		case <-t.C:
 			a.ReapGone(ctx)
+		case id := <-a.suspects:
+			if err := a.reap(ctx, id); err != nil {
+				a.log.Error("reap", "container", id, "err", err)
+			}
 		}
+	}
+}
+
+// VethGone reports a host veth that vanished without a DEL: if its owner's
+// network namespace is gone too, Run reaps it now rather than at the next
+// repair. (A full queue is fine: the repair finds it.)
+func (a *Agent) VethGone(name string) {
+	id, ok := a.state.VethOwner(name)
+	if !ok {
+		return
+	}
+	select {
+	case a.suspects <- id:
+	default:
 	}
 }
 

@@ -93,7 +93,8 @@ func (d *fakeDP) Setup(p dataplane.Pod) (dataplane.Link, error) {
 }
 
 // Teardown of a veth also removes the kernel routes through it, as the
-// kernel does.
+// kernel does: an IPv6 route loses that next hop, an IPv4 multipath route
+// goes entirely (other replicas' next hops with it).
 func (d *fakeDP) Teardown(veth string) error {
 	d.mu.Lock()
 	hook := d.onTeardown
@@ -113,7 +114,7 @@ func (d *fakeDP) Teardown(veth string) error {
 	delete(d.veths, veth)
 	for p, nhs := range d.routes {
 		live := slices.DeleteFunc(slices.Clone(nhs), func(nh dataplane.Nexthop) bool { return nh.Dev == veth })
-		if len(live) == 0 {
+		if len(live) == 0 || (p.Addr().Is4() && len(live) < len(nhs)) {
 			delete(d.routes, p)
 		} else {
 			d.routes[p] = live

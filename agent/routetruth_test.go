@@ -444,3 +444,37 @@ func TestNetnsGoneIsReaped(t *testing.T) {
 		}
 	}
 }
+
+// A veth that vanishes without a DEL (its netns destroyed) is checked at
+// once: the allocation is reaped without waiting for the periodic repair.
+func TestVethGoneReapsAtOnce(t *testing.T) {
+	e := newEnv(t, readyOnCommit(), func(c *envConfig) { c.ReapInterval = time.Hour })
+	if err := e.run(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = e.a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	r := e.mustAdd("c1", annotations.Anycast+"=2001:db8:ff::1")
+	e.mustAdd("c2", annotations.Anycast+"=2001:db8:ff::1")
+	// The veth of c2 goes, its netns is alive: nothing to reap.
+	e.a.VethGone(dataplane.HostVethName("c2"))
+	// c1's netns is destroyed, its veth with it.
+	e.dp.set(func(d *fakeDP) {
+		d.goneNetns[r.Netns] = true
+		delete(d.veths, r.HostVeth)
+	})
+	e.a.VethGone(r.HostVeth)
+	eventually(t, "c1 to be reaped", func() (bool, string) {
+		_, _, ok := e.state.Get("c1")
+		return !ok, fmt.Sprint(e.allocIDs())
+	})
+	if _, _, ok := e.state.Get("c2"); !ok {
+		t.Error("c2, whose netns is alive, was reaped")
+	}
+	e.settled()
+	if nhs := e.dp.kernelRoutes()[netip.MustParsePrefix("2001:db8:ff::1/128")]; len(nhs) != 1 || nhs[0].Dev != dataplane.HostVethName("c2") {
+		t.Errorf("anycast route via %v, want c2 only", nhs)
+	}
+}

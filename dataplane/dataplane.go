@@ -7,6 +7,7 @@ package dataplane
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -16,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -441,6 +443,56 @@ func (d *Netlink) SetRoute(dst netip.Prefix, nhs []Nexthop) error {
 		errs = append(errs, fmt.Errorf("route %s via %v: %w", dst, nhs, err))
 	}
 	return errors.Join(errs...)
+}
+
+// WatchLinks calls gone with the name of every flock veth that disappears
+// from the node until ctx ends (a pod's netns destroyed without a DEL takes
+// its veth, and the kernel the routes through it, without telling anyone).
+// When events may have been lost (the subscription broke and is renewed)
+// it calls gone(""). Watching is best effort: the periodic repair is the
+// safety net, so a failing subscription is retried, never fatal.
+func (d *Netlink) WatchLinks(ctx context.Context, gone func(name string)) error {
+	backoff := time.Second
+	for first := true; ; first = false {
+		ch := make(chan netlink.LinkUpdate, 256)
+		done := make(chan struct{})
+		err := netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{
+			ErrorCallback: func(err error) { d.log().Debug("link watch", "err", err) },
+		})
+		if err == nil {
+			if !first {
+				gone("")
+			}
+			err = watchLinks(ctx, ch, gone)
+		}
+		close(done)
+		if ctx.Err() != nil {
+			return nil
+		}
+		d.log().Warn("link watch interrupted; renewing", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Minute)
+	}
+}
+
+func watchLinks(ctx context.Context, ch <-chan netlink.LinkUpdate, gone func(string)) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case u, ok := <-ch:
+			if !ok {
+				return errors.New("netlink subscription closed")
+			}
+			if u.Header.Type == unix.RTM_DELLINK && u.Link != nil && strings.HasPrefix(u.Link.Attrs().Name, VethPrefix) {
+				gone(u.Link.Attrs().Name)
+			}
+		}
+	}
 }
 
 // HostRoutes returns the flock routes that have a gateway (the anycast and

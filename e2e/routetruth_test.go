@@ -250,6 +250,45 @@ func TestRouteTruthStorm(t *testing.T) {
 	}
 	t.Logf("storm: %d pods, %d deleted, ToR holds %d prefixes", len(pods), countIf(pods, func(p *rtPod) bool { return p.deleted }), len(wantToR))
 
+	// A pod's netns destroyed while the agent runs, without a DEL (a
+	// runtime that lost the sandbox): its veth goes, the kernel drops the
+	// IPv4 ECMP route of every replica on that node; the agent notices the
+	// veth, reaps the pod and puts the other replicas' route back.
+	var lost *rtPod
+	for _, p := range pods {
+		if !p.deleted && p.ready {
+			lost = p
+			break
+		}
+	}
+	if lost != nil {
+		if err := lost.pod.NS.Delete(); err != nil {
+			t.Fatal(err)
+		}
+		lost.deleted = true
+		want := map[netip.Prefix][]string{}
+		for p, nhs := range wantKernel[lost.node] {
+			keep := slices.DeleteFunc(slices.Clone(nhs), func(nh string) bool { return strings.HasSuffix(nh, "%"+lost.veth) })
+			if len(keep) > 0 {
+				want[p] = keep
+			}
+		}
+		start := time.Now()
+		eventually(t, 5*time.Second, "the node to route exactly the remaining Ready pods after a netns vanished", func() (bool, string) {
+			got := kernelHostRoutes(t, lost.node.NS)
+			return fmt.Sprint(got) == fmt.Sprint(want), fmt.Sprintf("\ngot  %v\nwant %v", got, want)
+		})
+		eventually(t, 5*time.Second, "the ToR to forget the vanished pod", func() (bool, string) {
+			for _, p := range []netip.Prefix{host(ipOf(lost.ips, true)), host(lost.addr)} {
+				if c := tr.paths(t, p); c != 0 {
+					return false, fmt.Sprintf("ToR holds %s", p)
+				}
+			}
+			return true, ""
+		})
+		t.Logf("netns lost while running: routes repaired %s after", time.Since(start).Round(time.Millisecond))
+	}
+
 	// The reboot case, on a surviving Ready pod if there is one.
 	var victim *rtPod
 	for _, p := range pods {

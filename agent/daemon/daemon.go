@@ -147,6 +147,20 @@ func Run(ctx context.Context, o Options) error {
 	g.Go(func() error { return d.kernelLoop.Run(ctx) })
 	g.Go(func() error { return d.agent.Run(ctx) })
 	g.Go(func() error {
+		return d.dp.WatchLinks(ctx, func(veth string) {
+			switch {
+			case veth == "":
+				d.kernel.MarkStale()
+				d.kernelLoop.Kick()
+			case d.kernel.LinkGone(veth):
+				d.kernelLoop.Kick()
+			}
+			if veth != "" {
+				d.agent.VethGone(veth)
+			}
+		})
+	})
+	g.Go(func() error {
 		srv := &wire.Server{Handler: wire.HandlerFunc(d.handleCNI), Logger: d.log}
 		return srv.Serve(ctx, cl)
 	})
@@ -173,6 +187,7 @@ type daemon struct {
 	agent      *agent.Agent
 	speaker    *bgp.Speaker
 	kernel     *anycast.Routes
+	dp         *dataplane.Netlink
 	bgpLoop    *reconcile.Loop[map[netip.Prefix]advert.Kind]
 	kernelLoop *reconcile.Loop[map[netip.Prefix][]dataplane.Nexthop]
 	metrics    *metrics.Metrics
@@ -231,7 +246,7 @@ func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 		return fail(err)
 	}
 	dp := &dataplane.Netlink{Log: d.log}
-	d.kernel = anycast.New(dp)
+	d.dp, d.kernel = dp, anycast.New(dp)
 	d.speaker, err = bgp.New(bgp.Config{
 		ASN: spec.ASN, RouterID: spec.RouterID, BGP: spec.BGP, Log: d.log, Passwords: passwords,
 		StateFile: filepath.Join(o.StateDir, "bgp-state.json"),

@@ -62,15 +62,28 @@ type Loop[D any] struct {
 	status Status
 	// passed is closed and replaced after every pass, waking Wait.
 	passed chan struct{}
+	// kick asks for a pass although the state did not change (the target
+	// learnt that what it holds drifted).
+	kick chan struct{}
 }
 
 func (l *Loop[D]) init() {
 	l.mu.Lock()
 	if l.passed == nil {
 		l.passed = make(chan struct{})
+		l.kick = make(chan struct{}, 1)
 		l.status.Target = l.Name
 	}
 	l.mu.Unlock()
+}
+
+// Kick asks for a pass now (coalesced).
+func (l *Loop[D]) Kick() {
+	l.init()
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Status returns the loop's health.
@@ -145,6 +158,7 @@ func (l *Loop[D]) Run(ctx context.Context) error {
 	if log == nil {
 		log = slog.Default()
 	}
+	l.init()
 	tick := time.NewTicker(repair)
 	defer tick.Stop()
 	retry := time.NewTimer(0)
@@ -168,6 +182,8 @@ func (l *Loop[D]) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-l.Wake:
+			full = false
+		case <-l.kick:
 			full = false
 		case <-retry.C:
 			full = false

@@ -92,6 +92,36 @@ func (r *Routes) Set(ctx context.Context, desired map[netip.Prefix][]dataplane.N
 	return errors.Join(errs...)
 }
 
+// LinkGone tells the target that a device vanished behind its back (a pod's
+// netns went without a DEL): the kernel dropped the next hops on it — and
+// for IPv4 the whole multipath route, other replicas included — so every
+// route that used it is re-programmed at the next pass. It reports whether
+// any route did.
+func (r *Routes) LinkGone(dev string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	hit := false
+	for p, nhs := range r.installed {
+		for _, nh := range nhs {
+			if nh.Dev == dev {
+				// Unknown now: what the kernel holds can equal no desired
+				// set, so the next pass sets or removes it.
+				r.installed[p] = []dataplane.Nexthop{{Dev: "?" + dev}}
+				hit = true
+				break
+			}
+		}
+	}
+	return hit
+}
+
+// MarkStale makes the next pass re-read the kernel.
+func (r *Routes) MarkStale() {
+	r.mu.Lock()
+	r.stale = true
+	r.mu.Unlock()
+}
+
 // Installed is what the target believes the kernel holds.
 func (r *Routes) Installed() map[netip.Prefix][]dataplane.Nexthop {
 	r.mu.Lock()

@@ -14,8 +14,9 @@ import (
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 )
 
-// kernel is a fake: routes by prefix; a route can only name existing
-// devices; calls are counted; SetRoute can be told to fail.
+// kernel is a fake: routes by prefix; like the real dataplane, SetRoute
+// programs the next hops whose device exists and reports the others;
+// calls are counted; SetRoute can be told to fail.
 type kernel struct {
 	mu      sync.Mutex
 	routes  map[netip.Prefix][]dataplane.Nexthop
@@ -41,17 +42,21 @@ func (k *kernel) SetRoute(dst netip.Prefix, nhs []dataplane.Nexthop) error {
 		k.failFor[dst]--
 		return errors.New("injected")
 	}
+	var live []dataplane.Nexthop
+	var errs []error
 	for _, nh := range nhs {
 		if !k.devs[nh.Dev] {
-			return fmt.Errorf("dev %s: no such device", nh.Dev)
+			errs = append(errs, fmt.Errorf("dev %s: no such device", nh.Dev))
+			continue
 		}
+		live = append(live, nh)
 	}
-	if len(nhs) == 0 {
+	if len(live) == 0 {
 		delete(k.routes, dst)
 	} else {
-		k.routes[dst] = slices.Clone(nhs)
+		k.routes[dst] = live
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func (k *kernel) HostRoutes() (map[netip.Prefix][]dataplane.Nexthop, error) {
@@ -190,5 +195,58 @@ func TestCancelledContextStopsEarly(t *testing.T) {
 	cancel()
 	if err := r.Set(ctx, map[netip.Prefix][]dataplane.Nexthop{p1: {nhA}}, false); !errors.Is(err, context.Canceled) {
 		t.Errorf("Set = %v", err)
+	}
+}
+
+// A device that vanishes behind the target's back (a pod's netns gone
+// without a DEL) takes the whole IPv4 multipath route with it; LinkGone
+// makes the next pass put the other replicas' route back.
+func TestLinkGoneReprograms(t *testing.T) {
+	nhB4 := dataplane.Nexthop{Gateway: netip.MustParseAddr("10.1.1.11"), Dev: "flock0000000b"}
+	k := newKernel(nh4.Dev, nhB4.Dev)
+	r := New(k)
+	ctx := context.Background()
+	want := map[netip.Prefix][]dataplane.Nexthop{p2: {nh4, nhB4}}
+	if err := r.Set(ctx, want, false); err != nil {
+		t.Fatal(err)
+	}
+	// The kernel drops the device and, IPv4, the whole route.
+	k.mu.Lock()
+	delete(k.devs, nh4.Dev)
+	delete(k.routes, p2)
+	k.mu.Unlock()
+	if err := r.Set(ctx, want, false); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := k.snapshot(); len(got[p2]) != 0 {
+		t.Fatal("test assumption: an event pass does not notice the vanished route")
+	}
+	if r.LinkGone("flock-unrelated") {
+		t.Error("LinkGone of a device no route uses reported a hit")
+	}
+	if !r.LinkGone(nh4.Dev) {
+		t.Fatal("LinkGone did not find the route via the vanished device")
+	}
+	// The vanished replica is still desired (no DEL yet): its next hop
+	// fails, the other replica's is programmed.
+	err := r.Set(ctx, want, false)
+	if err == nil || !strings.Contains(err.Error(), nh4.Dev) {
+		t.Errorf("Set = %v, want an error naming %s", err, nh4.Dev)
+	}
+	if got, _ := k.snapshot(); !slices.Equal(got[p2], []dataplane.Nexthop{nhB4}) {
+		t.Errorf("the surviving replica's route is %v, want via %v", got[p2], nhB4)
+	}
+	// Once the state drops it (reaped), the route is exactly the survivor.
+	want = map[netip.Prefix][]dataplane.Nexthop{p2: {nhB4}}
+	if err := r.Set(ctx, want, false); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := k.snapshot(); !slices.Equal(got[p2], want[p2]) {
+		t.Errorf("kernel routes %s via %v, want %v", p2, got[p2], want[p2])
+	}
+	r.MarkStale()
+	reads := k.reads
+	if err := r.Set(ctx, want, false); err != nil || k.reads != reads+1 {
+		t.Errorf("after MarkStale: err %v, %d re-reads", err, k.reads-reads)
 	}
 }
