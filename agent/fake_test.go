@@ -184,6 +184,9 @@ func (d *fakeDP) SetRoute(dst netip.Prefix, nhs []dataplane.Nexthop) error {
 func (d *fakeDP) HostRoutes() (map[netip.Prefix][]dataplane.Nexthop, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err := d.inject("read"); err != nil {
+		return nil, err
+	}
 	out := map[netip.Prefix][]dataplane.Nexthop{}
 	for p, nhs := range d.routes {
 		out[p] = slices.Clone(nhs)

@@ -88,10 +88,10 @@ func prevIPs(conf netConf) ([]netip.Addr, error) {
 		return nil, err
 	}
 	out := []netip.Addr{}
-	for _, ip := range res.IPs {
+	for i, ip := range res.IPs {
 		a, ok := netip.AddrFromSlice(ip.Address.IP)
 		if !ok {
-			return nil, fmt.Errorf("bad IP %v", ip.Address)
+			return nil, fmt.Errorf("prevResult.ips[%d].address: %q is not an IP address", i, ip.Address.String())
 		}
 		out = append(out, a.Unmap())
 	}

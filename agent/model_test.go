@@ -37,6 +37,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
@@ -82,6 +83,7 @@ type ctr struct {
 	pod   podmeta.ID
 	live  bool             // the last ADD succeeded and no DEL since
 	dirty bool             // an op failed: the runtime owes a DEL
+	gone  bool             // its sandbox (netns) was destroyed: never ADDed again
 	rec   store.Allocation // from the last successful ADD
 }
 
@@ -126,7 +128,7 @@ func (m *model) wire(e *env) {
 	e.kernelLoop.Repair, e.bgpLoop.Repair = 20*time.Millisecond, 20*time.Millisecond
 	e.dp.set(func(d *fakeDP) {
 		d.fault = func(op string) error {
-			if m.roll(map[string]float64{"setup": 0.05, "teardown": 0.05, "route": 0.03}[op]) {
+			if m.roll(map[string]float64{"setup": 0.05, "teardown": 0.05, "route": 0.03, "read": 0.05}[op]) {
 				return fmt.Errorf("chaos: %s failed", op)
 			}
 			return nil
@@ -190,6 +192,11 @@ func (m *model) worker(w int, rnd *rand.Rand) {
 		case op < 70: // DEL
 			c := mine[rnd.IntN(len(mine))]
 			m.del(ctx, c)
+		case op < 72: // the sandbox vanishes without a DEL; the agent is told
+			i := rnd.IntN(len(mine))
+			if m.vanish(ctx, mine[i]) {
+				mine = slices.Delete(mine, i, i+1)
+			}
 		case op < 75: // CHECK
 			c := mine[rnd.IntN(len(mine))]
 			m.mu.Lock()
@@ -209,6 +216,49 @@ func (m *model) worker(w int, rnd *rand.Rand) {
 			m.e.a.SetPodReady(c.pod, r)
 		}
 	}
+}
+
+// vanish destroys a live container's netns (and with it its veth) behind
+// the agent's back, tells the agent as the link watch would, and runs the
+// repair concurrently with the other workers: the container must be reaped.
+// It reports whether the container is gone for good (the worker forgets it).
+func (m *model) vanish(ctx context.Context, c *ctr) bool {
+	m.mu.Lock()
+	live := c.live && !c.dirty
+	rec := c.rec
+	m.mu.Unlock()
+	if !live {
+		return false
+	}
+	m.e.dp.set(func(d *fakeDP) {
+		d.goneNetns[rec.Netns] = true
+		delete(d.veths, rec.HostVeth)
+		for p, nhs := range d.routes {
+			live := slices.DeleteFunc(slices.Clone(nhs), func(nh dataplane.Nexthop) bool { return nh.Dev == rec.HostVeth })
+			if len(live) == 0 || (p.Addr().Is4() && len(live) < len(nhs)) {
+				delete(d.routes, p)
+			} else {
+				d.routes[p] = live
+			}
+		}
+	})
+	if m.e.kernel.LinkGone(rec.HostVeth) {
+		m.e.kernelLoop.Kick()
+	}
+	m.e.a.ReapGone(ctx)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c.gone = true // the worker never uses the ID again
+	if _, _, ok := m.e.state.Get(c.id); ok {
+		// The reap lost to chaos (teardown or store failure): the runtime
+		// DELs the dead sandbox (quiesce does).
+		c.dirty = true
+		return true
+	}
+	m.deleted[c.id] = rec
+	c.live = false
+	delete(m.ctrs, c.id)
+	return true
 }
 
 func (m *model) snapshotCtrs() []*ctr {
@@ -298,6 +348,11 @@ func (m *model) quiesce() {
 				m.t.Fatalf("DEL of %s still fails with chaos off", c.id)
 			}
 		}
+		if c.gone {
+			m.mu.Lock()
+			delete(m.ctrs, c.id)
+			m.mu.Unlock()
+		}
 	}
 	var valid []agent.Attachment
 	var gone []*ctr
@@ -320,6 +375,40 @@ func (m *model) quiesce() {
 		c.live = false
 	}
 	m.mu.Unlock()
+	m.probeEventPath(ctx)
+}
+
+// probeEventPath: with nothing failing, ADD returns only after its routes
+// are applied and DEL only after they are gone — checked at once, without
+// waiting for the reconcilers.
+func (m *model) probeEventPath(ctx context.Context) {
+	t, e := m.t, m.e
+	m.nextID++
+	id := fmt.Sprintf("probe-%d", m.nextID)
+	pod := podmeta.ID{Namespace: "default", Name: id, UID: "uid-" + id}
+	addr := netip.MustParseAddr(fmt.Sprintf("2001:db8:bb::%x", m.nextID))
+	p := netip.PrefixFrom(addr, 128)
+	e.a.SetPodReady(pod, true)
+	rec, err := e.a.Add(ctx, id, netnsOf(id), "eth0", "K8S_POD_NAMESPACE=default;K8S_POD_NAME="+id+";K8S_POD_UID="+pod.UID+";"+annotations.Addresses+"="+addr.String())
+	if err != nil {
+		t.Fatalf("probe ADD: %v", err)
+	}
+	if k := e.sp.Held()[p]; k != advert.Address {
+		t.Errorf("ADD of %s returned before its path %s was in the speaker (%q)", id, p, k)
+	}
+	if nhs := e.dp.kernelRoutes()[p]; len(nhs) != 1 || nhs[0].Dev != rec.HostVeth {
+		t.Errorf("ADD of %s returned before its kernel route %s (%v)", id, p, nhs)
+	}
+	if err := e.a.Del(ctx, id); err != nil {
+		t.Fatalf("probe DEL: %v", err)
+	}
+	if _, ok := e.sp.Held()[p]; ok {
+		t.Errorf("DEL of %s returned with its path %s still in the speaker", id, p)
+	}
+	if _, ok := e.dp.kernelRoutes()[p]; ok {
+		t.Errorf("DEL of %s returned with its kernel route %s", id, p)
+	}
+	e.a.ForgetPod(pod)
 }
 
 // restart stops the agent and starts a new one on the same store and
@@ -431,6 +520,19 @@ func (m *model) check(when string) {
 	if !slices.Equal(recIDs, wantIDs) {
 		t.Fatalf("%s: store holds %v, want %v", when, recIDs, wantIDs)
 	}
+	// Each record is what its ADD returned to the runtime: the oracle below
+	// is built from the runtime's knowledge, not from the agent's store.
+	for i, r := range recs {
+		c := live[i].rec
+		if !slices.Equal(r.IPs, c.IPs) || r.HostVeth != c.HostVeth || !slices.Equal(r.Anycast, c.Anycast) ||
+			!slices.Equal(r.Addresses, c.Addresses) || r.Pod != c.Pod {
+			t.Errorf("%s: record of %s %+v differs from what its ADD returned %+v", when, r.ContainerID, r, c)
+		}
+	}
+	recs = nil
+	for _, c := range live {
+		recs = append(recs, c.rec)
+	}
 	veths, _ := e.dp.HostVeths()
 	for _, v := range veths {
 		if _, ok := vethOwner[v]; !ok {
@@ -510,17 +612,22 @@ func (m *model) check(when string) {
 		if _, _, ok := e.state.Get(id); ok {
 			t.Errorf("%s: deleted %s is in the state", when, id)
 		}
-		if o, ok := vethOwner[r.HostVeth]; ok && o != id {
-			continue // the name went to another container later: fine
-		}
-		if r.HostVeth != "" && e.dp.hasVeth(r.HostVeth) {
-			t.Errorf("%s: deleted %s left veth %s", when, id, r.HostVeth)
-		}
-		for p, nhs := range kern {
-			for _, nh := range nhs {
-				if nh.Dev == r.HostVeth {
-					t.Errorf("%s: kernel route %s still via deleted %s's veth", when, p, id)
+		if _, ok := vethOwner[r.HostVeth]; !ok {
+			// (unless the name went to another live container later)
+			if r.HostVeth != "" && e.dp.hasVeth(r.HostVeth) {
+				t.Errorf("%s: deleted %s left veth %s", when, id, r.HostVeth)
+			}
+			for p, nhs := range kern {
+				for _, nh := range nhs {
+					if nh.Dev == r.HostVeth {
+						t.Errorf("%s: kernel route %s still via deleted %s's veth", when, p, id)
+					}
 				}
+			}
+		}
+		for _, ip := range r.IPs {
+			if o, ok := e.state.IPOwner(ip); ok && o == id {
+				t.Errorf("%s: IPAM still gives deleted %s's %s to it", when, id, ip)
 			}
 		}
 		for _, ip := range r.IPs {
@@ -532,7 +639,9 @@ func (m *model) check(when string) {
 			}
 		}
 	}
-	if st := e.kernelLoop.Status(); st.Failing {
-		t.Errorf("%s: kernel reconciler failing with chaos off: %s", when, st.LastError)
+	for _, st := range []reconcile.Status{e.kernelLoop.Status(), e.bgpLoop.Status()} {
+		if st.Failing {
+			t.Errorf("%s: %s reconciler failing with chaos off: %s", when, st.Target, st.LastError)
+		}
 	}
 }

@@ -615,5 +615,8 @@ func (s *State) Count() int {
 // IPAM returns pool usage.
 func (s *State) IPAM() []ipam.PoolStats { return s.ipam.Stats() }
 
+// IPOwner tells which container IPAM holds an address for.
+func (s *State) IPOwner(ip netip.Addr) (string, bool) { return s.ipam.Owner(ip) }
+
 // PoolOf returns the pool an address belongs to.
 func (s *State) PoolOf(ip netip.Addr) (ipam.Pool, bool) { return s.ipam.PoolOf(ip) }
