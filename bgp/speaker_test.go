@@ -1184,13 +1184,11 @@ func waitNoGoBGPPeers(t *testing.T, sp *Speaker) {
 // it, also after the neighbour is gone. Needs root (CAP_NET_ADMIN); it
 // creates and deletes a veth pair in the current network namespace.
 func TestInterfacePeerRemove(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a veth pair")
-	}
+	needRoot(t, "needs root to create a veth pair")
 	name := fmt.Sprintf("flkt%x", uint16(os.Getpid()))
 	la := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name + "a"}, PeerName: name + "b"}
 	if err := netlink.LinkAdd(la); err != nil {
-		t.Skipf("cannot create a veth pair: %v", err)
+		t.Fatalf("cannot create a veth pair: %v", err)
 	}
 	t.Cleanup(func() { _ = netlink.LinkDel(la) })
 	link, err := netlink.LinkByName(la.Name)
