@@ -162,6 +162,10 @@ func run() error {
 	}
 	step("node1: flockctl bgp routes")
 	fmt.Print(flockctl(binDir, l.Nodes[0], "bgp", "routes"))
+	step("node1: flockctl routes (anycast and addresses host routes: kernel and wanted)")
+	fmt.Print(flockctl(binDir, l.Nodes[0], "routes"))
+	step("node1: flockctl status")
+	fmt.Print(flockctl(binDir, l.Nodes[0], "status"))
 	step("ToR: birdc show route")
 	out, err := l.Bird.Cmd("show route")
 	fmt.Print(out)
