@@ -19,7 +19,7 @@ var SchemeGroupVersion = GroupVersion
 var (
 	// SchemeBuilder registers this package's types with a scheme.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
-	// AddToScheme adds NodeConfig and NodeConfigList to a scheme.
+	// AddToScheme adds this package's types to a scheme.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
 
@@ -29,7 +29,8 @@ func Resource(resource string) schema.GroupResource {
 }
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &NodeConfig{}, &NodeConfigList{})
+	s.AddKnownTypes(GroupVersion, &NodeConfig{}, &NodeConfigList{},
+		&AddressPool{}, &AddressPoolList{}, &AddressClaim{}, &AddressClaimList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }

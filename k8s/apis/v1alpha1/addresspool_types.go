@@ -1,0 +1,166 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Names of the AddressPool and AddressClaim resources.
+const (
+	AddressPoolKind      = "AddressPool"
+	AddressPoolResource  = "addresspools"
+	AddressClaimKind     = "AddressClaim"
+	AddressClaimResource = "addressclaims"
+)
+
+// Uses of an AddressPool: what its addresses may be used for.
+const (
+	// UsePod: pod addresses, by the cidr6/cidr4 annotation (each one a /128
+	// or /32 route, unique cluster-wide).
+	UsePod = "pod"
+	// UseAnycast: anycast IPs (shared by design: authorized, not claimed).
+	UseAnycast = "anycast"
+	// UseAddresses: `addresses` IPs (one pod each, unique cluster-wide).
+	UseAddresses = "addresses"
+)
+
+// Uses lists every use, in documentation order.
+var Uses = []string{UsePod, UseAnycast, UseAddresses}
+
+// AddressPool says which addresses pods may claim beyond their node's own
+// summary pools, for what, and from which namespaces. It is cluster-scoped;
+// an address no pool allows is refused at ADD.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=ap
+// +kubebuilder:subresource:status
+// +kubebuilder:printcolumn:name="CIDRs",type=string,JSONPath=`.spec.cidrs`
+// +kubebuilder:printcolumn:name="Use",type=string,JSONPath=`.spec.use`
+// +kubebuilder:printcolumn:name="Namespaces",type=string,JSONPath=`.spec.namespaces`
+// +kubebuilder:printcolumn:name="Claims",type=integer,JSONPath=`.status.claims`,description="Addresses claimed from the pool cluster-wide"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type AddressPool struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the pool.
+	Spec AddressPoolSpec `json:"spec"`
+
+	// Status is written by the agents.
+	// +optional
+	Status AddressPoolStatus `json:"status,omitempty"`
+}
+
+// AddressPoolSpec is one pool of addresses and who may use it.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.namespaces) || has(self.namespaceSelector)",message="say who may use the pool: namespaces and/or namespaceSelector ({} selects every namespace)"
+type AddressPoolSpec struct {
+	// CIDRs of the pool, IPv6 and/or IPv4, canonical (no host bits set).
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=43
+	// +kubebuilder:validation:items:XValidation:rule="isCIDR(self)",message="must be a CIDR, e.g. 2001:db8:100::/112 or 198.51.100.0/24"
+	// +kubebuilder:validation:items:XValidation:rule="!isCIDR(self) || cidr(self) == cidr(self).masked()",message="must have no host bits set"
+	CIDRs []string `json:"cidrs"`
+
+	// Use is what the addresses may be used for: pod (pod addresses by the
+	// cidr6/cidr4 annotation), anycast, addresses.
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=3
+	// +kubebuilder:validation:items:Enum=pod;anycast;addresses
+	// +listType=set
+	Use []string `json:"use"`
+
+	// Namespaces that may use the pool.
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=63
+	// +optional
+	Namespaces []string `json:"namespaces,omitempty"`
+
+	// NamespaceSelector selects more namespaces by label; {} selects
+	// every namespace. With neither namespaces nor a selector nobody may
+	// use the pool.
+	// +optional
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+}
+
+// AddressPoolStatus is written by the agents.
+type AddressPoolStatus struct {
+	// Claims counts the addresses claimed from the pool cluster-wide
+	// (AddressClaims; anycast IPs are shared and never claimed).
+	// +optional
+	Claims int32 `json:"claims,omitempty"`
+}
+
+// AddressPoolList is a list of AddressPools.
+//
+// +kubebuilder:object:root=true
+type AddressPoolList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []AddressPool `json:"items"`
+}
+
+// AddressClaim records that one pod holds one IP cluster-wide: an
+// `addresses` IP, or a pod address from an AddressPool. Its name is derived
+// from the IP (ClaimName), so creating it is the atomic test-and-set that
+// keeps two nodes from handing the IP out twice. Agents create it before
+// the dataplane is touched and delete it on DEL; the leak GC removes the
+// claims of pods that are gone.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Cluster,shortName=aclaim
+// +kubebuilder:printcolumn:name="IP",type=string,JSONPath=`.spec.ip`
+// +kubebuilder:printcolumn:name="Use",type=string,JSONPath=`.spec.use`
+// +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.pool`
+// +kubebuilder:printcolumn:name="Namespace",type=string,JSONPath=`.spec.pod.namespace`
+// +kubebuilder:printcolumn:name="Pod",type=string,JSONPath=`.spec.pod.name`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type AddressClaim struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the claim.
+	Spec AddressClaimSpec `json:"spec"`
+}
+
+// AddressClaimSpec says who holds the IP.
+type AddressClaimSpec struct {
+	// IP is the claimed address.
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IP address"
+	IP string `json:"ip"`
+
+	// Use is pod (a pod address) or addresses.
+	// +kubebuilder:validation:Enum=pod;addresses
+	Use string `json:"use"`
+
+	// Pool is the AddressPool the IP was authorized by.
+	// +optional
+	Pool string `json:"pool,omitempty"`
+
+	// Pod holds the IP.
+	Pod ClaimPod `json:"pod"`
+
+	// Node is where the pod runs.
+	Node string `json:"node"`
+
+	// ContainerID of the pod's sandbox.
+	ContainerID string `json:"containerID"`
+}
+
+// ClaimPod names the pod holding a claim.
+type ClaimPod struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// +optional
+	UID string `json:"uid,omitempty"`
+}
+
+// AddressClaimList is a list of AddressClaims.
+//
+// +kubebuilder:object:root=true
+type AddressClaimList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []AddressClaim `json:"items"`
+}
