@@ -75,6 +75,12 @@ type Config struct {
 	SettleTimeout time.Duration
 	// Reaped, if set, counts reaped allocations by reason.
 	Reaped func(reason string)
+	// Authority, if set, must allow every anycast, addresses, cidr6 and
+	// cidr4 value a pod asks for (nil: everything is allowed).
+	Authority Authority
+	// Claims, if set, makes addresses and pod IPs outside the summaries
+	// unique cluster-wide (nil: per node, standalone mode).
+	Claims Claims
 	// ReapInterval is the period of Run's netns check (default 30 s).
 	ReapInterval time.Duration
 }
@@ -176,6 +182,7 @@ func (a *Agent) Restore(ctx context.Context) error {
 			a.log.Warn("restore: " + w)
 		}
 	}
+	a.recheckClaims(ctx)
 	veths, err := a.cfg.Dataplane.HostVeths()
 	if err != nil {
 		return err
@@ -199,11 +206,47 @@ func (a *Agent) dropRecord(r store.Allocation, reason string) error {
 			return err
 		}
 	}
+	if err := a.releaseClaims(context.Background(), a.claimsOf(r, nil, nil)); err != nil {
+		a.log.Warn("cluster-wide claim stays until the claim GC", "container", r.ContainerID, "err", err)
+	}
 	if err := a.cfg.Store.Delete(r.ContainerID); err != nil {
 		return err
 	}
 	a.reaped(reason)
 	return nil
+}
+
+// recheckClaims makes the cluster-wide claims match the restored state:
+// every restored allocation holds its claims again (re-created if they were
+// lost; one that another pod took meanwhile is quarantined, not routed),
+// and this node's claims that no allocation owns (a crash between the
+// claim and the record's removal) are released.
+func (a *Agent) recheckClaims(ctx context.Context) {
+	if a.cfg.Claims == nil {
+		return
+	}
+	for _, r := range a.state.Committed() {
+		for _, c := range a.claimsOf(r, nil, nil) {
+			err := a.cfg.Claims.Claim(ctx, c)
+			switch {
+			case err == nil:
+			case errors.Is(err, ErrClaimed):
+				a.log.Error("quarantined allocation: another pod holds its address cluster-wide", "container", r.ContainerID, "pod", r.Pod, "ip", c.IP, "err", err)
+				a.state.MarkStuck(r.ContainerID, fmt.Sprintf("restore: %s: %v", c.IP, err))
+			default:
+				a.log.Warn("restore: cannot re-check a cluster-wide claim; the claim GC and the next restart will", "container", r.ContainerID, "ip", c.IP, "err", err)
+			}
+		}
+	}
+	for _, c := range a.cfg.Claims.Node() {
+		if _, _, ok := a.state.Get(c.ContainerID); ok {
+			continue
+		}
+		a.log.Warn("releasing a cluster-wide claim no allocation owns", "ip", c.IP, "container", c.ContainerID, "pod", c.Pod)
+		if err := a.releaseClaims(ctx, []Claim{c}); err != nil {
+			a.log.Warn("claim stays until the claim GC", "ip", c.IP, "err", err)
+		}
+	}
 }
 
 func (a *Agent) reaped(reason string) {
@@ -349,21 +392,12 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 	if err != nil {
 		return store.Allocation{}, err
 	}
-	id := ipam.Identity{Namespace: pod.Namespace, App: pod.App, Image: pod.Image, ContainerID: containerID}
-	var reqs []ipam.Request
-	for _, fam := range []struct {
-		want bool
-		n    int
-		rng  netip.Prefix
-	}{{req.IPv6, 6, req.CIDR6}, {req.IPv4, 4, req.CIDR4}} {
-		if fam.want {
-			reqs = append(reqs, ipam.Request{Family: fam.n, Range: fam.rng, Algo: req.Algo, Identity: id})
-		}
+	// Nothing is allocated for a value no AddressPool allows.
+	pools, ranges, err := a.authorize(pod, req)
+	if err != nil {
+		return store.Allocation{}, err
 	}
-	rec, err := a.state.Reserve(store.Allocation{
-		ContainerID: containerID, IfName: ifName, Netns: netns, Pod: pod.ID,
-		Anycast: req.Anycast, Addresses: req.Addresses, Created: time.Now().UTC(),
-	}, reqs)
+	rec, err := a.reserve(ctx, containerID, ifName, netns, pod, req, pools, ranges)
 	if err != nil {
 		return store.Allocation{}, err
 	}
@@ -373,11 +407,6 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 			a.rollback(rec)
 		}
 	}()
-	// Persist before touching the kernel: a crash from here on leaves a
-	// record that the next start tears down.
-	if err := a.cfg.Store.Put(rec); err != nil {
-		return store.Allocation{}, err
-	}
 	link, err := a.cfg.Dataplane.Setup(podOf(rec))
 	if err != nil {
 		return store.Allocation{}, err
@@ -400,12 +429,81 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 	return rec, nil
 }
 
+// claimAttempts bounds the retries of a pod address from a cluster-wide
+// range that another node claimed first (its claim not yet in our cache).
+const claimAttempts = 4
+
+// reserve takes what an ADD needs — IPs, local claims, veth name — writes
+// the pending record (before the kernel is touched: a crash from here on
+// leaves a record the next start tears down) and takes the cluster-wide
+// claims. A pod address from a range that another node took meanwhile is
+// picked again; an IP the pod asked for by name is not.
+func (a *Agent) reserve(ctx context.Context, containerID, ifName, netns string, pod podmeta.Pod, req annotations.Request, pools grants, ranges map[netip.Prefix]string) (store.Allocation, error) {
+	id := ipam.Identity{Namespace: pod.Namespace, App: pod.App, Image: pod.Image, ContainerID: containerID}
+	lost := map[netip.Addr]bool{} // claimed elsewhere during this ADD
+	for attempt := 1; ; attempt++ {
+		var reqs []ipam.Request
+		for _, fam := range []struct {
+			want bool
+			n    int
+			rng  netip.Prefix
+		}{{req.IPv6, 6, req.CIDR6}, {req.IPv4, 4, req.CIDR4}} {
+			if !fam.want {
+				continue
+			}
+			r := ipam.Request{Family: fam.n, Range: fam.rng, Algo: req.Algo, Identity: id}
+			if a.cfg.Claims != nil && fam.rng.IsValid() && !a.inSummary(fam.rng) {
+				// Only pods from cluster-wide ranges pay for this.
+				r.Avoid = func(ip netip.Addr) bool { return lost[ip] || a.cfg.Claims.Taken(ip) }
+			}
+			reqs = append(reqs, r)
+		}
+		rec, err := a.state.Reserve(store.Allocation{
+			ContainerID: containerID, IfName: ifName, Netns: netns, Pod: pod.ID,
+			Anycast: req.Anycast, Addresses: req.Addresses, Created: time.Now().UTC(),
+		}, reqs)
+		if err != nil {
+			return store.Allocation{}, err
+		}
+		if err := a.cfg.Store.Put(rec); err != nil {
+			a.rollback(rec)
+			return store.Allocation{}, err
+		}
+		if a.cfg.Claims == nil {
+			return rec, nil
+		}
+		err = a.claim(ctx, a.claimsOf(rec, pools, ranges))
+		if err == nil {
+			return rec, nil
+		}
+		a.rollback(rec)
+		var ce *ClaimError
+		if !errors.As(err, &ce) || !errors.Is(err, ErrClaimed) || attempt == claimAttempts {
+			return store.Allocation{}, err
+		}
+		rng := req.CIDR6
+		if ce.IP.Is4() {
+			rng = req.CIDR4
+		}
+		if ce.Use != v1alpha1.UsePod || rng.IsSingleIP() {
+			return store.Allocation{}, err // the pod asked for exactly that IP
+		}
+		lost[ce.IP] = true
+		a.log.Info("pod address claimed by another node meanwhile; picking another", "container", containerID, "attempt", attempt, "err", err)
+	}
+}
+
 func podOf(r store.Allocation) dataplane.Pod {
 	return dataplane.Pod{ContainerID: r.ContainerID, HostVeth: r.HostVeth, Netns: r.Netns, IfName: r.IfName, IPs: r.IPs, Addresses: r.Addresses, Anycast: r.Anycast}
 }
 
-// rollback undoes a failed ADD: kernel state, record, IPs, claims.
+// rollback undoes a failed ADD: kernel state, cluster-wide claims,
+// record, IPs, local claims.
 func (a *Agent) rollback(rec store.Allocation) {
+	if err := a.releaseClaims(context.Background(), a.claimsOf(rec, nil, nil)); err != nil {
+		// The claim GC reclaims it once it sees no attachment holds it.
+		a.log.Warn("rollback: cluster-wide claim stays until the claim GC", "container", rec.ContainerID, "err", err)
+	}
 	if err := a.cfg.Dataplane.Teardown(rec.HostVeth); err != nil {
 		// Keep the IPs and the pending record: handing the IPs out again
 		// while the old veth may still route them would be worse than
@@ -429,6 +527,10 @@ func (a *Agent) rollback(rec store.Allocation) {
 // container's lock held.
 func (a *Agent) teardown(rec store.Allocation) error {
 	if err := a.cfg.Dataplane.Teardown(rec.HostVeth); err != nil {
+		return err
+	}
+	// While the record exists a retried DEL can still find the claims.
+	if err := a.releaseClaims(context.Background(), a.claimsOf(rec, nil, nil)); err != nil {
 		return err
 	}
 	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {

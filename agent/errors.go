@@ -46,10 +46,12 @@ func ToCNI(err error) *types.Error {
 	var me *podmeta.MissingArgError
 	var ne *dataplane.NetnsError
 	var cf *nodestate.ConflictError
+	var ae2 *AuthError
+	var cl *ClaimError
 	switch {
 	case errors.As(err, &ce):
 		code = ce.Code
-	case errors.As(err, &ae), errors.As(err, &cf):
+	case errors.As(err, &ae), errors.As(err, &cf), errors.As(err, &ae2), errors.As(err, &cl):
 		code = codeConfig
 	case errors.As(err, &me):
 		code = codeEnv

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/agent"
+	"code.fritzlab.net/fritzlab/flock/agent/authz"
 	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
@@ -589,4 +590,111 @@ func otherV4(ip netip.Addr) netip.Addr {
 		return o
 	}
 	return mustAddr("10.1.1.253")
+}
+
+// authority adapts an authz.Set (no namespace labels) to agent.Authority.
+type authority struct{ set *authz.Set }
+
+func (a authority) Authorize(use string, want netip.Prefix, ns string) (string, error) {
+	p, err := a.set.Authorize(use, want, ns, nil)
+	return p.Name, err
+}
+
+// claimStore is a cluster's worth of claims shared by several fake nodes:
+// creates are atomic like the API server's; the caches (Taken) may lag.
+type claimStore struct {
+	mu     sync.Mutex
+	claims map[netip.Addr]claimRec
+	// lag hides claims younger than this many later claims from Taken,
+	// as an informer that has not caught up would.
+	lag   int
+	seq   int
+	down  bool // the API is unreachable
+	calls int
+}
+
+type claimRec struct {
+	agent.Claim
+	node string
+	seq  int
+}
+
+func newClaimStore() *claimStore { return &claimStore{claims: map[netip.Addr]claimRec{}} }
+
+// node is one node's view of the store.
+func (s *claimStore) node(name string) *nodeClaims { return &nodeClaims{s: s, name: name} }
+
+type nodeClaims struct {
+	s    *claimStore
+	name string
+}
+
+func (n *nodeClaims) Claim(_ context.Context, c agent.Claim) error {
+	s := n.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	if s.down {
+		return errors.New("fake API: connection refused")
+	}
+	if h, ok := s.claims[c.IP]; ok {
+		if h.ContainerID == c.ContainerID && h.node == n.name {
+			return nil
+		}
+		return fmt.Errorf("%w: %s is claimed by pod %s on node %s, container %s", agent.ErrClaimed, c.IP, h.Pod, h.node, h.ContainerID)
+	}
+	s.seq++
+	s.claims[c.IP] = claimRec{Claim: c, node: n.name, seq: s.seq}
+	return nil
+}
+
+func (n *nodeClaims) Release(_ context.Context, ip netip.Addr, containerID string) error {
+	s := n.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	if s.down {
+		return errors.New("fake API: connection refused")
+	}
+	if h, ok := s.claims[ip]; ok && h.ContainerID == containerID && h.node == n.name {
+		delete(s.claims, ip)
+	}
+	return nil
+}
+
+func (n *nodeClaims) Taken(ip netip.Addr) bool {
+	s := n.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := s.claims[ip]
+	return ok && s.seq-h.seq >= s.lag
+}
+
+func (n *nodeClaims) Node() []agent.Claim {
+	s := n.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []agent.Claim
+	for _, h := range s.claims {
+		if h.node == n.name {
+			out = append(out, h.Claim)
+		}
+	}
+	return out
+}
+
+func (s *claimStore) holders() map[netip.Addr]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[netip.Addr]string{}
+	for ip, h := range s.claims {
+		out[ip] = h.node + "/" + h.ContainerID
+	}
+	return out
+}
+
+func (s *claimStore) set(f func(s *claimStore)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(s)
 }

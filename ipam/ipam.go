@@ -66,6 +66,9 @@ type Request struct {
 	Range    netip.Prefix
 	Algo     Algo
 	Identity Identity // Namespace is always checked against Pool.Namespaces when Range is set
+	// Avoid, if set, marks addresses held elsewhere (another node's claim
+	// on a cluster-wide pool): they are skipped like owned ones.
+	Avoid func(netip.Addr) bool
 }
 
 // PoolStats is the usage of one pool.
@@ -117,6 +120,35 @@ func New(pools []Pool) (*Allocator, error) {
 		owners:  map[netip.Addr]string{},
 		cursors: map[netip.Prefix]u128{},
 	}
+	ps, err := buildPools(pools)
+	if err != nil {
+		return nil, err
+	}
+	a.pools = ps
+	return a, nil
+}
+
+// SetPools replaces the pools (an AddressPool appeared or went) and keeps
+// every owner: an address whose pool went stays held (Release still frees
+// it), it is just counted in no pool. The new pools obey New's rules.
+func (a *Allocator) SetPools(pools []Pool) error {
+	ps, err := buildPools(pools)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pools = ps
+	for addr := range a.owners {
+		if p := a.poolOfLocked(addr); p != nil {
+			p.used++
+		}
+	}
+	return nil
+}
+
+func buildPools(pools []Pool) ([]*pool, error) {
+	var out []*pool
 	for i, pc := range pools {
 		pfx := pc.Prefix
 		if !pfx.IsValid() {
@@ -134,20 +166,20 @@ func New(pools []Pool) (*Allocator, error) {
 		if host := pfx.Addr().BitLen() - pfx.Bits(); host < 2 {
 			return nil, fmt.Errorf("ipam: pool %s has no usable address (the all-zeros and all-ones host addresses are never handed out; use at most /%d)", pfx, pfx.Addr().BitLen()-2)
 		}
-		for _, q := range a.pools {
+		for _, q := range out {
 			if q.cfg.Prefix.Overlaps(pfx) {
 				return nil, fmt.Errorf("ipam: pool %s overlaps pool %s", pfx, q.cfg.Prefix)
 			}
 		}
 		first, last := prefixBounds(pfx)
-		a.pools = append(a.pools, &pool{
+		out = append(out, &pool{
 			cfg:   Pool{Prefix: pfx, Summary: pc.Summary, Namespaces: append([]string(nil), pc.Namespaces...)},
 			is4:   pfx.Addr().Is4(),
 			first: first,
 			last:  last,
 		})
 	}
-	return a, nil
+	return out, nil
 }
 
 // normAddr strips zones and unmaps IPv4-mapped IPv6 addresses.
@@ -229,7 +261,7 @@ func (a *Allocator) Allocate(req Request) (netip.Addr, error) {
 				start = lo
 			}
 		}
-		v, ok = a.scan(p, start, lo, hi)
+		v, ok = a.scan(p, start, lo, hi, req.Avoid)
 		if !ok {
 			return netip.Addr{}, a.exhausted(p, rng, lo, hi, "")
 		}
@@ -246,12 +278,12 @@ func (a *Allocator) Allocate(req Request) (netip.Addr, error) {
 		if hi.less(shi) {
 			shi = hi
 		}
-		v, ok = a.pickRandom(p, slo, shi)
+		v, ok = a.pickRandom(p, slo, shi, req.Avoid)
 		if !ok {
 			return netip.Addr{}, a.exhausted(p, sub, slo, shi, fmt.Sprintf("; ip-algo %q, namespace %q, app %q", req.Algo.String(), req.Identity.Namespace, req.Identity.App))
 		}
 	default: // Random, and Embed for IPv4
-		v, ok = a.pickRandom(p, lo, hi)
+		v, ok = a.pickRandom(p, lo, hi, req.Avoid)
 		if !ok {
 			return netip.Addr{}, a.exhausted(p, rng, lo, hi, "")
 		}
@@ -338,17 +370,21 @@ func (a *Allocator) isFree(p *pool, v u128) bool {
 	return !taken
 }
 
+func avoided(p *pool, v u128, avoid func(netip.Addr) bool) bool {
+	return avoid != nil && avoid(u128ToAddr(v, p.is4))
+}
+
 // pickRandom tries random candidates in [lo, hi] and then falls back to a
 // bounded linear scan from a random start.
-func (a *Allocator) pickRandom(p *pool, lo, hi u128) (u128, bool) {
+func (a *Allocator) pickRandom(p *pool, lo, hi u128, avoid func(netip.Addr) bool) (u128, bool) {
 	n := hi.sub(lo).add(u128One)
 	for i := 0; i < randomTries; i++ {
 		v := lo.add(randBelow(n))
-		if a.isFree(p, v) {
+		if a.isFree(p, v) && !avoided(p, v, avoid) {
 			return v, true
 		}
 	}
-	return a.scan(p, lo.add(randBelow(n)), lo, hi)
+	return a.scan(p, lo.add(randBelow(n)), lo, hi, avoid)
 }
 
 // scan walks forward from start through [lo, hi], wrapping, and returns
@@ -356,16 +392,23 @@ func (a *Allocator) pickRandom(p *pool, lo, hi u128) (u128, bool) {
 // candidates: since at most p.used addresses of the pool are taken, that
 // many consecutive candidates always contain a free one unless the whole
 // interval is in use.
-func (a *Allocator) scan(p *pool, start, lo, hi u128) (u128, bool) {
+func (a *Allocator) scan(p *pool, start, lo, hi u128, avoid func(netip.Addr) bool) (u128, bool) {
 	n := hi.sub(lo).add(u128One)
 	bound := p.used + 1
-	if n.hi == 0 && n.lo != 0 && n.lo < bound {
+	small := n.hi == 0 && n.lo != 0
+	if small && n.lo < bound {
 		bound = n.lo
 	}
 	v := start
 	for i := uint64(0); i < bound; i++ {
 		if a.isFree(p, v) {
-			return v, true
+			if !avoided(p, v, avoid) {
+				return v, true
+			}
+			// Held elsewhere: one more candidate to look at.
+			if !small || bound < n.lo {
+				bound++
+			}
 		}
 		if v == hi {
 			v = lo

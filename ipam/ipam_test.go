@@ -782,3 +782,86 @@ func BenchmarkAllocateSequentialV4(b *testing.B) {
 		a.Release(ad, "b")
 	}
 }
+
+// Addresses held elsewhere (another node's claim) are skipped by every
+// algorithm, and a range whose free addresses are all held elsewhere is
+// exhausted, not handed out.
+func TestAvoid(t *testing.T) {
+	rng := netip.MustParsePrefix("2001:db8:100::/124") // 14 usable
+	a, err := New([]Pool{{Prefix: rng}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := map[netip.Addr]bool{}
+	for i := 1; i <= 12; i++ {
+		elsewhere[netip.MustParseAddr(fmt.Sprintf("2001:db8:100::%x", i))] = true
+	}
+	avoid := func(ip netip.Addr) bool { return elsewhere[ip] }
+	for _, algo := range []Algo{{Kind: Random}, {Kind: Sequential}} {
+		got := map[netip.Addr]bool{}
+		for i := range 2 {
+			ip, err := a.Allocate(Request{Owner: fmt.Sprintf("%s-%d", algo.String(), i), Family: 6, Range: rng, Algo: algo, Avoid: avoid})
+			if err != nil {
+				t.Fatalf("%s #%d: %v", algo.String(), i, err)
+			}
+			if elsewhere[ip] || got[ip] {
+				t.Fatalf("%s handed out %s (held elsewhere or twice)", algo.String(), ip)
+			}
+			got[ip] = true
+		}
+		if _, err := a.Allocate(Request{Owner: "one-more", Family: 6, Range: rng, Algo: algo, Avoid: avoid}); !errors.Is(err, ErrExhausted) {
+			t.Errorf("%s: range with every free address held elsewhere: %v, want ErrExhausted", algo.String(), err)
+		}
+		for i := range 2 {
+			for ip := range got {
+				a.Release(ip, fmt.Sprintf("%s-%d", algo.String(), i))
+			}
+		}
+	}
+}
+
+// SetPools keeps every owner; usage is recounted; an address whose pool
+// went stays held.
+func TestSetPools(t *testing.T) {
+	sum := netip.MustParsePrefix("fd00:10:1::/64")
+	shared := netip.MustParsePrefix("2001:db8:100::/120")
+	a, err := New([]Pool{{Prefix: sum, Summary: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Allocate(Request{Owner: "c1", Family: 6, Range: shared}); !errors.Is(err, ErrNotInPool) {
+		t.Fatalf("range of a pool not yet there: %v", err)
+	}
+	if err := a.SetPools([]Pool{{Prefix: sum, Summary: true}, {Prefix: shared}}); err != nil {
+		t.Fatal(err)
+	}
+	ip, err := a.Allocate(Request{Owner: "c1", Family: 6, Range: shared})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Allocate(Request{Owner: "c2", Family: 6}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetPools([]Pool{{Prefix: sum, Summary: true}, {Prefix: shared}, {Prefix: netip.MustParsePrefix("2001:db8:100::80/121")}}); err == nil {
+		t.Error("overlapping pools accepted")
+	}
+	stats := a.Stats()
+	if len(stats) != 2 || stats[0].Used != 1 || stats[1].Used != 1 {
+		t.Errorf("stats after a refused SetPools: %+v", stats)
+	}
+	if err := a.SetPools([]Pool{{Prefix: sum, Summary: true}}); err != nil {
+		t.Fatal(err)
+	}
+	if owner, ok := a.Owner(ip); !ok || owner != "c1" {
+		t.Errorf("address of a removed pool: owner %q %v, want still c1", owner, ok)
+	}
+	if err := a.SetPools([]Pool{{Prefix: sum, Summary: true}, {Prefix: shared}}); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st[1].Used != 1 {
+		t.Errorf("pool back: used %d, want 1 (c1 kept its address)", st[1].Used)
+	}
+	if !a.Release(ip, "c1") {
+		t.Error("release of c1's address failed")
+	}
+}

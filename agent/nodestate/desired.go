@@ -71,7 +71,9 @@ func (s *State) AdvertRoutes() ([]advert.Route, uint64) {
 		a.owners = append(a.owners, owner)
 	}
 	for _, p := range s.summaries {
-		add(p, advert.Summary, advert.NodeOwner)
+		if _, no := s.suppressed[p]; !no {
+			add(p, advert.Summary, advert.NodeOwner)
+		}
 	}
 	s.routedLocked(func(e *entry, ready bool) {
 		r := &e.rec

@@ -11,6 +11,7 @@ package nodestate
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -96,6 +97,11 @@ type State struct {
 	mu        sync.Mutex
 	ipam      *ipam.Allocator
 	summaries []netip.Prefix
+	// legacy are the NodeConfig's shared pools (deprecated: AddressPools)
+	legacy []ipam.Pool
+	// suppressed summaries are not advertised (they overlap another node's
+	// summary or an AddressPool), with the reason.
+	suppressed map[netip.Prefix]string
 	// defaultReady is the readiness of a pod nobody reported on: true in
 	// standalone mode (no API to ask), false in Kubernetes mode.
 	defaultReady bool
@@ -123,8 +129,14 @@ func New(spec *v1alpha1.NodeConfigSpec, defaultReady bool) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	var legacy []ipam.Pool
+	for _, p := range pools {
+		if !p.Summary {
+			legacy = append(legacy, p)
+		}
+	}
 	return &State{
-		ipam: alloc, summaries: nodeconfig.Summaries(spec), defaultReady: defaultReady,
+		ipam: alloc, summaries: nodeconfig.Summaries(spec), legacy: legacy, defaultReady: defaultReady, suppressed: map[netip.Prefix]string{},
 		entries: map[string]*entry{}, veths: map[string]string{}, claims: map[netip.Addr]*claim{}, outside: map[netip.Addr]string{},
 		ready: map[podmeta.ID]bool{}, pods: map[podmeta.ID]map[string]bool{},
 	}, nil
@@ -132,6 +144,52 @@ func New(spec *v1alpha1.NodeConfigSpec, defaultReady bool) (*State, error) {
 
 // Summaries are the node summary prefixes.
 func (s *State) Summaries() []netip.Prefix { return slices.Clone(s.summaries) }
+
+// SetPodPools sets the cluster-wide pools (AddressPools of use pod) this
+// node hands cidr6/cidr4 pod addresses out from, next to its own summary
+// pools. A pool that overlaps a summary is left out and returned: its
+// addresses would be the node's own and the cluster's at once. Addresses
+// held in a pool that goes stay held.
+func (s *State) SetPodPools(pools []netip.Prefix) (skipped []netip.Prefix, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var all []ipam.Pool
+	for _, p := range s.summaries {
+		all = append(all, ipam.Pool{Prefix: p, Summary: true})
+	}
+	all = append(all, s.legacy...)
+	for _, p := range pools {
+		if slices.ContainsFunc(all, func(q ipam.Pool) bool { return q.Prefix.Overlaps(p) }) {
+			if !slices.ContainsFunc(s.legacy, func(q ipam.Pool) bool { return q.Prefix == p }) {
+				skipped = append(skipped, p)
+			}
+			continue
+		}
+		all = append(all, ipam.Pool{Prefix: p})
+	}
+	return skipped, s.ipam.SetPools(all)
+}
+
+// SetSuppressed names the summaries not to advertise, with the reason
+// (an overlap with another node's summary or an AddressPool: advertising
+// it could hijack addresses). It reports whether anything changed.
+func (s *State) SetSuppressed(reasons map[netip.Prefix]string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if maps.Equal(reasons, s.suppressed) {
+		return false
+	}
+	s.suppressed = maps.Clone(reasons)
+	s.changedLocked()
+	return true
+}
+
+// Suppressed returns the summaries not advertised, with the reason.
+func (s *State) Suppressed() map[netip.Prefix]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.suppressed)
+}
 
 // Subscribe returns a channel that receives a (coalesced) value after every
 // change.
