@@ -404,7 +404,7 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 	committed := false
 	defer func() {
 		if !committed {
-			a.rollback(rec)
+			a.rollback(rec, a.claimsOf(rec, nil, nil))
 		}
 	}()
 	link, err := a.cfg.Dataplane.Setup(podOf(rec))
@@ -466,17 +466,17 @@ func (a *Agent) reserve(ctx context.Context, containerID, ifName, netns string, 
 			return store.Allocation{}, err
 		}
 		if err := a.cfg.Store.Put(rec); err != nil {
-			a.rollback(rec)
+			a.rollback(rec, nil)
 			return store.Allocation{}, err
 		}
 		if a.cfg.Claims == nil {
 			return rec, nil
 		}
-		err = a.claim(ctx, a.claimsOf(rec, pools, ranges))
+		leftover, err := a.claim(ctx, a.claimsOf(rec, pools, ranges))
 		if err == nil {
 			return rec, nil
 		}
-		a.rollback(rec)
+		a.rollback(rec, leftover)
 		var ce *ClaimError
 		if !errors.As(err, &ce) || !errors.Is(err, ErrClaimed) || attempt == claimAttempts {
 			return store.Allocation{}, err
@@ -498,24 +498,21 @@ func podOf(r store.Allocation) dataplane.Pod {
 }
 
 // rollback undoes a failed ADD: kernel state, cluster-wide claims,
-// record, IPs, local claims.
-func (a *Agent) rollback(rec store.Allocation) {
-	if err := a.releaseClaims(context.Background(), a.claimsOf(rec, nil, nil)); err != nil {
-		// The claim GC reclaims it once it sees no attachment holds it.
-		a.log.Warn("rollback: cluster-wide claim stays until the claim GC", "container", rec.ContainerID, "err", err)
+// record, IPs, local claims. What cannot be undone now keeps the
+// attachment stuck — its IPs, claims and pending record held — until the
+// DEL the runtime sends after a failed ADD (or the next start) finishes
+// the job: handing the IPs out again while the old veth may still route
+// them, or while the API still says they are ours, would be worse.
+func (a *Agent) rollback(rec store.Allocation, claimed []Claim) {
+	err := a.cfg.Dataplane.Teardown(rec.HostVeth)
+	if err == nil {
+		err = a.releaseClaims(context.Background(), claimed)
 	}
-	if err := a.cfg.Dataplane.Teardown(rec.HostVeth); err != nil {
-		// Keep the IPs and the pending record: handing the IPs out again
-		// while the old veth may still route them would be worse than
-		// holding them until DEL (which the runtime sends after a failed
-		// ADD) or the next start finishes the teardown.
-		a.log.Error("rollback: teardown failed; IPs stay reserved until DEL", "container", rec.ContainerID, "err", err)
-		a.state.MarkStuck(rec.ContainerID, "rollback of a failed ADD: "+err.Error())
-		return
+	if err == nil {
+		err = a.cfg.Store.Delete(rec.ContainerID)
 	}
-	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {
-		// The pending record still names the IPs: keep them until DEL.
-		a.log.Error("rollback: delete record failed; IPs stay reserved until DEL", "container", rec.ContainerID, "err", err)
+	if err != nil {
+		a.log.Error("rollback incomplete; the attachment is held until DEL", "container", rec.ContainerID, "err", err)
 		a.state.MarkStuck(rec.ContainerID, "rollback of a failed ADD: "+err.Error())
 		return
 	}

@@ -43,7 +43,9 @@ type Claims interface {
 	Claim(ctx context.Context, c Claim) error
 	// Release gives up the attachment's claim (not someone else's).
 	Release(ctx context.Context, ip netip.Addr, containerID string) error
-	// Taken tells whether another attachment (on any node) holds ip.
+	// Taken tells whether another attachment (on any node) holds ip. It
+	// is called under the node state's lock: it must answer from a cache,
+	// never block on the API or call back into the agent.
 	Taken(ip netip.Addr) bool
 	// Node lists the claims held by this node's attachments.
 	Node() []Claim
@@ -156,12 +158,16 @@ func (a *Agent) claimsOf(r store.Allocation, pools grants, ranges map[netip.Pref
 	return out
 }
 
-// claim takes every claim of an allocation, all or nothing.
-func (a *Agent) claim(ctx context.Context, cs []Claim) error {
+// claim takes every claim of an allocation, all or nothing. On failure it
+// gives back what it took and returns what it could not give back (for
+// the rollback to hold on to).
+func (a *Agent) claim(ctx context.Context, cs []Claim) (leftover []Claim, err error) {
 	var done []Claim
 	for _, c := range cs {
 		if err := a.cfg.Claims.Claim(ctx, c); err != nil {
-			a.releaseClaims(ctx, done)
+			if a.releaseClaims(ctx, done) != nil {
+				leftover = done
+			}
 			key := annotations.CIDR6
 			switch {
 			case c.Use == v1alpha1.UseAddresses:
@@ -169,11 +175,11 @@ func (a *Agent) claim(ctx context.Context, cs []Claim) error {
 			case c.IP.Is4():
 				key = annotations.CIDR4
 			}
-			return &ClaimError{Pod: c.Pod, Key: key, IP: c.IP, Use: c.Use, Err: err}
+			return leftover, &ClaimError{Pod: c.Pod, Key: key, IP: c.IP, Use: c.Use, Err: err}
 		}
 		done = append(done, c)
 	}
-	return nil
+	return nil, nil
 }
 
 // releaseClaims gives claims back (bounded: the API may be down; the claim

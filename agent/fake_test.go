@@ -611,6 +611,8 @@ type claimStore struct {
 	seq   int
 	down  bool // the API is unreachable
 	calls int
+	// fault, if set, may fail any call (the model test's chaos).
+	fault func() bool
 }
 
 type claimRec struct {
@@ -634,7 +636,7 @@ func (n *nodeClaims) Claim(_ context.Context, c agent.Claim) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls++
-	if s.down {
+	if s.down || (s.fault != nil && s.fault()) {
 		return errors.New("fake API: connection refused")
 	}
 	if h, ok := s.claims[c.IP]; ok {
@@ -653,7 +655,7 @@ func (n *nodeClaims) Release(_ context.Context, ip netip.Addr, containerID strin
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls++
-	if s.down {
+	if s.down || (s.fault != nil && s.fault()) {
 		return errors.New("fake API: connection refused")
 	}
 	if h, ok := s.claims[ip]; ok && h.ContainerID == containerID && h.node == n.name {

@@ -36,12 +36,15 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/authz"
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 var (
@@ -93,11 +96,14 @@ type model struct {
 	e    *env
 	rnd  *rand.Rand // for the coordinator only
 
-	// chaos is on while the workers run.
-	mu       sync.Mutex
+	// chaos is on while the workers run; chaosMu is a leaf lock (the fakes
+	// call roll while holding their own).
+	chaosMu  sync.Mutex
 	chaos    bool
 	chaosRnd *rand.Rand
+	mu       sync.Mutex
 	ready    map[podmeta.ID]bool // the last report per pod (only its worker reports)
+	claims   *claimStore         // the cluster's claims (this node is "node")
 	ctrs     map[string]*ctr
 	// deleted holds every container whose DEL (or GC, or reap) succeeded,
 	// with its last allocation: it must own nothing anywhere.
@@ -112,15 +118,55 @@ var (
 
 func newModel(t *testing.T, seed uint64) *model {
 	m := &model{t: t, seed: seed, rnd: rand.New(rand.NewPCG(seed, 0)), chaosRnd: rand.New(rand.NewPCG(seed, 1)),
-		ready: map[podmeta.ID]bool{}, ctrs: map[string]*ctr{}, deleted: map[string]store.Allocation{}}
-	s := testSpec()
-	s.Pools[2].Namespaces = nil // shared pool: pods advertised as /128
-	m.e = newEnv(t, withSpec(s), func(c *envConfig) { c.SettleTimeout = 200 * time.Millisecond })
-	m.wire(m.e)
+		ready: map[podmeta.ID]bool{}, ctrs: map[string]*ctr{}, deleted: map[string]store.Allocation{}, claims: newClaimStore()}
+	m.e = m.newAgent(newFakeDP(), nil, "")
 	if err := m.e.run(); err != nil {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// newAgent builds the node's agent (on a fresh store dir, or reusing
+// old's store and kernel): AddressPools authorize what the workers ask
+// for, claims go to the shared claim store.
+func (m *model) newAgent(dp *fakeDP, st *faultStore, dir string) *env {
+	set, err := authz.Compile(modelPools())
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	cfg := func(c *envConfig) {
+		c.SettleTimeout = 200 * time.Millisecond
+		c.Authority = authority{set}
+		c.Claims = m.claims.node("node")
+	}
+	var e *env
+	if st == nil {
+		e = newEnv(m.t, withSpec(summariesOnly()), cfg)
+	} else {
+		e = &env{t: m.t, dp: dp, sp: newFakeSpeaker(), st: st, dir: dir}
+		c := envConfig{Config: agent.Config{Spec: summariesOnly(), Store: st, Dataplane: dp, Source: podmeta.Standalone{}, Log: discard}}
+		cfg(&c)
+		e.build(c)
+	}
+	if _, err := e.state.SetPodPools([]netip.Prefix{shared6}); err != nil {
+		m.t.Fatal(err)
+	}
+	m.wire(e)
+	return e
+}
+
+// modelPools allow the workers' pods (namespace default) everything they
+// ask for.
+func modelPools() []v1alpha1.AddressPool {
+	mk := func(name string, cidrs, use []string) v1alpha1.AddressPool {
+		return v1alpha1.AddressPool{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: v1alpha1.AddressPoolSpec{CIDRs: cidrs, Use: use, Namespaces: []string{"default"}}}
+	}
+	return []v1alpha1.AddressPool{
+		mk("pods", []string{shared6.String()}, []string{"pod"}),
+		mk("anycast", []string{"2001:db8:ff::/64", "203.0.113.0/28"}, []string{"anycast"}),
+		mk("public", []string{"2001:db8:aa::/64", "2001:db8:bb::/64", "198.51.100.0/28"}, []string{"addresses"}),
+	}
 }
 
 // wire connects an env's fakes to the model's chaos.
@@ -141,18 +187,19 @@ func (m *model) wire(e *env) {
 		}
 		return nil
 	}
+	m.claims.set(func(s *claimStore) { s.fault = func() bool { return m.roll(0.02) } })
 }
 
 func (m *model) roll(p float64) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.chaosMu.Lock()
+	defer m.chaosMu.Unlock()
 	return m.chaos && m.chaosRnd.Float64() < p
 }
 
 func (m *model) setChaos(on bool) {
-	m.mu.Lock()
+	m.chaosMu.Lock()
 	m.chaos = on
-	m.mu.Unlock()
+	m.chaosMu.Unlock()
 }
 
 // round runs the workers concurrently with chaos on.
@@ -246,10 +293,11 @@ func (m *model) vanish(ctx context.Context, c *ctr) bool {
 		m.e.kernelLoop.Kick()
 	}
 	m.e.a.ReapGone(ctx)
+	_, _, still := m.e.state.Get(c.id)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	c.gone = true // the worker never uses the ID again
-	if _, _, ok := m.e.state.Get(c.id); ok {
+	if still {
 		// The reap lost to chaos (teardown or store failure): the runtime
 		// DELs the dead sandbox (quiesce does).
 		c.dirty = true
@@ -439,11 +487,11 @@ func (m *model) restart() {
 		delete(m.ctrs, c.id) // its sandbox is gone: the runtime never uses the ID again
 		m.mu.Unlock()
 	}
-	e := &env{t: m.t, dp: old.dp, sp: newFakeSpeaker(), st: old.st, dir: old.dir}
-	s := testSpec()
-	s.Pools[2].Namespaces = nil
-	e.build(envConfig{Config: agentConfig(s, e, 200*time.Millisecond)})
-	m.wire(e)
+	if m.rnd.IntN(2) == 0 {
+		// A crash between a claim and its record: nobody owns the claim.
+		_ = m.claims.node("node").Claim(context.Background(), agent.Claim{IP: mustAddr("2001:db8:aa::ffff"), Use: "addresses", ContainerID: "crashed-before-record"})
+	}
+	e := m.newAgent(old.dp, old.st, old.dir)
 	// Kubernetes mode: the informer reports readiness before restore.
 	m.mu.Lock()
 	for p, r := range m.ready {
@@ -454,10 +502,6 @@ func (m *model) restart() {
 		m.t.Fatalf("restart: %v", err)
 	}
 	m.e = e
-}
-
-func agentConfig(s *v1alpha1.NodeConfigSpec, e *env, settle time.Duration) agent.Config {
-	return agent.Config{Spec: s, Store: e.st, Dataplane: e.dp, Source: podmeta.Standalone{}, Log: discard, SettleTimeout: settle}
 }
 
 func (m *model) liveCtrs() []*ctr {
@@ -638,6 +682,19 @@ func (m *model) check(when string) {
 				t.Errorf("%s: deleted %s's %s is advertised", when, id, ip)
 			}
 		}
+	}
+	// Cluster-wide claims: exactly the live allocations' addresses IPs and
+	// pod IPs outside the summaries, each held by its container.
+	wantClaims := map[netip.Addr]string{}
+	for _, r := range recs {
+		for _, ip := range append(slices.Clone(r.IPs), r.Addresses...) {
+			if !pool6.Contains(ip) && !pool4.Contains(ip) {
+				wantClaims[ip] = "node/" + r.ContainerID
+			}
+		}
+	}
+	if got := m.claims.holders(); !maps.Equal(got, wantClaims) {
+		t.Errorf("%s: claims\n%v\nwant\n%v", when, got, wantClaims)
 	}
 	for _, st := range []reconcile.Status{e.kernelLoop.Status(), e.bgpLoop.Status()} {
 		if st.Failing {

@@ -1,7 +1,8 @@
 // Package deploy_test checks the Kubernetes manifests in deploy/: they parse
-// strictly into the API types, the kustomization is complete, the DaemonSet
-// has what the agent needs, RBAC is least-privilege, and the example
-// NodeConfig passes the agent's own validation and the CRD's schema.
+// strictly into the API types, the kustomization is complete (every CRD
+// included), the DaemonSet has what the agent needs, RBAC grants exactly
+// what the agent needs, and the example NodeConfig and AddressPools pass the
+// agent's own validation and the CRDs' schemas.
 package deploy_test
 
 import (
@@ -11,8 +12,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -25,16 +28,20 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
+	"code.fritzlab.net/fritzlab/flock/agent/authz"
 	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
 const (
-	namespace  = "flock-system"
-	secretName = "flock-bgp-passwords"
-	image      = "docker.io/fritzlab/flock"
-	crdFile    = "crd/flock.fritzlab.net_nodeconfigs.yaml"
-	example    = "examples/nodeconfig.yaml"
+	namespace    = "flock-system"
+	secretName   = "flock-bgp-passwords"
+	image        = "docker.io/fritzlab/flock"
+	crdFile      = "crd/flock.fritzlab.net_nodeconfigs.yaml"
+	poolCRDFile  = "crd/flock.fritzlab.net_addresspools.yaml"
+	claimCRDFile = "crd/flock.fritzlab.net_addressclaims.yaml"
+	example      = "examples/nodeconfig.yaml"
+	poolsExample = "examples/addresspools.yaml"
 )
 
 type doc struct {
@@ -170,6 +177,8 @@ func TestEveryDocumentParses(t *testing.T) {
 			strict[appsv1.DaemonSet](t, d)
 		case "NodeConfig":
 			strict[v1alpha1.NodeConfig](t, d)
+		case "AddressPool":
+			strict[v1alpha1.AddressPool](t, d)
 		case "Kustomization", "CustomResourceDefinition":
 			// Checked by their own tests.
 		default:
@@ -177,7 +186,7 @@ func TestEveryDocumentParses(t *testing.T) {
 		}
 	}
 	for _, k := range []string{"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
-		"ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "Kustomization", "NodeConfig"} {
+		"ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "Kustomization", "NodeConfig", "AddressPool"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s in deploy/", k)
 		}
@@ -217,11 +226,30 @@ func TestKustomization(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("kustomization resources %v, want the manifests %v", got, want)
 	}
-	if slices.Contains(k.Resources, example) {
-		t.Errorf("%s is per node and must not be in the kustomization", example)
+	for _, ex := range []string{example, poolsExample} {
+		if slices.Contains(k.Resources, ex) {
+			t.Errorf("%s is an example (per node, or addresses of your own) and must not be in the kustomization", ex)
+		}
 	}
-	if !slices.Contains(k.Resources, crdFile) {
-		t.Errorf("the CRD %s is not in the kustomization", crdFile)
+	// Every CRD: the ones the agent needs, and whatever `make generate`
+	// writes into crd/.
+	crds, err := filepath.Glob("crd/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{crdFile, poolCRDFile, claimCRDFile} {
+		if !slices.Contains(crds, f) {
+			t.Errorf("the CRD %s is missing from deploy/crd (run make generate)", f)
+		}
+	}
+	for _, f := range crds {
+		if !slices.Contains(k.Resources, f) {
+			t.Errorf("the CRD %s is not in the kustomization", f)
+		}
+		docs := readDocs(t, f)
+		if len(docs) != 1 || docs[0].kind != "CustomResourceDefinition" {
+			t.Errorf("%s: want one CustomResourceDefinition", f)
+		}
 	}
 	if len(k.Images) != 1 || k.Images[0].Name != image || k.Images[0].NewTag == "" {
 		t.Errorf("images = %+v, want one entry for %s with a tag", k.Images, image)
@@ -412,11 +440,45 @@ func checkRules(t *testing.T, who string, rules []rbacv1.PolicyRule) {
 			t.Errorf("%s: nonResourceURLs %v", who, r.NonResourceURLs)
 		}
 		for _, verb := range r.Verbs {
-			if verb == "escalate" || verb == "bind" || verb == "impersonate" || verb == "delete" || verb == "deletecollection" {
+			if verb == "escalate" || verb == "bind" || verb == "impersonate" || verb == "deletecollection" {
 				t.Errorf("%s: verb %s", who, verb)
 			}
 		}
 	}
+}
+
+// grants lists what rules grant, one "verb group/resource" (with
+// "[names]" when limited to resourceNames) each, sorted.
+func grants(rules []rbacv1.PolicyRule) []string {
+	var out []string
+	for _, r := range rules {
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					e := v + " " + g + "/" + res
+					if len(r.ResourceNames) > 0 {
+						e += " " + fmt.Sprint(r.ResourceNames)
+					}
+					out = append(out, e)
+				}
+			}
+		}
+	}
+	sort.Strings(out)
+	return slices.Compact(out)
+}
+
+// expand turns "group/resource: verbs" lines into grants.
+func expand(want ...string) []string {
+	var out []string
+	for _, w := range want {
+		res, verbs, _ := strings.Cut(w, ":")
+		for _, v := range strings.Fields(verbs) {
+			out = append(out, v+" "+res)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // allows reports whether rules grant verb on group/resource.
@@ -440,21 +502,50 @@ func TestRBAC(t *testing.T) {
 	}
 	cr := strict[rbacv1.ClusterRole](t, crs[0])
 	checkRules(t, "ClusterRole "+cr.Name, cr.Rules)
-	for _, want := range []struct{ group, resource, verbs string }{
-		{"flock.fritzlab.net", "nodeconfigs", "get list watch"},
-		{"flock.fritzlab.net", "nodeconfigs/status", "get update patch"},
-		{"", "pods", "get list watch"},
-		{"", "events", "create patch"},
-	} {
-		for _, v := range strings.Fields(want.verbs) {
-			if allows(cr.Rules, want.group, want.resource, v) == nil {
-				t.Errorf("ClusterRole does not allow %s %q/%s", v, want.group, want.resource)
-			}
+	// Exactly these grants: a verb more is a failure like a verb less.
+	want := expand(
+		"flock.fritzlab.net/nodeconfigs: get list watch",
+		"flock.fritzlab.net/nodeconfigs/status: get update patch",
+		// AddressPools are read-only; the agents count the claims in their
+		// status.
+		"flock.fritzlab.net/addresspools: get list watch",
+		"flock.fritzlab.net/addresspools/status: get update patch",
+		// A claim is created whole (the atomic test-and-set on its name)
+		// and deleted; never updated or patched.
+		"flock.fritzlab.net/addressclaims: create get list watch delete",
+		"/pods: get list watch",
+		"/namespaces: get list watch", // namespaceSelector
+		"/nodes: get",                 // the claim GC: does the claim's node still exist?
+		"/events: create patch",
+		"events.k8s.io/events: create patch",
+	)
+	got := grants(cr.Rules)
+	for _, g := range got {
+		if !slices.Contains(want, g) {
+			t.Errorf("ClusterRole grants %s: more than the agent needs", g)
 		}
 	}
-	for _, verb := range []string{"create", "update", "patch"} {
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			t.Errorf("ClusterRole does not grant %s", w)
+		}
+	}
+	for _, verb := range []string{"create", "update", "patch", "delete"} {
 		if allows(cr.Rules, "flock.fritzlab.net", "nodeconfigs", verb) != nil {
 			t.Errorf("ClusterRole allows %s on nodeconfigs: the agent only reads its spec", verb)
+		}
+		if allows(cr.Rules, "flock.fritzlab.net", "addresspools", verb) != nil {
+			t.Errorf("ClusterRole allows %s on addresspools: they are read-only to the agent", verb)
+		}
+	}
+	for _, verb := range []string{"update", "patch", "deletecollection"} {
+		if allows(cr.Rules, "flock.fritzlab.net", "addressclaims", verb) != nil {
+			t.Errorf("ClusterRole allows %s on addressclaims: a claim is created and deleted, never changed", verb)
+		}
+	}
+	for _, r := range cr.Rules {
+		if len(r.ResourceNames) > 0 {
+			t.Errorf("ClusterRole rule with resourceNames %+v: not expected", r)
 		}
 	}
 	for _, r := range cr.Rules {
@@ -482,10 +573,18 @@ func TestRBAC(t *testing.T) {
 	if !slices.Equal(secretRule.ResourceNames, []string{secretName}) {
 		t.Errorf("secrets rule resourceNames %v, want [%s]", secretRule.ResourceNames, secretName)
 	}
-	for _, v := range secretRule.Verbs {
-		if v != "get" && v != "list" && v != "watch" {
-			t.Errorf("secrets verb %s", v)
-		}
+	var roleGrants []string
+	for _, d := range roles {
+		roleGrants = append(roleGrants, grants(strict[rbacv1.Role](t, d).Rules)...)
+	}
+	sort.Strings(roleGrants)
+	wantRole := []string{
+		"get /secrets [" + secretName + "]",
+		"list /secrets [" + secretName + "]",
+		"watch /secrets [" + secretName + "]",
+	}
+	if !slices.Equal(roleGrants, wantRole) {
+		t.Errorf("Roles grant %q, want exactly %q", roleGrants, wantRole)
 	}
 
 	bound := func(kind, roleKind, role string) {
@@ -527,6 +626,10 @@ func TestExampleNodeConfig(t *testing.T) {
 	if err := nodeconfig.Validate(&nc.Spec); err != nil {
 		t.Errorf("nodeconfig.Validate: %v", err)
 	}
+	// It shows the current way: AddressPools, not deprecated shared pools.
+	if _, warnings := nodeconfig.LegacyPools(&nc.Spec); len(warnings) > 0 {
+		t.Errorf("the example uses deprecated shared pools: %q", warnings)
+	}
 	// The same object is a valid standalone node-config file.
 	if _, err := nodeconfig.Parse(docs[0].data); err != nil {
 		t.Errorf("nodeconfig.Parse: %v", err)
@@ -541,14 +644,105 @@ func TestExampleNodeConfig(t *testing.T) {
 	if err := yaml.Unmarshal(docs[0].data, &obj); err != nil {
 		t.Fatal(err)
 	}
-	sch := crdSchema(t)
+	sch := crdSchema(t, crdFile)
 	for _, e := range validate("", obj, sch) {
 		t.Errorf("%s: %s", example, e)
 	}
 }
 
+// docRanges are the documentation ranges the examples must stay in.
+var docRanges = []netip.Prefix{
+	netip.MustParsePrefix("2001:db8::/32"),
+	netip.MustParsePrefix("198.51.100.0/24"),
+	netip.MustParsePrefix("203.0.113.0/24"),
+}
+
+func TestExampleAddressPools(t *testing.T) {
+	docs := readDocs(t, poolsExample)
+	var pools []v1alpha1.AddressPool
+	sch := crdSchema(t, poolCRDFile)
+	for _, d := range docs {
+		if d.kind != "AddressPool" {
+			t.Fatalf("%s: %s %s, want only AddressPools", poolsExample, d.kind, d.name)
+		}
+		ap := strict[v1alpha1.AddressPool](t, d)
+		if ap.APIVersion != v1alpha1.GroupVersion.String() || ap.Namespace != "" {
+			t.Errorf("%s: apiVersion %q namespace %q: want %s, cluster-scoped", d.name, ap.APIVersion, ap.Namespace, v1alpha1.GroupVersion)
+		}
+		pools = append(pools, *ap)
+		var obj any
+		if err := yaml.Unmarshal(d.data, &obj); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range validate("", obj, sch) {
+			t.Errorf("%s: %s: %s", poolsExample, d.name, e)
+		}
+		// The CRD's CEL rule (the checker above is structural only).
+		if ap.Spec.Namespaces == nil && ap.Spec.NamespaceSelector == nil {
+			t.Errorf("%s: says neither namespaces nor namespaceSelector: the API server refuses it", d.name)
+		}
+	}
+	// The agent's own validation, the whole set at once (overlaps).
+	if _, err := authz.Compile(pools); err != nil {
+		t.Errorf("authz.Compile: %v", err)
+	}
+	// A worked example per use, one use each so each is plain to read.
+	for _, use := range v1alpha1.Uses {
+		n := 0
+		for _, p := range pools {
+			if slices.Equal(p.Spec.Use, []string{use}) {
+				n++
+			}
+		}
+		if n == 0 {
+			t.Errorf("no example AddressPool for use %s alone", use)
+		}
+	}
+	// Documentation addresses only, both families per pool, and none in
+	// the example node's summaries (summaries and AddressPools must not
+	// overlap).
+	nc := strict[v1alpha1.NodeConfig](t, readDocs(t, example)[0])
+	summaries := nodeconfig.Summaries(&nc.Spec)
+	for _, p := range pools {
+		fams := map[bool]bool{}
+		for _, c := range p.Spec.CIDRs {
+			pfx := netip.MustParsePrefix(c)
+			fams[pfx.Addr().Is4()] = true
+			if !slices.ContainsFunc(docRanges, func(r netip.Prefix) bool { return r.Bits() <= pfx.Bits() && r.Contains(pfx.Addr()) }) {
+				t.Errorf("%s: %s is outside the documentation ranges %v", p.Name, pfx, docRanges)
+			}
+			for _, s := range summaries {
+				if s.Overlaps(pfx) {
+					t.Errorf("%s: %s overlaps the example node's summary %s", p.Name, pfx, s)
+				}
+			}
+		}
+		if len(fams) != 2 {
+			t.Errorf("%s: CIDRs %v: show both families", p.Name, p.Spec.CIDRs)
+		}
+	}
+
+	// In standalone mode the same documents follow the NodeConfig in the
+	// node-config file.
+	ncRaw, err := os.ReadFile(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	poolsRaw, err := os.ReadFile(poolsExample)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := nodeconfig.Parse(append(append(ncRaw, "---\n"...), poolsRaw...))
+	if err != nil {
+		t.Fatalf("example NodeConfig + AddressPools as a node-config file: %v", err)
+	}
+	if !reflect.DeepEqual(f.AddressPools, pools) {
+		t.Errorf("node-config file AddressPools\n %+v\nwant\n %+v", f.AddressPools, pools)
+	}
+}
+
 func TestSchemaCheckerRejects(t *testing.T) {
-	sch := crdSchema(t)
+	sch := crdSchema(t, crdFile)
 	for _, tc := range []struct{ name, yaml string }{
 		{"unknown field", "spec: {asn: 1, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}], bogus: 1}"},
 		{"asn 0", "spec: {asn: 0, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}]}"},
@@ -563,6 +757,26 @@ func TestSchemaCheckerRejects(t *testing.T) {
 		}
 		if errs := validate("", obj, sch); len(errs) == 0 {
 			t.Errorf("%s: accepted", tc.name)
+		}
+	}
+	poolSch := crdSchema(t, poolCRDFile)
+	for _, tc := range []struct{ name, yaml string }{
+		{"unknown field", "spec: {cidrs: ['2001:db8::/64'], use: [pod], namespaces: [a], namespace: b}"},
+		{"no cidrs", "spec: {use: [pod], namespaces: [a]}"},
+		{"empty cidrs", "spec: {cidrs: [], use: [pod], namespaces: [a]}"},
+		{"no use", "spec: {cidrs: ['2001:db8::/64'], namespaces: [a]}"},
+		{"empty use", "spec: {cidrs: ['2001:db8::/64'], use: [], namespaces: [a]}"},
+		{"unknown use", "spec: {cidrs: ['2001:db8::/64'], use: [cidr6], namespaces: [a]}"},
+		{"empty namespace", "spec: {cidrs: ['2001:db8::/64'], use: [pod], namespaces: ['']}"},
+		{"matchLabels not strings", "spec: {cidrs: ['2001:db8::/64'], use: [pod], namespaceSelector: {matchLabels: {a: [b]}}}"},
+		{"status claims not an integer", "spec: {cidrs: ['2001:db8::/64'], use: [pod], namespaces: [a]}\nstatus: {claims: many}"},
+	} {
+		var obj any
+		if err := yaml.Unmarshal([]byte("apiVersion: flock.fritzlab.net/v1alpha1\nkind: AddressPool\nmetadata: {name: x}\n"+tc.yaml), &obj); err != nil {
+			t.Fatal(err)
+		}
+		if errs := validate("", obj, poolSch); len(errs) == 0 {
+			t.Errorf("AddressPool %s: accepted", tc.name)
 		}
 	}
 }
@@ -582,9 +796,11 @@ type schema struct {
 	MaxItems   *int              `json:"maxItems"`
 	MinLength  *int              `json:"minLength"`
 	MaxLength  *int              `json:"maxLength"`
+	// AdditionalProperties is the schema of a map's values.
+	AdditionalProperties *schema `json:"additionalProperties"`
 }
 
-func crdSchema(t *testing.T) schema {
+func crdSchema(t *testing.T, crdFile string) schema {
 	t.Helper()
 	var c struct {
 		Spec struct {
@@ -629,6 +845,9 @@ func validate(path string, v any, s schema) []string {
 		}
 		for k, x := range m {
 			sub, ok := s.Properties[k]
+			if !ok && s.AdditionalProperties != nil {
+				sub, ok = *s.AdditionalProperties, true
+			}
 			if !ok {
 				bad("unknown field %q", k)
 				continue

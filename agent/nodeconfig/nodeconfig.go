@@ -1,39 +1,61 @@
 // Package nodeconfig loads and validates a NodeConfig spec: from the
 // standalone YAML file here, from the API server in Kubernetes mode. Both
 // paths share Validate, so a bad value gets the same error either way.
+//
+// The standalone file may hold several YAML documents separated by "---":
+// exactly one NodeConfig and any number of AddressPools, the same objects
+// the API server takes. The file is checked as a whole: one bad document,
+// or one invalid AddressPool, and the file is refused (the agent keeps
+// running the configuration it has) — unlike Kubernetes mode, where an
+// invalid AddressPool is only ignored.
 package nodeconfig
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
 	"os"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
+	"code.fritzlab.net/fritzlab/flock/agent/authz"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
-// APIVersion and Kind expected at the top of a node-config file.
+// APIVersion of every document of a node-config file, and Kind of the one
+// NodeConfig document (the others are v1alpha1.AddressPoolKind).
 const (
 	APIVersion = "flock.fritzlab.net/v1alpha1"
 	Kind       = "NodeConfig"
 )
 
 // File is the standalone node-config file: a NodeConfig object whose spec is
-// the CRD's spec type.
+// the CRD's spec type, plus the file's AddressPool documents.
 type File struct {
 	APIVersion string                  `json:"apiVersion"`
 	Kind       string                  `json:"kind"`
 	Metadata   Metadata                `json:"metadata"`
 	Spec       v1alpha1.NodeConfigSpec `json:"spec"`
+	// AddressPools are the file's AddressPool documents, in file order,
+	// all valid: Parse has compiled them with authz.Compile, together with
+	// the implicit pools of the NodeConfig's deprecated shared pools. Those
+	// are not in this list: LegacyPools(&f.Spec) returns them (and their
+	// deprecation warnings).
+	AddressPools []v1alpha1.AddressPool `json:"-"`
 	// Raw is the file's content as read by Load (the reload baseline).
 	Raw []byte `json:"-"`
 }
 
-// Metadata is the subset of object metadata the file uses.
+// Metadata is the subset of object metadata the NodeConfig document uses.
 type Metadata struct {
 	Name string `json:"name"`
 }
@@ -52,23 +74,138 @@ func Load(path string) (*File, error) {
 	return f, nil
 }
 
-// Parse parses and validates node-config YAML. Unknown fields are errors: a
-// misspelt knob must not be silently ignored.
+// Parse parses and validates node-config YAML: exactly one NodeConfig
+// document and any number of AddressPool documents, in any order. Unknown
+// fields are errors: a misspelt knob must not be silently ignored. Every
+// error names the document (its number among the file's non-empty
+// documents, kind/name and first line), the field and the value; all of
+// them are reported together, and any error refuses the whole file.
 func Parse(data []byte) (*File, error) {
-	var f File
-	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		return nil, err
+	var (
+		errs   []error
+		f      *File
+		ncDoc  *document // the first NodeConfig document
+		specOK bool
+		pools  []v1alpha1.AddressPool
+		poolAt = map[string]*document{} // AddressPool name → its document
+	)
+	for _, d := range splitDocuments(data) {
+		var head struct {
+			APIVersion string `json:"apiVersion"`
+			Kind       string `json:"kind"`
+			Metadata   struct {
+				Name string `json:"name"`
+			} `json:"metadata"`
+		}
+		if err := yaml.Unmarshal(d.data, &head); err != nil {
+			errs = append(errs, d.errorf("%s", d.yamlError(err)))
+			continue
+		}
+		d.kind, d.name = head.Kind, head.Metadata.Name
+		if head.APIVersion != APIVersion {
+			errs = append(errs, d.errorf("apiVersion: %q, want %q", head.APIVersion, APIVersion))
+			if head.Kind == Kind && ncDoc == nil {
+				ncDoc = d // the NodeConfig, of a wrong version: not missing
+			}
+			continue
+		}
+		switch head.Kind {
+		case Kind:
+			if ncDoc != nil {
+				errs = append(errs, d.errorf("kind: a second NodeConfig (%s is the first); a node-config file holds exactly one", ncDoc))
+				continue
+			}
+			ncDoc = d
+			var nc File
+			if err := yaml.UnmarshalStrict(d.data, &nc); err != nil {
+				errs = append(errs, d.errorf("%s", d.yamlError(err)))
+				continue
+			}
+			f = &nc
+			if err := Validate(&nc.Spec); err != nil {
+				errs = append(errs, d.wrap(err)...)
+				continue
+			}
+			specOK = true
+		case v1alpha1.AddressPoolKind:
+			var ap v1alpha1.AddressPool
+			if err := yaml.UnmarshalStrict(d.data, &ap); err != nil {
+				errs = append(errs, d.errorf("%s", d.yamlError(err)))
+				continue
+			}
+			errs = append(errs, checkPoolObject(d, &ap)...)
+			if ap.Name == "" {
+				// Unnamed: checked alone (authz names the missing name and
+				// any bad field); it cannot be told apart in the set.
+				errs = append(errs, d.wrap(authz.Validate(ap))...)
+				continue
+			}
+			if prev, dup := poolAt[ap.Name]; dup {
+				errs = append(errs, d.errorf("metadata.name: %q is also the name of %s; AddressPool names are unique", ap.Name, prev))
+				continue
+			}
+			poolAt[ap.Name] = d
+			pools = append(pools, ap)
+		case "":
+			errs = append(errs, d.errorf("kind: missing, want %s or %s", Kind, v1alpha1.AddressPoolKind))
+		default:
+			errs = append(errs, d.errorf("kind: %q is not a kind of the node-config file, want %s or %s", head.Kind, Kind, v1alpha1.AddressPoolKind))
+		}
 	}
-	if f.APIVersion != APIVersion {
-		return nil, fmt.Errorf("apiVersion: %q, want %q", f.APIVersion, APIVersion)
+	if ncDoc == nil {
+		errs = append([]error{fmt.Errorf("no %s document: a node-config file holds exactly one %s and any number of %ss", Kind, Kind, v1alpha1.AddressPoolKind)}, errs...)
 	}
-	if f.Kind != Kind {
-		return nil, fmt.Errorf("kind: %q, want %q", f.Kind, Kind)
+
+	// The AddressPools are compiled together with the implicit pools of
+	// the NodeConfig's deprecated shared pools: the set the agent will use.
+	set := slices.Clone(pools)
+	legacyAt := map[string]int{} // implicit pool name → its spec.pools index
+	var legacy []v1alpha1.AddressPool
+	if specOK {
+		legacy, _ = LegacyPools(&f.Spec)
+		for i, p := range f.Spec.Pools {
+			if p.Shared {
+				legacyAt[LegacyPoolName(i)] = i
+			}
+		}
+		for _, lp := range legacy {
+			if d, clash := poolAt[lp.Name]; clash {
+				errs = append(errs, d.errorf("metadata.name: %q is the name of the implicit AddressPool of the NodeConfig's deprecated shared pool spec.pools[%d] (%s); rename this AddressPool, or move that pool out of the NodeConfig", lp.Name, legacyAt[lp.Name], ncDoc))
+				set = slices.DeleteFunc(set, func(p v1alpha1.AddressPool) bool { return p.Name == lp.Name })
+			}
+		}
+		set = append(set, legacy...)
 	}
-	if err := Validate(&f.Spec); err != nil {
-		return nil, err
+	if s, err := authz.Compile(set); err != nil {
+		invalid := s.Invalid()
+		// hint says what an implicit pool named in an error is.
+		hint := func(e error) error {
+			for name, i := range legacyAt {
+				if strings.Contains(e.Error(), strconv.Quote(name)) {
+					return fmt.Errorf("%w (AddressPool %s is the NodeConfig's deprecated shared pool spec.pools[%d]: move that pool out of the NodeConfig into an AddressPool)", e, name, i)
+				}
+			}
+			return e
+		}
+		for _, p := range pools {
+			if _, implicit := legacyAt[p.Name]; implicit {
+				continue // reported above; the error in the set is the implicit pool's
+			}
+			for _, e := range flatten(invalid[p.Name]) {
+				errs = append(errs, poolAt[p.Name].errorf("%w", hint(e)))
+			}
+		}
+		for _, lp := range legacy {
+			for _, e := range flatten(invalid[lp.Name]) {
+				errs = append(errs, ncDoc.errorf("spec.pools[%d] (deprecated shared pool, read as the implicit AddressPool %s): %w", legacyAt[lp.Name], lp.Name, e))
+			}
+		}
 	}
-	return &f, nil
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	f.AddressPools = pools
+	return f, nil
 }
 
 // Validate checks a spec and names the offending field and value.
@@ -156,4 +293,188 @@ func Summaries(s *v1alpha1.NodeConfigSpec) []netip.Prefix {
 		}
 	}
 	return out
+}
+
+// document is one YAML document of a node-config file.
+type document struct {
+	index      int // 1-based, among the file's non-empty documents
+	line       int // 1-based line of the file where it starts
+	data       []byte
+	kind, name string
+}
+
+// String names the document: "document 2 (AddressPool/pods, line 30)".
+func (d *document) String() string {
+	what := d.kind
+	switch {
+	case d.kind != "" && d.name != "":
+		what += "/" + d.name
+	case d.name != "":
+		what = d.name
+	}
+	if what == "" {
+		return fmt.Sprintf("document %d (line %d)", d.index, d.line)
+	}
+	return fmt.Sprintf("document %d (%s, line %d)", d.index, what, d.line)
+}
+
+func (d *document) errorf(format string, a ...any) error {
+	return fmt.Errorf("%s: "+format, append([]any{d}, a...)...)
+}
+
+// wrap prefixes each of the (joined) errors with the document.
+func (d *document) wrap(err error) []error {
+	var out []error
+	for _, e := range flatten(err) {
+		out = append(out, d.errorf("%w", e))
+	}
+	return out
+}
+
+var yamlLine = regexp.MustCompile(`\byaml: line (\d+):`)
+
+// yamlError makes the line numbers of a YAML syntax error lines of the
+// file, not of the document.
+func (d *document) yamlError(err error) string {
+	return yamlLine.ReplaceAllStringFunc(err.Error(), func(m string) string {
+		n, _ := strconv.Atoi(yamlLine.FindStringSubmatch(m)[1])
+		return fmt.Sprintf("yaml: line %d:", d.line+n-1)
+	})
+}
+
+// flatten splits an errors.Join into its errors (recursively); any other
+// error, wrapped or not, is one.
+func flatten(err error) []error {
+	if err == nil {
+		return nil
+	}
+	j, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return []error{err}
+	}
+	parts := j.Unwrap()
+	var msgs []string
+	for _, e := range parts {
+		msgs = append(msgs, e.Error())
+	}
+	if err.Error() != strings.Join(msgs, "\n") {
+		return []error{err} // fmt.Errorf with several %w: one error with context
+	}
+	var out []error
+	for _, e := range parts {
+		out = append(out, flatten(e)...)
+	}
+	return out
+}
+
+// splitDocuments splits YAML at "---" lines (like the API machinery's
+// reader: "---" at the start of a line, then nothing or a comment) and
+// drops the documents that hold nothing but blanks and comments.
+func splitDocuments(data []byte) []*document {
+	var out []*document
+	var cur []byte
+	start := 1
+	flush := func() {
+		if !blank(cur) {
+			out = append(out, &document{index: len(out) + 1, line: start, data: cur})
+		}
+		cur = nil
+	}
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	for i, l := range lines {
+		if rest, ok := bytes.CutPrefix(l, []byte("---")); ok {
+			if r := bytes.TrimSpace(rest); len(r) == 0 || r[0] == '#' {
+				flush()
+				start = i + 2
+				continue
+			}
+		}
+		cur = append(cur, l...)
+	}
+	flush()
+	return out
+}
+
+func blank(doc []byte) bool {
+	for l := range bytes.SplitSeq(doc, []byte("\n")) {
+		if t := bytes.TrimSpace(l); len(t) > 0 && t[0] != '#' {
+			return false
+		}
+	}
+	return true
+}
+
+// checkPoolObject checks what the API server checks of an AddressPool
+// beyond authz.Compile's validation of the spec: the name, the scope, and
+// the CRD's rule that a pool says who may use it.
+func checkPoolObject(d *document, ap *v1alpha1.AddressPool) []error {
+	var errs []error
+	if ap.Name != "" {
+		if msgs := validation.IsDNS1123Subdomain(ap.Name); len(msgs) > 0 {
+			errs = append(errs, d.errorf("metadata.name: %q is not a valid name: %s", ap.Name, strings.Join(msgs, "; ")))
+		}
+	}
+	if ap.Namespace != "" {
+		errs = append(errs, d.errorf("metadata.namespace: %q: an AddressPool is cluster-scoped, leave it out", ap.Namespace))
+	}
+	if ap.Spec.Namespaces == nil && ap.Spec.NamespaceSelector == nil {
+		// The CRD's rule: an omission must not read as "nobody" by accident.
+		errs = append(errs, d.errorf("spec: neither namespaces nor namespaceSelector: say who may use the pool (namespaceSelector {} selects every namespace)"))
+	}
+	if ap.Status != (v1alpha1.AddressPoolStatus{}) {
+		errs = append(errs, d.errorf("status: the agents write it (in Kubernetes mode), leave it out of the file"))
+	}
+	return errs
+}
+
+// LegacyPoolName is the name of the implicit AddressPool LegacyPools makes
+// of the NodeConfig's shared pool spec.pools[index]: "nodeconfig-pool-<index>".
+func LegacyPoolName(index int) string { return fmt.Sprintf("nodeconfig-pool-%d", index) }
+
+// LegacyPools migrates the NodeConfig's shared pools (spec.pools[] with
+// shared: true, and their namespaces), deprecated by AddressPools and read
+// for one release: it returns one implicit AddressPool per shared pool,
+// named LegacyPoolName(index), for use pod, allowing the namespaces listed —
+// or, when the list is empty (which meant "every namespace"), every
+// namespace (namespaceSelector {}). Each pool comes with a deprecation
+// warning that names it and gives the AddressPool to write instead. The
+// pools are not validated: authz.Compile does that.
+func LegacyPools(spec *v1alpha1.NodeConfigSpec) (pools []v1alpha1.AddressPool, warnings []string) {
+	for i, p := range spec.Pools {
+		if !p.Shared {
+			continue
+		}
+		ap := v1alpha1.AddressPool{
+			TypeMeta:   metav1.TypeMeta{APIVersion: APIVersion, Kind: v1alpha1.AddressPoolKind},
+			ObjectMeta: metav1.ObjectMeta{Name: LegacyPoolName(i)},
+			Spec: v1alpha1.AddressPoolSpec{
+				CIDRs:      []string{p.CIDR},
+				Use:        []string{v1alpha1.UsePod},
+				Namespaces: slices.Clone(p.Namespaces),
+			},
+		}
+		who := "namespaces " + strings.Join(p.Namespaces, ", ")
+		if len(p.Namespaces) == 0 {
+			ap.Spec.NamespaceSelector = &metav1.LabelSelector{}
+			who = "every namespace: its empty namespaces list meant every namespace, so the AddressPool has namespaceSelector {}; list only the namespaces that need it if you can"
+		}
+		pools = append(pools, ap)
+		warnings = append(warnings, fmt.Sprintf("spec.pools[%d]: the shared pool %s is deprecated and read for this release only, as the implicit AddressPool %s (use pod, %s); move it out of the NodeConfig into an AddressPool: %s",
+			i, p.CIDR, ap.Name, who, suggest(ap)))
+	}
+	return pools, warnings
+}
+
+// suggest renders an AddressPool to write, in one line (JSON is YAML).
+func suggest(ap v1alpha1.AddressPool) string {
+	b, err := json.Marshal(struct {
+		APIVersion string                   `json:"apiVersion"`
+		Kind       string                   `json:"kind"`
+		Metadata   Metadata                 `json:"metadata"`
+		Spec       v1alpha1.AddressPoolSpec `json:"spec"`
+	}{ap.APIVersion, ap.Kind, Metadata{Name: ap.Name}, ap.Spec})
+	if err != nil {
+		return fmt.Sprintf("%+v", ap.Spec) // unreachable: the spec is plain data
+	}
+	return string(b)
 }

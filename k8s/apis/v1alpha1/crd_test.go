@@ -15,8 +15,12 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
-// crdPath is the CRD `make generate` writes from this package.
-var crdPath = filepath.Join("..", "..", "..", "deploy", "crd", "flock.fritzlab.net_nodeconfigs.yaml")
+// The CRDs `make generate` writes from this package.
+var (
+	crdPath      = filepath.Join("..", "..", "..", "deploy", "crd", "flock.fritzlab.net_nodeconfigs.yaml")
+	poolCRDPath  = filepath.Join("..", "..", "..", "deploy", "crd", "flock.fritzlab.net_addresspools.yaml")
+	claimCRDPath = filepath.Join("..", "..", "..", "deploy", "crd", "flock.fritzlab.net_addressclaims.yaml")
+)
 
 // The subset of apiextensions.k8s.io/v1 the tests read (the module does not
 // depend on apiextensions-apiserver).
@@ -37,21 +41,23 @@ type crd struct {
 		} `json:"names"`
 		Scope    string `json:"scope"`
 		Versions []struct {
-			Name                     string `json:"name"`
-			Served                   bool   `json:"served"`
-			Storage                  bool   `json:"storage"`
-			AdditionalPrinterColumns []struct {
-				Name     string `json:"name"`
-				Type     string `json:"type"`
-				JSONPath string `json:"jsonPath"`
-				Priority int32  `json:"priority"`
-			} `json:"additionalPrinterColumns"`
-			Subresources map[string]any `json:"subresources"`
-			Schema       struct {
+			Name                     string          `json:"name"`
+			Served                   bool            `json:"served"`
+			Storage                  bool            `json:"storage"`
+			AdditionalPrinterColumns []printerColumn `json:"additionalPrinterColumns"`
+			Subresources             map[string]any  `json:"subresources"`
+			Schema                   struct {
 				OpenAPIV3Schema schema `json:"openAPIV3Schema"`
 			} `json:"schema"`
 		} `json:"versions"`
 	} `json:"spec"`
+}
+
+type printerColumn struct {
+	Name     string `json:"name"`
+	Type     string `json:"type"`
+	JSONPath string `json:"jsonPath"`
+	Priority int32  `json:"priority"`
 }
 
 type schema struct {
@@ -64,54 +70,39 @@ type schema struct {
 	Pattern     string            `json:"pattern"`
 	Minimum     *float64          `json:"minimum"`
 	Maximum     *float64          `json:"maximum"`
+	MinItems    *int              `json:"minItems"`
+	MaxItems    *int              `json:"maxItems"`
+	MinLength   *int              `json:"minLength"`
+	MaxLength   *int              `json:"maxLength"`
+	ListType    string            `json:"x-kubernetes-list-type"`
 	Validations []struct {
 		Rule    string `json:"rule"`
 		Message string `json:"message"`
 	} `json:"x-kubernetes-validations"`
 }
 
-func loadCRD(t *testing.T) *crd {
+// loadCRD reads the NodeConfig CRD, or the one at path.
+func loadCRD(t *testing.T, path ...string) *crd {
 	t.Helper()
-	data, err := os.ReadFile(crdPath)
+	p := crdPath
+	if len(path) > 0 {
+		p = path[0]
+	}
+	data, err := os.ReadFile(p)
 	if err != nil {
 		t.Fatalf("%v (run make generate)", err)
 	}
 	var c crd
 	if err := yaml.Unmarshal(data, &c); err != nil {
-		t.Fatalf("%s: %v", crdPath, err)
+		t.Fatalf("%s: %v", p, err)
 	}
 	return &c
 }
 
 func TestCRDIdentity(t *testing.T) {
 	c := loadCRD(t)
-	if c.APIVersion != "apiextensions.k8s.io/v1" || c.Kind != "CustomResourceDefinition" {
-		t.Errorf("apiVersion/kind = %s %s", c.APIVersion, c.Kind)
-	}
-	if c.Metadata.Name != "nodeconfigs.flock.fritzlab.net" {
-		t.Errorf("name = %q", c.Metadata.Name)
-	}
-	if c.Spec.Group != v1alpha1.GroupVersion.Group {
-		t.Errorf("group = %q, want %q", c.Spec.Group, v1alpha1.GroupVersion.Group)
-	}
-	n := c.Spec.Names
-	if n.Kind != "NodeConfig" || n.ListKind != "NodeConfigList" || n.Plural != "nodeconfigs" || n.Singular != "nodeconfig" {
-		t.Errorf("names = %+v", n)
-	}
-	if !slices.Contains(n.ShortNames, "nc") {
-		t.Errorf("shortNames = %v, want nc", n.ShortNames)
-	}
-	if c.Spec.Scope != "Cluster" {
-		t.Errorf("scope = %q, want Cluster", c.Spec.Scope)
-	}
-	if len(c.Spec.Versions) != 1 {
-		t.Fatalf("%d versions, want 1", len(c.Spec.Versions))
-	}
-	v := c.Spec.Versions[0]
-	if v.Name != v1alpha1.GroupVersion.Version || !v.Served || !v.Storage {
-		t.Errorf("version %q served=%v storage=%v", v.Name, v.Served, v.Storage)
-	}
-	if _, ok := v.Subresources["status"]; !ok {
+	checkIdentity(t, c, v1alpha1.NodeConfigKind, v1alpha1.NodeConfigResource, "nc")
+	if v := c.Spec.Versions[0]; v.Subresources["status"] == nil {
 		t.Errorf("no status subresource: %v", v.Subresources)
 	}
 }
@@ -136,6 +127,168 @@ func TestCRDPrinterColumns(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("printer columns\n got %+v\nwant %+v", got, want)
+	}
+}
+
+// checkIdentity checks a CRD's name, group, names, scope (Cluster) and its
+// one served and stored version.
+func checkIdentity(t *testing.T, c *crd, kind, plural, shortName string) {
+	t.Helper()
+	if c.APIVersion != "apiextensions.k8s.io/v1" || c.Kind != "CustomResourceDefinition" {
+		t.Errorf("apiVersion/kind = %s %s", c.APIVersion, c.Kind)
+	}
+	if want := plural + "." + v1alpha1.GroupName; c.Metadata.Name != want {
+		t.Errorf("name = %q, want %q", c.Metadata.Name, want)
+	}
+	if c.Spec.Group != v1alpha1.GroupVersion.Group {
+		t.Errorf("group = %q, want %q", c.Spec.Group, v1alpha1.GroupVersion.Group)
+	}
+	n := c.Spec.Names
+	if n.Kind != kind || n.ListKind != kind+"List" || n.Plural != plural || n.Singular != strings.ToLower(kind) {
+		t.Errorf("names = %+v, want kind %s, plural %s", n, kind, plural)
+	}
+	if !slices.Equal(n.ShortNames, []string{shortName}) {
+		t.Errorf("shortNames = %v, want [%s]", n.ShortNames, shortName)
+	}
+	if c.Spec.Scope != "Cluster" {
+		t.Errorf("scope = %q, want Cluster", c.Spec.Scope)
+	}
+	if len(c.Spec.Versions) != 1 {
+		t.Fatalf("%d versions, want 1", len(c.Spec.Versions))
+	}
+	v := c.Spec.Versions[0]
+	if v.Name != v1alpha1.GroupVersion.Version || !v.Served || !v.Storage {
+		t.Errorf("version %q served=%v storage=%v", v.Name, v.Served, v.Storage)
+	}
+}
+
+func checkColumns(t *testing.T, got []printerColumn, want []printerColumn) {
+	t.Helper()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("printer columns\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func hasRule(s schema, rule string) bool {
+	for _, v := range s.Validations {
+		if v.Rule == rule {
+			return true
+		}
+	}
+	return false
+}
+
+func TestAddressPoolCRD(t *testing.T) {
+	c := loadCRD(t, poolCRDPath)
+	checkIdentity(t, c, v1alpha1.AddressPoolKind, v1alpha1.AddressPoolResource, "ap")
+	v := c.Spec.Versions[0]
+	// Agents write the claims count through the status subresource.
+	if _, ok := v.Subresources["status"]; !ok {
+		t.Errorf("no status subresource: %v", v.Subresources)
+	}
+	checkColumns(t, v.AdditionalPrinterColumns, []printerColumn{
+		{"CIDRs", "string", ".spec.cidrs", 0},
+		{"Use", "string", ".spec.use", 0},
+		{"Namespaces", "string", ".spec.namespaces", 0},
+		{"Claims", "integer", ".status.claims", 0},
+		{"Age", "date", ".metadata.creationTimestamp", 0},
+	})
+
+	root := v.Schema.OpenAPIV3Schema
+	if !slices.Contains(root.Required, "spec") {
+		t.Errorf("spec not required (required: %v)", root.Required)
+	}
+	spec := root.Properties["spec"]
+	for _, f := range []string{"cidrs", "use"} {
+		if !slices.Contains(spec.Required, f) {
+			t.Errorf("spec.%s not required (required: %v)", f, spec.Required)
+		}
+	}
+	// Who may use the pool must be said: an omission is no silent "nobody".
+	if r := "has(self.namespaces) || has(self.namespaceSelector)"; !hasRule(spec, r) {
+		t.Errorf("spec rules %+v lack %q", spec.Validations, r)
+	}
+	cidrs := spec.Properties["cidrs"]
+	if cidrs.MinItems == nil || *cidrs.MinItems != 1 || cidrs.MaxItems == nil || cidrs.Items == nil {
+		t.Fatalf("spec.cidrs schema %+v, want 1..N items", cidrs)
+	}
+	for _, r := range []string{"isCIDR(self)", "!isCIDR(self) || cidr(self) == cidr(self).masked()"} {
+		if !hasRule(*cidrs.Items, r) {
+			t.Errorf("spec.cidrs[] rules %+v lack %q", cidrs.Items.Validations, r)
+		}
+	}
+	if l := cidrs.Items.MaxLength; l == nil || *l < len("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128") {
+		t.Errorf("spec.cidrs[] maxLength %v: too short for an IPv6 CIDR", l)
+	}
+	use := spec.Properties["use"]
+	if use.MinItems == nil || *use.MinItems != 1 || use.Items == nil || use.ListType != "set" {
+		t.Fatalf("spec.use schema %+v, want a set of at least one", use)
+	}
+	var uses []any
+	for _, u := range v1alpha1.Uses {
+		uses = append(uses, u)
+	}
+	if !reflect.DeepEqual(use.Items.Enum, uses) {
+		t.Errorf("spec.use[] enum %v, want %v", use.Items.Enum, uses)
+	}
+	ns := spec.Properties["namespaces"]
+	if ns.Items == nil || ns.Items.MinLength == nil || *ns.Items.MinLength != 1 || ns.Items.MaxLength == nil || *ns.Items.MaxLength != 63 {
+		t.Errorf("spec.namespaces[] schema %+v, want 1..63 characters", ns.Items)
+	}
+	sel := spec.Properties["namespaceSelector"]
+	if _, ok := sel.Properties["matchLabels"]; !ok {
+		t.Errorf("spec.namespaceSelector is not a label selector: %+v", sel)
+	}
+	if _, ok := sel.Properties["matchExpressions"]; !ok {
+		t.Errorf("spec.namespaceSelector is not a label selector: %+v", sel)
+	}
+	if s := root.Properties["status"].Properties["claims"]; s.Type != "integer" {
+		t.Errorf("status.claims type %q", s.Type)
+	}
+}
+
+func TestAddressClaimCRD(t *testing.T) {
+	c := loadCRD(t, claimCRDPath)
+	checkIdentity(t, c, v1alpha1.AddressClaimKind, v1alpha1.AddressClaimResource, "aclaim")
+	v := c.Spec.Versions[0]
+	// A claim has no status: it is created whole and deleted.
+	if _, ok := v.Subresources["status"]; ok {
+		t.Errorf("status subresource on AddressClaim: %v", v.Subresources)
+	}
+	checkColumns(t, v.AdditionalPrinterColumns, []printerColumn{
+		{"IP", "string", ".spec.ip", 0},
+		{"Use", "string", ".spec.use", 0},
+		{"Pool", "string", ".spec.pool", 0},
+		{"Namespace", "string", ".spec.pod.namespace", 0},
+		{"Pod", "string", ".spec.pod.name", 0},
+		{"Node", "string", ".spec.node", 0},
+		{"Age", "date", ".metadata.creationTimestamp", 0},
+	})
+	root := v.Schema.OpenAPIV3Schema
+	if _, ok := root.Properties["status"]; ok {
+		t.Error("AddressClaim has a status in its schema")
+	}
+	spec := root.Properties["spec"]
+	for _, f := range []string{"ip", "use", "pod", "node", "containerID"} {
+		if !slices.Contains(spec.Required, f) {
+			t.Errorf("spec.%s not required (required: %v)", f, spec.Required)
+		}
+	}
+	if slices.Contains(spec.Required, "pool") {
+		t.Error("spec.pool required")
+	}
+	if !hasRule(spec.Properties["ip"], "isIP(self)") {
+		t.Errorf("spec.ip rules %+v lack isIP(self)", spec.Properties["ip"].Validations)
+	}
+	// Anycast is shared by design and never claimed.
+	if e := spec.Properties["use"].Enum; !reflect.DeepEqual(e, []any{v1alpha1.UsePod, v1alpha1.UseAddresses}) {
+		t.Errorf("spec.use enum %v, want [pod addresses]", e)
+	}
+	pod := spec.Properties["pod"]
+	for _, f := range []string{"namespace", "name"} {
+		if !slices.Contains(pod.Required, f) {
+			t.Errorf("spec.pod.%s not required (required: %v)", f, pod.Required)
+		}
 	}
 }
 
@@ -193,10 +346,20 @@ func TestCRDValidation(t *testing.T) {
 // generate`: every JSON field of NodeConfig must be in the CRD schema and
 // vice versa.
 func TestCRDMatchesTypes(t *testing.T) {
-	root := loadCRD(t).Spec.Versions[0].Schema.OpenAPIV3Schema
-	for _, top := range []string{"spec", "status"} {
-		f, _ := reflect.TypeOf(v1alpha1.NodeConfig{}).FieldByName(strings.ToUpper(top[:1]) + top[1:])
-		compareFields(t, top, f.Type, root.Properties[top])
+	for _, tc := range []struct {
+		path string
+		obj  any
+		tops []string
+	}{
+		{crdPath, v1alpha1.NodeConfig{}, []string{"spec", "status"}},
+		{poolCRDPath, v1alpha1.AddressPool{}, []string{"spec", "status"}},
+		{claimCRDPath, v1alpha1.AddressClaim{}, []string{"spec"}},
+	} {
+		root := loadCRD(t, tc.path).Spec.Versions[0].Schema.OpenAPIV3Schema
+		for _, top := range tc.tops {
+			f, _ := reflect.TypeOf(tc.obj).FieldByName(strings.ToUpper(top[:1]) + top[1:])
+			compareFields(t, reflect.TypeOf(tc.obj).Name()+"."+top, f.Type, root.Properties[top])
+		}
 	}
 }
 
@@ -252,7 +415,8 @@ func TestScheme(t *testing.T) {
 	if err := v1alpha1.AddToScheme(s); err != nil {
 		t.Fatal(err)
 	}
-	for _, obj := range []runtime.Object{&v1alpha1.NodeConfig{}, &v1alpha1.NodeConfigList{}} {
+	for _, obj := range []runtime.Object{&v1alpha1.NodeConfig{}, &v1alpha1.NodeConfigList{},
+		&v1alpha1.AddressPool{}, &v1alpha1.AddressPoolList{}, &v1alpha1.AddressClaim{}, &v1alpha1.AddressClaimList{}} {
 		gvks, _, err := s.ObjectKinds(obj)
 		if err != nil {
 			t.Fatal(err)
@@ -304,5 +468,36 @@ func TestDeepCopy(t *testing.T) {
 	list := &v1alpha1.NodeConfigList{Items: []v1alpha1.NodeConfig{*nc}}
 	if !reflect.DeepEqual(list, list.DeepCopyObject()) {
 		t.Error("list copy differs")
+	}
+}
+
+func TestAddressPoolDeepCopy(t *testing.T) {
+	ap := &v1alpha1.AddressPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "pods"},
+		Spec: v1alpha1.AddressPoolSpec{
+			CIDRs: []string{"2001:db8:100::/112"}, Use: []string{v1alpha1.UsePod}, Namespaces: []string{"prod"},
+			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "edge"}},
+		},
+		Status: v1alpha1.AddressPoolStatus{Claims: 2},
+	}
+	cp := ap.DeepCopyObject().(*v1alpha1.AddressPool)
+	if !reflect.DeepEqual(ap, cp) {
+		t.Fatalf("copy differs:\n%+v\n%+v", ap, cp)
+	}
+	cp.Spec.CIDRs[0], cp.Spec.Use[0], cp.Spec.Namespaces[0] = "x", "y", "z"
+	cp.Spec.NamespaceSelector.MatchLabels["tier"] = "core"
+	if ap.Spec.CIDRs[0] != "2001:db8:100::/112" || ap.Spec.Use[0] != v1alpha1.UsePod || ap.Spec.Namespaces[0] != "prod" ||
+		ap.Spec.NamespaceSelector.MatchLabels["tier"] != "edge" {
+		t.Error("the copy shares memory with the original")
+	}
+	claim := &v1alpha1.AddressClaim{ObjectMeta: metav1.ObjectMeta{Name: "ip-x"}, Spec: v1alpha1.AddressClaimSpec{
+		IP: "2001:db8:100::1", Use: v1alpha1.UsePod, Pool: "pods", Node: "node-a", ContainerID: "c1",
+		Pod: v1alpha1.ClaimPod{Namespace: "prod", Name: "web-0", UID: "u1"},
+	}}
+	for _, obj := range []runtime.Object{claim, &v1alpha1.AddressPoolList{Items: []v1alpha1.AddressPool{*ap}},
+		&v1alpha1.AddressClaimList{Items: []v1alpha1.AddressClaim{*claim}}} {
+		if !reflect.DeepEqual(obj, obj.DeepCopyObject()) {
+			t.Errorf("%T copy differs", obj)
+		}
 	}
 }

@@ -1,0 +1,439 @@
+// Package claims makes IPs unique cluster-wide through the API server: one
+// cluster-scoped AddressClaim per IP, named after the IP (ClaimName), so
+// that creating it is the atomic test-and-set and etcd is the consensus.
+// An `addresses` IP, or a pod address from an AddressPool that is not a
+// node summary, is claimed before the dataplane is touched and released on
+// DEL; GC removes the claims whose pod is gone and that nobody released.
+//
+// Use: New, go Run, WaitSynced, then Claim, Release and the cache readers
+// (Taken, Node, CountByPool).
+package claims
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+)
+
+// GVR of AddressClaim.
+var GVR = v1alpha1.GroupVersion.WithResource(v1alpha1.AddressClaimResource)
+
+// Labels every claim carries (when the value is a valid label value: a node
+// or pool name longer than 63 characters is left out of the labels, the
+// spec still has it), so that e.g.
+// `kubectl get addressclaims -l flock.fritzlab.net/node=node-a` works.
+const (
+	LabelNode = "flock.fritzlab.net/node"
+	LabelPool = "flock.fritzlab.net/pool"
+)
+
+// Name prefixes of ClaimName.
+const (
+	prefix4 = "ipv4-"
+	prefix6 = "ipv6-"
+)
+
+// ClaimName is the name of the AddressClaim of ip: "ipv4-192.0.2.1", or
+// "ipv6-" and the fully expanded, lowercase address with '-' for ':'
+// ("ipv6-2001-0db8-0000-0000-0000-0000-0000-0001"). It is a DNS-1123
+// subdomain and one-to-one with addresses (ParseClaimName inverts it). An
+// IPv4-mapped IPv6 address is unmapped first: ::ffff:192.0.2.1 and
+// 192.0.2.1 are the same address on the wire and share one claim. A zone
+// is dropped — it names a link, not an address (Claim refuses zoned IPs
+// altogether). The invalid Addr yields "".
+func ClaimName(ip netip.Addr) string {
+	if !ip.IsValid() {
+		return ""
+	}
+	ip = ip.Unmap().WithZone("")
+	if ip.Is4() {
+		return prefix4 + ip.String()
+	}
+	return prefix6 + strings.ReplaceAll(ip.StringExpanded(), ":", "-")
+}
+
+// ParseClaimName is the inverse of ClaimName: it accepts exactly the names
+// ClaimName produces.
+func ParseClaimName(name string) (netip.Addr, error) {
+	var s string
+	switch {
+	case strings.HasPrefix(name, prefix4):
+		s = strings.TrimPrefix(name, prefix4)
+	case strings.HasPrefix(name, prefix6):
+		s = strings.ReplaceAll(strings.TrimPrefix(name, prefix6), "-", ":")
+	default:
+		return netip.Addr{}, fmt.Errorf("claim name %q: want an ipv4- or ipv6- prefix", name)
+	}
+	ip, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("claim name %q: %w", name, err)
+	}
+	if ClaimName(ip) != name {
+		return netip.Addr{}, fmt.Errorf("claim name %q: not canonical (want %q)", name, ClaimName(ip))
+	}
+	return ip, nil
+}
+
+// Claim is one IP held by one pod.
+type Claim struct {
+	IP netip.Addr
+	// Use is v1alpha1.UsePod or v1alpha1.UseAddresses.
+	Use string
+	// Pool is the AddressPool that authorized the IP.
+	Pool string
+	Pod  podmeta.ID
+	// Node the pod runs on; Claim fills in the Claims' node when empty.
+	Node        string
+	ContainerID string
+	// Created is the object's creationTimestamp (set by the API server;
+	// ignored by Claim).
+	Created time.Time
+}
+
+// ClaimedError is an IP another pod (or another sandbox of the same pod)
+// holds.
+type ClaimedError struct {
+	IP     netip.Addr
+	Holder Claim
+}
+
+func (e *ClaimedError) Error() string {
+	h := e.Holder
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s is claimed by pod %s", e.IP, h.Pod)
+	if h.Pod.UID != "" {
+		fmt.Fprintf(&b, " (uid %s)", h.Pod.UID)
+	}
+	fmt.Fprintf(&b, " on node %s, container %s", h.Node, shortID(h.ContainerID))
+	return b.String()
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// nodeIndex indexes the cache by spec.node.
+const nodeIndex = "node"
+
+// Claims creates, deletes and caches AddressClaims.
+type Claims struct {
+	dyn      dynamic.Interface
+	node     string
+	log      *slog.Logger
+	factory  dynamicinformer.DynamicSharedInformerFactory
+	informer cache.SharedIndexInformer
+	running  atomic.Bool
+}
+
+// New builds the client and the (cluster-wide) informer of AddressClaims
+// for the agent of node; Run runs the informer. log nil: slog.Default().
+func New(dyn dynamic.Interface, node string, log *slog.Logger) *Claims {
+	if log == nil {
+		log = slog.Default()
+	}
+	f := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
+	inf := f.ForResource(GVR).Informer()
+	// Before Start, so it cannot fail for a started informer.
+	_ = inf.AddIndexers(cache.Indexers{nodeIndex: func(obj any) ([]string, error) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return nil, nil
+		}
+		n, _, _ := unstructured.NestedString(u.Object, "spec", "node")
+		return []string{n}, nil
+	}})
+	return &Claims{dyn: dyn, node: node, log: log, factory: f, informer: inf}
+}
+
+// Run runs the informer until ctx ends, then returns nil.
+func (c *Claims) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("address claims: Run called twice")
+	}
+	c.factory.Start(ctx.Done())
+	<-ctx.Done()
+	c.factory.Shutdown()
+	return nil
+}
+
+// WaitSynced returns once the informer has listed the claims, or an error
+// wrapping ctx.Err().
+func (c *Claims) WaitSynced(ctx context.Context) error {
+	if !cache.WaitForCacheSync(ctx.Done(), c.informer.HasSynced) {
+		return fmt.Errorf("address claims: informer did not sync: %w", ctx.Err())
+	}
+	return nil
+}
+
+func (c *Claims) res() dynamic.ResourceInterface { return c.dyn.Resource(GVR) }
+
+// check validates a claim and returns it normalized.
+func (c *Claims) check(cl Claim) (Claim, error) {
+	if !cl.IP.IsValid() {
+		return cl, errors.New("address claim: no IP")
+	}
+	if cl.IP.Zone() != "" {
+		return cl, fmt.Errorf("address claim %s: an IP with a zone cannot be claimed", cl.IP)
+	}
+	cl.IP = cl.IP.Unmap()
+	if cl.Use != v1alpha1.UsePod && cl.Use != v1alpha1.UseAddresses {
+		return cl, fmt.Errorf("address claim %s: use %q: want %q or %q", cl.IP, cl.Use, v1alpha1.UsePod, v1alpha1.UseAddresses)
+	}
+	if cl.Pod.Namespace == "" || cl.Pod.Name == "" {
+		return cl, fmt.Errorf("address claim %s: pod %q: namespace and name are required", cl.IP, cl.Pod)
+	}
+	if cl.ContainerID == "" {
+		return cl, fmt.Errorf("address claim %s for pod %s: no container ID", cl.IP, cl.Pod)
+	}
+	if cl.Node == "" {
+		cl.Node = c.node
+	}
+	if cl.Node == "" {
+		return cl, fmt.Errorf("address claim %s for pod %s: no node", cl.IP, cl.Pod)
+	}
+	return cl, nil
+}
+
+// object is the AddressClaim to create for cl.
+func object(cl Claim) (*unstructured.Unstructured, error) {
+	ac := v1alpha1.AddressClaim{
+		TypeMeta: metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: v1alpha1.AddressClaimKind},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   ClaimName(cl.IP),
+			Labels: map[string]string{},
+		},
+		Spec: v1alpha1.AddressClaimSpec{
+			IP:          cl.IP.String(),
+			Use:         cl.Use,
+			Pool:        cl.Pool,
+			Pod:         v1alpha1.ClaimPod{Namespace: cl.Pod.Namespace, Name: cl.Pod.Name, UID: cl.Pod.UID},
+			Node:        cl.Node,
+			ContainerID: cl.ContainerID,
+		},
+	}
+	for k, v := range map[string]string{LabelNode: cl.Node, LabelPool: cl.Pool} {
+		if v != "" && len(validation.IsValidLabelValue(v)) == 0 {
+			ac.Labels[k] = v
+		}
+	}
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&ac)
+	if err != nil {
+		return nil, fmt.Errorf("address claim %s: %w", ac.Name, err)
+	}
+	// Server-set; the converter writes creationTimestamp: null.
+	unstructured.RemoveNestedField(m, "metadata", "creationTimestamp")
+	return &unstructured.Unstructured{Object: m}, nil
+}
+
+// ClaimOf converts an AddressClaim object. It is lenient: a spec.ip that
+// does not parse is taken from the object's name, so an object that exists
+// always reports its IP as taken.
+func ClaimOf(u *unstructured.Unstructured) (Claim, error) {
+	var ac v1alpha1.AddressClaim
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &ac); err != nil {
+		ip, _ := ParseClaimName(u.GetName())
+		return Claim{IP: ip, Created: u.GetCreationTimestamp().Time}, fmt.Errorf("address claim %s: %w", u.GetName(), err)
+	}
+	cl := Claim{
+		Use:         ac.Spec.Use,
+		Pool:        ac.Spec.Pool,
+		Pod:         podmeta.ID{Namespace: ac.Spec.Pod.Namespace, Name: ac.Spec.Pod.Name, UID: ac.Spec.Pod.UID},
+		Node:        ac.Spec.Node,
+		ContainerID: ac.Spec.ContainerID,
+		Created:     ac.CreationTimestamp.Time,
+	}
+	ip, err := netip.ParseAddr(ac.Spec.IP)
+	if err != nil {
+		cl.IP, _ = ParseClaimName(ac.Name)
+		return cl, fmt.Errorf("address claim %s: spec.ip %q: %w", ac.Name, ac.Spec.IP, err)
+	}
+	cl.IP = ip.Unmap()
+	return cl, nil
+}
+
+// maxAttempts bounds the loops that race other writers (a claim released
+// and re-created between our create and get, a delete precondition that
+// failed because the object changed).
+const maxAttempts = 3
+
+// Claim claims c.IP for the pod: it creates the AddressClaim, which fails
+// if the IP is held. A claim that already exists with the same container
+// ID and node is ours (a retried ADD, or a crash between create and
+// commit) and Claim returns nil; any other holder is a *ClaimedError.
+func (c *Claims) Claim(ctx context.Context, cl Claim) error {
+	cl, err := c.check(cl)
+	if err != nil {
+		return err
+	}
+	obj, err := object(cl)
+	if err != nil {
+		return err
+	}
+	name := obj.GetName()
+	for range maxAttempts {
+		_, err := c.res().Create(ctx, obj, metav1.CreateOptions{})
+		if err == nil {
+			c.log.Debug("address claimed", "ip", cl.IP, "claim", name, "pod", cl.Pod, "uid", cl.Pod.UID, "container", shortID(cl.ContainerID), "pool", cl.Pool, "use", cl.Use)
+			return nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("claim %s for pod %s: create AddressClaim %s: %w", cl.IP, cl.Pod, name, err)
+		}
+		u, err := c.res().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			continue // released since our create: try again
+		}
+		if err != nil {
+			return fmt.Errorf("claim %s for pod %s: AddressClaim %s exists, reading it: %w", cl.IP, cl.Pod, name, err)
+		}
+		holder, err := ClaimOf(u)
+		if err != nil {
+			return fmt.Errorf("claim %s for pod %s: it is held by an unreadable claim: %w", cl.IP, cl.Pod, err)
+		}
+		if holder.ContainerID == cl.ContainerID && holder.Node == cl.Node {
+			c.log.Debug("address already claimed by this container", "ip", cl.IP, "claim", name, "pod", cl.Pod, "container", shortID(cl.ContainerID))
+			return nil
+		}
+		return &ClaimedError{IP: cl.IP, Holder: holder}
+	}
+	return fmt.Errorf("claim %s for pod %s: AddressClaim %s was released and re-created %d times while we tried; giving up", cl.IP, cl.Pod, name, maxAttempts)
+}
+
+// Release deletes the claim of ip if containerID holds it. A claim that
+// does not exist, or that someone else holds, is not ours to delete:
+// Release returns nil. The delete carries the UID and resourceVersion it
+// read as preconditions, so a claim re-created meanwhile survives.
+func (c *Claims) Release(ctx context.Context, ip netip.Addr, containerID string) error {
+	if !ip.IsValid() {
+		return errors.New("release address claim: no IP")
+	}
+	if containerID == "" {
+		return fmt.Errorf("release address claim %s: no container ID", ip)
+	}
+	name := ClaimName(ip)
+	for range maxAttempts {
+		u, err := c.res().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("release %s: get AddressClaim %s: %w", ip, name, err)
+		}
+		holder, _ := ClaimOf(u) // lenient: a broken claim is not ours
+		if holder.ContainerID != containerID {
+			c.log.Debug("address claim held by another container; not releasing", "ip", ip, "claim", name, "container", shortID(containerID), "holder", holder.Pod, "holderContainer", shortID(holder.ContainerID), "holderNode", holder.Node)
+			return nil
+		}
+		err = c.deleteExact(ctx, u)
+		switch {
+		case err == nil:
+			c.log.Debug("address claim released", "ip", ip, "claim", name, "pod", holder.Pod, "container", shortID(containerID))
+			return nil
+		case apierrors.IsNotFound(err):
+			return nil
+		case apierrors.IsConflict(err):
+			continue // changed since our get: look again
+		default:
+			return fmt.Errorf("release %s: delete AddressClaim %s: %w", ip, name, err)
+		}
+	}
+	return fmt.Errorf("release %s: AddressClaim %s kept changing under us (%d attempts)", ip, name, maxAttempts)
+}
+
+// deleteExact deletes the object if it is still the version u shows.
+func (c *Claims) deleteExact(ctx context.Context, u *unstructured.Unstructured) error {
+	uid, rv := u.GetUID(), u.GetResourceVersion()
+	pre := &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}
+	return c.res().Delete(ctx, u.GetName(), metav1.DeleteOptions{Preconditions: pre})
+}
+
+// Taken returns the claim holding ip, from the informer's cache (which may
+// lag the API by a watch event: Claim is the authority, Taken only keeps
+// conflicts rare).
+func (c *Claims) Taken(ip netip.Addr) (Claim, bool) {
+	if !ip.IsValid() {
+		return Claim{}, false
+	}
+	obj, ok, err := c.informer.GetStore().GetByKey(ClaimName(ip))
+	if err != nil || !ok {
+		return Claim{}, false
+	}
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return Claim{}, false
+	}
+	cl, _ := ClaimOf(u) // exists: taken, whatever else it says
+	if !cl.IP.IsValid() {
+		cl.IP = ip.Unmap().WithZone("")
+	}
+	return cl, true
+}
+
+// Node returns this node's claims from the cache, sorted by IP.
+func (c *Claims) Node() []Claim {
+	objs, err := c.informer.GetIndexer().ByIndex(nodeIndex, c.node)
+	if err != nil {
+		return nil
+	}
+	out := make([]Claim, 0, len(objs))
+	for _, o := range objs {
+		u, ok := o.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		cl, err := ClaimOf(u)
+		if err != nil {
+			c.log.Warn("address claim does not convert", "claim", u.GetName(), "err", err)
+			if !cl.IP.IsValid() {
+				continue
+			}
+		}
+		out = append(out, cl)
+	}
+	slices.SortFunc(out, func(a, b Claim) int { return a.IP.Compare(b.IP) })
+	return out
+}
+
+// all returns every cached claim object.
+func (c *Claims) all() []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	for _, o := range c.informer.GetStore().List() {
+		if u, ok := o.(*unstructured.Unstructured); ok {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// CountByPool counts the cached claims by spec.pool (claims without a pool
+// are not counted).
+func (c *Claims) CountByPool() map[string]int {
+	out := map[string]int{}
+	for _, u := range c.all() {
+		if p, _, _ := unstructured.NestedString(u.Object, "spec", "pool"); p != "" {
+			out[p]++
+		}
+	}
+	return out
+}

@@ -1,0 +1,198 @@
+package claims
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+)
+
+// DefaultGrace is the GC's grace when none is set.
+const DefaultGrace = 2 * time.Minute
+
+// checkTimeout bounds one API question of the GC, so a hung request cannot
+// stall the round.
+const checkTimeout = 30 * time.Second
+
+// GC deletes the claims nobody released:
+//
+//   - this node's claims whose container the agent does not hold (not
+//     Live) and whose pod (that UID) is gone from the API — the agent
+//     crashed between claim and commit, or kubelet never sent DEL;
+//   - other nodes' claims whose Node object no longer exists and whose pod
+//     is gone — the node was removed with its agent.
+//
+// Only claims older than Grace are considered (a claim that exists but
+// whose pod is gone is reclaimed after the grace, not at once): a fresh
+// claim may belong to an ADD still in flight. Age is the claim's
+// creationTimestamp; a claim without one (never from a real API server)
+// ages from when the GC first saw it. Nothing is deleted on doubt: an API
+// error, or a claim that changed since it was read (the delete carries UID
+// and resourceVersion preconditions), waits for the next round.
+//
+// Set the fields before Run; Claims, Live, Pods and Nodes are required.
+type GC struct {
+	Claims *Claims
+	// Live reports whether the agent holds an attachment for the
+	// container. Called from Run's goroutine.
+	Live func(containerID string) bool
+	// Pods reports whether the pod (that UID) still exists in the API
+	// (asked of the API server, not a cache); pods.Source.Exists fits.
+	Pods func(ctx context.Context, id podmeta.ID) (bool, error)
+	// Nodes reports whether the Node object exists in the API.
+	Nodes func(ctx context.Context, name string) (bool, error)
+	// Grace is the minimum age of a collected claim; the GC runs every
+	// Grace/2. 0: DefaultGrace.
+	Grace time.Duration
+	Log   *slog.Logger // nil: slog.Default()
+	// OnCollect is called for every claim deleted (a metric).
+	OnCollect func()
+
+	now     func() time.Time // nil: time.Now; tests set it
+	running atomic.Bool
+}
+
+func (g *GC) clock() time.Time {
+	if g.now != nil {
+		return g.now()
+	}
+	return time.Now()
+}
+
+// Run waits for the claims' cache, sweeps once, then every Grace/2 until
+// ctx ends; it returns nil when ctx ends.
+func (g *GC) Run(ctx context.Context) error {
+	if g.Claims == nil || g.Live == nil || g.Pods == nil || g.Nodes == nil {
+		return errors.New("address claim GC: Claims, Live, Pods and Nodes are required")
+	}
+	if !g.running.CompareAndSwap(false, true) {
+		return errors.New("address claim GC: Run called twice")
+	}
+	log := g.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	grace := g.Grace
+	if grace <= 0 {
+		grace = DefaultGrace
+	}
+	if err := g.Claims.WaitSynced(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	seen := map[string]time.Time{}
+	tick := time.NewTicker(grace / 2)
+	defer tick.Stop()
+	for {
+		g.sweep(ctx, log, grace, seen)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// sweep is one round. seen holds, across rounds, when the GC first saw each
+// claim that has no creationTimestamp.
+func (g *GC) sweep(ctx context.Context, log *slog.Logger, grace time.Duration, seen map[string]time.Time) {
+	now := g.clock()
+	node := g.Claims.node
+	present := map[string]bool{}
+	nodeExists := map[string]bool{} // this round's answers
+	nodeFailed := map[string]bool{} // this round's errors: skip that node's claims
+	for _, u := range g.Claims.all() {
+		if ctx.Err() != nil {
+			return
+		}
+		name := u.GetName()
+		present[name] = true
+		cl, err := ClaimOf(u)
+		if err != nil {
+			log.Warn("address claim GC: claim does not convert; leaving it", "claim", name, "err", err)
+			continue
+		}
+		created := cl.Created
+		if created.IsZero() {
+			if _, ok := seen[name]; !ok {
+				seen[name] = now
+			}
+			created = seen[name]
+		}
+		if now.Sub(created) < grace {
+			continue
+		}
+		mine := cl.Node == node
+		switch {
+		case mine:
+			if g.Live(cl.ContainerID) {
+				continue
+			}
+		case cl.Node == "" || nodeFailed[cl.Node]:
+			continue
+		default:
+			exists, asked := nodeExists[cl.Node]
+			if !asked {
+				cctx, cancel := context.WithTimeout(ctx, checkTimeout)
+				exists, err = g.Nodes(cctx, cl.Node)
+				cancel()
+				if err != nil {
+					if ctx.Err() == nil {
+						log.Warn("address claim GC: cannot ask the API for a node; will retry", "node", cl.Node, "err", err)
+					}
+					nodeFailed[cl.Node] = true
+					continue
+				}
+				nodeExists[cl.Node] = exists
+			}
+			if exists {
+				continue
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, checkTimeout)
+		podExists, err := g.Pods(cctx, cl.Pod)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Warn("address claim GC: cannot ask the API for a pod; will retry", "claim", name, "pod", cl.Pod, "uid", cl.Pod.UID, "err", err)
+			}
+			continue
+		}
+		if podExists {
+			continue
+		}
+		cctx, cancel = context.WithTimeout(ctx, checkTimeout)
+		err = g.Claims.deleteExact(cctx, u)
+		cancel()
+		switch {
+		case err == nil:
+		case apierrors.IsNotFound(err):
+			continue // released meanwhile
+		case apierrors.IsConflict(err):
+			log.Info("address claim GC: claim changed since it was read; will look again", "claim", name, "ip", cl.IP)
+			continue
+		default:
+			if ctx.Err() == nil {
+				log.Error("address claim GC: delete", "claim", name, "ip", cl.IP, "err", err)
+			}
+			continue
+		}
+		log.Warn("address claim GC: deleted the claim of a pod that no longer exists", "ip", cl.IP, "claim", name,
+			"pod", cl.Pod, "uid", cl.Pod.UID, "node", cl.Node, "nodeGone", !mine, "container", shortID(cl.ContainerID), "pool", cl.Pool, "age", now.Sub(created).Round(time.Second))
+		if g.OnCollect != nil {
+			g.OnCollect()
+		}
+	}
+	for name := range seen {
+		if !present[name] {
+			delete(seen, name)
+		}
+	}
+}

@@ -1,0 +1,339 @@
+package claims
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	clienttesting "k8s.io/client-go/testing"
+
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+)
+
+const grace = 2 * time.Minute
+
+// world is what the GC asks about: containers the agent holds, pods and
+// nodes in the API, and the errors the API returns.
+type world struct {
+	mu        sync.Mutex
+	live      map[string]bool
+	pods      map[podmeta.ID]bool
+	nodes     map[string]bool
+	podErr    error
+	nodeErr   error
+	nodeAsks  map[string]int
+	collected atomic.Int32
+}
+
+func newWorld() *world {
+	return &world{live: map[string]bool{}, pods: map[podmeta.ID]bool{}, nodes: map[string]bool{}, nodeAsks: map[string]int{}}
+}
+
+func (w *world) gc(c *Claims, now *time.Time) *GC {
+	return &GC{
+		Claims: c,
+		Live: func(id string) bool {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			return w.live[id]
+		},
+		Pods: func(_ context.Context, id podmeta.ID) (bool, error) {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			return w.pods[id], w.podErr
+		},
+		Nodes: func(_ context.Context, n string) (bool, error) {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.nodeAsks[n]++
+			return w.nodes[n], w.nodeErr
+		},
+		Grace:     grace,
+		Log:       quiet(),
+		OnCollect: func() { w.collected.Add(1) },
+		now:       func() time.Time { return *now },
+	}
+}
+
+// setup creates the claims at t0 (node-a is this node) and runs node-a's
+// informer until they are all cached.
+func setup(t *testing.T, cls ...Claim) (*fakeAPI, *Claims) {
+	t.Helper()
+	a := newFakeAPI()
+	for _, cl := range cls {
+		if err := New(a, cl.Node, quiet()).Claim(context.Background(), cl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := New(a, "node-a", quiet())
+	start(t, a, c)
+	eventually(t, "the cache holds every claim", func() bool { return len(c.all()) == len(cls) })
+	return a, c
+}
+
+func sweep(g *GC, seen map[string]time.Time) {
+	g.sweep(context.Background(), quiet(), grace, seen)
+}
+
+var (
+	mineIP   = "2001:db8:100::1"
+	mineCtr  = "ctr-a"
+	minePod  = pod("tenant-a", "web-1")
+	otherIP  = "2001:db8:100::2"
+	otherCtr = "ctr-c"
+	otherPod = pod("tenant-c", "web-2")
+)
+
+func mine() Claim {
+	return claim(mineIP, v1alpha1.UsePod, "shared", minePod, "node-a", mineCtr)
+}
+
+func otherNode() Claim {
+	return claim(otherIP, v1alpha1.UsePod, "shared", otherPod, "node-c", otherCtr)
+}
+
+// A claim that exists but whose pod is gone is reclaimed after the grace,
+// not at once.
+func TestGCReclaimsAfterTheGraceNotAtOnce(t *testing.T) {
+	a, c := setup(t, mine())
+	w := newWorld()
+	now := t0
+	g := w.gc(c, &now)
+	seen := map[string]time.Time{}
+
+	for _, at := range []time.Duration{0, time.Second, grace / 2, grace - time.Second} {
+		now = t0.Add(at)
+		sweep(g, seen)
+		if _, ok := a.get(t, mineIP); !ok {
+			t.Fatalf("reclaimed %s after the claim was created: before the grace (%s)", at, grace)
+		}
+	}
+	if len(a.deletes()) != 0 {
+		t.Fatal("a delete before the grace")
+	}
+	now = t0.Add(grace)
+	sweep(g, seen)
+	if _, ok := a.get(t, mineIP); ok {
+		t.Fatal("not reclaimed after the grace")
+	}
+	if n := w.collected.Load(); n != 1 {
+		t.Fatalf("OnCollect called %d times, want 1", n)
+	}
+	d := a.deletes()
+	if len(d) != 1 || d[0].GetDeleteOptions().Preconditions == nil || d[0].GetDeleteOptions().Preconditions.UID == nil {
+		t.Fatalf("deletes %v: want one, with preconditions", d)
+	}
+}
+
+func TestGCDeletesTheClaimsOfAGoneNode(t *testing.T) {
+	second := claim("198.51.100.9", v1alpha1.UseAddresses, "addrs", pod("tenant-c", "db-0"), "node-c", "ctr-c2")
+	a, c := setup(t, otherNode(), second)
+	w := newWorld()
+	now := t0.Add(grace)
+	g := w.gc(c, &now)
+	sweep(g, map[string]time.Time{})
+	for _, ip := range []string{otherIP, "198.51.100.9"} {
+		if _, ok := a.get(t, ip); ok {
+			t.Errorf("%s: the claim of a gone pod on a gone node survived", ip)
+		}
+	}
+	if w.nodeAsks["node-c"] != 1 {
+		t.Fatalf("asked for node-c %d times in one round, want 1", w.nodeAsks["node-c"])
+	}
+	if n := w.collected.Load(); n != 2 {
+		t.Fatalf("OnCollect called %d times, want 2", n)
+	}
+}
+
+// Each case keeps the claim, also long after the grace.
+func TestGCKeeps(t *testing.T) {
+	unavailable := apierrors.NewServiceUnavailable("apiserver is restarting")
+	for name, tc := range map[string]struct {
+		claim Claim
+		world func(*world)
+		api   func(*fakeAPI) // reactors
+	}{
+		"own claim, container live (pod gone)": {
+			claim: mine(), world: func(w *world) { w.live[mineCtr] = true },
+		},
+		"own claim, pod exists (container not live)": {
+			claim: mine(), world: func(w *world) { w.pods[minePod] = true },
+		},
+		"own claim, pod API error": {
+			claim: mine(), world: func(w *world) { w.podErr = unavailable },
+		},
+		"other node exists (pod gone)": {
+			claim: otherNode(), world: func(w *world) { w.nodes["node-c"] = true },
+		},
+		"other node gone, pod exists": {
+			claim: otherNode(), world: func(w *world) { w.pods[otherPod] = true },
+		},
+		"other node, node API error": {
+			claim: otherNode(), world: func(w *world) { w.nodeErr = unavailable },
+		},
+		"other node gone, pod API error": {
+			claim: otherNode(), world: func(w *world) { w.podErr = unavailable },
+		},
+		"own claim, delete fails": {
+			claim: mine(),
+			api: func(a *fakeAPI) {
+				a.PrependReactor("delete", GVR.Resource, func(clienttesting.Action) (bool, runtime.Object, error) {
+					return true, nil, unavailable
+				})
+			},
+		},
+		// Released and re-claimed by a live pod (new UID) between the
+		// cache read and the delete: the precondition fails and the new
+		// claim survives (the next round sees its pod exists).
+		"claim changed since it was read": {
+			claim: otherNode(),
+			world: func(w *world) { w.pods[pod("tenant-c", "web-3")] = true },
+			api: func(a *fakeAPI) {
+				var once sync.Once
+				a.PrependReactor("delete", GVR.Resource, func(action clienttesting.Action) (bool, runtime.Object, error) {
+					once.Do(func() {
+						_ = a.replace(action.(clienttesting.DeleteAction).GetName(), func(u *unstructured.Unstructured) {
+							_ = unstructured.SetNestedField(u.Object, "web-3", "spec", "pod", "name")
+							_ = unstructured.SetNestedField(u.Object, pod("tenant-c", "web-3").UID, "spec", "pod", "uid")
+						})
+					})
+					return false, nil, nil
+				})
+			},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			a, c := setup(t, tc.claim)
+			w := newWorld()
+			if tc.world != nil {
+				tc.world(w)
+			}
+			if tc.api != nil {
+				tc.api(a)
+			}
+			now := t0.Add(10 * grace)
+			g := w.gc(c, &now)
+			seen := map[string]time.Time{}
+			sweep(g, seen)
+			sweep(g, seen)
+			if _, ok := a.get(t, tc.claim.IP.String()); !ok {
+				t.Fatal("the claim was deleted")
+			}
+			if n := w.collected.Load(); n != 0 {
+				t.Fatalf("OnCollect called %d times", n)
+			}
+		})
+	}
+}
+
+// A claim without a creationTimestamp (never from a real API server) ages
+// from when the GC first saw it.
+func TestGCWithoutCreationTimestamp(t *testing.T) {
+	a := newFakeAPI()
+	u, err := object(mine())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.SetUID("uid-x")
+	u.SetResourceVersion("7")
+	if err := a.Tracker().Create(GVR, u, ""); err != nil {
+		t.Fatal(err)
+	}
+	c := New(a, "node-a", quiet())
+	start(t, a, c)
+	eventually(t, "the claim is cached", func() bool { return len(c.all()) == 1 })
+	w := newWorld()
+	now := t0.Add(100 * grace)
+	g := w.gc(c, &now)
+	seen := map[string]time.Time{}
+	sweep(g, seen)
+	now = now.Add(grace - time.Second)
+	sweep(g, seen)
+	if _, ok := a.get(t, mineIP); !ok {
+		t.Fatal("reclaimed before the grace since first seen")
+	}
+	now = now.Add(time.Second)
+	sweep(g, seen)
+	if _, ok := a.get(t, mineIP); ok {
+		t.Fatal("not reclaimed a grace after first seen")
+	}
+	eventually(t, "the delete reaches the cache", func() bool { return len(c.all()) == 0 })
+	sweep(g, seen)
+	if len(seen) != 0 {
+		t.Fatalf("seen keeps %v after the claim is gone", seen)
+	}
+}
+
+// A claim that does not convert is left alone.
+func TestGCLeavesBrokenClaims(t *testing.T) {
+	a := newFakeAPI()
+	u, _ := object(mine())
+	_ = unstructured.SetNestedField(u.Object, int64(5), "spec", "pod") // not an object
+	u.SetCreationTimestamp(metav1.NewTime(t0))
+	if err := a.Tracker().Create(GVR, u, ""); err != nil {
+		t.Fatal(err)
+	}
+	c := New(a, "node-a", quiet())
+	start(t, a, c)
+	eventually(t, "the claim is cached", func() bool { return len(c.all()) == 1 })
+	if _, ok := c.Taken(netip.MustParseAddr(mineIP)); !ok {
+		t.Fatal("a broken claim does not count as taken")
+	}
+	w := newWorld()
+	now := t0.Add(10 * grace)
+	sweep(w.gc(c, &now), map[string]time.Time{})
+	if _, ok := a.get(t, mineIP); !ok {
+		t.Fatal("a claim that does not convert was deleted")
+	}
+}
+
+// Run waits for the cache, sweeps at once, and returns nil when ctx ends.
+func TestGCRun(t *testing.T) {
+	a := newFakeAPI()
+	if err := New(a, "node-a", quiet()).Claim(context.Background(), mine()); err != nil {
+		t.Fatal(err)
+	}
+	c := New(a, "node-a", quiet())
+	w := newWorld()
+	now := t0.Add(grace)
+	g := w.gc(c, &now)
+	g.Grace = time.Hour // one sweep (at start) in this test's lifetime
+	g.now = func() time.Time { return t0.Add(2 * time.Hour) }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	go func() { done <- c.Run(ctx) }()
+	go func() { done <- g.Run(ctx) }()
+	eventually(t, "the start sweep reclaims the claim", func() bool { return w.collected.Load() == 1 })
+	if err := g.Run(ctx); err == nil {
+		t.Fatal("second Run: no error")
+	}
+	cancel()
+	for range 2 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Run did not return after ctx ended")
+		}
+	}
+	if err := (&GC{}).Run(context.Background()); err == nil {
+		t.Fatal("Run without Claims: no error")
+	}
+	// Canceled before the cache synced: nil.
+	never := &GC{Claims: New(a, "node-a", quiet()), Live: g.Live, Pods: g.Pods, Nodes: g.Nodes}
+	cctx, ccancel := context.WithCancel(context.Background())
+	ccancel()
+	if err := never.Run(cctx); err != nil {
+		t.Fatalf("Run with an ended ctx: %v", err)
+	}
+}
