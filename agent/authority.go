@@ -116,6 +116,10 @@ func (a *Agent) authorize(pod podmeta.Pod, req annotations.Request) (grants, map
 		ips      []netip.Addr
 	}{{annotations.Anycast, v1alpha1.UseAnycast, req.Anycast}, {annotations.Addresses, v1alpha1.UseAddresses, req.Addresses}} {
 		for _, ip := range set.ips {
+			// The more precise reason first: a pod pool is IPAM's.
+			if err := a.state.NotInPodPool(set.key, ip); err != nil {
+				return nil, nil, err
+			}
 			pool, err := check(set.key, set.use, netip.PrefixFrom(ip, ip.BitLen()))
 			if err != nil {
 				return nil, nil, err

@@ -165,8 +165,8 @@ func TestBadInputLeavesNothing(t *testing.T) {
 		{"anycast in pod pool", lab.PodArgs("default", "p", "flock.fritzlab.net/anycast", "fd00:10:1::99"), []string{"flock.fritzlab.net/anycast", "fd00:10:1::99", "fd00:10:1::/64"}},
 		{"unknown key", lab.PodArgs("default", "p", "flock.fritzlab.net/ipv44", "true"), []string{"flock.fritzlab.net/ipv44"}},
 		{"no family", lab.PodArgs("default", "p", "flock.fritzlab.net/ipv6", "false", "flock.fritzlab.net/ipv4", "false"), []string{"flock.fritzlab.net/ipv6"}},
-		{"cidr6 outside pools", lab.PodArgs("default", "p", "flock.fritzlab.net/cidr6", "2001:db8:999::/64"), []string{"2001:db8:999::/64", "not inside any pool"}},
-		{"cidr6 forbidden namespace", lab.PodArgs("dev", "p", "flock.fritzlab.net/cidr6", "2001:db8:100::/120"), []string{`"dev"`, "2001:db8:100::/120"}},
+		{"cidr6 outside pools", lab.PodArgs("default", "p", "flock.fritzlab.net/cidr6", "2001:db8:999::/64"), []string{"flock.fritzlab.net/cidr6", "2001:db8:999::/64", "no AddressPool allows namespace default to use 2001:db8:999::/64 as pod (none covers it)"}},
+		{"cidr6 forbidden namespace", lab.PodArgs("dev", "p", "flock.fritzlab.net/cidr6", "2001:db8:100::/120"), []string{"pod dev/p", "no AddressPool allows namespace dev to use 2001:db8:100::/120 as pod", "namespaces prod"}},
 		{"missing pod name", [][2]string{{"K8S_POD_NAMESPACE", "default"}}, []string{"K8S_POD_NAME"}},
 	}
 	for i, tc := range cases {

@@ -84,6 +84,26 @@ spec:
     namespaces: [prod]
   - cidr: 198.51.100.0/29
     shared: true
+---
+# The anycast and addresses IPs the tests use (the shared pools above are
+# the deprecated form of use-pod AddressPools, read as such).
+apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata:
+  name: test-anycast
+spec:
+  cidrs: [2001:db8:a::/64, 203.0.113.0/24]
+  use: [anycast]
+  namespaces: [default]
+---
+apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata:
+  name: test-addresses
+spec:
+  cidrs: [2001:db8:b::/64]
+  use: [addresses]
+  namespaces: [default]
 `
 
 var (

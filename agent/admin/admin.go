@@ -41,11 +41,24 @@ type Pod struct {
 
 // Pool is one IPAM pool's usage.
 type Pool struct {
-	CIDR       string   `json:"cidr"`
-	Kind       string   `json:"kind"` // summary or shared
+	// Name of the AddressPool; "" for the node's own summaries.
+	Name string `json:"name,omitempty"`
+	CIDR string `json:"cidr"`
+	// Kind: summary (the node's own), addresspool, or nodeconfig (a
+	// deprecated shared pool of the NodeConfig, read as an AddressPool).
+	Kind       string   `json:"kind"`
+	Use        []string `json:"use,omitempty"`
 	Namespaces []string `json:"namespaces,omitempty"`
-	Used       uint64   `json:"used"`
-	Free       string   `json:"free"` // decimal; may exceed 64 bits
+	Selector   string   `json:"selector,omitempty"`
+	// Claims: addresses claimed from the pool — cluster-wide in
+	// Kubernetes mode, on this node in standalone mode.
+	Claims int `json:"claims"`
+	// Used and Free count what this node's IPAM hands out of the CIDR
+	// (summaries and pod pools).
+	Used uint64 `json:"used"`
+	Free string `json:"free,omitempty"` // decimal; may exceed 64 bits
+	// Note: why a summary is not advertised, or why a pool is ignored.
+	Note string `json:"note,omitempty"`
 }
 
 // Route is one anycast/addresses host route: what the kernel holds and

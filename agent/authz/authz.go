@@ -288,3 +288,44 @@ func who(p Pool) string {
 	}
 	return strings.Join(parts, " and ")
 }
+
+// SummaryOverlaps finds this node's summaries that overlap another node's
+// summary or an AddressPool (valid or not: an operator's intent either
+// way). Advertising such a summary could draw another node's or the
+// cluster's traffic: the reason names what it overlaps, for the log and
+// the NodeConfig status of both nodes.
+func SummaryOverlaps(node string, mine []netip.Prefix, others map[string][]netip.Prefix, pools []v1alpha1.AddressPool) map[netip.Prefix]string {
+	out := map[netip.Prefix]string{}
+	add := func(p netip.Prefix, why string) {
+		if out[p] == "" {
+			out[p] = why
+		} else {
+			out[p] += "; " + why
+		}
+	}
+	names := make([]string, 0, len(others))
+	for n := range others {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, p := range mine {
+		for _, n := range names {
+			if n == node {
+				continue
+			}
+			for _, q := range others[n] {
+				if p.Overlaps(q) {
+					add(p, fmt.Sprintf("summary %s overlaps node %s's summary %s", p, n, q))
+				}
+			}
+		}
+		for _, ap := range pools {
+			for i, c := range ap.Spec.CIDRs {
+				if q, err := netip.ParsePrefix(c); err == nil && p.Overlaps(q.Masked()) {
+					add(p, fmt.Sprintf("summary %s overlaps AddressPool %s spec.cidrs[%d] %s", p, ap.Name, i, q.Masked()))
+				}
+			}
+		}
+	}
+	return out
+}

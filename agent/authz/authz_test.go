@@ -144,3 +144,25 @@ func TestCompileOverlap(t *testing.T) {
 		t.Errorf("a pool of another use may overlap: %v", err)
 	}
 }
+
+func TestSummaryOverlaps(t *testing.T) {
+	mine := []netip.Prefix{netip.MustParsePrefix("fd00:10:1::/64"), netip.MustParsePrefix("10.10.1.0/24")}
+	others := map[string][]netip.Prefix{
+		"me":     mine,
+		"node-b": {netip.MustParsePrefix("fd00:10:2::/64"), netip.MustParsePrefix("10.10.0.0/16")},
+	}
+	pools := []v1alpha1.AddressPool{pool("wide", []string{"fd00:10::/32"}, []string{"anycast"}, []string{"x"}, nil)}
+	got := SummaryOverlaps("me", mine, others, pools)
+	if len(got) != 2 {
+		t.Fatalf("overlaps %v, want both summaries", got)
+	}
+	if w := "summary 10.10.1.0/24 overlaps node node-b's summary 10.10.0.0/16"; got[mine[1]] != w {
+		t.Errorf("IPv4: %q, want %q", got[mine[1]], w)
+	}
+	if w := "summary fd00:10:1::/64 overlaps AddressPool wide spec.cidrs[0] fd00:10::/32"; got[mine[0]] != w {
+		t.Errorf("IPv6: %q, want %q", got[mine[0]], w)
+	}
+	if got := SummaryOverlaps("me", mine, map[string][]netip.Prefix{"me": mine}, nil); len(got) != 0 {
+		t.Errorf("a node overlaps itself: %v", got)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -125,9 +126,12 @@ func Run(ctx context.Context, o Options) error {
 	}
 	g.Go(func() error { return d.speaker.Run(ctx) })
 	if d.kube != nil {
-		if err := d.kube.startInformers(ctx, g); err != nil {
+		if err := d.kube.startInformers(ctx, g, d); err != nil {
 			return stop(err)
 		}
+		d.applyPools(d.kube.pools.Pools())
+	} else {
+		d.applyPools(d.filePools)
 	}
 
 	// 2. Restore; originate the full set before any session comes up, so
@@ -194,6 +198,11 @@ type daemon struct {
 	kube       *kubeMode // nil in standalone mode
 	ready      atomic.Bool
 	loaded     []byte // standalone: the node-config file as loaded
+	filePools  []v1alpha1.AddressPool
+
+	// authority is the current AddressPool decision (swapped whole when
+	// the pools change).
+	authority atomic.Pointer[authorityView]
 
 	// peersMu orders every apply of the peers (NodeConfig change, Secret
 	// rotation, file reload): a slower one must not undo a newer one.
@@ -203,12 +212,13 @@ type daemon struct {
 	spec   v1alpha1.NodeConfigSpec // the running config
 	cfgErr string
 	reaped map[string]uint64
+	warned map[string]bool // deprecation warnings already logged
 }
 
 // newDaemon reads the node config (in Kubernetes mode waiting for it) and
 // builds every part; nothing runs yet.
 func newDaemon(ctx context.Context, o Options) (*daemon, error) {
-	d := &daemon{o: o, log: o.Log, reaped: map[string]uint64{agent.ReapNetnsGone: 0, agent.ReapInterrupted: 0}}
+	d := &daemon{o: o, log: o.Log, reaped: map[string]uint64{agent.ReapNetnsGone: 0, agent.ReapInterrupted: 0}, warned: map[string]bool{}}
 	var (
 		spec      *v1alpha1.NodeConfigSpec
 		source    podmeta.Source = podmeta.Standalone{}
@@ -225,7 +235,7 @@ func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 		if err != nil {
 			return nil, err
 		}
-		spec, passwords, d.nodeName, d.loaded = &nc.Spec, bgp.FilePasswords, nc.Metadata.Name, nc.Raw
+		spec, passwords, d.nodeName, d.loaded, d.filePools = &nc.Spec, bgp.FilePasswords, nc.Metadata.Name, nc.Raw, nc.AddressPools
 	}
 	d.spec = *spec
 	fail := func(err error) (*daemon, error) {
@@ -264,8 +274,13 @@ func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 		Name: "kernel", Target: d.kernel, Desired: d.state.KernelRoutes, Wake: d.state.Subscribe(),
 		Repair: o.Repair, Log: d.log, Observe: d.observeReconcile,
 	}
+	var cl agent.Claims
+	if d.kube != nil {
+		cl = kubeClaims{k: d.kube, d: d}
+	}
 	d.agent, err = agent.New(agent.Config{
 		Spec: spec, State: d.state, Store: st, Dataplane: dp, Source: source, Log: d.log, Hooks: o.Hooks,
+		Authority: d, Claims: cl,
 		Settle: func(ctx context.Context, gen uint64) error {
 			return errors.Join(d.bgpLoop.Wait(ctx, gen), d.kernelLoop.Wait(ctx, gen))
 		},
@@ -338,6 +353,10 @@ func (d *daemon) snapshot() status.Node {
 	for _, a := range d.state.Attachments(nodestate.Stuck) {
 		n.Stuck = append(n.Stuck, a.ContainerID+": "+a.Reason)
 	}
+	for _, why := range d.state.Suppressed() {
+		n.Suppressed = append(n.Suppressed, why)
+	}
+	slices.Sort(n.Suppressed)
 	d.mu.Lock()
 	n.ConfigError = d.cfgErr
 	for r, c := range d.reaped {
@@ -399,7 +418,9 @@ func (d *daemon) reloadFile() {
 	d.log.Info("reload: node config", "file", d.o.NodeConfig)
 	nc, err := nodeconfig.Load(d.o.NodeConfig)
 	if err == nil {
-		err = d.applySpec(&nc.Spec)
+		if err = d.applySpec(&nc.Spec); err == nil {
+			d.applyPools(nc.AddressPools)
+		}
 	} else {
 		d.metrics.ReloadsTotal.WithLabelValues("error").Inc()
 		d.setConfigError(err)

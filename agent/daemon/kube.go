@@ -2,13 +2,16 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -18,7 +21,9 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/status"
+	"code.fritzlab.net/fritzlab/flock/k8s/addresspools"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/claims"
 	"code.fritzlab.net/fritzlab/flock/k8s/leakgc"
 	"code.fritzlab.net/fritzlab/flock/k8s/nodeconfigs"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
@@ -31,11 +36,16 @@ type kubeMode struct {
 	o       Options
 	spec    *v1alpha1.NodeConfigSpec
 	gen     atomic.Int64
+	cs      kubernetes.Interface
 	nc      *nodeconfigs.Watcher
+	allNC   *nodeconfigs.All // every node's summaries, for overlaps
 	pods    *pods.Source
 	secrets *secrets.Passwords
+	pools   *addresspools.Watcher
+	claims  *claims.Claims
 	events  *podEvents
 	gc      *leakgc.GC
+	claimGC *claims.GC
 	kick    chan struct{}
 }
 
@@ -85,7 +95,8 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &kubeMode{o: o, nc: nodeconfigs.New(dyn, o.NodeName), events: &podEvents{}, kick: make(chan struct{}, 1)}
+	k := &kubeMode{o: o, cs: cs, nc: nodeconfigs.New(dyn, o.NodeName), allNC: nodeconfigs.NewAll(dyn), events: &podEvents{}, kick: make(chan struct{}, 1),
+		pools: addresspools.New(dyn, cs, o.Log), claims: claims.New(dyn, o.NodeName, o.Log)}
 	wait := o.NodeConfigWait
 	if wait == 0 {
 		wait = 5 * time.Minute
@@ -110,25 +121,46 @@ func (k *kubeMode) wire(d *daemon) {
 	}
 	k.gc = &leakgc.GC{Allocs: d.agent, API: k.pods, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc}
 	k.events.agent, k.events.gc = d.agent, k.gc
+	k.claimGC = &claims.GC{
+		Claims: k.claims, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc,
+		Live: func(id string) bool { _, _, ok := d.state.Get(id); return ok },
+		Pods: k.pods.Exists,
+		Nodes: func(ctx context.Context, name string) (bool, error) {
+			_, err := k.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			return err == nil, err
+		},
+	}
 }
 
-// startInformers runs the pod and Secret informers and waits for their
-// first sync: every pod's readiness is known before allocations are
-// restored (so a restart neither withdraws nor re-announces anycast), and
-// the BGP passwords before the first peer is added.
-func (k *kubeMode) startInformers(ctx context.Context, g *errgroup.Group) error {
+// startInformers runs the informers and waits for their first sync:
+// every pod's readiness is known before allocations are restored (so a
+// restart neither withdraws nor re-announces anycast), the BGP passwords
+// before the first peer is added, the AddressPools and the cluster's
+// claims before an address is authorized or a claim re-checked, every
+// node's summaries before ours is advertised.
+func (k *kubeMode) startInformers(ctx context.Context, g *errgroup.Group, d *daemon) error {
 	g.Go(func() error { return k.pods.Run(ctx) })
 	g.Go(func() error { return k.secrets.Run(ctx) })
-	if err := k.pods.WaitSynced(ctx); err != nil {
-		return err
+	g.Go(func() error { return k.claims.Run(ctx) })
+	g.Go(func() error { return k.pools.Run(ctx, func() { d.applyPools(k.pools.Pools()) }) })
+	g.Go(func() error { return k.allNC.Run(ctx, d.checkOverlaps) })
+	for _, w := range []interface{ WaitSynced(context.Context) error }{k.pods, k.secrets, k.claims, k.pools, k.allNC} {
+		if err := w.WaitSynced(ctx); err != nil {
+			return err
+		}
 	}
-	return k.secrets.WaitSynced(ctx)
+	return nil
 }
 
 // startServing begins the leak GC, live NodeConfig and Secret updates, and
 // the status writer.
 func (k *kubeMode) startServing(ctx context.Context, g *errgroup.Group, d *daemon) {
 	g.Go(func() error { return k.gc.Run(ctx) })
+	g.Go(func() error { return k.claimGC.Run(ctx) })
+	g.Go(func() error { return k.writeClaimCounts(ctx, d) })
 	g.Go(func() error {
 		return k.nc.Run(ctx, func(spec *v1alpha1.NodeConfigSpec, gen int64) {
 			if k.gen.Swap(gen) == gen {
@@ -152,6 +184,71 @@ func (k *kubeMode) startServing(ctx context.Context, g *errgroup.Group, d *daemo
 	})
 	g.Go(func() error { return k.writeStatus(ctx, d) })
 	k.statusChanged()
+}
+
+// writeClaimCounts keeps every AddressPool's status.claims (the kubectl
+// column) current; every agent computes the same numbers, so only the
+// first writes.
+func (k *kubeMode) writeClaimCounts(ctx context.Context, d *daemon) error {
+	t := time.NewTicker(15 * time.Second)
+	defer t.Stop()
+	for {
+		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := k.pools.UpdateClaims(c, k.claims.CountByPool()); err != nil && ctx.Err() == nil {
+			d.log.Debug("AddressPool status", "err", err)
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// kubeClaims adapts the API's claims to the agent.
+type kubeClaims struct {
+	k *kubeMode
+	d *daemon
+}
+
+func (c kubeClaims) Claim(ctx context.Context, cl agent.Claim) error {
+	want := claims.Claim{IP: cl.IP, Use: cl.Use, Pool: cl.Pool, Pod: cl.Pod, Node: c.k.o.NodeName, ContainerID: cl.ContainerID}
+	err := c.k.claims.Claim(ctx, want)
+	var held *claims.ClaimedError
+	if !errors.As(err, &held) {
+		return err
+	}
+	h := held.Holder
+	if h.Node == c.k.o.NodeName && h.Pod == cl.Pod && h.Pod.UID != "" {
+		if _, _, live := c.d.state.Get(h.ContainerID); !live {
+			// An earlier sandbox of the same pod on this node, gone
+			// without giving its claim back: the pod's own to reuse.
+			if rerr := c.k.claims.Release(ctx, cl.IP, h.ContainerID); rerr == nil {
+				if err = c.k.claims.Claim(ctx, want); !errors.As(err, &held) {
+					return err
+				}
+			}
+		}
+	}
+	return fmt.Errorf("%w: %v", agent.ErrClaimed, held)
+}
+
+func (c kubeClaims) Release(ctx context.Context, ip netip.Addr, containerID string) error {
+	return c.k.claims.Release(ctx, ip, containerID)
+}
+
+func (c kubeClaims) Taken(ip netip.Addr) bool {
+	_, ok := c.k.claims.Taken(ip)
+	return ok
+}
+
+func (c kubeClaims) Node() []agent.Claim {
+	var out []agent.Claim
+	for _, cl := range c.k.claims.Node() {
+		out = append(out, agent.Claim{IP: cl.IP, Use: cl.Use, Pool: cl.Pool, Pod: cl.Pod, ContainerID: cl.ContainerID})
+	}
+	return out
 }
 
 func (k *kubeMode) statusChanged() {

@@ -8,10 +8,17 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strings"
 	"syscall"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/authz"
+	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/ipam"
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
 // hangups delivers SIGHUP until ctx ends.
@@ -71,14 +78,79 @@ func (d *daemon) Pods() []admin.Pod {
 	return out
 }
 
+// Pools lists the node's summaries and every AddressPool (the NodeConfig's
+// deprecated shared pools among them), a row per CIDR, with what IPAM hands
+// out of it here and how many of its addresses are claimed.
 func (d *daemon) Pools() []admin.Pool {
 	out := []admin.Pool{}
+	ipamStats := map[netip.Prefix]ipam.PoolStats{}
 	for _, st := range d.state.IPAM() {
-		kind := "summary"
-		if !st.Pool.Summary {
-			kind = "shared"
+		ipamStats[st.Pool.Prefix] = st
+	}
+	suppressed := d.state.Suppressed()
+	for _, p := range d.state.Summaries() {
+		st := ipamStats[p]
+		out = append(out, admin.Pool{CIDR: p.String(), Kind: "summary", Used: st.Used, Free: st.Free, Note: suppressed[p]})
+	}
+	v := d.authority.Load()
+	if v == nil {
+		return out
+	}
+	claims := d.claimCounts()
+	valid := map[string]authz.Pool{}
+	for _, p := range v.set.Pools() {
+		valid[p.Name] = p
+	}
+	for _, ap := range v.pools {
+		kind := "addresspool"
+		if strings.HasPrefix(ap.Name, "nodeconfig-pool-") {
+			kind = "nodeconfig"
 		}
-		out = append(out, admin.Pool{CIDR: st.Pool.Prefix.String(), Kind: kind, Namespaces: st.Pool.Namespaces, Used: st.Used, Free: st.Free})
+		row := admin.Pool{Name: ap.Name, Kind: kind, Use: ap.Spec.Use, Namespaces: ap.Spec.Namespaces, Claims: claims[ap.Name]}
+		if ap.Spec.NamespaceSelector != nil {
+			if sel, err := metav1.LabelSelectorAsSelector(ap.Spec.NamespaceSelector); err == nil {
+				row.Selector = sel.String()
+				if sel.Empty() {
+					row.Selector = "every namespace"
+				}
+			}
+		}
+		if err, bad := v.set.Invalid()[ap.Name]; bad {
+			row.Note = "ignored: " + err.Error()
+		}
+		for _, c := range ap.Spec.CIDRs {
+			r := row
+			r.CIDR = c
+			if pfx, err := netip.ParsePrefix(c); err == nil {
+				if st, ok := ipamStats[pfx]; ok {
+					r.Used, r.Free = st.Used, st.Free
+				}
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// claimCounts counts claimed addresses per pool: cluster-wide from the
+// API's claims, or (standalone) those held on this node.
+func (d *daemon) claimCounts() map[string]int {
+	if d.kube != nil {
+		return d.kube.claims.CountByPool()
+	}
+	v := d.authority.Load()
+	out := map[string]int{}
+	for _, a := range d.state.Attachments(nodestate.Committed) {
+		for _, ip := range append(slices.Clone(a.IPs), a.Addresses...) {
+			for _, p := range v.set.Pools() {
+				if p.Uses(v1alpha1.UseAnycast) && !p.Uses(v1alpha1.UsePod) && !p.Uses(v1alpha1.UseAddresses) {
+					continue
+				}
+				if slices.ContainsFunc(p.CIDRs, func(c netip.Prefix) bool { return c.Contains(ip) }) {
+					out[p.Name]++
+				}
+			}
+		}
 	}
 	return out
 }

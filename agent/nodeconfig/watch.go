@@ -123,9 +123,19 @@ func (w *FileWatcher) Run(ctx context.Context, changed func()) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop() // armed by the first event (no stale fire: Go ≥ 1.23 timers)
 	defer timer.Stop()
+	// armed: a read is due. A new event does not push it back: a busy
+	// neighbour in the directory (the agent's own log, say) must not
+	// starve the reload.
+	armed := false
+	arm := func() {
+		if !armed {
+			armed = true
+			timer.Reset(DefaultDebounce)
+		}
+	}
 	if w.Baseline != nil {
 		// Changed between the caller's load and now: no event will tell.
-		timer.Reset(0)
+		arm()
 	}
 	for {
 		select {
@@ -142,7 +152,7 @@ func (w *FileWatcher) Run(ctx context.Context, changed func()) error {
 			if ev.Op == fsnotify.Chmod {
 				continue // a touch; content compare would drop it anyway
 			}
-			timer.Reset(DefaultDebounce)
+			arm()
 		case err, ok := <-errs:
 			if !ok {
 				errs = nil
@@ -150,8 +160,9 @@ func (w *FileWatcher) Run(ctx context.Context, changed func()) error {
 			}
 			log.Warn("config watch", "file", path, "err", err)
 			// Events may have been lost (queue overflow): look again.
-			timer.Reset(DefaultDebounce)
+			arm()
 		case <-timer.C:
+			armed = false
 			rewatch()
 			if read() {
 				changed()

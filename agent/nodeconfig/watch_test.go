@@ -233,3 +233,35 @@ func TestFileWatcherBaseline(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done2 })
 	expectNone(t, calls2, "content equal to the baseline")
 }
+
+// A neighbour file written all the time (the agent's own log next to its
+// config, as in the labs) must not starve the reload: each event used to
+// push the debounce back, and the change was never read.
+func TestFileWatcherBusyDirectory(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "nodeconfig.yaml")
+	write(t, path, "v1")
+	calls := watch(t, path, nil)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f, err := os.Create(filepath.Join(dir, "agent.log"))
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+				_, _ = f.WriteString("a log line\n")
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	time.Sleep(50 * time.Millisecond)
+	write(t, path, "v2")
+	expectCall(t, calls, "a change while a neighbour is written every 10 ms")
+}

@@ -275,8 +275,8 @@ func (s *State) checkClaimsLocked(rec store.Allocation) error {
 		ips []netip.Addr
 	}{{annotations.Anycast, rec.Anycast}, {annotations.Addresses, rec.Addresses}} {
 		for _, ip := range set.ips {
-			if p, ok := s.ipam.PoolOf(ip); ok {
-				return &annotations.Error{Key: set.key, Value: ip.String(), Reason: fmt.Sprintf("inside pod pool %s, where IPAM hands addresses out", p.Prefix)}
+			if err := s.NotInPodPool(set.key, ip); err != nil {
+				return err
 			}
 		}
 	}
@@ -672,6 +672,15 @@ func (s *State) Count() int {
 
 // IPAM returns pool usage.
 func (s *State) IPAM() []ipam.PoolStats { return s.ipam.Stats() }
+
+// NotInPodPool refuses an anycast or `addresses` IP (named by its
+// annotation key) inside a pod pool, where IPAM hands addresses out.
+func (s *State) NotInPodPool(key string, ip netip.Addr) error {
+	if p, ok := s.ipam.PoolOf(ip); ok {
+		return &annotations.Error{Key: key, Value: ip.String(), Reason: fmt.Sprintf("inside pod pool %s, where IPAM hands addresses out", p.Prefix)}
+	}
+	return nil
+}
 
 // IPOwner tells which container IPAM holds an address for.
 func (s *State) IPOwner(ip netip.Addr) (string, bool) { return s.ipam.Owner(ip) }

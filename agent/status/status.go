@@ -32,6 +32,9 @@ type Node struct {
 	// them ("<container>: <reason>"): a failed rollback, a record that
 	// could not be restored.
 	Stuck []string
+	// Suppressed says why summaries are not advertised (an overlap with
+	// another node's summary or an AddressPool).
+	Suppressed []string
 	// ConfigError is the last error applying the NodeConfig ("" if the
 	// running config is the latest).
 	ConfigError string
@@ -59,6 +62,9 @@ func (n Node) Problems() []string {
 		if r.Failing {
 			out = append(out, fmt.Sprintf("reconcile %s: %s", r.Target, r.LastError))
 		}
+	}
+	for _, s := range n.Suppressed {
+		out = append(out, "not advertised: "+s)
 	}
 	if len(n.Stuck) > 0 {
 		out = append(out, fmt.Sprintf("%d attachment(s) stuck until a DEL or GC removes them: %s", len(n.Stuck), strings.Join(n.Stuck, "; ")))

@@ -120,9 +120,13 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 		return emit(out, *format, v, func(w *tabwriter.Writer) {
-			fmt.Fprintln(w, "POOL\tKIND\tUSED\tFREE\tNAMESPACES")
+			fmt.Fprintln(w, "POOL\tCIDR\tKIND\tUSE\tNAMESPACES\tCLAIMS\tUSED\tFREE\tNOTE")
 			for _, p := range v {
-				fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\n", p.CIDR, p.Kind, p.Used, p.Free, list(p.Namespaces))
+				who := list(p.Namespaces)
+				if p.Selector != "" {
+					who = strings.TrimPrefix(who+"; selector "+p.Selector, "-; ")
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", dash(p.Name), p.CIDR, p.Kind, list(p.Use), who, p.Claims, p.Used, dash(p.Free), dash(p.Note))
 			}
 		})
 	case "routes":

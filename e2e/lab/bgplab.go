@@ -194,14 +194,43 @@ spec:
   pools:
   - cidr: %s
   - cidr: %s
-  - cidr: 2001:db8:100::/112
-    shared: true
-  - cidr: 198.51.100.0/28
-    shared: true
   bgp:
     peers:
-%s`, n.Name, NodeASN, 10+n.Index, n.Summary6, n.Summary4, indent(peers, "    "))
+%s%s`, n.Name, NodeASN, 10+n.Index, n.Summary6, n.Summary4, indent(peers, "    "), LabAddressPools)
 }
+
+// LabAddressPools are the lab's AddressPools (documents appended to every
+// node's config): pod addresses from a cluster-wide range, anycast and
+// `addresses` IPs, for namespace default. Uniqueness across standalone
+// nodes is per node only: tests give each node its own slice of the range.
+const LabAddressPools = `---
+apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata:
+  name: lab-pods
+spec:
+  cidrs: [2001:db8:100::/112, 198.51.100.0/28]
+  use: [pod]
+  namespaces: [default]
+---
+apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata:
+  name: lab-anycast
+spec:
+  cidrs: [2001:db8:a::/64, 203.0.113.0/24]
+  use: [anycast]
+  namespaces: [default]
+---
+apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata:
+  name: lab-addresses
+spec:
+  cidrs: [2001:db8:aa::/64]
+  use: [addresses]
+  namespaces: [default]
+`
 
 // BirdOptions vary the ToR's BIRD config.
 type BirdOptions struct {
