@@ -416,6 +416,7 @@ func TestKubernetes(t *testing.T) {
 		`[{"op":"add","path":"/spec/template/spec/containers/0/command/-","value":"--leak-gc-grace=5s"},`+
 			`{"op":"add","path":"/spec/template/spec/initContainers/0/command/-","value":"--cni-version=1.0.0"}]`)
 	e.apply(k8sNodeConfig)
+	e.apply(k8sAnycastPool)
 	e.waitPods("the flock agent", "-n", "flock-system", "-l", "app.kubernetes.io/name=flock")
 	if err := c.WaitNodeReady(ctx); err != nil {
 		t.Fatalf("node not Ready with flock's CNI config: %v", err)
@@ -442,7 +443,8 @@ func TestKubernetes(t *testing.T) {
 		e.t = t
 		e.apply(workloads)
 		e.waitPods("web", "-l", "app=web")
-		e.waitPods("solo", "solo")
+		// solo's `addresses` IP needs an AddressPool that comes later.
+		testPodWaitsForAddressPool(t, e)
 		var all [][]netip.Addr
 		// An `addresses` IP is in the CNI result after the pod IPs, but the
 		// API allows one pod IP per family, so kubelet keeps it out of
@@ -530,6 +532,8 @@ func TestKubernetes(t *testing.T) {
 			return got == "flock-hostport", got
 		})
 	})
+
+	t.Run("two nodes claim from one cluster-wide pool", func(t *testing.T) { testTwoNodesClaim(t, e) })
 
 	t.Run("deleting pods leaves nothing behind", func(t *testing.T) {
 		e.t = t

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -28,24 +27,7 @@ func birdTable(t *testing.T, l *lab.BGPLab) map[netip.Prefix]int {
 	if err != nil {
 		t.Fatalf("birdc show route: %v\n%s", err, out)
 	}
-	got := map[netip.Prefix]int{}
-	var cur netip.Prefix
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		line := sc.Text()
-		f := strings.Fields(line)
-		if len(f) == 0 {
-			continue
-		}
-		if p, err := netip.ParsePrefix(f[0]); err == nil {
-			cur = p
-			f = f[1:]
-		}
-		if len(f) >= 2 && f[0] == "unicast" && strings.HasPrefix(f[1], "[node") && cur.IsValid() {
-			got[cur]++
-		}
-	}
-	return got
+	return parseBird(out)
 }
 
 // kernelHostRoutes lists a node's flock gateway routes: prefix → next hops

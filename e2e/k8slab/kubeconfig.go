@@ -6,6 +6,28 @@ import (
 	"path/filepath"
 )
 
+// WriteTokenKubeconfig writes a kubeconfig that authenticates with a
+// bearer token (a ServiceAccount's, to test its RBAC for real).
+func (c *Cluster) WriteTokenKubeconfig(path, token string) error {
+	body := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: k8slab
+  cluster:
+    server: %s
+    certificate-authority: %s
+users:
+- name: token
+  user:
+    token: %s
+contexts:
+- name: token@k8slab
+  context: {cluster: k8slab, user: token}
+current-context: token@k8slab
+`, c.APIServerURL(), filepath.Join(c.pkiDir(), "ca.crt"), token)
+	return os.WriteFile(path, []byte(body), 0o600)
+}
+
 // writeKubeconfig writes a client-certificate kubeconfig for the user whose
 // cert/key pair is pki/<user>.{crt,key}.
 func (c *Cluster) writeKubeconfig(user string) (string, error) {

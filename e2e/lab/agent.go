@@ -24,6 +24,9 @@ type Agent struct {
 	AdminSocket string
 	StateDir    string
 	Args        []string // extra flags
+	// Kubeconfig, if set, runs the agent in Kubernetes mode as node
+	// NodeName instead of from ConfigPath.
+	Kubeconfig, NodeName string
 
 	cmd     *exec.Cmd
 	logPath string
@@ -68,10 +71,13 @@ func NewAgent(ns *NS, dir, nodeConfigYAML string) (*Agent, error) {
 // Start launches the agent binary inside the node namespace and waits
 // until it answers STATUS, or returns its log if it exits first.
 func (a *Agent) Start(bin string, timeout time.Duration) error {
-	args := append([]string{
-		"--node-config", a.ConfigPath, "--cni-socket", a.CNISocket,
+	mode := []string{"--node-config", a.ConfigPath}
+	if a.Kubeconfig != "" {
+		mode = []string{"--kubernetes", "--kubeconfig", a.Kubeconfig, "--node-name", a.NodeName, "--namespace", "flock-system"}
+	}
+	args := append(append(mode, "--cni-socket", a.CNISocket,
 		"--admin-socket", a.AdminSocket, "--state-dir", a.StateDir, "--log-level", "debug",
-	}, a.Args...)
+	), a.Args...)
 	// The log goes to a file, not a pipe: an agent left running by the
 	// demo must not die of SIGPIPE when the lab process exits.
 	a.logPath = filepath.Join(a.Dir, "agent.log")

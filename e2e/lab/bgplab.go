@@ -43,6 +43,11 @@ type LabOptions struct {
 	NodeConfig func(n *LabNode) string
 	// AgentArgs are extra flock-agent flags.
 	AgentArgs []string
+	// Kubeconfig, if set, runs the agents in Kubernetes mode (node name =
+	// the lab node's name); Setup then runs in each node namespace before
+	// its agent starts (e.g. an API proxy).
+	Kubeconfig string
+	Setup      func(n *LabNode) error
 }
 
 // BGPLab is a ToR namespace plus nodes, each joined to the ToR by a veth.
@@ -121,6 +126,11 @@ func NewBGPLab(o LabOptions) (*BGPLab, error) {
 		l.Nodes = append(l.Nodes, n)
 	}
 	for _, n := range l.Nodes {
+		if l.Opts.Setup != nil {
+			if err := l.Opts.Setup(n); err != nil {
+				return nil, err
+			}
+		}
 		if err := l.StartAgent(n); err != nil {
 			return nil, err
 		}
@@ -142,6 +152,7 @@ func (l *BGPLab) StartAgent(n *LabNode) error {
 			return err
 		}
 		a.Args = l.Opts.AgentArgs
+		a.Kubeconfig, a.NodeName = l.Opts.Kubeconfig, n.Name
 		n.Agent = a
 		c, err := NewCNI(l.Opts.BinDir, filepath.Join(dir, "cni-cache"), a.CNISocket, "1.1.0")
 		if err != nil {
