@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -131,4 +132,36 @@ spec:
 			t.Errorf("flockctl ipam lacks %q:\n%s", w, out)
 		}
 	}
+
+	// An AddressPool that overlaps the node's summary: the summary is not
+	// advertised until the overlap is gone, and the agent says why.
+	torPaths(t, tr, n.Summary6, 1)
+	overlap := cfg + `---
+apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata:
+  name: too-wide
+spec:
+  cidrs: [fd00:10::/32]
+  use: [anycast]
+  namespaces: [default]
+`
+	if err := l.SetNodeConfig(n, overlap); err != nil {
+		t.Fatal(err)
+	}
+	torPaths(t, tr, n.Summary6, 0)
+	torPaths(t, tr, n.Summary4, 1)
+	want := fmt.Sprintf("not advertised: summary %s overlaps AddressPool too-wide spec.cidrs[0] fd00:10::/32", n.Summary6)
+	var st struct{ Problems []string }
+	flockctlJSON(t, n.Agent, &st, "status")
+	if !slices.Contains(st.Problems, want) {
+		t.Errorf("flockctl status problems %q, want %q", st.Problems, want)
+	}
+	if !strings.Contains(n.Agent.Log(), "summary not advertised until the overlap is resolved") {
+		t.Error("the agent did not log the overlap")
+	}
+	if err := l.SetNodeConfig(n, cfg); err != nil {
+		t.Fatal(err)
+	}
+	torPaths(t, tr, n.Summary6, 1)
 }

@@ -308,6 +308,27 @@ spec: {nodeName: node2, containers: [{name: c, image: docker.io/local/busybox:1.
 	if out := e.kubectl("get", "addressclaims", "-o", "wide"); !strings.Contains(out, "pub-2") || strings.Contains(out, "pub-1") {
 		t.Errorf("claims after the handover:\n%s", out)
 	}
+
+	// A NodeConfig whose summary overlaps node1's: node1 stops advertising
+	// its summary and says why in its NodeConfig status, until the other
+	// one goes.
+	torPaths(t, tr, n1.Summary6, 1)
+	e.apply(fmt.Sprintf(`apiVersion: flock.fritzlab.net/v1alpha1
+kind: NodeConfig
+metadata: {name: node9}
+spec:
+  asn: 64512
+  routerID: 192.0.2.9
+  pools: [{cidr: "%s"}]
+`, netip.PrefixFrom(n1.Summary6.Addr(), 56).Masked()))
+	torPaths(t, tr, n1.Summary6, 0)
+	torPaths(t, tr, l.Nodes[1].Summary6, 1)
+	eventually(t, 30*time.Second, "node1's NodeConfig status to report the overlap", func() (bool, string) {
+		out, _ := e.c.Kubectl(ctx, "get", "nodeconfig", "node1", "-o", "jsonpath={.status.lastError}")
+		return strings.Contains(out, "overlaps node node9's summary"), out
+	})
+	e.kubectl("delete", "nodeconfig", "node9")
+	torPaths(t, tr, n1.Summary6, 1)
 }
 
 func net127(port int) string { return "127.0.0.1:" + strconv.Itoa(port) }
