@@ -40,7 +40,9 @@ test: deps vet build
 	$(GO) test -race -count=1 -timeout 60m -p 1 ./e2e/...
 
 # Benchmarks (root): dual-stack CNI ADD through libcni, flock against the
-# reference ptp plugin measured in the same run; IPAM allocation.
+# reference ptp plugin measured in the same run; what a cluster-wide claim
+# costs an ADD (a Kubernetes-mode agent against a real kube-apiserver,
+# against its own summary-pool ADDs); IPAM allocation.
 bench: build
 	$(GO) test -run '^$$' -bench . -benchtime 200x ./e2e/
 	$(GO) test -run '^$$' -bench . ./ipam/

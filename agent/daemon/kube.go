@@ -87,6 +87,10 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 		return nil, fmt.Errorf("kubernetes client config: %w", err)
 	}
 	cfg.UserAgent = "flock-agent/" + o.NodeName
+	// client-go's default (5 requests/s) would make every claimed ADD
+	// queue behind the last: a claim is one create, its DEL a get and a
+	// delete. kubelet's own defaults.
+	cfg.QPS, cfg.Burst = 50, 100
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err

@@ -144,6 +144,9 @@ func (c *Cluster) boot(ctx context.Context) error {
 	if err := c.startAPIServer(ctx); err != nil {
 		return c.withLog(APIServer, err)
 	}
+	if o.APIOnly {
+		return nil
+	}
 	if err := installServiceDNAT(); err != nil {
 		return err
 	}

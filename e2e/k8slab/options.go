@@ -36,6 +36,9 @@ type Options struct {
 	CNIBinDir  string // containerd's CNI bin_dir (default Dir/cni/bin); Debian's /usr/lib/cni/* are symlinked into it
 	CNIConfDir string // containerd's CNI conf_dir (default Dir/cni/net.d)
 	Log        func(format string, args ...any)
+	// APIOnly starts etcd and kube-apiserver only: an API for agents run
+	// by the test (benchmarks), no node, no runtime.
+	APIOnly bool
 }
 
 // DefaultCacheDir is where built binaries are kept between runs.
