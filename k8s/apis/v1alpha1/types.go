@@ -231,17 +231,19 @@ type Pool struct {
 	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || cidr(self) == cidr(self).masked()",message="must have no host bits set"
 	CIDR string `json:"cidr"`
 
-	// Shared marks a pool that is not this node's own block (for example
-	// one CIDR spread over several nodes). Pods get an address from it only
-	// by the cidr6/cidr4 annotation, and each address is advertised as a
-	// /128 or /32. A pool that is not shared is a node summary: the default
-	// pool of its family, advertised as one aggregate and blackholed in the
-	// kernel.
+	// Shared marks a pool that is not this node's own block.
+	//
+	// Deprecated: write an AddressPool of use pod instead; a shared pool is
+	// still read, for one release, as the AddressPool
+	// "nodeconfig-pool-<index>" (use pod, these namespaces) and the agent
+	// logs the AddressPool to write. A pool that is not shared is a node
+	// summary: the default pool of its family, advertised as one aggregate
+	// and blackholed in the kernel.
 	// +optional
 	Shared bool `json:"shared,omitempty"`
 
-	// Namespaces that may request this pool (or a range inside it) by
-	// annotation. Empty means every namespace.
+	// Namespaces that may request a shared pool (deprecated with it).
+	// Empty means every namespace.
 	// +kubebuilder:validation:items:MinLength=1
 	// +kubebuilder:validation:items:Pattern=`^\S+$`
 	// +optional
