@@ -423,15 +423,20 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 			}
 			return
 		case r := <-s.rx:
-			from := s.m.state
+			from, base := s.m.state, s.m.txBase()
 			finalWanted := r.p.Poll
 			if s.m.receive(r.p, r.at) {
 				notify(from, r.p.Diag)
-				send() // a state change goes out at once, and the
-				// periodic timer restarts at the new state's rate
-				tx.Reset(s.m.txIntervalOr(slowTx))
+				send() // a state change goes out at once
 			} else if finalWanted {
 				send()
+			}
+			// A new rate (ours after a state change, or the remote asking
+			// for packets more often after its Poll) applies from now: a
+			// timer armed at the old, slower rate would leave a gap longer
+			// than the remote's new detection time.
+			if s.m.txBase() != base {
+				tx.Reset(s.m.txIntervalOr(slowTx))
 			}
 			s.mu.Lock()
 			s.status.RemoteState = s.m.remoteState

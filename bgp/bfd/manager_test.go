@@ -96,6 +96,21 @@ func (n *node) eventCount() int {
 	return len(n.events)
 }
 
+// waitDown waits for a change to Down after since (the status changes a
+// moment before OnChange runs).
+func (n *node) waitDown(since time.Time, within time.Duration) Event {
+	n.t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if e, _, ok := n.lastDown(since); ok {
+			return e
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	n.t.Fatalf("no change to Down within %v; events %+v", within, n.eventsCopy())
+	return Event{}
+}
+
 // lastDown is the time of the last change to Down after since.
 func (n *node) lastDown(since time.Time) (Event, time.Time, bool) {
 	n.mu.Lock()
@@ -163,7 +178,7 @@ func TestManagerDetection(t *testing.T) {
 	time.Sleep(time.Second)
 	killed := time.Now()
 	b.kill()
-	a.waitState("b", Down, 5*time.Second)
+	a.waitDown(killed, 5*time.Second)
 	e, at, ok := a.lastDown(killed)
 	if !ok || e.Diag != DiagDetectExpired || e.From != Up {
 		t.Fatalf("down event %+v", a.eventsCopy())
@@ -188,8 +203,7 @@ func TestManagerShutdownAdminDown(t *testing.T) {
 	if got := b.state("a"); got != AdminDown {
 		t.Fatalf("b after Shutdown: %v", got)
 	}
-	a.waitState("b", Down, 2*time.Second)
-	e, _, _ := a.lastDown(since)
+	e := a.waitDown(since, 2*time.Second)
 	if e.RemoteDiag != DiagAdminDown || e.Diag != DiagNeighborDown {
 		t.Fatalf("a's down event %+v: want remote diag AdminDown", e)
 	}
@@ -199,8 +213,7 @@ func TestManagerShutdownAdminDown(t *testing.T) {
 	a2.waitState("b", Up, 5*time.Second)
 	since = time.Now()
 	b2.m.Set(nil)
-	a2.waitState("b", Down, 2*time.Second)
-	if e, _, _ := a2.lastDown(since); e.RemoteDiag != DiagAdminDown {
+	if e := a2.waitDown(since, 2*time.Second); e.RemoteDiag != DiagAdminDown {
 		t.Fatalf("Set(nil): a's down event %+v", e)
 	}
 	if len(b2.m.Keys()) != 0 {

@@ -142,13 +142,17 @@ func (m *machine) expire(now time.Time) bool {
 	return true
 }
 
+// txBase is the un-jittered transmit interval: ours, or slower if the
+// remote wants packets less often.
+func (m *machine) txBase() time.Duration { return max(m.desiredTx, m.remoteMinRx) }
+
 // txInterval is the time to the next periodic packet, jittered (§6.8.7);
 // 0 means: send nothing periodically (the remote asked for no packets).
 func (m *machine) txInterval() time.Duration {
 	if m.remoteMinRx == 0 {
 		return 0
 	}
-	base := max(m.desiredTx, m.remoteMinRx)
+	base := m.txBase()
 	lo, span := 0.75, 0.25
 	if m.cfg.DetectMult == 1 {
 		span = 0.15

@@ -176,3 +176,23 @@ func up(t *testing.T, at time.Time) *machine {
 	}
 	return a
 }
+
+// FRR advertises a slow Required Min RX until its session is Up and then
+// speeds up with a Poll: the transmit base must follow at once (the caller
+// re-arms its timer on a change), or the gap overruns FRR's new detection
+// time and the session flaps right after coming Up.
+func TestMachineRemoteSpeedsUp(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	a := newMachine(Config{}, 11)
+	a.receive(Packet{State: Init, DetectMult: 3, MyDiscr: 22, YourDiscr: 11, DesiredMinTx: time.Second, RequiredMinRx: time.Second}, t0)
+	if a.state != Up || a.txBase() != time.Second {
+		t.Fatalf("%v, base %v", a.state, a.txBase())
+	}
+	a.receive(Packet{State: Up, Poll: true, DetectMult: 3, MyDiscr: 22, YourDiscr: 11, DesiredMinTx: 300 * time.Millisecond, RequiredMinRx: 300 * time.Millisecond}, t0)
+	if a.txBase() != DefaultInterval {
+		t.Fatalf("base %v after the remote's Poll, want %v", a.txBase(), DefaultInterval)
+	}
+	if p := a.packet(); !p.Final {
+		t.Fatal("no Final for the remote's Poll")
+	}
+}
