@@ -1,6 +1,7 @@
 package bgp
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"net/netip"
 	"os"
@@ -156,7 +157,9 @@ func apiPeer(p v1alpha1.Peer, password string, adminDown, restarting bool) *api.
 }
 
 // sessionFingerprint covers everything that needs the session re-created
-// when it changes; communities are applied by policy, without a reset.
+// when it changes; communities are applied by policy, without a reset. It
+// holds a hash of the password, not the password: a fingerprint is the
+// kind of string that ends up in a debug log.
 func sessionFingerprint(p v1alpha1.Peer, password string) string {
 	q := p
 	q.Communities, q.LargeCommunities = v1alpha1.KindCommunities{}, v1alpha1.KindCommunities{}
@@ -169,5 +172,5 @@ func sessionFingerprint(p v1alpha1.Peer, password string) string {
 		q.LocalAddress = a.String()
 	}
 	q.Families = Families(p)
-	return fmt.Sprintf("%+v|%s", q, password)
+	return fmt.Sprintf("%+v|%x", q, sha256.Sum256([]byte(password)))
 }

@@ -322,6 +322,9 @@ func TestSessionFingerprint(t *testing.T) {
 	if sessionFingerprint(base, "other") == fp {
 		t.Error("password change does not change the fingerprint")
 	}
+	if fp := sessionFingerprint(base, "s3cret-pw"); strings.Contains(fp, "s3cret-pw") {
+		t.Errorf("the fingerprint holds the password: %s", fp)
+	}
 }
 
 func TestFilePasswords(t *testing.T) {

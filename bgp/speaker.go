@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -126,6 +127,12 @@ type peer struct {
 	policyWarning string
 	ipv4Held      bool // the policy holds IPv4 back although the guard allows it
 	lastErr       string
+	// Max-prefix (maxprefix.go): why GoBGP tore the session down ("" once
+	// a session is up again), the trips in a row (the back-off exponent)
+	// and until when the peer is held admin-down.
+	maxPfx    string
+	pfxTrips  int
+	holdUntil time.Time
 }
 
 // adding tells whether the peer's add goroutine is running.
@@ -218,6 +225,48 @@ func (h levelFilter) Enabled(ctx context.Context, l slog.Level) bool {
 	return l >= h.min.Level() && h.Handler.Enabled(ctx, l)
 }
 
+// demoted are GoBGP warnings logged at info instead. A max-prefix trip
+// makes GoBGP log "prefix limit reached" for every UPDATE over the limit
+// (naming neither limit nor count), and each of those asks for the PFX_CT
+// admin state again, which it reports as a request "still remaining" or a
+// change "to the same state"; flock logs the trip once, with the limit and
+// the count (maxPrefixTripLocked). flock itself never has two admin state
+// requests for a peer outstanding (one EnablePeer after an admin-down add),
+// so those two warnings only ever come from the repeats.
+var demoted = map[string]bool{
+	"prefix limit reached": true,
+	"previous setting admin state request is still remaining": true,
+	"cannot change to the same state":                         true,
+}
+
+// closedConn tells whether a record is GoBGP's "failed to send" on a
+// connection it closed itself: its sender racing its own teardown (a
+// NOTIFICATION it sent, max-prefix), not a network failure.
+func closedConn(r slog.Record) bool {
+	if r.Message != "failed to send" {
+		return false
+	}
+	closed := false
+	r.Attrs(func(a slog.Attr) bool {
+		if err, ok := a.Value.Any().(error); ok && errors.Is(err, net.ErrClosed) {
+			closed = true
+		}
+		return !closed
+	})
+	return closed
+}
+
+// Handle logs the demoted GoBGP warnings at info.
+func (h levelFilter) Handle(ctx context.Context, r slog.Record) error {
+	if (demoted[r.Message] || closedConn(r)) && r.Level > slog.LevelInfo {
+		r.Level = slog.LevelInfo
+		if !h.Enabled(ctx, r.Level) {
+			return nil
+		}
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
 func (h levelFilter) WithAttrs(a []slog.Attr) slog.Handler {
 	return levelFilter{h.Handler.WithAttrs(a), h.min}
 }
@@ -262,6 +311,14 @@ func (s *Speaker) Run(ctx context.Context) error {
 	defer s.stopPeers(&wg)
 
 	var retry <-chan time.Time
+	// hold ends the first max-prefix back-off: apply then enables the peer.
+	var hold <-chan time.Time
+	armHold := func() {
+		hold = nil
+		if d, ok := s.nextRelease(); ok {
+			hold = time.After(d)
+		}
+	}
 	backoff := minRetry
 	apply := func() {
 		if err := s.syncPeers(ctx, &wg); err != nil {
@@ -271,6 +328,7 @@ func (s *Speaker) Run(ctx context.Context) error {
 		} else {
 			retry, backoff = nil, minRetry
 		}
+		armHold()
 		s.notify()
 	}
 	apply()
@@ -280,10 +338,13 @@ func (s *Speaker) Run(ctx context.Context) error {
 			return nil
 		case ev := <-events:
 			s.handlePeerEvent(ctx, &wg, ev)
+			armHold()
 			s.notify()
 		case <-s.wake:
 			apply()
 		case <-retry:
+			apply()
+		case <-hold:
 			apply()
 		}
 	}
@@ -496,7 +557,9 @@ func (s *Speaker) addPeer(ctx context.Context, wg *sync.WaitGroup, p *peer) bool
 		return false
 	}
 	s.enableLocked(ctx, wg, p)
-	s.log.Info("bgp: peer added", "peer", key, "address", addr, "asn", spec.ASN)
+	if p.maxPfx == "" { // else re-added after max-prefix, already logged
+		s.log.Info("bgp: peer added", "peer", key, "address", addr, "asn", spec.ASN)
+	}
 	return true
 }
 
@@ -526,8 +589,12 @@ func listKey(p v1alpha1.Peer) string {
 }
 
 // enableLocked puts an added peer into the export policy, then enables its
-// session.
+// session, unless the peer waits out a max-prefix back-off (Run calls it
+// again when that ends).
 func (s *Speaker) enableLocked(ctx context.Context, wg *sync.WaitGroup, p *peer) {
+	if p.held(time.Now()) {
+		return
+	}
 	if !p.apiAddr.IsValid() {
 		p.apiAddr, p.local = s.lookupPeer(ctx, p.spec)
 	}
@@ -664,12 +731,17 @@ func (s *Speaker) handlePeerEvent(ctx context.Context, wg *sync.WaitGroup, ev *a
 	if !changed && ev.Type != apiutil.PEER_EVENT_INIT {
 		return
 	}
-	wasUp := p.state == bgp.BGP_FSM_ESTABLISHED
+	wasUp, upSince := p.state == bgp.BGP_FSM_ESTABLISHED, p.since
 	if changed {
 		p.state, p.since = st, time.Now()
 	}
 	switch {
+	case st == bgp.BGP_FSM_IDLE && ev.Peer.State.AdminState == api.PeerState_ADMIN_STATE_PFX_CT:
+		// GoBGP tore the session down for max-prefix (an INIT event: while
+		// an earlier Run was ending).
+		s.maxPrefixTripLocked(ctx, key, p, wasUp, upSince)
 	case st == bgp.BGP_FSM_ESTABLISHED:
+		p.maxPfx = "" // up again: LastError no longer applies
 		if l := ev.Peer.Transport.LocalAddress; l.IsValid() && !l.IsUnspecified() {
 			p.local = l.WithZone("")
 		}

@@ -147,6 +147,12 @@ func startToR(t *testing.T, addr string, asn uint32, routerID string) *tor {
 // no listener), both families, graceful restart.
 func (r *tor) addNeighbor(t *testing.T, neighbor string, asn uint32) {
 	t.Helper()
+	r.addNeighborConf(t, neighbor, asn, nil)
+}
+
+// addNeighborConf is addNeighbor with the peer config edited by edit.
+func (r *tor) addNeighborConf(t *testing.T, neighbor string, asn uint32, edit func(*api.Peer)) {
+	t.Helper()
 	r.neighbor = neighbor
 	var afs []*api.AfiSafi
 	for _, f := range []string{"ipv4", "ipv6"} {
@@ -155,13 +161,17 @@ func (r *tor) addNeighbor(t *testing.T, neighbor string, asn uint32) {
 			MpGracefulRestart: &api.MpGracefulRestart{Config: &api.MpGracefulRestartConfig{Enabled: true}},
 		})
 	}
-	if err := r.srv.AddPeer(context.Background(), &api.AddPeerRequest{Peer: &api.Peer{
+	p := &api.Peer{
 		Conf:            &api.PeerConf{NeighborAddress: neighbor, PeerAsn: asn},
 		Transport:       &api.Transport{PassiveMode: true},
 		Timers:          &api.Timers{Config: &api.TimersConfig{HoldTime: 9, KeepaliveInterval: 3, ConnectRetry: 1}},
 		GracefulRestart: &api.GracefulRestart{Enabled: true, RestartTime: 120},
 		AfiSafis:        afs,
-	}}); err != nil {
+	}
+	if edit != nil {
+		edit(p)
+	}
+	if err := r.srv.AddPeer(context.Background(), &api.AddPeerRequest{Peer: p}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -119,10 +119,13 @@ func (s *Speaker) Neighbors(ctx context.Context) []Neighbor {
 
 func (s *Speaker) neighborLocked(key string, p *peer, byAddr map[netip.Addr]*api.Peer, byIface map[string]*api.Peer) Neighbor {
 	n := Neighbor{Peer: key, LocalASN: s.asn, PeerASN: p.spec.ASN, State: Idle, LastError: p.lastErr}
+	if m := p.maxPrefixStatus(time.Now()); m != "" {
+		n.LastError = strings.TrimSuffix(m+"; "+p.lastErr, "; ")
+	}
 	if p.apiAddr.IsValid() {
 		n.Address = p.apiAddr.WithZone("").String()
 	}
-	if !p.added {
+	if !p.added && p.maxPfx == "" { // else being re-added after max-prefix: Idle
 		n.State = Configuring
 		if p.spec.Interface != "" {
 			n.State = Resolving
