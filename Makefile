@@ -9,7 +9,7 @@ LDFLAGS := -s -w
 CONTROLLER_GEN_VERSION ?= v0.19.0
 CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
-.PHONY: bench image build test unit demo demo-down deps vet clean generate generate-check
+.PHONY: bench image build test unit fuzz demo demo-down deps vet clean generate generate-check
 
 build:
 	@mkdir -p $(BIN)
@@ -24,6 +24,12 @@ vet:
 # `make test` runs them and fails them if it cannot).
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /e2e)
+
+# Every fuzz target for FUZZTIME each, one after the other (seed corpora in
+# <package>/testdata/fuzz/; plain `go test` runs them as regression tests).
+FUZZTIME ?= 10s
+fuzz:
+	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz
 
 # Debian packages the labs need: BIRD 2 and FRR as ToR routers.
 deps:

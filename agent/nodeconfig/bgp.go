@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
@@ -56,7 +57,10 @@ func validatePeer(f string, p v1alpha1.Peer) []error {
 			addr = a
 		}
 	default:
-		if len(p.Interface) > 15 || strings.ContainsAny(p.Interface, "/ %") {
+		// As the CRD's pattern ^[^/%\s]+$: no '/', '%' or white space.
+		if len(p.Interface) > 15 || strings.ContainsFunc(p.Interface, func(r rune) bool {
+			return r == '/' || r == '%' || unicode.IsSpace(r)
+		}) {
 			add("interface: %q is not an interface name", p.Interface)
 		}
 	}

@@ -319,8 +319,22 @@ func (d *document) String() string {
 }
 
 func (d *document) errorf(format string, a ...any) error {
-	return fmt.Errorf("%s: "+format, append([]any{d}, a...)...)
+	err := fmt.Errorf("%s: "+format, append([]any{d}, a...)...)
+	if strings.ContainsAny(err.Error(), "\r\n") {
+		return oneLine{err} // a value with a line break must not split the error
+	}
+	return err
 }
+
+// oneLine is an error whose message shows line breaks escaped: one error a
+// line in Parse's joined error.
+type oneLine struct{ err error }
+
+func (e oneLine) Error() string {
+	return strings.NewReplacer("\r", `\r`, "\n", `\n`).Replace(e.err.Error())
+}
+
+func (e oneLine) Unwrap() error { return e.err }
 
 // wrap prefixes each of the (joined) errors with the document.
 func (d *document) wrap(err error) []error {
@@ -331,15 +345,24 @@ func (d *document) wrap(err error) []error {
 	return out
 }
 
-var yamlLine = regexp.MustCompile(`\byaml: line (\d+):`)
+// yamlLine finds the line numbers of YAML errors: "yaml: line 3: ..." and
+// each line of "yaml: unmarshal errors:\n  line 3: ...\n  line 5: ...".
+var (
+	yamlLine  = regexp.MustCompile(`(\byaml: |\n[ \t]*)line (\d+):`)
+	yamlList  = regexp.MustCompile(`:[ \t]*\n[ \t]*`)
+	yamlBreak = regexp.MustCompile(`[ \t]*\n[ \t]*`)
+)
 
-// yamlError makes the line numbers of a YAML syntax error lines of the
-// file, not of the document.
+// yamlError makes the line numbers of a YAML error lines of the file, not
+// of the document, and the error one line (a list of errors is joined
+// with "; ").
 func (d *document) yamlError(err error) string {
-	return yamlLine.ReplaceAllStringFunc(err.Error(), func(m string) string {
-		n, _ := strconv.Atoi(yamlLine.FindStringSubmatch(m)[1])
-		return fmt.Sprintf("yaml: line %d:", d.line+n-1)
+	msg := yamlLine.ReplaceAllStringFunc(err.Error(), func(m string) string {
+		sm := yamlLine.FindStringSubmatch(m)
+		n, _ := strconv.Atoi(sm[2])
+		return fmt.Sprintf("%sline %d:", sm[1], d.line+n-1)
 	})
+	return yamlBreak.ReplaceAllString(yamlList.ReplaceAllString(msg, ": "), "; ")
 }
 
 // flatten splits an errors.Join into its errors (recursively); any other
