@@ -105,7 +105,9 @@ func apiPeer(p v1alpha1.Peer, password string, adminDown, restarting bool) *api.
 			PeerAsn: p.ASN, AuthPassword: password, AdminDown: adminDown,
 			Description: "flock " + Key(p),
 		},
-		Timers:    &api.Timers{Config: &api.TimersConfig{HoldTime: hold, KeepaliveInterval: keep, ConnectRetry: retry}},
+		// After a reset of ours (a BFD failure) reconnect at the connect
+		// retry pace: GoBGP's default idle hold after a reset is 30 s.
+		Timers:    &api.Timers{Config: &api.TimersConfig{HoldTime: hold, KeepaliveInterval: keep, ConnectRetry: retry, IdleHoldTimeAfterReset: retry}},
 		Transport: &api.Transport{LocalAddress: p.LocalAddress, RemotePort: uint32(p.Port)},
 	}
 	if p.Interface != "" {
@@ -137,16 +139,6 @@ func apiPeer(p v1alpha1.Peer, password string, adminDown, restarting bool) *api.
 		}
 		out.AfiSafis = append(out.AfiSafis, af)
 	}
-	if p.BFD.Enabled {
-		iv, m := p.BFD.IntervalMs, p.BFD.Multiplier
-		if iv == 0 {
-			iv = DefaultBFDInterval
-		}
-		if m == 0 {
-			m = DefaultBFDMult
-		}
-		out.Bfd = &api.BfdPeerConfig{Enabled: true, DesiredMinimumTxInterval: iv * 1000, RequiredMinimumReceive: iv * 1000, DetectionMultiplier: m}
-	}
 	if p.EBGPMultihop > 0 {
 		out.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: uint32(p.EBGPMultihop)}
 	}
@@ -163,6 +155,7 @@ func apiPeer(p v1alpha1.Peer, password string, adminDown, restarting bool) *api.
 func sessionFingerprint(p v1alpha1.Peer, password string) string {
 	q := p
 	q.Communities, q.LargeCommunities = v1alpha1.KindCommunities{}, v1alpha1.KindCommunities{}
+	q.BFD = v1alpha1.BFD{} // flock's BFD follows changes live (bfd.go)
 	// Canonical forms, so "fd00::01" or a reordered family list is not a
 	// change that resets the session.
 	if a, err := netip.ParseAddr(q.Address); err == nil {

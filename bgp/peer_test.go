@@ -179,31 +179,12 @@ func TestAPIPeerKnobs(t *testing.T) {
 			},
 		},
 		{
-			name: "BFD defaults, milliseconds to microseconds",
-			peer: v1alpha1.Peer{Address: "fd00::1", BFD: v1alpha1.BFD{Enabled: true}},
-			check: func(t *testing.T, p *api.Peer) {
-				b := p.Bfd
-				if b == nil || !b.Enabled || b.DesiredMinimumTxInterval != 300_000 || b.RequiredMinimumReceive != 300_000 || b.DetectionMultiplier != 3 {
-					t.Errorf("bfd %+v, want 300000 µs × 3", b)
-				}
-			},
-		},
-		{
-			name: "BFD explicit",
+			// flock runs BFD itself (bfd.go): GoBGP's never comes on.
+			name: "BFD is not GoBGP's",
 			peer: v1alpha1.Peer{Address: "fd00::1", BFD: v1alpha1.BFD{Enabled: true, IntervalMs: 50, Multiplier: 5}},
 			check: func(t *testing.T, p *api.Peer) {
-				b := p.Bfd
-				if b == nil || !b.Enabled || b.DesiredMinimumTxInterval != 50_000 || b.RequiredMinimumReceive != 50_000 || b.DetectionMultiplier != 5 {
-					t.Errorf("bfd %+v, want 50000 µs × 5", b)
-				}
-			},
-		},
-		{
-			name: "BFD settings without Enabled",
-			peer: v1alpha1.Peer{Address: "fd00::1", BFD: v1alpha1.BFD{IntervalMs: 50}},
-			check: func(t *testing.T, p *api.Peer) {
 				if p.Bfd != nil && p.Bfd.Enabled {
-					t.Errorf("bfd %+v, want off", p.Bfd)
+					t.Errorf("GoBGP BFD %+v, want off", p.Bfd)
 				}
 			},
 		},
@@ -306,7 +287,6 @@ func TestSessionFingerprint(t *testing.T) {
 		"ASN":           func(p *v1alpha1.Peer) { p.ASN = 64514 },
 		"port":          func(p *v1alpha1.Peer) { p.Port = 1179 },
 		"local address": func(p *v1alpha1.Peer) { p.LocalAddress = "fd00::2" },
-		"BFD":           func(p *v1alpha1.Peer) { p.BFD.Enabled = true },
 		"GR":            func(p *v1alpha1.Peer) { p.GracefulRestart.Disabled = true },
 		"families":      func(p *v1alpha1.Peer) { p.Families = []string{"ipv6"} },
 		"max prefixes":  func(p *v1alpha1.Peer) { p.MaxPrefixes = 10 },
@@ -317,6 +297,17 @@ func TestSessionFingerprint(t *testing.T) {
 		mut(&q)
 		if sessionFingerprint(q, "pw") == fp {
 			t.Errorf("%s change does not change the fingerprint", name)
+		}
+	}
+	// BFD changes apply live, without a BGP reset.
+	for name, mut := range map[string]func(p *v1alpha1.Peer){
+		"BFD enabled":  func(p *v1alpha1.Peer) { p.BFD.Enabled = true },
+		"BFD interval": func(p *v1alpha1.Peer) { p.BFD.IntervalMs = 50 },
+	} {
+		q := base
+		mut(&q)
+		if sessionFingerprint(q, "pw") != fp {
+			t.Errorf("%s change changes the fingerprint (would reset the BGP session)", name)
 		}
 	}
 	if sessionFingerprint(base, "other") == fp {

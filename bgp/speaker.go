@@ -28,6 +28,7 @@ import (
 	"github.com/osrg/gobgp/v4/pkg/server"
 
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/bgp/bfd"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
@@ -45,6 +46,9 @@ type Config struct {
 	// OnChange is called from Run's goroutine, with no lock held, when
 	// session state may have changed.
 	OnChange func()
+	// BFDPort is the BFD Control port listened on and sent to (default
+	// 3784; tests running several speakers on one host set their own).
+	BFDPort, BFDPeerPort int
 }
 
 // Restarting tells whether this node ran a speaker before (its state file
@@ -85,6 +89,14 @@ type Speaker struct {
 	reread bool
 	// announceHook, if set (tests), may replace a path before it is added.
 	announceHook func(netip.Prefix, *apiutil.Path) *apiutil.Path
+
+	// BFD (bfd.go): flock's own, a session per peer with BFD enabled; it
+	// runs for the speaker's lifetime (Stop ends it), not Run's.
+	bfd        *bfd.Manager
+	bfdEvents  chan bfd.Event
+	bfdCtx     context.Context
+	bfdStop    context.CancelFunc
+	bfdStarted bool // guarded by mu
 
 	// Peers.
 	mu         sync.Mutex
@@ -133,6 +145,9 @@ type peer struct {
 	maxPfx    string
 	pfxTrips  int
 	holdUntil time.Time
+	// BFD downs seen (bfd.go): failures (the BGP session was reset) and
+	// planned stops (the remote sent AdminDown).
+	bfdFailures, bfdPlanned int
 }
 
 // adding tells whether the peer's add goroutine is running.
@@ -167,8 +182,12 @@ func New(cfg Config) (*Speaker, error) {
 	if s.passwords == nil {
 		s.passwords = FilePasswords
 	}
+	s.bfdEvents = make(chan bfd.Event, 64)
+	s.bfdCtx, s.bfdStop = context.WithCancel(context.Background())
+	s.bfd = &bfd.Manager{Port: cfg.BFDPort, PeerPort: cfg.BFDPeerPort, Log: log, OnChange: s.onBFD}
 	go s.srv.Serve()
 	if err := s.setup(context.Background(), cfg); err != nil {
+		s.bfdStop()
 		s.srv.Stop()
 		return nil, err
 	}
@@ -278,7 +297,10 @@ func (h levelFilter) WithGroup(name string) slog.Handler {
 // Stop shuts the server down, sending Cease to every peer (which withdraws
 // our routes there); call it after Run has returned. The agent does not
 // call it: it just exits, and graceful restart keeps the routes at the ToR.
-func (s *Speaker) Stop() { s.srv.Stop() }
+func (s *Speaker) Stop() {
+	s.bfdStop()
+	s.srv.Stop()
+}
 
 // Run takes on the desired peers and follows their sessions until ctx
 // ends: it adds peers (retrying with back-off), removes and re-creates
@@ -346,6 +368,9 @@ func (s *Speaker) Run(ctx context.Context) error {
 			apply()
 		case <-hold:
 			apply()
+		case e := <-s.bfdEvents:
+			s.handleBFDEvent(ctx, e)
+			s.notify()
 		}
 	}
 }
@@ -458,6 +483,7 @@ func (s *Speaker) syncPeers(ctx context.Context, wg *sync.WaitGroup) error {
 			s.enableLocked(ctx, wg, p)
 		}
 	}
+	s.syncBFDLocked()
 	return s.updateExportLocked(ctx, wg)
 }
 

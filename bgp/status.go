@@ -70,9 +70,26 @@ type Neighbor struct {
 	RFC5549Mismatch bool           `json:"rfc5549Mismatch,omitempty"`
 	Families        []FamilyCounts `json:"families"`
 	BFD             string         `json:"bfd"`
-	GR              string         `json:"gracefulRestart"`
-	Warnings        []string       `json:"warnings,omitempty"`
-	LastError       string         `json:"lastError,omitempty"`
+	// BFDDetail is flock's BFD session, when BFD is enabled.
+	BFDDetail *BFDDetail `json:"bfdDetail,omitempty"`
+	GR        string     `json:"gracefulRestart"`
+	Warnings  []string   `json:"warnings,omitempty"`
+	LastError string     `json:"lastError,omitempty"`
+}
+
+// BFDDetail is what a network engineer asks of a BFD session.
+type BFDDetail struct {
+	State string    `json:"state"`
+	Since time.Time `json:"since,omitzero"`
+	// Diag: why it last left Up ("detection time expired", …).
+	Diag        string `json:"diag,omitempty"`
+	RemoteState string `json:"remoteState"`
+	// RemoteCBit: the peer's BFD is control-plane independent.
+	RemoteCBit bool `json:"remoteCBit"`
+	// Failures reset the BGP session; PlannedDowns (the peer sent
+	// AdminDown) did not.
+	Failures     int `json:"failures"`
+	PlannedDowns int `json:"plannedDowns"`
 }
 
 // Established tells whether the session is up.
@@ -170,11 +187,18 @@ func (s *Speaker) neighborLocked(key string, p *peer, byAddr map[netip.Addr]*api
 				c.Received, c.Accepted, c.Advertised = af.State.Received, af.State.Accepted, af.State.Advertised
 			}
 		}
-		if p.spec.BFD.Enabled && lp.State != nil && lp.State.BfdState != nil {
-			n.BFD = bfdName(lp.State.BfdState.SessionState)
-		}
 		if !p.spec.GracefulRestart.Disabled && lp.State != nil {
 			n.GR = grState(lp)
+		}
+	}
+	if p.spec.BFD.Enabled {
+		if st, ok := s.bfd.Status(key); ok {
+			n.BFD = st.State.String()
+			d := &BFDDetail{State: n.BFD, Since: st.Since, RemoteState: st.RemoteState.String(), RemoteCBit: st.RemoteControlPlaneIndependent, Failures: p.bfdFailures, PlannedDowns: p.bfdPlanned}
+			if st.Diag != 0 {
+				d.Diag = st.Diag.String()
+			}
+			n.BFDDetail = d
 		}
 	}
 	for _, f := range Families(p.spec) {
@@ -191,18 +215,6 @@ func (s *Speaker) neighborLocked(key string, p *peer, byAddr map[netip.Addr]*api
 		n.Warnings = append(n.Warnings, p.policyWarning)
 	}
 	return n
-}
-
-func bfdName(st api.BfdSessionState) string {
-	switch st {
-	case api.BfdSessionState_BFD_SESSION_STATE_UP:
-		return "up"
-	case api.BfdSessionState_BFD_SESSION_STATE_INIT:
-		return "init"
-	case api.BfdSessionState_BFD_SESSION_STATE_ADMIN_DOWN:
-		return "admin-down"
-	}
-	return "down"
 }
 
 // grState: "on" (configured), "negotiated" (the peer offered GR too), with

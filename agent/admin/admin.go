@@ -91,9 +91,21 @@ type Neighbor struct {
 	Uptime    string         `json:"uptime,omitempty"`
 	Families  []FamilyCounts `json:"families"`
 	BFD       string         `json:"bfd"`
+	BFDDetail *BFDDetail     `json:"bfdDetail,omitempty"`
 	GR        string         `json:"gracefulRestart"`
 	Warnings  []string       `json:"warnings,omitempty"`
 	LastError string         `json:"lastError,omitempty"`
+}
+
+// BFDDetail is flock's BFD session with a peer.
+type BFDDetail struct {
+	State        string    `json:"state"`
+	Since        time.Time `json:"since,omitzero"`
+	Diag         string    `json:"diag,omitempty"` // why it last left Up
+	RemoteState  string    `json:"remoteState"`
+	RemoteCBit   bool      `json:"remoteCBit"`
+	Failures     int       `json:"failures"`     // each reset the BGP session
+	PlannedDowns int       `json:"plannedDowns"` // the peer sent AdminDown
 }
 
 // BGPRoute is one path the node originates (or wants to).

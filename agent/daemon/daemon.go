@@ -70,6 +70,9 @@ type Options struct {
 	Hooks agent.Hooks
 }
 
+// bfdShutdown is how long a planned stop spends repeating BFD AdminDown.
+const bfdShutdown = 150 * time.Millisecond
+
 // Run serves until ctx ends. Kernel state and BGP sessions are not torn
 // down on the way out: pods keep working and graceful restart keeps their
 // routes at the ToR until the agent is back.
@@ -100,6 +103,19 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return stop(err)
 	}
+	// A planned stop (SIGTERM, a rollout): BFD peers hear AdminDown first,
+	// which RFC 5882 §3.2 says is no failure, so a ToR keeps the routes
+	// graceful restart is about to protect. A crash sends nothing.
+	bfdDone := make(chan struct{})
+	cancelBFD := context.AfterFunc(outer, func() {
+		defer close(bfdDone)
+		d.speaker.ShutdownBFD(bfdShutdown)
+	})
+	defer func() {
+		if !cancelBFD() { // already running: let the AdminDowns go out
+			<-bfdDone
+		}
+	}()
 	// Bind the sockets before recovery: a plugin call during start-up waits
 	// in the backlog and is answered once the state is restored.
 	cl, err := wire.Listen(o.CNISocket)

@@ -195,6 +195,9 @@ func (d *daemon) Neighbors() []admin.Neighbor {
 		if n.Uptime > 0 {
 			an.Uptime = n.Uptime.String()
 		}
+		if b := n.BFDDetail; b != nil {
+			an.BFDDetail = &admin.BFDDetail{State: b.State, Since: b.Since, Diag: b.Diag, RemoteState: b.RemoteState, RemoteCBit: b.RemoteCBit, Failures: b.Failures, PlannedDowns: b.PlannedDowns}
+		}
 		for _, f := range n.Families {
 			an.Families = append(an.Families, admin.FamilyCounts(f))
 		}

@@ -172,7 +172,15 @@ func run(args []string, out io.Writer) error {
 				if uptime == "" {
 					uptime = "-"
 				}
-				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", peer, n.LocalASN, n.PeerASN, n.State, uptime, list(fams), n.BFD, n.GR, dash(warn))
+				bfd := n.BFD
+				if b := n.BFDDetail; b != nil && (b.Failures > 0 || b.PlannedDowns > 0 || b.Diag != "") {
+					bfd += fmt.Sprintf(" (%d failures, %d planned", b.Failures, b.PlannedDowns)
+					if b.Diag != "" {
+						bfd += "; last: " + b.Diag
+					}
+					bfd += ")"
+				}
+				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", peer, n.LocalASN, n.PeerASN, n.State, uptime, list(fams), bfd, n.GR, dash(warn))
 			}
 		})
 	case "bgp routes":

@@ -1,0 +1,51 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"sync"
+	"testing"
+)
+
+// A reliability row: one fault, what the test did, how often, what
+// survived and the figures measured. Tests record rows as they run; with
+// FLOCK_RELIABILITY_OUT set they also go to that file (JSON lines), from
+// which `make reliability` renders RELIABILITY.md (e2e/cmd/reliability).
+type reliabilityRow struct {
+	Section  string            `json:"section"`
+	Fault    string            `json:"fault"`
+	ToR      string            `json:"tor,omitempty"`
+	Done     string            `json:"done"`
+	Times    int               `json:"times"`
+	Survived string            `json:"survived"`
+	Figures  map[string]string `json:"figures,omitempty"`
+	Test     string            `json:"test"`
+}
+
+var reliabilityMu sync.Mutex
+
+// record logs a row and appends it to FLOCK_RELIABILITY_OUT, if set.
+func record(t *testing.T, r reliabilityRow) {
+	t.Helper()
+	r.Test = t.Name()
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("RELIABILITY %s", b)
+	path := os.Getenv("FLOCK_RELIABILITY_OUT")
+	if path == "" {
+		return
+	}
+	reliabilityMu.Lock()
+	defer reliabilityMu.Unlock()
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Errorf("reliability output: %v", err)
+		return
+	}
+	defer f.Close()
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		t.Errorf("reliability output: %v", err)
+	}
+}
