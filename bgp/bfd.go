@@ -104,15 +104,42 @@ func (s *Speaker) handleBFDEvent(ctx context.Context, e bfd.Event) {
 		return
 	}
 	p.bfdFailures++
-	addr, established := p.apiAddr, p.state == bgp.BGP_FSM_ESTABLISHED
-	s.mu.Unlock()
-	s.log.Warn("bfd: session failed; resetting the BGP session", "peer", e.Key, "diag", e.Diag.String(), "bgpEstablished", established)
-	if !addr.IsValid() {
+	addr := p.apiAddr
+	if p.state != bgp.BGP_FSM_ESTABLISHED || !addr.IsValid() {
+		// No session to tear down; a reset now would be queued by GoBGP
+		// and end the next session as soon as it is established.
+		s.mu.Unlock()
+		s.log.Warn("bfd: session failed (BGP not established)", "peer", e.Key, "diag", e.Diag.String())
 		return
 	}
+	p.bfdReset = true
+	s.mu.Unlock()
+	s.log.Warn("bfd: session failed; resetting the BGP session", "peer", e.Key, "diag", e.Diag.String())
 	if err := s.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: addr.String(), Communication: "BFD down: " + e.Diag.String()}); err != nil {
 		s.log.Warn("bfd: reset BGP session", "peer", e.Key, "err", err)
 	}
+}
+
+// adminResetSent is GoBGP's disconnect message once our ResetPeer's
+// NOTIFICATION went out.
+var adminResetSent = "notification-sent " + bgp.NewNotificationErrorCode(bgp.BGP_ERROR_CEASE, bgp.BGP_ERROR_SUB_ADMINISTRATIVE_RESET).String()
+
+// dropQueuedResetLocked: the session ended before GoBGP sent our reset's
+// NOTIFICATION, which it keeps for the next session. Deleting the peer
+// drops it; syncPeers adds the peer again at once (the session is down
+// already, so nothing is lost).
+func (s *Speaker) dropQueuedResetLocked(ctx context.Context, key string, p *peer) {
+	s.log.Info("bfd: the BGP session ended before our reset; re-adding the peer so the reset does not end the next session", "peer", key)
+	if p.added && p.apiAddr.IsValid() {
+		if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.apiAddr.String()}); err != nil {
+			s.log.Warn("bfd: delete peer", "peer", key, "err", err)
+			return
+		}
+		p.added = false
+	}
+	p.enabled = false
+	p.restarting = false
+	s.kick()
 }
 
 // ShutdownBFD tells every BFD peer that the sessions go down on purpose

@@ -148,6 +148,12 @@ type peer struct {
 	// BFD downs seen (bfd.go): failures (the BGP session was reset) and
 	// planned stops (the remote sent AdminDown).
 	bfdFailures, bfdPlanned int
+	// bfdReset: a BFD-triggered ResetPeer is in flight. GoBGP queues the
+	// reset's NOTIFICATION for the established session; if that session
+	// ends some other way first (the ToR's own NOTIFICATION racing our
+	// BFD Down), the NOTIFICATION stays queued and would tear down the
+	// next session the moment it is established.
+	bfdReset bool
 }
 
 // adding tells whether the peer's add goroutine is running.
@@ -793,6 +799,12 @@ func (s *Speaker) handlePeerEvent(ctx context.Context, wg *sync.WaitGroup, ev *a
 		}
 	case wasUp && changed:
 		s.log.Warn("bgp: session down", "peer", key, "state", st.String(), "reason", ev.Peer.State.DisconnectReason.String(), "message", ev.Peer.State.DisconnectMessage)
+		if p.bfdReset {
+			p.bfdReset = false
+			if ev.Peer.State.DisconnectMessage != adminResetSent {
+				s.dropQueuedResetLocked(ctx, key, p)
+			}
+		}
 	}
 }
 

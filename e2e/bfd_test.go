@@ -39,7 +39,7 @@ type bfdToR struct {
 var bfdToRs = []bfdToR{
 	{
 		name:  "bird",
-		start: func(l *lab.BGPLab) error { return l.StartBird(lab.BirdOptions{BFD: true, GR: true}) },
+		start: func(l *lab.BGPLab) error { return l.StartBird(lab.BirdOptions{BFDGraceful: true, GR: true}) },
 		view:  func(l *lab.BGPLab) tor { return birdTor{l} },
 		state: birdBFDState,
 		recreate: func(t *testing.T, l *lab.BGPLab) {
@@ -142,6 +142,15 @@ func watchFlaps(t *testing.T, l *lab.BGPLab, k bfdToR, n *lab.LabNode, d time.Du
 	return samples, bad, first
 }
 
+// bfdSince is when the node's BFD session last changed state.
+func bfdSince(t *testing.T, n *lab.LabNode) time.Time {
+	nb := neighbors(t, n.Agent)
+	if len(nb) != 1 || nb[0].BFDDetail == nil {
+		t.Fatalf("neighbors: %+v", nb)
+	}
+	return nb[0].BFDDetail.Since
+}
+
 func waitBFDUp(t *testing.T, l *lab.BGPLab, k bfdToR, n *lab.LabNode, within time.Duration) {
 	t.Helper()
 	eventually(t, within, "BFD up on both sides", func() (bool, string) {
@@ -203,10 +212,17 @@ func TestBFD(t *testing.T) {
 				Survived: fmt.Sprintf("%d of %d samples with BFD and BGP up on both sides", samples-bad, samples),
 				Figures:  map[string]string{"BFD up after BGP established": upAfter.Round(time.Millisecond).String()}})
 
-			// The ToR re-creates its session: back up, then stable.
+			// The ToR re-creates its session: back up, then stable. Up
+			// again means after the node's session moved (the states read
+			// up for a moment after the command, before anyone noticed).
 			_, id0 := k.state(t, l, n)
+			since0 := bfdSince(t, n)
 			t0 := time.Now()
 			k.recreate(t, l)
+			eventually(t, 10*time.Second, "the node's BFD session to notice", func() (bool, string) {
+				s := bfdSince(t, n)
+				return !s.Equal(since0), s.String()
+			})
 			waitBFDUp(t, l, k, n, 20*time.Second)
 			back := time.Since(t0)
 			if _, id1 := k.state(t, l, n); id0 != "" && id0 == id1 {
@@ -237,19 +253,19 @@ func TestBFD(t *testing.T) {
 			if out, err := exec.Command("ip", "netns", "exec", l.Tor.Name, "ip6tables", "-I", "OUTPUT", "-o", n.TorIf, "-j", "DROP").CombinedOutput(); err != nil {
 				t.Fatalf("ip6tables: %v: %s", err, out)
 			}
-			var detected time.Duration
 			eventually(t, 5*time.Second, "the node's BFD down", func() (bool, string) {
 				b, _ := nodeBFD(t, n)
-				detected = time.Since(cut)
 				return b != "up", b
 			})
+			// The agent stamps the transition: no sampling delay in it.
+			detected := bfdSince(t, n).Sub(cut)
 			if out, err := exec.Command("ip", "netns", "exec", l.Tor.Name, "ip6tables", "-D", "OUTPUT", "-o", n.TorIf, "-j", "DROP").CombinedOutput(); err != nil {
 				t.Fatalf("ip6tables: %v: %s", err, out)
 			}
-			// Sampling adds up to ~100 ms; more than twice the detection
-			// time means the session never ran at 300 ms.
-			if detected > 1800*time.Millisecond {
-				t.Errorf("dead link detected after %v, want about 900 ms", detected.Round(time.Millisecond))
+			// The last packet came at most one interval before the cut:
+			// Down between 600 and 900 ms after it (plus the 25 ms check).
+			if detected > time.Second || detected < 500*time.Millisecond {
+				t.Errorf("dead link detected after %v, want 600–925 ms (300 ms × 3)", detected.Round(time.Millisecond))
 			}
 			waitEstablished(t, n)
 			waitBFDUp(t, l, k, n, 30*time.Second)

@@ -80,6 +80,13 @@ type neighbor struct {
 	BFD      string   `json:"bfd"`
 	GR       string   `json:"gracefulRestart"`
 	Warnings []string `json:"warnings"`
+	// BFDDetail: Since moves on every transition of the node's session.
+	BFDDetail *struct {
+		State        string    `json:"state"`
+		Since        time.Time `json:"since"`
+		Failures     int       `json:"failures"`
+		PlannedDowns int       `json:"plannedDowns"`
+	} `json:"bfdDetail"`
 	Families []struct {
 		Family     string `json:"family"`
 		Advertised uint64 `json:"advertised"`

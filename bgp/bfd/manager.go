@@ -423,12 +423,17 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 			}
 			return
 		case r := <-s.rx:
-			from, base := s.m.state, s.m.txBase()
-			finalWanted := r.p.Poll
+			from, base, oldRemote := s.m.state, s.m.txBase(), s.m.remoteDiscr
+			// A remote that re-created its session (new discriminator)
+			// has to hear our state with its new discriminator before it
+			// can move: answer at once rather than at the next slow-rate
+			// packet up to a second later (FRR re-creates a session just
+			// after creating it when bgpd applies a profile).
+			renewed := r.p.MyDiscr != oldRemote
 			if s.m.receive(r.p, r.at) {
 				notify(from, r.p.Diag)
 				send() // a state change goes out at once
-			} else if finalWanted {
+			} else if r.p.Poll || (renewed && s.m.state != AdminDown) {
 				send()
 			}
 			// A new rate (ours after a state change, or the remote asking

@@ -2,6 +2,7 @@ package bfd
 
 import (
 	"context"
+	"golang.org/x/net/ipv4"
 	"net"
 	"net/netip"
 	"strconv"
@@ -252,4 +253,64 @@ func discrs(m *Manager) []uint32 {
 		out = append(out, d)
 	}
 	return out
+}
+
+// A remote that re-creates its session (FRR does, right after creating
+// it, when bgpd applies a profile) hears our state with its new
+// discriminator at once, not at the next slow-rate packet a second later.
+func TestManagerAnswersRenewedRemoteAtOnce(t *testing.T) {
+	pa, pb := freePort(t), freePort(t)
+	a := startNode(t, pa, pb)
+	remote, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: pb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer remote.Close()
+	if err := ipv4.NewConn(remote).SetTTL(255); err != nil {
+		t.Fatal(err)
+	}
+	to := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: pa}
+	a.m.Set([]Peer{{Key: "b", Remote: netip.MustParseAddr("127.0.0.1")}})
+	// await reads our packets until one names discr as Your Discriminator.
+	await := func(discr uint32, within time.Duration) (Packet, bool) {
+		deadline := time.Now().Add(within)
+		buf := make([]byte, 128)
+		for {
+			_ = remote.SetReadDeadline(deadline)
+			n, _, err := remote.ReadFromUDP(buf)
+			if err != nil {
+				return Packet{}, false
+			}
+			p, err := Unmarshal(buf[:n])
+			if err == nil && p.YourDiscr == discr {
+				return p, true
+			}
+		}
+	}
+	down := func(discr uint32) Packet {
+		return Packet{State: Down, DetectMult: 3, MyDiscr: discr, DesiredMinTx: time.Second, RequiredMinRx: time.Second}
+	}
+	// Until the manager listens, our Down may go nowhere: repeat it.
+	var p Packet
+	ok := false
+	for range 20 {
+		if _, err := remote.WriteToUDP(down(100).Marshal(), to); err != nil {
+			t.Fatal(err)
+		}
+		if p, ok = await(100, 200*time.Millisecond); ok {
+			break
+		}
+	}
+	if !ok || p.State != Init {
+		t.Fatalf("no Init for discriminator 100: %+v", p)
+	}
+	// The remote's session is re-created: a Down with discriminator 200.
+	// Our state does not change (Init stays Init), the answer must still
+	// come well before the next 1 s slow-rate packet.
+	if _, err := remote.WriteToUDP(down(200).Marshal(), to); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := await(200, 300*time.Millisecond); !ok || p.State != Init {
+		t.Fatalf("no immediate Init for the re-created session (discriminator 200): %+v", p)
+	}
 }

@@ -248,6 +248,9 @@ type BirdOptions struct {
 	NoExtendedNextHop bool // the RFC 5549 mismatch scenario
 	MD5Password       string
 	GR, BFD           bool
+	// BFDGraceful: `bfd graceful` (Debian 12's BIRD 2.0.12 has it): a BFD session going
+	// down triggers graceful restart rather than a session teardown.
+	BFDGraceful bool
 	// Unnumbered peers the given node indexes over link-local instead.
 	Unnumbered map[int]netip.Addr // node index → node link-local
 	// IPv4Sessions adds a second, IPv4-only session to every node
@@ -275,7 +278,11 @@ template bgp flock {
 {{- if .GR}}
   graceful restart on;
 {{- end}}
-{{- if .BFD}}
+{{- if .BFDGraceful}}
+  # A BFD Down (the node's AdminDown on a planned stop, or its agent
+  # crashing) starts graceful restart instead of flushing the routes.
+  bfd graceful;
+{{- else if .BFD}}
   bfd on;
 {{- end}}
 {{- if .Password}}
@@ -319,10 +326,11 @@ func (l *BGPLab) BirdConfig(o BirdOptions) string {
 		Dir             string
 		TorASN, NodeASN int
 		GR, BFD, NoENH  bool
+		BFDGraceful     bool
 		IPv4Sessions    bool
 		Password        string
 		Nodes           []node
-	}{Dir: filepath.Join(l.Opts.Dir, "tor"), TorASN: TorASN, NodeASN: NodeASN, GR: o.GR, BFD: o.BFD, NoENH: o.NoExtendedNextHop, Password: o.MD5Password, IPv4Sessions: o.IPv4Sessions}
+	}{Dir: filepath.Join(l.Opts.Dir, "tor"), TorASN: TorASN, NodeASN: NodeASN, GR: o.GR, BFD: o.BFD || o.BFDGraceful, BFDGraceful: o.BFDGraceful, NoENH: o.NoExtendedNextHop, Password: o.MD5Password, IPv4Sessions: o.IPv4Sessions}
 	for _, n := range l.Nodes {
 		nd := node{Name: n.Name, TorIf: n.TorIf, V6: n.V6, TorV6: n.TorV6, V4: n.V4, TorV4: n.TorV4}
 		if ll, ok := o.Unnumbered[n.Index]; ok {

@@ -243,6 +243,12 @@ router bgp {{.TorASN}}
  neighbor {{.Peer}} capability extended-nexthop
  neighbor {{.Peer}} timers 3 9
  neighbor {{.Peer}} timers connect 1
+{{- if .Source}}
+ ! The session's source fixed up front: without it bgpd re-keys the BFD
+ ! session when BGP comes up and, if BFD was already Up, takes its own
+ ! session down with it (FRR 8.4).
+ neighbor {{.Peer}} update-source {{.Source}}
+{{- end}}
 {{- if $.BFD}}
  neighbor {{.Peer}} bfd
  neighbor {{.Peer}} bfd profile flock
@@ -316,7 +322,7 @@ func (l *BGPLab) FRRConfig(lls map[int]string) string {
 
 // FRRConfigWith renders bgpd.conf for the lab.
 func (l *BGPLab) FRRConfigWith(o FRROptions) string {
-	type node struct{ Peer, Iface string }
+	type node struct{ Peer, Iface, Source string }
 	data := struct {
 		Dir                              string
 		TorASN, NodeASN                  int
@@ -327,7 +333,7 @@ func (l *BGPLab) FRRConfigWith(o FRROptions) string {
 		if ll, ok := o.Unnumbered[n.Index]; ok {
 			data.Nodes = append(data.Nodes, node{Peer: ll, Iface: n.TorIf})
 		} else if !o.Dynamic {
-			data.Nodes = append(data.Nodes, node{Peer: n.V6.String()})
+			data.Nodes = append(data.Nodes, node{Peer: n.V6.String(), Source: n.TorV6.String()})
 		}
 	}
 	var b strings.Builder
