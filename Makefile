@@ -9,7 +9,7 @@ LDFLAGS := -s -w
 CONTROLLER_GEN_VERSION ?= v0.19.0
 CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
-.PHONY: bench image build test unit fuzz demo demo-down deps vet clean generate generate-check
+.PHONY: bench image build test unit fuzz reliability soak demo demo-down deps vet clean generate generate-check
 
 build:
 	@mkdir -p $(BIN)
@@ -30,6 +30,22 @@ unit:
 FUZZTIME ?= 10s
 fuzz:
 	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz
+
+# RELIABILITY.md, generated: the fault tests (BFD, ToR failures, agent
+# restarts under traffic, the crash storm) and the fuzz targets record
+# their figures as JSON lines, e2e/cmd/reliability renders them. `make
+# soak` is the same with the 10-minute BFD soak per ToR (CI runs 10 s).
+RELIABILITY_TESTS ?= TestBFD$$|TestToRFailures|TestAgentRestartUnderTraffic|TestCrashStorm
+RELIABILITY_OUT   := $(CURDIR)/out/reliability.jsonl
+FLOCK_BFD_SOAK    ?=
+reliability: deps build
+	@mkdir -p out && rm -f $(RELIABILITY_OUT)
+	FLOCK_RELIABILITY_OUT=$(RELIABILITY_OUT) FLOCK_BFD_SOAK=$(FLOCK_BFD_SOAK) $(GO) test -race -count=1 -timeout 90m -p 1 -run '$(RELIABILITY_TESTS)' ./e2e/
+	FLOCK_RELIABILITY_OUT=$(RELIABILITY_OUT) FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz
+	$(GO) run ./e2e/cmd/reliability -in $(RELIABILITY_OUT) -out RELIABILITY.md -cmd 'make $(if $(FLOCK_BFD_SOAK),soak,reliability)'
+
+soak:
+	$(MAKE) reliability FLOCK_BFD_SOAK=10m
 
 # Debian packages the labs need: BIRD 2 and FRR as ToR routers.
 deps:

@@ -49,6 +49,9 @@ type Config struct {
 	// BFDPort is the BFD Control port listened on and sent to (default
 	// 3784; tests running several speakers on one host set their own).
 	BFDPort, BFDPeerPort int
+	// Neighbours is the kernel's neighbour table for unnumbered peers
+	// (relink.go); nil: the real one.
+	Neighbours Neighbours
 }
 
 // Restarting tells whether this node ran a speaker before (its state file
@@ -77,6 +80,7 @@ type Speaker struct {
 	passwords PasswordReader
 	stateFile string
 	onChange  func()
+	neigh     Neighbours    // the kernel's neighbour table (unnumbered peers)
 	wake      chan struct{} // coalesced: the desired peers changed, or Run should retry
 	running   atomic.Bool
 
@@ -187,6 +191,10 @@ func New(cfg Config) (*Speaker, error) {
 	}
 	if s.passwords == nil {
 		s.passwords = FilePasswords
+	}
+	s.neigh = cfg.Neighbours
+	if s.neigh == nil {
+		s.neigh = kernelNeighbours{}
 	}
 	s.bfdEvents = make(chan bfd.Event, 64)
 	s.bfdCtx, s.bfdStop = context.WithCancel(context.Background())
@@ -360,10 +368,16 @@ func (s *Speaker) Run(ctx context.Context) error {
 		s.notify()
 	}
 	apply()
+	relink := time.NewTicker(relinkEvery)
+	defer relink.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case now := <-relink.C:
+			s.mu.Lock()
+			s.relinkLocked(ctx, now)
+			s.mu.Unlock()
 		case ev := <-events:
 			s.handlePeerEvent(ctx, &wg, ev)
 			armHold()

@@ -26,7 +26,9 @@ import (
 // every port: the far end of a veth pair in its own network namespace,
 // holding farLL, whose BGP port is proxied to a GoBGP ToR on loopback.
 type torPort struct {
-	host string // our end of the link
+	host string         // our end of the link
+	far  string         // the ToR's end, in ns
+	ns   netns.NsHandle // the ToR's namespace
 }
 
 // newTorPort builds the link, the namespace and the proxy, and removes all
@@ -92,7 +94,7 @@ func newTorPort(t *testing.T, host string, hostLL, farLL netip.Addr, port uint16
 		t.Fatal(err)
 	}
 	proxyBGP(t, l, target, stripENHE)
-	return torPort{host: host}
+	return torPort{host: host, far: far, ns: ns}
 }
 
 // listenInNewNetns creates a network namespace and a TCP listener on
@@ -285,4 +287,78 @@ func needRoot(t *testing.T, why string) {
 		t.Fatalf("%s, and FLOCK_REQUIRE_ROOT is set", why)
 	}
 	t.Skip(why)
+}
+
+// An unnumbered ToR replaced by another (new MAC, new link-local address):
+// GoBGP resolved the old address once, at AddPeer, and would dial it for
+// ever. The speaker notices the old neighbour is dead and a new one
+// answers on the link, and peers with the new one.
+func TestUnnumberedToRReplaced(t *testing.T) {
+	needRoot(t, "needs root for network namespaces and veth pairs")
+	tor := startToR(t, "::1", torASN, "10.255.0.1")
+	tor.addNeighbor(t, "::1", flockASN)
+	const bgpPort = 1791
+	oldLL, newLL := netip.MustParseAddr("fe80::1"), netip.MustParseAddr("fe80::2")
+	name := fmt.Sprintf("flkr%04x", uint16(os.Getpid()))
+	port := newTorPort(t, name, netip.MustParseAddr("fe80::a"), oldLL, bgpPort, net.JoinHostPort("::1", fmt.Sprint(tor.port)), false)
+	sp := newSpeaker(t)
+	peer := v1alpha1.Peer{Interface: port.host, ASN: torASN, Port: bgpPort, Timers: v1alpha1.Timers{HoldTime: 6, KeepaliveTime: 2, ConnectRetry: 1}}
+	set(t, sp, map[netip.Prefix]advert.Kind{pod6: advert.Pod}, true)
+	if err := sp.ApplyPeers([]v1alpha1.Peer{peer}); err != nil {
+		t.Fatal(err)
+	}
+	key := Key(peer)
+	if n := waitEstablished(t, sp, tor, key); n.Address != oldLL.String() {
+		t.Fatalf("test setup: neighbour address %q", n.Address)
+	}
+
+	// The setup pinned the old ToR's address (a permanent entry); a real
+	// neighbour entry is learnt, and dies with its ToR.
+	host, err := netlink.LinkByName(port.host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netlink.NeighDel(&netlink.Neigh{LinkIndex: host.Attrs().Index, Family: netlink.FAMILY_V6, IP: oldLL.AsSlice()}); err != nil {
+		t.Fatal(err)
+	}
+	// The new ToR: same port, new MAC, new link-local address.
+	h, err := netlink.NewHandleAt(port.ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	far, err := h.LinkByName(port.far)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mask := net.CIDRMask(64, 128)
+	if err := h.AddrDel(far, &netlink.Addr{IPNet: &net.IPNet{IP: oldLL.AsSlice(), Mask: mask}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetHardwareAddr(far, net.HardwareAddr{0x02, 0, 0x5e, 0, 0x53, 0x02}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.AddrAdd(far, &netlink.Addr{IPNet: &net.IPNet{IP: newLL.AsSlice(), Mask: mask}, Flags: unix.IFA_F_NODAD}); err != nil {
+		t.Fatal(err)
+	}
+	replaced := time.Now()
+
+	// The old session ends (hold time), then the speaker re-peers.
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		n, ok := neighbor(sp, key)
+		if ok && n.State == "Established" && n.Address == newLL.String() {
+			t.Logf("re-peered with %s %v after the replacement", n.Address, time.Since(replaced).Round(100*time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not re-peered with the new ToR: %+v", n)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	tor.waitRIB(t, pod6)
+	if err := sp.ApplyPeers(nil); err != nil {
+		t.Fatal(err)
+	}
+	waitNoGoBGPPeers(t, sp)
 }

@@ -30,11 +30,10 @@ type row struct {
 // sections in the order the document shows them, with what each is about.
 var sections = []struct{ name, intro string }{
 	{"BFD", "flock's own single-hop BFD (300 ms × 3) against each ToR: how fast it comes up, whether it stays up, what it survives."},
-	{"Planned stop and crash with BFD and graceful restart", "What the ToR does with the node's routes when the agent stops on purpose (SIGTERM: BFD AdminDown first, C bit clear) and when it crashes (SIGKILL), per ToR configuration. \"Withdrawn\" counts the node's prefixes that left the ToR's table at any sample (every 20 ms)."},
 	{"ToR failures", "The ToR dies, restarts, loses its link, or is replaced."},
-	{"Agent restarts under traffic", "Continuous pings from the ToR to a pod and to an anycast address while the agent restarts."},
+	{"Agent restarts under traffic", "The agent stops on purpose (SIGTERM, as in a DaemonSet rollout: BFD AdminDown first, C bit clear, no BGP Cease) or crashes (SIGKILL), and is restarted 1 s later, per ToR configuration, while the ToR pings a pod and an anycast address (IPv6 and IPv4) every 20 ms. \"Withdrawn\" counts the node's prefixes that left the ToR's FIB at any sample (every 20 ms). The configurations deploy/tor ships are the recommended ones (`bfd graceful` for BIRD, `bfd check-control-plane-failure` for FRR)."},
 	{"Crash storm", "Pods added and deleted concurrently while the agent is SIGKILLed at random moments and restarted."},
-	{"Fuzzing", "go test -fuzz targets, each run for a bounded time; every crasher found became a regression test in the seed corpus."},
+	{"Fuzzing", "go test -fuzz targets, each run for a bounded time (Times: inputs executed); every crasher found became a regression test in the seed corpus."},
 }
 
 func main() {
