@@ -28,9 +28,9 @@ const (
 // neighbour table has it.
 type Neighbour struct {
 	Addr netip.Addr // without zone
-	// Alive: reachable, or not yet proven unreachable (stale, delay,
-	// probe, permanent); false once the kernel's probes failed.
-	Alive bool
+	// Reachable: confirmed recently. Failed: the kernel's probes failed
+	// (or never completed). Neither: stale, not known either way.
+	Reachable, Failed bool
 }
 
 // Neighbours is the kernel's neighbour table as relink uses it.
@@ -40,6 +40,8 @@ type Neighbours interface {
 	Solicit(iface string) error
 	// LinkLocal lists the link-local neighbours on iface (not our own).
 	LinkLocal(iface string) ([]Neighbour, error)
+	// Answers pings addr on iface and tells whether it replied in time.
+	Answers(iface string, addr netip.Addr, timeout time.Duration) bool
 	// Forget removes a dead neighbour, so GoBGP's resolution (which wants
 	// exactly one live link-local neighbour) finds the new one.
 	Forget(iface string, addr netip.Addr) error
@@ -74,10 +76,15 @@ func (kernelNeighbours) LinkLocal(iface string) ([]Neighbour, error) {
 		if !ok || !ip.IsLinkLocalUnicast() || own[ip] {
 			continue
 		}
-		dead := n.State&(netlink.NUD_FAILED|netlink.NUD_INCOMPLETE) != 0
-		out = append(out, Neighbour{Addr: ip, Alive: !dead})
+		out = append(out, Neighbour{Addr: ip,
+			Reachable: n.State&(netlink.NUD_REACHABLE|netlink.NUD_PERMANENT) != 0,
+			Failed:    n.State&(netlink.NUD_FAILED|netlink.NUD_INCOMPLETE) != 0})
 	}
 	return out, nil
+}
+
+func (kernelNeighbours) Answers(iface string, addr netip.Addr, timeout time.Duration) bool {
+	return pingOnce(iface, addr, timeout) == nil
 }
 
 func (kernelNeighbours) Forget(iface string, addr netip.Addr) error {
@@ -88,48 +95,75 @@ func (kernelNeighbours) Forget(iface string, addr netip.Addr) error {
 	return netlink.NeighDel(&netlink.Neigh{LinkIndex: ifi.Index, Family: netlink.FAMILY_V6, IP: addr.AsSlice()})
 }
 
-// relinkLocked checks every unnumbered peer whose session has been down
-// for relinkAfter. Run's goroutine.
-func (s *Speaker) relinkLocked(ctx context.Context, now time.Time) {
+// relinkCheck is one unnumbered peer to look at, taken under the lock.
+type relinkCheck struct {
+	key, iface string
+	addr       netip.Addr // as GoBGP keys the peer (with zone)
+}
+
+// relink checks every unnumbered peer whose session has been down for
+// relinkAfter. Run's goroutine; it takes s.mu itself (the probe waits).
+func (s *Speaker) relink(ctx context.Context, now time.Time) {
+	s.mu.Lock()
+	var checks []relinkCheck
 	for key, p := range s.peers {
-		if p.spec.Interface == "" || !p.added || !p.apiAddr.IsValid() || p.state == bgp.BGP_FSM_ESTABLISHED || now.Sub(p.since) < relinkAfter {
-			continue
+		if p.spec.Interface != "" && p.added && p.apiAddr.IsValid() && p.state != bgp.BGP_FSM_ESTABLISHED && now.Sub(p.since) >= relinkAfter {
+			checks = append(checks, relinkCheck{key, p.spec.Interface, p.apiAddr})
 		}
-		iface, old := p.spec.Interface, p.apiAddr.WithZone("")
-		neighs, err := s.neigh.LinkLocal(iface)
+	}
+	s.mu.Unlock()
+	for _, c := range checks {
+		old := c.addr.WithZone("")
+		neighs, err := s.neigh.LinkLocal(c.iface)
 		if err != nil {
-			s.log.Debug("bgp: unnumbered: neighbour table", "interface", iface, "err", err)
+			s.log.Debug("bgp: unnumbered: neighbour table", "interface", c.iface, "err", err)
 			continue
 		}
-		oldAlive, other := false, netip.Addr{}
+		var other netip.Addr
+		oldReachable := false
 		for _, n := range neighs {
 			switch {
 			case n.Addr == old:
-				oldAlive = n.Alive
-			case n.Alive:
+				oldReachable = n.Reachable
+			case !n.Failed:
 				other = n.Addr
 			}
 		}
-		if oldAlive || !other.IsValid() {
-			// The old neighbour may still answer (the session is down for
-			// another reason), or no new one has answered yet: ask again.
-			if err := s.neigh.Solicit(iface); err != nil {
-				s.log.Debug("bgp: unnumbered: solicit", "interface", iface, "err", err)
+		if !other.IsValid() {
+			// No one else on the link (yet): make a new ToR known.
+			if err := s.neigh.Solicit(c.iface); err != nil {
+				s.log.Debug("bgp: unnumbered: solicit", "interface", c.iface, "err", err)
 			}
 			continue
 		}
-		s.log.Warn("bgp: unnumbered peer's link-local neighbour changed (ToR replaced?); peering with the new one",
-			"peer", key, "interface", iface, "old", old, "new", other)
-		if err := s.neigh.Forget(iface, old); err != nil {
-			s.log.Debug("bgp: unnumbered: forget the old neighbour", "interface", iface, "addr", old, "err", err)
-		}
-		if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.apiAddr.String()}); err != nil {
-			s.log.Warn("bgp: unnumbered: delete peer", "peer", key, "err", err)
+		// Someone else answers on the link. The old neighbour may still be
+		// there (the session is down for another reason): ask it.
+		if oldReachable || s.neigh.Answers(c.iface, old, time.Second) {
 			continue
 		}
-		p.added, p.enabled, p.apiAddr, p.local = false, false, netip.Addr{}, netip.Addr{}
-		p.restarting = false
-		p.state, p.since = bgp.BGP_FSM_IDLE, now
-		s.kick() // syncPeers adds it again: GoBGP resolves the link anew
+		s.mu.Lock()
+		if p := s.peers[c.key]; p != nil && p.added && p.apiAddr == c.addr && p.state != bgp.BGP_FSM_ESTABLISHED {
+			s.repeerLocked(ctx, c.key, p, old, other, now)
+		}
+		s.mu.Unlock()
 	}
+}
+
+// repeerLocked deletes an unnumbered peer whose neighbour is gone, for
+// syncPeers to add it again: GoBGP then resolves the link anew.
+func (s *Speaker) repeerLocked(ctx context.Context, key string, p *peer, old, other netip.Addr, now time.Time) {
+	iface := p.spec.Interface
+	s.log.Warn("bgp: unnumbered peer's link-local neighbour changed (ToR replaced?); peering with the new one",
+		"peer", key, "interface", iface, "old", old, "new", other)
+	if err := s.neigh.Forget(iface, old); err != nil {
+		s.log.Debug("bgp: unnumbered: forget the old neighbour", "interface", iface, "addr", old, "err", err)
+	}
+	if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.apiAddr.String()}); err != nil {
+		s.log.Warn("bgp: unnumbered: delete peer", "peer", key, "err", err)
+		return
+	}
+	p.added, p.enabled, p.apiAddr, p.local = false, false, netip.Addr{}, netip.Addr{}
+	p.restarting = false
+	p.state, p.since = bgp.BGP_FSM_IDLE, now
+	s.kick() // syncPeers adds it again
 }

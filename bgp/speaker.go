@@ -375,9 +375,7 @@ func (s *Speaker) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case now := <-relink.C:
-			s.mu.Lock()
-			s.relinkLocked(ctx, now)
-			s.mu.Unlock()
+			s.relink(ctx, now)
 		case ev := <-events:
 			s.handlePeerEvent(ctx, &wg, ev)
 			armHold()

@@ -126,3 +126,15 @@ func (b *Bird) Detach() {
 	}
 	b.cmd = nil
 }
+
+// Kill SIGKILLs bird (a ToR crash: no NOTIFICATION, no BFD AdminDown) and
+// waits for it; StartBird with the same dir and config brings it back.
+func (b *Bird) Kill() {
+	if b.cmd == nil || b.cmd.Process == nil {
+		return
+	}
+	_ = b.cmd.Process.Kill()
+	err := <-b.done
+	b.done <- err
+	_ = os.Remove(b.Socket)
+}

@@ -1,0 +1,303 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+)
+
+// torFailToR is a ToR of the failure tests, in the configuration
+// deploy/tor ships.
+type torFailToR struct {
+	name    string
+	start   func(l *lab.BGPLab) error
+	view    func(l *lab.BGPLab) tor
+	crash   func(t *testing.T, l *lab.BGPLab) // SIGKILL every daemon
+	restart func(t *testing.T, l *lab.BGPLab)
+}
+
+var torFailToRs = []torFailToR{
+	{
+		name:  "bird",
+		start: func(l *lab.BGPLab) error { return l.StartBird(lab.BirdOptions{GR: true, BFDGraceful: true}) },
+		view:  func(l *lab.BGPLab) tor { return birdTor{l} },
+		crash: func(t *testing.T, l *lab.BGPLab) { l.Bird.Kill() },
+		restart: func(t *testing.T, l *lab.BGPLab) {
+			b, err := lab.StartBird(l.Tor, l.Bird.Dir, readFile(t, l.Bird.Conf))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.Bird = b
+		},
+	},
+	{
+		name: "frr",
+		start: func(l *lab.BGPLab) error {
+			return l.StartFRRWith(lab.FRROptions{GR: true, BFD: true, CheckCPFailure: true})
+		},
+		view:  func(l *lab.BGPLab) tor { return frrTor{l} },
+		crash: func(t *testing.T, l *lab.BGPLab) { l.FRR.Kill() },
+		restart: func(t *testing.T, l *lab.BGPLab) {
+			if err := l.FRR.Restart(); err != nil {
+				t.Fatal(err)
+			}
+		},
+	},
+}
+
+// routesBackAfter waits for the ToR's session to the node, then for every
+// prefix in its BGP table, sampling as fast as its CLI answers; it returns the time from the
+// session's re-establishment to the last prefix's return.
+func routesBackAfter(t *testing.T, l *lab.BGPLab, tr tor, n *lab.LabNode, watch []netip.Prefix, within time.Duration) (est, back time.Duration, t0 time.Time) {
+	t.Helper()
+	start := time.Now()
+	deadline := start.Add(within)
+	for !tr.sessionUp(t, n) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the ToR's session did not come back within %v\n%s", within, tr.dump(t))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	up := time.Now()
+	for {
+		// The ToR's BGP table, not its FIB: a crashed BIRD or FRR leaves
+		// its kernel routes behind, so the FIB would not tell.
+		have := torRIB(t, l, tr)
+		all := true
+		for _, p := range watch {
+			if !have[p] {
+				all = false
+				break
+			}
+		}
+		if all {
+			return up.Sub(start), time.Since(up), up
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("routes not back in the ToR's BGP table within %v", within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestToRFailures: the ToR crashes (SIGKILL) and restarts, and the link to
+// the node flaps, against BIRD and FRR in the shipped configurations (BFD
+// 300 ms × 3, graceful restart). Every route must be back in the ToR's FIB
+// within 2 s of the session re-establishing, and the node keeps its own
+// forwarding state throughout (its kernel routes never change).
+func TestToRFailures(t *testing.T) {
+	for _, k := range torFailToRs {
+		t.Run(k.name, func(t *testing.T) {
+			l := newLab(t, 1, restartNodeConfig(true))
+			if err := k.start(l); err != nil {
+				t.Fatal(err)
+			}
+			tr := k.view(l)
+			n := l.Nodes[0]
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("ToR:\n%s", tr.dump(t))
+				}
+			})
+			waitEstablished(t, n)
+			_, ips := addPod(t, n, "web", "flock.fritzlab.net/cidr6", "2001:db8:100::100/120",
+				"flock.fritzlab.net/anycast", "2001:db8:a::1,203.0.113.1")
+			watch := []netip.Prefix{n.Summary6, n.Summary4, host(ips[0]), host(mustAddr("2001:db8:a::1")), host(mustAddr("203.0.113.1"))}
+			settle := func() {
+				t.Helper()
+				eventually(t, 30*time.Second, "settled", func() (bool, string) {
+					nb := neighbors(t, n.Agent)
+					if len(nb) != 1 || nb[0].State != "Established" || nb[0].BFD != "up" || !tr.sessionUp(t, n) {
+						return false, fmt.Sprintf("%+v", nb)
+					}
+					for _, p := range watch {
+						if torKernelNexthops(t, l, p) == 0 {
+							return false, p.String() + " not in the ToR's FIB"
+						}
+					}
+					return true, ""
+				})
+			}
+			nodeRoutes := kernelHostRoutes(t, n.NS)
+
+			// The ToR crashes and comes back 1 s later.
+			settle()
+			k.crash(t, l)
+			time.Sleep(time.Second)
+			k.restart(t, l)
+			est, back, _ := routesBackAfter(t, l, tr, n, watch, 60*time.Second)
+			if back > 2*time.Second {
+				t.Errorf("ToR restart: routes back %v after the session, want ≤ 2 s", back.Round(10*time.Millisecond))
+			}
+			if got := kernelHostRoutes(t, n.NS); fmt.Sprint(got) != fmt.Sprint(nodeRoutes) {
+				t.Errorf("the node's kernel routes changed while the ToR restarted:\nbefore %v\nafter  %v", nodeRoutes, got)
+			}
+			record(t, reliabilityRow{Section: "ToR failures", Fault: "ToR crash (every daemon SIGKILLed), restarted 1 s later", ToR: k.name + " (deploy/tor config)",
+				Done: "the node's BFD and BGP with it; a pod route, two anycast routes and both summaries watched in the ToR's BGP table", Times: 1,
+				Survived: fmt.Sprintf("all %d routes back; the node's kernel routes untouched (flock keeps forwarding while its peer restarts)", len(watch)),
+				Figures: map[string]string{"session re-established after the restart": est.Round(10 * time.Millisecond).String(),
+					"routes back in the ToR's BGP table after the session": back.Round(10 * time.Millisecond).String()}})
+
+			// The link flaps: the ToR's port down for 2 s.
+			settle()
+			link := func(state string) {
+				t.Helper()
+				if out, err := exec.Command("ip", "-n", l.Tor.Name, "link", "set", n.TorIf, state).CombinedOutput(); err != nil {
+					t.Fatalf("link %s: %v: %s", state, err, out)
+				}
+			}
+			// A switch keeps its port's configured addresses across a link
+			// flap; Linux drops a downed interface's IPv6 addresses unless
+			// told to keep them.
+			if out, err := exec.Command("ip", "netns", "exec", l.Tor.Name, "sysctl", "-qw", "net.ipv6.conf."+n.TorIf+".keep_addr_on_down=1").CombinedOutput(); err != nil {
+				t.Fatalf("sysctl: %v: %s", err, out)
+			}
+			link("down")
+			var bfdDown bool
+			eventually(t, 10*time.Second, "the node's BFD to notice the link down", func() (bool, string) {
+				b, _ := nodeBFD(t, n)
+				bfdDown = b != "up"
+				return bfdDown, b
+			})
+			time.Sleep(2 * time.Second)
+			link("up")
+			est, back, _ = routesBackAfter(t, l, tr, n, watch, 60*time.Second)
+			if back > 2*time.Second {
+				t.Errorf("link flap: routes back %v after the session, want ≤ 2 s", back.Round(10*time.Millisecond))
+			}
+			if got := kernelHostRoutes(t, n.NS); fmt.Sprint(got) != fmt.Sprint(nodeRoutes) {
+				t.Errorf("the node's kernel routes changed with the link flap:\nbefore %v\nafter  %v", nodeRoutes, got)
+			}
+			record(t, reliabilityRow{Section: "ToR failures", Fault: "link flap (the ToR's port down 2 s)", ToR: k.name + " (deploy/tor config)",
+				Done: "ip link set down, 2 s, up; BFD 300 ms × 3", Times: 1,
+				Survived: fmt.Sprintf("BFD saw the link go; all %d routes back; the node's kernel routes untouched", len(watch)),
+				Figures: map[string]string{"session re-established after link up": est.Round(10 * time.Millisecond).String(),
+					"routes back in the ToR's BGP table after the session": back.Round(10 * time.Millisecond).String()}})
+		})
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestUnnumberedToRReplaced: the node peers by interface only; the ToR on
+// that port is replaced (new MAC, so a new link-local address). flock must
+// notice, resolve the link again and peer with the new ToR (GoBGP alone
+// keeps dialling the old address for ever).
+func TestUnnumberedToRReplaced(t *testing.T) {
+	unnumbered := func(n *lab.LabNode) string {
+		return lab.NodeConfigYAML(n, fmt.Sprintf(`- interface: %s
+  asn: %d
+  timers: {holdTime: 9, keepaliveTime: 3, connectRetry: 1}
+`, n.Uplink, lab.TorASN))
+	}
+	for _, k := range []string{"bird", "frr"} {
+		t.Run(k, func(t *testing.T) {
+			l := newLab(t, 1, unnumbered)
+			n := l.Nodes[0]
+			ll, err := n.NS.LinkLocal(n.Uplink)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var tr tor
+			if k == "bird" {
+				err, tr = l.StartBird(lab.BirdOptions{Unnumbered: map[int]netip.Addr{1: ll}}), birdTor{l}
+			} else {
+				err, tr = l.StartFRR(map[int]string{1: ll.String()}), frrTor{l}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Logf("ToR state:\n%s", tr.dump(t))
+				}
+			})
+			waitEstablished(t, n)
+			_, ips := addPod(t, n, "unnum", "flock.fritzlab.net/cidr6", "2001:db8:100::100/120")
+			torPaths(t, tr, host(ips[0]), 1)
+			old, err := l.Tor.LinkLocal(n.TorIf)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			// The replacement: the port goes dark, comes back with another
+			// MAC, and the kernel derives a new link-local address from it.
+			ip := func(args ...string) {
+				t.Helper()
+				if out, err := exec.Command("ip", append([]string{"-n", l.Tor.Name}, args...)...).CombinedOutput(); err != nil {
+					t.Fatalf("ip %v: %v: %s", args, err, out)
+				}
+			}
+			replaced := time.Now()
+			ip("link", "set", n.TorIf, "down")
+			ip("link", "set", n.TorIf, "address", "02:00:5e:00:53:77")
+			ip("link", "set", n.TorIf, "up")
+			// The new ToR has the old one's configuration: its global
+			// address on the port (the node's default route points at it;
+			// Linux flushed it with the link).
+			if err := l.Tor.AddrAdd(n.TorIf, netip.PrefixFrom(n.TorV6, 64)); err != nil {
+				t.Fatal(err)
+			}
+			var now netip.Addr
+			eventually(t, 10*time.Second, "the new ToR's link-local address", func() (bool, string) {
+				now, err = l.Tor.LinkLocal(n.TorIf)
+				return err == nil && now != old, fmt.Sprint(now, err)
+			})
+			eventually(t, 60*time.Second, "peered with the new ToR", func() (bool, string) {
+				nb := neighbors(t, n.Agent)
+				return len(nb) == 1 && nb[0].State == "Established" && tr.sessionUp(t, n), fmt.Sprintf("%+v", nb)
+			})
+			took := time.Since(replaced)
+			torPaths(t, tr, host(ips[0]), 1)
+			ping(t, l.Tor, ips[0])
+			record(t, reliabilityRow{Section: "ToR failures", Fault: "unnumbered ToR replaced (new MAC, new link-local address)", ToR: k,
+				Done: fmt.Sprintf("the ToR's port down, new MAC, up: its link-local address went from %s to %s; the node peers by interface only (hold time 9 s)", old, now), Times: 1,
+				Survived: "flock noticed the dead neighbour, resolved the link again and peered with the new ToR; routes back, pod reachable",
+				Figures:  map[string]string{"peered with the new ToR after the replacement": took.Round(100 * time.Millisecond).String()}})
+		})
+	}
+}
+
+// torRIB is every prefix in the ToR's BGP table, read in one call per
+// family (one call per prefix would make the sampling the measurement).
+func torRIB(t *testing.T, l *lab.BGPLab, tr tor) map[netip.Prefix]bool {
+	t.Helper()
+	out := map[netip.Prefix]bool{}
+	if _, ok := tr.(birdTor); ok {
+		for p := range birdTable(t, l) {
+			out[p] = true
+		}
+		return out
+	}
+	for _, fam := range []string{"ipv6", "ipv4"} {
+		js, err := l.FRR.Vtysh("show bgp " + fam + " unicast json")
+		if err != nil {
+			continue // bgpd not answering yet
+		}
+		var v struct {
+			Routes map[string]json.RawMessage `json:"routes"`
+		}
+		if json.Unmarshal([]byte(js), &v) != nil {
+			continue
+		}
+		for k := range v.Routes {
+			if p, err := netip.ParsePrefix(k); err == nil {
+				out[p] = true
+			}
+		}
+	}
+	return out
+}
