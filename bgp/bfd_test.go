@@ -96,13 +96,23 @@ func TestSpeakerBFD(t *testing.T) {
 	}
 	up0 := r.uptime(t)
 
-	// Timing changes apply without touching the BGP session.
+	// Timing changes apply without touching the BGP session, nor the BFD
+	// session (a Poll Sequence: a ToR that takes any Down for a failure
+	// would otherwise drop BGP).
+	tb.mu.Lock()
+	torEvents := len(tb.events)
+	tb.mu.Unlock()
+	since := bfdDetail(t, sp, "::1").Since
 	peer.BFD.IntervalMs = 200
 	if err := sp.ApplyPeers([]v1alpha1.Peer{peer}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "BFD up again at 200 ms", func() (bool, string) {
-		return bfdDetail(t, sp, "::1").State == "up" && tb.state() == bfd.Up, tb.state().String()
+	consistently(t, "BFD up through the timing change", 2*time.Second, func() (bool, string) {
+		d := bfdDetail(t, sp, "::1")
+		tb.mu.Lock()
+		n := len(tb.events)
+		tb.mu.Unlock()
+		return d.State == "up" && d.Since.Equal(since) && n == torEvents && tb.state() == bfd.Up, fmt.Sprintf("%+v, ToR %v", d, tb.state())
 	})
 	if !r.established(t) || !r.uptime(t).Equal(up0) {
 		t.Fatal("a BFD timing change reset the BGP session")

@@ -65,6 +65,7 @@ type session struct {
 	conn     *net.UDPConn
 	rx       chan rxPacket
 	shutdown chan time.Duration
+	reconf   chan Config // new timing for a running session (buffer 1: the latest wins)
 	cancel   context.CancelFunc
 	done     chan struct{}
 
@@ -231,11 +232,23 @@ func (m *Manager) Set(peers []Peer) {
 	m.mu.Lock()
 	var stop []*session
 	for k, s := range m.sessions {
-		if p, ok := want[k]; !ok || p != s.peer {
-			stop = append(stop, s)
-			delete(m.sessions, k)
-			delete(m.byDiscr, s.m.localDiscr)
+		p, ok := want[k]
+		if ok && p.Remote == s.peer.Remote && p.Local == s.peer.Local && s.done != nil {
+			if p.Config != s.peer.Config {
+				// Same session, new timing: announced with a Poll Sequence
+				// (RFC 5880 §6.8.3), never by taking the session down.
+				s.peer.Config = p.Config
+				select {
+				case <-s.reconf:
+				default:
+				}
+				s.reconf <- p.Config
+			}
+			continue
 		}
+		stop = append(stop, s)
+		delete(m.sessions, k)
+		delete(m.byDiscr, s.m.localDiscr)
 	}
 	for k, p := range want {
 		if _, ok := m.sessions[k]; ok {
@@ -244,7 +257,7 @@ func (m *Manager) Set(peers []Peer) {
 		if m.sessions == nil {
 			m.sessions, m.byDiscr = map[string]*session{}, map[uint32]*session{}
 		}
-		s := &session{peer: p, rx: make(chan rxPacket, 16), shutdown: make(chan time.Duration), status: Status{State: Down, RemoteState: Down, Since: time.Now()}}
+		s := &session{peer: p, rx: make(chan rxPacket, 16), shutdown: make(chan time.Duration), reconf: make(chan Config, 1), status: Status{State: Down, RemoteState: Down, Since: time.Now()}}
 		s.m = newMachine(p.Config, m.newDiscrLocked())
 		m.sessions[k], m.byDiscr[s.m.localDiscr] = s, s
 		if m.ctx != nil {
@@ -447,6 +460,14 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 			s.status.RemoteState = s.m.remoteState
 			s.status.RemoteControlPlaneIndependent = s.m.remoteCPI
 			s.mu.Unlock()
+		case cfg := <-s.reconf:
+			base := s.m.txBase()
+			if s.m.reconfigure(cfg) {
+				send() // the Poll goes out at once
+			}
+			if s.m.txBase() != base {
+				tx.Reset(s.m.txIntervalOr(slowTx))
+			}
 		case now := <-detect.C:
 			from := s.m.state
 			if s.m.expire(now) {

@@ -314,3 +314,20 @@ func TestManagerAnswersRenewedRemoteAtOnce(t *testing.T) {
 		t.Fatalf("no immediate Init for the re-created session (discriminator 200): %+v", p)
 	}
 }
+
+// Changing a running session's timing keeps it Up on both sides.
+func TestManagerTimingChangeKeepsUp(t *testing.T) {
+	addr := netip.MustParseAddr("127.0.0.1")
+	a, b, _, _ := pair(t, addr)
+	a.waitState("b", Up, 5*time.Second)
+	b.waitState("a", Up, 5*time.Second)
+	n := a.eventCount() + b.eventCount()
+	a.m.Set([]Peer{{Key: "b", Remote: addr, Config: Config{DesiredMinTx: 500 * time.Millisecond, RequiredMinRx: 500 * time.Millisecond, DetectMult: 4}}})
+	time.Sleep(3 * time.Second)
+	if got := a.eventCount() + b.eventCount(); got != n {
+		t.Fatalf("the timing change took a session down: %+v / %+v", a.eventsCopy(), b.eventsCopy())
+	}
+	if st, _ := b.m.Status("a"); st.State != Up {
+		t.Fatalf("remote %v", st.State)
+	}
+}

@@ -54,7 +54,10 @@ type machine struct {
 	// poll: a Poll Sequence is running (we changed our timing while Up);
 	// final: the remote asked for a Final.
 	poll, final bool
-	lastRx      time.Time
+	// pollTx: while a Poll Sequence slows our transmissions down, the old
+	// rate stays in force until the Final (§6.8.3).
+	pollTx time.Duration
+	lastRx time.Time
 	adminDown   bool
 }
 
@@ -73,7 +76,7 @@ func (m *machine) receive(p Packet, now time.Time) (changed bool) {
 	m.remoteCPI = p.ControlPlaneIndependent
 	m.lastRx = now
 	if p.Final && m.poll {
-		m.poll = false
+		m.poll, m.pollTx = false, 0
 	}
 	if p.Poll {
 		m.final = true
@@ -119,7 +122,7 @@ func (m *machine) down(d Diag) {
 	if m.desiredTx != slowTx {
 		m.desiredTx = slowTx
 	}
-	m.poll = false
+	m.poll, m.pollTx = false, 0
 }
 
 // detectTime is how long without a packet before Down (asynchronous mode).
@@ -144,7 +147,32 @@ func (m *machine) expire(now time.Time) bool {
 
 // txBase is the un-jittered transmit interval: ours, or slower if the
 // remote wants packets less often.
-func (m *machine) txBase() time.Duration { return max(m.desiredTx, m.remoteMinRx) }
+func (m *machine) txBase() time.Duration {
+	d := m.desiredTx
+	if m.poll && m.pollTx > 0 {
+		d = min(d, m.pollTx)
+	}
+	return max(d, m.remoteMinRx)
+}
+
+// reconfigure applies new timing to a running session. Up, it starts a
+// Poll Sequence announcing it (true: send now); otherwise the new values
+// go out with the next packet.
+func (m *machine) reconfigure(cfg Config) bool {
+	cfg = cfg.withDefaults()
+	if cfg == m.cfg {
+		return false
+	}
+	m.cfg = cfg
+	if m.state != Up {
+		return false
+	}
+	if m.pollTx == 0 || !m.poll {
+		m.pollTx = m.desiredTx
+	}
+	m.desiredTx, m.poll = cfg.DesiredMinTx, true
+	return true
+}
 
 // txInterval is the time to the next periodic packet, jittered (§6.8.7);
 // 0 means: send nothing periodically (the remote asked for no packets).

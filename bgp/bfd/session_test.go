@@ -196,3 +196,58 @@ func TestMachineRemoteSpeedsUp(t *testing.T) {
 		t.Fatal("no Final for the remote's Poll")
 	}
 }
+
+// upPair brings two machines Up with their Poll Sequences done.
+func upPair(t *testing.T, t0 time.Time) (a, b *machine) {
+	t.Helper()
+	a, b = newMachine(Config{}, 11), newMachine(Config{}, 22)
+	for range 6 {
+		b.receive(a.packet(), t0)
+		a.receive(b.packet(), t0)
+	}
+	if a.state != Up || b.state != Up || a.poll || b.poll {
+		t.Fatalf("not settled: a %v poll %v, b %v poll %v", a.state, a.poll, b.state, b.poll)
+	}
+	return a, b
+}
+
+// A timing change on an Up session is a Poll Sequence, never a Down; a
+// slower rate waits for the Final (RFC 5880 §6.8.3), a faster one does not.
+func TestMachineReconfigure(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	a, b := upPair(t, t0)
+	slow := Config{DesiredMinTx: time.Second, RequiredMinRx: time.Second, DetectMult: 5}
+	if !a.reconfigure(slow) {
+		t.Fatal("an Up session's new timing must be announced at once")
+	}
+	if a.state != Up || a.txBase() != DefaultInterval {
+		t.Fatalf("before the Final: state %v, sending every %v (want the old 300 ms)", a.state, a.txBase())
+	}
+	p := a.packet()
+	if !p.Poll || p.DesiredMinTx != time.Second || p.RequiredMinRx != time.Second || p.DetectMult != 5 {
+		t.Fatalf("the Poll must carry the new timing: %+v", p)
+	}
+	if b.receive(p, t0) || b.state != Up {
+		t.Fatalf("the remote left Up: %v", b.state)
+	}
+	if b.detectTime() != 5*time.Second {
+		t.Errorf("the remote's detection time %v, want 5 × 1 s", b.detectTime())
+	}
+	a.receive(b.packet(), t0) // the Final
+	if a.poll || a.txBase() != time.Second {
+		t.Fatalf("after the Final: poll %v, sending every %v (want 1 s)", a.poll, a.txBase())
+	}
+	// Faster again: at once.
+	a.reconfigure(Config{})
+	if a.txBase() != DefaultInterval || !a.poll {
+		t.Fatalf("faster: sending every %v, poll %v", a.txBase(), a.poll)
+	}
+	if a.reconfigure(Config{}) {
+		t.Error("the same timing again is no change")
+	}
+	// Down: the new timing waits for Up.
+	d := newMachine(Config{}, 33)
+	if d.reconfigure(slow) || d.poll || d.desiredTx != slowTx {
+		t.Errorf("a Down session: poll %v, desired %v", d.poll, d.desiredTx)
+	}
+}
