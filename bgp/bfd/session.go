@@ -56,9 +56,9 @@ type machine struct {
 	poll, final bool
 	// pollTx: while a Poll Sequence slows our transmissions down, the old
 	// rate stays in force until the Final (§6.8.3).
-	pollTx time.Duration
-	lastRx time.Time
-	adminDown   bool
+	pollTx    time.Duration
+	lastRx    time.Time
+	adminDown bool
 }
 
 func newMachine(cfg Config, discr uint32) *machine {
