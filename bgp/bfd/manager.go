@@ -222,7 +222,8 @@ func (m *Manager) dispatch(b []byte, from net.Addr, ifIndex int) {
 }
 
 // Set makes the sessions match peers: new ones start, removed ones send
-// AdminDown once and stop, changed ones (address or timing) restart.
+// AdminDown once and stop, ones whose addresses changed restart, and a
+// running one whose timing changed announces it with a Poll Sequence.
 func (m *Manager) Set(peers []Peer) {
 	want := map[string]Peer{}
 	for _, p := range peers {
