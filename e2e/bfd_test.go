@@ -204,19 +204,27 @@ func TestBFD(t *testing.T) {
 
 			// Soak.
 			soak := soakDuration(t)
+			since0 := bfdSince(t, n)
 			samples, bad, first := watchFlaps(t, l, k, n, soak)
 			if bad != 0 {
 				t.Errorf("soak: %d of %d samples not up (first: %s)", bad, samples, first)
 			}
+			// A flap shorter than the sampling would still have moved the
+			// node's BFD session (and counted a failure).
+			flaps := 0
+			if nb := neighbors(t, n.Agent); len(nb) != 1 || nb[0].BFDDetail == nil || !nb[0].BFDDetail.Since.Equal(since0) || nb[0].BFDDetail.Failures != 0 {
+				flaps = 1
+				t.Errorf("soak: the node's BFD session changed state: %+v", nb)
+			}
 			record(t, reliabilityRow{Section: "BFD", Fault: "none (soak)", ToR: k.name, Done: fmt.Sprintf("BFD 300 ms × 3 watched on both sides every 50 ms for %v", soak), Times: 1,
 				Survived: fmt.Sprintf("%d of %d samples with BFD and BGP up on both sides", samples-bad, samples),
-				Figures:  map[string]string{"BFD up after BGP established": upAfter.Round(time.Millisecond).String()}})
+				Figures:  map[string]string{"BFD up after BGP established": upAfter.Round(time.Millisecond).String(), "BFD or BGP flaps": fmt.Sprint(flaps)}})
 
 			// The ToR re-creates its session: back up, then stable. Up
 			// again means after the node's session moved (the states read
 			// up for a moment after the command, before anyone noticed).
 			_, id0 := k.state(t, l, n)
-			since0 := bfdSince(t, n)
+			since0 = bfdSince(t, n)
 			t0 := time.Now()
 			k.recreate(t, l)
 			eventually(t, 10*time.Second, "the node's BFD session to notice", func() (bool, string) {
