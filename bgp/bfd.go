@@ -57,13 +57,19 @@ func bfdConfig(b int, mult uint32) bfd.Config {
 }
 
 // syncBFDLocked makes the BFD sessions match the peers: one per added
-// peer with BFD enabled, to the address GoBGP resolved (for an unnumbered
+// peer with BFD enabled whose BGP session has been established (so our
+// first packets never reach a ToR before its own BFD session exists: FRR
+// 8.4 creates it with the BGP session and then acted on our older, queued
+// Down packets, taking a just-Up session down once), to the address GoBGP resolved (for an unnumbered
 // peer the link-local address and its interface, so a replaced neighbour
 // gets a new session), from the configured local address.
 func (s *Speaker) syncBFDLocked() {
 	var want []bfd.Peer
 	for key, p := range s.peers {
-		if !p.spec.BFD.Enabled || !p.apiAddr.IsValid() {
+		if p.state == bgp.BGP_FSM_ESTABLISHED {
+			p.bfdArmed = true
+		}
+		if !p.spec.BFD.Enabled || !p.apiAddr.IsValid() || !p.bfdArmed {
 			continue
 		}
 		remote := p.apiAddr

@@ -164,6 +164,7 @@ func (s *Speaker) repeerLocked(ctx context.Context, key string, p *peer, old, ot
 	}
 	p.added, p.enabled, p.apiAddr, p.local = false, false, netip.Addr{}, netip.Addr{}
 	p.restarting = false
+	p.bfdArmed = false // the new ToR's BFD session comes with its BGP session
 	p.state, p.since = bgp.BGP_FSM_IDLE, now
 	s.kick() // syncPeers adds it again
 }

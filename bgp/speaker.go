@@ -158,6 +158,9 @@ type peer struct {
 	// BFD Down), the NOTIFICATION stays queued and would tear down the
 	// next session the moment it is established.
 	bfdReset bool
+	// bfdArmed: the BGP session has been established since the peer was
+	// added; its BFD session runs from then on (bfd.go).
+	bfdArmed bool
 }
 
 // adding tells whether the peer's add goroutine is running.
@@ -786,6 +789,9 @@ func (s *Speaker) handlePeerEvent(ctx context.Context, wg *sync.WaitGroup, ev *a
 		s.maxPrefixTripLocked(ctx, key, p, wasUp, upSince)
 	case st == bgp.BGP_FSM_ESTABLISHED:
 		p.maxPfx = "" // up again: LastError no longer applies
+		if !p.bfdArmed && p.spec.BFD.Enabled {
+			s.syncBFDLocked() // arms it
+		}
 		if l := ev.Peer.Transport.LocalAddress; l.IsValid() && !l.IsUnspecified() {
 			p.local = l.WithZone("")
 		}

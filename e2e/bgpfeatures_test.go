@@ -16,37 +16,44 @@ import (
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 )
 
-// TestBGPUnnumbered: a link-local-only session (the node names only its
-// uplink interface) carries both families, against BIRD and FRR.
-func TestBGPUnnumbered(t *testing.T) {
-	unnumbered := func(n *lab.LabNode) string {
+// unnumberedLab is one node peering by interface only (its uplink) with a
+// BIRD or FRR ToR that peers with the node's link-local address.
+func unnumberedLab(t *testing.T, kind string) (*lab.BGPLab, *lab.LabNode, tor) {
+	t.Helper()
+	l := newLab(t, 1, func(n *lab.LabNode) string {
 		return lab.NodeConfigYAML(n, fmt.Sprintf(`- interface: %s
   asn: %d
   timers: {holdTime: 9, keepaliveTime: 3, connectRetry: 1}
 `, n.Uplink, lab.TorASN))
+	})
+	n := l.Nodes[0]
+	ll, err := n.NS.LinkLocal(n.Uplink)
+	if err != nil {
+		t.Fatal(err)
 	}
+	var tr tor
+	if kind == "bird" {
+		err, tr = l.StartBird(lab.BirdOptions{Unnumbered: map[int]netip.Addr{1: ll}}), birdTor{l}
+	} else {
+		err, tr = l.StartFRR(map[int]string{1: ll.String()}), frrTor{l}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("ToR state:\n%s", tr.dump(t))
+		}
+	})
+	return l, n, tr
+}
+
+// TestBGPUnnumbered: a link-local-only session (the node names only its
+// uplink interface) carries both families, against BIRD and FRR.
+func TestBGPUnnumbered(t *testing.T) {
 	for _, k := range []string{"bird", "frr"} {
 		t.Run(k, func(t *testing.T) {
-			l := newLab(t, 1, unnumbered)
-			n := l.Nodes[0]
-			ll, err := n.NS.LinkLocal(n.Uplink)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var tr tor
-			if k == "bird" {
-				err, tr = l.StartBird(lab.BirdOptions{Unnumbered: map[int]netip.Addr{1: ll}}), birdTor{l}
-			} else {
-				err, tr = l.StartFRR(map[int]string{1: ll.String()}), frrTor{l}
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Logf("ToR state:\n%s", tr.dump(t))
-				}
-			})
+			l, n, tr := unnumberedLab(t, k)
 			waitEstablished(t, n)
 			nb := neighbors(t, n.Agent)
 			if len(nb) != 1 || nb[0].Peer != "interface "+n.Uplink {

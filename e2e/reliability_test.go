@@ -5,22 +5,14 @@ import (
 	"os"
 	"sync"
 	"testing"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 )
 
-// A reliability row: one fault, what the test did, how often, what
-// survived and the figures measured. Tests record rows as they run; with
-// FLOCK_RELIABILITY_OUT set they also go to that file (JSON lines), from
-// which `make reliability` renders RELIABILITY.md (e2e/cmd/reliability).
-type reliabilityRow struct {
-	Section  string            `json:"section"`
-	Fault    string            `json:"fault"`
-	ToR      string            `json:"tor,omitempty"`
-	Done     string            `json:"done"`
-	Times    int               `json:"times"`
-	Survived string            `json:"survived"`
-	Figures  map[string]string `json:"figures,omitempty"`
-	Test     string            `json:"test"`
-}
+// reliabilityRow is a RELIABILITY.md row. Tests record rows as they run;
+// with FLOCK_RELIABILITY_OUT set they also go to that file (JSON lines),
+// from which `make reliability` renders RELIABILITY.md.
+type reliabilityRow = lab.ReliabilityRow
 
 var reliabilityMu sync.Mutex
 

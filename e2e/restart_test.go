@@ -20,7 +20,6 @@ type restartToR struct {
 	kind  string // bird or frr
 	bfd   bool   // BFD on the node's peer (and the ToR's)
 	start func(l *lab.BGPLab) error
-	view  func(l *lab.BGPLab) tor
 	// recommended: the configuration deploy/tor ships; a restart, planned
 	// or not, must cost nothing there.
 	recommended bool
@@ -53,6 +52,53 @@ func restartNodeConfig(bfd bool) func(n *lab.LabNode) string {
   bfd: {enabled: %v, intervalMs: 300, multiplier: 3}
 `, n.TorV6, lab.TorASN, n.V6, bfd))
 	}
+}
+
+// faultLab is the fault tests' lab: one node peering with the ToR start
+// runs (BFD on the node's peer when bfd), a pod with an IPv6 host route
+// and the anycast pair any6/any4, and the prefixes the ToR must hold.
+func faultLab(t *testing.T, start func(l *lab.BGPLab) error, kind string, bfd bool) (*lab.BGPLab, *lab.LabNode, tor, netip.Addr, []netip.Prefix) {
+	t.Helper()
+	l := newLab(t, 1, restartNodeConfig(bfd))
+	if err := start(l); err != nil {
+		t.Fatal(err)
+	}
+	var tr tor = birdTor{l}
+	if kind == "frr" {
+		tr = frrTor{l}
+	}
+	n := l.Nodes[0]
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("ToR:\n%s", tr.dump(t))
+		}
+	})
+	waitEstablished(t, n)
+	_, ips := addPod(t, n, "web", "flock.fritzlab.net/cidr6", "2001:db8:100::100/120",
+		"flock.fritzlab.net/anycast", faultAny6+","+faultAny4)
+	watch := []netip.Prefix{n.Summary6, n.Summary4, host(ips[0]), host(mustAddr(faultAny6)), host(mustAddr(faultAny4))}
+	return l, n, tr, ips[0], watch
+}
+
+// The fault tests' anycast pair.
+const faultAny6, faultAny4 = "2001:db8:a::1", "203.0.113.1"
+
+// settled waits for the session (and BFD) up on both sides and every
+// watched prefix in the ToR's FIB.
+func settled(t *testing.T, l *lab.BGPLab, tr tor, n *lab.LabNode, bfd bool, watch []netip.Prefix) {
+	t.Helper()
+	eventually(t, 30*time.Second, "settled", func() (bool, string) {
+		nb := neighbors(t, n.Agent)
+		if len(nb) != 1 || nb[0].State != "Established" || (bfd && nb[0].BFD != "up") || !tr.sessionUp(t, n) {
+			return false, fmt.Sprintf("%+v", nb)
+		}
+		for _, p := range watch {
+			if torKernelNexthops(t, l, p) == 0 {
+				return false, p.String() + " not in the ToR's FIB"
+			}
+		}
+		return true, ""
+	})
 }
 
 // fibWatch samples the ToR's kernel table every 20 ms: which of the
@@ -131,45 +177,14 @@ func (w *fibWatch) Stop() (withdrawn []string, longest time.Duration) {
 // figures go into RELIABILITY.md; the shipped configurations must lose
 // nothing.
 func TestAgentRestartUnderTraffic(t *testing.T) {
-	const any6, any4 = "2001:db8:a::1", "203.0.113.1"
 	for _, k := range restartToRs {
 		t.Run(k.name, func(t *testing.T) {
-			l := newLab(t, 1, restartNodeConfig(k.bfd))
-			if err := k.start(l); err != nil {
-				t.Fatal(err)
-			}
-			var tr tor = birdTor{l}
-			if k.kind == "frr" {
-				tr = frrTor{l}
-			}
-			n := l.Nodes[0]
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Logf("ToR:\n%s", tr.dump(t))
-				}
-			})
-			waitEstablished(t, n)
-			_, ips := addPod(t, n, "web", "flock.fritzlab.net/cidr6", "2001:db8:100::100/120",
-				"flock.fritzlab.net/anycast", any6+","+any4)
-			podIP := ips[0]
-			watch := []netip.Prefix{n.Summary6, n.Summary4, host(podIP), host(mustAddr(any6)), host(mustAddr(any4))}
-			targets := []netip.Addr{podIP, mustAddr(any6), mustAddr(any4)}
+			l, n, tr, podIP, watch := faultLab(t, k.start, k.kind, k.bfd)
+			targets := []netip.Addr{podIP, mustAddr(faultAny6), mustAddr(faultAny4)}
 
 			for _, sig := range []string{"SIGTERM", "SIGKILL"} {
-				// Settled: the session (and BFD) up on both sides, every
-				// watched prefix in the ToR's FIB, the pod reachable.
-				eventually(t, 30*time.Second, "settled before "+sig, func() (bool, string) {
-					nb := neighbors(t, n.Agent)
-					if len(nb) != 1 || nb[0].State != "Established" || (k.bfd && nb[0].BFD != "up") || !tr.sessionUp(t, n) {
-						return false, fmt.Sprintf("%+v", nb)
-					}
-					for _, p := range watch {
-						if torKernelNexthops(t, l, p) == 0 {
-							return false, p.String() + " not in the ToR's FIB"
-						}
-					}
-					return true, ""
-				})
+				// Settled, and the pod reachable.
+				settled(t, l, tr, n, k.bfd, watch)
 				for _, a := range targets {
 					if err := lab.Ping(l.Tor, a, 5*time.Second); err != nil {
 						t.Fatal(err)

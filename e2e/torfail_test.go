@@ -17,7 +17,6 @@ import (
 type torFailToR struct {
 	name    string
 	start   func(l *lab.BGPLab) error
-	view    func(l *lab.BGPLab) tor
 	crash   func(t *testing.T, l *lab.BGPLab) // SIGKILL every daemon
 	restart func(t *testing.T, l *lab.BGPLab)
 }
@@ -26,7 +25,6 @@ var torFailToRs = []torFailToR{
 	{
 		name:  "bird",
 		start: func(l *lab.BGPLab) error { return l.StartBird(lab.BirdOptions{GR: true, BFDGraceful: true}) },
-		view:  func(l *lab.BGPLab) tor { return birdTor{l} },
 		crash: func(t *testing.T, l *lab.BGPLab) { l.Bird.Kill() },
 		restart: func(t *testing.T, l *lab.BGPLab) {
 			b, err := lab.StartBird(l.Tor, l.Bird.Dir, readFile(t, l.Bird.Conf))
@@ -41,7 +39,6 @@ var torFailToRs = []torFailToR{
 		start: func(l *lab.BGPLab) error {
 			return l.StartFRRWith(lab.FRROptions{GR: true, BFD: true, CheckCPFailure: true})
 		},
-		view:  func(l *lab.BGPLab) tor { return frrTor{l} },
 		crash: func(t *testing.T, l *lab.BGPLab) { l.FRR.Kill() },
 		restart: func(t *testing.T, l *lab.BGPLab) {
 			if err := l.FRR.Restart(); err != nil {
@@ -94,36 +91,8 @@ func routesBackAfter(t *testing.T, l *lab.BGPLab, tr tor, n *lab.LabNode, watch 
 func TestToRFailures(t *testing.T) {
 	for _, k := range torFailToRs {
 		t.Run(k.name, func(t *testing.T) {
-			l := newLab(t, 1, restartNodeConfig(true))
-			if err := k.start(l); err != nil {
-				t.Fatal(err)
-			}
-			tr := k.view(l)
-			n := l.Nodes[0]
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Logf("ToR:\n%s", tr.dump(t))
-				}
-			})
-			waitEstablished(t, n)
-			_, ips := addPod(t, n, "web", "flock.fritzlab.net/cidr6", "2001:db8:100::100/120",
-				"flock.fritzlab.net/anycast", "2001:db8:a::1,203.0.113.1")
-			watch := []netip.Prefix{n.Summary6, n.Summary4, host(ips[0]), host(mustAddr("2001:db8:a::1")), host(mustAddr("203.0.113.1"))}
-			settle := func() {
-				t.Helper()
-				eventually(t, 30*time.Second, "settled", func() (bool, string) {
-					nb := neighbors(t, n.Agent)
-					if len(nb) != 1 || nb[0].State != "Established" || nb[0].BFD != "up" || !tr.sessionUp(t, n) {
-						return false, fmt.Sprintf("%+v", nb)
-					}
-					for _, p := range watch {
-						if torKernelNexthops(t, l, p) == 0 {
-							return false, p.String() + " not in the ToR's FIB"
-						}
-					}
-					return true, ""
-				})
-			}
+			l, n, tr, _, watch := faultLab(t, k.start, k.name, true)
+			settle := func() { t.Helper(); settled(t, l, tr, n, true, watch) }
 			nodeRoutes := kernelHostRoutes(t, n.NS)
 
 			// The ToR crashes and comes back 1 s later.
@@ -197,34 +166,9 @@ func readFile(t *testing.T, path string) string {
 // notice, resolve the link again and peer with the new ToR (GoBGP alone
 // keeps dialling the old address for ever).
 func TestUnnumberedToRReplaced(t *testing.T) {
-	unnumbered := func(n *lab.LabNode) string {
-		return lab.NodeConfigYAML(n, fmt.Sprintf(`- interface: %s
-  asn: %d
-  timers: {holdTime: 9, keepaliveTime: 3, connectRetry: 1}
-`, n.Uplink, lab.TorASN))
-	}
 	for _, k := range []string{"bird", "frr"} {
 		t.Run(k, func(t *testing.T) {
-			l := newLab(t, 1, unnumbered)
-			n := l.Nodes[0]
-			ll, err := n.NS.LinkLocal(n.Uplink)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var tr tor
-			if k == "bird" {
-				err, tr = l.StartBird(lab.BirdOptions{Unnumbered: map[int]netip.Addr{1: ll}}), birdTor{l}
-			} else {
-				err, tr = l.StartFRR(map[int]string{1: ll.String()}), frrTor{l}
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Logf("ToR state:\n%s", tr.dump(t))
-				}
-			})
+			l, n, tr := unnumberedLab(t, k)
 			waitEstablished(t, n)
 			_, ips := addPod(t, n, "unnum", "flock.fritzlab.net/cidr6", "2001:db8:100::100/120")
 			torPaths(t, tr, host(ips[0]), 1)

@@ -14,18 +14,11 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 )
 
-type row struct {
-	Section  string            `json:"section"`
-	Fault    string            `json:"fault"`
-	ToR      string            `json:"tor,omitempty"`
-	Done     string            `json:"done"`
-	Times    int               `json:"times"`
-	Survived string            `json:"survived"`
-	Figures  map[string]string `json:"figures,omitempty"`
-	Test     string            `json:"test"`
-}
+type row = lab.ReliabilityRow
 
 // sections in the order the document shows them, with what each is about.
 var sections = []struct{ name, intro string }{

@@ -1,0 +1,16 @@
+package lab
+
+// ReliabilityRow is one row of RELIABILITY.md: one fault, what the test
+// did, how often, what survived and the figures measured. The e2e tests
+// write rows as JSON lines (FLOCK_RELIABILITY_OUT); e2e/cmd/reliability
+// renders them.
+type ReliabilityRow struct {
+	Section  string            `json:"section"`
+	Fault    string            `json:"fault"`
+	ToR      string            `json:"tor,omitempty"`
+	Done     string            `json:"done"`
+	Times    int               `json:"times"`
+	Survived string            `json:"survived"`
+	Figures  map[string]string `json:"figures,omitempty"`
+	Test     string            `json:"test"`
+}
