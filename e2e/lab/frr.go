@@ -244,9 +244,7 @@ router bgp {{.TorASN}}
  neighbor {{.Peer}} timers 3 9
  neighbor {{.Peer}} timers connect 1
 {{- if .Source}}
- ! The session's source fixed up front: without it bgpd re-keys the BFD
- ! session when BGP comes up and, if BFD was already Up, takes its own
- ! session down with it (FRR 8.4).
+ ! The session's source pinned, as deploy/tor/frr.conf recommends.
  neighbor {{.Peer}} update-source {{.Source}}
 {{- end}}
 {{- if $.BFD}}
