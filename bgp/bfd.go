@@ -103,7 +103,7 @@ func (s *Speaker) handleBFDEvent(ctx context.Context, e bfd.Event) {
 		s.mu.Unlock()
 		return
 	}
-	if e.RemoteDiag == bfd.DiagAdminDown {
+	if e.RemoteState == bfd.AdminDown {
 		p.bfdPlanned++
 		s.mu.Unlock()
 		s.log.Info("bfd: peer stopped BFD on purpose (AdminDown); BGP session left to itself", "peer", e.Key)
@@ -123,6 +123,9 @@ func (s *Speaker) handleBFDEvent(ctx context.Context, e bfd.Event) {
 	s.log.Warn("bfd: session failed; resetting the BGP session", "peer", e.Key, "diag", e.Diag.String())
 	if err := s.srv.ResetPeer(ctx, &api.ResetPeerRequest{Address: addr.String(), Communication: "BFD down: " + e.Diag.String()}); err != nil {
 		s.log.Warn("bfd: reset BGP session", "peer", e.Key, "err", err)
+		s.mu.Lock()
+		p.bfdReset = false // nothing was queued
+		s.mu.Unlock()
 	}
 }
 
@@ -145,6 +148,7 @@ func (s *Speaker) dropQueuedResetLocked(ctx context.Context, key string, p *peer
 	}
 	p.enabled = false
 	p.restarting = false
+	p.bfdArmed = false // BFD again with the next session (syncBFDLocked)
 	s.kick()
 }
 

@@ -110,6 +110,7 @@ func (s *Speaker) maxPrefixTripLocked(ctx context.Context, key string, p *peer, 
 	}
 	p.enabled = false
 	p.restarting = false // the agent has not just restarted
+	p.bfdArmed = false   // BFD again with the next session
 	s.kick()
 }
 

@@ -782,6 +782,12 @@ func (s *Speaker) handlePeerEvent(ctx context.Context, wg *sync.WaitGroup, ev *a
 	if changed {
 		p.state, p.since = st, time.Now()
 	}
+	// A BFD reset in flight is settled by the session's end, whichever
+	// way it ended (max-prefix below deletes the peer anyway).
+	bfdReset := p.bfdReset && wasUp && changed
+	if wasUp && changed {
+		p.bfdReset = false
+	}
 	switch {
 	case st == bgp.BGP_FSM_IDLE && ev.Peer.State.AdminState == api.PeerState_ADMIN_STATE_PFX_CT:
 		// GoBGP tore the session down for max-prefix (an INIT event: while
@@ -817,11 +823,8 @@ func (s *Speaker) handlePeerEvent(ctx context.Context, wg *sync.WaitGroup, ev *a
 		}
 	case wasUp && changed:
 		s.log.Warn("bgp: session down", "peer", key, "state", st.String(), "reason", ev.Peer.State.DisconnectReason.String(), "message", ev.Peer.State.DisconnectMessage)
-		if p.bfdReset {
-			p.bfdReset = false
-			if ev.Peer.State.DisconnectMessage != adminResetSent {
-				s.dropQueuedResetLocked(ctx, key, p)
-			}
+		if bfdReset && ev.Peer.State.DisconnectMessage != adminResetSent {
+			s.dropQueuedResetLocked(ctx, key, p)
 		}
 	}
 }

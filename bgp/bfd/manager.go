@@ -29,10 +29,11 @@ type Peer struct {
 
 // Event is a session state change.
 type Event struct {
-	Key        string
-	From, To   State
-	Diag       Diag // our diagnostic (why we left Up)
-	RemoteDiag Diag // e.g. AdminDown: the remote stopped on purpose
+	Key         string
+	From, To    State
+	Diag        Diag  // our diagnostic (why we left Up)
+	RemoteState State // AdminDown: the remote stopped on purpose (RFC 5882 §3.2)
+	RemoteDiag  Diag
 }
 
 // Status is a session as flockctl shows it.
@@ -139,14 +140,14 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	m.mu.Lock()
-	var all []*session
+	var all []runHandle
 	for _, s := range m.sessions {
-		all = append(all, s)
+		all = append(all, s.handleLocked())
 	}
 	m.ctx = nil
 	m.mu.Unlock()
-	for _, s := range all {
-		s.stop()
+	for _, h := range all {
+		h.stop()
 	}
 	return nil
 }
@@ -231,7 +232,7 @@ func (m *Manager) Set(peers []Peer) {
 		want[p.Key] = p
 	}
 	m.mu.Lock()
-	var stop []*session
+	var stop []runHandle
 	for k, s := range m.sessions {
 		p, ok := want[k]
 		if ok && p.Remote == s.peer.Remote && p.Local == s.peer.Local && s.done != nil {
@@ -247,7 +248,7 @@ func (m *Manager) Set(peers []Peer) {
 			}
 			continue
 		}
-		stop = append(stop, s)
+		stop = append(stop, s.handleLocked())
 		delete(m.sessions, k)
 		delete(m.byDiscr, s.m.localDiscr)
 	}
@@ -266,8 +267,8 @@ func (m *Manager) Set(peers []Peer) {
 		}
 	}
 	m.mu.Unlock()
-	for _, s := range stop {
-		s.adminDown(0) // the remote learns it was deliberate, not a failure
+	for _, h := range stop {
+		h.adminDown(0) // the remote learns it was deliberate, not a failure
 	}
 }
 
@@ -310,18 +311,14 @@ func (m *Manager) Keys() []string {
 // the sessions. The agent calls it on a planned stop.
 func (m *Manager) Shutdown(d time.Duration) {
 	m.mu.Lock()
-	var all []*session
+	var all []runHandle
 	for _, s := range m.sessions {
-		all = append(all, s)
+		all = append(all, s.handleLocked())
 	}
 	m.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, s := range all {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.adminDown(d)
-		}()
+	for _, h := range all {
+		wg.Go(func() { h.adminDown(d) })
 	}
 	wg.Wait()
 }
@@ -378,23 +375,36 @@ func (m *Manager) dial(p Peer) (*net.UDPConn, error) {
 	return nil, lastErr
 }
 
-func (s *session) stop() {
-	if s.cancel == nil {
-		return
-	}
-	s.cancel()
-	<-s.done
+// runHandle is how to stop a session's goroutine, read under m.mu (Run
+// starts goroutines, and so writes these, while Set and Shutdown stop
+// them).
+type runHandle struct {
+	cancel   context.CancelFunc // nil: never started
+	done     chan struct{}
+	shutdown chan time.Duration
 }
 
-func (s *session) adminDown(d time.Duration) {
-	if s.cancel == nil {
+func (s *session) handleLocked() runHandle {
+	return runHandle{cancel: s.cancel, done: s.done, shutdown: s.shutdown}
+}
+
+func (h runHandle) stop() {
+	if h.cancel == nil {
+		return
+	}
+	h.cancel()
+	<-h.done
+}
+
+func (h runHandle) adminDown(d time.Duration) {
+	if h.cancel == nil {
 		return
 	}
 	select {
-	case s.shutdown <- d:
-	case <-s.done:
+	case h.shutdown <- d:
+	case <-h.done:
 	}
-	<-s.done
+	<-h.done
 }
 
 func (m *Manager) runSession(ctx context.Context, s *session) {
@@ -418,7 +428,7 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 		s.mu.Unlock()
 		m.log().Info("bfd: session state", "peer", s.peer.Key, "remote", s.peer.Remote, "from", from, "to", to, "diag", s.m.diag, "remoteDiag", remoteDiag)
 		if m.OnChange != nil {
-			m.OnChange(Event{Key: s.peer.Key, From: from, To: to, Diag: s.m.diag, RemoteDiag: remoteDiag})
+			m.OnChange(Event{Key: s.peer.Key, From: from, To: to, Diag: s.m.diag, RemoteState: s.m.remoteState, RemoteDiag: remoteDiag})
 		}
 	}
 	for {

@@ -54,11 +54,15 @@ type machine struct {
 	// poll: a Poll Sequence is running (we changed our timing while Up);
 	// final: the remote asked for a Final.
 	poll, final bool
-	// pollTx: while a Poll Sequence slows our transmissions down, the old
-	// rate stays in force until the Final (§6.8.3).
-	pollTx    time.Duration
-	lastRx    time.Time
-	adminDown bool
+	// pollTx, pollRx: while a Poll Sequence announces new timing, the old
+	// transmit rate (if slower is announced) and the old receive interval
+	// (if faster is asked for: the detection time) stay in force until the
+	// Final (§6.8.3). pending: timing asked for during a running Poll
+	// Sequence, announced with a new one after the Final.
+	pollTx, pollRx time.Duration
+	pending        *Config
+	lastRx         time.Time
+	adminDown      bool
 }
 
 func newMachine(cfg Config, discr uint32) *machine {
@@ -76,7 +80,11 @@ func (m *machine) receive(p Packet, now time.Time) (changed bool) {
 	m.remoteCPI = p.ControlPlaneIndependent
 	m.lastRx = now
 	if p.Final && m.poll {
-		m.poll, m.pollTx = false, 0
+		m.poll, m.pollTx, m.pollRx = false, 0, 0
+		if c := m.pending; c != nil {
+			m.pending = nil
+			m.reconfigure(*c) // the caller sends the next packet: the new Poll
+		}
 	}
 	if p.Poll {
 		m.final = true
@@ -122,12 +130,19 @@ func (m *machine) down(d Diag) {
 	if m.desiredTx != slowTx {
 		m.desiredTx = slowTx
 	}
-	m.poll, m.pollTx = false, 0
+	m.poll, m.pollTx, m.pollRx = false, 0, 0
+	if c := m.pending; c != nil {
+		m.cfg, m.pending = *c, nil
+	}
 }
 
 // detectTime is how long without a packet before Down (asynchronous mode).
 func (m *machine) detectTime() time.Duration {
-	return time.Duration(m.remoteMult) * max(m.cfg.RequiredMinRx, m.remoteDesired)
+	rx := m.cfg.RequiredMinRx
+	if m.poll {
+		rx = max(rx, m.pollRx)
+	}
+	return time.Duration(m.remoteMult) * max(rx, m.remoteDesired)
 }
 
 // expire checks the detection time; it reports a change to Down.
@@ -160,16 +175,21 @@ func (m *machine) txBase() time.Duration {
 // go out with the next packet.
 func (m *machine) reconfigure(cfg Config) bool {
 	cfg = cfg.withDefaults()
-	if cfg == m.cfg {
+	if cfg == m.cfg && m.pending == nil {
 		return false
 	}
-	m.cfg = cfg
-	if m.state != Up {
+	if m.state == Up && m.poll {
+		// One change at a time: this one follows the running sequence's
+		// Final (the remote may have taken the first one's values already).
+		m.pending = &cfg
 		return false
 	}
-	if m.pollTx == 0 || !m.poll {
-		m.pollTx = m.desiredTx
+	old := m.cfg
+	m.cfg, m.pending = cfg, nil
+	if m.state != Up || cfg == old {
+		return false
 	}
+	m.pollTx, m.pollRx = m.desiredTx, old.RequiredMinRx
 	m.desiredTx, m.poll = cfg.DesiredMinTx, true
 	return true
 }

@@ -251,3 +251,40 @@ func TestMachineReconfigure(t *testing.T) {
 		t.Errorf("a Down session: poll %v, desired %v", d.poll, d.desiredTx)
 	}
 }
+
+// Asking for packets more often does not shorten our detection time until
+// the remote has confirmed it (the Final); a second change during a Poll
+// Sequence waits for that sequence's Final and then gets its own.
+func TestMachineReconfigureDetectionAndPending(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	a, b := upPair(t, t0)
+	slow := Config{DesiredMinTx: time.Second, RequiredMinRx: time.Second}
+	a.reconfigure(slow)
+	b.receive(a.packet(), t0)
+	a.receive(b.packet(), t0) // Final
+	b.receive(a.packet(), t0)
+	if a.poll || a.detectTime() != 3*time.Second {
+		t.Fatalf("settled at 1 s: poll %v, detection %v", a.poll, a.detectTime())
+	}
+	// Faster: until the Final, the remote may still send once a second.
+	a.reconfigure(Config{})
+	if got := a.detectTime(); got != 3*time.Second {
+		t.Fatalf("detection time before the Final %v, want the old 3 s", got)
+	}
+	// A second change meanwhile waits.
+	third := Config{DesiredMinTx: 500 * time.Millisecond, RequiredMinRx: 500 * time.Millisecond}
+	if a.reconfigure(third) {
+		t.Fatal("a change during a Poll Sequence must wait for its Final")
+	}
+	if p := a.packet(); p.DesiredMinTx != DefaultInterval || !p.Poll {
+		t.Fatalf("the running sequence's packet changed: %+v", p)
+	}
+	b.receive(a.packet(), t0)
+	a.receive(b.packet(), t0) // Final of the first: the second starts
+	if !a.poll || a.cfg != third.withDefaults() {
+		t.Fatalf("after the Final: poll %v, cfg %+v", a.poll, a.cfg)
+	}
+	if p := a.packet(); !p.Poll || p.DesiredMinTx != 500*time.Millisecond {
+		t.Fatalf("the second sequence's Poll: %+v", p)
+	}
+}
