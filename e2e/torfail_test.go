@@ -124,8 +124,8 @@ func TestToRFailures(t *testing.T) {
 			// A switch keeps its port's configured addresses across a link
 			// flap; Linux drops a downed interface's IPv6 addresses unless
 			// told to keep them.
-			if out, err := exec.Command("ip", "netns", "exec", l.Tor.Name, "sysctl", "-qw", "net.ipv6.conf."+n.TorIf+".keep_addr_on_down=1").CombinedOutput(); err != nil {
-				t.Fatalf("sysctl: %v: %s", err, out)
+			if err := l.Tor.Sysctl("net.ipv6.conf."+n.TorIf+".keep_addr_on_down", "1"); err != nil {
+				t.Fatal(err)
 			}
 			link("down")
 			var bfdDown bool
