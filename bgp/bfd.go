@@ -139,17 +139,9 @@ var adminResetSent = "notification-sent " + bgp.NewNotificationErrorCode(bgp.BGP
 // already, so nothing is lost).
 func (s *Speaker) dropQueuedResetLocked(ctx context.Context, key string, p *peer) {
 	s.log.Info("bfd: the BGP session ended before our reset; re-adding the peer so the reset does not end the next session", "peer", key)
-	if p.added && p.apiAddr.IsValid() {
-		if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.apiAddr.String()}); err != nil {
-			s.log.Warn("bfd: delete peer", "peer", key, "err", err)
-			return
-		}
-		p.added = false
+	if err := s.readdLocked(ctx, key, p); err != nil {
+		s.log.Warn("bfd: re-add peer", "peer", key, "err", err)
 	}
-	p.enabled = false
-	p.restarting = false
-	p.bfdArmed = false // BFD again with the next session (syncBFDLocked)
-	s.kick()
 }
 
 // ShutdownBFD tells every BFD peer that the sessions go down on purpose

@@ -99,19 +99,11 @@ func (s *Speaker) maxPrefixTripLocked(ctx context.Context, key string, p *peer, 
 	// Drop what the peer sent (GoBGP would keep it as stale) and reset the
 	// PFX_CT state: delete the peer; Run adds it again admin-down and
 	// enables it when the hold ends.
-	if p.added && p.apiAddr.IsValid() {
-		if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.apiAddr.String()}); err != nil {
-			// Still PFX_CT in GoBGP: EnablePeer at the end of the hold
-			// brings it back all the same.
-			s.log.Warn("bgp: delete peer after max-prefix", "peer", key, "err", err)
-		} else {
-			p.added = false
-		}
+	if err := s.readdLocked(ctx, key, p); err != nil {
+		// Still PFX_CT in GoBGP: EnablePeer at the end of the hold brings
+		// it back all the same.
+		s.log.Warn("bgp: after max-prefix", "peer", key, "err", err)
 	}
-	p.enabled = false
-	p.restarting = false // the agent has not just restarted
-	p.bfdArmed = false   // BFD again with the next session
-	s.kick()
 }
 
 // held tells whether the peer waits out a max-prefix back-off.

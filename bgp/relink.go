@@ -8,7 +8,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	api "github.com/osrg/gobgp/v4/api"
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 )
 
@@ -158,13 +157,10 @@ func (s *Speaker) repeerLocked(ctx context.Context, key string, p *peer, old, ot
 	if err := s.neigh.Forget(iface, old); err != nil {
 		s.log.Debug("bgp: unnumbered: forget the old neighbour", "interface", iface, "addr", old, "err", err)
 	}
-	if err := s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.apiAddr.String()}); err != nil {
-		s.log.Warn("bgp: unnumbered: delete peer", "peer", key, "err", err)
+	if err := s.readdLocked(ctx, key, p); err != nil {
+		s.log.Warn("bgp: unnumbered: re-add peer", "peer", key, "err", err)
 		return
 	}
-	p.added, p.enabled, p.apiAddr, p.local = false, false, netip.Addr{}, netip.Addr{}
-	p.restarting = false
-	p.bfdArmed = false // the new ToR's BFD session comes with its BGP session
+	p.apiAddr, p.local = netip.Addr{}, netip.Addr{} // resolved again
 	p.state, p.since = bgp.BGP_FSM_IDLE, now
-	s.kick() // syncPeers adds it again
 }

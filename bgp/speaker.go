@@ -508,6 +508,25 @@ func (s *Speaker) syncPeers(ctx context.Context, wg *sync.WaitGroup) error {
 	return s.updateExportLocked(ctx, wg)
 }
 
+// readdLocked deletes an added peer from GoBGP for syncPeers to add it
+// again (Run's next apply): a fresh FSM, nothing the peer sent kept, an
+// unnumbered peer's address resolved anew. The agent has not restarted,
+// and BFD waits for the next session. On a delete error the peer stays
+// added (and is enabled again).
+func (s *Speaker) readdLocked(ctx context.Context, key string, p *peer) error {
+	var err error
+	if p.added && p.apiAddr.IsValid() {
+		if err = s.srv.DeletePeer(ctx, &api.DeletePeerRequest{Address: p.apiAddr.String()}); err != nil {
+			err = fmt.Errorf("delete peer %s: %w", key, err)
+		} else {
+			p.added = false
+		}
+	}
+	p.enabled, p.restarting, p.bfdArmed = false, false, false
+	s.kick()
+	return err
+}
+
 // removePeerLocked deletes a peer, waiting for its add goroutine first.
 func (s *Speaker) removePeerLocked(ctx context.Context, key string, p *peer) {
 	if p.cancel != nil {
