@@ -11,42 +11,44 @@ import (
 	"golang.org/x/net/ipv6"
 )
 
+// echo opens an ICMPv6 socket and sends one echo request (id, seq) to dst
+// on iface; the caller reads any reply from the socket and closes it.
+func echo(iface string, dst netip.Addr, id, seq int) (*icmp.PacketConn, error) {
+	c, err := icmp.ListenPacket("ip6:ipv6-icmp", "::")
+	if err != nil {
+		return nil, fmt.Errorf("ping %s%%%s: %w", dst, iface, err)
+	}
+	b, err := (&icmp.Message{Type: ipv6.ICMPTypeEchoRequest, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("flock")}}).Marshal(nil)
+	if err == nil {
+		_, err = c.WriteTo(b, &net.IPAddr{IP: dst.AsSlice(), Zone: iface})
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("ping %s%%%s: %w", dst, iface, err)
+	}
+	return c, nil
+}
+
 // SolicitNeighbors sends one ICMPv6 echo request to all nodes (ff02::1) on
 // iface. The replies put the link's peers into the neighbour table, where
 // GoBGP looks for an unnumbered peer's link-local address.
 func SolicitNeighbors(iface string) error {
-	c, err := icmp.ListenPacket("ip6:ipv6-icmp", "::")
+	c, err := echo(iface, netip.MustParseAddr("ff02::1"), os.Getpid()&0xffff, 1)
 	if err != nil {
-		return fmt.Errorf("solicit on %s: %w", iface, err)
+		return fmt.Errorf("solicit: %w", err)
 	}
-	defer c.Close()
-	msg := icmp.Message{Type: ipv6.ICMPTypeEchoRequest, Body: &icmp.Echo{ID: os.Getpid() & 0xffff, Seq: 1, Data: []byte("flock")}}
-	b, err := msg.Marshal(nil)
-	if err != nil {
-		return err
-	}
-	if _, err := c.WriteTo(b, &net.IPAddr{IP: net.ParseIP("ff02::1"), Zone: iface}); err != nil {
-		return fmt.Errorf("solicit on %s: %w", iface, err)
-	}
-	return nil
+	return c.Close()
 }
 
 // pingOnce sends one ICMPv6 echo request to addr on iface and waits up to
 // timeout for its reply.
 func pingOnce(iface string, addr netip.Addr, timeout time.Duration) error {
-	c, err := icmp.ListenPacket("ip6:ipv6-icmp", "::")
-	if err != nil {
-		return fmt.Errorf("ping %s%%%s: %w", addr, iface, err)
-	}
-	defer c.Close()
 	id, seq := os.Getpid()&0xffff, int(time.Now().UnixNano()&0x7fff)
-	b, err := (&icmp.Message{Type: ipv6.ICMPTypeEchoRequest, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("flock")}}).Marshal(nil)
+	c, err := echo(iface, addr, id, seq)
 	if err != nil {
 		return err
 	}
-	if _, err := c.WriteTo(b, &net.IPAddr{IP: addr.AsSlice(), Zone: iface}); err != nil {
-		return fmt.Errorf("ping %s%%%s: %w", addr, iface, err)
-	}
+	defer c.Close()
 	_ = c.SetReadDeadline(time.Now().Add(timeout))
 	buf := make([]byte, 1500)
 	for {
