@@ -49,8 +49,8 @@ soak:
 
 # Debian packages the labs need: BIRD 2 and FRR as ToR routers.
 deps:
-	@command -v bird >/dev/null && command -v vtysh >/dev/null || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bird2 frr; }
+	@command -v bird >/dev/null && command -v vtysh >/dev/null && test -x /usr/lib/cni/ptp || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bird2 frr containernetworking-plugins; }
 
 # The whole suite: unit tests, then the root-only integration tests in real
 # network namespaces with real BIRD and FRR ToRs (they build the binaries
@@ -61,13 +61,13 @@ test: deps vet build
 	FLOCK_REQUIRE_ROOT=1 $(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -v /e2e)
 	$(GO) test -race -count=1 -timeout 60m -p 1 ./e2e/...
 
-# Benchmarks (root): dual-stack CNI ADD through libcni, flock against the
-# reference ptp plugin measured in the same run; what a cluster-wide claim
-# costs an ADD (a Kubernetes-mode agent against a real kube-apiserver,
-# against its own summary-pool ADDs); IPAM allocation.
-bench: build
-	$(GO) test -run '^$$' -bench . -benchtime 200x ./e2e/
-	$(GO) test -run '^$$' -bench . ./ipam/
+# Benchmarks (root): one table, every figure beside a baseline measured in
+# the same run (CNI ADD/DEL against ptp+host-local through libcni, route
+# latency on the ToR's wire and FIB, scale, memory against a bare GoBGP,
+# restart, claim cost against a real kube-apiserver), written to
+# BENCHMARKS.md. BENCH_FLAGS=-h lists the knobs.
+bench: build deps
+	$(GO) run ./e2e/cmd/bench -out BENCHMARKS.md $(BENCH_FLAGS)
 
 # Local demo lab: BIRD ToR + two flock nodes, pods, BGP, pings, teardown.
 # DEMO_FLAGS=-keep leaves it running; `make demo-down` removes it.

@@ -48,6 +48,9 @@ type LabOptions struct {
 	// its agent starts (e.g. an API proxy).
 	Kubeconfig string
 	Setup      func(n *LabNode) error
+	// SkipAgent leaves a node without an agent (its namespace and link
+	// exist; the caller runs something else there).
+	SkipAgent func(n *LabNode) bool
 }
 
 // BGPLab is a ToR namespace plus nodes, each joined to the ToR by a veth.
@@ -130,6 +133,9 @@ func NewBGPLab(o LabOptions) (*BGPLab, error) {
 			if err := l.Opts.Setup(n); err != nil {
 				return nil, err
 			}
+		}
+		if l.Opts.SkipAgent != nil && l.Opts.SkipAgent(n) {
+			continue
 		}
 		if err := l.StartAgent(n); err != nil {
 			return nil, err

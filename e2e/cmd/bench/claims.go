@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
+	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+)
+
+// claimCost is what a cluster-wide claim costs an ADD: a Kubernetes-mode
+// agent against the e2e lab's real kube-apiserver (etcd and the apiserver
+// only), ADDing pods from the node's summary (no claim: the baseline), pods
+// with an `addresses` IP (one AddressClaim) and pods from a cluster-wide
+// pool (one AddressClaim per address). Sequential ADDs; p50 and p99 each.
+type claimCost struct {
+	name     string
+	p50, p99 float64
+}
+
+func measureClaims(ctx context.Context, dir, binDir, prefix string, n int) ([]claimCost, error) {
+	root, err := lab.RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	c, err := k8slab.Up(ctx, k8slab.Options{Dir: filepath.Join(dir, "k8s"), APIOnly: true, Log: logf})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Down()
+	kubectl := func(stdin string, args ...string) error {
+		var out string
+		var err error
+		for range 30 { // a just-created CRD takes a moment to be served
+			if stdin == "" {
+				out, err = c.Kubectl(ctx, args...)
+			} else {
+				out, err = c.KubectlStdin(ctx, stdin, args...)
+			}
+			if err == nil {
+				return nil
+			}
+			time.Sleep(time.Second)
+		}
+		return fmt.Errorf("kubectl %v: %w\n%s", args, err, out)
+	}
+	if err := kubectl("", "apply", "-f", filepath.Join(root, "deploy", "crd")); err != nil {
+		return nil, err
+	}
+	if err := kubectl("", "-n", "default", "create", "serviceaccount", "default"); err != nil {
+		return nil, err
+	}
+	api := "127.0.0.1:" + strconv.Itoa(k8slab.APIServerPort)
+	var stopProxy func()
+	defer func() {
+		if stopProxy != nil {
+			stopProxy()
+		}
+	}()
+	l, err := lab.NewBGPLab(lab.LabOptions{Prefix: prefix, Dir: filepath.Join(dir, "claims"), BinDir: binDir, Nodes: 1,
+		Kubeconfig: c.Kubeconfig, AgentArgs: []string{"--metrics-address=", "--log-level=info"},
+		Setup: func(n *lab.LabNode) error {
+			if err := kubectl(fmt.Sprintf(`apiVersion: flock.fritzlab.net/v1alpha1
+kind: NodeConfig
+metadata: {name: %s}
+spec:
+  asn: 64512
+  routerID: 192.0.2.1
+  pools: [{cidr: "%s"}]
+---
+apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata: {name: bench-pods}
+spec: {cidrs: ["2001:db8:100::/112"], use: [pod], namespaces: [default]}
+---
+apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata: {name: bench-addresses}
+spec: {cidrs: ["2001:db8:ab::/112"], use: [addresses], namespaces: [default]}
+`, n.Name, n.Summary6), "apply", "-f", "-"); err != nil {
+				return err
+			}
+			var err error
+			stopProxy, err = n.NS.Proxy(api, api)
+			return err
+		}})
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	node := l.Nodes[0]
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ns, err := lab.NewNS(prefix + "claimpod")
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Delete()
+	var out []claimCost
+	for _, tc := range []struct {
+		name string
+		ann  func(i int) map[string]string
+	}{
+		{"node summary, no claim", func(int) map[string]string { return nil }},
+		{"`addresses` IP, 1 claim", func(i int) map[string]string {
+			return map[string]string{"flock.fritzlab.net/addresses": fmt.Sprintf("2001:db8:ab::%x", i+1)}
+		}},
+		{"cluster-wide pool, 1 claim", func(int) map[string]string {
+			return map[string]string{"flock.fritzlab.net/cidr6": "2001:db8:100::/112"}
+		}},
+	} {
+		var lat []time.Duration
+		for i := range n {
+			name := fmt.Sprintf("c%d-%d", len(out), i)
+			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Annotations: tc.ann(i)},
+				Spec: corev1.PodSpec{NodeName: node.Name, Containers: []corev1.Container{{Name: "c", Image: "none"}}}}
+			created, err := cs.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})
+			if err != nil {
+				return nil, err
+			}
+			p := lab.Pod{ContainerID: fmt.Sprintf("claim%d-%06d", len(out), i), NS: ns, Args: lab.PodArgs("default", name, "K8S_POD_UID", string(created.UID))}
+			start := time.Now()
+			if _, err := node.CNI.Add(ctx, p); err != nil {
+				return nil, fmt.Errorf("%s: ADD %d: %w", tc.name, i, err)
+			}
+			lat = append(lat, time.Since(start))
+			if err := node.CNI.Del(ctx, p); err != nil {
+				return nil, fmt.Errorf("%s: DEL %d: %w", tc.name, i, err)
+			}
+			zero := int64(0) // no kubelet confirms a graceful delete
+			_ = cs.CoreV1().Pods("default").Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		}
+		out = append(out, claimCost{name: tc.name, p50: pct(lat, .5), p99: pct(lat, .99)})
+		logf("claims: %s: ADD p50 %.1f ms p99 %.1f ms", tc.name, pct(lat, .5), pct(lat, .99))
+	}
+	return out, nil
+}

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+)
+
+// plugin is one CNI configuration under test, invoked through libcni the
+// way a container runtime does (exec of the plugin binary).
+type plugin struct {
+	name string
+	cni  *lab.CNI
+	// host, if set, is the namespace the plugin runs in (ptp programs the
+	// namespace it is executed in: never the machine's own).
+	host *lab.NS
+	args func(i int) [][2]string
+}
+
+// run calls f on a thread in p's host namespace (or anywhere for flock,
+// whose plugin only talks to the agent's socket).
+func (p plugin) run(f func() error) error {
+	if p.host == nil {
+		return f()
+	}
+	return p.host.InNS(f)
+}
+
+// ptpPlugin is the reference ptp plugin with host-local IPAM, IPv4-only or
+// dual-stack.
+func ptpPlugin(dir string, host *lab.NS, dual bool) (plugin, error) {
+	ranges := `[[{"subnet":"198.51.100.0/24"}]]`
+	name := "ptp IPv4-only"
+	if dual {
+		ranges = `[[{"subnet":"fd00:20::/64"}],[{"subnet":"198.51.100.0/24"}]]`
+		name = "ptp dual-stack"
+	}
+	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"ptp","plugins":[{"type":"ptp","ipMasq":false,
+"ipam":{"type":"host-local","dataDir":%q,"ranges":%s}}]}`, filepath.Join(dir, "ipam"), ranges)
+	list, err := libcni.NetworkConfFromBytes([]byte(conf))
+	if err != nil {
+		return plugin{}, err
+	}
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{}, PluginDecoder: version.PluginDecoder{}}
+	c := &lab.CNI{Config: libcni.NewCNIConfigWithCacheDir([]string{"/usr/lib/cni"}, filepath.Join(dir, "cache"), exec), List: list}
+	return plugin{name: name, cni: c, host: host, args: func(i int) [][2]string { return lab.PodArgs("default", fmt.Sprintf("p%d", i)) }}, nil
+}
+
+// podPool is a set of pod namespaces, reused by every run: a DEL leaves
+// them as they were.
+type podPool []*lab.NS
+
+func newPodPool(prefix string, n int) (podPool, error) {
+	var p podPool
+	for i := range n {
+		ns, err := lab.NewNS(fmt.Sprintf("%s%d", prefix, i))
+		if err != nil {
+			p.Close()
+			return nil, err
+		}
+		p = append(p, ns)
+	}
+	return p, nil
+}
+
+func (p podPool) Close() {
+	for _, ns := range p {
+		_ = ns.Delete()
+	}
+}
+
+func (p plugin) pod(tag string, i int, ns *lab.NS) lab.Pod {
+	return lab.Pod{ContainerID: fmt.Sprintf("%s%06d", tag, i), NS: ns, Args: p.args(i)}
+}
+
+// sequential ADDs n pods one after the other, then DELs them one after
+// the other, timing each call.
+func (p plugin) sequential(ctx context.Context, pool podPool, tag string, n int) (add, del []time.Duration, err error) {
+	err = p.run(func() error {
+		for i := range n {
+			start := time.Now()
+			if _, err := p.cni.Add(ctx, p.pod(tag, i, pool[i])); err != nil {
+				return fmt.Errorf("%s: ADD %d: %w", p.name, i, err)
+			}
+			add = append(add, time.Since(start))
+		}
+		for i := range n {
+			start := time.Now()
+			if err := p.cni.Del(ctx, p.pod(tag, i, pool[i])); err != nil {
+				return fmt.Errorf("%s: DEL %d: %w", p.name, i, err)
+			}
+			del = append(del, time.Since(start))
+		}
+		return nil
+	})
+	return add, del, err
+}
+
+// concurrent runs op for pods 0..n-1 from workers goroutines and returns
+// pods per second.
+func (p plugin) concurrent(workers, n int, op func(i int) error) (float64, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- p.run(func() error {
+				for {
+					i := int(next.Add(1)) - 1
+					if i >= n {
+						return nil
+					}
+					if err := op(i); err != nil {
+						return err
+					}
+				}
+			})
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return 0, err
+		}
+	}
+	return float64(n) / el.Seconds(), nil
+}
+
+// throughput ADDs n pods from 8 workers, then DELs them the same way.
+func (p plugin) throughput(ctx context.Context, pool podPool, tag string, n int) (add, del float64, err error) {
+	add, err = p.concurrent(8, n, func(i int) error {
+		if _, err := p.cni.Add(ctx, p.pod(tag, i, pool[i])); err != nil {
+			return fmt.Errorf("%s: ADD %d: %w", p.name, i, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return math.NaN(), math.NaN(), err
+	}
+	del, err = p.concurrent(8, n, func(i int) error {
+		if err := p.cni.Del(ctx, p.pod(tag, i, pool[i])); err != nil {
+			return fmt.Errorf("%s: DEL %d: %w", p.name, i, err)
+		}
+		return nil
+	})
+	return add, del, err
+}
+
+// cniResult is one plugin's figures.
+type cniResult struct {
+	addP50, addP99, delP50, delP99 float64
+	addRate, delRate               float64
+	err                            error
+}
+
+func measureCNI(ctx context.Context, p plugin, pool podPool, tag string, seqN, tputN int) cniResult {
+	r := cniResult{addP50: math.NaN(), addP99: math.NaN(), delP50: math.NaN(), delP99: math.NaN(), addRate: math.NaN(), delRate: math.NaN()}
+	logf("CNI: %s: %d sequential ADDs then DELs", p.name, seqN)
+	add, del, err := p.sequential(ctx, pool, tag+"s", seqN)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	r.addP50, r.addP99, r.delP50, r.delP99 = pct(add, .5), pct(add, .99), pct(del, .5), pct(del, .99)
+	logf("CNI: %s: ADD p50 %.1f ms p99 %.1f ms, DEL p50 %.1f ms p99 %.1f ms; %d ADDs from 8 workers", p.name, r.addP50, r.addP99, r.delP50, r.delP99, tputN)
+	r.addRate, r.delRate, r.err = p.throughput(ctx, pool, tag+"t", tputN)
+	logf("CNI: %s: %.0f ADDs/s, %.0f DELs/s", p.name, r.addRate, r.delRate)
+	return r
+}

@@ -1,0 +1,352 @@
+// Command bench is `make bench`: flock's performance figures, each beside
+// a baseline measured in the same run on the same machine, printed as one
+// table and written to BENCHMARKS.md. Root only (network namespaces, a
+// BIRD ToR, a kube-apiserver for the claim figures).
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+)
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s bench: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}
+
+type options struct {
+	out, binDir, cmd     string
+	seqN, slowN, tputN   int
+	tputSlow             int
+	pods, perPod, routeN int
+	claimN               int
+	idle, settle         time.Duration
+	claims               bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.out, "out", "BENCHMARKS.md", "where to write the report")
+	flag.StringVar(&o.binDir, "bin", "bin", "the flock binaries as shipped (make build)")
+	flag.StringVar(&o.cmd, "cmd", "make bench", "the command named in the report")
+	flag.IntVar(&o.seqN, "n", 200, "sequential ADDs (then DELs) per configuration")
+	flag.IntVar(&o.slowN, "n-slow", 20, "sequential ADDs for ptp dual-stack (it waits for IPv6 DAD: ~2 s each)")
+	flag.IntVar(&o.tputN, "tput", 200, "pods ADDed by 8 workers for the throughput figure")
+	flag.IntVar(&o.tputSlow, "tput-slow", 64, "the same for ptp dual-stack")
+	flag.IntVar(&o.pods, "pods", 1000, "pods in the scale run")
+	flag.IntVar(&o.perPod, "routes-per-pod", 10, "distinct anycast routes per pod in the scale run")
+	flag.IntVar(&o.routeN, "route-samples", 200, "ADD/DEL pairs timed on the wire with the scale state held")
+	flag.IntVar(&o.claimN, "claim-samples", 100, "ADDs per case in the AddressPool claim figures")
+	flag.DurationVar(&o.idle, "idle", 60*time.Second, "how long idle CPU is measured")
+	flag.DurationVar(&o.settle, "settle", 10*time.Second, "wait before an RSS reading (the Go scavenger returns a burst's memory in the background)")
+	flag.BoolVar(&o.claims, "claims", true, "measure the AddressPool claim cost against a kube-apiserver (the e2e lab's; built once into /var/cache/flock-e2e)")
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "bench: must run as root (network namespaces, BIRD, kube-apiserver)")
+		os.Exit(2)
+	}
+	if err := run(context.Background(), o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o options) error {
+	started := time.Now()
+	bin, err := filepath.Abs(o.binDir)
+	if err != nil {
+		return err
+	}
+	for _, b := range []string{"flock", "flock-agent"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			return fmt.Errorf("%w (run make build first)", err)
+		}
+	}
+	dir, err := os.MkdirTemp("", "flock-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	prefix := randPrefix()
+	var figs []figure
+	add := func(f figure) { figs = append(figs, f) }
+
+	// The scale run's pods, plus one for the route figures.
+	npods := max(o.seqN, o.tputN, o.pods+1, o.slowN, o.tputSlow)
+	logf("creating %d pod namespaces", npods)
+	pool, err := newPodPool(prefix+"p", npods)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	logf("lab: BIRD ToR, flock agent on node1")
+	nl, err := newNodeLab(prefix, filepath.Join(dir, "lab"), bin)
+	if err != nil {
+		return err
+	}
+	defer nl.Close()
+
+	// Memory, empty: flock against a bare embedded GoBGP with the same
+	// session.
+	emptyRSS, err := settledRSS(nl.pid(), o.settle)
+	if err != nil {
+		return err
+	}
+	routes := o.pods * o.perPod
+	bEmpty, bLoaded := nan(), nan()
+	logf("baseline: bare GoBGP, empty then %d routes", routes)
+	if b, err := nl.startBaseline(filepath.Join(dir, "gobgp-baseline")); err != nil {
+		logf("baseline: %v", err)
+	} else {
+		bEmpty, _ = settledRSS(b.cmd.Process.Pid, o.settle)
+		if err := b.add(routes, netip.MustParseAddr("2001:db8:b::")); err != nil {
+			logf("baseline: %v", err)
+		} else if _, err := nl.fib.waitCount(netip.MustParsePrefix(baselineRange), routes, 2*time.Minute); err != nil {
+			logf("baseline: %v", err)
+		} else {
+			bLoaded, _ = settledRSS(b.cmd.Process.Pid, o.settle)
+		}
+		b.stop()
+	}
+
+	// CNI: flock and ptp+host-local, through libcni, the same pod
+	// namespaces.
+	ptpHost, err := lab.NewNS(prefix + "ptp")
+	if err != nil {
+		return err
+	}
+	defer ptpHost.Delete()
+	for _, k := range []string{"net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"} {
+		_ = ptpHost.Sysctl(k, "1") // what ptp would set; set once, outside the timings
+	}
+	ptp4, err := ptpPlugin(filepath.Join(dir, "ptp4"), ptpHost, false)
+	if err != nil {
+		return err
+	}
+	ptp6, err := ptpPlugin(filepath.Join(dir, "ptp6"), ptpHost, true)
+	if err != nil {
+		return err
+	}
+	results := map[string]cniResult{}
+	for _, c := range []struct {
+		p         plugin
+		tag       string
+		seq, tput int
+	}{
+		{nl.flock(), "fd", o.seqN, o.tputN},
+		{nl.flockV4(), "f4", o.seqN, o.tputN},
+		{ptp4, "p4", o.seqN, o.tputN},
+		{ptp6, "p6", o.slowN, o.tputSlow},
+	} {
+		r := measureCNI(ctx, c.p, pool, c.tag, c.seq, c.tput)
+		if r.err != nil {
+			logf("CNI: %s: %v", c.p.name, r.err)
+		}
+		results[c.p.name] = r
+	}
+	fd, f4, p4, p6 := results["flock dual-stack"], results["flock IPv4-only"], results["ptp IPv4-only"], results["ptp dual-stack"]
+	const sec = "CNI through libcni (exec of the plugin), real namespaces, sequential unless noted"
+	cniFig := func(name string, v, b float64, bn, unit string, ratio, maxi bool, limit float64, err error) {
+		f := figure{Section: sec, Name: name, Value: v, Base: b, BaseName: bn, Unit: unit, Ratio: ratio, Max: maxi, Limit: limit}
+		if err != nil {
+			f.Err = err.Error()
+		}
+		add(f)
+	}
+	cniFig("ADD p50, dual-stack", fd.addP50, p4.addP50, "ptp IPv4-only", "ms", true, true, 0.5, fd.err)
+	cniFig("ADD p50, IPv4-only", f4.addP50, p4.addP50, "ptp IPv4-only", "ms", true, true, 0.5, f4.err)
+	cniFig("ADD p50, dual-stack vs dual-stack", fd.addP50, p6.addP50, "ptp dual-stack", "ms", false, false, nan(), p6.err)
+	cniFig("ADD p99, dual-stack", fd.addP99, p4.addP99, "ptp IPv4-only", "ms", false, false, nan(), nil)
+	cniFig("ADD p99, IPv4-only", f4.addP99, p4.addP99, "ptp IPv4-only", "ms", false, false, nan(), nil)
+	cniFig("DEL p50, dual-stack", fd.delP50, p4.delP50, "ptp IPv4-only", "ms", true, true, 1.0, nil)
+	cniFig("DEL p50, IPv4-only", f4.delP50, p4.delP50, "ptp IPv4-only", "ms", true, true, 1.0, nil)
+	cniFig("DEL p99, dual-stack", fd.delP99, p4.delP99, "ptp IPv4-only", "ms", false, false, nan(), nil)
+	cniFig("ADD throughput, 8 concurrent, dual-stack", fd.addRate, p4.addRate, "ptp IPv4-only", "pods/s", true, false, 2.0, nil)
+	cniFig("ADD throughput, 8 concurrent, IPv4-only", f4.addRate, p4.addRate, "ptp IPv4-only", "pods/s", true, false, 2.0, nil)
+	cniFig("ADD throughput, 8 concurrent, dual-stack vs dual-stack", fd.addRate, p6.addRate, "ptp dual-stack", "pods/s", false, false, nan(), nil)
+	cniFig("DEL throughput, 8 concurrent, dual-stack", fd.delRate, p4.delRate, "ptp IPv4-only", "pods/s", false, false, nan(), nil)
+
+	// Scale: pods × anycast routes.
+	logf("scale: %d pods × %d routes from 8 workers", o.pods, o.perPod)
+	scaleSec := fmt.Sprintf("Scale: %d pods, %d originated routes, BIRD ToR", o.pods, routes)
+	m := nl.cap.Mark()
+	var lastMu sync.Mutex
+	var lastAdd time.Time
+	scaleStart := time.Now()
+	_, serr := nl.flock().concurrent(8, o.pods, func(i int) error {
+		p := nl.scalePod(i, o.perPod)
+		p.NS = pool[i]
+		if _, err := nl.n.CNI.Add(ctx, p); err != nil {
+			return fmt.Errorf("scale ADD %d: %w", i, err)
+		}
+		lastMu.Lock()
+		lastAdd = time.Now()
+		lastMu.Unlock()
+		return nil
+	})
+	wire, fib, loaded, loadedIdle, cpu := nan(), nan(), nan(), nan(), nan()
+	if serr == nil {
+		logf("scale: ADDs took %s", lastAdd.Sub(scaleStart).Round(time.Millisecond))
+		if at, err := nl.cap.WaitAnnounced(m, routes, 2*time.Minute); err != nil {
+			serr = err
+		} else {
+			wire = at.Sub(lastAdd).Seconds()
+		}
+		if at, err := nl.fib.waitCount(netip.MustParsePrefix(anycastRange), routes, 2*time.Minute); err != nil {
+			serr = err
+		} else {
+			fib = at.Sub(lastAdd).Seconds()
+		}
+		loaded, _ = settledRSS(nl.pid(), o.settle)
+		logf("scale: RSS %.1f MB; idle CPU over %s", loaded, o.idle)
+		cpu, _ = idleCPU(nl.pid(), o.idle)
+		loadedIdle, _ = rssMB(nl.pid())
+	}
+	errStr := func(err error) string {
+		if err == nil {
+			return ""
+		}
+		return err.Error()
+	}
+	add(figure{Section: scaleSec, Name: "all routes on the wire, after the last ADD returned", Value: wire, Base: nan(), Unit: "s", Limit: nan(), Err: errStr(serr)})
+	add(figure{Section: scaleSec, Name: "all routes in the ToR's FIB, after the last ADD returned", Value: fib, Base: nan(), Unit: "s", Limit: nan()})
+	add(figure{Section: scaleSec, Name: "agent RSS, empty (BGP session up)", Value: emptyRSS, Base: bEmpty, BaseName: "bare embedded GoBGP", Unit: "MB", Max: true, Limit: 40})
+	add(figure{Section: scaleSec, Name: "agent RSS, loaded", Value: loaded, Base: bLoaded, BaseName: "bare embedded GoBGP", Unit: "MB", Max: true, Limit: 64})
+	add(figure{Section: scaleSec, Name: fmt.Sprintf("agent RSS, loaded, after %s idle", o.idle), Value: loadedIdle, Base: nan(), Unit: "MB", Max: true, Limit: 64})
+	add(figure{Section: scaleSec, Name: fmt.Sprintf("agent CPU, idle %s, loaded", o.idle), Value: cpu, Base: nan(), Unit: "% of a core", Max: true, Limit: 0.5})
+
+	// Route latency with the scale state held.
+	routeSec := fmt.Sprintf("Route latency, %d routes held, one pod with a /128 at a time", routes)
+	var rl routeLat
+	var rerr error
+	if serr == nil {
+		logf("routes: %d ADD/DEL pairs timed on the wire", o.routeN)
+		rl, rerr = nl.routeLatency(ctx, pool[o.pods], o.routeN)
+	} else {
+		rerr = fmt.Errorf("scale run failed")
+	}
+	for _, r := range []struct {
+		name string
+		d    []time.Duration
+		lim  float64
+	}{
+		{"ADD returned → UPDATE on the wire (negative: sent before ADD returned)", rl.addRetToWire, 0},
+		{"ADD called → UPDATE on the wire", rl.addToWire, nan()},
+		{"ADD called → route in BIRD's FIB", rl.addToFIB, nan()},
+		{"DEL called → WITHDRAW on the wire", rl.delToWire, nan()},
+		{"DEL returned → WITHDRAW on the wire (negative: sent before DEL returned)", rl.delRetToWire, nan()},
+		{"DEL called → route gone from BIRD's FIB", rl.delToFIB, nan()},
+	} {
+		for _, q := range []float64{.5, .99} {
+			f := figure{Section: routeSec, Name: fmt.Sprintf("%s, p%.0f", r.name, q*100), Value: pct(r.d, q), Base: nan(), Unit: "ms", Max: true, Limit: nan(), Err: errStr(rerr)}
+			if q == .5 {
+				f.Limit = r.lim
+			}
+			add(f)
+		}
+	}
+
+	// Restart with the scale state.
+	restartSec := fmt.Sprintf("Agent restart with %d pods and %d routes (BIRD ToR, graceful restart)", o.pods, routes)
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		var rr restartResult
+		var err error
+		if serr == nil {
+			logf("restart: %s", sig)
+			rr, err = nl.restart(sig)
+		} else {
+			err = fmt.Errorf("scale run failed")
+		}
+		v := func(x float64) float64 {
+			if err != nil {
+				return nan()
+			}
+			return x
+		}
+		name := "SIGTERM"
+		if sig == syscall.SIGKILL {
+			name = "SIGKILL"
+		}
+		add(figure{Section: restartSec, Name: name + ": started → ready (answers CNI)", Value: v(rr.ready.Seconds()), Base: nan(), Unit: "s", Max: true, Limit: 1, Err: errStr(err)})
+		add(figure{Section: restartSec, Name: name + ": started → End-of-RIB on the wire", Value: v(rr.eor.Seconds()), Base: nan(), Unit: "s", Limit: nan()})
+		add(figure{Section: restartSec, Name: name + ": prefixes withdrawn on the wire", Value: v(float64(rr.withdrawn)), Base: nan(), Unit: "routes", Max: true, Limit: 0})
+		add(figure{Section: restartSec, Name: name + ": routes lost from BIRD's FIB", Value: v(float64(rr.fibLost)), Base: nan(), Unit: "routes", Max: true, Limit: 0})
+	}
+	logf("scale: DEL of %d pods", o.pods)
+	_, _ = nl.flock().concurrent(8, o.pods, func(i int) error {
+		p := nl.scalePod(i, o.perPod)
+		p.NS = pool[i]
+		return nl.n.CNI.Del(ctx, p)
+	})
+	nl.Close()
+
+	if o.claims {
+		logf("claims: kube-apiserver lab")
+		cc, err := measureClaims(ctx, dir, bin, prefix+"k", o.claimN)
+		const csec = "What an AddressPool claim costs an ADD (Kubernetes mode, real kube-apiserver)"
+		if err != nil {
+			add(figure{Section: csec, Name: "ADD p50", Value: nan(), Base: nan(), Limit: nan(), Err: err.Error()})
+		} else {
+			for _, c := range cc[1:] {
+				add(figure{Section: csec, Name: "ADD p50, " + c.name, Value: c.p50, Base: cc[0].p50, BaseName: cc[0].name, Unit: "ms", Limit: nan()})
+				add(figure{Section: csec, Name: "ADD p99, " + c.name, Value: c.p99, Base: cc[0].p99, BaseName: cc[0].name, Unit: "ms", Limit: nan()})
+			}
+		}
+	}
+
+	report := render(figs, o.cmd, started, notes(o))
+	fmt.Println(report)
+	return os.WriteFile(o.out, []byte(report), 0o644)
+}
+
+func notes(o options) []string {
+	return []string{
+		fmt.Sprintf("CNI: %d sequential ADDs, then %d sequential DELs, per configuration (ptp dual-stack: %d, it waits for IPv6 DAD); throughput: %d pods ADDed by 8 workers, then DELed (ptp dual-stack: %d). Each pod in its own namespace. flock's agent has a BGP session with the ToR up; ptp runs inside a namespace of its own.", o.seqN, o.seqN, o.slowN, o.tputN, o.tputSlow),
+		"Wire figures come from a packet socket on the ToR's port (the node's UPDATEs before BIRD processes them); FIB figures from a netlink watch of the ToR's kernel table, which BIRD programs.",
+		fmt.Sprintf("RSS is VmRSS read %s after the load (the Go scavenger returns freed memory in the background); the baseline is a bare embedded GoBGP v4.8.0 (e2e/cmd/gobgp-baseline, built like the agent) with the same session to the ToR, originating the same number of routes.", o.settle),
+		"Restart: the agent is stopped (SIGTERM) or killed (SIGKILL) and started again at once; ready is from exec to the first answered CNI STATUS. Withdrawals are counted on the wire from the stop until 3 s after the new End-of-RIB.",
+	}
+}
+
+// lineReader reads a child's stdout line by line.
+type lineReader struct {
+	lines chan string
+}
+
+func newLineReader(r io.Reader) *lineReader {
+	l := &lineReader{lines: make(chan string, 16)}
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			l.lines <- sc.Text()
+		}
+		close(l.lines)
+	}()
+	return l
+}
+
+func (l *lineReader) expect(want string, timeout time.Duration) (string, error) {
+	select {
+	case s, ok := <-l.lines:
+		if !ok {
+			return "", fmt.Errorf("child exited, want %q", want)
+		}
+		if s != want {
+			return s, fmt.Errorf("child said %q, want %q", s, want)
+		}
+		return s, nil
+	case <-time.After(timeout):
+		return "", fmt.Errorf("child silent for %s, want %q", timeout, want)
+	}
+}
