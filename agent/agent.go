@@ -30,6 +30,9 @@ import (
 // Dataplane is what the agent needs from the kernel for pod attachments.
 type Dataplane interface {
 	Setup(p dataplane.Pod) (dataplane.Link, error)
+	// Retire takes a host veth down (no traffic, no routes through it)
+	// without unregistering it, which costs the kernel an RCU grace period.
+	Retire(hostVeth string) error
 	Teardown(hostVeth string) error
 	Check(p dataplane.Pod) error
 	HostVeths() ([]string, error)
@@ -95,6 +98,47 @@ type Agent struct {
 	// suspects are containers whose veth vanished: Run checks their netns
 	// at once instead of at the next repair.
 	suspects chan string
+	// removals are the veth removals a DEL left running (see Del).
+	removals removals
+}
+
+// removals tracks goroutines that unregister veths after their DEL
+// returned; waiting takes a snapshot, so churn cannot starve a waiter.
+type removals struct {
+	mu   sync.Mutex
+	next uint64
+	m    map[uint64]chan struct{}
+}
+
+func (r *removals) start() (done func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[uint64]chan struct{}{}
+	}
+	id, ch := r.next, make(chan struct{})
+	r.next++
+	r.m[id] = ch
+	return func() {
+		r.mu.Lock()
+		delete(r.m, id)
+		r.mu.Unlock()
+		close(ch)
+	}
+}
+
+// wait waits for the removals running now and tells whether there were any.
+func (r *removals) wait() bool {
+	r.mu.Lock()
+	chs := make([]chan struct{}, 0, len(r.m))
+	for _, ch := range r.m {
+		chs = append(chs, ch)
+	}
+	r.mu.Unlock()
+	for _, ch := range chs {
+		<-ch
+	}
+	return len(chs) > 0
 }
 
 // New validates the config and builds an agent; Restore must run before it
@@ -366,6 +410,7 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 	if err != nil {
 		return store.Allocation{}, &Error{Code: codeEnv, Err: err}
 	}
+	start := time.Now()
 	unlock := a.locks.Lock(containerID)
 	defer unlock()
 
@@ -398,6 +443,12 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 		return store.Allocation{}, err
 	}
 	rec, err := a.reserve(ctx, containerID, ifName, netns, pod, req, pools, ranges)
+	if err != nil && heldByDeleted(err) && a.removals.wait() {
+		// An address (or the last free one) may have been held only by a
+		// deleted pod whose veth was still being unregistered: try again
+		// now that it is gone rather than refuse the ADD.
+		rec, err = a.reserve(ctx, containerID, ifName, netns, pod, req, pools, ranges)
+	}
 	if err != nil {
 		return store.Allocation{}, err
 	}
@@ -407,10 +458,12 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 			a.rollback(rec, a.claimsOf(rec, nil, nil))
 		}
 	}()
+	reserved := time.Now()
 	link, err := a.cfg.Dataplane.Setup(podOf(rec))
 	if err != nil {
 		return store.Allocation{}, err
 	}
+	programmed := time.Now()
 	rec.HostMAC, rec.PodMAC = link.HostMAC.String(), link.PodMAC.String()
 	if h := a.cfg.Hooks.BeforeCommit; h != nil {
 		h(containerID)
@@ -424,8 +477,10 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 		return store.Allocation{}, err
 	}
 	committed = true
+	stored := time.Now()
 	a.settle(ctx, gen) // the UPDATE leaves before ADD returns
-	a.log.Info("pod added", "container", containerID, "pod", pod.ID, "ips", rec.IPs, "veth", rec.HostVeth)
+	a.log.Info("pod added", "container", containerID, "pod", pod.ID, "ips", rec.IPs, "veth", rec.HostVeth,
+		"reserve", reserved.Sub(start), "dataplane", programmed.Sub(reserved), "commit", stored.Sub(programmed), "advertise", time.Since(stored))
 	return rec, nil
 }
 
@@ -552,12 +607,31 @@ func (a *Agent) remove(ctx context.Context, rec store.Allocation) error {
 // Del tears a container down. Unknown containers succeed; a leftover veth
 // of the container's name is still removed, unless another container holds
 // that name.
+//
+// The kernel needs ~20 ms (an RCU grace period) to unregister a veth: more
+// than the rest of a DEL together. So DEL withdraws the routes, takes the
+// veth down, releases the cluster-wide claims and deletes the record, and
+// returns; the veth is unregistered afterwards, still under the container's
+// lock (a retried ADD or DEL of the container waits for it) and with its
+// IPs and name held until it is gone. A crash meanwhile leaves a veth no
+// record owns, which the next start removes before it serves.
 func (a *Agent) Del(ctx context.Context, containerID string) error {
+	return a.del(ctx, containerID, true)
+}
+
+// del is Del; early false removes the veth before returning (GC: nobody
+// waits on it, and its errors are reported).
+func (a *Agent) del(ctx context.Context, containerID string, early bool) error {
 	if err := validateContainerID(containerID); err != nil {
 		return err
 	}
 	unlock := a.locks.Lock(containerID)
-	defer unlock()
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			unlock()
+		}
+	}()
 	rec, phase, known := a.state.Get(containerID)
 	if !known {
 		// A leftover veth of the container's default name goes, unless a
@@ -578,11 +652,66 @@ func (a *Agent) Del(ctx context.Context, containerID string) error {
 	if phase == nodestate.Stuck {
 		return a.teardown(rec)
 	}
-	if err := a.remove(ctx, rec); err != nil {
+	if !early {
+		return a.remove(ctx, rec)
+	}
+	start := time.Now()
+	if gen, ok := a.state.MarkDeleting(rec.ContainerID); ok {
+		// Other replicas' ECMP routes must stop naming this veth before
+		// it goes down, and the ToR should stop sending traffic here.
+		a.settle(ctx, gen)
+	}
+	withdrawn := time.Since(start)
+	if err := a.cfg.Dataplane.Retire(rec.HostVeth); err != nil {
 		return err
 	}
-	a.log.Info("pod deleted", "container", containerID, "pod", rec.Pod, "ips", rec.IPs)
+	if err := a.releaseClaims(context.Background(), a.claimsOf(rec, nil, nil)); err != nil {
+		return err
+	}
+	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {
+		return err
+	}
+	handedOff = true
+	done := a.removals.start()
+	go func() {
+		defer done()
+		defer unlock()
+		var err error
+		for attempt, wait := 1, 10*time.Millisecond; ; attempt, wait = attempt+1, 2*wait {
+			if err = a.cfg.Dataplane.Teardown(rec.HostVeth); err == nil {
+				a.state.Release(containerID)
+				return
+			}
+			if attempt == removeAttempts {
+				break
+			}
+			time.Sleep(wait)
+		}
+		// Down and unrouted, but its IPs stay held until a DEL or the next
+		// start removes it.
+		a.log.Error("veth of a deleted pod not removed; its IPs are held until a DEL or the next start", "container", containerID, "veth", rec.HostVeth, "err", err)
+		a.state.MarkStuck(containerID, "remove the veth after DEL: "+err.Error())
+	}()
+	a.log.Info("pod deleted", "container", containerID, "pod", rec.Pod, "ips", rec.IPs, "withdrawn", withdrawn, "took", time.Since(start))
 	return nil
+}
+
+// removeAttempts bounds the retries of a veth removal after DEL (10 ms
+// apart, doubling): the container's lock is held meanwhile.
+const removeAttempts = 5
+
+// heldByDeleted tells whether a reservation failed on something a deleted
+// pod may still hold: an address or the last free one.
+func heldByDeleted(err error) bool {
+	var ce *nodestate.ConflictError
+	return errors.Is(err, ipam.ErrExhausted) || errors.Is(err, ipam.ErrConflict) || errors.As(err, &ce)
+}
+
+// Wait returns once no veth removal a DEL left running is left (shutdown,
+// and tests at quiescent points).
+func (a *Agent) Wait() {
+	for a.removals.wait() {
+	}
 }
 
 // Check compares the kernel with the record; prev, if set, are the IPs of
@@ -637,7 +766,7 @@ func (a *Agent) GC(ctx context.Context, valid []Attachment) error {
 			continue
 		}
 		a.log.Info("GC: releasing attachment the runtime no longer knows", "container", r.ContainerID, "ifname", r.IfName)
-		if err := a.Del(ctx, r.ContainerID); err != nil {
+		if err := a.del(ctx, r.ContainerID, false); err != nil {
 			errs = append(errs, err)
 		}
 	}

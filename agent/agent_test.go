@@ -673,14 +673,22 @@ func TestDel(t *testing.T) {
 		// sequential-free check, claim the same addresses IP.
 		e.mustAdd("c3", annotations.Addresses+"=2001:db8:aa::1")
 	})
-	t.Run("teardown failure keeps the allocation for a retry", func(t *testing.T) {
+	t.Run("retire failure keeps the allocation for a retry", func(t *testing.T) {
 		e := started(t)
 		e.mustAdd("c1")
 		boom := errors.New("netlink busy")
-		e.dp.set(func(d *fakeDP) { d.teardownErr = boom })
+		e.dp.set(func(d *fakeDP) {
+			d.fault = func(op string) error {
+				if op == "retire" {
+					return boom
+				}
+				return nil
+			}
+		})
 		if err := e.a.Del(ctx, "c1"); !errors.Is(err, boom) {
 			t.Fatalf("Del err = %v, want %v", err, boom)
 		}
+		e.a.Wait()
 		if ids := e.allocIDs(); !slices.Equal(ids, []string{"c1"}) {
 			t.Errorf("allocations = %v", ids)
 		}
@@ -688,12 +696,60 @@ func TestDel(t *testing.T) {
 			t.Errorf("records = %v", ids)
 		}
 		e.wantUsed(pool6, 1)
+		e.dp.set(func(d *fakeDP) { d.fault = nil })
+		if err := e.a.Del(ctx, "c1"); err != nil {
+			t.Fatal(err)
+		}
+		e.a.Wait()
+		e.wantNothingFor("c1")
+		e.wantUsed(pool6, 0)
+	})
+	// The veth is unregistered after DEL returned: a removal that keeps
+	// failing leaves the attachment stuck, its IPs held (its record is
+	// gone) until the next DEL finishes the job.
+	t.Run("teardown failure after DEL keeps the IPs until a retry", func(t *testing.T) {
+		e := started(t)
+		rec := e.mustAdd("c1")
+		boom := errors.New("netlink busy")
+		e.dp.set(func(d *fakeDP) { d.teardownErr = boom })
+		if err := e.a.Del(ctx, "c1"); err != nil {
+			t.Fatalf("Del: %v", err)
+		}
+		e.a.Wait()
+		if n := e.dp.count("Teardown " + rec.HostVeth); n != 5 {
+			t.Errorf("%d removal attempts, want 5", n)
+		}
+		if _, phase, ok := e.a.State().Get("c1"); !ok || phase != nodestate.Stuck {
+			t.Errorf("c1: phase %v known %v, want stuck", phase, ok)
+		}
+		if ids := e.recordIDs(); len(ids) != 0 {
+			t.Errorf("records = %v, want none", ids)
+		}
+		e.wantUsed(pool6, 1)
+		if _, ok := e.sp.Held()[netip.PrefixFrom(rec.IPs[0], rec.IPs[0].BitLen())]; ok {
+			t.Error("stuck attachment still advertised")
+		}
 		e.dp.set(func(d *fakeDP) { d.teardownErr = nil })
 		if err := e.a.Del(ctx, "c1"); err != nil {
 			t.Fatal(err)
 		}
+		e.a.Wait()
 		e.wantNothingFor("c1")
 		e.wantUsed(pool6, 0)
+	})
+	// A pod asking for an address a just-deleted pod held is not refused
+	// while that pod's veth is still being unregistered.
+	t.Run("address of a pod whose veth is still going", func(t *testing.T) {
+		e := started(t)
+		e.mustAdd("c1", annotations.Addresses+"=2001:db8:aa::1")
+		gate := make(chan struct{})
+		e.dp.set(func(d *fakeDP) { d.onTeardown = func(string) { <-gate } })
+		if err := e.a.Del(ctx, "c1"); err != nil {
+			t.Fatal(err)
+		}
+		go func() { time.Sleep(50 * time.Millisecond); close(gate) }()
+		e.mustAdd("c2", annotations.Addresses+"=2001:db8:aa::1")
+		e.wantNothingFor("c1")
 	})
 	t.Run("invalid container ID", func(t *testing.T) {
 		e := started(t)
@@ -927,6 +983,7 @@ func TestStartRecovery(t *testing.T) {
 	if err := e.a.Del(context.Background(), "keep"); err != nil {
 		t.Fatal(err)
 	}
+	e.a.Wait()
 	e.wantUsed(pool6, 1)
 }
 
@@ -1072,6 +1129,7 @@ func TestConcurrentAdds(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	e.a.Wait()
 	for i := range n {
 		if errs[i] != nil {
 			t.Errorf("Del c%02d: %v", i, errs[i])

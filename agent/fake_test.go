@@ -113,6 +113,24 @@ func (d *fakeDP) Teardown(veth string) error {
 		return err
 	}
 	delete(d.veths, veth)
+	d.dropRoutesLocked(veth)
+	return nil
+}
+
+// Retire takes a veth down: the kernel drops the routes through it as for
+// Teardown, but the veth exists until Teardown.
+func (d *fakeDP) Retire(veth string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.record("Retire %s", veth)
+	if err := d.inject("retire"); err != nil {
+		return err
+	}
+	d.dropRoutesLocked(veth)
+	return nil
+}
+
+func (d *fakeDP) dropRoutesLocked(veth string) {
 	for p, nhs := range d.routes {
 		live := slices.DeleteFunc(slices.Clone(nhs), func(nh dataplane.Nexthop) bool { return nh.Dev == veth })
 		if len(live) == 0 || (p.Addr().Is4() && len(live) < len(nhs)) {
@@ -121,7 +139,6 @@ func (d *fakeDP) Teardown(veth string) error {
 			d.routes[p] = live
 		}
 	}
-	return nil
 }
 
 func (d *fakeDP) Check(p dataplane.Pod) error {
@@ -462,6 +479,7 @@ func (e *env) run() error {
 }
 
 func (e *env) stop() {
+	e.a.Wait() // as the daemon does on its way out
 	if e.cancel != nil {
 		e.cancel()
 		e.done.Wait()

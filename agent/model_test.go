@@ -174,7 +174,7 @@ func (m *model) wire(e *env) {
 	e.kernelLoop.Repair, e.bgpLoop.Repair = 20*time.Millisecond, 20*time.Millisecond
 	e.dp.set(func(d *fakeDP) {
 		d.fault = func(op string) error {
-			if m.roll(map[string]float64{"setup": 0.05, "teardown": 0.05, "route": 0.03, "read": 0.05}[op]) {
+			if m.roll(map[string]float64{"setup": 0.05, "retire": 0.05, "teardown": 0.05, "route": 0.03, "read": 0.05}[op]) {
 				return fmt.Errorf("chaos: %s failed", op)
 			}
 			return nil
@@ -417,6 +417,9 @@ func (m *model) quiesce() {
 	if err := m.e.a.GC(ctx, valid); err != nil {
 		m.t.Fatalf("GC: %v", err)
 	}
+	// The veths DELs left to unregister are gone: what the invariants
+	// check is the state after them.
+	m.e.a.Wait()
 	m.mu.Lock()
 	for _, c := range gone {
 		m.deleted[c.id] = c.rec
@@ -455,6 +458,10 @@ func (m *model) probeEventPath(ctx context.Context) {
 	}
 	if _, ok := e.dp.kernelRoutes()[p]; ok {
 		t.Errorf("DEL of %s returned with its kernel route %s", id, p)
+	}
+	e.a.Wait()
+	if e.dp.hasVeth(rec.HostVeth) {
+		t.Errorf("veth %s of %s still there once the removals finished", rec.HostVeth, id)
 	}
 	e.a.ForgetPod(pod)
 }

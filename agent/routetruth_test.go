@@ -329,6 +329,7 @@ func TestVethNameCollision(t *testing.T) {
 	if err := e.a.Del(context.Background(), b); err != nil {
 		t.Fatal(err)
 	}
+	e.a.Wait()
 	if !e.dp.hasVeth(ra.HostVeth) || e.dp.hasVeth(rb.HostVeth) {
 		t.Errorf("after DEL of %s: veth %s present %v, %s present %v", b, ra.HostVeth, e.dp.hasVeth(ra.HostVeth), rb.HostVeth, e.dp.hasVeth(rb.HostVeth))
 	}

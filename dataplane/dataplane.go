@@ -295,6 +295,19 @@ func zero(ip netip.Addr) netip.Addr {
 }
 
 func (d *Netlink) deleteHostVeth(name string) error {
+	return onHostVeth(name, "delete", netlink.LinkDel)
+}
+
+// Retire takes a pod's host veth down: the kernel drops the routes through
+// it and nothing passes, at the cost of a link change rather than the RCU
+// grace period that unregistering it takes (Teardown). Missing is fine.
+func (d *Netlink) Retire(hostVeth string) error {
+	return onHostVeth(hostVeth, "take down", netlink.LinkSetDown)
+}
+
+// onHostVeth applies op to the veth called name; a missing link is fine,
+// a link of that name that is not a veth is refused.
+func onHostVeth(name, what string, op func(netlink.Link) error) error {
 	l, err := netlink.LinkByName(name)
 	if err != nil {
 		var nf netlink.LinkNotFoundError
@@ -304,10 +317,10 @@ func (d *Netlink) deleteHostVeth(name string) error {
 		return fmt.Errorf("look up %s: %w", name, err)
 	}
 	if l.Type() != "veth" {
-		return fmt.Errorf("%s exists but is a %s, not a veth: refusing to delete it", name, l.Type())
+		return fmt.Errorf("%s exists but is a %s, not a veth: refusing to %s it", name, l.Type(), what)
 	}
-	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
-		return fmt.Errorf("delete %s: %w", name, err)
+	if err := op(l); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("%s %s: %w", what, name, err)
 	}
 	return nil
 }

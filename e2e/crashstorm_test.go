@@ -688,6 +688,7 @@ func crashDiffs(t *testing.T, l *lab.BGPLab, n *lab.LabNode, w crashWanted) []cr
 			out = append(out, crashDiff{what, extra, missing})
 		}
 	}
+	settledDeletes(t, n.Agent)
 	cmp("host veths", flockVeths(t, n.NS), w.veths)
 	cmp("kernel routes (proto flock)", crashRouteTable(t, n.NS), w.routes)
 

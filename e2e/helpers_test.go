@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/netip"
 	"os"
@@ -62,26 +63,40 @@ func prefixOf(n *net.IPNet) netip.Prefix {
 	return netip.PrefixFrom(a.Unmap(), ones)
 }
 
-// flockVeths lists the flock veths in the node namespace.
+// flockVeths lists the flock veths in the node namespace. A DEL returns
+// with its veth down and unregisters it right after (the kernel takes an
+// RCU grace period): the list is taken once no down one is left, or after
+// 2 s, when a veth that is still there is reported as left behind.
 func flockVeths(t *testing.T, ns *lab.NS) []string {
 	t.Helper()
-	var out []string
-	err := ns.Do(func(h *netlink.Handle) error {
-		links, err := h.LinkList()
-		if err != nil {
-			return err
-		}
-		for _, l := range links {
-			if strings.HasPrefix(l.Attrs().Name, dataplane.VethPrefix) {
-				out = append(out, l.Attrs().Name)
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		var out []string
+		down := false
+		err := ns.Do(func(h *netlink.Handle) error {
+			links, err := h.LinkList()
+			if err != nil {
+				return err
 			}
+			for _, l := range links {
+				if strings.HasPrefix(l.Attrs().Name, dataplane.VethPrefix) {
+					out = append(out, l.Attrs().Name)
+					down = down || l.Attrs().Flags&net.FlagUp == 0
+				}
+			}
+			return nil
+		})
+		if errors.Is(err, netlink.ErrDumpInterrupted) && time.Now().Before(deadline) {
+			continue // links changed during the dump
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !down || time.Now().After(deadline) {
+			return out
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	return out
 }
 
 // flockRoutes lists the node's flock-installed routes other than the
@@ -151,9 +166,40 @@ type poolUse struct {
 	Used uint64 `json:"used"`
 }
 
-// used returns the number of addresses in use per pool, via flockctl.
+// settledDeletes waits (up to 2 s) until no pod is in phase deleting: a
+// DEL returns once the routes are withdrawn and the veth is down, and the
+// IPs are released once the kernel has unregistered the veth, right after.
+func settledDeletes(t *testing.T, a *lab.Agent) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		var pods []struct {
+			ContainerID string `json:"containerID"`
+			Phase       string `json:"phase"`
+		}
+		flockctlJSON(t, a, &pods, "pods")
+		var deleting []string
+		for _, p := range pods {
+			if p.Phase == "deleting" {
+				deleting = append(deleting, p.ContainerID)
+			}
+		}
+		if len(deleting) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("pods still deleting after 2 s: %v", deleting)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// used returns the number of addresses in use per pool, via flockctl, once
+// no DEL is finishing.
 func used(t *testing.T, a *lab.Agent) map[string]uint64 {
 	t.Helper()
+	settledDeletes(t, a)
 	var pools []poolUse
 	if err := json.Unmarshal([]byte(flockctl(t, a, "-o", "json", "ipam")), &pools); err != nil {
 		t.Fatal(err)

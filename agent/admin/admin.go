@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"syscall"
 	"time"
@@ -191,6 +192,11 @@ func Handler(src Source) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]int{"pods": n})
 	})
+	// Go's profiles (heap, goroutine, CPU, …), for `make bench`'s memory
+	// work and for an operator chasing a leak: root-only, like the rest of
+	// the socket.
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	return mux
 }
 

@@ -196,7 +196,9 @@ func Run(ctx context.Context, o Options) error {
 	d.mu.Unlock()
 	d.log.Info("serving", "cni-socket", o.CNISocket, "admin-socket", o.AdminSocket, "metrics", o.MetricsAddress,
 		"state-dir", o.StateDir, "node", d.nodeName, "asn", asn, "peers", peers, "kubernetes", o.Kubernetes)
-	return stop(g.Wait())
+	err = g.Wait()
+	d.agent.Wait() // veths DELs left to unregister (a crash leaves them to the next start)
+	return stop(err)
 }
 
 type daemon struct {

@@ -32,6 +32,7 @@ type options struct {
 	claimN               int
 	idle, settle         time.Duration
 	claims               bool
+	profiles             string
 }
 
 func main() {
@@ -49,6 +50,7 @@ func main() {
 	flag.IntVar(&o.claimN, "claim-samples", 100, "ADDs per case in the AddressPool claim figures")
 	flag.DurationVar(&o.idle, "idle", 60*time.Second, "how long idle CPU is measured")
 	flag.DurationVar(&o.settle, "settle", 10*time.Second, "wait before an RSS reading (the Go scavenger returns a burst's memory in the background)")
+	flag.StringVar(&o.profiles, "profiles", "", "save the agent's heap profiles (empty, loaded) and memory split into this directory")
 	flag.BoolVar(&o.claims, "claims", true, "measure the AddressPool claim cost against a kube-apiserver (the e2e lab's; built once into /var/cache/flock-e2e)")
 	flag.Parse()
 	if os.Geteuid() != 0 {
@@ -102,6 +104,10 @@ func run(ctx context.Context, o options) error {
 	emptyRSS, err := settledRSS(nl.pid(), o.settle)
 	if err != nil {
 		return err
+	}
+	logf("agent empty: %s", smaps(nl.pid()))
+	if err := saveProfile(nl.n.Agent.AdminSocket, o.profiles, "heap-empty", "heap"); err != nil {
+		logf("profile: %v", err)
 	}
 	routes := o.pods * o.perPod
 	bEmpty, bLoaded := nan(), nan()
@@ -209,6 +215,10 @@ func run(ctx context.Context, o options) error {
 			fib = at.Sub(lastAdd).Seconds()
 		}
 		loaded, _ = settledRSS(nl.pid(), o.settle)
+		logf("agent loaded: %s", smaps(nl.pid()))
+		if err := saveProfile(nl.n.Agent.AdminSocket, o.profiles, "heap-loaded", "heap"); err != nil {
+			logf("profile: %v", err)
+		}
 		logf("scale: RSS %.1f MB; idle CPU over %s", loaded, o.idle)
 		cpu, _ = idleCPU(nl.pid(), o.idle)
 		loadedIdle, _ = rssMB(nl.pid())

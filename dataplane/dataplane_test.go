@@ -1,0 +1,101 @@
+package dataplane
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// inNewNetns runs f on a locked thread inside a fresh network namespace
+// (the node), with a named one for the pod; both go afterwards.
+func inNewNetns(t *testing.T, f func(podNS string)) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("FLOCK_REQUIRE_ROOT") != "" {
+			t.Fatal("needs root (network namespaces), and FLOCK_REQUIRE_ROOT is set")
+		}
+		t.Skip("needs root (network namespaces)")
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // the thread dies with its namespace
+		name := "flkdp-" + strings.ReplaceAll(t.Name(), "/", "-")
+		pod, err := netns.NewNamed(name) // switches this thread
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		pod.Close()
+		defer netns.DeleteNamed(name)
+		node, err := netns.New()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer node.Close()
+		f("/run/netns/" + name)
+	}()
+	<-done
+}
+
+// A retired veth is down and routes nothing, but is still there (the
+// kernel's slow part, unregistering it, is Teardown's); missing is fine,
+// and a link of a flock name that is not a veth is refused, named.
+func TestRetireThenTeardown(t *testing.T) {
+	inNewNetns(t, func(podNS string) {
+		d := &Netlink{}
+		p := Pod{ContainerID: "c1", HostVeth: HostVethName("c1"), Netns: podNS, IfName: "eth0",
+			IPs: []netip.Addr{netip.MustParseAddr("fd00:10::5"), netip.MustParseAddr("10.1.0.5")}}
+		if _, err := d.Setup(p); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := d.Retire(p.HostVeth); err != nil {
+			t.Error(err)
+			return
+		}
+		l, err := netlink.LinkByName(p.HostVeth)
+		if err != nil {
+			t.Errorf("retired veth gone already: %v", err)
+			return
+		}
+		if l.Attrs().Flags&net.FlagUp != 0 {
+			t.Error("retired veth still up")
+		}
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			rs, err := netlink.RouteList(l, fam)
+			if err != nil {
+				t.Error(err)
+			}
+			for _, r := range rs {
+				if r.Dst != nil && r.Dst.IP.IsGlobalUnicast() {
+					t.Errorf("route %s still through the retired veth", r.Dst)
+				}
+			}
+		}
+		if err := d.Teardown(p.HostVeth); err != nil {
+			t.Error(err)
+		}
+		if _, err := netlink.LinkByName(p.HostVeth); err == nil {
+			t.Error("veth still there after Teardown")
+		}
+		if err := d.Retire(p.HostVeth); err != nil {
+			t.Errorf("Retire of a missing veth: %v", err)
+		}
+		other := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: HostVethName("c2")}}
+		if err := netlink.LinkAdd(other); err != nil {
+			t.Error(err)
+			return
+		}
+		if err := d.Retire(other.Name); err == nil || !strings.Contains(err.Error(), other.Name) || !strings.Contains(err.Error(), "not a veth") {
+			t.Errorf("Retire of a bridge: %v", err)
+		}
+	})
+}

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// saveProfile fetches one of the agent's Go profiles (heap, goroutine, …)
+// from its admin socket into dir/name.pprof (`go tool pprof` reads it).
+func saveProfile(adminSock, dir, name, profile string) error {
+	if dir == "" {
+		return nil
+	}
+	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", adminSock)
+		},
+	}}
+	resp, err := c.Get("http://agent/debug/pprof/" + profile + "?gc=1")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("profile %s: %s: %s", profile, resp.Status, strings.TrimSpace(string(b)))
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, name+".pprof"))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
+}
+
+// smaps is a process's resident memory split: anonymous (heap, stacks)
+// and file-backed (the binary's pages).
+func smaps(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 2 && (f[0] == "Rss:" || f[0] == "Anonymous:" || f[0] == "Pss_File:" || f[0] == "Pss_Anon:") {
+			out = append(out, f[0]+" "+f[1]+" kB")
+		}
+	}
+	return strings.Join(out, ", ")
+}
