@@ -101,16 +101,6 @@ func (s *State) AdvertRoutes() ([]advert.Route, uint64) {
 	return out, s.gen
 }
 
-// Adverts is the desired BGP set: prefix → kind.
-func (s *State) Adverts() (map[netip.Prefix]advert.Kind, uint64) {
-	routes, gen := s.AdvertRoutes()
-	out := make(map[netip.Prefix]advert.Kind, len(routes))
-	for _, r := range routes {
-		out[r.Prefix] = r.Kind
-	}
-	return out, gen
-}
-
 // HostRoutes is the desired kernel host route set, sorted by prefix.
 func (s *State) HostRoutes() ([]HostRoute, uint64) {
 	s.mu.Lock()
@@ -153,16 +143,6 @@ func (s *State) HostRoutes() ([]HostRoute, uint64) {
 	}
 	slices.SortFunc(out, func(a, b HostRoute) int { return a.Prefix.Addr().Compare(b.Prefix.Addr()) })
 	return out, s.gen
-}
-
-// KernelRoutes is the desired kernel host route set: prefix → next hops.
-func (s *State) KernelRoutes() (map[netip.Prefix][]dataplane.Nexthop, uint64) {
-	routes, gen := s.HostRoutes()
-	out := make(map[netip.Prefix][]dataplane.Nexthop, len(routes))
-	for _, r := range routes {
-		out[r.Prefix] = r.Nexthops
-	}
-	return out, gen
 }
 
 // nexthop is the pod address of ip's family on its veth.

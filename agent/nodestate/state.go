@@ -21,6 +21,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
+	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
@@ -116,6 +117,8 @@ type State struct {
 	pods    map[podmeta.ID]map[string]bool // pod → its container IDs
 	gen     uint64
 	subs    []chan struct{}
+	// des are the desired sets, kept incrementally (incremental.go).
+	des desiredSets
 }
 
 // New builds an empty state for a node config (its pools become the IPAM
@@ -138,7 +141,7 @@ func New(spec *v1alpha1.NodeConfigSpec, defaultReady bool) (*State, error) {
 	return &State{
 		ipam: alloc, summaries: nodeconfig.Summaries(spec), legacy: legacy, defaultReady: defaultReady, suppressed: map[netip.Prefix]string{},
 		entries: map[string]*entry{}, veths: map[string]string{}, claims: map[netip.Addr]*claim{}, outside: map[netip.Addr]string{},
-		ready: map[podmeta.ID]bool{}, pods: map[podmeta.ID]map[string]bool{},
+		ready: map[podmeta.ID]bool{}, pods: map[podmeta.ID]map[string]bool{}, des: newDesiredSets(),
 	}, nil
 }
 
@@ -180,6 +183,7 @@ func (s *State) SetSuppressed(reasons map[netip.Prefix]string) bool {
 		return false
 	}
 	s.suppressed = maps.Clone(reasons)
+	s.touchLocked(advert.NodeOwner)
 	s.changedLocked()
 	return true
 }
@@ -324,6 +328,7 @@ func (c *claim) other(id string) string {
 func (s *State) insertLocked(rec store.Allocation, phase Phase) {
 	id := rec.ContainerID
 	s.entries[id] = &entry{rec: rec, phase: phase}
+	s.touchLocked(id)
 	if _, taken := s.veths[rec.HostVeth]; !taken && rec.HostVeth != "" {
 		s.veths[rec.HostVeth] = id
 	}
@@ -415,6 +420,7 @@ func (s *State) Quarantine(rec store.Allocation, reason string) {
 	// collision may be with them.
 	e := &entry{rec: rec, phase: Stuck, reason: reason}
 	s.entries[id] = e
+	s.touchLocked(id)
 	if _, taken := s.veths[rec.HostVeth]; !taken && rec.HostVeth != "" {
 		s.veths[rec.HostVeth] = id
 	}
@@ -461,6 +467,7 @@ func (s *State) Commit(rec store.Allocation) (uint64, error) {
 	}
 	rec.State = store.Committed
 	e.rec, e.phase = rec, Committed
+	s.touchLocked(rec.ContainerID)
 	return s.changedLocked(), nil
 }
 
@@ -474,6 +481,7 @@ func (s *State) MarkDeleting(id string) (uint64, bool) {
 		return 0, false
 	}
 	e.phase = Deleting
+	s.touchLocked(id)
 	return s.changedLocked(), true
 }
 
@@ -484,6 +492,7 @@ func (s *State) MarkStuck(id, reason string) {
 	defer s.mu.Unlock()
 	if e := s.entries[id]; e != nil {
 		e.phase, e.reason = Stuck, reason
+		s.touchLocked(id)
 	}
 }
 
@@ -497,6 +506,7 @@ func (s *State) Release(id string) {
 	}
 	rec := e.rec
 	delete(s.entries, id)
+	s.touchLocked(id)
 	for _, ip := range rec.IPs {
 		s.ipam.Release(ip, id)
 		if s.outside[ip] == id {
@@ -538,6 +548,7 @@ func (s *State) SetReady(pod podmeta.ID, ready bool) bool {
 func (s *State) setReadyLocked(pod podmeta.ID, ready bool) bool {
 	prev, known := s.ready[pod]
 	s.ready[pod] = ready
+	s.touchPodLocked(pod)
 	if (known && prev == ready) || (!known && ready == s.defaultReady) || len(s.pods[pod]) == 0 {
 		return false
 	}
@@ -552,6 +563,7 @@ func (s *State) ForgetPod(pod podmeta.ID) {
 	defer s.mu.Unlock()
 	prev, known := s.ready[pod]
 	delete(s.ready, pod)
+	s.touchPodLocked(pod)
 	if known && prev != s.defaultReady && len(s.pods[pod]) > 0 {
 		s.changedLocked()
 	}

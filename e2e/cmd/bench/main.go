@@ -33,6 +33,7 @@ type options struct {
 	idle, settle         time.Duration
 	claims               bool
 	profiles             string
+	agentLog             string
 }
 
 func main() {
@@ -50,6 +51,7 @@ func main() {
 	flag.IntVar(&o.claimN, "claim-samples", 100, "ADDs per case in the AddressPool claim figures")
 	flag.DurationVar(&o.idle, "idle", 60*time.Second, "how long idle CPU is measured")
 	flag.DurationVar(&o.settle, "settle", 10*time.Second, "wait before an RSS reading (the Go scavenger returns a burst's memory in the background)")
+	flag.StringVar(&o.agentLog, "agent-log", "", "copy the agent's log here at the end")
 	flag.StringVar(&o.profiles, "profiles", "", "save the agent's heap profiles (empty, loaded) and memory split into this directory")
 	flag.BoolVar(&o.claims, "claims", true, "measure the AddressPool claim cost against a kube-apiserver (the e2e lab's; built once into /var/cache/flock-e2e)")
 	flag.Parse()
@@ -220,7 +222,9 @@ func run(ctx context.Context, o options) error {
 			logf("profile: %v", err)
 		}
 		logf("scale: RSS %.1f MB; idle CPU over %s", loaded, o.idle)
+		wait := cpuProfile(nl.n.Agent.AdminSocket, o.profiles, "cpu-idle", o.idle)
 		cpu, _ = idleCPU(nl.pid(), o.idle)
+		wait()
 		loadedIdle, _ = rssMB(nl.pid())
 	}
 	errStr := func(err error) string {
@@ -242,7 +246,9 @@ func run(ctx context.Context, o options) error {
 	var rerr error
 	if serr == nil {
 		logf("routes: %d ADD/DEL pairs timed on the wire", o.routeN)
+		wait := cpuProfile(nl.n.Agent.AdminSocket, o.profiles, "cpu-routes", 5*time.Second)
 		rl, rerr = nl.routeLatency(ctx, pool[o.pods], o.routeN)
+		wait()
 	} else {
 		rerr = fmt.Errorf("scale run failed")
 	}
@@ -299,6 +305,9 @@ func run(ctx context.Context, o options) error {
 		p.NS = pool[i]
 		return nl.n.CNI.Del(ctx, p)
 	})
+	if o.agentLog != "" {
+		_ = os.WriteFile(o.agentLog, []byte(nl.n.Agent.Log()), 0o644)
+	}
 	nl.Close()
 
 	if o.claims {

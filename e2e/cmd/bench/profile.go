@@ -23,7 +23,12 @@ func saveProfile(adminSock, dir, name, profile string) error {
 			return (&net.Dialer{}).DialContext(ctx, "unix", adminSock)
 		},
 	}}
-	resp, err := c.Get("http://agent/debug/pprof/" + profile + "?gc=1")
+	q := "?gc=1"
+	if strings.HasPrefix(profile, "profile") {
+		c.Timeout = 2 * time.Minute
+		q = ""
+	}
+	resp, err := c.Get("http://agent/debug/pprof/" + profile + q)
 	if err != nil {
 		return err
 	}
@@ -42,6 +47,22 @@ func saveProfile(adminSock, dir, name, profile string) error {
 	defer f.Close()
 	_, err = io.Copy(f, resp.Body)
 	return err
+}
+
+// cpuProfile profiles the agent for d in the background; wait for the
+// returned function before reading the profile.
+func cpuProfile(adminSock, dir, name string, d time.Duration) (wait func()) {
+	if dir == "" {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := saveProfile(adminSock, dir, name, fmt.Sprintf("profile?seconds=%d", int(d.Seconds()))); err != nil {
+			logf("profile: %v", err)
+		}
+	}()
+	return func() { <-done }
 }
 
 // smaps is a process's resident memory split: anonymous (heap, stacks)
