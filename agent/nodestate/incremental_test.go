@@ -130,5 +130,3 @@ func TestIncrementalDesiredSets(t *testing.T) {
 		}
 	}
 }
-
-
