@@ -57,6 +57,17 @@ func TestRetireThenTeardown(t *testing.T) {
 			t.Error(err)
 			return
 		}
+		// HostRoutes names each next hop's device.
+		any6 := netip.MustParsePrefix("2001:db8:a::1/128")
+		nh := Nexthop{Gateway: p.IPs[0], Dev: p.HostVeth}
+		if err := d.SetRoute(any6, []Nexthop{nh}); err != nil {
+			t.Error(err)
+			return
+		}
+		held, err := d.HostRoutes()
+		if err != nil || len(held[any6]) != 1 || held[any6][0] != nh {
+			t.Errorf("HostRoutes = %v, %v; want %s via %v", held, err, any6, nh)
+		}
 		if err := d.Retire(p.HostVeth); err != nil {
 			t.Error(err)
 			return

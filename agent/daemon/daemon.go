@@ -77,6 +77,7 @@ const bfdShutdown = 150 * time.Millisecond
 // down on the way out: pods keep working and graceful restart keeps their
 // routes at the ToR until the agent is back.
 func Run(ctx context.Context, o Options) error {
+	tuneGC()
 	outer := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -185,6 +186,7 @@ func Run(ctx context.Context, o Options) error {
 		return srv.Serve(ctx, cl)
 	})
 	g.Go(func() error { return admin.Serve(ctx, al, d) })
+	g.Go(func() error { return trimMemory(ctx, d.log) })
 	if d.kube != nil {
 		d.kube.startServing(ctx, g, d)
 	} else {

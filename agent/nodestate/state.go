@@ -21,7 +21,6 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
-	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
@@ -76,7 +75,7 @@ const (
 // claim is the set of attachments claiming one anycast or `addresses` IP.
 type claim struct {
 	kind   Kind
-	owners map[string]bool
+	owners []string // usually one: a slice costs a tenth of a map
 }
 
 // ConflictError is a claim that collides with another attachment's.
@@ -183,7 +182,7 @@ func (s *State) SetSuppressed(reasons map[netip.Prefix]string) bool {
 		return false
 	}
 	s.suppressed = maps.Clone(reasons)
-	s.touchLocked(advert.NodeOwner)
+	s.des.summaries = true
 	s.changedLocked()
 	return true
 }
@@ -313,7 +312,7 @@ func (s *State) checkClaimsLocked(rec store.Allocation) error {
 
 func (c *claim) other(id string) string {
 	var out []string
-	for o := range c.owners {
+	for _, o := range c.owners {
 		if o != id {
 			out = append(out, o)
 		}
@@ -328,7 +327,7 @@ func (c *claim) other(id string) string {
 func (s *State) insertLocked(rec store.Allocation, phase Phase) {
 	id := rec.ContainerID
 	s.entries[id] = &entry{rec: rec, phase: phase}
-	s.touchLocked(id)
+	s.indexLocked(&rec, false)
 	if _, taken := s.veths[rec.HostVeth]; !taken && rec.HostVeth != "" {
 		s.veths[rec.HostVeth] = id
 	}
@@ -339,10 +338,12 @@ func (s *State) insertLocked(rec store.Allocation, phase Phase) {
 		for _, ip := range set.ips {
 			c := s.claims[ip]
 			if c == nil {
-				c = &claim{kind: set.kind, owners: map[string]bool{}}
+				c = &claim{kind: set.kind}
 				s.claims[ip] = c
 			}
-			c.owners[id] = true
+			if !slices.Contains(c.owners, id) {
+				c.owners = append(c.owners, id)
+			}
 		}
 	}
 	if s.pods[rec.Pod] == nil {
@@ -420,7 +421,7 @@ func (s *State) Quarantine(rec store.Allocation, reason string) {
 	// collision may be with them.
 	e := &entry{rec: rec, phase: Stuck, reason: reason}
 	s.entries[id] = e
-	s.touchLocked(id)
+	s.indexLocked(&rec, false)
 	if _, taken := s.veths[rec.HostVeth]; !taken && rec.HostVeth != "" {
 		s.veths[rec.HostVeth] = id
 	}
@@ -466,8 +467,9 @@ func (s *State) Commit(rec store.Allocation) (uint64, error) {
 		return 0, fmt.Errorf("commit %s: it is %s, not pending", rec.ContainerID, e.phase)
 	}
 	rec.State = store.Committed
+	s.indexLocked(&e.rec, true)
 	e.rec, e.phase = rec, Committed
-	s.touchLocked(rec.ContainerID)
+	s.indexLocked(&e.rec, false)
 	return s.changedLocked(), nil
 }
 
@@ -506,7 +508,7 @@ func (s *State) Release(id string) {
 	}
 	rec := e.rec
 	delete(s.entries, id)
-	s.touchLocked(id)
+	s.indexLocked(&rec, true)
 	for _, ip := range rec.IPs {
 		s.ipam.Release(ip, id)
 		if s.outside[ip] == id {
@@ -517,8 +519,8 @@ func (s *State) Release(id string) {
 		delete(s.veths, rec.HostVeth)
 	}
 	for _, ip := range append(slices.Clone(rec.Anycast), rec.Addresses...) {
-		if c := s.claims[ip]; c != nil && c.owners[id] {
-			delete(c.owners, id)
+		if c := s.claims[ip]; c != nil && slices.Contains(c.owners, id) {
+			c.owners = slices.DeleteFunc(c.owners, func(o string) bool { return o == id })
 			if len(c.owners) == 0 {
 				delete(s.claims, ip)
 			}
