@@ -28,7 +28,15 @@ func (s *Speaker) Set(ctx context.Context, desired map[netip.Prefix]advert.Kind,
 	}
 	s.pathMu.Lock()
 	defer s.pathMu.Unlock()
-	if full || s.reread {
+	// A full pass re-reads GoBGP's RIB when its path count differs from
+	// what we hold, and every rereadEvery-th time anyway (and after an
+	// error): listing 10,000 paths on every repair would cost the idle node
+	// more than everything else it does, and only our own AddPath and
+	// DeletePath change those paths.
+	if full {
+		s.fullPasses++
+	}
+	if s.reread || (full && (s.fullPasses%rereadEvery == 0 || !s.countMatches())) {
 		held, err := s.readRIB()
 		if err != nil {
 			s.reread = true
@@ -40,6 +48,24 @@ func (s *Speaker) Set(ctx context.Context, desired map[netip.Prefix]advert.Kind,
 	err := s.applyPaths(announce, withdraw)
 	s.reread = err != nil
 	return err
+}
+
+// rereadEvery: one full pass in this many re-reads GoBGP's RIB even when
+// the path count matches (with the default 30 s repair, every 5 minutes).
+const rereadEvery = 10
+
+// countMatches tells whether GoBGP's global RIB holds as many paths as the
+// speaker believes it originates (false if it cannot tell).
+func (s *Speaker) countMatches() bool {
+	n := uint64(0)
+	for _, fam := range []*api.Family{{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}, {Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}} {
+		t, err := s.srv.GetTable(context.Background(), &api.GetTableRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: fam})
+		if err != nil {
+			return false
+		}
+		n += t.NumPath
+	}
+	return n == uint64(len(s.held))
 }
 
 // Held returns what the speaker believes it originates (prefix → kind).

@@ -91,6 +91,8 @@ type Speaker struct {
 	// know about (AddPath reports nothing per path when one of a batch
 	// fails); the next Set re-reads the RIB first.
 	reread bool
+	// fullPasses counts full Sets (see Set: when GoBGP is re-read).
+	fullPasses int
 	// announceHook, if set (tests), may replace a path before it is added.
 	announceHook func(netip.Prefix, *apiutil.Path) *apiutil.Path
 

@@ -575,6 +575,24 @@ func TestSetFullRereadsGoBGP(t *testing.T) {
 	if got := sp.Held(); !maps.Equal(got, want) {
 		t.Errorf("Held = %v, want %v", got, want)
 	}
+
+	// A change behind its back that keeps the path count (one path
+	// swapped for another) escapes the cheap count check of a full pass,
+	// but not the periodic re-read: within rereadEvery full passes.
+	if err := sp.srv.DeletePath(apiutil.DeletePathRequest{Paths: []*apiutil.Path{del}}); err != nil {
+		t.Fatal(err)
+	}
+	swap, _ := sp.path(stray, "")
+	if _, err := sp.srv.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{swap}}); err != nil {
+		t.Fatal(err)
+	}
+	passes := 0
+	for ; passes < rereadEvery && !maps.Equal(gobgpRIB(t, sp), want); passes++ {
+		set(t, sp, want, true)
+	}
+	if got := gobgpRIB(t, sp); !maps.Equal(got, want) {
+		t.Errorf("after %d full Sets GoBGP holds %v, want %v", passes, got, want)
+	}
 }
 
 // Defect 15: GoBGP v4.8.0's AddPath returns no per-path results when one
