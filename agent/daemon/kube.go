@@ -14,7 +14,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -24,6 +23,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/addresspools"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/claims"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/leakgc"
 	"code.fritzlab.net/fritzlab/flock/k8s/nodeconfigs"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
@@ -36,7 +36,7 @@ type kubeMode struct {
 	o       Options
 	spec    *v1alpha1.NodeConfigSpec
 	gen     atomic.Int64
-	cs      kubernetes.Interface
+	core    *kubeclient.Client
 	nc      *nodeconfigs.Watcher
 	allNC   *nodeconfigs.All // every node's summaries, for overlaps
 	pods    *pods.Source
@@ -91,7 +91,7 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	// queue behind the last: a claim is one create, its DEL a get and a
 	// delete. kubelet's own defaults.
 	cfg.QPS, cfg.Burst = 50, 100
-	cs, err := kubernetes.NewForConfig(cfg)
+	core, err := kubeclient.New(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -99,8 +99,8 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &kubeMode{o: o, cs: cs, nc: nodeconfigs.New(dyn, o.NodeName), allNC: nodeconfigs.NewAll(dyn), events: &podEvents{}, kick: make(chan struct{}, 1),
-		pools: addresspools.New(dyn, cs, o.Log), claims: claims.New(dyn, o.NodeName, o.Log)}
+	k := &kubeMode{o: o, core: core, nc: nodeconfigs.New(dyn, o.NodeName), allNC: nodeconfigs.NewAll(dyn), events: &podEvents{}, kick: make(chan struct{}, 1),
+		pools: addresspools.New(dyn, core.Namespaces(), o.Log), claims: claims.New(dyn, o.NodeName, o.Log)}
 	wait := o.NodeConfigWait
 	if wait == 0 {
 		wait = 5 * time.Minute
@@ -112,8 +112,8 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	}
 	k.spec = spec
 	k.gen.Store(gen)
-	k.secrets = secrets.New(cs, o.Namespace, secrets.DefaultName)
-	k.pods = pods.New(cs, o.NodeName, k.events)
+	k.secrets = secrets.New(core.Secrets(o.Namespace), o.Namespace, secrets.DefaultName)
+	k.pods = pods.New(func(ns string) pods.Client { return core.Pods(ns) }, o.NodeName, k.events)
 	return k, nil
 }
 
@@ -130,7 +130,7 @@ func (k *kubeMode) wire(d *daemon) {
 		Live: func(id string) bool { _, _, ok := d.state.Get(id); return ok },
 		Pods: k.pods.Exists,
 		Nodes: func(ctx context.Context, name string) (bool, error) {
-			_, err := k.cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+			_, err := k.core.Nodes().Get(ctx, name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				return false, nil
 			}

@@ -26,42 +26,44 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
+
+// Namespaces is the Namespace API: kubeclient's and client-go's typed
+// clients both fit.
+type Namespaces interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*corev1.NamespaceList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+}
 
 // GVR of AddressPool.
 var GVR = v1alpha1.GroupVersion.WithResource(v1alpha1.AddressPoolResource)
 
 // Watcher caches the AddressPools and the namespaces' labels.
 type Watcher struct {
-	dyn         dynamic.Interface
-	log         *slog.Logger
-	dynFactory  dynamicinformer.DynamicSharedInformerFactory
-	pools       cache.SharedIndexInformer
-	kubeFactory informers.SharedInformerFactory
-	namespaces  cache.SharedIndexInformer
-	running     atomic.Bool
+	dyn        dynamic.Interface
+	log        *slog.Logger
+	pools      cache.SharedIndexInformer
+	namespaces cache.SharedIndexInformer
+	running    atomic.Bool
 
 	mu     sync.Mutex
 	logged map[string]string // pool name → resourceVersion whose conversion error was logged
 }
 
 // New builds the informers (AddressPools through dyn, Namespaces through
-// cs); Run runs them. log nil: slog.Default().
-func New(dyn dynamic.Interface, cs kubernetes.Interface, log *slog.Logger) *Watcher {
+// namespaces); Run runs them. log nil: slog.Default().
+func New(dyn dynamic.Interface, namespaces Namespaces, log *slog.Logger) *Watcher {
 	if log == nil {
 		log = slog.Default()
 	}
-	df := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
-	kf := informers.NewSharedInformerFactory(cs, 0)
-	ns := kf.Core().V1().Namespaces().Informer()
-	// Only names and labels matter: keep the cache small. Set before Start,
+	ns := kubeclient.NewInformer(namespaces, &corev1.Namespace{}, nil)
+	// Only names and labels matter: keep the cache small. Set before Run,
 	// so it cannot fail.
 	_ = ns.SetTransform(func(obj any) (any, error) {
 		n, ok := obj.(*corev1.Namespace)
@@ -74,8 +76,7 @@ func New(dyn dynamic.Interface, cs kubernetes.Interface, log *slog.Logger) *Watc
 	})
 	return &Watcher{
 		dyn: dyn, log: log,
-		dynFactory: df, pools: df.ForResource(GVR).Informer(),
-		kubeFactory: kf, namespaces: ns,
+		pools: kubeclient.NewDynamicInformer(dyn, GVR, nil), namespaces: ns,
 		logged: map[string]string{},
 	}
 }
@@ -133,10 +134,10 @@ func (w *Watcher) Run(ctx context.Context, onChange func()) error {
 	}
 	defer func() { _ = w.namespaces.RemoveEventHandler(nsReg) }()
 
-	w.dynFactory.Start(ctx.Done())
-	w.kubeFactory.Start(ctx.Done())
-	defer w.kubeFactory.Shutdown()
-	defer w.dynFactory.Shutdown()
+	var running sync.WaitGroup
+	defer running.Wait() // after ctx ended: the informers' goroutines are done
+	running.Go(func() { w.pools.RunWithContext(ctx) })
+	running.Go(func() { w.namespaces.RunWithContext(ctx) })
 
 	if !cache.WaitForCacheSync(ctx.Done(), w.pools.HasSynced, w.namespaces.HasSynced) {
 		return nil // ctx ended

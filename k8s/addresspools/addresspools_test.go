@@ -108,7 +108,7 @@ func TestPoolsAndNamespaceLabels(t *testing.T) {
 	broken.Object["spec"].(map[string]any)["use"] = "pod" // a string, not a list
 	dyn := fakeDyn(sel, broken, pool("a-anycast", 0, []any{"192.0.2.0/24", "2001:db8:a::/64"}, []any{"anycast"}, []any{"tenant-a"}))
 	cs := fake.NewClientset(namespace("tenant-a", map[string]string{"tenant": "a"}), namespace("bare", nil))
-	w := New(dyn, cs, quiet())
+	w := New(dyn, cs.CoreV1().Namespaces(), quiet())
 	run(t, w, dyn, cs, func() {})
 
 	got := w.Pools()
@@ -149,7 +149,7 @@ func TestOnChange(t *testing.T) {
 	ctx := context.Background()
 	dyn := fakeDyn(pool("p1", 0, []any{"2001:db8:100::/112"}, []any{"pod"}, []any{"tenant-a"}))
 	cs := fake.NewClientset(namespace("tenant-a", map[string]string{"tenant": "a"}))
-	w := New(dyn, cs, quiet())
+	w := New(dyn, cs.CoreV1().Namespaces(), quiet())
 	calls := make(chan struct{}, 100)
 	run(t, w, dyn, cs, func() { calls <- struct{}{} })
 	expect := func(what string) {
@@ -229,7 +229,7 @@ func TestOnChangeCoalesces(t *testing.T) {
 	ctx := context.Background()
 	dyn := fakeDyn()
 	cs := fake.NewClientset()
-	w := New(dyn, cs, quiet())
+	w := New(dyn, cs.CoreV1().Namespaces(), quiet())
 	release := make(chan struct{})
 	var n atomic.Int32
 	run(t, w, dyn, cs, func() {
@@ -254,7 +254,7 @@ func TestOnChangeCoalesces(t *testing.T) {
 
 func TestRunErrors(t *testing.T) {
 	dyn, cs := fakeDyn(), fake.NewClientset()
-	w := New(dyn, cs, quiet())
+	w := New(dyn, cs.CoreV1().Namespaces(), quiet())
 	if err := w.Run(context.Background(), nil); err == nil {
 		t.Fatal("Run without onChange: no error")
 	}
@@ -263,7 +263,7 @@ func TestRunErrors(t *testing.T) {
 		t.Fatal("second Run: no error")
 	}
 	// Never run: never synced; an ended ctx ends Run with nil.
-	idle := New(dyn, cs, quiet())
+	idle := New(dyn, cs.CoreV1().Namespaces(), quiet())
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	if err := idle.WaitSynced(ctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -303,7 +303,7 @@ func TestUpdateClaims(t *testing.T) {
 		pool("c", 2, []any{"2001:db8:c::/112"}, []any{"pod"}, []any{"x"}),
 	)
 	cs := fake.NewClientset()
-	w := New(dyn, cs, quiet())
+	w := New(dyn, cs.CoreV1().Namespaces(), quiet())
 	run(t, w, dyn, cs, func() {})
 
 	// A count for a pool the cache does not know is ignored.
@@ -354,7 +354,7 @@ func TestUpdateClaimsConflict(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dyn := fakeDyn(pool("a", 0, []any{"2001:db8:a::/112"}, []any{"pod"}, []any{"x"}))
 			cs := fake.NewClientset()
-			w := New(dyn, cs, quiet())
+			w := New(dyn, cs.CoreV1().Namespaces(), quiet())
 			run(t, w, dyn, cs, func() {})
 			left := tc.conflicts
 			dyn.PrependReactor("update", GVR.Resource, func(a clienttesting.Action) (bool, runtime.Object, error) {

@@ -26,11 +26,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
 
 // GVR of AddressClaim.
@@ -141,7 +141,6 @@ type Claims struct {
 	dyn      dynamic.Interface
 	node     string
 	log      *slog.Logger
-	factory  dynamicinformer.DynamicSharedInformerFactory
 	informer cache.SharedIndexInformer
 	running  atomic.Bool
 }
@@ -152,9 +151,8 @@ func New(dyn dynamic.Interface, node string, log *slog.Logger) *Claims {
 	if log == nil {
 		log = slog.Default()
 	}
-	f := dynamicinformer.NewDynamicSharedInformerFactory(dyn, 0)
-	inf := f.ForResource(GVR).Informer()
-	// Before Start, so it cannot fail for a started informer.
+	inf := kubeclient.NewDynamicInformer(dyn, GVR, nil)
+	// Before Run, so it cannot fail for a started informer.
 	_ = inf.AddIndexers(cache.Indexers{nodeIndex: func(obj any) ([]string, error) {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok {
@@ -163,7 +161,7 @@ func New(dyn dynamic.Interface, node string, log *slog.Logger) *Claims {
 		n, _, _ := unstructured.NestedString(u.Object, "spec", "node")
 		return []string{n}, nil
 	}})
-	return &Claims{dyn: dyn, node: node, log: log, factory: f, informer: inf}
+	return &Claims{dyn: dyn, node: node, log: log, informer: inf}
 }
 
 // Run runs the informer until ctx ends, then returns nil.
@@ -171,9 +169,7 @@ func (c *Claims) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("address claims: Run called twice")
 	}
-	c.factory.Start(ctx.Done())
-	<-ctx.Done()
-	c.factory.Shutdown()
+	c.informer.RunWithContext(ctx) // returns once its goroutines are done
 	return nil
 }
 

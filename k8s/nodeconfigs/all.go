@@ -8,25 +8,23 @@ import (
 	"slices"
 	"sync/atomic"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
 
 // All watches every node's NodeConfig, for their summaries: a node must
 // not advertise a summary that overlaps another node's.
 type All struct {
-	factory  dynamicinformer.DynamicSharedInformerFactory
 	informer cache.SharedIndexInformer
 	running  atomic.Bool
 }
 
 // NewAll watches every NodeConfig.
 func NewAll(dyn dynamic.Interface) *All {
-	f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, "", func(*metav1.ListOptions) {})
-	return &All{factory: f, informer: f.ForResource(GVR).Informer()}
+	return &All{informer: kubeclient.NewDynamicInformer(dyn, GVR, nil)}
 }
 
 // Run runs the informer until ctx ends; onChange is called when a node's
@@ -53,9 +51,7 @@ func (a *All) Run(ctx context.Context, onChange func()) error {
 	if err != nil {
 		return fmt.Errorf("nodeconfigs: %w", err)
 	}
-	a.factory.Start(ctx.Done())
-	<-ctx.Done()
-	a.factory.Shutdown()
+	a.informer.RunWithContext(ctx) // returns once its goroutines are done
 	_ = a.informer.RemoveEventHandler(reg)
 	return nil
 }

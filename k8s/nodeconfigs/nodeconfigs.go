@@ -16,10 +16,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
 
 // GVR of NodeConfig.
@@ -29,17 +29,16 @@ var GVR = schema.GroupVersionResource{Group: "flock.fritzlab.net", Version: "v1a
 type Watcher struct {
 	dyn      dynamic.Interface
 	node     string
-	factory  dynamicinformer.DynamicSharedInformerFactory
 	informer cache.SharedIndexInformer
 	running  atomic.Bool
 }
 
 // New watches the NodeConfig named node; Run delivers its versions.
 func New(dyn dynamic.Interface, node string) *Watcher {
-	f := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, "", func(o *metav1.ListOptions) {
+	inf := kubeclient.NewDynamicInformer(dyn, GVR, func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", node).String()
 	})
-	return &Watcher{dyn: dyn, node: node, factory: f, informer: f.ForResource(GVR).Informer()}
+	return &Watcher{dyn: dyn, node: node, informer: inf}
 }
 
 // Run runs the informer until ctx ends, calling onChange (from the
@@ -78,9 +77,7 @@ func (w *Watcher) Run(ctx context.Context, onChange func(spec *v1alpha1.NodeConf
 	if err != nil {
 		return fmt.Errorf("nodeconfigs: %w", err)
 	}
-	w.factory.Start(ctx.Done())
-	<-ctx.Done()
-	w.factory.Shutdown()
+	w.informer.RunWithContext(ctx) // returns once its goroutines are done
 	_ = w.informer.RemoveEventHandler(reg)
 	return nil
 }

@@ -15,14 +15,21 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/k8s/identity"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
+
+// Client is the pod API of one namespace ("" for all of them, to list and
+// watch): kubeclient's and client-go's typed clients both fit.
+type Client interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.Pod, error)
+}
 
 // Events receives what the informer sees, from the informer's goroutine.
 type Events interface {
@@ -39,24 +46,22 @@ const DefaultWait = 3 * time.Second
 // Source implements podmeta.Source from the API. Use: New, go Run,
 // WaitSynced, then Lookup.
 type Source struct {
-	client   kubernetes.Interface
-	factory  informers.SharedInformerFactory
+	client   func(namespace string) Client
 	informer cache.SharedIndexInformer
-	lister   listers.PodLister
 	running  atomic.Bool
 	// Wait bounds the ADD-time wait for a pod the cache does not have yet.
 	// Set it before the first Lookup.
 	Wait time.Duration
 }
 
-// New builds the informer for node's pods; Run runs it. events (may be nil)
-// is wired here, before any informer goroutine exists.
-func New(client kubernetes.Interface, node string, events Events) *Source {
-	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+// New builds the informer for node's pods; Run runs it. client returns the
+// pod API of a namespace. events (may be nil) is wired here, before any
+// informer goroutine exists.
+func New(client func(namespace string) Client, node string, events Events) *Source {
+	inf := kubeclient.NewInformer(client(metav1.NamespaceAll), &corev1.Pod{}, func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
-	}))
-	inf := f.Core().V1().Pods()
-	s := &Source{client: client, factory: f, informer: inf.Informer(), lister: inf.Lister(), Wait: DefaultWait}
+	})
+	s := &Source{client: client, informer: inf, Wait: DefaultWait}
 	if events == nil {
 		return s
 	}
@@ -90,9 +95,7 @@ func (s *Source) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("pods: Run called twice")
 	}
-	s.factory.Start(ctx.Done())
-	<-ctx.Done()
-	s.factory.Shutdown()
+	s.informer.RunWithContext(ctx) // returns once its goroutines are done
 	return nil
 }
 
@@ -155,8 +158,7 @@ func (s *Source) Lookup(ctx context.Context, args podmeta.Args) (podmeta.Pod, er
 func (s *Source) get(ctx context.Context, id podmeta.ID) (*corev1.Pod, error) {
 	deadline := time.Now().Add(s.Wait)
 	for {
-		p, err := s.lister.Pods(id.Namespace).Get(id.Name)
-		if err == nil && Is(p, id.UID) {
+		if p, ok := s.cached(id); ok && Is(p, id.UID) {
 			return p, nil
 		}
 		if time.Now().After(deadline) {
@@ -168,7 +170,7 @@ func (s *Source) get(ctx context.Context, id podmeta.ID) (*corev1.Pod, error) {
 		case <-time.After(25 * time.Millisecond):
 		}
 	}
-	p, err := s.client.CoreV1().Pods(id.Namespace).Get(ctx, id.Name, metav1.GetOptions{})
+	p, err := s.client(id.Namespace).Get(ctx, id.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("%w: %s is not in the API", ErrNotFound, id)
@@ -184,13 +186,24 @@ func (s *Source) get(ctx context.Context, id podmeta.ID) (*corev1.Pod, error) {
 	return p, nil
 }
 
+// cached returns the cache's pod namespace/name (shared with the cache:
+// do not modify).
+func (s *Source) cached(id podmeta.ID) (*corev1.Pod, bool) {
+	obj, ok, err := s.informer.GetIndexer().GetByKey(id.Namespace + "/" + id.Name)
+	if err != nil || !ok {
+		return nil, false
+	}
+	p, ok := obj.(*corev1.Pod)
+	return p, ok
+}
+
 // Exists asks the API (not the cache) whether the pod still exists; with a
 // UID, only that incarnation counts. A mirror pod under the same name
 // counts as existing whatever its UID: deleting a mirror pod makes kubelet
 // re-create it with a new UID while the static pod keeps running, and
 // kubelet itself sends DEL when the static pod goes.
 func (s *Source) Exists(ctx context.Context, id podmeta.ID) (bool, error) {
-	p, err := s.client.CoreV1().Pods(id.Namespace).Get(ctx, id.Name, metav1.GetOptions{})
+	p, err := s.client(id.Namespace).Get(ctx, id.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}

@@ -41,6 +41,11 @@ func (r *recorder) get(k string) (bool, bool) {
 	return v, ok
 }
 
+// podsOf is the typed fake's pod API in the shape New takes.
+func podsOf(cs *fake.Clientset) func(string) Client {
+	return func(ns string) Client { return cs.CoreV1().Pods(ns) }
+}
+
 func pod(name, node string, ready bool) *corev1.Pod {
 	st := corev1.ConditionFalse
 	if ready {
@@ -94,7 +99,7 @@ func run(t *testing.T, s *Source) context.Context {
 func TestLookupReadinessAndDeletion(t *testing.T) {
 	cs := fake.NewClientset(pod("web-abc12-x", "vm", false))
 	rec := &recorder{ready: map[string]bool{}}
-	s := New(cs, "vm", rec)
+	s := New(podsOf(cs), "vm", rec)
 	s.Wait = 300 * time.Millisecond
 	ctx := run(t, s)
 	args := podmeta.Args{podmeta.ArgNamespace: "shop", podmeta.ArgName: "web-abc12-x", podmeta.ArgUID: "uid-web-abc12-x"}
@@ -188,7 +193,7 @@ func TestLookupStaticPodByMirrorAnnotation(t *testing.T) {
 	t.Run("cache", func(t *testing.T) {
 		cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
 		rec := &recorder{ready: map[string]bool{}}
-		s := New(cs, "vm", rec)
+		s := New(podsOf(cs), "vm", rec)
 		s.Wait = 0 // one look at the cache, then the API
 		ctx := run(t, s)
 		before := podGets(cs)
@@ -201,7 +206,7 @@ func TestLookupStaticPodByMirrorAnnotation(t *testing.T) {
 
 	t.Run("API fallback", func(t *testing.T) {
 		cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
-		s := New(cs, "vm", nil) // never run: the cache stays empty
+		s := New(podsOf(cs), "vm", nil) // never run: the cache stays empty
 		s.Wait = 0
 		p, err := s.Lookup(context.Background(), args)
 		check(t, p, err)
@@ -212,7 +217,7 @@ func TestLookupStaticPodByMirrorAnnotation(t *testing.T) {
 
 	t.Run("other static pod", func(t *testing.T) {
 		cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
-		s := New(cs, "vm", nil)
+		s := New(podsOf(cs), "vm", nil)
 		s.Wait = 0
 		bad := podmeta.Args{podmeta.ArgNamespace: "shop", podmeta.ArgName: "etcd-vm", podmeta.ArgUID: "older-static-uid"}
 		_, err := s.Lookup(context.Background(), bad)
@@ -226,7 +231,7 @@ func TestLookupStaticPodByMirrorAnnotation(t *testing.T) {
 // static pod keeps running: the leak GC must not release its allocation.
 func TestExistsMirrorRecreated(t *testing.T) {
 	cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
-	s := New(cs, "vm", nil)
+	s := New(podsOf(cs), "vm", nil)
 	ctx := context.Background()
 	for _, uid := range []string{"mirror-uid", "static-uid", "an-earlier-mirror-uid"} {
 		if ok, err := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "etcd-vm", UID: uid}); !ok || err != nil {
@@ -239,7 +244,7 @@ func TestExistsMirrorRecreated(t *testing.T) {
 }
 
 func TestRunTwice(t *testing.T) {
-	s := New(fake.NewClientset(), "vm", nil)
+	s := New(podsOf(fake.NewClientset()), "vm", nil)
 	run(t, s)
 	if err := s.Run(context.Background()); err == nil {
 		t.Error("second Run: want an error")

@@ -12,16 +12,23 @@ import (
 	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/bgp"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
+
+// Client is the Secret API of one namespace: kubeclient's and client-go's
+// typed clients both fit.
+type Client interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*corev1.SecretList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
+}
 
 // DefaultName of the password Secret.
 const DefaultName = "flock-bgp-passwords"
@@ -30,25 +37,19 @@ const DefaultName = "flock-bgp-passwords"
 // passwords and re-read them whenever Changed fires.
 type Passwords struct {
 	namespace, name string
-	factory         informers.SharedInformerFactory
 	informer        cache.SharedIndexInformer
-	lister          listers.SecretLister
 	changed         chan struct{}
 	running         atomic.Bool
 }
 
-// New watches namespace/name. The event handler is registered here, before
-// any goroutine runs, so nothing is assigned once the informer is live.
-func New(client kubernetes.Interface, namespace, name string) *Passwords {
-	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
-		}))
-	inf := f.Core().V1().Secrets()
-	p := &Passwords{
-		namespace: namespace, name: name, factory: f, informer: inf.Informer(), lister: inf.Lister(),
-		changed: make(chan struct{}, 1),
-	}
+// New watches namespace/name through client, the Secret API of namespace.
+// The event handler is registered here, before any goroutine runs, so
+// nothing is assigned once the informer is live.
+func New(client Client, namespace, name string) *Passwords {
+	inf := kubeclient.NewInformer(client, &corev1.Secret{}, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+	})
+	p := &Passwords{namespace: namespace, name: name, informer: inf, changed: make(chan struct{}, 1)}
 	_, _ = p.informer.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
 		// The initial list is what the first read after WaitSynced sees:
 		// only what happens after it is a change.
@@ -89,9 +90,7 @@ func (p *Passwords) Run(ctx context.Context) error {
 	if !p.running.CompareAndSwap(false, true) {
 		return errors.New("secrets: Run called twice")
 	}
-	p.factory.Start(ctx.Done())
-	<-ctx.Done()
-	p.factory.Shutdown()
+	p.informer.RunWithContext(ctx) // returns once its goroutines are done
 	return nil
 }
 
@@ -111,7 +110,7 @@ func (p *Passwords) Password(peer v1alpha1.Peer) (string, error) {
 		return "", nil
 	}
 	where := fmt.Sprintf("peer %s: passwordSecretKey %q in Secret %s/%s", peerName(peer), peer.PasswordSecretKey, p.namespace, p.name)
-	s, err := p.lister.Secrets(p.namespace).Get(p.name)
+	s, err := p.secret()
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", where, err)
 	}
@@ -124,6 +123,20 @@ func (p *Passwords) Password(peer v1alpha1.Peer) (string, error) {
 		return "", fmt.Errorf("%s: %w", where, err)
 	}
 	return pw, nil
+}
+
+// secret returns the cached Secret (shared with the cache: do not modify),
+// or a NotFound error as the API would.
+func (p *Passwords) secret() (*corev1.Secret, error) {
+	obj, ok, err := p.informer.GetIndexer().GetByKey(p.namespace + "/" + p.name)
+	if err != nil {
+		return nil, err
+	}
+	s, isSecret := obj.(*corev1.Secret)
+	if !ok || !isSecret {
+		return nil, apierrors.NewNotFound(corev1.Resource("secret"), p.name)
+	}
+	return s, nil
 }
 
 // peerName names the peer as bgp.Key does (kept local: the error text

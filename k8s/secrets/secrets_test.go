@@ -75,7 +75,7 @@ func signalled(p *Passwords, within time.Duration) bool {
 // Changed() is kept.
 func TestRotationBeforeFirstReadIsSignalled(t *testing.T) {
 	cs := fake.NewClientset(secret(map[string]string{"tor1": "s3cret"}))
-	p := New(cs, ns, DefaultName)
+	p := New(cs.CoreV1().Secrets(ns), ns, DefaultName)
 	ctx := start(t, p)
 	tor1 := v1alpha1.Peer{Address: "fd00::2", PasswordSecretKey: "tor1"}
 	if pw, err := p.Password(tor1); err != nil || pw != "s3cret" {
@@ -127,7 +127,7 @@ func TestRotationBeforeFirstReadIsSignalled(t *testing.T) {
 // A Secret created after the agent started is a change.
 func TestSecretCreatedLaterIsSignalled(t *testing.T) {
 	cs := fake.NewClientset()
-	p := New(cs, ns, DefaultName)
+	p := New(cs.CoreV1().Secrets(ns), ns, DefaultName)
 	ctx := start(t, p)
 	tor1 := v1alpha1.Peer{Address: "fd00::2", PasswordSecretKey: "tor1"}
 	if _, err := p.Password(tor1); err == nil {
@@ -154,7 +154,7 @@ func TestPasswordNormalisedAndValidated(t *testing.T) {
 		"empty": "",
 		"nl":    "\n",
 	}))
-	p := New(cs, ns, DefaultName)
+	p := New(cs.CoreV1().Secrets(ns), ns, DefaultName)
 	start(t, p)
 	for _, tc := range []struct {
 		peer    v1alpha1.Peer
@@ -196,7 +196,7 @@ func TestPasswordNormalisedAndValidated(t *testing.T) {
 }
 
 func TestRunTwice(t *testing.T) {
-	p := New(fake.NewClientset(), ns, DefaultName)
+	p := New(fake.NewClientset().CoreV1().Secrets(ns), ns, DefaultName)
 	start(t, p)
 	if err := p.Run(context.Background()); err == nil {
 		t.Error("second Run: want an error")
