@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -92,6 +93,24 @@ type Netlink struct {
 	Log *slog.Logger
 	// ProcSys is the sysctl tree, "/proc/sys" unless a test says otherwise.
 	ProcSys string
+
+	once sync.Once
+	h    *netlink.Handle
+}
+
+// host is a netlink handle of the agent's namespace that keeps its socket:
+// the package-level calls open and close one per request, which every ADD
+// pays a dozen times over.
+func (d *Netlink) host() *netlink.Handle {
+	d.once.Do(func() {
+		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err != nil {
+			d.log().Warn("netlink: no persistent handle; a socket per request", "err", err)
+			h = &netlink.Handle{} // what the package-level calls use
+		}
+		d.h = h
+	})
+	return d.h
 }
 
 func (d *Netlink) log() *slog.Logger {
@@ -158,13 +177,15 @@ func addrFlags(ip netip.Addr) int {
 }
 
 // Setup creates the veth pair and programs both ends. A leftover host veth
-// of the same name (a crashed earlier attempt) is removed first. On error the
+// of the same name (a crashed earlier attempt) is removed and the pair
+// created again; an interface of the pod's name in its netns is an error. On error the
 // caller tears down; Setup does not clean up after itself.
 func (d *Netlink) Setup(p Pod) (Link, error) {
 	hostName := p.HostVeth
 	if !strings.HasPrefix(hostName, VethPrefix) || len(hostName) > 15 {
 		return Link{}, fmt.Errorf("host veth name %q: want %s plus at most %d characters", hostName, VethPrefix, 15-len(VethPrefix))
 	}
+	h := d.host()
 	nsh, ph, err := openNetns(p.Netns)
 	if err != nil {
 		return Link{}, err
@@ -172,27 +193,35 @@ func (d *Netlink) Setup(p Pod) (Link, error) {
 	defer nsh.Close()
 	defer ph.Delete()
 
-	if _, err := ph.LinkByName(p.IfName); err == nil {
-		return Link{}, fmt.Errorf("interface %q already exists in netns %s", p.IfName, p.Netns)
-	}
-	if err := d.deleteHostVeth(hostName); err != nil {
-		return Link{}, err
-	}
 	veth := &netlink.Veth{
 		LinkAttrs:     netlink.LinkAttrs{Name: hostName},
 		PeerName:      p.IfName,
 		PeerNamespace: netlink.NsFd(int(nsh)),
 	}
-	if err := netlink.LinkAdd(veth); err != nil {
+	// Create first and look only when that fails: every netlink call
+	// takes the kernel's rtnl lock, which all concurrent ADDs share.
+	if err := h.LinkAdd(veth); errors.Is(err, unix.EEXIST) {
+		if _, err := ph.LinkByName(p.IfName); err == nil {
+			return Link{}, fmt.Errorf("interface %q already exists in netns %s", p.IfName, p.Netns)
+		}
+		// A leftover host veth of this name (a crashed earlier attempt).
+		if err := d.deleteHostVeth(hostName); err != nil {
+			return Link{}, err
+		}
+		err = h.LinkAdd(veth)
+		if err != nil {
+			return Link{}, fmt.Errorf("create veth %s/%s: %w", hostName, p.IfName, err)
+		}
+	} else if err != nil {
 		return Link{}, fmt.Errorf("create veth %s/%s: %w", hostName, p.IfName, err)
 	}
-	host, err := netlink.LinkByName(hostName)
+	host, err := h.LinkByName(hostName)
 	if err != nil {
 		return Link{}, fmt.Errorf("veth %s: %w", hostName, err)
 	}
 	// No kernel link-local on either end: the host end has exactly fe80::1,
 	// the pod end only its /128.
-	if err := netlink.LinkSetIP6AddrGenMode(host, 1); err != nil {
+	if err := h.LinkSetIP6AddrGenMode(host, 1); err != nil {
 		return Link{}, fmt.Errorf("veth %s: addr_gen_mode: %w", hostName, err)
 	}
 	if err := d.sysctl("net.ipv4.conf."+hostName+".proxy_arp", "1"); err != nil {
@@ -203,10 +232,10 @@ func (d *Netlink) Setup(p Pod) (Link, error) {
 		return Link{}, err
 	}
 	gw6 := &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(GatewayV6, 64)), Flags: unix.IFA_F_NODAD}
-	if err := netlink.AddrReplace(host, gw6); err != nil {
+	if err := h.AddrReplace(host, gw6); err != nil {
 		return Link{}, fmt.Errorf("veth %s: add %s/64: %w", hostName, GatewayV6, err)
 	}
-	if err := netlink.LinkSetUp(host); err != nil {
+	if err := h.LinkSetUp(host); err != nil {
 		return Link{}, fmt.Errorf("veth %s: up: %w", hostName, err)
 	}
 	link := Link{HostVeth: hostName, HostMAC: host.Attrs().HardwareAddr}
@@ -225,12 +254,12 @@ func (d *Netlink) Setup(p Pod) (Link, error) {
 		if ip.Is4() {
 			r.Scope = netlink.SCOPE_LINK
 		}
-		if err := netlink.RouteReplace(r); err != nil {
+		if err := h.RouteReplace(r); err != nil {
 			return Link{}, fmt.Errorf("host route %s dev %s: %w", hostPrefix(ip), hostName, err)
 		}
 		// Pinning the pod's MAC saves the first packet a neighbour lookup.
 		n := &netlink.Neigh{LinkIndex: host.Attrs().Index, Family: family(ip), State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: link.PodMAC}
-		if err := netlink.NeighSet(n); err != nil {
+		if err := h.NeighSet(n); err != nil {
 			return Link{}, fmt.Errorf("neighbour %s on %s: %w", ip, hostName, err)
 		}
 	}
@@ -295,20 +324,23 @@ func zero(ip netip.Addr) netip.Addr {
 }
 
 func (d *Netlink) deleteHostVeth(name string) error {
-	return onHostVeth(name, "delete", netlink.LinkDel)
+	// Not through d.host(): unregistering waits an RCU grace period
+	// (~20 ms), which must not hold the shared socket the ADDs use.
+	h := &netlink.Handle{}
+	return onHostVeth(h, name, "delete", h.LinkDel)
 }
 
 // Retire takes a pod's host veth down: the kernel drops the routes through
 // it and nothing passes, at the cost of a link change rather than the RCU
 // grace period that unregistering it takes (Teardown). Missing is fine.
 func (d *Netlink) Retire(hostVeth string) error {
-	return onHostVeth(hostVeth, "take down", netlink.LinkSetDown)
+	return onHostVeth(d.host(), hostVeth, "take down", d.host().LinkSetDown)
 }
 
 // onHostVeth applies op to the veth called name; a missing link is fine,
 // a link of that name that is not a veth is refused.
-func onHostVeth(name, what string, op func(netlink.Link) error) error {
-	l, err := netlink.LinkByName(name)
+func onHostVeth(h *netlink.Handle, name, what string, op func(netlink.Link) error) error {
+	l, err := h.LinkByName(name)
 	if err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {

@@ -48,7 +48,7 @@ func inNewNetns(t *testing.T, f func(podNS string)) {
 // A retired veth is down and routes nothing, but is still there (the
 // kernel's slow part, unregistering it, is Teardown's); missing is fine,
 // and a link of a flock name that is not a veth is refused, named.
-func TestRetireThenTeardown(t *testing.T) {
+func TestSetupRetireTeardown(t *testing.T) {
 	inNewNetns(t, func(podNS string) {
 		d := &Netlink{}
 		p := Pod{ContainerID: "c1", HostVeth: HostVethName("c1"), Netns: podNS, IfName: "eth0",
@@ -90,6 +90,27 @@ func TestRetireThenTeardown(t *testing.T) {
 					t.Errorf("route %s still through the retired veth", r.Dst)
 				}
 			}
+		}
+		if err := d.Teardown(p.HostVeth); err != nil {
+			t.Error(err)
+		}
+		// A leftover host veth of the name (a crashed ADD) is replaced;
+		// an interface of the pod's name in its netns is refused.
+		stale := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: p.HostVeth}, PeerName: "stale0"}
+		if err := netlink.LinkAdd(stale); err != nil {
+			t.Error(err)
+			return
+		}
+		if _, err := d.Setup(p); err != nil {
+			t.Errorf("Setup over a leftover host veth: %v", err)
+		}
+		if _, err := netlink.LinkByName("stale0"); err == nil {
+			t.Error("the leftover veth's peer is still there")
+		}
+		p2 := p
+		p2.HostVeth = HostVethName("c3")
+		if _, err := d.Setup(p2); err == nil || !strings.Contains(err.Error(), `interface "eth0" already exists`) {
+			t.Errorf("Setup into a netns that has eth0: %v", err)
 		}
 		if err := d.Teardown(p.HostVeth); err != nil {
 			t.Error(err)

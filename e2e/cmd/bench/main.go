@@ -163,6 +163,17 @@ func run(ctx context.Context, o options) error {
 		}
 		results[c.p.name] = r
 	}
+	if o.profiles != "" {
+		// What the agent spends its CPU on while ADDs come 8 at a time.
+		wait := cpuProfile(nl.n.Agent.AdminSocket, o.profiles, "cpu-tput", 3*time.Second)
+		for start := time.Now(); time.Since(start) < 3*time.Second; {
+			if _, _, err := nl.flock().throughput(ctx, pool, "pf", o.tputN); err != nil {
+				logf("profile run: %v", err)
+				break
+			}
+		}
+		wait()
+	}
 	fd, f4, p4, p6 := results["flock dual-stack"], results["flock IPv4-only"], results["ptp IPv4-only"], results["ptp dual-stack"]
 	const sec = "CNI through libcni (exec of the plugin), real namespaces, sequential unless noted"
 	cniFig := func(name string, v, b float64, bn, unit string, ratio, maxi bool, limit float64, err error) {
