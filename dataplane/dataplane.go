@@ -543,10 +543,6 @@ func watchLinks(ctx context.Context, ch <-chan netlink.LinkUpdate, gone func(str
 // HostRoutes returns the flock routes that have a gateway (the anycast and
 // `addresses` host routes) with their next hops, as the kernel holds them.
 func (d *Netlink) HostRoutes() (map[netip.Prefix][]Nexthop, error) {
-	routes, err := d.flockRoutes()
-	if err != nil {
-		return nil, err
-	}
 	// Names of just the links the routes use, one ioctl each: a link dump
 	// of a node with 1,000 pods costs more than the routes themselves.
 	names := map[int]string{}
@@ -565,19 +561,27 @@ func (d *Netlink) HostRoutes() (map[netip.Prefix][]Nexthop, error) {
 		return Nexthop{Gateway: a.Unmap(), Dev: dev}
 	}
 	out := map[netip.Prefix][]Nexthop{}
-	for _, r := range routes {
-		if r.Type != unix.RTN_UNICAST || (r.Gw == nil && len(r.MultiPath) == 0) {
-			continue
-		}
-		p, ok := prefixOf(r.Dst)
-		if !ok {
-			continue
-		}
-		if r.Gw != nil {
-			out[p] = append(out[p], hop(r.LinkIndex, r.Gw))
-		}
-		for _, m := range r.MultiPath {
-			out[p] = append(out[p], hop(m.LinkIndex, m.Gw))
+	// Streamed: the full repair reads 10,000 routes on a loaded node, and
+	// a slice of netlink.Route is most of what that would allocate.
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		err := netlink.RouteListFilteredIter(fam, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL, func(r netlink.Route) bool {
+			if r.Type != unix.RTN_UNICAST || (r.Gw == nil && len(r.MultiPath) == 0) {
+				return true
+			}
+			p, ok := prefixOf(r.Dst)
+			if !ok {
+				return true
+			}
+			if r.Gw != nil {
+				out[p] = append(out[p], hop(r.LinkIndex, r.Gw))
+			}
+			for _, m := range r.MultiPath {
+				out[p] = append(out[p], hop(m.LinkIndex, m.Gw))
+			}
+			return true
+		})
+		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return nil, fmt.Errorf("list routes: %w", err)
 		}
 	}
 	return out, nil

@@ -1,5 +1,6 @@
 // Command gobgp-baseline is the memory baseline of `make bench`: an
-// embedded GoBGP and nothing else, peered with the ToR the way the agent
+// embedded GoBGP and nothing else, set up as the agent sets it up (RIBs
+// for IPv4 and IPv6 unicast only), peered with the ToR the way the agent
 // is, originating as many paths as it is told to ("add N <base address>"
 // on stdin; it answers "ok"). Built like the agent (-trimpath -s -w).
 package main
@@ -41,7 +42,7 @@ func run(local, peer string, asn, peerASN uint32) error {
 	srv := server.NewBgpServer(server.LoggerOption(log, lv))
 	go srv.Serve()
 	ctx := context.Background()
-	if err := srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: asn, RouterId: "10.255.0.99", ListenPort: -1}}); err != nil {
+	if err := srv.StartBgp(ctx, &api.StartBgpRequest{Global: &api.Global{Asn: asn, RouterId: "10.255.0.99", ListenPort: -1, Families: []uint32{0, 1}}}); err != nil {
 		return err
 	}
 	fam := func(a api.Family_Afi) *api.AfiSafi {
