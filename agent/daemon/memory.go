@@ -16,12 +16,12 @@ import (
 // slowly. Both cost resident memory and buy little here.
 const (
 	// gcPercent is GOGC unless the environment sets it: the heap may grow
-	// by half of what is live before a collection.
-	gcPercent = 50
+	// by a quarter of what is live before a collection.
+	gcPercent = 25
 	// trimEvery is how often memory is looked at, and trimAbove how much
 	// garbage or freed heap is worth a forced collection and handing the
 	// pages back (a few ms of CPU on a loaded node).
-	trimEvery = 10 * time.Second
+	trimEvery = 5 * time.Second
 	trimAbove = 8 << 20
 )
 

@@ -14,17 +14,15 @@ import (
 // The reconcilers read the desired sets on every change: computed from
 // scratch that is O(node) per ADD — with 1,000 pods and 10,000 routes, tens
 // of milliseconds on each reconciler, every time. So the state keeps both
-// sets: every host prefix an attachment names (pod IP, anycast, `addresses`)
-// is indexed to the attachments naming it, a change marks the prefixes of
+// sets: a change marks the host prefixes (pod IPs, anycast, `addresses`) of
 // the attachments it touches, and a read recomputes just those, from the
-// attachments that name them. AdvertRoutes and HostRoutes (desired.go)
+// attachments that hold them — found through the indexes the state keeps
+// anyway (IPAM's owners, the claims). AdvertRoutes and HostRoutes (desired.go)
 // still compute from scratch — for the operator's views, and as the oracle
 // the tests hold this to.
 
 // desiredSets is the incremental form of the two desired sets.
 type desiredSets struct {
-	// byPrefix: the attachments whose record names the host prefix.
-	byPrefix map[netip.Prefix][]string
 	adverts  map[netip.Prefix]advert.Kind         // the BGP set
 	kernel   map[netip.Prefix][]dataplane.Nexthop // the kernel set
 	// dirty prefixes to recompute before a read; summaries: all of them
@@ -33,7 +31,7 @@ type desiredSets struct {
 }
 
 func newDesiredSets() desiredSets {
-	return desiredSets{byPrefix: map[netip.Prefix][]string{}, adverts: map[netip.Prefix]advert.Kind{},
+	return desiredSets{adverts: map[netip.Prefix]advert.Kind{},
 		kernel: map[netip.Prefix][]dataplane.Nexthop{}, dirty: map[netip.Prefix]struct{}{}, summaries: true}
 }
 
@@ -46,30 +44,31 @@ func eachHostPrefix(r *store.Allocation, f func(netip.Prefix)) {
 	}
 }
 
-// indexLocked adds (or, with remove, drops) an attachment in byPrefix and
-// marks its prefixes.
-func (s *State) indexLocked(r *store.Allocation, remove bool) {
-	d := &s.des
-	eachHostPrefix(r, func(p netip.Prefix) {
-		d.dirty[p] = struct{}{}
-		ids := d.byPrefix[p]
-		if remove {
-			ids = slices.DeleteFunc(ids, func(id string) bool { return id == r.ContainerID })
-		} else if !slices.Contains(ids, r.ContainerID) {
-			ids = append(ids, r.ContainerID)
+// markLocked marks the prefixes of a record.
+func (s *State) markLocked(r *store.Allocation) {
+	eachHostPrefix(r, func(p netip.Prefix) { s.des.dirty[p] = struct{}{} })
+}
+
+// holdersLocked calls f for each attachment that holds ip: as its pod
+// address (IPAM, or restored outside the pools) or as an anycast or
+// `addresses` claim.
+func (s *State) holdersLocked(ip netip.Addr, f func(id string)) {
+	if o, ok := s.ipam.Owner(ip); ok {
+		f(o)
+	} else if o, ok := s.outside[ip]; ok {
+		f(o)
+	}
+	if c := s.claims[ip]; c != nil {
+		for _, o := range c.owners {
+			f(o)
 		}
-		if len(ids) == 0 {
-			delete(d.byPrefix, p)
-		} else {
-			d.byPrefix[p] = ids
-		}
-	})
+	}
 }
 
 // touchLocked marks the prefixes of an attachment (its phase changed).
 func (s *State) touchLocked(id string) {
 	if e := s.entries[id]; e != nil {
-		eachHostPrefix(&e.rec, func(p netip.Prefix) { s.des.dirty[p] = struct{}{} })
+		s.markLocked(&e.rec)
 	}
 }
 
@@ -103,10 +102,15 @@ func (s *State) flushLocked() {
 			}
 		}
 		nhs = nhs[:0]
-		for _, id := range d.byPrefix[p] {
+		seen := ""
+		s.holdersLocked(p.Addr(), func(id string) {
+			if id == seen { // its pod address and a claim: once is enough
+				return
+			}
+			seen = id
 			e := s.entries[id]
 			if e == nil || e.phase != Committed {
-				continue
+				return
 			}
 			r := &e.rec
 			for _, ip := range r.IPs {
@@ -115,7 +119,7 @@ func (s *State) flushLocked() {
 				}
 			}
 			if !s.readyLocked(r.Pod) {
-				continue
+				return
 			}
 			for _, set := range []struct {
 				kind advert.Kind
@@ -131,7 +135,7 @@ func (s *State) flushLocked() {
 					}
 				}
 			}
-		}
+		})
 		if kind == "" {
 			delete(d.adverts, p)
 		} else {

@@ -327,7 +327,7 @@ func (c *claim) other(id string) string {
 func (s *State) insertLocked(rec store.Allocation, phase Phase) {
 	id := rec.ContainerID
 	s.entries[id] = &entry{rec: rec, phase: phase}
-	s.indexLocked(&rec, false)
+	s.markLocked(&rec)
 	if _, taken := s.veths[rec.HostVeth]; !taken && rec.HostVeth != "" {
 		s.veths[rec.HostVeth] = id
 	}
@@ -421,7 +421,7 @@ func (s *State) Quarantine(rec store.Allocation, reason string) {
 	// collision may be with them.
 	e := &entry{rec: rec, phase: Stuck, reason: reason}
 	s.entries[id] = e
-	s.indexLocked(&rec, false)
+	s.markLocked(&rec)
 	if _, taken := s.veths[rec.HostVeth]; !taken && rec.HostVeth != "" {
 		s.veths[rec.HostVeth] = id
 	}
@@ -467,9 +467,9 @@ func (s *State) Commit(rec store.Allocation) (uint64, error) {
 		return 0, fmt.Errorf("commit %s: it is %s, not pending", rec.ContainerID, e.phase)
 	}
 	rec.State = store.Committed
-	s.indexLocked(&e.rec, true)
+	s.markLocked(&e.rec)
 	e.rec, e.phase = rec, Committed
-	s.indexLocked(&e.rec, false)
+	s.markLocked(&e.rec)
 	return s.changedLocked(), nil
 }
 
@@ -508,7 +508,7 @@ func (s *State) Release(id string) {
 	}
 	rec := e.rec
 	delete(s.entries, id)
-	s.indexLocked(&rec, true)
+	s.markLocked(&rec)
 	for _, ip := range rec.IPs {
 		s.ipam.Release(ip, id)
 		if s.outside[ip] == id {
