@@ -219,34 +219,52 @@ func (d *Netlink) Setup(p Pod) (Link, error) {
 	if err != nil {
 		return Link{}, fmt.Errorf("veth %s: %w", hostName, err)
 	}
-	// No kernel link-local on either end: the host end has exactly fe80::1,
-	// the pod end only its /128.
-	if err := h.LinkSetIP6AddrGenMode(host, 1); err != nil {
-		return Link{}, fmt.Errorf("veth %s: addr_gen_mode: %w", hostName, err)
-	}
-	if err := d.sysctl("net.ipv4.conf."+hostName+".proxy_arp", "1"); err != nil {
-		return Link{}, err
-	}
-	// The default proxy_delay holds the first ARP answer back up to 0.8 s.
-	if err := d.sysctl("net.ipv4.neigh."+hostName+".proxy_delay", "0"); err != nil {
-		return Link{}, err
-	}
-	gw6 := &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(GatewayV6, 64)), Flags: unix.IFA_F_NODAD}
-	if err := h.AddrReplace(host, gw6); err != nil {
-		return Link{}, fmt.Errorf("veth %s: add %s/64: %w", hostName, GatewayV6, err)
-	}
-	if err := h.LinkSetUp(host); err != nil {
-		return Link{}, fmt.Errorf("veth %s: up: %w", hostName, err)
-	}
-	link := Link{HostVeth: hostName, HostMAC: host.Attrs().HardwareAddr}
-
 	pod, err := ph.LinkByName(p.IfName)
 	if err != nil {
 		return Link{}, fmt.Errorf("netns %s: %s: %w", p.Netns, p.IfName, err)
 	}
-	link.PodMAC = pod.Attrs().HardwareAddr
-	if err := d.setupPodSide(ph, pod, p, link.HostMAC); err != nil {
-		return Link{}, fmt.Errorf("netns %s: %w", p.Netns, err)
+	link := Link{HostVeth: hostName, HostMAC: host.Attrs().HardwareAddr, PodMAC: pod.Attrs().HardwareAddr}
+	// The two ends are independent from here: program the pod's while the
+	// host's is done (each request is a round trip to the kernel).
+	podErr := make(chan error, 1)
+	go func() {
+		if err := d.setupPodSide(ph, pod, p, link.HostMAC); err != nil {
+			podErr <- fmt.Errorf("netns %s: %w", p.Netns, err)
+		}
+		close(podErr)
+	}()
+	if err := d.setupHostSide(h, host, p, link.PodMAC); err != nil {
+		<-podErr
+		return Link{}, err
+	}
+	if err := <-podErr; err != nil {
+		return Link{}, err
+	}
+	return link, nil
+}
+
+// setupHostSide programs the host end: no kernel link-local, fe80::1,
+// proxy ARP, up, and a host route and pinned neighbour per pod IP.
+func (d *Netlink) setupHostSide(h *netlink.Handle, host netlink.Link, p Pod, podMAC net.HardwareAddr) error {
+	hostName := p.HostVeth
+	// No kernel link-local on either end: the host end has exactly fe80::1,
+	// the pod end only its /128.
+	if err := h.LinkSetIP6AddrGenMode(host, 1); err != nil {
+		return fmt.Errorf("veth %s: addr_gen_mode: %w", hostName, err)
+	}
+	if err := d.sysctl("net.ipv4.conf."+hostName+".proxy_arp", "1"); err != nil {
+		return err
+	}
+	// The default proxy_delay holds the first ARP answer back up to 0.8 s.
+	if err := d.sysctl("net.ipv4.neigh."+hostName+".proxy_delay", "0"); err != nil {
+		return err
+	}
+	gw6 := &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(GatewayV6, 64)), Flags: unix.IFA_F_NODAD}
+	if err := h.AddrReplace(host, gw6); err != nil {
+		return fmt.Errorf("veth %s: add %s/64: %w", hostName, GatewayV6, err)
+	}
+	if err := h.LinkSetUp(host); err != nil {
+		return fmt.Errorf("veth %s: up: %w", hostName, err)
 	}
 
 	for _, ip := range p.IPs {
@@ -255,15 +273,15 @@ func (d *Netlink) Setup(p Pod) (Link, error) {
 			r.Scope = netlink.SCOPE_LINK
 		}
 		if err := h.RouteReplace(r); err != nil {
-			return Link{}, fmt.Errorf("host route %s dev %s: %w", hostPrefix(ip), hostName, err)
+			return fmt.Errorf("host route %s dev %s: %w", hostPrefix(ip), hostName, err)
 		}
 		// Pinning the pod's MAC saves the first packet a neighbour lookup.
-		n := &netlink.Neigh{LinkIndex: host.Attrs().Index, Family: family(ip), State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: link.PodMAC}
+		n := &netlink.Neigh{LinkIndex: host.Attrs().Index, Family: family(ip), State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: podMAC}
 		if err := h.NeighSet(n); err != nil {
-			return Link{}, fmt.Errorf("neighbour %s on %s: %w", ip, hostName, err)
+			return fmt.Errorf("neighbour %s on %s: %w", ip, hostName, err)
 		}
 	}
-	return link, nil
+	return nil
 }
 
 func (d *Netlink) setupPodSide(h *netlink.Handle, pod netlink.Link, p Pod, hostMAC net.HardwareAddr) error {
