@@ -220,12 +220,12 @@ func run(ctx context.Context, o options) error {
 		if at, err := nl.cap.WaitAnnounced(m, routes, 2*time.Minute); err != nil {
 			serr = err
 		} else {
-			wire = at.Sub(lastAdd).Seconds()
+			wire = float64(at.Sub(lastAdd).Microseconds()) / 1000
 		}
 		if at, err := nl.fib.waitCount(netip.MustParsePrefix(anycastRange), routes, 2*time.Minute); err != nil {
 			serr = err
 		} else {
-			fib = at.Sub(lastAdd).Seconds()
+			fib = float64(at.Sub(lastAdd).Microseconds()) / 1000
 		}
 		loaded, _ = settledRSS(nl.pid(), o.settle)
 		logf("agent loaded: %s", smaps(nl.pid()))
@@ -244,8 +244,8 @@ func run(ctx context.Context, o options) error {
 		}
 		return err.Error()
 	}
-	add(figure{Section: scaleSec, Name: "all routes on the wire, after the last ADD returned", Value: wire, Base: nan(), Unit: "s", Limit: nan(), Err: errStr(serr)})
-	add(figure{Section: scaleSec, Name: "all routes in the ToR's FIB, after the last ADD returned", Value: fib, Base: nan(), Unit: "s", Limit: nan()})
+	add(figure{Section: scaleSec, Name: "all routes on the wire, after the last ADD returned (negative: before)", Value: wire, Base: nan(), Unit: "ms", Limit: nan(), Err: errStr(serr)})
+	add(figure{Section: scaleSec, Name: "all routes in the ToR's FIB, after the last ADD returned (negative: before)", Value: fib, Base: nan(), Unit: "ms", Limit: nan()})
 	add(figure{Section: scaleSec, Name: "agent RSS, empty (BGP session up)", Value: emptyRSS, Base: bEmpty, BaseName: "bare embedded GoBGP", Unit: "MB", Max: true, Limit: 40})
 	add(figure{Section: scaleSec, Name: "agent RSS, loaded", Value: loaded, Base: bLoaded, BaseName: "bare embedded GoBGP", Unit: "MB", Max: true, Limit: 64})
 	add(figure{Section: scaleSec, Name: fmt.Sprintf("agent RSS, loaded, after %s idle", o.idle), Value: loadedIdle, Base: nan(), Unit: "MB", Max: true, Limit: 64})
