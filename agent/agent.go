@@ -443,10 +443,11 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 		return store.Allocation{}, err
 	}
 	rec, err := a.reserve(ctx, containerID, ifName, netns, pod, req, pools, ranges)
-	if err != nil && heldByDeleted(err) && a.removals.wait() {
-		// An address (or the last free one) may have been held only by a
-		// deleted pod whose veth was still being unregistered: try again
-		// now that it is gone rather than refuse the ADD.
+	if err != nil && heldByDeleted(err) {
+		// An address (or the last free one) may be held only by a deleted
+		// pod whose veth is being unregistered (or was a moment ago): try
+		// again once that is done rather than refuse the ADD.
+		a.removals.wait()
 		rec, err = a.reserve(ctx, containerID, ifName, netns, pod, req, pools, ranges)
 	}
 	if err != nil {
@@ -662,14 +663,17 @@ func (a *Agent) del(ctx context.Context, containerID string, early bool) error {
 		a.settle(ctx, gen)
 	}
 	withdrawn := time.Since(start)
-	if err := a.cfg.Dataplane.Retire(rec.HostVeth); err != nil {
-		return err
-	}
+	// The record goes before the veth goes down: a restart must never
+	// find a committed record whose veth is already down (it would route
+	// the pod again into a dead link); a veth no record owns it removes.
 	if err := a.releaseClaims(context.Background(), a.claimsOf(rec, nil, nil)); err != nil {
 		return err
 	}
 	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {
 		return err
+	}
+	if err := a.cfg.Dataplane.Retire(rec.HostVeth); err != nil {
+		return err // the state still knows it: a retried DEL finishes
 	}
 	handedOff = true
 	done := a.removals.start()

@@ -104,6 +104,10 @@ type Netlink struct {
 func (d *Netlink) host() *netlink.Handle {
 	d.once.Do(func() {
 		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err == nil {
+			// A lost reply must not hold the shared socket for ever.
+			err = h.SetSocketTimeout(10 * time.Second)
+		}
 		if err != nil {
 			d.log().Warn("netlink: no persistent handle; a socket per request", "err", err)
 			h = &netlink.Handle{} // what the package-level calls use

@@ -32,17 +32,21 @@ func tuneGC() {
 	}
 }
 
-// trimMemory collects and hands freed heap back to the kernel after a
-// burst (a node filling with pods, a full repair re-reading 10,000
-// routes), until ctx ends.
+// trimMemory collects and hands freed heap back to the kernel once a burst
+// is over (a node filling with pods, a full repair re-reading 10,000
+// routes): when no collection ran since the last look and the garbage or
+// the free heap exceeds trimAbove or a quarter of the live heap, until ctx
+// ends. While the GC keeps running on its own, it is left to its pacing.
 func trimMemory(ctx context.Context, log *slog.Logger) error {
 	sample := []metrics.Sample{
 		{Name: "/memory/classes/heap/free:bytes"},    // freed, not handed back
 		{Name: "/memory/classes/heap/objects:bytes"}, // live and garbage
 		{Name: "/gc/heap/live:bytes"},                // live at the last collection
+		{Name: "/gc/cycles/total:gc-cycles"},
 	}
 	t := time.NewTicker(trimEvery)
 	defer t.Stop()
+	var lastCycles uint64
 	for {
 		select {
 		case <-ctx.Done():
@@ -50,15 +54,22 @@ func trimMemory(ctx context.Context, log *slog.Logger) error {
 		case <-t.C:
 		}
 		metrics.Read(sample)
-		var v [3]uint64
+		var v [4]uint64
 		for i, s := range sample {
 			if s.Value.Kind() == metrics.KindUint64 {
 				v[i] = s.Value.Uint64()
 			}
 		}
-		free, garbage := v[0], v[1]-min(v[1], v[2])
-		if free > trimAbove || garbage > trimAbove {
+		free, garbage, live, cycles := v[0], v[1]-min(v[1], v[2]), v[2], v[3]
+		busy := cycles != lastCycles
+		lastCycles = cycles
+		if busy {
+			continue
+		}
+		if limit := max(trimAbove, live/4); free > limit || garbage > limit {
 			debug.FreeOSMemory()
+			metrics.Read(sample[3:])
+			lastCycles = sample[3].Value.Uint64()
 			log.Debug("collected and returned freed heap to the kernel", "free", free, "garbage", garbage)
 		}
 	}

@@ -23,8 +23,8 @@ import (
 
 // desiredSets is the incremental form of the two desired sets.
 type desiredSets struct {
-	adverts  map[netip.Prefix]advert.Kind         // the BGP set
-	kernel   map[netip.Prefix][]dataplane.Nexthop // the kernel set
+	adverts map[netip.Prefix]advert.Kind         // the BGP set
+	kernel  map[netip.Prefix][]dataplane.Nexthop // the kernel set
 	// dirty prefixes to recompute before a read; summaries: all of them
 	dirty     map[netip.Prefix]struct{}
 	summaries bool
@@ -55,7 +55,8 @@ func (s *State) markLocked(r *store.Allocation) {
 func (s *State) holdersLocked(ip netip.Addr, f func(id string)) {
 	if o, ok := s.ipam.Owner(ip); ok {
 		f(o)
-	} else if o, ok := s.outside[ip]; ok {
+	}
+	if o, ok := s.outside[ip]; ok {
 		f(o)
 	}
 	if c := s.claims[ip]; c != nil {

@@ -391,7 +391,9 @@ func (s *State) Restore(rec store.Allocation) (warnings []string, err error) {
 		warnings = append(warnings, fmt.Sprintf("allocation %s: host veth %s is also recorded for %s", id, rec.HostVeth, owner))
 	}
 	for _, ip := range rec.IPs {
-		if _, ok := s.ipam.PoolOf(ip); !ok {
+		// Held outside IPAM: no pool covers it any more, or only as a
+		// boundary address a resized pool no longer hands out.
+		if o, ok := s.ipam.Owner(ip); !ok || o != id {
 			s.outside[ip] = id
 		}
 	}

@@ -150,13 +150,11 @@ func (s *Store) path(id string) string {
 	return filepath.Join(s.allocDir, id+recordSuffix)
 }
 
-// Put atomically creates or replaces the record for a.ContainerID. A
-// committed record is durable when Put returns (fsync of the file and the
-// directory). A pending one is not fsynced: it only has to outlive the
-// agent (the page cache keeps it through a crash) — what it guards, a veth
-// and addresses a half-done ADD took, does not outlive the node, and a
-// reboot also removes the network namespaces, so every record left then is
-// reaped anyway. That halves the fsyncs of an ADD.
+// Put atomically creates or replaces the record for a.ContainerID; it is
+// durable when Put returns (fsync of the file and the directory). Pending
+// records too: what they guard does not outlive the node, but a new file
+// renamed unsynced can come back empty after a power loss, and Load
+// refuses a record it cannot read.
 func (s *Store) Put(a Allocation) error {
 	if err := ValidateContainerID(a.ContainerID); err != nil {
 		return err
@@ -184,8 +182,7 @@ func (s *Store) Put(a Allocation) error {
 	if err := s.ensureDir(); err != nil {
 		return err
 	}
-	durable := a.State == Committed
-	tmp, err := s.writeTemp(a.ContainerID, data, durable)
+	tmp, err := s.writeTemp(a.ContainerID, data)
 	if err != nil {
 		return err
 	}
@@ -199,16 +196,12 @@ func (s *Store) Put(a Allocation) error {
 		os.Remove(tmp)
 		return fmt.Errorf("store: renaming %s to %s: %w", tmp, final, err)
 	}
-	if !durable {
-		return nil
-	}
 	return syncDir(s.allocDir)
 }
 
 // writeTemp writes data to a new temp file in the allocations directory,
-// fsyncs it if durable, closes it and returns its path. On error nothing is
-// left behind.
-func (s *Store) writeTemp(id string, data []byte, durable bool) (path string, err error) {
+// fsyncs and closes it, and returns its path. On error nothing is left behind.
+func (s *Store) writeTemp(id string, data []byte) (path string, err error) {
 	f, err := os.CreateTemp(s.allocDir, "."+id+recordSuffix+".*"+tempSuffix)
 	if err != nil {
 		return "", fmt.Errorf("store: creating temp file for %s: %w", id, err)
@@ -223,10 +216,8 @@ func (s *Store) writeTemp(id string, data []byte, durable bool) (path string, er
 	if _, err = f.Write(data); err != nil {
 		return "", fmt.Errorf("store: writing %s: %w", path, err)
 	}
-	if durable {
-		if err = f.Sync(); err != nil {
-			return "", fmt.Errorf("store: fsync %s: %w", path, err)
-		}
+	if err = f.Sync(); err != nil {
+		return "", fmt.Errorf("store: fsync %s: %w", path, err)
 	}
 	if err = f.Close(); err != nil {
 		return "", fmt.Errorf("store: closing %s: %w", path, err)
