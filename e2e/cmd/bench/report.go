@@ -156,13 +156,23 @@ func machine() string {
 	return fmt.Sprintf("%d cores (%s)%s, kernel %s", runtime.NumCPU(), cpu, mem, command("uname", "-r"))
 }
 
+// revision is the commit measured, "-dirty" if tracked files other than
+// the report itself differ from it.
+func revision() string {
+	rev := command("git", "describe", "--always")
+	if out, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)BENCHMARKS.md").Output(); err != nil || len(out) > 0 {
+		rev += "-dirty"
+	}
+	return rev
+}
+
 func versions() string {
 	ptp := "unknown"
 	if out := command("dpkg-query", "-W", "-f", "${Version}", "containernetworking-plugins"); out != "" {
 		ptp = out
 	}
 	return strings.Join([]string{
-		"flock " + command("git", "describe", "--always", "--dirty"),
+		"flock " + revision(),
 		runtime.Version(),
 		"GoBGP v4.8.0 (embedded)",
 		firstLine(command("bird", "--version")),
