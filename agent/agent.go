@@ -597,12 +597,18 @@ func (a *Agent) teardown(rec store.Allocation) error {
 // first, then tears it down and releases it. Call with the container's lock
 // held.
 func (a *Agent) remove(ctx context.Context, rec store.Allocation) error {
-	if gen, ok := a.state.MarkDeleting(rec.ContainerID); ok {
-		// Other replicas' ECMP routes must stop naming this veth before
-		// it vanishes, and the ToR should stop sending traffic here.
+	a.withdraw(ctx, rec.ContainerID)
+	return a.teardown(rec)
+}
+
+// withdraw takes an attachment out of every route and advertisement and
+// waits (bounded) until the reconcilers applied that: other replicas' ECMP
+// routes must stop naming its veth before the veth goes down, and the ToR
+// should stop sending traffic here.
+func (a *Agent) withdraw(ctx context.Context, id string) {
+	if gen, ok := a.state.MarkDeleting(id); ok {
 		a.settle(ctx, gen)
 	}
-	return a.teardown(rec)
 }
 
 // Del tears a container down. Unknown containers succeed; a leftover veth
@@ -657,11 +663,7 @@ func (a *Agent) del(ctx context.Context, containerID string, early bool) error {
 		return a.remove(ctx, rec)
 	}
 	start := time.Now()
-	if gen, ok := a.state.MarkDeleting(rec.ContainerID); ok {
-		// Other replicas' ECMP routes must stop naming this veth before
-		// it goes down, and the ToR should stop sending traffic here.
-		a.settle(ctx, gen)
-	}
+	a.withdraw(ctx, rec.ContainerID)
 	withdrawn := time.Since(start)
 	// The record goes before the veth goes down: a restart must never
 	// find a committed record whose veth is already down (it would route

@@ -7,19 +7,15 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// BGP message types (RFC 4271).
-const (
-	bgpOpen         = 1
-	bgpUpdate       = 2
-	bgpNotification = 3
-	bgpKeepalive    = 4
-)
+// bgpUpdate is the UPDATE message type (RFC 4271).
+const bgpUpdate = 2
 
 // Update is what one BGP UPDATE carries, decoded just far enough for
 // latency figures: the prefixes announced and withdrawn (IPv4 and IPv6
@@ -162,11 +158,9 @@ type BGPCapture struct {
 	changed *sync.Cond
 	events  []WireEvent
 	// announced/withdrawn index the events by prefix: positions in events.
-	byPrefix      map[netip.Prefix][]int
-	notifications int
-	opens         int
-	streams       map[string]*tcpStream
-	errs          []error
+	byPrefix map[netip.Prefix][]int
+	streams  map[string]*tcpStream
+	errs     []error
 }
 
 type tcpStream struct {
@@ -364,25 +358,15 @@ func (c *BGPCapture) drain(at time.Time, s *tcpStream) {
 		if len(s.buf) < l {
 			return
 		}
-		msg := s.buf[:l]
-		switch msg[18] {
-		case bgpOpen:
-			c.opens++
-		case bgpNotification:
-			c.notifications++
-		case bgpUpdate:
-			u, err := ParseUpdate(msg[19:])
-			if err != nil {
+		if msg := s.buf[:l]; msg[18] == bgpUpdate {
+			if u, err := ParseUpdate(msg[19:]); err != nil {
 				c.errs = append(c.errs, err)
-				break
-			}
-			i := len(c.events)
-			c.events = append(c.events, WireEvent{At: at, Update: u})
-			for _, p := range u.Announced {
-				c.byPrefix[p] = append(c.byPrefix[p], i)
-			}
-			for _, p := range u.Withdrawn {
-				c.byPrefix[p] = append(c.byPrefix[p], i)
+			} else {
+				i := len(c.events)
+				c.events = append(c.events, WireEvent{At: at, Update: u})
+				for _, p := range slices.Concat(u.Announced, u.Withdrawn) {
+					c.byPrefix[p] = append(c.byPrefix[p], i)
+				}
 			}
 		}
 		s.buf = s.buf[l:]
@@ -407,12 +391,10 @@ func (c *BGPCapture) Mark() Mark {
 // WaitFor waits until an UPDATE after m announces (withdraw false) or
 // withdraws p, and returns when it arrived.
 func (c *BGPCapture) WaitFor(m Mark, p netip.Prefix, withdraw bool, timeout time.Duration) (time.Time, error) {
-	deadline := time.Now().Add(timeout)
-	t := time.AfterFunc(timeout, c.changed.Broadcast)
-	defer t.Stop()
+	var at time.Time
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for {
+	err := condWait(c.changed, timeout, func() (bool, error) {
 		for _, i := range c.byPrefix[p] {
 			if i < int(m) {
 				continue
@@ -422,24 +404,20 @@ func (c *BGPCapture) WaitFor(m Mark, p netip.Prefix, withdraw bool, timeout time
 			if withdraw {
 				list = ev.Withdrawn
 			}
-			for _, q := range list {
-				if q == p {
-					return ev.At, nil
-				}
+			if slices.Contains(list, p) {
+				at = ev.At
+				return true, nil
 			}
 		}
-		if len(c.errs) > 0 {
-			return time.Time{}, errors.Join(c.errs...)
+		return false, errors.Join(c.errs...)
+	}, func() error {
+		what := "announcement"
+		if withdraw {
+			what = "withdrawal"
 		}
-		if time.Now().After(deadline) {
-			what := "announcement"
-			if withdraw {
-				what = "withdrawal"
-			}
-			return time.Time{}, fmt.Errorf("no %s of %s on the wire within %s", what, p, timeout)
-		}
-		c.changed.Wait()
-	}
+		return fmt.Errorf("no %s of %s on the wire within %s", what, p, timeout)
+	})
+	return at, err
 }
 
 // WireSummary is what arrived after a mark: distinct prefixes announced,
@@ -474,25 +452,15 @@ func (c *BGPCapture) Since(m Mark) WireSummary {
 	return s
 }
 
-// Sessions counts the OPENs and NOTIFICATIONs seen so far.
-func (c *BGPCapture) Sessions() (opens, notifications int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.opens, c.notifications
-}
-
 // WaitAnnounced waits until at least n distinct prefixes were announced
 // after m and returns when the last of them arrived.
 func (c *BGPCapture) WaitAnnounced(m Mark, n int, timeout time.Duration) (time.Time, error) {
-	deadline := time.Now().Add(timeout)
-	t := time.AfterFunc(timeout, c.changed.Broadcast)
-	defer t.Stop()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	seen := map[netip.Prefix]bool{}
 	next := int(m)
 	var last time.Time
-	for {
+	err := condWait(c.changed, timeout, func() (bool, error) {
 		for ; next < len(c.events); next++ {
 			ev := c.events[next]
 			for _, p := range ev.Announced {
@@ -502,15 +470,26 @@ func (c *BGPCapture) WaitAnnounced(m Mark, n int, timeout time.Duration) (time.T
 				}
 			}
 		}
-		if len(seen) >= n {
-			return last, nil
-		}
-		if len(c.errs) > 0 {
-			return time.Time{}, errors.Join(c.errs...)
+		return len(seen) >= n, errors.Join(c.errs...)
+	}, func() error {
+		return fmt.Errorf("%d of %d prefixes announced on the wire within %s", len(seen), n, timeout)
+	})
+	return last, err
+}
+
+// condWait waits on c, whose lock the caller holds, until check reports
+// done or an error, or timeout passes (then it returns timedOut()).
+func condWait(c *sync.Cond, timeout time.Duration, check func() (bool, error), timedOut func() error) error {
+	deadline := time.Now().Add(timeout)
+	t := time.AfterFunc(timeout, c.Broadcast)
+	defer t.Stop()
+	for {
+		if done, err := check(); done || err != nil {
+			return err
 		}
 		if time.Now().After(deadline) {
-			return time.Time{}, fmt.Errorf("%d of %d prefixes announced on the wire within %s", len(seen), n, timeout)
+			return timedOut()
 		}
-		c.changed.Wait()
+		c.Wait()
 	}
 }

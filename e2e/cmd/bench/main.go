@@ -120,7 +120,7 @@ func run(ctx context.Context, o options) error {
 		bEmpty, _ = settledRSS(b.cmd.Process.Pid, o.settle)
 		if err := b.add(routes, netip.MustParseAddr("2001:db8:b::")); err != nil {
 			logf("baseline: %v", err)
-		} else if _, err := nl.fib.waitCount(netip.MustParsePrefix(baselineRange), routes, 2*time.Minute); err != nil {
+		} else if _, err := nl.fib.WaitCount(netip.MustParsePrefix(baselineRange), routes, 2*time.Minute); err != nil {
 			logf("baseline: %v", err)
 		} else {
 			bLoaded, _ = settledRSS(b.cmd.Process.Pid, o.settle)
@@ -222,7 +222,7 @@ func run(ctx context.Context, o options) error {
 		} else {
 			wire = float64(at.Sub(lastAdd).Microseconds()) / 1000
 		}
-		if at, err := nl.fib.waitCount(netip.MustParsePrefix(anycastRange), routes, 2*time.Minute); err != nil {
+		if at, err := nl.fib.WaitCount(netip.MustParsePrefix(anycastRange), routes, 2*time.Minute); err != nil {
 			serr = err
 		} else {
 			fib = float64(at.Sub(lastAdd).Microseconds()) / 1000

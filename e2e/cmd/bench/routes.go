@@ -80,7 +80,7 @@ type nodeLab struct {
 	n      *lab.LabNode
 	spare  *lab.LabNode
 	cap    *lab.BGPCapture
-	fib    *fibWatch
+	fib    *lab.FIBWatch
 	binDir string
 }
 
@@ -101,7 +101,7 @@ func newNodeLab(prefix, dir, binDir string) (*nodeLab, error) {
 	if nl.cap, err = lab.CaptureBGP(l.Tor, nl.n.TorIf); err != nil {
 		return nil, err
 	}
-	if nl.fib, err = watchFIB(l.Tor); err != nil {
+	if nl.fib, err = lab.WatchFIB(l.Tor); err != nil {
 		return nil, err
 	}
 	if err := l.StartBird(lab.BirdOptions{GR: true}); err != nil {
@@ -287,7 +287,7 @@ func (nl *nodeLab) routeLatency(ctx context.Context, ns *lab.NS, n int) (routeLa
 		}
 		r.addToWire = append(r.addToWire, at.Sub(start))
 		r.addRetToWire = append(r.addRetToWire, at.Sub(start.Add(ret)))
-		fat, err := nl.fib.waitPresent(pfx, 10*time.Second)
+		fat, err := nl.fib.WaitPresent(pfx, 10*time.Second)
 		if err != nil {
 			return r, err
 		}
@@ -305,7 +305,7 @@ func (nl *nodeLab) routeLatency(ctx context.Context, ns *lab.NS, n int) (routeLa
 		}
 		r.delToWire = append(r.delToWire, at.Sub(start))
 		r.delRetToWire = append(r.delRetToWire, at.Sub(start.Add(ret)))
-		fat, err = nl.fib.waitGone(pfx, 10*time.Second)
+		fat, err = nl.fib.WaitGone(pfx, 10*time.Second)
 		if err != nil {
 			return r, err
 		}
@@ -327,8 +327,8 @@ func (nl *nodeLab) restart(sig syscall.Signal) (restartResult, error) {
 	var r restartResult
 	a := nl.n.Agent
 	m := nl.cap.Mark()
-	nl.fib.resetLow()
-	before := nl.fib.lowWater()
+	nl.fib.ResetLow()
+	before := nl.fib.LowWater()
 	var err error
 	if sig == syscall.SIGKILL {
 		err = a.Kill()
@@ -349,7 +349,7 @@ func (nl *nodeLab) restart(sig syscall.Signal) (restartResult, error) {
 	r.eor = time.Since(start)
 	time.Sleep(3 * time.Second) // anything withdrawn late would show by now
 	r.withdrawn = nl.cap.Since(m).Withdrawn
-	r.fibLost = before - nl.fib.lowWater()
+	r.fibLost = before - nl.fib.LowWater()
 	return r, nil
 }
 

@@ -1,4 +1,4 @@
-package main
+package lab
 
 import (
 	"fmt"
@@ -9,17 +9,15 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-
-	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 )
 
 // rtprotBird is the kernel protocol BIRD installs its routes with.
 const rtprotBird = 12
 
-// fibWatch follows the ToR's kernel routing table (what BIRD exports to
+// FIBWatch follows the ToR's kernel routing table (what BIRD exports to
 // it): which BGP-learnt prefixes are present, since when, and the fewest
 // present since a mark (a restart must never lower it).
-type fibWatch struct {
+type FIBWatch struct {
 	mu      sync.Mutex
 	changed *sync.Cond
 	present map[netip.Prefix]time.Time
@@ -29,13 +27,13 @@ type fibWatch struct {
 	done    chan struct{}
 }
 
-func watchFIB(ns *lab.NS) (*fibWatch, error) {
+func WatchFIB(ns *NS) (*FIBWatch, error) {
 	h, err := netns.GetFromPath(ns.Path)
 	if err != nil {
 		return nil, err
 	}
 	defer h.Close()
-	w := &fibWatch{present: map[netip.Prefix]time.Time{}, gone: map[netip.Prefix]time.Time{}, done: make(chan struct{})}
+	w := &FIBWatch{present: map[netip.Prefix]time.Time{}, gone: map[netip.Prefix]time.Time{}, done: make(chan struct{})}
 	w.changed = sync.NewCond(&w.mu)
 	ch := make(chan netlink.RouteUpdate, 4096)
 	err = netlink.RouteSubscribeWithOptions(ch, w.done, netlink.RouteSubscribeOptions{
@@ -81,61 +79,54 @@ func watchFIB(ns *lab.NS) (*fibWatch, error) {
 	return w, nil
 }
 
-func (w *fibWatch) Close() { close(w.done) }
+func (w *FIBWatch) Close() { close(w.done) }
 
-// resetLow starts a new low-water mark.
-func (w *fibWatch) resetLow() {
+// ResetLow starts a new low-water mark.
+func (w *FIBWatch) ResetLow() {
 	w.mu.Lock()
 	w.low = len(w.present)
 	w.mu.Unlock()
 }
 
-func (w *fibWatch) lowWater() int {
+// LowWater is the fewest prefixes present since ResetLow.
+func (w *FIBWatch) LowWater() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.low
 }
 
 // wait waits until cond holds and returns the time it returns.
-func (w *fibWatch) wait(timeout time.Duration, what string, cond func() (time.Time, bool)) (time.Time, error) {
-	deadline := time.Now().Add(timeout)
-	t := time.AfterFunc(timeout, w.changed.Broadcast)
-	defer t.Stop()
+func (w *FIBWatch) wait(timeout time.Duration, what string, cond func() (time.Time, bool)) (time.Time, error) {
+	var at time.Time
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for {
-		if at, ok := cond(); ok {
-			return at, nil
-		}
-		if w.err != nil {
-			return time.Time{}, w.err
-		}
-		if time.Now().After(deadline) {
-			return time.Time{}, fmt.Errorf("ToR FIB: %s not within %s", what, timeout)
-		}
-		w.changed.Wait()
-	}
+	err := condWait(w.changed, timeout, func() (bool, error) {
+		var ok bool
+		at, ok = cond()
+		return ok, w.err
+	}, func() error { return fmt.Errorf("ToR FIB: %s not within %s", what, timeout) })
+	return at, err
 }
 
-// waitPresent waits until p is installed and returns when it was.
-func (w *fibWatch) waitPresent(p netip.Prefix, timeout time.Duration) (time.Time, error) {
+// WaitPresent waits until p is installed and returns when it was.
+func (w *FIBWatch) WaitPresent(p netip.Prefix, timeout time.Duration) (time.Time, error) {
 	return w.wait(timeout, p.String()+" installed", func() (time.Time, bool) {
 		at, ok := w.present[p]
 		return at, ok
 	})
 }
 
-// waitGone waits until p is removed and returns when it was.
-func (w *fibWatch) waitGone(p netip.Prefix, timeout time.Duration) (time.Time, error) {
+// WaitGone waits until p is removed and returns when it was.
+func (w *FIBWatch) WaitGone(p netip.Prefix, timeout time.Duration) (time.Time, error) {
 	return w.wait(timeout, p.String()+" removed", func() (time.Time, bool) {
 		at, ok := w.gone[p]
 		return at, ok
 	})
 }
 
-// waitCount waits until at least n prefixes inside r are installed and
+// WaitCount waits until at least n prefixes inside r are installed and
 // returns when the last of them was.
-func (w *fibWatch) waitCount(r netip.Prefix, n int, timeout time.Duration) (time.Time, error) {
+func (w *FIBWatch) WaitCount(r netip.Prefix, n int, timeout time.Duration) (time.Time, error) {
 	return w.wait(timeout, fmt.Sprintf("%d routes in %s", n, r), func() (time.Time, bool) {
 		var last time.Time
 		c := 0
