@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"slices"
 	"sync"
@@ -40,9 +41,11 @@ type Dataplane interface {
 	EnsureNode(summaries []netip.Prefix) error
 }
 
-// Store persists allocation records.
+// Store persists allocation records: an ADD's pending record (Begin,
+// before the kernel is touched), then committed (Commit).
 type Store interface {
-	Put(a store.Allocation) error
+	Begin(a store.Allocation) (*store.Draft, error)
+	Commit(d *store.Draft) error
 	Delete(containerID string) error
 	Load() ([]store.Allocation, error)
 }
@@ -442,13 +445,13 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 	if err != nil {
 		return store.Allocation{}, err
 	}
-	rec, err := a.reserve(ctx, containerID, ifName, netns, pod, req, pools, ranges)
+	rec, draft, err := a.reserve(ctx, containerID, ifName, netns, pod, req, pools, ranges)
 	if err != nil && heldByDeleted(err) {
 		// An address (or the last free one) may be held only by a deleted
 		// pod whose veth is being unregistered (or was a moment ago): try
 		// again once that is done rather than refuse the ADD.
 		a.removals.wait()
-		rec, err = a.reserve(ctx, containerID, ifName, netns, pod, req, pools, ranges)
+		rec, draft, err = a.reserve(ctx, containerID, ifName, netns, pod, req, pools, ranges)
 	}
 	if err != nil {
 		return store.Allocation{}, err
@@ -460,17 +463,15 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 		}
 	}()
 	reserved := time.Now()
-	link, err := a.cfg.Dataplane.Setup(podOf(rec))
-	if err != nil {
+	if _, err := a.cfg.Dataplane.Setup(podOf(rec)); err != nil {
 		return store.Allocation{}, err
 	}
 	programmed := time.Now()
-	rec.HostMAC, rec.PodMAC = link.HostMAC.String(), link.PodMAC.String()
 	if h := a.cfg.Hooks.BeforeCommit; h != nil {
 		h(containerID)
 	}
 	rec.State = store.Committed
-	if err := a.cfg.Store.Put(rec); err != nil {
+	if err := a.cfg.Store.Commit(draft); err != nil {
 		return store.Allocation{}, err
 	}
 	gen, err := a.state.Commit(rec)
@@ -489,12 +490,14 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 // range that another node claimed first (its claim not yet in our cache).
 const claimAttempts = 4
 
-// reserve takes what an ADD needs — IPs, local claims, veth name — writes
-// the pending record (before the kernel is touched: a crash from here on
-// leaves a record the next start tears down) and takes the cluster-wide
-// claims. A pod address from a range that another node took meanwhile is
-// picked again; an IP the pod asked for by name is not.
-func (a *Agent) reserve(ctx context.Context, containerID, ifName, netns string, pod podmeta.Pod, req annotations.Request, pools grants, ranges map[netip.Prefix]string) (store.Allocation, error) {
+// reserve takes what an ADD needs — IPs, local claims, veth name and the
+// veth's MACs (so the record is whole before the kernel is touched) —
+// writes the pending record (a crash from here on leaves a record the
+// next start tears down; it reaches the disk while the veth is
+// programmed) and takes the cluster-wide claims. A pod address from a
+// range that another node took meanwhile is picked again; an IP the pod
+// asked for by name is not.
+func (a *Agent) reserve(ctx context.Context, containerID, ifName, netns string, pod podmeta.Pod, req annotations.Request, pools grants, ranges map[netip.Prefix]string) (store.Allocation, *store.Draft, error) {
 	id := ipam.Identity{Namespace: pod.Namespace, App: pod.App, Image: pod.Image, ContainerID: containerID}
 	lost := map[netip.Addr]bool{} // claimed elsewhere during this ADD
 	for attempt := 1; ; attempt++ {
@@ -517,32 +520,34 @@ func (a *Agent) reserve(ctx context.Context, containerID, ifName, netns string, 
 		rec, err := a.state.Reserve(store.Allocation{
 			ContainerID: containerID, IfName: ifName, Netns: netns, Pod: pod.ID,
 			Anycast: req.Anycast, Addresses: req.Addresses, Created: time.Now().UTC(),
+			HostMAC: dataplane.RandomMAC().String(), PodMAC: dataplane.RandomMAC().String(),
 		}, reqs)
 		if err != nil {
-			return store.Allocation{}, err
+			return store.Allocation{}, nil, err
 		}
-		if err := a.cfg.Store.Put(rec); err != nil {
+		draft, err := a.cfg.Store.Begin(rec)
+		if err != nil {
 			a.rollback(rec, nil)
-			return store.Allocation{}, err
+			return store.Allocation{}, nil, err
 		}
 		if a.cfg.Claims == nil {
-			return rec, nil
+			return rec, draft, nil
 		}
 		leftover, err := a.claim(ctx, a.claimsOf(rec, pools, ranges))
 		if err == nil {
-			return rec, nil
+			return rec, draft, nil
 		}
 		a.rollback(rec, leftover)
 		var ce *ClaimError
 		if !errors.As(err, &ce) || !errors.Is(err, ErrClaimed) || attempt == claimAttempts {
-			return store.Allocation{}, err
+			return store.Allocation{}, nil, err
 		}
 		rng := req.CIDR6
 		if ce.IP.Is4() {
 			rng = req.CIDR4
 		}
 		if ce.Use != v1alpha1.UsePod || rng.IsSingleIP() {
-			return store.Allocation{}, err // the pod asked for exactly that IP
+			return store.Allocation{}, nil, err // the pod asked for exactly that IP
 		}
 		lost[ce.IP] = true
 		a.log.Info("pod address claimed by another node meanwhile; picking another", "container", containerID, "attempt", attempt, "err", err)
@@ -550,7 +555,12 @@ func (a *Agent) reserve(ctx context.Context, containerID, ifName, netns string, 
 }
 
 func podOf(r store.Allocation) dataplane.Pod {
-	return dataplane.Pod{ContainerID: r.ContainerID, HostVeth: r.HostVeth, Netns: r.Netns, IfName: r.IfName, IPs: r.IPs, Addresses: r.Addresses, Anycast: r.Anycast}
+	p := dataplane.Pod{ContainerID: r.ContainerID, HostVeth: r.HostVeth, Netns: r.Netns, IfName: r.IfName, IPs: r.IPs, Addresses: r.Addresses, Anycast: r.Anycast}
+	// Records are written with both MACs; an unreadable one leaves the
+	// kernel to pick.
+	p.HostMAC, _ = net.ParseMAC(r.HostMAC)
+	p.PodMAC, _ = net.ParseMAC(r.PodMAC)
+	return p
 }
 
 // rollback undoes a failed ADD: kernel state, cluster-wide claims,

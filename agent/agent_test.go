@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -83,8 +84,18 @@ func TestAddDualStack(t *testing.T) {
 	if rec.Pod != (podmeta.ID{Namespace: "prod", Name: "web-0", UID: "uid-1"}) {
 		t.Errorf("Pod = %+v", rec.Pod)
 	}
-	if rec.HostMAC != "02:00:00:00:00:01" || rec.PodMAC != "02:00:00:00:00:02" {
-		t.Errorf("MACs = %s %s", rec.HostMAC, rec.PodMAC)
+	// The agent picks the MACs (the pending record is whole before the
+	// kernel is touched) and the veth gets exactly those.
+	e.dp.mu.Lock()
+	given := e.dp.macs[rec.HostVeth]
+	e.dp.mu.Unlock()
+	if given != [2]string{rec.HostMAC, rec.PodMAC} || rec.HostMAC == rec.PodMAC {
+		t.Errorf("MACs = %s %s, Setup was handed %v", rec.HostMAC, rec.PodMAC, given)
+	}
+	for _, s := range []string{rec.HostMAC, rec.PodMAC} {
+		if m, err := net.ParseMAC(s); err != nil || len(m) != 6 || m[0]&0x03 != 0x02 {
+			t.Errorf("MAC %q (%v): want a locally administered unicast MAC", s, err)
+		}
 	}
 	if rec.Created.IsZero() {
 		t.Error("Created not set")

@@ -51,7 +51,9 @@ type fakeDP struct {
 	fault func(op string) error
 	// onSetup and onTeardown, if set, run at the start of Setup and
 	// Teardown (outside the lock).
-	onSetup    func(p dataplane.Pod)
+	onSetup func(p dataplane.Pod)
+	// macs are the MACs each Setup was handed, by host veth.
+	macs       map[string][2]string
 	onTeardown func(veth string)
 }
 
@@ -86,11 +88,19 @@ func (d *fakeDP) Setup(p dataplane.Pod) (dataplane.Link, error) {
 	if err := d.inject("setup"); err != nil {
 		return dataplane.Link{}, err
 	}
-	return dataplane.Link{
-		HostVeth: p.HostVeth,
-		HostMAC:  net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01},
-		PodMAC:   net.HardwareAddr{0x02, 0, 0, 0, 0, 0x02},
-	}, nil
+	// Like the real one: the MACs asked for, else the kernel's pick.
+	l := dataplane.Link{HostVeth: p.HostVeth, HostMAC: p.HostMAC, PodMAC: p.PodMAC}
+	if l.HostMAC == nil {
+		l.HostMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x01}
+	}
+	if l.PodMAC == nil {
+		l.PodMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x02}
+	}
+	if d.macs == nil {
+		d.macs = map[string][2]string{}
+	}
+	d.macs[p.HostVeth] = [2]string{l.HostMAC.String(), l.PodMAC.String()}
+	return l, nil
 }
 
 // Teardown of a veth also removes the kernel routes through it, as the
@@ -331,8 +341,9 @@ func (f *fakeSpeaker) set(fn func(f *fakeSpeaker)) {
 	fn(f)
 }
 
-// faultStore wraps the real store and can fail the Nth Put (1-based,
-// counted from when failPutOn was set).
+// faultStore wraps the real store and can fail the Nth write (1-based,
+// counted from when failPutOn was set): an ADD writes twice, its pending
+// record (Begin) and the commit.
 type faultStore struct {
 	*store.Store
 	puts      atomic.Int64
@@ -343,17 +354,29 @@ type faultStore struct {
 
 var errPut = errors.New("injected Put failure")
 
-func (s *faultStore) Put(a store.Allocation) error {
+func (s *faultStore) put() error {
 	n := s.puts.Add(1)
 	if f := s.failPutOn.Load(); f > 0 && n == f {
 		return errPut
 	}
 	if s.fault != nil {
-		if err := s.fault("put"); err != nil {
-			return err
-		}
+		return s.fault("put")
 	}
-	return s.Store.Put(a)
+	return nil
+}
+
+func (s *faultStore) Begin(a store.Allocation) (*store.Draft, error) {
+	if err := s.put(); err != nil {
+		return nil, err
+	}
+	return s.Store.Begin(a)
+}
+
+func (s *faultStore) Commit(d *store.Draft) error {
+	if err := s.put(); err != nil {
+		return err
+	}
+	return s.Store.Commit(d)
 }
 
 func (s *faultStore) Delete(id string) error {

@@ -148,10 +148,10 @@ func TestHandleAddResult(t *testing.T) {
 		t.Fatalf("interfaces = %+v, want 2", res.Interfaces)
 	}
 	host, pod := res.Interfaces[0], res.Interfaces[1]
-	if host.Name != dataplane.HostVethName("c1") || host.Sandbox != "" || host.Mac != "02:00:00:00:00:01" {
+	if host.Name != dataplane.HostVethName("c1") || host.Sandbox != "" || host.Mac != rec.HostMAC {
 		t.Errorf("host interface = %+v", host)
 	}
-	if pod.Name != "eth0" || pod.Sandbox != netnsOf("c1") || pod.Mac != "02:00:00:00:00:02" {
+	if pod.Name != "eth0" || pod.Sandbox != netnsOf("c1") || pod.Mac != rec.PodMAC {
 		t.Errorf("pod interface = %+v, want eth0 in %s", pod, netnsOf("c1"))
 	}
 

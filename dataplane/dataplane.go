@@ -8,6 +8,7 @@ package dataplane
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -68,6 +69,10 @@ type Pod struct {
 	IPs         []netip.Addr // /128 and /32 on IfName
 	Addresses   []netip.Addr // extra addresses on IfName
 	Anycast     []netip.Addr // on the pod's lo
+	// HostMAC and PodMAC, if set, are the veth ends' MACs (the agent picks
+	// them before the kernel is touched, so the pending record is whole);
+	// unset, the kernel picks them.
+	HostMAC, PodMAC net.HardwareAddr
 }
 
 // Link describes the veth pair Setup created.
@@ -136,6 +141,15 @@ func (d *Netlink) sysctl(key, value string) error {
 	return nil
 }
 
+// RandomMAC is a random locally administered unicast MAC, as the kernel
+// picks for a veth.
+func RandomMAC() net.HardwareAddr {
+	m := make(net.HardwareAddr, 6)
+	_, _ = rand.Read(m)
+	m[0] = m[0]&^0x01 | 0x02
+	return m
+}
+
 // NetnsError reports a netns path that cannot be opened.
 type NetnsError struct {
 	Path string
@@ -150,7 +164,7 @@ func openNetns(path string) (netns.NsHandle, *netlink.Handle, error) {
 	if err != nil {
 		return 0, nil, &NetnsError{Path: path, Err: err}
 	}
-	h, err := netlink.NewHandleAt(nsh)
+	h, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE) // not the XFRM and netfilter sockets too
 	if err != nil {
 		nsh.Close()
 		return 0, nil, &NetnsError{Path: path, Err: err}
@@ -198,9 +212,10 @@ func (d *Netlink) Setup(p Pod) (Link, error) {
 	defer ph.Delete()
 
 	veth := &netlink.Veth{
-		LinkAttrs:     netlink.LinkAttrs{Name: hostName},
-		PeerName:      p.IfName,
-		PeerNamespace: netlink.NsFd(int(nsh)),
+		LinkAttrs:        netlink.LinkAttrs{Name: hostName, HardwareAddr: p.HostMAC},
+		PeerName:         p.IfName,
+		PeerNamespace:    netlink.NsFd(int(nsh)),
+		PeerHardwareAddr: p.PodMAC,
 	}
 	// Create first and look only when that fails: every netlink call
 	// takes the kernel's rtnl lock, which all concurrent ADDs share.
@@ -219,9 +234,12 @@ func (d *Netlink) Setup(p Pod) (Link, error) {
 	} else if err != nil {
 		return Link{}, fmt.Errorf("create veth %s/%s: %w", hostName, p.IfName, err)
 	}
-	host, err := h.LinkByName(hostName)
-	if err != nil {
-		return Link{}, fmt.Errorf("veth %s: %w", hostName, err)
+	// LinkAdd looked the host end's index up already.
+	var host netlink.Link = veth
+	if veth.Index == 0 || p.HostMAC == nil {
+		if host, err = h.LinkByName(hostName); err != nil {
+			return Link{}, fmt.Errorf("veth %s: %w", hostName, err)
+		}
 	}
 	pod, err := ph.LinkByName(p.IfName)
 	if err != nil {

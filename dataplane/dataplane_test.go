@@ -52,10 +52,21 @@ func TestSetupRetireTeardown(t *testing.T) {
 	inNewNetns(t, func(podNS string) {
 		d := &Netlink{}
 		p := Pod{ContainerID: "c1", HostVeth: HostVethName("c1"), Netns: podNS, IfName: "eth0",
-			IPs: []netip.Addr{netip.MustParseAddr("fd00:10::5"), netip.MustParseAddr("10.1.0.5")}}
-		if _, err := d.Setup(p); err != nil {
+			IPs:     []netip.Addr{netip.MustParseAddr("fd00:10::5"), netip.MustParseAddr("10.1.0.5")},
+			HostMAC: RandomMAC(), PodMAC: RandomMAC()}
+		link, err := d.Setup(p)
+		if err != nil {
 			t.Error(err)
 			return
+		}
+		// The veth ends carry the MACs the agent picked (its record has them
+		// before the kernel is touched).
+		hl, err := netlink.LinkByName(p.HostVeth)
+		if err != nil || hl.Attrs().HardwareAddr.String() != p.HostMAC.String() || link.HostMAC.String() != p.HostMAC.String() || link.PodMAC.String() != p.PodMAC.String() {
+			t.Errorf("host veth %v (%v), Setup said %+v; want host MAC %s, pod MAC %s", hl, err, link, p.HostMAC, p.PodMAC)
+		}
+		if m := p.HostMAC; m[0]&0x03 != 0x02 || m.String() == p.PodMAC.String() {
+			t.Errorf("RandomMAC gave %s and %s: want distinct locally administered unicast MACs", m, p.PodMAC)
 		}
 		// HostRoutes names each next hop's device.
 		any6 := netip.MustParsePrefix("2001:db8:a::1/128")

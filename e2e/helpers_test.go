@@ -124,7 +124,8 @@ func flockRoutes(t *testing.T, ns *lab.NS) []netlink.Route {
 	return out
 }
 
-// records reads the agent's store directory.
+// records reads the agent's store directory: committed records and the
+// pending ones of ADDs in progress (<id>.pending, state pending).
 func records(t *testing.T, a *lab.Agent) []store.Allocation {
 	t.Helper()
 	dir := filepath.Join(a.StateDir, "allocations")
@@ -134,7 +135,8 @@ func records(t *testing.T, a *lab.Agent) []store.Allocation {
 	}
 	var out []store.Allocation
 	for _, e := range ents {
-		if !strings.HasSuffix(e.Name(), ".json") {
+		pending := strings.HasSuffix(e.Name(), ".pending")
+		if !strings.HasSuffix(e.Name(), ".json") && !pending {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
@@ -143,7 +145,13 @@ func records(t *testing.T, a *lab.Agent) []store.Allocation {
 		}
 		var r store.Allocation
 		if err := json.Unmarshal(b, &r); err != nil {
+			if pending {
+				continue // being written
+			}
 			t.Fatalf("%s: %v", e.Name(), err)
+		}
+		if pending {
+			r.State = store.Pending
 		}
 		out = append(out, r)
 	}

@@ -7,6 +7,18 @@
 // mix. One file per record means concurrent Puts for different containers never
 // contend and an ADD never rewrites another pod's record.
 //
+// An ADD in progress is <containerID>.pending (Begin): the record as it
+// will be committed, written before the kernel is touched and made
+// durable in the background while the veth is programmed; Commit renames
+// it to <containerID>.json once that is done. What a pending record
+// guards (a veth, routes on it, cluster-wide claims) needs it to outlive
+// the agent, not the machine: a reboot takes the network namespaces with
+// it. So Load drops a pending record it cannot read (a power loss mid-write)
+// instead of refusing to start, and no ADD waits for a pending record's
+// fsync before its netlink work. Directory fsyncs of concurrent commits and
+// deletes are shared (group commit): one flush covers every rename and
+// removal done before it started.
+//
 // Load is deliberately unforgiving: a record that cannot be read or parsed, or
 // that is not one this code knows how to interpret, makes Load fail with an
 // error naming the file, and the file is left untouched. The agent refuses to
@@ -47,9 +59,10 @@ const maxContainerIDLen = nameMax - len(".") - len(recordSuffix+".") - 10 - len(
 const nameMax = 255
 
 const (
-	allocDirName = "allocations"
-	recordSuffix = ".json"
-	tempSuffix   = ".tmp"
+	allocDirName  = "allocations"
+	recordSuffix  = ".json"
+	pendingSuffix = ".pending"
+	tempSuffix    = ".tmp"
 )
 
 // State is the lifecycle state of an allocation record.
@@ -92,6 +105,8 @@ type Store struct {
 	// not remove one an in-flight Put is about to rename.
 	mu sync.RWMutex
 
+	dirSync groupSync // the allocations directory's fsyncs, shared
+
 	// afterTempWrite, if set, is called by Put after the temp file has been
 	// written and fsynced but before it is renamed into place. A non-nil
 	// return aborts the Put there, leaving the temp file behind exactly as a
@@ -106,6 +121,7 @@ func Open(dir string) (*Store, error) {
 		return nil, errors.New("store: empty state directory")
 	}
 	s := &Store{dir: dir, allocDir: filepath.Join(dir, allocDirName)}
+	s.dirSync.sync = func() error { return syncDir(s.allocDir) }
 	if err := s.ensureDir(); err != nil {
 		return nil, err
 	}
@@ -150,29 +166,116 @@ func (s *Store) path(id string) string {
 	return filepath.Join(s.allocDir, id+recordSuffix)
 }
 
-// Put atomically creates or replaces the record for a.ContainerID; it is
-// durable when Put returns (fsync of the file and the directory). Pending
-// records too: what they guard does not outlive the node, but a new file
-// renamed unsynced can come back empty after a power loss, and Load
-// refuses a record it cannot read.
-func (s *Store) Put(a Allocation) error {
+func (s *Store) pendingPath(id string) string {
+	return filepath.Join(s.allocDir, id+pendingSuffix)
+}
+
+// validate checks a record before it is written and encodes it.
+func validate(a Allocation) ([]byte, error) {
 	if err := ValidateContainerID(a.ContainerID); err != nil {
-		return err
+		return nil, err
 	}
 	if !a.State.valid() {
-		return fmt.Errorf("store: container %s: invalid state %q", a.ContainerID, a.State)
-	}
-	if a.Version == 0 {
-		a.Version = CurrentVersion
+		return nil, fmt.Errorf("store: container %s: invalid state %q", a.ContainerID, a.State)
 	}
 	if a.Version != CurrentVersion {
-		return fmt.Errorf("store: container %s: unsupported record version %d (want %d)", a.ContainerID, a.Version, CurrentVersion)
+		return nil, fmt.Errorf("store: container %s: unsupported record version %d (want %d)", a.ContainerID, a.Version, CurrentVersion)
 	}
 	data, err := json.MarshalIndent(a, "", "  ")
 	if err != nil {
-		return fmt.Errorf("store: encoding record for %s: %w", a.ContainerID, err)
+		return nil, fmt.Errorf("store: encoding record for %s: %w", a.ContainerID, err)
 	}
-	data = append(data, '\n')
+	return append(data, '\n'), nil
+}
+
+// Draft is an ADD's record between Begin and Commit: on disk as pending.
+type Draft struct {
+	s      *Store
+	id     string
+	synced  chan struct{} // closed when the background fsync is done
+	syncErr error
+}
+
+// Begin writes a as the pending record <id>.pending, content as it will
+// be committed (state committed), and starts its fsync in the background;
+// it returns once the file is written (it outlives the agent from here
+// on). Commit, or Delete of the container, ends it.
+func (s *Store) Begin(a Allocation) (*Draft, error) {
+	if a.Version == 0 {
+		a.Version = CurrentVersion
+	}
+	a.State = Committed
+	data, err := validate(a)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if err := s.ensureDir(); err != nil {
+		return nil, err
+	}
+	p := s.pendingPath(a.ContainerID)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("store: creating %s: %w", p, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		os.Remove(p)
+		return nil, fmt.Errorf("store: writing %s: %w", p, err)
+	}
+	pend := &Draft{s: s, id: a.ContainerID, synced: make(chan struct{})}
+	go func() {
+		err := f.Sync()
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			pend.syncErr = fmt.Errorf("store: fsync %s: %w", p, err)
+		}
+		close(pend.synced)
+	}()
+	return pend, nil
+}
+
+// ContainerID is the container the draft is for.
+func (p *Draft) ContainerID() string { return p.id }
+
+// Commit makes a pending record the committed one: once its content is on
+// disk, it is renamed to <id>.json and the directory is fsynced (shared
+// with concurrent commits). The record is durable when Commit returns; on
+// error the pending record stays (Delete removes it).
+func (s *Store) Commit(p *Draft) error {
+	if p.s != s {
+		return fmt.Errorf("store: commit of %s: draft of another store", p.id)
+	}
+	<-p.synced
+	if p.syncErr != nil {
+		return p.syncErr
+	}
+	s.mu.RLock()
+	from, to := s.pendingPath(p.id), s.path(p.id)
+	err := os.Rename(from, to)
+	s.mu.RUnlock()
+	if err != nil {
+		return fmt.Errorf("store: renaming %s to %s: %w", from, to, err)
+	}
+	return s.dirSync.Sync()
+}
+
+// Put atomically creates or replaces the record <id>.json for
+// a.ContainerID in one step, in the state a says; it is durable when Put
+// returns (fsync of the file and the directory). ADDs use Begin and
+// Commit; agents before those wrote pending records with Put, and Load
+// still reads them as pending.
+func (s *Store) Put(a Allocation) error {
+	if a.Version == 0 {
+		a.Version = CurrentVersion
+	}
+	data, err := validate(a)
+	if err != nil {
+		return err
+	}
 
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -196,7 +299,7 @@ func (s *Store) Put(a Allocation) error {
 		os.Remove(tmp)
 		return fmt.Errorf("store: renaming %s to %s: %w", tmp, final, err)
 	}
-	return syncDir(s.allocDir)
+	return s.dirSync.Sync()
 }
 
 // writeTemp writes data to a new temp file in the allocations directory,
@@ -225,30 +328,37 @@ func (s *Store) writeTemp(id string, data []byte) (path string, err error) {
 	return path, nil
 }
 
-// Delete removes the record for containerID. A missing record is not an
-// error.
+// Delete removes the record for containerID, committed or pending. A
+// missing record is not an error.
 func (s *Store) Delete(containerID string) error {
 	if err := ValidateContainerID(containerID); err != nil {
 		return err
 	}
 	s.mu.RLock()
-	defer s.mu.RUnlock()
-
-	p := s.path(containerID)
-	if err := os.Remove(p); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil
+	removed := false
+	for _, p := range []string{s.path(containerID), s.pendingPath(containerID)} {
+		if err := os.Remove(p); err == nil {
+			removed = true
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			s.mu.RUnlock()
+			return fmt.Errorf("store: removing %s: %w", p, err)
 		}
-		return fmt.Errorf("store: removing %s: %w", p, err)
 	}
-	return syncDir(s.allocDir)
+	s.mu.RUnlock()
+	if !removed {
+		return nil
+	}
+	return s.dirSync.Sync()
 }
 
 // Load returns every record, sorted by ContainerID. Leftover temp files from
 // a crash before rename are removed (the real file, if any, is authoritative).
 // Any record that cannot be read, parsed or validated makes Load fail with an
-// error naming the file; such files are never modified. A missing directory
-// is created and yields an empty result.
+// error naming the file; such files are never modified. A pending record
+// (<id>.pending) comes back with state Pending; one that cannot be read
+// (torn by a power loss) comes back as its container ID alone, and one
+// beside a committed record of its container (a crash in Put) is removed.
+// A missing directory is created and yields an empty result.
 func (s *Store) Load() ([]Allocation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -263,6 +373,7 @@ func (s *Store) Load() ([]Allocation, error) {
 
 	var (
 		out        []Allocation
+		pending    []string // container IDs
 		errs       []error
 		removedTmp bool
 	)
@@ -278,10 +389,32 @@ func (s *Store) Load() ([]Allocation, error) {
 			slog.Warn("store: removed leftover temp file from interrupted write", "path", p)
 			continue
 		}
+		if id, ok := strings.CutSuffix(name, pendingSuffix); ok {
+			pending = append(pending, id)
+			continue
+		}
 		if !strings.HasSuffix(name, recordSuffix) {
 			continue
 		}
 		a, err := readRecord(p, strings.TrimSuffix(name, recordSuffix))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, a)
+	}
+	for _, id := range pending {
+		p := s.pendingPath(id)
+		if slices.ContainsFunc(out, func(a Allocation) bool { return a.ContainerID == id }) {
+			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("store: removing superseded pending record %s: %w", p, err))
+				continue
+			}
+			removedTmp = true
+			slog.Warn("store: removed a pending record its committed one supersedes", "path", p)
+			continue
+		}
+		a, err := readPending(p, id)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -333,6 +466,71 @@ func readRecord(path, idFromName string) (Allocation, error) {
 		return bad("%v", err)
 	}
 	return a, nil
+}
+
+// readPending reads a pending record; one that cannot be read or parsed
+// (written but not yet on disk when the power went) is the container ID
+// alone: what it guarded did not survive the reboot either (the orphan
+// veth and claim sweeps remove what would be left). A name that is not a
+// container ID is refused like a bad committed record.
+func readPending(path, id string) (Allocation, error) {
+	if err := ValidateContainerID(id); err != nil {
+		return Allocation{}, fmt.Errorf("store: bad pending record %s: %w", path, err)
+	}
+	a, err := readRecord(path, id)
+	if err != nil {
+		slog.Warn("store: pending record unreadable (torn by a power loss?): dropping it", "path", path, "err", err)
+		a = Allocation{Version: CurrentVersion, ContainerID: id}
+	}
+	a.State = Pending
+	return a, nil
+}
+
+// groupSync shares fsyncs among concurrent callers: a caller's changes are
+// durable after the first sync that starts after it asked, so everyone who
+// asks while one runs shares the next.
+type groupSync struct {
+	sync    func() error
+	mu      sync.Mutex
+	next    *syncBatch // callers waiting for a sync not yet started
+	running bool
+}
+
+type syncBatch struct {
+	done chan struct{}
+	err  error
+}
+
+// Sync returns once a sync that started after the call has finished.
+func (g *groupSync) Sync() error {
+	g.mu.Lock()
+	if g.next == nil {
+		g.next = &syncBatch{done: make(chan struct{})}
+	}
+	b := g.next
+	if !g.running {
+		g.running = true
+		go g.run()
+	}
+	g.mu.Unlock()
+	<-b.done
+	return b.err
+}
+
+func (g *groupSync) run() {
+	for {
+		g.mu.Lock()
+		b := g.next
+		g.next = nil
+		if b == nil {
+			g.running = false
+			g.mu.Unlock()
+			return
+		}
+		g.mu.Unlock()
+		b.err = g.sync()
+		close(b.done)
+	}
 }
 
 // syncDir fsyncs a directory so that renames and removals in it are durable.

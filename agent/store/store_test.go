@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -505,4 +506,189 @@ func TestConcurrentPuts(t *testing.T) {
 			t.Errorf("record %d = %s/%s, want %s/committed", i, a.ContainerID, a.State, want)
 		}
 	}
+}
+
+// An ADD's record: pending (<id>.pending, whole, state pending on Load)
+// from Begin, committed (<id>.json only) after Commit.
+func TestBeginCommit(t *testing.T) {
+	s := openTemp(t)
+	a := sample("c1", Pending)
+	d, err := s.Begin(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.ContainerID() != "c1" {
+		t.Errorf("ContainerID() = %q", d.ContainerID())
+	}
+	want := a
+	want.Version = CurrentVersion
+	got := mustLoad(t, s)
+	if len(got) != 1 {
+		t.Fatalf("after Begin Load = %+v, want one pending record", got)
+	}
+	equalAlloc(t, got[0], want)
+	if _, err := os.Stat(filepath.Join(s.allocDir, "c1.pending")); err != nil {
+		t.Errorf("pending record file: %v", err)
+	}
+	if err := s.Commit(d); err != nil {
+		t.Fatal(err)
+	}
+	want.State = Committed
+	got = mustLoad(t, s)
+	if len(got) != 1 {
+		t.Fatalf("after Commit Load = %+v, want one committed record", got)
+	}
+	equalAlloc(t, got[0], want)
+	ents, _ := os.ReadDir(s.allocDir)
+	if len(ents) != 1 || ents[0].Name() != "c1.json" {
+		t.Errorf("allocations dir holds %v, want only c1.json", ents)
+	}
+	// A draft commits once, and only into its own store.
+	if err := s.Commit(d); err == nil {
+		t.Error("second Commit of the same draft succeeded")
+	}
+	other := openTemp(t)
+	d2, err := s.Begin(sample("c2", Pending))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Commit(d2); err == nil || !strings.Contains(err.Error(), "c2") {
+		t.Errorf("Commit into another store = %v, want an error naming c2", err)
+	}
+}
+
+// Bad input to Begin is refused, named, and leaves no file.
+func TestBeginRefusesBadRecords(t *testing.T) {
+	s := openTemp(t)
+	for _, c := range []struct {
+		a    Allocation
+		want string
+	}{
+		{func() Allocation { a := sample("x", Pending); a.ContainerID = "../x"; return a }(), `"../x"`},
+		{func() Allocation { a := sample("v", Pending); a.Version = 3; return a }(), "version 3"},
+	} {
+		if _, err := s.Begin(c.a); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Begin(%q) = %v, want an error naming %s", c.a.ContainerID, err, c.want)
+		}
+	}
+	if ents, _ := os.ReadDir(s.allocDir); len(ents) != 0 {
+		t.Errorf("refused records left %v", ents)
+	}
+}
+
+// Delete ends a draft: no record remains and its Commit fails, naming it.
+func TestDeleteDraft(t *testing.T) {
+	s := openTemp(t)
+	d, err := s.Begin(sample("gone", Pending))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete("gone"); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustLoad(t, s); len(got) != 0 {
+		t.Fatalf("after Delete Load = %+v", got)
+	}
+	if err := s.Commit(d); err == nil || !strings.Contains(err.Error(), "gone.pending") {
+		t.Errorf("Commit after Delete = %v, want an error naming gone.pending", err)
+	}
+	if got := mustLoad(t, s); len(got) != 0 {
+		t.Fatalf("after the failed Commit Load = %+v", got)
+	}
+}
+
+// A pending record torn by a power loss does not stop the start: it comes
+// back as its container ID (the agent drops it); a pending record beside
+// a committed one of the same container is superseded and removed; a
+// pending name that is no container ID is refused like a bad record.
+func TestLoadPendingRecords(t *testing.T) {
+	s := openTemp(t)
+	writeRaw(t, s, "torn.pending", `{"version":1,"containerID":"to`)
+	writeRaw(t, s, "empty.pending", "")
+	if err := s.Put(sample("both", Committed)); err != nil {
+		t.Fatal(err)
+	}
+	stale := writeRaw(t, s, "both.pending", `{"version":1,"containerID":"both","state":"committed"}`)
+	got := mustLoad(t, s)
+	var summary []string
+	for _, a := range got {
+		summary = append(summary, fmt.Sprintf("%s %s %d", a.ContainerID, a.State, len(a.IPs)))
+	}
+	want := []string{"both committed 2", "empty pending 0", "torn pending 0"}
+	if !reflect.DeepEqual(summary, want) {
+		t.Errorf("Load = %v, want %v", summary, want)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("superseded pending record not removed: %v", err)
+	}
+	// The agent drops them with Delete.
+	for _, id := range []string{"torn", "empty"} {
+		if err := s.Delete(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := mustLoad(t, s); len(got) != 1 {
+		t.Errorf("after Delete Load = %+v, want only both", got)
+	}
+
+	bad := writeRaw(t, s, "a b.pending", "{}")
+	if _, err := s.Load(); err == nil || !strings.Contains(err.Error(), bad) {
+		t.Errorf("Load with %s = %v, want an error naming it", bad, err)
+	}
+}
+
+// groupSync: every caller returns only after a sync that started after its
+// change finished, a failed sync fails everyone it covered, and concurrent
+// callers share syncs.
+func TestGroupSync(t *testing.T) {
+	var written, durable, syncs atomic.Int64
+	var failNext atomic.Bool
+	errSync := errors.New("injected fsync failure")
+	g := groupSync{sync: func() error {
+		at := written.Load()
+		syncs.Add(1)
+		time.Sleep(time.Millisecond)
+		if failNext.Swap(false) {
+			return errSync
+		}
+		for {
+			d := durable.Load()
+			if at <= d || durable.CompareAndSwap(d, at) {
+				return nil
+			}
+		}
+	}}
+	const callers, rounds = 16, 20
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				w := written.Add(1)
+				if err := g.Sync(); err != nil {
+					if !errors.Is(err, errSync) {
+						t.Errorf("Sync = %v", err)
+					}
+					failed.Add(1)
+					continue
+				}
+				if d := durable.Load(); d < w {
+					t.Errorf("Sync returned with change %d not covered (durable up to %d)", w, d)
+				}
+			}
+		}()
+		if failed.Load() == 0 {
+			failNext.Store(true)
+		}
+	}
+	wg.Wait()
+	if n := syncs.Load(); n >= callers*rounds {
+		t.Errorf("%d syncs for %d calls: none shared", n, callers*rounds)
+	}
+	if failed.Load() == 0 {
+		t.Error("the injected fsync failure reached no caller")
+	}
+	t.Logf("%d syncs for %d calls, %d calls failed", syncs.Load(), callers*rounds, failed.Load())
 }

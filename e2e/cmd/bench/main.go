@@ -34,6 +34,7 @@ type options struct {
 	claims               bool
 	profiles             string
 	agentLog             string
+	cniOnly              bool
 }
 
 func main() {
@@ -54,6 +55,7 @@ func main() {
 	flag.StringVar(&o.agentLog, "agent-log", "", "copy the agent's log here at the end")
 	flag.StringVar(&o.profiles, "profiles", "", "save the agent's heap profiles (empty, loaded) and memory split into this directory")
 	flag.BoolVar(&o.claims, "claims", true, "measure the AddressPool claim cost against a kube-apiserver (the e2e lab's; built once into /var/cache/flock-e2e)")
+	flag.BoolVar(&o.cniOnly, "cni-only", false, "measure the CNI figures only and print them (BENCHMARKS.md is left alone): for quick comparisons while optimizing")
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "bench: must run as root (network namespaces, BIRD, kube-apiserver)")
@@ -87,6 +89,9 @@ func run(ctx context.Context, o options) error {
 
 	// The scale run's pods, plus one for the route figures.
 	npods := max(o.seqN, o.tputN, o.pods+1, o.slowN, o.tputSlow)
+	if o.cniOnly {
+		npods = max(o.seqN, o.tputN, o.slowN, o.tputSlow)
+	}
 	logf("creating %d pod namespaces", npods)
 	pool, err := newPodPool(prefix+"p", npods)
 	if err != nil {
@@ -101,31 +106,12 @@ func run(ctx context.Context, o options) error {
 	}
 	defer nl.Close()
 
-	// Memory, empty: flock against a bare embedded GoBGP with the same
-	// session.
-	emptyRSS, err := settledRSS(nl.pid(), o.settle)
-	if err != nil {
-		return err
-	}
-	logf("agent empty: %s", smaps(nl.pid()))
-	if err := saveProfile(nl.n.Agent.AdminSocket, o.profiles, "heap-empty", "heap"); err != nil {
-		logf("profile: %v", err)
-	}
+	emptyRSS, bEmpty, bLoaded := nan(), nan(), nan()
 	routes := o.pods * o.perPod
-	bEmpty, bLoaded := nan(), nan()
-	logf("baseline: bare GoBGP, empty then %d routes", routes)
-	if b, err := nl.startBaseline(filepath.Join(dir, "gobgp-baseline")); err != nil {
-		logf("baseline: %v", err)
-	} else {
-		bEmpty, _ = settledRSS(b.cmd.Process.Pid, o.settle)
-		if err := b.add(routes, netip.MustParseAddr("2001:db8:b::")); err != nil {
-			logf("baseline: %v", err)
-		} else if _, err := nl.fib.WaitCount(netip.MustParsePrefix(baselineRange), routes, 2*time.Minute); err != nil {
-			logf("baseline: %v", err)
-		} else {
-			bLoaded, _ = settledRSS(b.cmd.Process.Pid, o.settle)
+	if !o.cniOnly {
+		if emptyRSS, bEmpty, bLoaded, err = nl.memoryBaseline(dir, o, routes); err != nil {
+			return err
 		}
-		b.stop()
 	}
 
 	// CNI: flock and ptp+host-local, through libcni, the same pod
@@ -195,6 +181,14 @@ func run(ctx context.Context, o options) error {
 	cniFig("ADD throughput, 8 concurrent, IPv4-only", f4.addRate, p4.addRate, "ptp IPv4-only", "pods/s", true, false, 2.0, nil)
 	cniFig("ADD throughput, 8 concurrent, dual-stack vs dual-stack", fd.addRate, p6.addRate, "ptp dual-stack", "pods/s", false, false, nan(), nil)
 	cniFig("DEL throughput, 8 concurrent, dual-stack", fd.delRate, p4.delRate, "ptp IPv4-only", "pods/s", false, false, nan(), nil)
+
+	if o.cniOnly {
+		if o.agentLog != "" {
+			_ = os.WriteFile(o.agentLog, []byte(nl.n.Agent.Log()), 0o644)
+		}
+		fmt.Println(render(figs, o.cmd+" -cni-only", started, notes(o)[:1]))
+		return nil
+	}
 
 	// Scale: pods × anycast routes.
 	logf("scale: %d pods × %d routes from 8 workers", o.pods, o.perPod)
@@ -338,6 +332,35 @@ func run(ctx context.Context, o options) error {
 	report := render(figs, o.cmd, started, notes(o))
 	fmt.Println(report)
 	return os.WriteFile(o.out, []byte(report), 0o644)
+}
+
+// memoryBaseline reads the empty agent's RSS, then a bare embedded GoBGP's
+// with the same session, empty and holding routes routes.
+func (nl *nodeLab) memoryBaseline(dir string, o options, routes int) (empty, bEmpty, bLoaded float64, err error) {
+	bEmpty, bLoaded = nan(), nan()
+	if empty, err = settledRSS(nl.pid(), o.settle); err != nil {
+		return
+	}
+	logf("agent empty: %s", smaps(nl.pid()))
+	if err := saveProfile(nl.n.Agent.AdminSocket, o.profiles, "heap-empty", "heap"); err != nil {
+		logf("profile: %v", err)
+	}
+	logf("baseline: bare GoBGP, empty then %d routes", routes)
+	b, berr := nl.startBaseline(filepath.Join(dir, "gobgp-baseline"))
+	if berr != nil {
+		logf("baseline: %v", berr)
+		return
+	}
+	defer b.stop()
+	bEmpty, _ = settledRSS(b.cmd.Process.Pid, o.settle)
+	if err := b.add(routes, netip.MustParseAddr("2001:db8:b::")); err != nil {
+		logf("baseline: %v", err)
+	} else if _, err := nl.fib.WaitCount(netip.MustParsePrefix(baselineRange), routes, 2*time.Minute); err != nil {
+		logf("baseline: %v", err)
+	} else {
+		bLoaded, _ = settledRSS(b.cmd.Process.Pid, o.settle)
+	}
+	return
 }
 
 func notes(o options) []string {
