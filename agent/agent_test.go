@@ -316,6 +316,13 @@ func TestAddRollback(t *testing.T) {
 			code:    types.ErrInternal,
 		},
 		{
+			name:    "commit fails once the record is renamed",
+			prepare: func(e *env) { e.st.failAfterCommit.Store(true) },
+			touched: true,
+			errIs:   errPut,
+			code:    types.ErrInternal,
+		},
+		{
 			name:    "pending Put fails",
 			prepare: func(e *env) { e.st.failNthPut(1) },
 			touched: false,
@@ -365,6 +372,7 @@ func TestAddRollback(t *testing.T) {
 			// once the fault is gone.
 			e.dp.set(func(d *fakeDP) { d.setupErr = nil })
 			e.st.failNthPut(0)
+			e.st.failAfterCommit.Store(false)
 			if _, err := e.add("c1"); err != nil {
 				t.Fatalf("Add after rollback: %v", err)
 			}

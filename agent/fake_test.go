@@ -348,6 +348,9 @@ type faultStore struct {
 	*store.Store
 	puts      atomic.Int64
 	failPutOn atomic.Int64
+	// failAfterCommit fails Commit once the record is renamed to
+	// committed (as a failed directory fsync would).
+	failAfterCommit atomic.Bool
 	// fault, if set, may fail any Put or Delete (the model test).
 	fault func(op string) error
 }
@@ -376,7 +379,10 @@ func (s *faultStore) Commit(d *store.Draft) error {
 	if err := s.put(); err != nil {
 		return err
 	}
-	return s.Store.Commit(d)
+	if err := s.Store.Commit(d); err != nil || !s.failAfterCommit.Load() {
+		return err
+	}
+	return errPut
 }
 
 func (s *faultStore) Delete(id string) error {

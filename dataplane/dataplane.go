@@ -241,22 +241,35 @@ func (d *Netlink) Setup(p Pod) (Link, error) {
 			return Link{}, fmt.Errorf("veth %s: %w", hostName, err)
 		}
 	}
-	pod, err := ph.LinkByName(p.IfName)
-	if err != nil {
-		return Link{}, fmt.Errorf("netns %s: %s: %w", p.Netns, p.IfName, err)
-	}
-	link := Link{HostVeth: hostName, HostMAC: host.Attrs().HardwareAddr, PodMAC: pod.Attrs().HardwareAddr}
+	link := Link{HostVeth: hostName, HostMAC: host.Attrs().HardwareAddr, PodMAC: p.PodMAC}
 	// The two ends are independent from here: program the pod's while the
-	// host's is done (each request is a round trip to the kernel).
+	// host's is done (each request is a round trip to the kernel). The
+	// host end needs the pod's MAC: the one asked for, else the kernel's.
+	podMAC := make(chan net.HardwareAddr, 1)
+	if p.PodMAC != nil {
+		podMAC <- p.PodMAC
+	}
 	podErr := make(chan error, 1)
 	go func() {
+		defer close(podErr)
+		defer close(podMAC)
+		pod, err := ph.LinkByName(p.IfName)
+		if err != nil {
+			podErr <- fmt.Errorf("netns %s: %s: %w", p.Netns, p.IfName, err)
+			return
+		}
+		link.PodMAC = pod.Attrs().HardwareAddr
+		if p.PodMAC == nil {
+			podMAC <- link.PodMAC
+		}
 		if err := d.setupPodSide(ph, pod, p, link.HostMAC); err != nil {
 			podErr <- fmt.Errorf("netns %s: %w", p.Netns, err)
 		}
-		close(podErr)
 	}()
-	if err := d.setupHostSide(h, host, p, link.PodMAC); err != nil {
-		<-podErr
+	if err := d.setupHostSide(h, host, p, podMAC); err != nil {
+		if perr := <-podErr; perr != nil {
+			return Link{}, perr // the cause, when the host end only waited for it
+		}
 		return Link{}, err
 	}
 	if err := <-podErr; err != nil {
@@ -266,8 +279,9 @@ func (d *Netlink) Setup(p Pod) (Link, error) {
 }
 
 // setupHostSide programs the host end: no kernel link-local, fe80::1,
-// proxy ARP, up, and a host route and pinned neighbour per pod IP.
-func (d *Netlink) setupHostSide(h *netlink.Handle, host netlink.Link, p Pod, podMAC net.HardwareAddr) error {
+// proxy ARP, up, and a host route and pinned neighbour per pod IP (the
+// pod's MAC comes from podMAC; closed empty, the pod end failed).
+func (d *Netlink) setupHostSide(h *netlink.Handle, host netlink.Link, p Pod, podMACs <-chan net.HardwareAddr) error {
 	hostName := p.HostVeth
 	// No kernel link-local on either end: the host end has exactly fe80::1,
 	// the pod end only its /128.
@@ -289,6 +303,10 @@ func (d *Netlink) setupHostSide(h *netlink.Handle, host netlink.Link, p Pod, pod
 		return fmt.Errorf("veth %s: up: %w", hostName, err)
 	}
 
+	podMAC, ok := <-podMACs
+	if !ok {
+		return fmt.Errorf("veth %s: the pod end failed", hostName)
+	}
 	for _, ip := range p.IPs {
 		r := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: ipnet(hostPrefix(ip)), Protocol: RouteProtocol}
 		if ip.Is4() {

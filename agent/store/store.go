@@ -30,6 +30,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/netip"
@@ -190,8 +191,8 @@ func validate(a Allocation) ([]byte, error) {
 
 // Draft is an ADD's record between Begin and Commit: on disk as pending.
 type Draft struct {
-	s      *Store
-	id     string
+	s       *Store
+	id      string
 	synced  chan struct{} // closed when the background fsync is done
 	syncErr error
 }
@@ -215,7 +216,10 @@ func (s *Store) Begin(a Allocation) (*Draft, error) {
 		return nil, err
 	}
 	p := s.pendingPath(a.ContainerID)
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	// A leftover pending record of this container is an error, not
+	// something to overwrite: a truncated rewrite torn by a power loss
+	// could bring the old one back.
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("store: creating %s: %w", p, err)
 	}
@@ -336,19 +340,22 @@ func (s *Store) Delete(containerID string) error {
 	}
 	s.mu.RLock()
 	removed := false
+	var errs []error
 	for _, p := range []string{s.path(containerID), s.pendingPath(containerID)} {
 		if err := os.Remove(p); err == nil {
 			removed = true
 		} else if !errors.Is(err, fs.ErrNotExist) {
-			s.mu.RUnlock()
-			return fmt.Errorf("store: removing %s: %w", p, err)
+			errs = append(errs, fmt.Errorf("store: removing %s: %w", p, err))
 		}
 	}
 	s.mu.RUnlock()
-	if !removed {
-		return nil
+	if removed {
+		// What was removed is made durable even if the other removal failed.
+		if err := s.dirSync.Sync(); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	return s.dirSync.Sync()
+	return errors.Join(errs...)
 }
 
 // Load returns every record, sorted by ContainerID. Leftover temp files from
@@ -356,8 +363,10 @@ func (s *Store) Delete(containerID string) error {
 // Any record that cannot be read, parsed or validated makes Load fail with an
 // error naming the file; such files are never modified. A pending record
 // (<id>.pending) comes back with state Pending; one that cannot be read
-// (torn by a power loss) comes back as its container ID alone, and one
-// beside a committed record of its container (a crash in Put) is removed.
+// (torn by a power loss: empty or cut short) comes back as its container
+// ID alone, and one beside a committed record of its container (which
+// this package's writes never leave; the committed one is authoritative)
+// is removed.
 // A missing directory is created and yields an empty result.
 func (s *Store) Load() ([]Allocation, error) {
 	s.mu.Lock()
@@ -468,19 +477,29 @@ func readRecord(path, idFromName string) (Allocation, error) {
 	return a, nil
 }
 
-// readPending reads a pending record; one that cannot be read or parsed
+// readPending reads a pending record. One that is empty or cut short
 // (written but not yet on disk when the power went) is the container ID
 // alone: what it guarded did not survive the reboot either (the orphan
-// veth and claim sweeps remove what would be left). A name that is not a
-// container ID is refused like a bad committed record.
+// veth and claim sweeps remove what would be left). Anything else wrong
+// with it (unreadable, another version, another container) is refused
+// like a bad committed record: it may guard a veth and claims that are
+// still there.
 func readPending(path, id string) (Allocation, error) {
 	if err := ValidateContainerID(id); err != nil {
 		return Allocation{}, fmt.Errorf("store: bad pending record %s: %w", path, err)
 	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Allocation{}, fmt.Errorf("store: reading pending record %s: %w", path, err)
+	}
+	var syntax *json.SyntaxError
+	if err := json.Unmarshal(data, new(json.RawMessage)); len(bytes.TrimSpace(data)) == 0 || errors.As(err, &syntax) || errors.Is(err, io.ErrUnexpectedEOF) {
+		slog.Warn("store: pending record torn (a power loss mid-ADD?): dropping it", "path", path, "bytes", len(data))
+		return Allocation{Version: CurrentVersion, ContainerID: id, State: Pending}, nil
+	}
 	a, err := readRecord(path, id)
 	if err != nil {
-		slog.Warn("store: pending record unreadable (torn by a power loss?): dropping it", "path", path, "err", err)
-		a = Allocation{Version: CurrentVersion, ContainerID: id}
+		return Allocation{}, err
 	}
 	a.State = Pending
 	return a, nil

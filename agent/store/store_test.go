@@ -631,9 +631,37 @@ func TestLoadPendingRecords(t *testing.T) {
 		t.Errorf("after Delete Load = %+v, want only both", got)
 	}
 
-	bad := writeRaw(t, s, "a b.pending", "{}")
-	if _, err := s.Load(); err == nil || !strings.Contains(err.Error(), bad) {
-		t.Errorf("Load with %s = %v, want an error naming it", bad, err)
+	// Not torn but wrong: it may guard a veth and claims that are still
+	// there, so the start stops, naming the file (which stays).
+	for _, c := range []struct{ name, content, want string }{
+		{"a b.pending", "{}", "a b"},
+		{"v9.pending", `{"version":9,"containerID":"v9","state":"committed"}`, "unsupported version 9"},
+		{"mine.pending", `{"version":1,"containerID":"theirs","state":"committed"}`, "does not match file name"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := openTemp(t)
+			bad := writeRaw(t, s, c.name, c.content)
+			_, err := s.Load()
+			if err == nil || !strings.Contains(err.Error(), bad) || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("Load with %s = %v, want an error naming it and %q", bad, err, c.want)
+			}
+			if b, err := os.ReadFile(bad); err != nil || string(b) != c.content {
+				t.Errorf("%s changed: %q, %v", bad, b, err)
+			}
+		})
+	}
+}
+
+// A leftover pending record of the container is refused by Begin, named,
+// and left as it was.
+func TestBeginRefusesLeftoverPending(t *testing.T) {
+	s := openTemp(t)
+	old := writeRaw(t, s, "c1.pending", `{"version":1,"containerID":"c1","state":"committed"}`)
+	if _, err := s.Begin(sample("c1", Pending)); err == nil || !strings.Contains(err.Error(), old) {
+		t.Errorf("Begin over a leftover = %v, want an error naming %s", err, old)
+	}
+	if b, _ := os.ReadFile(old); !strings.Contains(string(b), `"committed"`) || strings.Contains(string(b), "eth0") {
+		t.Errorf("leftover overwritten: %s", b)
 	}
 }
 
