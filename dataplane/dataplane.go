@@ -453,6 +453,7 @@ func (d *Netlink) HostVeths() ([]string, error) {
 // configured. An unallocated address inside a summary is dropped here
 // instead of bouncing between node and ToR.
 func (d *Netlink) EnsureNode(summaries []netip.Prefix) error {
+	d.host() // the kept socket opens at start, not on the first ADD
 	if err := d.sysctl("net.ipv4.ip_forward", "1"); err != nil {
 		return err
 	}

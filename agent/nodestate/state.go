@@ -151,7 +151,9 @@ func (s *State) Summaries() []netip.Prefix { return slices.Clone(s.summaries) }
 // node hands cidr6/cidr4 pod addresses out from, next to its own summary
 // pools. A pool that overlaps a summary is left out and returned: its
 // addresses would be the node's own and the cluster's at once. Addresses
-// held in a pool that goes stay held.
+// held in a pool that goes stay held; pod addresses restored outside
+// every pool that a new pool covers are handed to IPAM, which would
+// otherwise give them out again.
 func (s *State) SetPodPools(pools []netip.Prefix) (skipped []netip.Prefix, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -169,7 +171,15 @@ func (s *State) SetPodPools(pools []netip.Prefix) (skipped []netip.Prefix, err e
 		}
 		all = append(all, ipam.Pool{Prefix: p})
 	}
-	return skipped, s.ipam.SetPools(all)
+	if err := s.ipam.SetPools(all); err != nil {
+		return skipped, err
+	}
+	for ip, id := range s.outside {
+		if s.ipam.Reserve(ip, id) == nil {
+			delete(s.outside, ip) // the same holder, now through IPAM
+		}
+	}
+	return skipped, nil
 }
 
 // SetSuppressed names the summaries not to advertise, with the reason

@@ -2,6 +2,7 @@ package nodestate
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -312,4 +313,36 @@ func mapsEqual[K comparable, V comparable](a, b map[K]V) bool {
 		}
 	}
 	return true
+}
+
+// A pod address restored outside every pool is held; once a pool covering
+// it arrives, IPAM knows it is taken and hands out everything else.
+func TestPoolArrivingOverRestoredAddress(t *testing.T) {
+	s := newState(t, true)
+	pool := netip.MustParsePrefix("2001:db8:200::/126") // .1 and .2 usable
+	held := netip.MustParseAddr("2001:db8:200::1")
+	if _, err := s.Restore(store.Allocation{ContainerID: "old", IfName: "eth0", Netns: "/ns/old", Pod: pod("old"),
+		HostVeth: dataplane.HostVethName("old"), State: store.Committed, IPs: []netip.Addr{held}}); err != nil {
+		t.Fatal(err)
+	}
+	if skipped, err := s.SetPodPools([]netip.Prefix{pool}); err != nil || skipped != nil {
+		t.Fatalf("SetPodPools = %v, %v", skipped, err)
+	}
+	for i := range 2 {
+		rec, err := s.Reserve(store.Allocation{ContainerID: fmt.Sprintf("new%d", i), Pod: pod("new")}, []ipam.Request{{Family: 6, Range: pool}})
+		if i == 1 {
+			if !errors.Is(err, ipam.ErrExhausted) {
+				t.Errorf("second ADD from the pool: %v, %v; want it exhausted (its other address is held)", rec.IPs, err)
+			}
+			continue
+		}
+		if err != nil || slices.Contains(rec.IPs, held) {
+			t.Fatalf("ADD from the new pool got %v, %v; %s is held by old", rec.IPs, err, held)
+		}
+	}
+	// The old pod still holds it, once: its DEL frees it.
+	s.Release("old")
+	if rec, err := s.Reserve(store.Allocation{ContainerID: "after", Pod: pod("after")}, []ipam.Request{{Family: 6, Range: pool}}); err != nil || !slices.Equal(rec.IPs, []netip.Addr{held}) {
+		t.Errorf("after old's release: %v, %v; want %s", rec.IPs, err, held)
+	}
 }
