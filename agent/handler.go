@@ -26,6 +26,19 @@ type netConf struct {
 	} `json:"cni.dev/valid-attachments,omitempty"`
 }
 
+// resultJSON encodes res in the config's spec version when the result can
+// be given in it (the plugin then prints it as it comes, without decoding
+// it: every ADD saves the plugin process that work), else as it is.
+func resultJSON(res *current.Result, cniVersion string) (json.RawMessage, error) {
+	var out types.Result = res
+	if cniVersion != "" && cniVersion != res.CNIVersion {
+		if r, err := res.GetAsVersion(cniVersion); err == nil {
+			out = r
+		}
+	}
+	return json.Marshal(out)
+}
+
 // Handle serves one wire request.
 func (a *Agent) Handle(ctx context.Context, req wire.Request) wire.Response {
 	var conf netConf
@@ -41,7 +54,7 @@ func (a *Agent) Handle(ctx context.Context, req wire.Request) wire.Response {
 			a.log.Warn("ADD failed", "container", req.ContainerID, "err", err)
 			return wire.Response{Error: ToCNI(err)}
 		}
-		raw, err := json.Marshal(buildResult(rec))
+		raw, err := resultJSON(buildResult(rec), conf.CNIVersion)
 		if err != nil {
 			return wire.Response{Error: ToCNI(err)}
 		}

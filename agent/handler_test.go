@@ -13,6 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
 
 	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
@@ -340,5 +341,34 @@ func TestHandleAddResultOrderFromRestoredRecord(t *testing.T) {
 	res, _ := current.GetResult(r)
 	if len(res.IPs) != 2 || !res.IPs[0].Address.IP.Equal(net.ParseIP("fd00:10:1::9")) || !res.IPs[1].Address.IP.Equal(net.ParseIP("10.1.1.9")) {
 		t.Errorf("IPs = %v, want IPv6 first", res.IPs)
+	}
+}
+
+// The result comes in the config's spec version when that version can
+// carry it (the plugin prints it as it is); an unknown version gets the
+// agent's own.
+func TestHandleAddResultVersion(t *testing.T) {
+	for i, c := range []struct{ conf, want string }{
+		{"1.0.0", "1.0.0"}, {"0.4.0", "0.4.0"}, {"0.3.1", "0.3.1"}, {"9.9.9", "1.1.0"}, {"", "1.1.0"},
+	} {
+		t.Run(c.conf, func(t *testing.T) {
+			e := started(t)
+			id := fmt.Sprintf("v%d", i)
+			req := addReq(id, podArgs("prod", "web-0"))
+			req.Config = json.RawMessage(fmt.Sprintf(`{"cniVersion":%q,"name":"n","type":"flock"}`, c.conf))
+			resp := e.a.Handle(context.Background(), req)
+			if resp.Error != nil {
+				t.Fatalf("ADD: %+v", resp.Error)
+			}
+			res, err := version.NewResult(c.want, resp.Result)
+			if err != nil || res.Version() != c.want {
+				t.Fatalf("result %s: want a %s result (%v)", resp.Result, c.want, err)
+			}
+			cur, err := current.GetResult(res)
+			rec := e.a.Allocations()[0]
+			if err != nil || len(cur.IPs) != len(rec.IPs) || len(cur.Interfaces) != 2 || cur.Interfaces[0].Mac != rec.HostMAC {
+				t.Errorf("result %+v (%v) does not carry allocation %+v", cur, err, rec)
+			}
+		})
 	}
 }

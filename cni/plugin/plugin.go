@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -21,9 +22,11 @@ import (
 // Supported are the CNI spec versions the plugin speaks.
 var Supported = version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
-// NetConf is flock's network config.
+// NetConf is the part of flock's network config the plugin reads (the
+// agent gets all of it). Only these fields are decoded: every field is
+// reflection work a short-lived process pays on each ADD.
 type NetConf struct {
-	types.PluginConf
+	CNIVersion string `json:"cniVersion"`
 	// Socket is the agent's CNI socket (default /run/flock/cni.sock).
 	Socket string `json:"socket,omitempty"`
 	// TimeoutSeconds bounds one request to the agent (default 30).
@@ -74,10 +77,19 @@ func call(op wire.Op, args *skel.CmdArgs, timeout time.Duration) (*NetConf, json
 	return conf, resp.Result, nil
 }
 
-// Add forwards ADD and prints the result in the caller's spec version.
+// Add forwards ADD and prints the result in the caller's spec version. The
+// agent answers in that version already: then the result is printed as it
+// came, and converted here only when it is not (an older agent).
 func Add(args *skel.CmdArgs) error {
 	conf, raw, err := call(wire.OpAdd, args, 0)
 	if err != nil {
+		return err
+	}
+	var hdr struct {
+		CNIVersion string `json:"cniVersion"`
+	}
+	if conf.CNIVersion != "" && json.Unmarshal(raw, &hdr) == nil && hdr.CNIVersion == conf.CNIVersion {
+		_, err := os.Stdout.Write(append(raw, '\n'))
 		return err
 	}
 	res, err := current.NewResult(raw)
