@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -552,24 +553,14 @@ func (d *Netlink) SetRoute(dst netip.Prefix, nhs []Nexthop) error {
 // WatchLinks calls gone with the name of every flock veth that disappears
 // from the node until ctx ends (a pod's netns destroyed without a DEL takes
 // its veth, and the kernel the routes through it, without telling anyone).
-// When events may have been lost (the subscription broke and is renewed)
-// it calls gone(""). Watching is best effort: the periodic repair is the
-// safety net, so a failing subscription is retried, never fatal.
+// When events may have been lost (the subscription broke and is renewed,
+// or the kernel dropped notifications) it calls gone(""). Watching is best
+// effort: the periodic repair is the safety net, so a failing
+// subscription is retried, never fatal.
 func (d *Netlink) WatchLinks(ctx context.Context, gone func(name string)) error {
 	backoff := time.Second
 	for first := true; ; first = false {
-		ch := make(chan netlink.LinkUpdate, 256)
-		done := make(chan struct{})
-		err := netlink.LinkSubscribeWithOptions(ch, done, netlink.LinkSubscribeOptions{
-			ErrorCallback: func(err error) { d.log().Debug("link watch", "err", err) },
-		})
-		if err == nil {
-			if !first {
-				gone("")
-			}
-			err = watchLinks(ctx, ch, gone)
-		}
-		close(done)
+		err := watchDeletedLinks(ctx, !first, gone)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -583,20 +574,71 @@ func (d *Netlink) WatchLinks(ctx context.Context, gone func(name string)) error 
 	}
 }
 
-func watchLinks(ctx context.Context, ch <-chan netlink.LinkUpdate, gone func(string)) error {
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case u, ok := <-ch:
-			if !ok {
-				return errors.New("netlink subscription closed")
+// watchDeletedLinks reads link notifications on a socket of its own and
+// looks only at RTM_DELLINK: every ADD causes several RTM_NEWLINKs, and
+// decoding each whole (as a generic link subscription does) was most of
+// what the agent allocated in a burst of ADDs.
+func watchDeletedLinks(ctx context.Context, renewed bool, gone func(string)) error {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("link watch: socket: %w", err)
+	}
+	defer unix.Close(fd)
+	// A burst of ADDs must not overflow it (a drop costs a full re-read).
+	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20) != nil {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
+	}
+	// Wake now and then to notice that ctx is done.
+	tv := unix.NsecToTimeval((250 * time.Millisecond).Nanoseconds())
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return fmt.Errorf("link watch: receive timeout: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1 << (unix.RTNLGRP_LINK - 1)}); err != nil {
+		return fmt.Errorf("link watch: subscribe: %w", err)
+	}
+	if renewed {
+		gone("")
+	}
+	buf := make([]byte, 64<<10)
+	for ctx.Err() == nil {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		switch {
+		case errors.Is(err, unix.EAGAIN), errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.ENOBUFS):
+			gone("") // the kernel dropped notifications
+			continue
+		case err != nil:
+			return fmt.Errorf("link watch: %w", err)
+		}
+		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+		if err != nil {
+			return fmt.Errorf("link watch: %w", err)
+		}
+		for i := range msgs {
+			if msgs[i].Header.Type != unix.RTM_DELLINK {
+				continue
 			}
-			if u.Header.Type == unix.RTM_DELLINK && u.Link != nil && strings.HasPrefix(u.Link.Attrs().Name, VethPrefix) {
-				gone(u.Link.Attrs().Name)
+			if name := deletedLinkName(&msgs[i]); strings.HasPrefix(name, VethPrefix) {
+				gone(name)
 			}
 		}
 	}
+	return nil
+}
+
+// deletedLinkName is the IFLA_IFNAME of an RTM_DELLINK message.
+func deletedLinkName(m *syscall.NetlinkMessage) string {
+	attrs, err := syscall.ParseNetlinkRouteAttr(m)
+	if err != nil {
+		return ""
+	}
+	for _, a := range attrs {
+		if a.Attr.Type == unix.IFLA_IFNAME {
+			return strings.TrimRight(string(a.Value), "\x00")
+		}
+	}
+	return ""
 }
 
 // HostRoutes returns the flock routes that have a gateway (the anycast and

@@ -1,12 +1,15 @@
 package dataplane
 
 import (
+	"context"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -139,6 +142,74 @@ func TestSetupRetireTeardown(t *testing.T) {
 		}
 		if err := d.Retire(other.Name); err == nil || !strings.Contains(err.Error(), other.Name) || !strings.Contains(err.Error(), "not a veth") {
 			t.Errorf("Retire of a bridge: %v", err)
+		}
+	})
+}
+
+// WatchLinks reports a flock veth deleted behind the agent's back, by
+// name, and nothing for links created or changed or for links that are
+// not flock's.
+func TestWatchLinks(t *testing.T) {
+	inNewNetns(t, func(podNS string) {
+		d := &Netlink{}
+		ctx, cancel := context.WithCancel(context.Background())
+		got := make(chan string, 16)
+		done := make(chan error, 1)
+		// The watch must run in the node's namespace: this locked thread.
+		watchNS, err := netns.Get()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer watchNS.Close()
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			if err := netns.Set(watchNS); err != nil {
+				done <- err
+				return
+			}
+			done <- d.WatchLinks(ctx, func(name string) { got <- name })
+		}()
+		defer func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("WatchLinks: %v", err)
+			}
+		}()
+		time.Sleep(100 * time.Millisecond) // subscribed
+		for i, name := range []string{"flocka1b2c3d4", "other0"} {
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("peer%d", i)}); err != nil {
+				t.Fatal(err)
+			}
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, name := range []string{"other0", "flocka1b2c3d4"} {
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := netlink.LinkDel(l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case name := <-got:
+			if name != "flocka1b2c3d4" {
+				t.Errorf("gone(%q), want only flocka1b2c3d4", name)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("no report of the deleted flock veth")
+		}
+		select {
+		case name := <-got:
+			t.Errorf("gone(%q) again: want one report", name)
+		case <-time.After(200 * time.Millisecond):
 		}
 	})
 }

@@ -128,7 +128,10 @@ func readLine(r io.Reader) ([]byte, error) {
 	const limit = MaxFrameBytes + 1 // payload plus newline
 	br, ok := r.(*bufio.Reader)
 	if !ok {
-		br = bufio.NewReaderSize(r, 64<<10)
+		// Frames are ~1 KiB; longer ones are read in pieces below. (A
+		// 64 KiB buffer per request was half of what the agent allocated
+		// under a burst of ADDs, and page faults in every plugin process.)
+		br = bufio.NewReaderSize(r, 4<<10)
 	}
 	var line []byte
 	for {
