@@ -77,7 +77,7 @@ const bfdShutdown = 150 * time.Millisecond
 // down on the way out: pods keep working and graceful restart keeps their
 // routes at the ToR until the agent is back.
 func Run(ctx context.Context, o Options) error {
-	tuneGC()
+	gc := tuneGC()
 	outer := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -104,6 +104,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return stop(err)
 	}
+	d.gc = gc
 	// A planned stop (SIGTERM, a rollout): BFD peers hear AdminDown first,
 	// which RFC 5882 §3.2 says is no failure, so a ToR keeps the routes
 	// graceful restart is about to protect. A crash sends nothing.
@@ -205,6 +206,7 @@ func Run(ctx context.Context, o Options) error {
 
 type daemon struct {
 	o          Options
+	gc         *burstGC
 	log        *slog.Logger
 	nodeName   string
 	state      *nodestate.State
@@ -318,6 +320,7 @@ func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 
 func (d *daemon) handleCNI(ctx context.Context, req wire.Request) wire.Response {
 	start := time.Now()
+	d.gc.request()
 	resp := d.agent.Handle(ctx, req)
 	d.metrics.ObserveCNI(string(req.Op), resp.Error == nil, time.Since(start))
 	return resp

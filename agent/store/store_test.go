@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -719,4 +720,119 @@ func TestGroupSync(t *testing.T) {
 		t.Error("the injected fsync failure reached no caller")
 	}
 	t.Logf("%d syncs for %d calls, %d calls failed", syncs.Load(), callers*rounds, failed.Load())
+}
+
+func inode(t *testing.T, p string) uint64 {
+	t.Helper()
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Sys().(*syscall.Stat_t).Ino
+}
+
+// A deleted record's file is emptied and becomes the next pending record
+// (no new inode), holding only the new record; spares stay bounded and
+// are not records.
+func TestDeletedRecordFilesAreReused(t *testing.T) {
+	s := openTemp(t)
+	d, err := s.Begin(sample("old", Pending))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(d); err != nil {
+		t.Fatal(err)
+	}
+	ino := inode(t, s.path("old"))
+	if err := s.Delete("old"); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustLoadKeep(t, s); len(got) != 0 {
+		t.Fatalf("after Delete: %+v", got)
+	}
+	short := sample("new", Pending)
+	short.Anycast, short.Addresses = nil, nil // shorter than the old record
+	if _, err := s.Begin(short); err != nil {
+		t.Fatal(err)
+	}
+	if got := inode(t, s.pendingPath("new")); got != ino {
+		t.Errorf("pending record in inode %d, want the deleted record's %d", got, ino)
+	}
+	b, err := os.ReadFile(s.pendingPath("new"))
+	if err != nil || strings.Contains(string(b), "old") || !strings.HasSuffix(string(b), "}\n") {
+		t.Errorf("reused file holds %q (%v): want the new record alone", b, err)
+	}
+
+	// Bounded: a node that loses many pods at once keeps maxSpares.
+	for i := range maxSpares + 10 {
+		id := fmt.Sprintf("m%d", i)
+		if err := s.Put(sample(id, Committed)); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Delete(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ents, _ := os.ReadDir(s.allocDir)
+	spares := 0
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".spare-") {
+			spares++
+			if fi, _ := e.Info(); fi.Size() != 0 {
+				t.Errorf("spare %s holds %d bytes", e.Name(), fi.Size())
+			}
+		}
+	}
+	if spares != maxSpares {
+		t.Errorf("%d spare files, want %d", spares, maxSpares)
+	}
+	// Load removes spares, unread (a crash can leave one with content).
+	writeRaw(t, s, ".spare-999999.tmp", `{"version":1,"containerID":"zombie","state":"committed"}`)
+	got := mustLoad(t, s)
+	if len(got) != 1 || got[0].ContainerID != "new" {
+		t.Errorf("Load = %+v, want only new", got)
+	}
+	ents, _ = os.ReadDir(s.allocDir)
+	if len(ents) != 1 {
+		t.Errorf("after Load the directory holds %d files, want new.pending alone", len(ents))
+	}
+}
+
+// With spares at hand, Begin still refuses a leftover pending record and
+// keeps the spare.
+func TestBeginWithSparesRefusesLeftover(t *testing.T) {
+	s := openTemp(t)
+	if err := s.Put(sample("x", Committed)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete("x"); err != nil {
+		t.Fatal(err)
+	}
+	old := writeRaw(t, s, "c1.pending", `{"version":1,"containerID":"c1","state":"committed"}`)
+	if _, err := s.Begin(sample("c1", Pending)); err == nil || !strings.Contains(err.Error(), old) {
+		t.Errorf("Begin over a leftover = %v, want an error naming %s", err, old)
+	}
+	if b, _ := os.ReadFile(old); strings.Contains(string(b), "eth0") {
+		t.Errorf("leftover overwritten: %s", b)
+	}
+	if n := len(s.spares); n != 1 {
+		t.Errorf("%d spares after the refusal, want the 1 kept", n)
+	}
+}
+
+// mustLoadKeep is Load without disturbing the spares: it reads the
+// records the way Load does.
+func mustLoadKeep(t *testing.T, s *Store) []string {
+	t.Helper()
+	ents, err := os.ReadDir(s.allocDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, e := range ents {
+		if n := e.Name(); !strings.HasPrefix(n, ".") {
+			ids = append(ids, n)
+		}
+	}
+	return ids
 }

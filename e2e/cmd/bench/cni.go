@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -25,6 +27,40 @@ type plugin struct {
 	// namespace it is executed in: never the machine's own).
 	host *lab.NS
 	args func(i int) [][2]string
+	// quiesce, if set, waits until the work a DEL left to run after it
+	// returned is done, so that each timed phase starts on an idle node.
+	quiesce func() error
+	// agent, if set, is the pid of a daemon the plugin calls (its CPU is
+	// part of an ADD's cost).
+	agent func() int
+}
+
+// cpuSplit is the CPU time a phase cost, by who spent it.
+type cpuSplit struct {
+	plugins, caller, agent time.Duration // exec'd plugins (and what they exec), this process (libcni), the daemon
+}
+
+func rusage(who int) time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(who, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// cpuDuring runs f and returns the CPU time spent meanwhile.
+func (p plugin) cpuDuring(f func() error) (cpuSplit, error) {
+	var a0, a1 time.Duration
+	if p.agent != nil {
+		a0, _ = cpuTime(p.agent())
+	}
+	c0, s0 := rusage(syscall.RUSAGE_CHILDREN), rusage(syscall.RUSAGE_SELF)
+	err := f()
+	c1, s1 := rusage(syscall.RUSAGE_CHILDREN), rusage(syscall.RUSAGE_SELF)
+	if p.agent != nil {
+		a1, _ = cpuTime(p.agent())
+	}
+	return cpuSplit{plugins: c1 - c0, caller: s1 - s0, agent: a1 - a0}, err
 }
 
 // run calls f on a thread in p's host namespace (or anywhere for flock,
@@ -141,16 +177,20 @@ func (p plugin) concurrent(workers, n int, op func(i int) error) (float64, error
 	return float64(n) / el.Seconds(), nil
 }
 
-// throughput ADDs n pods from 8 workers, then DELs them the same way.
-func (p plugin) throughput(ctx context.Context, pool podPool, tag string, n int) (add, del float64, err error) {
-	add, err = p.concurrent(8, n, func(i int) error {
-		if _, err := p.cni.Add(ctx, p.pod(tag, i, pool[i])); err != nil {
-			return fmt.Errorf("%s: ADD %d: %w", p.name, i, err)
-		}
-		return nil
+// throughput ADDs n pods from 8 workers, then DELs them the same way,
+// and says what CPU the ADDs cost.
+func (p plugin) throughput(ctx context.Context, pool podPool, tag string, n int) (add, del float64, cpu cpuSplit, err error) {
+	cpu, err = p.cpuDuring(func() error {
+		add, err = p.concurrent(8, n, func(i int) error {
+			if _, err := p.cni.Add(ctx, p.pod(tag, i, pool[i])); err != nil {
+				return fmt.Errorf("%s: ADD %d: %w", p.name, i, err)
+			}
+			return nil
+		})
+		return err
 	})
 	if err != nil {
-		return math.NaN(), math.NaN(), err
+		return math.NaN(), math.NaN(), cpu, err
 	}
 	del, err = p.concurrent(8, n, func(i int) error {
 		if err := p.cni.Del(ctx, p.pod(tag, i, pool[i])); err != nil {
@@ -158,7 +198,20 @@ func (p plugin) throughput(ctx context.Context, pool podPool, tag string, n int)
 		}
 		return nil
 	})
-	return add, del, err
+	return add, del, cpu, err
+}
+
+// settle runs p.quiesce, if any, and says how long it waited.
+func (p plugin) settle() error {
+	if p.quiesce == nil {
+		return nil
+	}
+	start := time.Now()
+	if err := p.quiesce(); err != nil {
+		return fmt.Errorf("%s: waiting for the node to be idle: %w", p.name, err)
+	}
+	logf("CNI: %s: node idle after %s", p.name, time.Since(start).Round(time.Millisecond))
+	return nil
 }
 
 // cniResult is one plugin's figures.
@@ -166,19 +219,60 @@ type cniResult struct {
 	addP50, addP99, delP50, delP99 float64
 	addRate, delRate               float64
 	err                            error
+
+	add, del           []time.Duration // every round's sequential samples
+	addRates, delRates []float64       // one per round
+	cpu                cpuSplit        // the throughput ADDs', all rounds
+	cpuADDs            int
 }
 
-func measureCNI(ctx context.Context, p plugin, pool podPool, tag string, seqN, tputN int) cniResult {
-	r := cniResult{addP50: math.NaN(), addP99: math.NaN(), delP50: math.NaN(), delP99: math.NaN(), addRate: math.NaN(), delRate: math.NaN()}
+// measureRound adds one round of p's samples to r: sequential ADDs then
+// DELs, then ADDs and DELs from 8 workers.
+func measureRound(ctx context.Context, p plugin, pool podPool, tag string, seqN, tputN int, r *cniResult) {
+	if r.err != nil {
+		return
+	}
+	if r.err = p.settle(); r.err != nil {
+		return
+	}
 	logf("CNI: %s: %d sequential ADDs then DELs", p.name, seqN)
 	add, del, err := p.sequential(ctx, pool, tag+"s", seqN)
 	if err != nil {
 		r.err = err
-		return r
+		return
 	}
-	r.addP50, r.addP99, r.delP50, r.delP99 = pct(add, .5), pct(add, .99), pct(del, .5), pct(del, .99)
-	logf("CNI: %s: ADD p50 %.1f ms p99 %.1f ms, DEL p50 %.1f ms p99 %.1f ms; %d ADDs from 8 workers", p.name, r.addP50, r.addP99, r.delP50, r.delP99, tputN)
-	r.addRate, r.delRate, r.err = p.throughput(ctx, pool, tag+"t", tputN)
-	logf("CNI: %s: %.0f ADDs/s, %.0f DELs/s", p.name, r.addRate, r.delRate)
-	return r
+	r.add, r.del = append(r.add, add...), append(r.del, del...)
+	logf("CNI: %s: ADD p50 %.1f ms, DEL p50 %.1f ms; %d ADDs from 8 workers", p.name, pct(add, .5), pct(del, .5), tputN)
+	if r.err = p.settle(); r.err != nil {
+		return
+	}
+	addRate, delRate, cpu, err := p.throughput(ctx, pool, tag+"t", tputN)
+	if err != nil {
+		r.err = err
+		return
+	}
+	r.addRates, r.delRates = append(r.addRates, addRate), append(r.delRates, delRate)
+	r.cpu.plugins, r.cpu.caller, r.cpu.agent = r.cpu.plugins+cpu.plugins, r.cpu.caller+cpu.caller, r.cpu.agent+cpu.agent
+	r.cpuADDs += tputN
+	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(tputN) }
+	logf("CNI: %s: %.0f ADDs/s, %.0f DELs/s; CPU per ADD: plugin %.2f ms, caller %.2f ms, agent %.2f ms", p.name, addRate, delRate, per(cpu.plugins), per(cpu.caller), per(cpu.agent))
+}
+
+// finish computes the figures from the rounds: percentiles over every
+// sequential sample, the median round's rates.
+func (r *cniResult) finish() {
+	r.addP50, r.addP99, r.delP50, r.delP99 = pct(r.add, .5), pct(r.add, .99), pct(r.del, .5), pct(r.del, .99)
+	r.addRate, r.delRate = median(r.addRates), median(r.delRates)
+	if r.err != nil {
+		r.addRate, r.delRate = math.NaN(), math.NaN()
+	}
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }

@@ -27,6 +27,7 @@ func logf(format string, args ...any) {
 type options struct {
 	out, binDir, cmd     string
 	seqN, slowN, tputN   int
+	rounds               int
 	tputSlow             int
 	pods, perPod, routeN int
 	claimN               int
@@ -45,6 +46,7 @@ func main() {
 	flag.IntVar(&o.seqN, "n", 200, "sequential ADDs (then DELs) per configuration")
 	flag.IntVar(&o.slowN, "n-slow", 20, "sequential ADDs for ptp dual-stack (it waits for IPv6 DAD: ~2 s each)")
 	flag.IntVar(&o.tputN, "tput", 200, "pods ADDed by 8 workers for the throughput figure")
+	flag.IntVar(&o.rounds, "rounds", 3, "CNI rounds, flock and ptp in turn in each (sequential samples pooled, the median round's throughput)")
 	flag.IntVar(&o.tputSlow, "tput-slow", 64, "the same for ptp dual-stack")
 	flag.IntVar(&o.pods, "pods", 1000, "pods in the scale run")
 	flag.IntVar(&o.perPod, "routes-per-pod", 10, "distinct anycast routes per pod in the scale run")
@@ -132,35 +134,49 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	results := map[string]cniResult{}
-	for _, c := range []struct {
+	// Rounds, each plugin in turn within a round: the machine's speed
+	// drifts over minutes, and interleaving keeps the ratios honest.
+	confs := []struct {
 		p         plugin
 		tag       string
 		seq, tput int
+		rounds    int
 	}{
-		{nl.flock(), "fd", o.seqN, o.tputN},
-		{nl.flockV4(), "f4", o.seqN, o.tputN},
-		{ptp4, "p4", o.seqN, o.tputN},
-		{ptp6, "p6", o.slowN, o.tputSlow},
-	} {
-		r := measureCNI(ctx, c.p, pool, c.tag, c.seq, c.tput)
-		if r.err != nil {
-			logf("CNI: %s: %v", c.p.name, r.err)
+		{nl.flock(), "fd", o.seqN, o.tputN, o.rounds},
+		{nl.flockV4(), "f4", o.seqN, o.tputN, o.rounds},
+		{ptp4, "p4", o.seqN, o.tputN, o.rounds},
+		{ptp6, "p6", o.slowN, o.tputSlow, 1}, // DAD makes each ADD ~2 s; it is context only
+	}
+	results := map[string]*cniResult{}
+	for _, c := range confs {
+		results[c.p.name] = &cniResult{}
+	}
+	for round := 1; round <= o.rounds; round++ {
+		logf("CNI: round %d of %d", round, o.rounds)
+		for _, c := range confs {
+			if round <= c.rounds {
+				measureRound(ctx, c.p, pool, fmt.Sprintf("%s%d", c.tag, round), c.seq, c.tput, results[c.p.name])
+			}
 		}
-		results[c.p.name] = r
+	}
+	for name, r := range results {
+		r.finish()
+		if r.err != nil {
+			logf("CNI: %s: %v", name, r.err)
+		}
 	}
 	if o.profiles != "" {
 		// What the agent spends its CPU on while ADDs come 8 at a time.
 		wait := cpuProfile(nl.n.Agent.AdminSocket, o.profiles, "cpu-tput", 3*time.Second)
 		for start := time.Now(); time.Since(start) < 3*time.Second; {
-			if _, _, err := nl.flock().throughput(ctx, pool, "pf", o.tputN); err != nil {
+			if _, _, _, err := nl.flock().throughput(ctx, pool, "pf", o.tputN); err != nil {
 				logf("profile run: %v", err)
 				break
 			}
 		}
 		wait()
 	}
-	fd, f4, p4, p6 := results["flock dual-stack"], results["flock IPv4-only"], results["ptp IPv4-only"], results["ptp dual-stack"]
+	fd, f4, p4, p6 := *results["flock dual-stack"], *results["flock IPv4-only"], *results["ptp IPv4-only"], *results["ptp dual-stack"]
 	const sec = "CNI through libcni (exec of the plugin), real namespaces, sequential unless noted"
 	cniFig := func(name string, v, b float64, bn, unit string, ratio, maxi bool, limit float64, err error) {
 		f := figure{Section: sec, Name: name, Value: v, Base: b, BaseName: bn, Unit: unit, Ratio: ratio, Max: maxi, Limit: limit}
@@ -365,7 +381,7 @@ func (nl *nodeLab) memoryBaseline(dir string, o options, routes int) (empty, bEm
 
 func notes(o options) []string {
 	return []string{
-		fmt.Sprintf("CNI: %d sequential ADDs, then %d sequential DELs, per configuration (ptp dual-stack: %d, it waits for IPv6 DAD); throughput: %d pods ADDed by 8 workers, then DELed (ptp dual-stack: %d). Each pod in its own namespace. flock's agent has a BGP session with the ToR up; ptp runs inside a namespace of its own.", o.seqN, o.seqN, o.slowN, o.tputN, o.tputSlow),
+		fmt.Sprintf("CNI: %d rounds, each configuration in turn within a round (the machine's speed drifts; interleaving keeps the ratios fair): %d sequential ADDs, then %d sequential DELs (ptp dual-stack: %d, in the first round only, it waits for IPv6 DAD); throughput: %d pods ADDed by 8 workers, then DELed (ptp dual-stack: %d). Latency percentiles pool every round's samples; throughput is the median round's. Each pod in its own namespace; each timed phase starts once the node is idle (no veth of an earlier DEL still being unregistered). flock's agent has a BGP session with the ToR up; ptp runs inside a namespace of its own.", o.rounds, o.seqN, o.seqN, o.slowN, o.tputN, o.tputSlow),
 		"Wire figures come from a packet socket on the ToR's port (the node's UPDATEs before BIRD processes them); FIB figures from a netlink watch of the ToR's kernel table, which BIRD programs.",
 		fmt.Sprintf("RSS is VmRSS read %s after the load (the Go scavenger returns freed memory in the background); the baseline is a bare embedded GoBGP v4.8.0 (e2e/cmd/gobgp-baseline, built like the agent) with the same session to the ToR, originating the same number of routes.", o.settle),
 		"Restart: the agent is stopped (SIGTERM) or killed (SIGKILL) and started again at once; ready is from exec to the first answered CNI STATUS. Withdrawals are counted on the wire from the stop until 3 s after the new End-of-RIB.",

@@ -17,7 +17,9 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
 
+	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 )
 
@@ -147,13 +149,40 @@ func tail(s string, n int) string {
 }
 
 func (nl *nodeLab) flock() plugin {
-	return plugin{name: "flock dual-stack", cni: nl.n.CNI, args: func(i int) [][2]string { return lab.PodArgs("default", fmt.Sprintf("p%d", i)) }}
+	return plugin{name: "flock dual-stack", cni: nl.n.CNI, quiesce: nl.vethsGone, agent: nl.pid,
+		args: func(i int) [][2]string { return lab.PodArgs("default", fmt.Sprintf("p%d", i)) }}
 }
 
 func (nl *nodeLab) flockV4() plugin {
-	return plugin{name: "flock IPv4-only", cni: nl.n.CNI, args: func(i int) [][2]string {
+	return plugin{name: "flock IPv4-only", cni: nl.n.CNI, quiesce: nl.vethsGone, agent: nl.pid, args: func(i int) [][2]string {
 		return lab.PodArgs("default", fmt.Sprintf("p%d", i), "flock.fritzlab.net/ipv6", "false")
 	}}
+}
+
+// vethsGone waits until no flock veth is left on the node: a DEL returns
+// before the kernel has unregistered the pod's veth (ptp's DEL waits for
+// it), and the next timed phase must not run beside that.
+func (nl *nodeLab) vethsGone() error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var left int
+		err := nl.n.NS.Do(func(h *netlink.Handle) error {
+			links, err := h.LinkList()
+			for _, l := range links {
+				if strings.HasPrefix(l.Attrs().Name, dataplane.VethPrefix) {
+					left++
+				}
+			}
+			return err
+		})
+		if err != nil || left == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d flock veths still there after a minute", left)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func (nl *nodeLab) pid() int { return nl.n.Agent.Pid() }
