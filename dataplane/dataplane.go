@@ -100,27 +100,45 @@ type Netlink struct {
 	// ProcSys is the sysctl tree, "/proc/sys" unless a test says otherwise.
 	ProcSys string
 
-	once sync.Once
-	h    *netlink.Handle
+	once    sync.Once
+	handles chan *netlink.Handle // kept sockets of the node's netns, idle
 }
 
-// host is a netlink handle of the agent's namespace that keeps its socket:
-// the package-level calls open and close one per request, which every ADD
-// pays a dozen times over.
+// keptHandles bounds the idle sockets kept: about the ADDs a node runs at
+// once.
+const keptHandles = 8
+
+// host lends a netlink handle of the agent's namespace that keeps its
+// socket (the package-level calls open and close one per request, which
+// every ADD pays a dozen times over); put gives it back. A handle runs one
+// request at a time, so concurrent ADDs each get their own: unrelated
+// pods' netlink work never waits on a lock of ours.
 func (d *Netlink) host() *netlink.Handle {
-	d.once.Do(func() {
-		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-		if err == nil {
-			// A lost reply must not hold the shared socket for ever.
-			err = h.SetSocketTimeout(10 * time.Second)
-		}
-		if err != nil {
-			d.log().Warn("netlink: no persistent handle; a socket per request", "err", err)
-			h = &netlink.Handle{} // what the package-level calls use
-		}
-		d.h = h
-	})
-	return d.h
+	d.once.Do(func() { d.handles = make(chan *netlink.Handle, keptHandles) })
+	select {
+	case h := <-d.handles:
+		return h
+	default:
+	}
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err == nil {
+		// A lost reply must not hold the socket for ever.
+		err = h.SetSocketTimeout(10 * time.Second)
+	}
+	if err != nil {
+		d.log().Warn("netlink: no kept socket; a socket per request", "err", err)
+		return &netlink.Handle{} // what the package-level calls use
+	}
+	return h
+}
+
+// put returns a handle host lent, closing it if enough are kept.
+func (d *Netlink) put(h *netlink.Handle) {
+	select {
+	case d.handles <- h:
+	default:
+		h.Close()
+	}
 }
 
 func (d *Netlink) log() *slog.Logger {
@@ -205,6 +223,7 @@ func (d *Netlink) Setup(p Pod) (Link, error) {
 		return Link{}, fmt.Errorf("host veth name %q: want %s plus at most %d characters", hostName, VethPrefix, 15-len(VethPrefix))
 	}
 	h := d.host()
+	defer d.put(h)
 	nsh, ph, err := openNetns(p.Netns)
 	if err != nil {
 		return Link{}, err
@@ -383,8 +402,8 @@ func zero(ip netip.Addr) netip.Addr {
 }
 
 func (d *Netlink) deleteHostVeth(name string) error {
-	// Not through d.host(): unregistering waits an RCU grace period
-	// (~20 ms), which must not hold the shared socket the ADDs use.
+	// A socket of its own: unregistering waits an RCU grace period (~20 ms),
+	// and a kept one would be lent out meanwhile.
 	h := &netlink.Handle{}
 	return onHostVeth(h, name, "delete", h.LinkDel)
 }
@@ -393,7 +412,9 @@ func (d *Netlink) deleteHostVeth(name string) error {
 // it and nothing passes, at the cost of a link change rather than the RCU
 // grace period that unregistering it takes (Teardown). Missing is fine.
 func (d *Netlink) Retire(hostVeth string) error {
-	return onHostVeth(d.host(), hostVeth, "take down", d.host().LinkSetDown)
+	h := d.host()
+	defer d.put(h)
+	return onHostVeth(h, hostVeth, "take down", h.LinkSetDown)
 }
 
 // onHostVeth applies op to the veth called name; a missing link is fine,
@@ -454,7 +475,7 @@ func (d *Netlink) HostVeths() ([]string, error) {
 // configured. An unallocated address inside a summary is dropped here
 // instead of bouncing between node and ToR.
 func (d *Netlink) EnsureNode(summaries []netip.Prefix) error {
-	d.host() // the kept socket opens at start, not on the first ADD
+	d.put(d.host()) // a kept socket opens at start, not on the first ADD
 	if err := d.sysctl("net.ipv4.ip_forward", "1"); err != nil {
 		return err
 	}
