@@ -115,9 +115,11 @@ type Store struct {
 	// file costs the filesystem an inode (ext4 without a journal scans past
 	// every inode freed in the last minute for one: as much CPU as creating
 	// the veth, under a burst of ADDs); a rename costs none.
-	spareMu  sync.Mutex
-	spares   []string // paths
-	spareSeq uint64
+	spareMu   sync.Mutex
+	spares    []string // paths, empty on disk, ready for reuse
+	sparesOut int      // spares on disk: in the pool or being emptied
+	spareSeq  uint64   // names them
+	spareGen  uint64   // bumped by Load, which removes every spare
 
 	// afterTempWrite, if set, is called by Put after the temp file has been
 	// written and fsynced but before it is renamed into place. A non-nil
@@ -281,6 +283,8 @@ func (s *Store) newPending(p string) (*os.File, error) {
 // maxSpares bounds the emptied files kept: about a burst of pods.
 const maxSpares = 256
 
+// takeSpare takes an empty file out of the pool ("" if there is none); the
+// caller renames it into place, or gives it back with putSpare.
 func (s *Store) takeSpare() string {
 	s.spareMu.Lock()
 	defer s.spareMu.Unlock()
@@ -289,6 +293,7 @@ func (s *Store) takeSpare() string {
 	}
 	p := s.spares[len(s.spares)-1]
 	s.spares = s.spares[:len(s.spares)-1]
+	s.sparesOut--
 	return p
 }
 
@@ -296,29 +301,59 @@ func (s *Store) putSpare(p string) {
 	s.spareMu.Lock()
 	defer s.spareMu.Unlock()
 	s.spares = append(s.spares, p)
+	s.sparesOut++
 }
 
 // remove takes a record file out of the directory: renamed to a spare
-// (and emptied) while there is room for one, else unlinked. A crash
-// before it is emptied leaves a spare Load removes unread.
+// while there is room for one, else unlinked. The spare is emptied, and
+// joins the pool once that is on disk (in the background): a reused file
+// whose old content a power loss brought back would be read as the new
+// container's pending record, and refused. A crash before then leaves a
+// spare that Load removes unread.
 func (s *Store) remove(p string) error {
 	s.spareMu.Lock()
-	keep := len(s.spares) < maxSpares
+	keep := s.sparesOut < maxSpares
+	if keep {
+		s.sparesOut++
+	}
 	s.spareSeq++
 	spare := filepath.Join(s.allocDir, fmt.Sprintf(".spare-%d%s", s.spareSeq, tempSuffix))
+	gen := s.spareGen
 	s.spareMu.Unlock()
 	if !keep {
 		return os.Remove(p)
 	}
 	if err := os.Rename(p, spare); err != nil {
+		s.spareMu.Lock()
+		s.sparesOut--
+		s.spareMu.Unlock()
 		return err
 	}
-	if err := os.Truncate(spare, 0); err != nil {
-		os.Remove(spare)
-		return nil // the record is gone either way
-	}
-	s.putSpare(spare)
+	go s.empty(spare, gen)
 	return nil
+}
+
+// empty truncates a spare durably and adds it to the pool (unless Load
+// started over meanwhile).
+func (s *Store) empty(spare string, gen uint64) {
+	f, err := os.OpenFile(spare, os.O_WRONLY|os.O_TRUNC, 0)
+	if err == nil {
+		err = f.Sync()
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	if gen != s.spareGen {
+		return // Load removed it
+	}
+	if err != nil {
+		s.sparesOut--
+		os.Remove(spare)
+		return
+	}
+	s.spares = append(s.spares, spare)
 }
 
 // ContainerID is the container the draft is for.
@@ -455,7 +490,8 @@ func (s *Store) Load() ([]Allocation, error) {
 		return nil, err
 	}
 	s.spareMu.Lock()
-	s.spares = nil // removed below with the temp files
+	s.spares, s.sparesOut = nil, 0 // removed below with the temp files
+	s.spareGen++
 	s.spareMu.Unlock()
 	entries, err := os.ReadDir(s.allocDir)
 	if err != nil {

@@ -750,6 +750,7 @@ func TestDeletedRecordFilesAreReused(t *testing.T) {
 	if got := mustLoadKeep(t, s); len(got) != 0 {
 		t.Fatalf("after Delete: %+v", got)
 	}
+	waitSpares(t, s, 1)
 	short := sample("new", Pending)
 	short.Anycast, short.Addresses = nil, nil // shorter than the old record
 	if _, err := s.Begin(short); err != nil {
@@ -773,6 +774,7 @@ func TestDeletedRecordFilesAreReused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	waitSpares(t, s, maxSpares)
 	ents, _ := os.ReadDir(s.allocDir)
 	spares := 0
 	for _, e := range ents {
@@ -808,6 +810,7 @@ func TestBeginWithSparesRefusesLeftover(t *testing.T) {
 	if err := s.Delete("x"); err != nil {
 		t.Fatal(err)
 	}
+	waitSpares(t, s, 1)
 	old := writeRaw(t, s, "c1.pending", `{"version":1,"containerID":"c1","state":"committed"}`)
 	if _, err := s.Begin(sample("c1", Pending)); err == nil || !strings.Contains(err.Error(), old) {
 		t.Errorf("Begin over a leftover = %v, want an error naming %s", err, old)
@@ -815,7 +818,7 @@ func TestBeginWithSparesRefusesLeftover(t *testing.T) {
 	if b, _ := os.ReadFile(old); strings.Contains(string(b), "eth0") {
 		t.Errorf("leftover overwritten: %s", b)
 	}
-	if n := len(s.spares); n != 1 {
+	if n := spareCount(s); n != 1 {
 		t.Errorf("%d spares after the refusal, want the 1 kept", n)
 	}
 }
@@ -835,4 +838,23 @@ func mustLoadKeep(t *testing.T, s *Store) []string {
 		}
 	}
 	return ids
+}
+
+func spareCount(s *Store) int {
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	return len(s.spares)
+}
+
+// waitSpares waits until n emptied files are ready for reuse (they join
+// the pool once emptied on disk, in the background).
+func waitSpares(t *testing.T, s *Store, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for spareCount(s) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d spares ready after 10 s, want %d", spareCount(s), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
