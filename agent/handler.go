@@ -26,14 +26,18 @@ type netConf struct {
 	} `json:"cni.dev/valid-attachments,omitempty"`
 }
 
-// resultJSON encodes res in the config's spec version when the result can
-// be given in it (the plugin then prints it as it comes, without decoding
-// it: every ADD saves the plugin process that work), else as it is.
+// resultJSON encodes res in the config's spec version when that is 1.0.0
+// or later (the plugin then prints it as it comes, without decoding it:
+// every ADD saves the plugin process that work), else as it is, for the
+// plugin to convert: a plugin from before this could only read results
+// of 1.0.0 and later.
 func resultJSON(res *current.Result, cniVersion string) (json.RawMessage, error) {
 	var out types.Result = res
-	if cniVersion != "" && cniVersion != res.CNIVersion {
-		if r, err := res.GetAsVersion(cniVersion); err == nil {
-			out = r
+	if cniVersion != res.CNIVersion {
+		if ok, err := version.GreaterThanOrEqualTo(cniVersion, "1.0.0"); err == nil && ok {
+			if r, err := res.GetAsVersion(cniVersion); err == nil {
+				out = r
+			}
 		}
 	}
 	return json.Marshal(out)

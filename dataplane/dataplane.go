@@ -127,13 +127,21 @@ func (d *Netlink) host() *netlink.Handle {
 	}
 	if err != nil {
 		d.log().Warn("netlink: no kept socket; a socket per request", "err", err)
-		return &netlink.Handle{} // what the package-level calls use
+		return perRequest
 	}
 	return h
 }
 
-// put returns a handle host lent, closing it if enough are kept.
+// perRequest opens a socket per request, as the package-level calls do:
+// the stand-in when a socket cannot be kept.
+var perRequest = &netlink.Handle{}
+
+// put returns a handle host lent, closing it if enough are kept (a
+// socket-per-request stand-in is not kept).
 func (d *Netlink) put(h *netlink.Handle) {
+	if h == perRequest {
+		return
+	}
 	select {
 	case d.handles <- h:
 	default:

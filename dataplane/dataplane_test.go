@@ -176,40 +176,51 @@ func TestWatchLinks(t *testing.T) {
 				t.Errorf("WatchLinks: %v", err)
 			}
 		}()
-		time.Sleep(100 * time.Millisecond) // subscribed
-		for i, name := range []string{"flocka1b2c3d4", "other0"} {
-			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("peer%d", i)}); err != nil {
-				t.Fatal(err)
+		// Until the watch has subscribed nothing is reported: repeat the
+		// churn until the flock veth's deletion is.
+		var reported []string
+		deadline := time.Now().Add(10 * time.Second)
+		for seen := false; !seen; {
+			if time.Now().After(deadline) {
+				t.Fatalf("no report of the deleted flock veth (reports: %v)", reported)
 			}
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				t.Fatal(err)
+			for i, name := range []string{"flocka1b2c3d4", "other0"} {
+				if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("peer%d", i)}); err != nil {
+					t.Fatal(err)
+				}
+				l, err := netlink.LinkByName(name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := netlink.LinkSetUp(l); err != nil {
+					t.Fatal(err)
+				}
 			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				t.Fatal(err)
+			for _, name := range []string{"other0", "flocka1b2c3d4"} {
+				l, err := netlink.LinkByName(name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := netlink.LinkDel(l); err != nil {
+					t.Fatal(err)
+				}
+			}
+			timeout := time.After(200 * time.Millisecond)
+		drain:
+			for {
+				select {
+				case name := <-got:
+					reported = append(reported, name)
+					seen = seen || name == "flocka1b2c3d4"
+				case <-timeout:
+					break drain
+				}
 			}
 		}
-		for _, name := range []string{"other0", "flocka1b2c3d4"} {
-			l, err := netlink.LinkByName(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := netlink.LinkDel(l); err != nil {
-				t.Fatal(err)
-			}
-		}
-		select {
-		case name := <-got:
+		for _, name := range reported {
 			if name != "flocka1b2c3d4" {
-				t.Errorf("gone(%q), want only flocka1b2c3d4", name)
+				t.Errorf("gone(%q): want reports of the flock veth only (all: %v)", name, reported)
 			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("no report of the deleted flock veth")
-		}
-		select {
-		case name := <-got:
-			t.Errorf("gone(%q) again: want one report", name)
-		case <-time.After(200 * time.Millisecond):
 		}
 	})
 }

@@ -320,7 +320,9 @@ func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 
 func (d *daemon) handleCNI(ctx context.Context, req wire.Request) wire.Response {
 	start := time.Now()
-	d.gc.request()
+	if req.Op == wire.OpAdd || req.Op == wire.OpDel {
+		d.gc.request() // not STATUS: runtimes poll it every few seconds
+	}
 	resp := d.agent.Handle(ctx, req)
 	d.metrics.ObserveCNI(string(req.Op), resp.Error == nil, time.Since(start))
 	return resp

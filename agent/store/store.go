@@ -120,6 +120,7 @@ type Store struct {
 	sparesOut int      // spares on disk: in the pool or being emptied
 	spareSeq  uint64   // names them
 	spareGen  uint64   // bumped by Load, which removes every spare
+	noSpares  bool     // the filesystem cannot rename without replacing
 
 	// afterTempWrite, if set, is called by Put after the temp file has been
 	// written and fsynced but before it is renamed into place. A non-nil
@@ -271,7 +272,14 @@ func (s *Store) newPending(p string) (*os.File, error) {
 			}
 			return f, nil
 		}
-		os.Remove(spare) // cannot be renamed (another filesystem's rules?): make a new one
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+			// No rename without replacing here: reusing files would only
+			// add work.
+			s.spareMu.Lock()
+			s.noSpares = true
+			s.spareMu.Unlock()
+		}
+		os.Remove(spare)
 	}
 	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -305,37 +313,46 @@ func (s *Store) putSpare(p string) {
 }
 
 // remove takes a record file out of the directory: renamed to a spare
-// while there is room for one, else unlinked. The spare is emptied, and
-// joins the pool once that is on disk (in the background): a reused file
-// whose old content a power loss brought back would be read as the new
-// container's pending record, and refused. A crash before then leaves a
-// spare that Load removes unread.
-func (s *Store) remove(p string) error {
+// (returned) while there is room for one and the filesystem can rename
+// without replacing, else unlinked. Once the rename is on disk (the
+// caller's directory sync) the spare is emptied, and joins the pool once
+// that is on disk too (spareReady): emptied earlier, a power loss could
+// leave the record under its name, empty; reused earlier, one could bring
+// the old content back under a new container's name. A crash before then
+// leaves a spare that Load removes unread.
+func (s *Store) remove(p string) (spare string, err error) {
 	s.spareMu.Lock()
-	keep := s.sparesOut < maxSpares
+	keep := s.sparesOut < maxSpares && !s.noSpares
 	if keep {
 		s.sparesOut++
 	}
 	s.spareSeq++
-	spare := filepath.Join(s.allocDir, fmt.Sprintf(".spare-%d%s", s.spareSeq, tempSuffix))
-	gen := s.spareGen
+	spare = filepath.Join(s.allocDir, fmt.Sprintf(".spare-%d%s", s.spareSeq, tempSuffix))
 	s.spareMu.Unlock()
 	if !keep {
-		return os.Remove(p)
+		return "", os.Remove(p)
 	}
 	if err := os.Rename(p, spare); err != nil {
-		s.spareMu.Lock()
-		s.sparesOut--
-		s.spareMu.Unlock()
-		return err
+		s.dropSpare("")
+		return "", err
 	}
-	go s.empty(spare, gen)
-	return nil
+	return spare, nil
 }
 
-// empty truncates a spare durably and adds it to the pool (unless Load
-// started over meanwhile).
-func (s *Store) empty(spare string, gen uint64) {
+// dropSpare gives up a spare on its way to the pool (removing the file,
+// if named).
+func (s *Store) dropSpare(spare string) {
+	if spare != "" {
+		os.Remove(spare)
+	}
+	s.spareMu.Lock()
+	s.sparesOut--
+	s.spareMu.Unlock()
+}
+
+// spareReady empties a spare durably and adds it to the pool (unless Load
+// started over meanwhile: it removed the file).
+func (s *Store) spareReady(spare string, gen uint64) {
 	f, err := os.OpenFile(spare, os.O_WRONLY|os.O_TRUNC, 0)
 	if err == nil {
 		err = f.Sync()
@@ -346,7 +363,7 @@ func (s *Store) empty(spare string, gen uint64) {
 	s.spareMu.Lock()
 	defer s.spareMu.Unlock()
 	if gen != s.spareGen {
-		return // Load removed it
+		return
 	}
 	if err != nil {
 		s.sparesOut--
@@ -454,22 +471,38 @@ func (s *Store) Delete(containerID string) error {
 	}
 	s.mu.RLock()
 	removed := false
+	var spares []string
 	var errs []error
 	for _, p := range []string{s.path(containerID), s.pendingPath(containerID)} {
-		if err := s.remove(p); err == nil {
+		spare, err := s.remove(p)
+		switch {
+		case err == nil:
 			removed = true
-		} else if !errors.Is(err, fs.ErrNotExist) {
+			if spare != "" {
+				spares = append(spares, spare)
+			}
+		case !errors.Is(err, fs.ErrNotExist):
 			errs = append(errs, fmt.Errorf("store: removing %s: %w", p, err))
 		}
 	}
+	s.spareMu.Lock()
+	gen := s.spareGen
+	s.spareMu.Unlock()
 	s.mu.RUnlock()
-	if removed {
-		// What was removed is made durable even if the other removal failed.
-		if err := s.dirSync.Sync(); err != nil {
-			errs = append(errs, err)
+	if !removed {
+		return errors.Join(errs...)
+	}
+	// What was removed is made durable even if the other removal failed;
+	// only then are the removed files emptied for reuse.
+	err := s.dirSync.Sync()
+	for _, spare := range spares {
+		if err != nil {
+			s.dropSpare(spare)
+		} else {
+			go s.spareReady(spare, gen)
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, err)...)
 }
 
 // Load returns every record, sorted by ContainerID. Leftover temp files from

@@ -858,3 +858,51 @@ func waitSpares(t *testing.T, s *Store, n int) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// A deleted record's file is emptied only once its removal is on disk
+// (else a power loss could leave the record under its name, empty), and
+// not reused at all when that sync fails.
+func TestSpareEmptiedAfterDirSync(t *testing.T) {
+	s := openTemp(t)
+	if err := s.Put(sample("r1", Committed)); err != nil {
+		t.Fatal(err)
+	}
+	var atSync []string
+	errSync := errors.New("injected directory fsync failure")
+	fail := false
+	s.dirSync.sync = func() error {
+		ents, _ := os.ReadDir(s.allocDir)
+		for _, e := range ents {
+			if fi, _ := e.Info(); strings.HasPrefix(e.Name(), ".spare-") && fi.Size() == 0 {
+				atSync = append(atSync, e.Name())
+			}
+		}
+		if fail {
+			return errSync
+		}
+		return syncDir(s.allocDir)
+	}
+	if err := s.Delete("r1"); err != nil {
+		t.Fatal(err)
+	}
+	waitSpares(t, s, 1)
+	if atSync != nil {
+		t.Errorf("spares %v emptied before the directory sync", atSync)
+	}
+
+	if err := s.Put(sample("r2", Committed)); err != nil {
+		t.Fatal(err)
+	}
+	fail = true
+	if err := s.Delete("r2"); !errors.Is(err, errSync) {
+		t.Fatalf("Delete with a failing sync = %v, want the sync's error", err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := spareCount(s); n != 1 {
+		t.Errorf("%d spares, want only r1's: r2's removal is not known to be on disk", n)
+	}
+	ents, _ := os.ReadDir(s.allocDir)
+	if len(ents) != 1 {
+		t.Errorf("directory holds %v, want r1's spare alone", ents)
+	}
+}
