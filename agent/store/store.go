@@ -108,7 +108,8 @@ type Store struct {
 	// not remove one an in-flight Put is about to rename.
 	mu sync.RWMutex
 
-	dirSync groupSync // the allocations directory's fsyncs, shared
+	dirSync   groupSync     // the allocations directory's fsyncs, shared
+	syncSlots chan struct{} // see background
 
 	// spares are emptied record files kept for reuse: a DEL renames its
 	// record to one, an ADD renames one to its pending record. Creating a
@@ -135,7 +136,7 @@ func Open(dir string) (*Store, error) {
 	if dir == "" {
 		return nil, errors.New("store: empty state directory")
 	}
-	s := &Store{dir: dir, allocDir: filepath.Join(dir, allocDirName)}
+	s := &Store{dir: dir, allocDir: filepath.Join(dir, allocDirName), syncSlots: make(chan struct{}, syncers)}
 	s.dirSync.sync = func() error { return syncDir(s.allocDir) }
 	if err := s.ensureDir(); err != nil {
 		return nil, err
@@ -240,7 +241,7 @@ func (s *Store) Begin(a Allocation) (*Draft, error) {
 		return nil, fmt.Errorf("store: writing %s: %w", p, err)
 	}
 	pend := &Draft{s: s, id: a.ContainerID, synced: make(chan struct{})}
-	go func() {
+	s.background(func() {
 		err := f.Sync()
 		if cerr := f.Close(); err == nil {
 			err = cerr
@@ -249,8 +250,22 @@ func (s *Store) Begin(a Allocation) (*Draft, error) {
 			pend.syncErr = fmt.Errorf("store: fsync %s: %w", p, err)
 		}
 		close(pend.synced)
-	}()
+	})
 	return pend, nil
+}
+
+// syncers bounds the fsyncs the store runs in the background at once: each
+// blocks an OS thread, and the Go runtime keeps every thread it ever
+// started (a burst of ADDs grew the agent by dozens).
+const syncers = 4
+
+// background runs f on its own goroutine, at most syncers at a time.
+func (s *Store) background(f func()) {
+	go func() {
+		s.syncSlots <- struct{}{}
+		defer func() { <-s.syncSlots }()
+		f()
+	}()
 }
 
 // newPending creates the file of a pending record at p, empty, from a
@@ -499,7 +514,7 @@ func (s *Store) Delete(containerID string) error {
 		if err != nil {
 			s.dropSpare(spare)
 		} else {
-			go s.spareReady(spare, gen)
+			s.background(func() { s.spareReady(spare, gen) })
 		}
 	}
 	return errors.Join(append(errs, err)...)
