@@ -242,16 +242,21 @@ func (s *Store) Begin(a Allocation) (*Draft, error) {
 	}
 	pend := &Draft{s: s, id: a.ContainerID, synced: make(chan struct{})}
 	s.background(func() {
-		err := f.Sync()
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
+		if err := syncClose(f); err != nil {
 			pend.syncErr = fmt.Errorf("store: fsync %s: %w", p, err)
 		}
 		close(pend.synced)
 	})
 	return pend, nil
+}
+
+// syncClose fsyncs and closes f; the first error counts.
+func syncClose(f *os.File) error {
+	err := f.Sync()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // syncers bounds the fsyncs the store runs in the background at once: each
@@ -370,10 +375,7 @@ func (s *Store) dropSpare(spare string) {
 func (s *Store) spareReady(spare string, gen uint64) {
 	f, err := os.OpenFile(spare, os.O_WRONLY|os.O_TRUNC, 0)
 	if err == nil {
-		err = f.Sync()
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
+		err = syncClose(f)
 	}
 	s.spareMu.Lock()
 	defer s.spareMu.Unlock()
