@@ -145,7 +145,9 @@ func run() error {
 		pods = append(pods, ns)
 		nsOf[s.name] = ns
 		n := l.Nodes[s.node]
-		p := lab.Pod{ContainerID: fmt.Sprintf("demo%04d", i+1), NS: ns, Args: lab.PodArgs("demo", s.name, s.extra...)}
+		// Namespace default: the lab's AddressPools (lab.LabAddressPools)
+		// give the anycast range to it alone.
+		p := lab.Pod{ContainerID: fmt.Sprintf("demo%04d", i+1), NS: ns, Args: lab.PodArgs("default", s.name, s.extra...)}
 		start := time.Now()
 		res, err := n.CNI.Add(ctx, p)
 		if err != nil {
