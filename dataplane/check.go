@@ -58,16 +58,9 @@ func (d *Netlink) Check(p Pod) error {
 			errs = append(errs, fmt.Errorf("netns %s: default route via %s dev %s is missing", p.Netns, gw, p.IfName))
 		}
 	}
-	if len(p.Anycast) > 0 {
-		lo, err := ph.LinkByName("lo")
-		if err != nil {
-			errs = append(errs, fmt.Errorf("netns %s: lo: %w", p.Netns, err))
-		} else {
-			for _, ip := range p.Anycast {
-				if err := hasAddr(ph.AddrList, lo, hostPrefix(ip)); err != nil {
-					errs = append(errs, fmt.Errorf("netns %s: lo: anycast %w", p.Netns, err))
-				}
-			}
+	for _, ip := range p.Anycast {
+		if err := hasAddr(ph.AddrList, pod, hostPrefix(ip)); err != nil {
+			errs = append(errs, fmt.Errorf("netns %s: %s: anycast %w", p.Netns, p.IfName, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -69,7 +69,7 @@ type Pod struct {
 	IfName      string
 	IPs         []netip.Addr // /128 and /32 on IfName
 	Addresses   []netip.Addr // extra addresses on IfName
-	Anycast     []netip.Addr // on the pod's lo
+	Anycast     []netip.Addr // on the pod's eth0 (anycastAddr)
 	// HostMAC and PodMAC, if set, are the veth ends' MACs (the agent picks
 	// them before the kernel is touched, so the pending record is whole);
 	// unset, the kernel picks them.
@@ -214,6 +214,24 @@ func family(ip netip.Addr) int {
 
 // addrFlags: a /128 on a point-to-point veth needs no DAD, and the pod must
 // be able to use its address the moment ADD returns.
+// anycastAddr is an anycast IP as it sits on the pod's eth0, after the pod
+// IPs: there, not on lo, because the runtime's loopback plugin may run
+// after flock's ADD (containerd attaches networks in parallel) and fails
+// the sandbox when lo holds anything but loopback addresses. The IPv6 one
+// is deprecated (preferred lifetime 0) so the pod never picks it as a
+// source (RFC 6724 rule 3) while it still accepts and binds it; the IPv4
+// one comes after the pod IP, which the kernel picks first.
+func anycastAddr(ip netip.Addr) *netlink.Addr {
+	a := &netlink.Addr{IPNet: ipnet(hostPrefix(ip)), Flags: addrFlags(ip)}
+	if ip.Is6() {
+		a.PreferedLft, a.ValidLft = 0, infiniteLifetime
+	}
+	return a
+}
+
+// infiniteLifetime is the kernel's "forever" for an address lifetime.
+const infiniteLifetime = 0xffffffff
+
 func addrFlags(ip netip.Addr) int {
 	if ip.Is6() {
 		return unix.IFA_F_NODAD
@@ -366,19 +384,9 @@ func (d *Netlink) setupPodSide(h *netlink.Handle, pod netlink.Link, p Pod, hostM
 			return fmt.Errorf("%s: add %s: %w", p.IfName, hostPrefix(ip), err)
 		}
 	}
-	if len(p.Anycast) > 0 {
-		lo, err := h.LinkByName("lo")
-		if err != nil {
-			return fmt.Errorf("lo: %w", err)
-		}
-		if err := h.LinkSetUp(lo); err != nil {
-			return fmt.Errorf("lo: up: %w", err)
-		}
-		for _, ip := range p.Anycast {
-			a := &netlink.Addr{IPNet: ipnet(hostPrefix(ip)), Flags: addrFlags(ip), Scope: int(netlink.SCOPE_UNIVERSE)}
-			if err := h.AddrReplace(lo, a); err != nil {
-				return fmt.Errorf("lo: add anycast %s: %w", hostPrefix(ip), err)
-			}
+	for _, ip := range p.Anycast {
+		if err := h.AddrReplace(pod, anycastAddr(ip)); err != nil {
+			return fmt.Errorf("%s: add anycast %s: %w", p.IfName, hostPrefix(ip), err)
 		}
 	}
 	for _, ip := range p.IPs {

@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -10,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -18,9 +21,11 @@ import (
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 )
 
-// TestAnycastAndAddresses: anycast IPs land on the pod's lo, `addresses` on
-// eth0 and in the result; the host routes them via the pod's eth0 IP, with
-// one ECMP route for two replicas on the node, withdrawn with the last one.
+// TestAnycastAndAddresses: anycast IPs land on the pod's eth0 (the IPv6 one
+// deprecated, so never a source) and out of the result, `addresses` on eth0
+// and in the result; the runtime's loopback plugin still succeeds after
+// flock's ADD; the host routes them via the pod's eth0 IP, with one ECMP
+// route for two replicas on the node, withdrawn with the last one.
 func TestAnycastAndAddresses(t *testing.T) {
 	n := startNode(t, defaultConfig)
 	ctx := ctxT(t)
@@ -44,32 +49,54 @@ func TestAnycastAndAddresses(t *testing.T) {
 	}
 	ipsB := podIPs(t, rb)
 
-	// Pod a: anycast on lo, addresses on eth0.
+	// Pod a: anycast and addresses on eth0.
 	err = a.NS.Do(func(h *netlink.Handle) error {
-		lo, _ := h.LinkByName("lo")
-		eth0, _ := h.LinkByName("eth0")
-		for ip, l := range map[string]netlink.Link{any6: lo, any4: lo, pub6: eth0} {
-			addrs, err := h.AddrList(l, netlink.FAMILY_ALL)
-			if err != nil {
-				return err
-			}
+		eth0, err := h.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		addrs, err := h.AddrList(eth0, netlink.FAMILY_ALL)
+		if err != nil {
+			return err
+		}
+		for _, ip := range []string{any6, any4, pub6} {
 			found := false
 			for _, ad := range addrs {
-				if ad.IP.String() == ip {
-					found = true
-					if ad.Flags&unix.IFA_F_TENTATIVE != 0 {
-						t.Errorf("%s is tentative", ip)
-					}
+				if ad.IP.String() != ip {
+					continue
+				}
+				found = true
+				if ad.Flags&unix.IFA_F_TENTATIVE != 0 {
+					t.Errorf("%s is tentative", ip)
+				}
+				if deprecated := ad.Flags&unix.IFA_F_DEPRECATED != 0; ip == any6 != deprecated {
+					t.Errorf("%s: deprecated %v (flags %#x): want only the IPv6 anycast IP deprecated", ip, deprecated, ad.Flags)
 				}
 			}
 			if !found {
-				t.Errorf("%s not on pod %s", ip, l.Attrs().Name)
+				t.Errorf("%s not on pod eth0", ip)
+			}
+		}
+		// Never an anycast IP as the source, even towards its own prefix
+		// (a reply would reach whichever replica is nearest).
+		for _, dst := range []string{"2001:db8:a::99", "203.0.113.99"} {
+			rs, err := h.RouteGet(net.ParseIP(dst))
+			if err != nil {
+				return err
+			}
+			if src := rs[0].Src.String(); src == any6 || src == any4 {
+				t.Errorf("source towards %s: the anycast IP %s", dst, src)
 			}
 		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The runtime's loopback plugin (containerd runs it beside flock's
+	// ADD) refuses an lo that holds anything but loopback addresses.
+	if err := runLoopback(ctx, t, a); err != nil {
+		t.Errorf("the loopback plugin after flock's ADD: %v", err)
 	}
 
 	vethA, vethB := dataplane.HostVethName(a.ContainerID), dataplane.HostVethName(b.ContainerID)
@@ -332,4 +359,19 @@ func TestEmbedAlgo(t *testing.T) {
 	if v6[0] == v6[1] {
 		t.Errorf("replicas got the same address %v", v6[0])
 	}
+}
+
+// runLoopback runs the reference loopback plugin (Debian's
+// containernetworking-plugins) in p's netns through libcni, as containerd
+// does for every sandbox.
+func runLoopback(ctx context.Context, t *testing.T, p lab.Pod) error {
+	list, err := libcni.NetworkConfFromBytes([]byte(`{"cniVersion":"1.0.0","name":"cni-loopback","plugins":[{"type":"loopback"}]}`))
+	if err != nil {
+		return err
+	}
+	c := &lab.CNI{Config: libcni.NewCNIConfigWithCacheDir([]string{"/usr/lib/cni"}, t.TempDir(), nil), List: list}
+	lo := p
+	lo.IfName = "lo"
+	_, err = c.Add(ctx, lo)
+	return err
 }

@@ -356,10 +356,13 @@ func TestKubernetes(t *testing.T) {
 	}
 	e := &k8sEnv{t: t, c: c}
 	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := c.Kubectl(context.Background(), "-n", "flock-system", "logs", "ds/flock", "-c", "agent", "--tail=80")
+		if t.Failed() || os.Getenv("FLOCK_E2E_LOGS") != "" {
+			out, _ := c.Kubectl(context.Background(), "-n", "flock-system", "logs", "ds/flock", "-c", "agent", "--tail=60")
 			t.Logf("agent log:\n%s", out)
-			t.Logf("kubelet log:\n%s", c.LogTail("kubelet", 40))
+			t.Logf("kubelet log:\n%s", c.LogTail("kubelet", 20))
+			// Last, where a truncated CI log still shows them: what failed.
+			t.Logf("kubelet errors:\n%s", c.LogErrors("kubelet", 15))
+			t.Logf("containerd errors:\n%s", c.LogErrors("containerd", 10))
 		}
 		// Workloads first (so their DELs reach a running agent), then flock.
 		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -44,6 +44,24 @@ func (c *Cluster) LogTail(component string, n int) string {
 	return tail(string(b), n)
 }
 
+// LogErrors returns the last n error lines of a component's log (klog's
+// lines that start with E and the date, logrus's level=error), the ones
+// that say why a sandbox or a container failed when the tail is only
+// probe noise.
+func (c *Cluster) LogErrors(component string, n int) string {
+	b, err := os.ReadFile(c.logPath(component))
+	if err != nil {
+		return fmt.Sprintf("(no %s log: %v)", component, err)
+	}
+	var errs []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if len(l) > 5 && l[0] == 'E' && l[1] >= '0' && l[1] <= '9' || strings.Contains(l, "level=error") {
+			errs = append(errs, l)
+		}
+	}
+	return tail(strings.Join(errs, "\n"), n)
+}
+
 // tail returns the last n lines of s.
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
