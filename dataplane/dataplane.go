@@ -688,40 +688,33 @@ func (d *Netlink) HostRoutes() (map[netip.Prefix][]Nexthop, error) {
 		return nil, fmt.Errorf("socket for link names: %w", err)
 	}
 	defer unix.Close(fd)
-	hop := func(idx int, gw net.IP) Nexthop {
-		a, _ := netip.AddrFromSlice(gw)
+	name := func(idx int) string {
 		dev, ok := names[idx]
 		if !ok {
 			dev = linkName(fd, idx)
 			names[idx] = dev
 		}
-		return Nexthop{Gateway: a.Unmap(), Dev: dev}
+		return dev
 	}
-	out := map[netip.Prefix][]Nexthop{}
-	// Streamed: the full repair reads 10,000 routes on a loaded node, and
-	// a slice of netlink.Route is most of what that would allocate.
-	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		err := netlink.RouteListFilteredIter(fam, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL, func(r netlink.Route) bool {
-			if r.Type != unix.RTN_UNICAST || (r.Gw == nil && len(r.MultiPath) == 0) {
-				return true
-			}
-			p, ok := prefixOf(r.Dst)
-			if !ok {
-				return true
-			}
-			if r.Gw != nil {
-				out[p] = append(out[p], hop(r.LinkIndex, r.Gw))
-			}
-			for _, m := range r.MultiPath {
-				out[p] = append(out[p], hop(m.LinkIndex, m.Gw))
-			}
-			return true
-		})
-		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+	// A dump that a change interrupted may miss routes: read again (a
+	// repair that thought a route missing would only replace it).
+	for attempt := 1; ; attempt++ {
+		out := map[netip.Prefix][]Nexthop{}
+		var err error
+		for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+			err = errors.Join(err, dumpGatewayRoutes(fam, func(dst netip.Prefix, hops []hop) {
+				for _, h := range hops {
+					out[dst] = append(out[dst], Nexthop{Gateway: h.gw, Dev: name(h.idx)})
+				}
+			}))
+		}
+		switch {
+		case err == nil, errors.Is(err, errDumpInterrupted) && attempt == 3:
+			return out, nil
+		case !errors.Is(err, errDumpInterrupted):
 			return nil, fmt.Errorf("list routes: %w", err)
 		}
 	}
-	return out, nil
 }
 
 // linkName is the name of link idx ("ifindex-N" if it is gone), asked
