@@ -28,6 +28,10 @@ type desiredSets struct {
 	// dirty prefixes to recompute before a read; summaries: all of them
 	dirty     map[netip.Prefix]struct{}
 	summaries bool
+	// A read hands the map itself out, read-only, and the next change
+	// copies it first: a full repair every 30 s copied 10,000 entries
+	// of each when nothing had changed.
+	advertsOut, kernelOut bool
 }
 
 func newDesiredSets() desiredSets {
@@ -88,6 +92,15 @@ func (s *State) flushLocked() {
 			d.dirty[p] = struct{}{}
 		}
 		d.summaries = false
+	}
+	if len(d.dirty) == 0 {
+		return
+	}
+	if d.advertsOut {
+		d.adverts, d.advertsOut = maps.Clone(d.adverts), false
+	}
+	if d.kernelOut {
+		d.kernel, d.kernelOut = maps.Clone(d.kernel), false
 	}
 	var nhs []dataplane.Nexthop
 	for p := range d.dirty {
@@ -152,19 +165,23 @@ func (s *State) flushLocked() {
 	clear(d.dirty)
 }
 
-// Adverts is the desired BGP set: prefix → kind (a copy).
+// Adverts is the desired BGP set: prefix → kind. It is the state's own
+// map, never changed after it is handed out (a later change works on a
+// copy): the caller must not change it either.
 func (s *State) Adverts() (map[netip.Prefix]advert.Kind, uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.flushLocked()
-	return maps.Clone(s.des.adverts), s.gen
+	s.des.advertsOut = true
+	return s.des.adverts, s.gen
 }
 
 // KernelRoutes is the desired kernel host route set: prefix → next hops,
-// sorted (a copy; the next-hop slices are shared and must not be changed).
+// sorted. Read-only like Adverts', next-hop slices included.
 func (s *State) KernelRoutes() (map[netip.Prefix][]dataplane.Nexthop, uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.flushLocked()
-	return maps.Clone(s.des.kernel), s.gen
+	s.des.kernelOut = true
+	return s.des.kernel, s.gen
 }

@@ -51,6 +51,11 @@ func TestIncrementalDesiredSets(t *testing.T) {
 		var ids []string
 		pods := []podmeta.ID{pod("a"), pod("b"), pod("c"), pod("d")}
 		anycast := []netip.Addr{netip.MustParseAddr("2001:db8:a::1"), netip.MustParseAddr("2001:db8:a::2"), netip.MustParseAddr("203.0.113.1")}
+		type handout struct {
+			adv, advWas   map[netip.Prefix]advert.Kind
+			host, hostWas map[netip.Prefix][]dataplane.Nexthop
+		}
+		var handed []handout
 		for i := range 3000 {
 			op := "?"
 			switch n := rnd.IntN(100); {
@@ -127,6 +132,14 @@ func TestIncrementalDesiredSets(t *testing.T) {
 			if !maps.EqualFunc(gotHost, wantHost, slices.Equal[[]dataplane.Nexthop]) {
 				t.Fatalf("defaultReady=%v op %d (%s): kernel routes\n got %v\nwant %v", defaultReady, i, op, gotHost, wantHost)
 			}
+			// The maps are handed out, not copied: every one handed out
+			// earlier still holds what it held then.
+			for k, h := range handed {
+				if !maps.Equal(h.adv, h.advWas) || !maps.EqualFunc(h.host, h.hostWas, slices.Equal[[]dataplane.Nexthop]) {
+					t.Fatalf("defaultReady=%v op %d (%s): the sets read at read %d changed since", defaultReady, i, op, k)
+				}
+			}
+			handed = append(handed, handout{gotAdv, wantAdv, gotHost, maps.Clone(wantHost)})
 		}
 	}
 }

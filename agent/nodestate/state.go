@@ -662,10 +662,15 @@ func (s *State) Attachments(phases ...Phase) []Attachment {
 
 // Committed lists the committed allocations, sorted by container ID.
 func (s *State) Committed() []store.Allocation {
-	var out []store.Allocation
-	for _, a := range s.Attachments(Committed) {
-		out = append(out, a.Allocation)
+	s.mu.Lock()
+	out := make([]store.Allocation, 0, len(s.entries))
+	for _, e := range s.entries {
+		if e.phase == Committed {
+			out = append(out, e.rec)
+		}
 	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b store.Allocation) int { return strings.Compare(a.ContainerID, b.ContainerID) })
 	return out
 }
 

@@ -247,6 +247,10 @@ func run(ctx context.Context, o options) error {
 		cpu, _ = idleCPU(nl.pid(), o.idle)
 		wait()
 		loadedIdle, _ = rssMB(nl.pid())
+		logf("agent after idle: %s", smaps(nl.pid()))
+		if err := saveProfile(nl.n.Agent.AdminSocket, o.profiles, "heap-idle", "heap"); err != nil {
+			logf("profile: %v", err)
+		}
 	}
 	errStr := func(err error) string {
 		if err == nil {

@@ -24,7 +24,7 @@ func saveProfile(adminSock, dir, name, profile string) error {
 		},
 	}}
 	q := "?gc=1"
-	if strings.HasPrefix(profile, "profile") {
+	if strings.Contains(profile, "seconds=") { // a CPU profile, or a delta
 		c.Timeout = 2 * time.Minute
 		q = ""
 	}
@@ -62,7 +62,15 @@ func cpuProfile(adminSock, dir, name string, d time.Duration) (wait func()) {
 			logf("profile: %v", err)
 		}
 	}()
-	return func() { <-done }
+	// What the same time allocated, beside it.
+	allocs := make(chan struct{})
+	go func() {
+		defer close(allocs)
+		if err := saveProfile(adminSock, dir, strings.Replace(name, "cpu", "allocs", 1), fmt.Sprintf("allocs?seconds=%d", int(d.Seconds()))); err != nil {
+			logf("profile: %v", err)
+		}
+	}()
+	return func() { <-done; <-allocs }
 }
 
 // smaps is a process's resident memory split: anonymous (heap, stacks)
