@@ -19,11 +19,14 @@ const (
 	// gcPercent is GOGC unless the environment sets it: the heap may grow
 	// by a quarter of what is live before a collection.
 	gcPercent = 25
-	// trimEvery is how often memory is looked at, and trimAbove how much
-	// garbage or freed heap is worth a forced collection and handing the
-	// pages back (a few ms of CPU on a loaded node).
+	// trimEvery is how often memory is looked at, and trimAbove (or a
+	// sixteenth of the live heap, if more) how much garbage or freed heap
+	// is worth a forced collection and handing the pages back: about once
+	// per full repair on an idle loaded node, a few ms of CPU each. Left
+	// to the GC's pacing and the scavenger, a loaded node's resident set
+	// grew by a third of its live heap within a minute of idling.
 	trimEvery = 5 * time.Second
-	trimAbove = 8 << 20
+	trimAbove = 1 << 20
 )
 
 // tuneGC applies gcPercent unless GOGC is set, and returns what paces the
@@ -94,7 +97,7 @@ func (g *burstGC) rest() {
 // trimMemory collects and hands freed heap back to the kernel once a burst
 // is over (a node filling with pods, a full repair re-reading 10,000
 // routes): when no collection ran since the last look and the garbage or
-// the free heap exceeds trimAbove or a quarter of the live heap, until ctx
+// the free heap exceeds trimAbove or a sixteenth of the live heap, until ctx
 // ends. While the GC keeps running on its own, it is left to its pacing.
 func trimMemory(ctx context.Context, log *slog.Logger) error {
 	sample := []metrics.Sample{
@@ -125,7 +128,7 @@ func trimMemory(ctx context.Context, log *slog.Logger) error {
 		if busy {
 			continue
 		}
-		if limit := max(trimAbove, live/4); free > limit || garbage > limit {
+		if limit := max(trimAbove, live/16); free > limit || garbage > limit {
 			debug.FreeOSMemory()
 			metrics.Read(sample[3:])
 			lastCycles = sample[3].Value.Uint64()
