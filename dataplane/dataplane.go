@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -102,6 +103,9 @@ type Netlink struct {
 
 	once    sync.Once
 	handles chan *netlink.Handle // kept sockets of the node's netns, idle
+	// routes is how many prefixes the last HostRoutes found: the next
+	// one's map starts at that size instead of growing there.
+	routes atomic.Int64
 }
 
 // keptHandles bounds the idle sockets kept: about the ADDs a node runs at
@@ -699,7 +703,7 @@ func (d *Netlink) HostRoutes() (map[netip.Prefix][]Nexthop, error) {
 	// A dump that a change interrupted may miss routes: read again (a
 	// repair that thought a route missing would only replace it).
 	for attempt := 1; ; attempt++ {
-		out := map[netip.Prefix][]Nexthop{}
+		out := make(map[netip.Prefix][]Nexthop, d.routes.Load())
 		var err error
 		for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
 			err = errors.Join(err, dumpGatewayRoutes(fam, func(dst netip.Prefix, hops []hop) {
@@ -710,6 +714,7 @@ func (d *Netlink) HostRoutes() (map[netip.Prefix][]Nexthop, error) {
 		}
 		switch {
 		case err == nil, errors.Is(err, errDumpInterrupted) && attempt == 3:
+			d.routes.Store(int64(len(out)))
 			return out, nil
 		case !errors.Is(err, errDumpInterrupted):
 			return nil, fmt.Errorf("list routes: %w", err)
