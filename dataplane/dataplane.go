@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -216,8 +217,6 @@ func family(ip netip.Addr) int {
 	return netlink.FAMILY_V6
 }
 
-// addrFlags: a /128 on a point-to-point veth needs no DAD, and the pod must
-// be able to use its address the moment ADD returns.
 // anycastAddr is an anycast IP as it sits on the pod's eth0, after the pod
 // IPs: there, not on lo, because the runtime's loopback plugin may run
 // after flock's ADD (containerd attaches networks in parallel) and fails
@@ -234,8 +233,11 @@ func anycastAddr(ip netip.Addr) *netlink.Addr {
 }
 
 // infiniteLifetime is the kernel's "forever" for an address lifetime.
-const infiniteLifetime = 0xffffffff
+// (netlink.Addr holds it in an int: on 32-bit platforms 68 years.)
+const infiniteLifetime = min(math.MaxInt, 0xffffffff)
 
+// addrFlags: a /128 on a point-to-point veth needs no DAD, and the pod must
+// be able to use its address the moment ADD returns.
 func addrFlags(ip netip.Addr) int {
 	if ip.Is6() {
 		return unix.IFA_F_NODAD
@@ -704,20 +706,23 @@ func (d *Netlink) HostRoutes() (map[netip.Prefix][]Nexthop, error) {
 	// repair that thought a route missing would only replace it).
 	for attempt := 1; ; attempt++ {
 		out := make(map[netip.Prefix][]Nexthop, d.routes.Load())
-		var err error
+		interrupted := false
 		for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-			err = errors.Join(err, dumpGatewayRoutes(fam, func(dst netip.Prefix, hops []hop) {
+			err := dumpGatewayRoutes(fam, func(dst netip.Prefix, hops []hop) {
 				for _, h := range hops {
 					out[dst] = append(out[dst], Nexthop{Gateway: h.gw, Dev: name(h.idx)})
 				}
-			}))
+			})
+			switch {
+			case errors.Is(err, errDumpInterrupted):
+				interrupted = true
+			case err != nil:
+				return nil, fmt.Errorf("list routes: %w", err)
+			}
 		}
-		switch {
-		case err == nil, errors.Is(err, errDumpInterrupted) && attempt == 3:
+		if !interrupted || attempt == 3 {
 			d.routes.Store(int64(len(out)))
 			return out, nil
-		case !errors.Is(err, errDumpInterrupted):
-			return nil, fmt.Errorf("list routes: %w", err)
 		}
 	}
 }

@@ -61,20 +61,29 @@ func dumpGatewayRoutes(family int, f func(dst netip.Prefix, hops []hop)) error {
 	hops := make([]hop, 0, 8)
 	interrupted := false
 	for {
-		n, _, err := unix.Recvfrom(fd, buf, 0)
+		n, _, rflags, from, err := unix.Recvmsg(fd, buf, nil, 0)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil {
 			return fmt.Errorf("route dump: receive: %w", err)
 		}
+		if rflags&unix.MSG_TRUNC != 0 {
+			return fmt.Errorf("route dump: a datagram longer than %d bytes", len(buf))
+		}
+		if sa, ok := from.(*unix.SockaddrNetlink); !ok || sa.Pid != 0 {
+			continue // not the kernel's
+		}
 		for b := buf[:n]; len(b) >= unix.SizeofNlMsghdr; {
 			l := int(ne.Uint32(b[0:]))
 			if l < unix.SizeofNlMsghdr || l > len(b) {
 				return fmt.Errorf("route dump: malformed message (length %d of %d)", l, len(b))
 			}
-			typ, flags, body := ne.Uint16(b[4:]), ne.Uint16(b[6:]), b[unix.SizeofNlMsghdr:l]
+			typ, flags, seq, body := ne.Uint16(b[4:]), ne.Uint16(b[6:]), ne.Uint32(b[8:]), b[unix.SizeofNlMsghdr:l]
 			b = b[min(nlAlign(l), len(b)):]
+			if seq != 1 {
+				continue // not an answer to this request
+			}
 			if flags&unix.NLM_F_DUMP_INTR != 0 {
 				interrupted = true
 			}
@@ -90,7 +99,7 @@ func dumpGatewayRoutes(family int, f func(dst netip.Prefix, hops []hop)) error {
 				}
 				return nil
 			case unix.RTM_NEWROUTE:
-				if dst, ok := parseGatewayRoute(body, &hops); ok {
+				if dst, ok := parseGatewayRoute(family, body, &hops); ok {
 					f(dst, hops)
 				}
 			}
@@ -99,13 +108,16 @@ func dumpGatewayRoutes(family int, f func(dst netip.Prefix, hops []hop)) error {
 }
 
 // parseGatewayRoute reads an RTM_NEWROUTE body into its destination and
-// next hops; ok is false for a route dumpGatewayRoutes does not report.
-func parseGatewayRoute(b []byte, hops *[]hop) (netip.Prefix, bool) {
+// next hops; ok is false for a route dumpGatewayRoutes does not report (a
+// kernel without IPv6 answers an IPv6 dump with every family's routes; a
+// cached route is not one flock installed).
+func parseGatewayRoute(family int, b []byte, hops *[]hop) (netip.Prefix, bool) {
 	if len(b) < unix.SizeofRtMsg {
 		return netip.Prefix{}, false
 	}
 	dstLen, table, proto, typ := int(b[1]), uint32(b[4]), b[5], b[7]
-	if proto != byte(RouteProtocol) || typ != unix.RTN_UNICAST {
+	if int(b[0]) != family || proto != byte(RouteProtocol) || typ != unix.RTN_UNICAST ||
+		binary.NativeEndian.Uint32(b[8:])&unix.RTM_F_CLONED != 0 {
 		return netip.Prefix{}, false
 	}
 	*hops = (*hops)[:0]

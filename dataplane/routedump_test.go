@@ -187,13 +187,16 @@ func TestParseGatewayRouteTruncated(t *testing.T) {
 	msg = append(msg, attr(unix.RTA_DST, netip.MustParseAddr("2001:db8:a::1").AsSlice())...)
 	msg = append(msg, attr(unix.RTA_MULTIPATH, append(nexthop(7, netip.MustParseAddr("fd00::1")), nexthop(9, netip.MustParseAddr("fd00::2"))...))...)
 	var hops []hop
-	dst, ok := parseGatewayRoute(msg, &hops)
+	dst, ok := parseGatewayRoute(unix.AF_INET6, msg, &hops)
 	want := []hop{{7, netip.MustParseAddr("fd00::1")}, {9, netip.MustParseAddr("fd00::2")}}
 	if !ok || dst != netip.MustParsePrefix("2001:db8:a::1/128") || !slices.Equal(hops, want) {
 		t.Fatalf("parseGatewayRoute = %s %v %v, want 2001:db8:a::1/128 %v", dst, hops, ok, want)
 	}
+	if _, ok := parseGatewayRoute(unix.AF_INET, msg, &hops); ok {
+		t.Error("an IPv6 route read in an IPv4 dump")
+	}
 	for n := range len(msg) {
-		if dst, ok := parseGatewayRoute(msg[:n], &hops); ok && (dst != netip.MustParsePrefix("2001:db8:a::1/128") || len(hops) == 0) {
+		if dst, ok := parseGatewayRoute(unix.AF_INET6, msg[:n], &hops); ok && (dst != netip.MustParsePrefix("2001:db8:a::1/128") || len(hops) == 0) {
 			t.Errorf("cut at %d: %s %v", n, dst, hops)
 		}
 	}

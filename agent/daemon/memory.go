@@ -24,7 +24,9 @@ const (
 	// is worth a forced collection and handing the pages back: about once
 	// per full repair on an idle loaded node, a few ms of CPU each. Left
 	// to the GC's pacing and the scavenger, a loaded node's resident set
-	// grew by a third of its live heap within a minute of idling.
+	// grew by a third of its live heap within a minute of idling. The
+	// cost is bounded: at most one forced collection per natural one, and
+	// none while natural ones come less than trimEvery apart.
 	trimEvery = 5 * time.Second
 	trimAbove = 1 << 20
 )

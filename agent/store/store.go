@@ -92,7 +92,7 @@ type Allocation struct {
 	Pod         podmeta.ID   `json:"pod"`
 	IPs         []netip.Addr `json:"ips"`                 // pod eth0 addresses, IPv6 first
 	Addresses   []netip.Addr `json:"addresses,omitempty"` // extra public addresses on eth0
-	Anycast     []netip.Addr `json:"anycast,omitempty"`   // anycast IPs on pod lo
+	Anycast     []netip.Addr `json:"anycast,omitempty"`   // anycast IPs on pod eth0
 	HostMAC     string       `json:"hostMAC,omitempty"`   // host veth MAC, for the CNI result
 	PodMAC      string       `json:"podMAC,omitempty"`    // pod interface MAC
 	Created     time.Time    `json:"created"`
