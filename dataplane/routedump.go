@@ -123,13 +123,7 @@ func parseGatewayRoute(family int, b []byte, hops *[]hop) (netip.Prefix, bool) {
 	*hops = (*hops)[:0]
 	var dst, gw []byte
 	oif := 0
-	for a := b[unix.SizeofRtMsg:]; len(a) >= unix.SizeofRtAttr; {
-		l, t := int(binary.NativeEndian.Uint16(a[0:])), binary.NativeEndian.Uint16(a[2:])&nlaTypeMask
-		if l < unix.SizeofRtAttr || l > len(a) {
-			return netip.Prefix{}, false
-		}
-		v := a[unix.SizeofRtAttr:l]
-		a = a[min(nlAlign(l), len(a)):]
+	whole := eachAttr(b[unix.SizeofRtMsg:], func(t uint16, v []byte) {
 		switch t {
 		case unix.RTA_DST:
 			dst = v
@@ -146,6 +140,9 @@ func parseGatewayRoute(family int, b []byte, hops *[]hop) (netip.Prefix, bool) {
 		case unix.RTA_MULTIPATH:
 			parseMultipath(v, hops)
 		}
+	})
+	if !whole {
+		return netip.Prefix{}, false
 	}
 	addr, ok := netip.AddrFromSlice(dst)
 	if table != unix.RT_TABLE_MAIN || !ok {
@@ -171,20 +168,29 @@ func parseMultipath(v []byte, hops *[]hop) {
 			return
 		}
 		h := hop{idx: int(int32(binary.NativeEndian.Uint32(v[4:])))}
-		for a := v[sizeofRtNexthop:l]; len(a) >= unix.SizeofRtAttr; {
-			al, t := int(binary.NativeEndian.Uint16(a[0:])), binary.NativeEndian.Uint16(a[2:])&nlaTypeMask
-			if al < unix.SizeofRtAttr || al > len(a) {
-				break
-			}
+		eachAttr(v[sizeofRtNexthop:l], func(t uint16, a []byte) {
 			if t == unix.RTA_GATEWAY {
-				h.gw, _ = netip.AddrFromSlice(a[unix.SizeofRtAttr:al])
+				h.gw, _ = netip.AddrFromSlice(a)
 				h.gw = h.gw.Unmap()
 			}
-			a = a[min(nlAlign(al), len(a)):]
-		}
+		})
 		*hops = append(*hops, h)
 		v = v[min(nlAlign(l), len(v)):]
 	}
+}
+
+// eachAttr calls f with the type and value of each route attribute in a,
+// up to a malformed one (then it returns false).
+func eachAttr(a []byte, f func(typ uint16, v []byte)) bool {
+	for len(a) >= unix.SizeofRtAttr {
+		l := int(binary.NativeEndian.Uint16(a[0:]))
+		if l < unix.SizeofRtAttr || l > len(a) {
+			return false
+		}
+		f(binary.NativeEndian.Uint16(a[2:])&nlaTypeMask, a[unix.SizeofRtAttr:l])
+		a = a[min(nlAlign(l), len(a)):]
+	}
+	return true
 }
 
 func nlAlign(n int) int { return (n + 3) &^ 3 }

@@ -311,6 +311,10 @@ func (s *Store) newPending(p string) (*os.File, error) {
 // maxSpares bounds the emptied files kept: about a burst of pods.
 const maxSpares = 256
 
+// sparePrefix starts a spare's name; with tempSuffix at the end, Load
+// removes leftover ones with the temp files.
+const sparePrefix = ".spare-"
+
 // takeSpare takes an empty file out of the pool ("" if there is none); the
 // caller renames it into place, or gives it back with putSpare.
 func (s *Store) takeSpare() string {
@@ -347,7 +351,7 @@ func (s *Store) remove(p string) (spare string, err error) {
 		s.sparesOut++
 	}
 	s.spareSeq++
-	spare = filepath.Join(s.allocDir, fmt.Sprintf(".spare-%d%s", s.spareSeq, tempSuffix))
+	spare = filepath.Join(s.allocDir, fmt.Sprintf("%s%d%s", sparePrefix, s.spareSeq, tempSuffix))
 	s.spareMu.Unlock()
 	if !keep {
 		return "", os.Remove(p)
@@ -563,7 +567,7 @@ func (s *Store) Load() ([]Allocation, error) {
 				continue
 			}
 			removedTmp = true
-			if !strings.HasPrefix(name, ".spare-") {
+			if !strings.HasPrefix(name, sparePrefix) {
 				slog.Warn("store: removed leftover temp file from interrupted write", "path", p)
 			}
 			continue
