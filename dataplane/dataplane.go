@@ -245,6 +245,9 @@ func addrFlags(ip netip.Addr) int {
 	return 0
 }
 
+// vethQueues is each veth end's number of transmit and receive queues.
+const vethQueues = 1
+
 // Setup creates the veth pair and programs both ends. A leftover host veth
 // of the same name (a crashed earlier attempt) is removed and the pair
 // created again; an interface of the pod's name in its netns is an error. On error the
@@ -263,11 +266,18 @@ func (d *Netlink) Setup(p Pod) (Link, error) {
 	defer nsh.Close()
 	defer ph.Delete()
 
+	// One queue each way on both ends, which is what a veth uses anyway
+	// unless XDP or GRO is turned on: with the kernel's default (a queue
+	// per possible CPU) the kernel trims the active queues to one after
+	// registering each end, and that waits for an expedited RCU grace
+	// period — all CPUs interrupted, and most of the creation's time.
 	veth := &netlink.Veth{
-		LinkAttrs:        netlink.LinkAttrs{Name: hostName, HardwareAddr: p.HostMAC},
+		LinkAttrs:        netlink.LinkAttrs{Name: hostName, HardwareAddr: p.HostMAC, NumTxQueues: vethQueues, NumRxQueues: vethQueues},
 		PeerName:         p.IfName,
 		PeerNamespace:    netlink.NsFd(int(nsh)),
 		PeerHardwareAddr: p.PodMAC,
+		PeerNumTxQueues:  vethQueues,
+		PeerNumRxQueues:  vethQueues,
 	}
 	// Create first and look only when that fails: every netlink call
 	// takes the kernel's rtnl lock, which all concurrent ADDs share.

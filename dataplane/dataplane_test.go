@@ -48,6 +48,22 @@ func inNewNetns(t *testing.T, f func(podNS string)) {
 	<-done
 }
 
+// inNetns runs f with a netlink handle of the named netns.
+func inNetns[T any](path string, f func(*netlink.Handle) (T, error)) (T, error) {
+	var zero T
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return zero, err
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return zero, err
+	}
+	defer h.Close()
+	return f(h)
+}
+
 // A retired veth is down and routes nothing, but is still there (the
 // kernel's slow part, unregistering it, is Teardown's); missing is fine,
 // and a link of a flock name that is not a veth is refused, named.
@@ -67,6 +83,15 @@ func TestSetupRetireTeardown(t *testing.T) {
 		hl, err := netlink.LinkByName(p.HostVeth)
 		if err != nil || hl.Attrs().HardwareAddr.String() != p.HostMAC.String() || link.HostMAC.String() != p.HostMAC.String() || link.PodMAC.String() != p.PodMAC.String() {
 			t.Errorf("host veth %v (%v), Setup said %+v; want host MAC %s, pod MAC %s", hl, err, link, p.HostMAC, p.PodMAC)
+		}
+		// One queue each way on both ends (creating them with a queue per
+		// CPU made the kernel wait for an RCU grace period per end).
+		pl, err := inNetns(podNS, func(h *netlink.Handle) (netlink.Link, error) { return h.LinkByName(p.IfName) })
+		for _, l := range []netlink.Link{hl, pl} {
+			if err != nil || l == nil || l.Attrs().NumTxQueues != 1 || l.Attrs().NumRxQueues != 1 {
+				t.Errorf("veth end %v (%v): want 1 tx and 1 rx queue", l, err)
+				break
+			}
 		}
 		if m := p.HostMAC; m[0]&0x03 != 0x02 || m.String() == p.PodMAC.String() {
 			t.Errorf("RandomMAC gave %s and %s: want distinct locally administered unicast MACs", m, p.PodMAC)
