@@ -70,6 +70,10 @@ type Options struct {
 	Hooks agent.Hooks
 }
 
+// spareRecords is how many empty record files the store keeps ready for
+// pending records: about the pods a node starts at once.
+const spareRecords = 16
+
 // bfdShutdown is how long a planned stop spends repeating BFD AdminDown.
 const bfdShutdown = 150 * time.Millisecond
 
@@ -272,6 +276,7 @@ func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	st.KeepSpares(spareRecords)
 	// Standalone: nothing reports readiness but the operator (flockctl
 	// ready), so a committed pod counts as Ready.
 	if d.state, err = nodestate.New(spec, !o.Kubernetes); err != nil {

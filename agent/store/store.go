@@ -122,6 +122,8 @@ type Store struct {
 	spareSeq  uint64   // names them
 	spareGen  uint64   // bumped by Load, which removes every spare
 	noSpares  bool     // the filesystem cannot rename without replacing
+	floor     int      // KeepSpares: new spares are made when the pool falls to half this
+	filling   bool     // new spares are being made
 
 	// afterTempWrite, if set, is called by Put after the temp file has been
 	// written and fsynced but before it is renamed into place. A non-nil
@@ -326,7 +328,70 @@ func (s *Store) takeSpare() string {
 	p := s.spares[len(s.spares)-1]
 	s.spares = s.spares[:len(s.spares)-1]
 	s.sparesOut--
+	s.fillLocked()
 	return p
+}
+
+// KeepSpares has the store keep about n spares ready (at most maxSpares)
+// from the next Load on: new empty files are made in the background after
+// Load, which removes every spare, and whenever the pool falls to half
+// that. Without them a
+// node's first pods, and the first after every start, each create the
+// file of their pending record, and its fsync, running while the veth is
+// programmed, then writes the directory too.
+func (s *Store) KeepSpares(n int) {
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	s.floor = min(max(n, 0), maxSpares)
+}
+
+// fillLocked starts making new spares if the pool has fallen to half the
+// floor and none are being made. Callers hold spareMu.
+func (s *Store) fillLocked() {
+	if s.floor == 0 || s.filling || s.noSpares || s.sparesOut > s.floor/2 {
+		return
+	}
+	n := s.floor - s.sparesOut
+	s.filling = true
+	s.sparesOut += n
+	go s.fill(s.spareGen, n)
+}
+
+// fill makes n new spares, one at a time (an ADD's fsync is never queued
+// behind many of them). A new empty file holds no old record, so nothing
+// about it has to be on disk before it is used; it is fsynced all the
+// same, for that fsync is the one that writes the directory entry, which
+// would otherwise fall to the first pending record's.
+func (s *Store) fill(gen uint64, n int) {
+	var made []string
+	for range n {
+		s.spareMu.Lock()
+		s.spareSeq++
+		p := filepath.Join(s.allocDir, fmt.Sprintf("%s%d%s", sparePrefix, s.spareSeq, tempSuffix))
+		s.spareMu.Unlock()
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err == nil {
+			err = syncClose(f)
+		}
+		if err != nil {
+			slog.Warn("store: cannot make a spare record file", "err", err)
+			os.Remove(p)
+			break
+		}
+		made = append(made, p)
+	}
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	if gen != s.spareGen {
+		// Load started over meanwhile and may not have seen these.
+		for _, p := range made {
+			os.Remove(p)
+		}
+		return
+	}
+	s.filling = false
+	s.sparesOut -= n - len(made)
+	s.spares = append(s.spares, made...)
 }
 
 func (s *Store) putSpare(p string) {
@@ -544,9 +609,14 @@ func (s *Store) Load() ([]Allocation, error) {
 		return nil, err
 	}
 	s.spareMu.Lock()
-	s.spares, s.sparesOut = nil, 0 // removed below with the temp files
+	s.spares, s.sparesOut, s.filling = nil, 0, false // removed below with the temp files
 	s.spareGen++
 	s.spareMu.Unlock()
+	defer func() {
+		s.spareMu.Lock()
+		s.fillLocked()
+		s.spareMu.Unlock()
+	}()
 	entries, err := os.ReadDir(s.allocDir)
 	if err != nil {
 		return nil, fmt.Errorf("store: reading %s: %w", s.allocDir, err)

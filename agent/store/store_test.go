@@ -906,3 +906,77 @@ func TestSpareEmptiedAfterDirSync(t *testing.T) {
 		t.Errorf("directory holds %v, want r1's spare alone", ents)
 	}
 }
+
+// spareFiles lists the spare files on disk, checking each is empty.
+func spareFiles(t *testing.T, s *Store) map[uint64]string {
+	t.Helper()
+	ents, err := os.ReadDir(s.allocDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[uint64]string{}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), sparePrefix) {
+			continue
+		}
+		p := filepath.Join(s.allocDir, e.Name())
+		if fi, err := os.Stat(p); err != nil || fi.Size() != 0 {
+			t.Errorf("spare %s: %v, size %v: want empty", p, err, fi)
+			continue
+		}
+		out[inode(t, p)] = p
+	}
+	return out
+}
+
+// With KeepSpares, a loaded store has that many empty files ready; pending
+// records take them (no new file), the pool is topped up once half is
+// gone, and a Load while new spares are made (it removes every spare)
+// leaves no file behind: the pool is exactly what is on disk.
+func TestSparesKeptReady(t *testing.T) {
+	s := openTemp(t)
+	const floor = 4
+	s.KeepSpares(floor)
+	mustLoad(t, s)
+	waitSpares(t, s, floor)
+	ready := spareFiles(t, s)
+	if len(ready) != floor {
+		t.Fatalf("%d spare files after Load, want %d", len(ready), floor)
+	}
+	if _, err := s.Begin(sample("a", Pending)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := ready[inode(t, s.pendingPath("a"))]; !ok {
+		t.Errorf("pending record in a new file, not one of the spares %v", ready)
+	}
+	if n := spareCount(s); n != floor-1 {
+		t.Errorf("%d spares after one taken, want %d (no new ones before half is gone)", n, floor-1)
+	}
+	if _, err := s.Begin(sample("b", Pending)); err != nil {
+		t.Fatal(err)
+	}
+	waitSpares(t, s, floor)
+	time.Sleep(20 * time.Millisecond) // a fill gone too far would show now
+	if n, files := spareCount(s), spareFiles(t, s); n != floor || len(files) != floor {
+		t.Errorf("pool %d, %d spare files: want %d of each", n, len(files), floor)
+	}
+
+	// Loads racing the fills they start: no spare file leaks.
+	for i := range 20 {
+		if _, err := s.Begin(sample(fmt.Sprintf("c%d", i), Pending)); err != nil {
+			t.Fatal(err)
+		}
+		if i%3 == 0 {
+			mustLoad(t, s)
+		}
+	}
+	mustLoad(t, s)
+	waitSpares(t, s, floor)
+	time.Sleep(20 * time.Millisecond)
+	if n, files := spareCount(s), spareFiles(t, s); n != floor || len(files) != floor {
+		t.Errorf("after racing Loads: pool %d, %d spare files: want %d of each", n, len(files), floor)
+	}
+	if got := mustLoadKeep(t, s); len(got) != 22 {
+		t.Errorf("records %v, want the 22 pending ones", got)
+	}
+}
