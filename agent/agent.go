@@ -463,7 +463,15 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 		}
 	}()
 	reserved := time.Now()
-	if _, err := a.cfg.Dataplane.Setup(podOf(rec)); err != nil {
+	_, err = a.cfg.Dataplane.Setup(podOf(rec))
+	if errors.Is(err, dataplane.ErrInterfaceExists) && a.removals.wait() {
+		// The name may be a deleted pod's, in the same netns, whose veth
+		// is still being removed (a runtime that ADDs into a netns right
+		// after a DEL from it): try again once the removals running now
+		// are done. Nothing was created.
+		_, err = a.cfg.Dataplane.Setup(podOf(rec))
+	}
+	if err != nil {
 		return store.Allocation{}, err
 	}
 	programmed := time.Now()

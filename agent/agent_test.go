@@ -1305,3 +1305,63 @@ func TestOutOfPoolAddressStaysExclusive(t *testing.T) {
 	}
 	e.mustAdd("y", annotations.Addresses+"=192.0.2.50")
 }
+
+// A runtime may ADD into a netns right after a DEL from it: the pod's
+// interface name is then a deleted pod's whose veth is still being
+// removed, and the ADD waits for that instead of failing. A name held by
+// a live pod is refused, naming it, and the refused ADD leaves nothing.
+func TestAddIntoNetnsOfDeletedPod(t *testing.T) {
+	ctx := context.Background()
+	t.Run("waits for the removal", func(t *testing.T) {
+		e := started(t)
+		old, err := e.a.Add(ctx, "old", netnsOf("shared"), "eth0", podArgs("default", "pod-old"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		release := make(chan struct{})
+		e.dp.set(func(d *fakeDP) {
+			d.onTeardown = func(string) { <-release }
+		})
+		if err := e.a.Del(ctx, "old"); err != nil {
+			t.Fatal(err)
+		}
+		added := make(chan error, 1)
+		go func() {
+			_, err := e.a.Add(ctx, "new", netnsOf("shared"), "eth0", podArgs("default", "pod-new"))
+			added <- err
+		}()
+		select {
+		case err := <-added:
+			t.Fatalf("ADD returned (%v) while the old veth still holds eth0", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		close(release)
+		if err := <-added; err != nil {
+			t.Fatalf("ADD once the old veth is gone: %v", err)
+		}
+		e.a.Wait()
+		if e.dp.hasVeth(old.HostVeth) {
+			t.Error("old veth still there")
+		}
+		if ids := e.allocIDs(); !slices.Equal(ids, []string{"new"}) {
+			t.Errorf("allocations = %v, want [new]", ids)
+		}
+	})
+	t.Run("a live pod's name is refused", func(t *testing.T) {
+		e := started(t)
+		if _, err := e.a.Add(ctx, "live", netnsOf("shared"), "eth0", podArgs("default", "pod-live")); err != nil {
+			t.Fatal(err)
+		}
+		_, err := e.a.Add(ctx, "intruder", netnsOf("shared"), "eth0", podArgs("default", "pod-intruder"))
+		if !errors.Is(err, dataplane.ErrInterfaceExists) || !strings.Contains(err.Error(), `"eth0"`) || !strings.Contains(err.Error(), netnsOf("shared")) {
+			t.Fatalf("ADD into a netns whose eth0 a live pod holds: %v", err)
+		}
+		e.a.Wait()
+		e.wantNothingFor("intruder")
+		e.wantUsed(pool6, 1)
+		e.wantUsed(pool4, 1)
+		if n := e.dp.count("Setup intruder"); n != 1 {
+			t.Errorf("%d Setups of the refused pod, want 1 (no removal was running)", n)
+		}
+	})
+}

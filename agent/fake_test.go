@@ -52,13 +52,16 @@ type fakeDP struct {
 	// onSetup and onTeardown, if set, run at the start of Setup and
 	// Teardown (outside the lock).
 	onSetup func(p dataplane.Pod)
+	// ifaces holds each netns's pod interface names ("netns/ifname") and
+	// the host veth whose peer holds the name.
+	ifaces map[string]string
 	// macs are the MACs each Setup was handed, by host veth.
 	macs       map[string][2]string
 	onTeardown func(veth string)
 }
 
 func newFakeDP() *fakeDP {
-	return &fakeDP{veths: map[string]bool{}, routes: map[netip.Prefix][]dataplane.Nexthop{}, goneNetns: map[string]bool{}}
+	return &fakeDP{veths: map[string]bool{}, ifaces: map[string]string{}, routes: map[netip.Prefix][]dataplane.Nexthop{}, goneNetns: map[string]bool{}}
 }
 
 func (d *fakeDP) record(format string, args ...any) {
@@ -78,10 +81,17 @@ func (d *fakeDP) Setup(p dataplane.Pod) (dataplane.Link, error) {
 	if p.HostVeth == "" {
 		return dataplane.Link{}, errors.New("fake: Setup without a host veth name")
 	}
+	// Like the real one: the pod's interface name is refused while the
+	// peer of another veth holds it in that netns, and nothing is created.
+	iface := p.Netns + "/" + p.IfName
+	if holder, ok := d.ifaces[iface]; ok && holder != p.HostVeth && d.veths[holder] {
+		return dataplane.Link{}, fmt.Errorf("fake: interface %q already exists in netns %s: %w", p.IfName, p.Netns, dataplane.ErrInterfaceExists)
+	}
 	// Like the real one: a leftover veth of that name is replaced.
 	// Even a failed Setup may have created the veth: that is what
 	// rollback must clean up.
 	d.veths[p.HostVeth] = true
+	d.ifaces[iface] = p.HostVeth
 	if d.setupErr != nil {
 		return dataplane.Link{}, d.setupErr
 	}
@@ -124,6 +134,11 @@ func (d *fakeDP) Teardown(veth string) error {
 	}
 	delete(d.veths, veth)
 	d.dropRoutesLocked(veth)
+	for k, holder := range d.ifaces {
+		if holder == veth {
+			delete(d.ifaces, k)
+		}
+	}
 	return nil
 }
 

@@ -245,6 +245,10 @@ func addrFlags(ip netip.Addr) int {
 	return 0
 }
 
+// ErrInterfaceExists is wrapped by Setup when the pod's netns already has
+// an interface of the name asked for (nothing is created then).
+var ErrInterfaceExists = errors.New("interface name taken")
+
 // vethQueues is each veth end's number of transmit and receive queues.
 const vethQueues = 1
 
@@ -283,7 +287,7 @@ func (d *Netlink) Setup(p Pod) (Link, error) {
 	// takes the kernel's rtnl lock, which all concurrent ADDs share.
 	if err := h.LinkAdd(veth); errors.Is(err, unix.EEXIST) {
 		if _, err := ph.LinkByName(p.IfName); err == nil {
-			return Link{}, fmt.Errorf("interface %q already exists in netns %s", p.IfName, p.Netns)
+			return Link{}, fmt.Errorf("interface %q already exists in netns %s: %w", p.IfName, p.Netns, ErrInterfaceExists)
 		}
 		// A leftover host veth of this name (a crashed earlier attempt).
 		if err := d.deleteHostVeth(hostName); err != nil {

@@ -91,7 +91,10 @@ func (f figure) cells() []string {
 		}
 	}
 	verdict := ""
-	if ok, has := f.met(); has {
+	if f.Err != "" && !math.IsNaN(f.Limit) {
+		// What was measured before the failure proves nothing.
+		verdict = "**not met**: the measurement failed"
+	} else if ok, has := f.met(); has {
 		if ok {
 			verdict = "met"
 		} else {
