@@ -81,6 +81,10 @@ func (d *fakeDP) Setup(p dataplane.Pod) (dataplane.Link, error) {
 	if p.HostVeth == "" {
 		return dataplane.Link{}, errors.New("fake: Setup without a host veth name")
 	}
+	// Like the real one: a netns that is gone cannot be opened.
+	if d.goneNetns[p.Netns] {
+		return dataplane.Link{}, &dataplane.NetnsError{Path: p.Netns, Err: errors.New("fake: no such netns")}
+	}
 	// Like the real one: the pod's interface name is refused while the
 	// peer of another veth holds it in that netns, and nothing is created.
 	iface := p.Netns + "/" + p.IfName

@@ -1,7 +1,9 @@
 package agent_test
 
-// The randomized model-based test of route truth: many goroutines run ADD,
-// DEL, CHECK and readiness reports against one agent (real store in a temp
+// The randomized model-based test of route truth: many goroutines run ADD
+// (sometimes into the netns of a container just DELed, its veth maybe
+// still being removed), DEL, CHECK and readiness reports against one
+// agent (real store in a temp
 // dir, real node state and reconcile loops, fake kernel and speaker) while
 // the dataplane, the speaker and the store fail at random; between rounds
 // GC runs, the agent restarts (sometimes after a "crash" left a half-done
@@ -84,6 +86,7 @@ func TestModel(t *testing.T) {
 type ctr struct {
 	id    string
 	pod   podmeta.ID
+	netns string           // its sandbox's; sometimes one a DELed container had
 	live  bool             // the last ADD succeeded and no DEL since
 	dirty bool             // an op failed: the runtime owes a DEL
 	gone  bool             // its sandbox (netns) was destroyed: never ADDed again
@@ -120,6 +123,7 @@ func newModel(t *testing.T, seed uint64) *model {
 	m := &model{t: t, seed: seed, rnd: rand.New(rand.NewPCG(seed, 0)), chaosRnd: rand.New(rand.NewPCG(seed, 1)),
 		ready: map[podmeta.ID]bool{}, ctrs: map[string]*ctr{}, deleted: map[string]store.Allocation{}, claims: newClaimStore()}
 	m.e = m.newAgent(newFakeDP(), nil, "")
+	m.e.st.KeepSpares(4) // as the daemon does: files made ahead race ADDs, DELs and restarts
 	if err := m.e.run(); err != nil {
 		t.Fatal(err)
 	}
@@ -222,6 +226,10 @@ func (m *model) round(round int) {
 // concurrently, so the worker knows what each should own.
 func (m *model) worker(w int, rnd *rand.Rand) {
 	var mine []*ctr
+	// freed are netns of containers this worker DELed: a runtime may ADD
+	// a new container into one at once, while the old veth is still
+	// being removed.
+	var freed []string
 	for _, c := range m.snapshotCtrs() {
 		if strings.HasPrefix(c.id, fmt.Sprintf("w%d-", w)) {
 			mine = append(mine, c)
@@ -232,13 +240,21 @@ func (m *model) worker(w int, rnd *rand.Rand) {
 		switch op := rnd.IntN(100); {
 		case op < 35 || len(mine) == 0: // ADD a new container (sometimes of an existing pod)
 			c := m.newCtr(w, rnd, mine)
+			if len(freed) > 0 && rnd.IntN(3) == 0 {
+				c.netns, freed = freed[len(freed)-1], freed[:len(freed)-1]
+			}
 			mine = append(mine, c)
 			m.add(ctx, c, rnd)
 		case op < 45: // retried ADD of an existing container
 			m.add(ctx, mine[rnd.IntN(len(mine))], rnd)
 		case op < 70: // DEL
 			c := mine[rnd.IntN(len(mine))]
-			m.del(ctx, c)
+			m.mu.Lock()
+			wasLive := c.live
+			m.mu.Unlock()
+			if m.del(ctx, c) && wasLive {
+				freed = append(freed, c.netns)
+			}
 		case op < 72: // the sandbox vanishes without a DEL; the agent is told
 			i := rnd.IntN(len(mine))
 			if m.vanish(ctx, mine[i]) {
@@ -322,6 +338,7 @@ func (m *model) newCtr(w int, rnd *rand.Rand, mine []*ctr) *ctr {
 	defer m.mu.Unlock()
 	m.nextID++
 	c := &ctr{id: fmt.Sprintf("w%d-%04d", w, m.nextID)}
+	c.netns = netnsOf(c.id)
 	if len(mine) > 0 && rnd.IntN(4) == 0 {
 		c.pod = mine[rnd.IntN(len(mine))].pod // a second attachment of a pod
 	} else {
@@ -343,7 +360,7 @@ func (m *model) add(ctx context.Context, c *ctr, rnd *rand.Rand) {
 		args = append(args, annotations.CIDR6+"="+shared6.String())
 	}
 	argStr := strings.Join(append([]string{"K8S_POD_NAMESPACE=" + c.pod.Namespace, "K8S_POD_NAME=" + c.pod.Name}, args...), ";")
-	rec, err := m.e.a.Add(ctx, c.id, netnsOf(c.id), "eth0", argStr)
+	rec, err := m.e.a.Add(ctx, c.id, c.netns, "eth0", argStr)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
@@ -372,16 +389,18 @@ func pick(rnd *rand.Rand, from []string, n int) string {
 	return strings.Join(out, ",")
 }
 
-func (m *model) del(ctx context.Context, c *ctr) {
+// del DELs c and reports whether the DEL succeeded.
+func (m *model) del(ctx context.Context, c *ctr) bool {
 	err := m.e.a.Del(ctx, c.id)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
 		c.dirty = true
-		return
+		return false
 	}
 	m.deleted[c.id] = c.rec
 	c.live, c.dirty = false, false
+	return true
 }
 
 // quiesce turns chaos off and does what the runtime would: DEL every

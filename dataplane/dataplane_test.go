@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -148,8 +149,11 @@ func TestSetupRetireTeardown(t *testing.T) {
 		}
 		p2 := p
 		p2.HostVeth = HostVethName("c3")
-		if _, err := d.Setup(p2); err == nil || !strings.Contains(err.Error(), `interface "eth0" already exists`) {
+		if _, err := d.Setup(p2); !errors.Is(err, ErrInterfaceExists) || !strings.Contains(err.Error(), `interface "eth0" already exists`) {
 			t.Errorf("Setup into a netns that has eth0: %v", err)
+		}
+		if _, err := netlink.LinkByName(p2.HostVeth); err == nil {
+			t.Errorf("the refused Setup left its host veth %s", p2.HostVeth)
 		}
 		if err := d.Teardown(p.HostVeth); err != nil {
 			t.Error(err)

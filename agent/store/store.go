@@ -317,6 +317,12 @@ const maxSpares = 256
 // removes leftover ones with the temp files.
 const sparePrefix = ".spare-"
 
+// nextSpareLocked names a new spare. Callers hold spareMu.
+func (s *Store) nextSpareLocked() string {
+	s.spareSeq++
+	return filepath.Join(s.allocDir, fmt.Sprintf("%s%d%s", sparePrefix, s.spareSeq, tempSuffix))
+}
+
 // takeSpare takes an empty file out of the pool ("" if there is none); the
 // caller renames it into place, or gives it back with putSpare.
 func (s *Store) takeSpare() string {
@@ -335,10 +341,9 @@ func (s *Store) takeSpare() string {
 // KeepSpares has the store keep about n spares ready (at most maxSpares)
 // from the next Load on: new empty files are made in the background after
 // Load, which removes every spare, and whenever the pool falls to half
-// that. Without them a
-// node's first pods, and the first after every start, each create the
-// file of their pending record, and its fsync, running while the veth is
-// programmed, then writes the directory too.
+// that. Without them a node's first pods, and the first after every
+// start, each create the file of their pending record, and its fsync,
+// running while the veth is programmed, then writes the directory too.
 func (s *Store) KeepSpares(n int) {
 	s.spareMu.Lock()
 	defer s.spareMu.Unlock()
@@ -366,8 +371,7 @@ func (s *Store) fill(gen uint64, n int) {
 	var made []string
 	for range n {
 		s.spareMu.Lock()
-		s.spareSeq++
-		p := filepath.Join(s.allocDir, fmt.Sprintf("%s%d%s", sparePrefix, s.spareSeq, tempSuffix))
+		p := s.nextSpareLocked()
 		s.spareMu.Unlock()
 		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if err == nil {
@@ -415,8 +419,7 @@ func (s *Store) remove(p string) (spare string, err error) {
 	if keep {
 		s.sparesOut++
 	}
-	s.spareSeq++
-	spare = filepath.Join(s.allocDir, fmt.Sprintf("%s%d%s", sparePrefix, s.spareSeq, tempSuffix))
+	spare = s.nextSpareLocked()
 	s.spareMu.Unlock()
 	if !keep {
 		return "", os.Remove(p)
