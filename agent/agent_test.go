@@ -44,6 +44,7 @@ func TestNewRejectsBadSpec(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			t.Cleanup(func() { st.Close() })
 			// The pools are the state's, the rest the agent's to check.
 			state, err := nodestate.New(s, false)
 			if err == nil {
@@ -436,6 +437,7 @@ func TestPendingRecordBeforeSetup(t *testing.T) {
 			err = oerr
 			return
 		}
+		defer other.Close()
 		inSetup, err = other.Load()
 	}
 	rec := e.mustAdd("c1", annotations.Anycast+"=2001:db8:ff::1", annotations.Addresses+"=2001:db8:aa::1")
@@ -911,6 +913,7 @@ func putRecord(t *testing.T, dir string, r store.Allocation) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer st.Close()
 	if r.HostVeth == "" {
 		r.HostVeth = dataplane.HostVethName(r.ContainerID)
 	}

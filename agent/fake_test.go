@@ -478,6 +478,8 @@ func newEnv(t *testing.T, opts ...envOpt) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Before the temp dir goes: the store's background work must be over.
+	t.Cleanup(func() { st.Close() })
 	e := &env{t: t, dp: newFakeDP(), sp: newFakeSpeaker(), st: &faultStore{Store: st}, dir: dir}
 	cfg := envConfig{Config: agent.Config{Spec: testSpec(), Store: e.st, Dataplane: e.dp, Source: podmeta.Standalone{}, Log: discard}}
 	for _, o := range opts {

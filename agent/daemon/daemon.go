@@ -109,6 +109,7 @@ func Run(ctx context.Context, o Options) error {
 		return stop(err)
 	}
 	d.gc = gc
+	defer d.store.Close() // after stop: every component is done with it
 	// A planned stop (SIGTERM, a rollout): BFD peers hear AdminDown first,
 	// which RFC 5882 §3.2 says is no failure, so a ToR keeps the routes
 	// graceful restart is about to protect. A crash sends nothing.
@@ -214,6 +215,7 @@ type daemon struct {
 	log        *slog.Logger
 	nodeName   string
 	state      *nodestate.State
+	store      *store.Store
 	agent      *agent.Agent
 	speaker    *bgp.Speaker
 	kernel     *anycast.Routes
@@ -277,6 +279,7 @@ func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 		return nil, err
 	}
 	st.KeepSpares(spareRecords)
+	d.store = st
 	// Standalone: nothing reports readiness but the operator (flockctl
 	// ready), so a committed pod counts as Ready.
 	if d.state, err = nodestate.New(spec, !o.Kubernetes); err != nil {

@@ -125,6 +125,14 @@ type Store struct {
 	floor     int      // KeepSpares: new spares are made when the pool falls to half this
 	filling   bool     // new spares are being made
 
+	// life tracks every goroutine the store starts (background fsyncs,
+	// spare fills, the directory's group sync), so Close can wait for them:
+	// none may touch the directory after it.
+	life lifecycle
+
+	// fillHook, if set, runs before each spare a fill makes. Tests only.
+	fillHook func(i int)
+
 	// afterTempWrite, if set, is called by Put after the temp file has been
 	// written and fsynced but before it is renamed into place. A non-nil
 	// return aborts the Put there, leaving the temp file behind exactly as a
@@ -140,6 +148,7 @@ func Open(dir string) (*Store, error) {
 	}
 	s := &Store{dir: dir, allocDir: filepath.Join(dir, allocDirName), syncSlots: make(chan struct{}, syncers)}
 	s.dirSync.sync = func() error { return syncDir(s.allocDir) }
+	s.dirSync.start = s.life.goOrRun
 	if err := s.ensureDir(); err != nil {
 		return nil, err
 	}
@@ -266,13 +275,24 @@ func syncClose(f *os.File) error {
 // started (a burst of ADDs grew the agent by dozens).
 const syncers = 4
 
-// background runs f on its own goroutine, at most syncers at a time.
+// background runs f on its own goroutine, at most syncers at a time (on
+// the caller's once the store is closed).
 func (s *Store) background(f func()) {
-	go func() {
+	s.life.goOrRun(func() {
 		s.syncSlots <- struct{}{}
 		defer func() { <-s.syncSlots }()
 		f()
-	}()
+	})
+}
+
+// Close stops the store's background work and waits for every goroutine
+// it started; a spare fill stops after the file it is making. What a
+// caller still has in flight (a Commit waiting for its fsync) completes.
+// Use the store no more after it: the directory may go (a test's temp
+// dir, an uninstall).
+func (s *Store) Close() error {
+	s.life.close()
+	return nil
 }
 
 // newPending creates the file of a pending record at p, empty, from a
@@ -356,10 +376,12 @@ func (s *Store) fillLocked() {
 	if s.floor == 0 || s.filling || s.noSpares || s.sparesOut > s.floor/2 {
 		return
 	}
-	n := s.floor - s.sparesOut
+	n, gen := s.floor-s.sparesOut, s.spareGen
+	if !s.life.goIfOpen(func() { s.fill(gen, n) }) {
+		return
+	}
 	s.filling = true
 	s.sparesOut += n
-	go s.fill(s.spareGen, n)
 }
 
 // fill makes n new spares, one at a time (an ADD's fsync is never queued
@@ -369,7 +391,13 @@ func (s *Store) fillLocked() {
 // would otherwise fall to the first pending record's.
 func (s *Store) fill(gen uint64, n int) {
 	var made []string
-	for range n {
+	for i := range n {
+		if s.fillHook != nil {
+			s.fillHook(i)
+		}
+		if s.life.closing() {
+			break
+		}
 		s.spareMu.Lock()
 		p := s.nextSpareLocked()
 		s.spareMu.Unlock()
@@ -757,6 +785,7 @@ func readPending(path, id string) (Allocation, error) {
 // asks while one runs shares the next.
 type groupSync struct {
 	sync    func() error
+	start   func(func()) // runs the syncer (the store tracks it)
 	mu      sync.Mutex
 	next    *syncBatch // callers waiting for a sync not yet started
 	running bool
@@ -774,11 +803,12 @@ func (g *groupSync) Sync() error {
 		g.next = &syncBatch{done: make(chan struct{})}
 	}
 	b := g.next
-	if !g.running {
-		g.running = true
-		go g.run()
-	}
+	start := !g.running
+	g.running = true
 	g.mu.Unlock()
+	if start {
+		g.start(g.run)
+	}
 	<-b.done
 	return b.err
 }
@@ -810,4 +840,49 @@ func syncDir(dir string) error {
 		return fmt.Errorf("store: fsync %s: %w", dir, err)
 	}
 	return nil
+}
+
+// lifecycle counts the goroutines a component starts so that closing it
+// can wait for them all.
+type lifecycle struct {
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// goIfOpen starts f on a goroutine unless closed; it tells which.
+func (l *lifecycle) goIfOpen(f func()) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// goOrRun starts f on a goroutine, or runs it on the caller's once closed
+// (work a caller waits for, like an fsync, still happens).
+func (l *lifecycle) goOrRun(f func()) {
+	if !l.goIfOpen(f) {
+		f()
+	}
+}
+
+func (l *lifecycle) closing() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closed
+}
+
+// close marks the end and waits for the goroutines started before it.
+func (l *lifecycle) close() {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	l.wg.Wait()
 }

@@ -25,6 +25,7 @@ func openTemp(t *testing.T) *Store {
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
+	t.Cleanup(func() { s.Close() })
 	return s
 }
 
@@ -978,5 +979,58 @@ func TestSparesKeptReady(t *testing.T) {
 	}
 	if got := mustLoadKeep(t, s); len(got) != 22 {
 		t.Errorf("records %v, want the 22 pending ones", got)
+	}
+}
+
+// Close waits for every goroutine the store started: right after it, the
+// directory can be removed and nothing writes into it again. (Without it,
+// the spare fills of a just-loaded store kept creating files while a
+// test's temp dir was removed: "directory not empty".)
+func TestCloseWaitsForBackgroundWork(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reached, release := make(chan struct{}), make(chan struct{})
+	s.fillHook = func(i int) {
+		if i == 2 {
+			close(reached)
+			<-release
+		}
+	}
+	s.KeepSpares(16)
+	mustLoad(t, s) // starts the fill
+	d, err := s.Begin(sample("a", Pending)) // a background fsync too
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete("a"); err != nil { // and a spare being emptied
+		t.Fatal(err)
+	}
+	if err := s.Commit(d); err == nil {
+		t.Fatal("commit of a deleted pending record succeeded")
+	}
+	<-reached
+	closed := make(chan struct{})
+	go func() {
+		s.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a spare fill was running")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	<-closed
+	if n := len(spareFiles(t, s)); n > 3 {
+		t.Errorf("%d spare files: the fill went on after Close", n)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatalf("removing the directory after Close: %v", err)
+	}
+	if err := s.Close(); err != nil { // twice is harmless
+		t.Fatal(err)
 	}
 }
