@@ -1000,7 +1000,7 @@ func TestCloseWaitsForBackgroundWork(t *testing.T) {
 		}
 	}
 	s.KeepSpares(16)
-	mustLoad(t, s) // starts the fill
+	mustLoad(t, s)                          // starts the fill
 	d, err := s.Begin(sample("a", Pending)) // a background fsync too
 	if err != nil {
 		t.Fatal(err)
