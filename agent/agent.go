@@ -81,6 +81,8 @@ type Config struct {
 	SettleTimeout time.Duration
 	// Reaped, if set, counts reaped allocations by reason.
 	Reaped func(reason string)
+	// ReapFailed, if set, counts failed reaps (each is retried).
+	ReapFailed func()
 	// Authority, if set, must allow every anycast, addresses, cidr6 and
 	// cidr4 value a pod asks for (nil: everything is allowed).
 	Authority Authority
@@ -89,7 +91,14 @@ type Config struct {
 	Claims Claims
 	// ReapInterval is the period of Run's netns check (default 30 s).
 	ReapInterval time.Duration
+	// AddTimeout bounds an ADD (default DefaultAddTimeout).
+	AddTimeout time.Duration
 }
+
+// DefaultAddTimeout bounds an ADD: well within the plugin's wait for the
+// agent (wire.DefaultIOTimeout), so the runtime gets flock's error, not a
+// timeout of its own.
+const DefaultAddTimeout = 20 * time.Second
 
 // Agent handles pod network lifecycles on one node.
 type Agent struct {
@@ -101,6 +110,11 @@ type Agent struct {
 	// suspects are containers whose veth vanished: Run checks their netns
 	// at once instead of at the next repair.
 	suspects chan string
+	// claimSuspects are committed containers one of whose claims left the
+	// API: Run claims it again at once.
+	claimSuspects chan string
+	// retries are the failed reaps Run tries again.
+	retries backoffs
 	// removals are the veth removals a DEL left running (see Del).
 	removals removals
 }
@@ -169,8 +183,11 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.ReapInterval <= 0 {
 		cfg.ReapInterval = 30 * time.Second
 	}
+	if cfg.AddTimeout <= 0 {
+		cfg.AddTimeout = DefaultAddTimeout
+	}
 	return &Agent{
-		cfg: cfg, log: cfg.Log, state: cfg.State, suspects: make(chan string, 64),
+		cfg: cfg, log: cfg.Log, state: cfg.State, suspects: make(chan string, 64), claimSuspects: make(chan string, 64),
 		defaults: annotations.Defaults{IPv6: cfg.Spec.Defaults.WantIPv6(), IPv4: cfg.Spec.Defaults.IPv4, Algo: algo},
 	}, nil
 }
@@ -229,7 +246,8 @@ func (a *Agent) Restore(ctx context.Context) error {
 			a.log.Warn("restore: " + w)
 		}
 	}
-	a.recheckClaims(ctx)
+	a.ensureClaims(ctx, "")
+	a.releaseUnowned(ctx)
 	veths, err := a.cfg.Dataplane.HostVeths()
 	if err != nil {
 		return err
@@ -253,47 +271,12 @@ func (a *Agent) dropRecord(r store.Allocation, reason string) error {
 			return err
 		}
 	}
-	if err := a.releaseClaims(context.Background(), a.claimsOf(r, nil, nil)); err != nil {
-		a.log.Warn("cluster-wide claim stays until the claim GC", "container", r.ContainerID, "err", err)
-	}
+	a.releaseClaims(context.Background(), a.claimsOf(r, nil, nil))
 	if err := a.cfg.Store.Delete(r.ContainerID); err != nil {
 		return err
 	}
 	a.reaped(reason)
 	return nil
-}
-
-// recheckClaims makes the cluster-wide claims match the restored state:
-// every restored allocation holds its claims again (re-created if they were
-// lost; one that another pod took meanwhile is quarantined, not routed),
-// and this node's claims that no allocation owns (a crash between the
-// claim and the record's removal) are released.
-func (a *Agent) recheckClaims(ctx context.Context) {
-	if a.cfg.Claims == nil {
-		return
-	}
-	for _, r := range a.state.Committed() {
-		for _, c := range a.claimsOf(r, nil, nil) {
-			err := a.cfg.Claims.Claim(ctx, c)
-			switch {
-			case err == nil:
-			case errors.Is(err, ErrClaimed):
-				a.log.Error("quarantined allocation: another pod holds its address cluster-wide", "container", r.ContainerID, "pod", r.Pod, "ip", c.IP, "err", err)
-				a.state.MarkStuck(r.ContainerID, fmt.Sprintf("restore: %s: %v", c.IP, err))
-			default:
-				a.log.Warn("restore: cannot re-check a cluster-wide claim; the claim GC and the next restart will", "container", r.ContainerID, "ip", c.IP, "err", err)
-			}
-		}
-	}
-	for _, c := range a.cfg.Claims.Node() {
-		if _, _, ok := a.state.Get(c.ContainerID); ok {
-			continue
-		}
-		a.log.Warn("releasing a cluster-wide claim no allocation owns", "ip", c.IP, "container", c.ContainerID, "pod", c.Pod)
-		if err := a.releaseClaims(ctx, []Claim{c}); err != nil {
-			a.log.Warn("claim stays until the claim GC", "ip", c.IP, "err", err)
-		}
-	}
 }
 
 func (a *Agent) reaped(reason string) {
@@ -310,24 +293,44 @@ func (a *Agent) netnsGone(r store.Allocation) (bool, error) {
 	return !ok, nil
 }
 
-// Run is the periodic repair of pod attachments: an allocation whose
-// network namespace vanished without a DEL (the node rebooted, the runtime
-// lost it) is torn down and released, so its routes are withdrawn.
+// Run is the periodic repair of pod attachments (Repair, every
+// ReapInterval), reaps a vanished veth's owner at once, and retries a
+// failed reap with back-off until it succeeds.
 func (a *Agent) Run(ctx context.Context) error {
 	t := time.NewTicker(a.cfg.ReapInterval)
 	defer t.Stop()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			a.ReapGone(ctx)
+			a.Repair(ctx)
 		case id := <-a.suspects:
-			if err := a.reap(ctx, id); err != nil {
-				a.log.Error("reap", "container", id, "err", err)
+			a.reapOne(ctx, id)
+		case <-retry.C:
+			for _, id := range a.retries.due(time.Now()) {
+				a.reapOne(ctx, id)
 			}
+		case id := <-a.claimSuspects:
+			a.ensureClaims(ctx, id)
+		}
+		if next, ok := a.retries.next(); ok {
+			retry.Reset(time.Until(next))
 		}
 	}
+}
+
+// Repair reaps every attachment whose network namespace is gone and makes
+// the cluster-wide claims match the attachments: a claim deleted by hand
+// while its pod runs is claimed again, one no attachment holds is given
+// back.
+func (a *Agent) Repair(ctx context.Context) {
+	a.ReapGone(ctx)
+	a.ensureClaims(ctx, "")
+	a.releaseUnowned(ctx)
 }
 
 // VethGone reports a host veth that vanished without a DEL: if its owner's
@@ -344,30 +347,63 @@ func (a *Agent) VethGone(name string) {
 	}
 }
 
-// ReapGone reaps every committed allocation whose netns is gone.
+// ClaimGone reports a cluster-wide claim of this node that left the API:
+// if a live allocation still needs it, Run claims it again now rather
+// than at the next repair.
+func (a *Agent) ClaimGone(containerID string) {
+	if _, phase, ok := a.state.Get(containerID); !ok || phase != nodestate.Committed {
+		return
+	}
+	select {
+	case a.claimSuspects <- containerID:
+	default:
+	}
+}
+
+// ReapGone reaps every attachment whose netns is gone: committed ones,
+// and those a failed DEL or reap left deleting or stuck.
 func (a *Agent) ReapGone(ctx context.Context) {
-	for _, r := range a.state.Committed() {
-		if gone, err := a.netnsGone(r); err != nil || !gone {
+	for _, r := range a.state.Attachments(nodestate.Committed, nodestate.Deleting, nodestate.Stuck) {
+		if gone, err := a.netnsGone(r.Allocation); err != nil || !gone {
 			continue
 		}
-		if err := a.reap(ctx, r.ContainerID); err != nil {
-			a.log.Error("reap", "container", r.ContainerID, "err", err)
-		}
+		a.reapOne(ctx, r.ContainerID)
 	}
+}
+
+// reapOne reaps one attachment if its netns is gone; a failure is
+// counted, logged and retried with back-off (Run).
+func (a *Agent) reapOne(ctx context.Context, id string) {
+	err := a.reap(ctx, id)
+	if err == nil {
+		a.retries.done(id)
+		return
+	}
+	n, wait := a.retries.failed(id, time.Now(), a.cfg.ReapInterval)
+	if a.cfg.ReapFailed != nil {
+		a.cfg.ReapFailed()
+	}
+	a.log.Error("reap failed; retrying", "container", id, "attempt", n, "retry-in", wait, "err", err)
 }
 
 func (a *Agent) reap(ctx context.Context, id string) error {
 	unlock := a.locks.Lock(id)
 	defer unlock()
 	r, phase, ok := a.state.Get(id)
-	if !ok || phase != nodestate.Committed {
-		return nil // a DEL came first
+	if !ok || phase == nodestate.Pending {
+		return nil // a DEL came first, or an ADD is running
 	}
 	if gone, err := a.netnsGone(r); err != nil || !gone {
 		return err
 	}
-	a.log.Warn("reaping allocation whose network namespace is gone", "container", id, "pod", r.Pod, "netns", r.Netns, "ips", r.IPs)
-	if err := a.remove(ctx, r); err != nil {
+	a.log.Warn("reaping allocation whose network namespace is gone", "container", id, "pod", r.Pod, "netns", r.Netns, "ips", r.IPs, "phase", phase)
+	var err error
+	if phase == nodestate.Stuck {
+		err = a.teardown(r)
+	} else {
+		err = a.remove(ctx, r)
+	}
+	if err != nil {
 		return err
 	}
 	a.reaped(ReapNetnsGone)
@@ -404,8 +440,20 @@ func (a *Agent) PodAllocations(pod podmeta.ID) []store.Allocation {
 	return a.state.PodAllocations(pod)
 }
 
-// Add runs the ADD flow and returns the committed allocation.
+// Add runs the ADD flow and returns the committed allocation. It ends
+// within AddTimeout whatever stalls (the API server, another operation
+// on the container), rolled back completely.
 func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs string) (store.Allocation, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.AddTimeout)
+	defer cancel()
+	rec, err := a.add(ctx, containerID, netns, ifName, cniArgs)
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		err = &Error{Code: codeTryAgain, Err: fmt.Errorf("ADD of container %s did not finish within %v; nothing was kept: %w", containerID, a.cfg.AddTimeout, err)}
+	}
+	return rec, err
+}
+
+func (a *Agent) add(ctx context.Context, containerID, netns, ifName, cniArgs string) (store.Allocation, error) {
 	if err := validateAttachment(containerID, netns, ifName); err != nil {
 		return store.Allocation{}, err
 	}
@@ -414,7 +462,10 @@ func (a *Agent) Add(ctx context.Context, containerID, netns, ifName, cniArgs str
 		return store.Allocation{}, &Error{Code: codeEnv, Err: err}
 	}
 	start := time.Now()
-	unlock := a.locks.Lock(containerID)
+	unlock, err := a.locks.LockCtx(ctx, containerID)
+	if err != nil {
+		return store.Allocation{}, fmt.Errorf("waiting for another operation on container %s: %w", containerID, err)
+	}
 	defer unlock()
 
 	if r, phase, ok := a.state.Get(containerID); ok {
@@ -541,11 +592,10 @@ func (a *Agent) reserve(ctx context.Context, containerID, ifName, netns string, 
 		if a.cfg.Claims == nil {
 			return rec, draft, nil
 		}
-		leftover, err := a.claim(ctx, a.claimsOf(rec, pools, ranges))
-		if err == nil {
+		if _, err = a.claim(ctx, a.claimsOf(rec, pools, ranges)); err == nil {
 			return rec, draft, nil
 		}
-		a.rollback(rec, leftover)
+		a.rollback(rec, nil) // claim gave back what it took
 		var ce *ClaimError
 		if !errors.As(err, &ce) || !errors.Is(err, ErrClaimed) || attempt == claimAttempts {
 			return store.Allocation{}, nil, err
@@ -573,14 +623,15 @@ func podOf(r store.Allocation) dataplane.Pod {
 
 // rollback undoes a failed ADD: kernel state, cluster-wide claims,
 // record, IPs, local claims. What cannot be undone now keeps the
-// attachment stuck — its IPs, claims and pending record held — until the
-// DEL the runtime sends after a failed ADD (or the next start) finishes
-// the job: handing the IPs out again while the old veth may still route
-// them, or while the API still says they are ours, would be worse.
+// attachment stuck — its IPs and pending record held — until the DEL the
+// runtime sends after a failed ADD (or the next start) finishes the job:
+// handing the IPs out again while the old veth may still route them would
+// be worse. A claim the API did not let go of is the claim GC's (see
+// releaseClaims): no other pod gets its IP meanwhile, the API refuses it.
 func (a *Agent) rollback(rec store.Allocation, claimed []Claim) {
 	err := a.cfg.Dataplane.Teardown(rec.HostVeth)
 	if err == nil {
-		err = a.releaseClaims(context.Background(), claimed)
+		a.releaseClaims(context.Background(), claimed)
 	}
 	if err == nil {
 		err = a.cfg.Store.Delete(rec.ContainerID)
@@ -600,10 +651,7 @@ func (a *Agent) teardown(rec store.Allocation) error {
 	if err := a.cfg.Dataplane.Teardown(rec.HostVeth); err != nil {
 		return err
 	}
-	// While the record exists a retried DEL can still find the claims.
-	if err := a.releaseClaims(context.Background(), a.claimsOf(rec, nil, nil)); err != nil {
-		return err
-	}
+	a.releaseClaims(context.Background(), a.claimsOf(rec, nil, nil))
 	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {
 		return err
 	}
@@ -686,9 +734,7 @@ func (a *Agent) del(ctx context.Context, containerID string, early bool) error {
 	// The record goes before the veth goes down: a restart must never
 	// find a committed record whose veth is already down (it would route
 	// the pod again into a dead link); a veth no record owns it removes.
-	if err := a.releaseClaims(context.Background(), a.claimsOf(rec, nil, nil)); err != nil {
-		return err
-	}
+	a.releaseClaims(context.Background(), a.claimsOf(rec, nil, nil))
 	if err := a.cfg.Store.Delete(rec.ContainerID); err != nil {
 		return err
 	}
@@ -797,36 +843,52 @@ func (a *Agent) GC(ctx context.Context, valid []Attachment) error {
 	return errors.Join(errs...)
 }
 
-// keyedMutex serialises operations on one container ID.
+// keyedMutex serialises operations on one container ID. A waiter can give
+// up (ADD's deadline): the lock is a one-slot channel.
 type keyedMutex struct {
 	mu sync.Mutex
 	m  map[string]*keyedEntry
 }
 
 type keyedEntry struct {
-	mu   sync.Mutex
+	ch   chan struct{}
 	refs int
 }
 
+// Lock waits for the container's lock.
 func (k *keyedMutex) Lock(key string) func() {
+	unlock, _ := k.LockCtx(context.Background(), key)
+	return unlock
+}
+
+// LockCtx waits for the container's lock until ctx ends.
+func (k *keyedMutex) LockCtx(ctx context.Context, key string) (func(), error) {
 	k.mu.Lock()
 	if k.m == nil {
 		k.m = map[string]*keyedEntry{}
 	}
 	e := k.m[key]
 	if e == nil {
-		e = &keyedEntry{}
+		e = &keyedEntry{ch: make(chan struct{}, 1)}
 		k.m[key] = e
 	}
 	e.refs++
 	k.mu.Unlock()
-	e.mu.Lock()
-	return func() {
-		e.mu.Unlock()
+	drop := func() {
 		k.mu.Lock()
 		if e.refs--; e.refs == 0 {
 			delete(k.m, key)
 		}
 		k.mu.Unlock()
 	}
+	select {
+	case e.ch <- struct{}{}:
+	case <-ctx.Done():
+		drop()
+		return nil, ctx.Err()
+	}
+	return func() {
+		<-e.ch
+		drop()
+	}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
@@ -74,7 +75,11 @@ type ClaimError struct {
 }
 
 func (e *ClaimError) Error() string {
-	return fmt.Sprintf("pod %s: annotation %s: %v", e.Pod, e.Key, e.Err)
+	msg := e.Err.Error()
+	if !strings.Contains(msg, e.IP.String()) {
+		msg = e.IP.String() + ": " + msg
+	}
+	return fmt.Sprintf("pod %s: annotation %s: %s", e.Pod, e.Key, msg)
 }
 
 func (e *ClaimError) Unwrap() error { return e.Err }
@@ -163,15 +168,18 @@ func (a *Agent) claimsOf(r store.Allocation, pools grants, ranges map[netip.Pref
 }
 
 // claim takes every claim of an allocation, all or nothing. On failure it
-// gives back what it took and returns what it could not give back (for
-// the rollback to hold on to).
+// gives back what it took — the failed claim too, unless another pod
+// holds it: a create whose answer was lost (a timeout, a reset
+// connection) may have been committed by the API server — and returns
+// what it could not give back.
 func (a *Agent) claim(ctx context.Context, cs []Claim) (leftover []Claim, err error) {
 	var done []Claim
 	for _, c := range cs {
 		if err := a.cfg.Claims.Claim(ctx, c); err != nil {
-			if a.releaseClaims(ctx, done) != nil {
-				leftover = done
+			if !errors.Is(err, ErrClaimed) {
+				done = append(done, c)
 			}
+			leftover = a.releaseClaims(ctx, done)
 			key := annotations.CIDR6
 			switch {
 			case c.Use == v1alpha1.UseAddresses:
@@ -186,19 +194,25 @@ func (a *Agent) claim(ctx context.Context, cs []Claim) (leftover []Claim, err er
 	return nil, nil
 }
 
-// releaseClaims gives claims back (bounded: the API may be down; the claim
-// GC reclaims what is left).
-func (a *Agent) releaseClaims(ctx context.Context, cs []Claim) error {
+// claimReleaseTimeout bounds giving claims back. A release that fails
+// (the API server down or slow) never holds up DEL or a rollback: the
+// node's state no longer names the container, so the claim GC deletes the
+// claim once it is older than its grace.
+const claimReleaseTimeout = 2 * time.Second
+
+// releaseClaims gives claims back, bounded, and returns those it could
+// not (logged; the claim GC reclaims them).
+func (a *Agent) releaseClaims(ctx context.Context, cs []Claim) (failed []Claim) {
 	if a.cfg.Claims == nil || len(cs) == 0 {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimReleaseTimeout)
 	defer cancel()
-	var errs []error
 	for _, c := range cs {
 		if err := a.cfg.Claims.Release(ctx, c.IP, c.ContainerID); err != nil {
-			errs = append(errs, fmt.Errorf("release claim on %s: %w", c.IP, err))
+			a.log.Warn("cluster-wide claim not released; the claim GC deletes it once the container is gone", "ip", c.IP, "container", c.ContainerID, "pod", c.Pod, "err", err)
+			failed = append(failed, c)
 		}
 	}
-	return errors.Join(errs...)
+	return failed
 }

@@ -675,12 +675,21 @@ type claimStore struct {
 	claims map[netip.Addr]claimRec
 	// lag hides claims younger than this many later claims from Taken,
 	// as an informer that has not caught up would.
-	lag   int
-	seq   int
-	down  bool // the API is unreachable
+	lag  int
+	seq  int
+	down bool // the API is unreachable
+	// hang: calls wait for their context to end (an API server that
+	// accepts connections and never answers); deadlines records theirs.
+	hang      bool
+	deadlines []time.Duration
+	// lost: creates are committed, and the caller hears an error (the
+	// answer lost to a timeout or a reset connection).
+	lost  bool
 	calls int
-	// fault, if set, may fail any call (the model test's chaos).
+	// fault, if set, may fail any call (the model test's chaos); lose,
+	// if set, may lose a committed create's answer.
 	fault func() bool
+	lose  func() bool
 }
 
 type claimRec struct {
@@ -699,11 +708,32 @@ type nodeClaims struct {
 	name string
 }
 
-func (n *nodeClaims) Claim(_ context.Context, c agent.Claim) error {
+// hung waits, if the API hangs, until ctx ends (recording its deadline).
+// Called with s.mu held; returns with it held.
+func (s *claimStore) hung(ctx context.Context) error {
+	if !s.hang {
+		return nil
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		s.deadlines = append(s.deadlines, -1)
+		return errors.New("fake API: a call without a deadline would hang forever")
+	}
+	s.deadlines = append(s.deadlines, time.Until(dl))
+	s.mu.Unlock()
+	<-ctx.Done()
+	s.mu.Lock()
+	return fmt.Errorf("fake API: no answer: %w", ctx.Err())
+}
+
+func (n *nodeClaims) Claim(ctx context.Context, c agent.Claim) error {
 	s := n.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls++
+	if err := s.hung(ctx); err != nil {
+		return err
+	}
 	if s.down || (s.fault != nil && s.fault()) {
 		return errors.New("fake API: connection refused")
 	}
@@ -715,14 +745,20 @@ func (n *nodeClaims) Claim(_ context.Context, c agent.Claim) error {
 	}
 	s.seq++
 	s.claims[c.IP] = claimRec{Claim: c, node: n.name, seq: s.seq}
+	if s.lost || (s.lose != nil && s.lose()) {
+		return errors.New("fake API: connection reset after the create was sent")
+	}
 	return nil
 }
 
-func (n *nodeClaims) Release(_ context.Context, ip netip.Addr, containerID string) error {
+func (n *nodeClaims) Release(ctx context.Context, ip netip.Addr, containerID string) error {
 	s := n.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls++
+	if err := s.hung(ctx); err != nil {
+		return err
+	}
 	if s.down || (s.fault != nil && s.fault()) {
 		return errors.New("fake API: connection refused")
 	}
@@ -749,6 +785,37 @@ func (n *nodeClaims) Node() []agent.Claim {
 		if h.node == n.name {
 			out = append(out, h.Claim)
 		}
+	}
+	return out
+}
+
+// gc is the claim GC's rule for node's claims: one of an IP that the
+// node's agent does not hold for its container is deleted
+// (k8s/claims.GC, after its grace).
+func (s *claimStore) gc(node string, holds func(containerID string, ip netip.Addr) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ip, h := range s.claims {
+		if h.node == node && !holds(h.ContainerID, ip) {
+			delete(s.claims, ip)
+		}
+	}
+}
+
+// drop deletes a claim behind the agent's back (kubectl delete).
+func (s *claimStore) drop(ip netip.Addr) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.claims, ip)
+}
+
+// pools maps every claimed IP to its claim's pool.
+func (s *claimStore) pools() map[netip.Addr]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[netip.Addr]string{}
+	for ip, h := range s.claims {
+		out[ip] = h.Pool
 	}
 	return out
 }

@@ -191,7 +191,10 @@ func (m *model) wire(e *env) {
 		}
 		return nil
 	}
-	m.claims.set(func(s *claimStore) { s.fault = func() bool { return m.roll(0.02) } })
+	m.claims.set(func(s *claimStore) {
+		s.fault = func() bool { return m.roll(0.02) }
+		s.lose = func() bool { return m.roll(0.02) } // a committed create whose answer is lost
+	})
 }
 
 func (m *model) roll(p float64) bool {
@@ -259,6 +262,21 @@ func (m *model) worker(w int, rnd *rand.Rand) {
 			i := rnd.IntN(len(mine))
 			if m.vanish(ctx, mine[i]) {
 				mine = slices.Delete(mine, i, i+1)
+			}
+		case op < 73: // someone deletes one of a live container's claims (kubectl)
+			c := mine[rnd.IntN(len(mine))]
+			m.mu.Lock()
+			var ips []netip.Addr
+			if c.live && !c.dirty {
+				ips = append(slices.Clone(c.rec.IPs), c.rec.Addresses...)
+			}
+			m.mu.Unlock()
+			for _, ip := range ips {
+				if !pool6.Contains(ip) && !pool4.Contains(ip) {
+					m.claims.drop(ip)
+					m.e.a.ClaimGone(c.id) // the informer's delete event
+					break
+				}
 			}
 		case op < 75: // CHECK
 			c := mine[rnd.IntN(len(mine))]
@@ -445,6 +463,11 @@ func (m *model) quiesce() {
 		c.live = false
 	}
 	m.mu.Unlock()
+	// The periodic repair (claims deleted by hand come back; failed reaps
+	// are finished) and the claim GC (this node's claims of containers it
+	// does not hold: lost create answers, releases the API did not take).
+	m.e.a.Repair(ctx)
+	m.claims.gc("node", m.e.state.Holds)
 	m.probeEventPath(ctx)
 }
 

@@ -130,15 +130,16 @@ type Reconciler struct {
 
 // Status is the agent's health at a glance.
 type Status struct {
-	Ready       bool              `json:"ready"`
-	Allocations int               `json:"allocations"`
-	PeersUp     int               `json:"peersEstablished"`
-	Peers       int               `json:"peersConfigured"`
-	Reconcilers []Reconciler      `json:"reconcilers"`
-	Reaped      map[string]uint64 `json:"reaped,omitempty"`
-	Stuck       []string          `json:"stuck,omitempty"`
-	ConfigError string            `json:"configError,omitempty"`
-	Problems    []string          `json:"problems,omitempty"`
+	Ready        bool              `json:"ready"`
+	Allocations  int               `json:"allocations"`
+	PeersUp      int               `json:"peersEstablished"`
+	Peers        int               `json:"peersConfigured"`
+	Reconcilers  []Reconciler      `json:"reconcilers"`
+	Reaped       map[string]uint64 `json:"reaped,omitempty"`
+	ReapFailures uint64            `json:"reapFailures,omitempty"`
+	Stuck        []string          `json:"stuck,omitempty"`
+	ConfigError  string            `json:"configError,omitempty"`
+	Problems     []string          `json:"problems,omitempty"`
 }
 
 // Readiness is an operator's readiness report for a pod (standalone mode).

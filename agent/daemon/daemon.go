@@ -236,11 +236,12 @@ type daemon struct {
 	// rotation, file reload): a slower one must not undo a newer one.
 	peersMu sync.Mutex
 
-	mu     sync.Mutex
-	spec   v1alpha1.NodeConfigSpec // the running config
-	cfgErr string
-	reaped map[string]uint64
-	warned map[string]bool // deprecation warnings already logged
+	mu           sync.Mutex
+	spec         v1alpha1.NodeConfigSpec // the running config
+	cfgErr       string
+	reaped       map[string]uint64
+	reapFailures uint64
+	warned       map[string]bool // deprecation warnings already logged
 }
 
 // newDaemon reads the node config (in Kubernetes mode waiting for it) and
@@ -314,7 +315,12 @@ func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 		Settle: func(ctx context.Context, gen uint64) error {
 			return errors.Join(d.bgpLoop.Wait(ctx, gen), d.kernelLoop.Wait(ctx, gen))
 		},
-		Reaped:       d.countReaped,
+		Reaped: d.countReaped,
+		ReapFailed: func() {
+			d.mu.Lock()
+			d.reapFailures++
+			d.mu.Unlock()
+		},
 		ReapInterval: o.Repair,
 	})
 	if err != nil {
@@ -395,6 +401,7 @@ func (d *daemon) snapshot() status.Node {
 	for r, c := range d.reaped {
 		n.Reaped[r] = c
 	}
+	n.ReapFailures = d.reapFailures
 	d.mu.Unlock()
 	return n
 }

@@ -125,10 +125,11 @@ func (k *kubeMode) wire(d *daemon) {
 	}
 	k.gc = &leakgc.GC{Allocs: d.agent, API: k.pods, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc}
 	k.events.agent, k.events.gc = d.agent, k.gc
+	k.claims.OnGone(func(c claims.Claim) { d.agent.ClaimGone(c.ContainerID) })
 	k.claimGC = &claims.GC{
 		Claims: k.claims, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc,
-		Live: func(id string) bool { _, _, ok := d.state.Get(id); return ok },
-		Pods: k.pods.Exists,
+		Holds: d.state.Holds,
+		Pods:  k.pods.Exists,
 		Nodes: func(ctx context.Context, name string) (bool, error) {
 			_, err := k.core.Nodes().Get(ctx, name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {

@@ -58,7 +58,7 @@ func (d *daemon) Status() admin.Status {
 	n := d.snapshot()
 	up, total := n.Peers()
 	st := admin.Status{Ready: n.Ready, Allocations: n.Allocations, PeersUp: up, Peers: total,
-		Reaped: n.Reaped, Stuck: n.Stuck, ConfigError: n.ConfigError, Problems: n.Problems()}
+		Reaped: n.Reaped, ReapFailures: n.ReapFailures, Stuck: n.Stuck, ConfigError: n.ConfigError, Problems: n.Problems()}
 	for _, r := range n.Reconcilers {
 		st.Reconcilers = append(st.Reconcilers, admin.Reconciler{Target: r.Target, Passes: r.Passes, Errors: r.Errors,
 			Failing: r.Failing, LastError: r.LastError, LastErrorAt: r.LastErrorAt, LastSuccess: r.LastSuccess})

@@ -86,6 +86,7 @@ var (
 	descMismatch        = prometheus.NewDesc("flock_bgp_rfc5549_mismatch", "1 if IPv4 routes are withheld from the peer because it did not negotiate the extended next hop capability.", []string{"peer"}, nil)
 	descReconcileErrors = prometheus.NewDesc("flock_reconcile_errors_total", "Failed reconcile passes, by target (bgp, kernel).", []string{"target"}, nil)
 	descReconcileFail   = prometheus.NewDesc("flock_reconcile_failing", "1 while the last reconcile pass of the target failed.", []string{"target"}, nil)
+	descReapFailures    = prometheus.NewDesc("flock_reap_failures_total", "Reaps (of allocations whose network namespace is gone) that failed; each is retried with back-off.", nil, nil)
 	descReaped          = prometheus.NewDesc("flock_allocations_reaped_total", "Allocations torn down without a DEL, by reason (netns-gone: the pod's network namespace vanished, e.g. a reboot; interrupted-add: a crash mid-ADD).", []string{"reason"}, nil)
 	descAllocations     = prometheus.NewDesc("flock_allocations", "Committed pod attachments on this node.", nil, nil)
 )
@@ -94,7 +95,7 @@ var (
 type scrape struct{ snapshot func() status.Node }
 
 func (s *scrape) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPool, descAdvertised, descSession, descMismatch, descReconcileErrors, descReconcileFail, descReaped, descAllocations} {
+	for _, d := range []*prometheus.Desc{descPool, descAdvertised, descSession, descMismatch, descReconcileErrors, descReconcileFail, descReaped, descReapFailures, descAllocations} {
 		ch <- d
 	}
 }
@@ -127,6 +128,7 @@ func (s *scrape) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descReconcileErrors, prometheus.CounterValue, float64(r.Errors), r.Target)
 		ch <- prometheus.MustNewConstMetric(descReconcileFail, prometheus.GaugeValue, b2f(r.Failing), r.Target)
 	}
+	ch <- prometheus.MustNewConstMetric(descReapFailures, prometheus.CounterValue, float64(n.ReapFailures))
 	for reason, c := range n.Reaped {
 		ch <- prometheus.MustNewConstMetric(descReaped, prometheus.CounterValue, float64(c), reason)
 	}

@@ -28,6 +28,9 @@ type Node struct {
 	Reconcilers []reconcile.Status
 	// Reaped counts allocations reaped since start, by reason.
 	Reaped map[string]uint64
+	// ReapFailures counts reaps that failed (each is retried with
+	// back-off until it succeeds).
+	ReapFailures uint64
 	// Stuck lists attachments routed nowhere until a DEL or GC removes
 	// them ("<container>: <reason>"): a failed rollback, a record that
 	// could not be restored.

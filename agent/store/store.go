@@ -806,8 +806,10 @@ func (g *groupSync) Sync() error {
 	start := !g.running
 	g.running = true
 	g.mu.Unlock()
-	if start {
+	if start && g.start != nil {
 		g.start(g.run)
+	} else if start {
+		go g.run()
 	}
 	<-b.done
 	return b.err

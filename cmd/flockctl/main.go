@@ -82,6 +82,9 @@ func run(args []string, out io.Writer) error {
 				}
 				fmt.Fprintf(w, "REAPED\t%s\n", strings.Join(rs, " "))
 			}
+			if v.ReapFailures > 0 {
+				fmt.Fprintf(w, "REAP FAILURES\t%d (retried until they succeed)\n", v.ReapFailures)
+			}
 			if v.ConfigError != "" {
 				fmt.Fprintf(w, "CONFIG ERROR\t%s\n", v.ConfigError)
 			}

@@ -294,7 +294,7 @@ func (c *Claims) Claim(ctx context.Context, cl Claim) error {
 			return nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("claim %s for pod %s: create AddressClaim %s: %w", cl.IP, cl.Pod, name, err)
+			return c.readBack(ctx, cl, name, fmt.Errorf("claim %s for pod %s: create AddressClaim %s: %w", cl.IP, cl.Pod, name, err))
 		}
 		u, err := c.res().Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -314,6 +314,54 @@ func (c *Claims) Claim(ctx context.Context, cl Claim) error {
 		return &ClaimedError{IP: cl.IP, Holder: holder}
 	}
 	return fmt.Errorf("claim %s for pod %s: AddressClaim %s was released and re-created %d times while we tried; giving up", cl.IP, cl.Pod, name, maxAttempts)
+}
+
+// readBackTimeout bounds reading a claim back after a create whose answer
+// was lost (the create's own context may be what expired).
+const readBackTimeout = 2 * time.Second
+
+// ErrAmbiguous is wrapped by a Claim error when the API server may have
+// created the claim after all: the caller must Release it (or let the GC).
+var ErrAmbiguous = errors.New("the API server may have created the claim")
+
+// readBack decides a create that failed without a definite answer: the
+// API server may have committed it and the answer got lost (a timeout, a
+// reset connection, a 5xx). A claim that names this container and node is
+// ours: the create went through. One that names someone else is theirs.
+// None: the create failed. No answer: ErrAmbiguous.
+func (c *Claims) readBack(ctx context.Context, cl Claim, name string, createErr error) error {
+	if definite(createErr) {
+		return createErr
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readBackTimeout)
+	defer cancel()
+	u, err := c.res().Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return createErr
+	case err != nil:
+		return fmt.Errorf("%w; %w (reading it back: %v)", createErr, ErrAmbiguous, err)
+	}
+	holder, err := ClaimOf(u)
+	if err != nil {
+		return fmt.Errorf("%w; it is held by an unreadable claim: %v", createErr, err)
+	}
+	if holder.ContainerID == cl.ContainerID && holder.Node == cl.Node {
+		c.log.Info("address claim created despite the error (read back)", "ip", cl.IP, "claim", name, "pod", cl.Pod, "container", shortID(cl.ContainerID), "err", createErr)
+		return nil
+	}
+	return &ClaimedError{IP: cl.IP, Holder: holder}
+}
+
+// definite tells whether a create error means it was not committed: the
+// API server refused the request (4xx, but a request timeout).
+func definite(err error) bool {
+	var st apierrors.APIStatus
+	if !errors.As(err, &st) {
+		return false
+	}
+	code := st.Status().Code
+	return code >= 400 && code < 500 && code != 408
 }
 
 // Release deletes the claim of ip if containerID holds it. A claim that
@@ -362,6 +410,26 @@ func (c *Claims) deleteExact(ctx context.Context, u *unstructured.Unstructured) 
 	uid, rv := u.GetUID(), u.GetResourceVersion()
 	pre := &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}
 	return c.res().Delete(ctx, u.GetName(), metav1.DeleteOptions{Preconditions: pre})
+}
+
+// OnGone calls f (from the informer's goroutine) with every claim of this
+// node that leaves the API, released or deleted by someone else: the
+// agent claims again what a live pod still needs.
+func (c *Claims) OnGone(f func(Claim)) {
+	_, _ = c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			u, ok := obj.(*unstructured.Unstructured)
+			if !ok {
+				return
+			}
+			if cl, err := ClaimOf(u); err == nil && cl.Node == c.node {
+				f(cl)
+			}
+		},
+	})
 }
 
 // Taken returns the claim holding ip, from the informer's cache (which may

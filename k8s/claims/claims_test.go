@@ -12,6 +12,7 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -552,5 +553,113 @@ func TestRunTwiceAndWaitSyncedCanceled(t *testing.T) {
 	defer cancel()
 	if err := never.WaitSynced(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("WaitSynced: %v, want DeadlineExceeded", err)
+	}
+}
+
+// A create whose answer is lost (a timeout, a reset connection) may have
+// been committed by the API server: Claim reads the claim back. Ours:
+// the create went through. Absent: it failed. No answer either: the error
+// says so (ErrAmbiguous), and the caller's Release finds it. A refusal
+// (4xx) is definite and not read back.
+func TestClaimReadsBackAnAmbiguousCreate(t *testing.T) {
+	lost := errors.New("http2: client connection lost")
+	unavailable := apierrors.NewServiceUnavailable("etcd timeout")
+	for name, tc := range map[string]struct {
+		commit    bool  // the API server commits the create
+		createErr error // what the client sees
+		getDown   bool  // the read-back fails too
+		wantErr   error // nil: Claim succeeds
+		wantClaim bool
+		wantGets  int
+	}{
+		"committed, answer lost":           {commit: true, createErr: lost, wantClaim: true, wantGets: 1},
+		"committed, 503":                   {commit: true, createErr: unavailable, wantClaim: true, wantGets: 1},
+		"not committed, answer lost":       {createErr: lost, wantErr: lost, wantGets: 1},
+		"committed, read-back fails":       {commit: true, createErr: lost, getDown: true, wantErr: ErrAmbiguous, wantClaim: true, wantGets: 1},
+		"refused (403): not read back":     {createErr: apierrors.NewForbidden(GVR.GroupResource(), "x", errors.New("rbac")), wantErr: errors.New("forbidden"), wantGets: 0},
+		"deadline of the caller's context": {commit: true, createErr: context.DeadlineExceeded, wantClaim: true, wantGets: 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			a := newFakeAPI()
+			a.PrependReactor("create", GVR.Resource, func(action clienttesting.Action) (bool, runtime.Object, error) {
+				if tc.commit {
+					u := action.(clienttesting.CreateAction).GetObject().(*unstructured.Unstructured).DeepCopy()
+					u.SetUID("uid-committed")
+					u.SetResourceVersion("1")
+					if err := a.Tracker().Create(GVR, u, ""); err != nil {
+						return true, nil, err
+					}
+				}
+				return true, nil, tc.createErr
+			})
+			gets := 0
+			a.PrependReactor("get", GVR.Resource, func(clienttesting.Action) (bool, runtime.Object, error) {
+				gets++
+				if tc.getDown {
+					return true, nil, unavailable
+				}
+				return false, nil, nil
+			})
+			c := New(a, "node-a", quiet())
+			cl := claim("2001:db8:aa::1", v1alpha1.UseAddresses, "public", pod("ns", "x"), "", "c1")
+			err := c.Claim(context.Background(), cl)
+			switch {
+			case tc.wantErr == nil && err != nil:
+				t.Fatalf("Claim: %v, want success (the claim is ours)", err)
+			case tc.wantErr != nil && err == nil:
+				t.Fatalf("Claim succeeded, want an error like %v", tc.wantErr)
+			case tc.wantErr != nil && !errors.Is(err, tc.wantErr) && !strings.Contains(err.Error(), tc.wantErr.Error()):
+				t.Fatalf("Claim: %v, want %v", err, tc.wantErr)
+			}
+			if err != nil && !strings.Contains(err.Error(), "2001:db8:aa::1") {
+				t.Errorf("error %q does not name the IP", err)
+			}
+			if _, ok := a.get(t, "2001:db8:aa::1"); ok != tc.wantClaim {
+				t.Errorf("claim exists: %v, want %v", ok, tc.wantClaim)
+			}
+			if gets != tc.wantGets {
+				t.Errorf("%d reads back, want %d", gets, tc.wantGets)
+			}
+			if errors.Is(err, ErrAmbiguous) {
+				// The caller gives it back once the API answers again.
+				tc.getDown = false
+				if err := c.Release(context.Background(), cl.IP, cl.ContainerID); err != nil {
+					t.Fatal(err)
+				}
+				if _, ok := a.get(t, "2001:db8:aa::1"); ok {
+					t.Error("the ambiguously created claim survived its Release")
+				}
+			}
+		})
+	}
+}
+
+// OnGone reports this node's claims that leave the API (kubectl delete),
+// not other nodes'.
+func TestOnGoneReportsThisNodesDeletedClaims(t *testing.T) {
+	a := newFakeAPI()
+	mineCl := claim("2001:db8:aa::1", v1alpha1.UseAddresses, "public", pod("ns", "x"), "node-a", "c1")
+	other := claim("2001:db8:aa::2", v1alpha1.UseAddresses, "public", pod("ns", "y"), "node-b", "c2")
+	for _, cl := range []Claim{mineCl, other} {
+		if err := New(a, cl.Node, quiet()).Claim(context.Background(), cl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := New(a, "node-a", quiet())
+	gone := make(chan Claim, 4)
+	c.OnGone(func(cl Claim) { gone <- cl })
+	start(t, a, c)
+	for _, ip := range []string{"2001:db8:aa::2", "2001:db8:aa::1"} {
+		if err := a.Resource(GVR).Delete(context.Background(), ClaimName(netip.MustParseAddr(ip)), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := <-gone
+	if got.IP != mineCl.IP || got.ContainerID != "c1" {
+		t.Fatalf("OnGone(%+v), want this node's claim of %s", got, mineCl.IP)
+	}
+	eventually(t, "the cache saw both deletes", func() bool { return len(c.all()) == 0 })
+	if len(gone) != 0 {
+		t.Errorf("OnGone also reported %+v, another node's", <-gone)
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 )
@@ -21,9 +23,14 @@ const checkTimeout = 30 * time.Second
 
 // GC deletes the claims nobody released:
 //
-//   - this node's claims whose container the agent does not hold (not
-//     Live) and whose pod (that UID) is gone from the API — the agent
-//     crashed between claim and commit, or kubelet never sent DEL;
+//   - this node's claims of an IP that the agent does not hold for that
+//     container (not Holds) — the agent crashed between claim and commit,
+//     a create whose answer was lost, a release the API server did not
+//     answer. The agent is the only writer of its node's claims and holds
+//     an attachment's IPs from before it claims them until after it
+//     released them, so such a claim is garbage even while its pod exists
+//     (a pod whose ADD failed retries with a new sandbox or other IPs, or
+//     runs on another node now);
 //   - other nodes' claims whose Node object no longer exists and whose pod
 //     is gone — the node was removed with its agent.
 //
@@ -35,12 +42,12 @@ const checkTimeout = 30 * time.Second
 // error, or a claim that changed since it was read (the delete carries UID
 // and resourceVersion preconditions), waits for the next round.
 //
-// Set the fields before Run; Claims, Live, Pods and Nodes are required.
+// Set the fields before Run; Claims, Holds, Pods and Nodes are required.
 type GC struct {
 	Claims *Claims
-	// Live reports whether the agent holds an attachment for the
-	// container. Called from Run's goroutine.
-	Live func(containerID string) bool
+	// Holds reports whether the agent holds ip for the container (in any
+	// phase). Called from Run's goroutine.
+	Holds func(containerID string, ip netip.Addr) bool
 	// Pods reports whether the pod (that UID) still exists in the API
 	// (asked of the API server, not a cache); pods.Source.Exists fits.
 	Pods func(ctx context.Context, id podmeta.ID) (bool, error)
@@ -67,8 +74,8 @@ func (g *GC) clock() time.Time {
 // Run waits for the claims' cache, sweeps once, then every Grace/2 until
 // ctx ends; it returns nil when ctx ends.
 func (g *GC) Run(ctx context.Context) error {
-	if g.Claims == nil || g.Live == nil || g.Pods == nil || g.Nodes == nil {
-		return errors.New("address claim GC: Claims, Live, Pods and Nodes are required")
+	if g.Claims == nil || g.Holds == nil || g.Pods == nil || g.Nodes == nil {
+		return errors.New("address claim GC: Claims, Holds, Pods and Nodes are required")
 	}
 	if !g.running.CompareAndSwap(false, true) {
 		return errors.New("address claim GC: Run called twice")
@@ -132,9 +139,11 @@ func (g *GC) sweep(ctx context.Context, log *slog.Logger, grace time.Duration, s
 		mine := cl.Node == node
 		switch {
 		case mine:
-			if g.Live(cl.ContainerID) {
+			if g.Holds(cl.ContainerID, cl.IP) {
 				continue
 			}
+			g.delete(ctx, log, u, cl, now.Sub(created), "its container does not hold it on this node")
+			continue
 		case cl.Node == "" || nodeFailed[cl.Node]:
 			continue
 		default:
@@ -168,31 +177,39 @@ func (g *GC) sweep(ctx context.Context, log *slog.Logger, grace time.Duration, s
 		if podExists {
 			continue
 		}
-		cctx, cancel = context.WithTimeout(ctx, checkTimeout)
-		err = g.Claims.deleteExact(cctx, u)
-		cancel()
-		switch {
-		case err == nil:
-		case apierrors.IsNotFound(err):
-			continue // released meanwhile
-		case apierrors.IsConflict(err):
-			log.Info("address claim GC: claim changed since it was read; will look again", "claim", name, "ip", cl.IP)
-			continue
-		default:
-			if ctx.Err() == nil {
-				log.Error("address claim GC: delete", "claim", name, "ip", cl.IP, "err", err)
-			}
-			continue
-		}
-		log.Warn("address claim GC: deleted the claim of a pod that no longer exists", "ip", cl.IP, "claim", name,
-			"pod", cl.Pod, "uid", cl.Pod.UID, "node", cl.Node, "nodeGone", !mine, "container", shortID(cl.ContainerID), "pool", cl.Pool, "age", now.Sub(created).Round(time.Second))
-		if g.OnCollect != nil {
-			g.OnCollect()
-		}
+		g.delete(ctx, log, u, cl, now.Sub(created), "its pod and its node are gone")
 	}
 	for name := range seen {
 		if !present[name] {
 			delete(seen, name)
 		}
 	}
+}
+
+// delete deletes a claim the sweep found to be garbage, if it is still the
+// version it read, and tells whether it did.
+func (g *GC) delete(ctx context.Context, log *slog.Logger, u *unstructured.Unstructured, cl Claim, age time.Duration, why string) bool {
+	name := u.GetName()
+	cctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	err := g.Claims.deleteExact(cctx, u)
+	cancel()
+	switch {
+	case err == nil:
+	case apierrors.IsNotFound(err):
+		return false // released meanwhile
+	case apierrors.IsConflict(err):
+		log.Info("address claim GC: claim changed since it was read; will look again", "claim", name, "ip", cl.IP)
+		return false
+	default:
+		if ctx.Err() == nil {
+			log.Error("address claim GC: delete", "claim", name, "ip", cl.IP, "err", err)
+		}
+		return false
+	}
+	log.Warn("address claim GC: deleted a claim nobody released: "+why, "ip", cl.IP, "claim", name,
+		"pod", cl.Pod, "uid", cl.Pod.UID, "node", cl.Node, "container", shortID(cl.ContainerID), "pool", cl.Pool, "age", age.Round(time.Second))
+	if g.OnCollect != nil {
+		g.OnCollect()
+	}
+	return true
 }
