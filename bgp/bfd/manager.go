@@ -53,6 +53,9 @@ type Manager struct {
 	Log            *slog.Logger
 	// OnChange sees every state change, from the session's goroutine.
 	OnChange func(Event)
+	// open opens a session's sending socket (nil: dial); tests inject
+	// failures and capture packets through it.
+	open func(Peer) (conn, error)
 
 	mu       sync.Mutex
 	sessions map[string]*session // by Key
@@ -60,10 +63,16 @@ type Manager struct {
 	ctx      context.Context // Run's, for the sessions it starts
 }
 
+// conn is a session's sending socket.
+type conn interface {
+	WriteToUDP(b []byte, addr *net.UDPAddr) (int, error)
+	Close() error
+}
+
 type session struct {
 	peer     Peer
 	m        *machine
-	conn     *net.UDPConn
+	conn     conn
 	rx       chan rxPacket
 	shutdown chan time.Duration
 	reconf   chan Config // new timing for a running session (buffer 1: the latest wins)
@@ -123,14 +132,7 @@ func (m *Manager) Run(ctx context.Context) error {
 			m.read6(p)
 		}()
 	}
-	m.mu.Lock()
-	m.ctx = ctx
-	for _, s := range m.sessions {
-		if s.cancel == nil {
-			m.startLocked(ctx, s)
-		}
-	}
-	m.mu.Unlock()
+	m.startSessions(ctx)
 	<-ctx.Done()
 	if c4 != nil {
 		c4.Close()
@@ -139,6 +141,26 @@ func (m *Manager) Run(ctx context.Context) error {
 		c6.Close()
 	}
 	wg.Wait()
+	m.stopSessions()
+	return nil
+}
+
+// startSessions runs the sessions set so far, and those set later, under
+// ctx: Run's, or a test's that feeds packets to dispatch without sockets.
+func (m *Manager) startSessions(ctx context.Context) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ctx = ctx
+	for _, s := range m.sessions {
+		if s.cancel == nil {
+			m.startLocked(ctx, s)
+		}
+	}
+}
+
+// stopSessions ends the sessions' goroutines (without AdminDown: Run's
+// context ended) and waits for them.
+func (m *Manager) stopSessions() {
 	m.mu.Lock()
 	var all []runHandle
 	for _, s := range m.sessions {
@@ -149,7 +171,6 @@ func (m *Manager) Run(ctx context.Context) error {
 	for _, h := range all {
 		h.stop()
 	}
-	return nil
 }
 
 func (m *Manager) read4(p *ipv4.PacketConn) {
@@ -324,7 +345,11 @@ func (m *Manager) Shutdown(d time.Duration) {
 }
 
 func (m *Manager) startLocked(ctx context.Context, s *session) {
-	conn, err := m.dial(s.peer)
+	open := m.open
+	if open == nil {
+		open = m.dial
+	}
+	conn, err := open(s.peer)
 	if err != nil {
 		m.log().Warn("bfd: cannot open the session's socket; retrying with the next change", "peer", s.peer.Key, "remote", s.peer.Remote, "err", err)
 		return
@@ -339,7 +364,7 @@ func (m *Manager) startLocked(ctx context.Context, s *session) {
 
 // dial opens a session's sending socket: a source port of its own in
 // 49152–65535 and TTL / hop limit 255 (RFC 5881 §4, §5).
-func (m *Manager) dial(p Peer) (*net.UDPConn, error) {
+func (m *Manager) dial(p Peer) (conn, error) {
 	network := "udp4"
 	local := p.Local
 	if p.Remote.Is6() {
