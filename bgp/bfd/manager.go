@@ -444,6 +444,15 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 	}
 	tx := time.NewTimer(0)
 	defer tx.Stop()
+	// rearm schedules the next periodic packet, or none while the remote
+	// wants none (its Required Min RX is 0): its next packet re-arms.
+	rearm := func() {
+		if iv := s.m.txInterval(); iv > 0 {
+			tx.Reset(iv)
+		} else {
+			tx.Stop()
+		}
+	}
 	detect := time.NewTicker(25 * time.Millisecond)
 	defer detect.Stop()
 	notify := func(from State, remoteDiag Diag) {
@@ -486,11 +495,12 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 				send()
 			}
 			// A new rate (ours after a state change, or the remote asking
-			// for packets more often after its Poll) applies from now: a
-			// timer armed at the old, slower rate would leave a gap longer
-			// than the remote's new detection time.
+			// for packets more often, or for none, or for some again)
+			// applies from now: a timer armed at the old, slower rate
+			// would leave a gap longer than the remote's new detection
+			// time.
 			if s.m.txBase() != base {
-				tx.Reset(s.m.txIntervalOr(slowTx))
+				rearm()
 			}
 			s.mu.Lock()
 			s.status.RemoteState = s.m.remoteState
@@ -502,19 +512,22 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 				send() // the Poll goes out at once
 			}
 			if s.m.txBase() != base {
-				tx.Reset(s.m.txIntervalOr(slowTx))
+				rearm()
 			}
 		case now := <-detect.C:
-			from := s.m.state
+			from, base := s.m.state, s.m.txBase()
 			if s.m.expire(now) {
 				notify(from, DiagNone)
 				send()
+			}
+			if s.m.txBase() != base { // the slow rate, or a forgotten remote's silence lifted
+				rearm()
 			}
 		case <-tx.C:
 			if s.m.state != AdminDown {
 				send()
 			}
-			tx.Reset(s.m.txIntervalOr(slowTx))
+			rearm()
 		}
 	}
 }
