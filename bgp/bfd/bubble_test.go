@@ -2,9 +2,13 @@ package bfd
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -251,5 +255,166 @@ func TestSessionDetectionWhileQuiet(t *testing.T) {
 			t.Fatalf("Down after the detection time: %d packets in 3 s (longest gap %v), want the Down and one a second: %+v",
 				len(got), maxGap(st.Since, got), got)
 		}
+	})
+}
+
+// failingOpen is an opener that fails its first fails calls (all of them
+// if fails < 0) and then opens c; it records when it was called.
+type failingOpen struct {
+	mu    sync.Mutex
+	fails int
+	c     conn
+	calls []time.Time
+}
+
+var errNotAvail = errors.New("bind: cannot assign requested address")
+
+func (o *failingOpen) open(p Peer) (conn, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.calls = append(o.calls, time.Now())
+	if o.fails < 0 || len(o.calls) <= o.fails {
+		return nil, fmt.Errorf("listen udp %v: %w", p.Remote, errNotAvail)
+	}
+	return o.c, nil
+}
+
+// gaps are the times between calls.
+func (o *failingOpen) gaps() []time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []time.Duration
+	for i := 1; i < len(o.calls); i++ {
+		out = append(out, o.calls[i].Sub(o.calls[i-1]))
+	}
+	return out
+}
+
+func (o *failingOpen) count() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.calls)
+}
+
+// openManager is a Manager running in the bubble whose sockets open with o.
+func openManager(t *testing.T, o *failingOpen) (*Manager, context.CancelFunc) {
+	m := &Manager{Log: slog.New(slog.DiscardHandler), open: o.open}
+	ctx, cancel := context.WithCancel(context.Background())
+	m.startSessions(ctx)
+	t.Cleanup(func() {
+		cancel()
+		within(t, "stopSessions", m.stopSessions)
+	})
+	return m, cancel
+}
+
+// within runs f and fails the test if it has not returned after a minute
+// of the bubble's time: a session that ignores its stop would otherwise
+// hang the test (the bubble then panics with the goroutine left over).
+func within(t *testing.T, what string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatalf("%s did not return: the session's goroutine did not stop", what)
+	}
+}
+
+// A sending socket that cannot be opened (a local address not configured
+// yet, say) is retried on its own, 100 ms doubling, with the failures in
+// the status: no configuration change is needed.
+func TestSessionOpenRetried(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := &fakeConn{t: t}
+		o := &failingOpen{fails: 5, c: c}
+		m, _ := openManager(t, o)
+		m.Set([]Peer{{Key: "r", Remote: bubbleRemote}})
+		time.Sleep(time.Second) // calls at 0, 0.1, 0.3, 0.7 s
+		synctest.Wait()
+		if c.count() != 0 {
+			t.Fatal("sent without a socket")
+		}
+		if st, _ := m.Status("r"); st.State != Down || st.SocketFailures != 4 || !strings.Contains(st.SocketError, errNotAvail.Error()) {
+			t.Fatalf("while failing: %+v, want 4 socket failures and the error", st)
+		}
+		time.Sleep(9 * time.Second) // 1.5 s fails, 3.1 s opens
+		synctest.Wait()
+		if o.count() != 6 || c.count() == 0 {
+			t.Fatalf("%d opens, %d packets sent: the socket was not retried until it opened", o.count(), c.count())
+		}
+		want := []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond, 800 * time.Millisecond, 1600 * time.Millisecond}
+		if got := o.gaps(); !slices.Equal(got, want) {
+			t.Fatalf("retried after %v, want %v", got, want)
+		}
+		if st, _ := m.Status("r"); st.SocketFailures != 5 || st.SocketError != "" {
+			t.Fatalf("once open: %+v, want 5 socket failures and no current error", st)
+		}
+	})
+}
+
+// The backoff stops doubling at 10 s, and the retries end with the peer's
+// removal, a planned stop and the manager's context.
+func TestSessionOpenRetryBackoffAndStop(t *testing.T) {
+	start := func(t *testing.T) (*Manager, *failingOpen, context.CancelFunc) {
+		o := &failingOpen{fails: -1}
+		m, cancel := openManager(t, o)
+		m.Set([]Peer{{Key: "r", Remote: bubbleRemote}})
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		return m, o, cancel
+	}
+	// stopped checks that nothing retries any more.
+	stopped := func(t *testing.T, o *failingOpen) {
+		t.Helper()
+		n := o.count()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if o.count() != n {
+			t.Fatalf("%d more opens after the session was stopped", o.count()-n)
+		}
+	}
+	t.Run("backoff", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			_, o, _ := start(t)
+			gaps := o.gaps()
+			if len(gaps) < 10 {
+				t.Fatalf("%d retries in a minute", len(gaps))
+			}
+			for i, g := range gaps {
+				if want := min(100*time.Millisecond<<i, 10*time.Second); g != want {
+					t.Fatalf("retry %d after %v, want %v (all: %v)", i+1, g, want, gaps)
+				}
+			}
+		})
+	})
+	t.Run("removed", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			m, o, _ := start(t)
+			within(t, "Set(nil)", func() { m.Set(nil) })
+			stopped(t, o)
+		})
+	})
+	t.Run("shutdown", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			m, o, _ := start(t)
+			within(t, "Shutdown", func() { m.Shutdown(0) })
+			if st, _ := m.Status("r"); st.State != AdminDown {
+				t.Fatalf("after Shutdown: %+v", st)
+			}
+			stopped(t, o)
+		})
+	})
+	t.Run("context", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			m, o, cancel := start(t)
+			cancel()
+			within(t, "stopSessions", m.stopSessions)
+			stopped(t, o)
+		})
 	})
 }

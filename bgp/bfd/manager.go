@@ -44,7 +44,19 @@ type Status struct {
 	// RemoteControlPlaneIndependent: the remote's C bit.
 	RemoteControlPlaneIndependent bool
 	Since                         time.Time
+	// SocketFailures counts failed opens of the session's sending socket
+	// (each retried, with backoff); SocketError is the last one's error
+	// while the socket is not open.
+	SocketFailures int
+	SocketError    string
 }
+
+// Backoff of a session whose sending socket cannot be opened (a local
+// address not configured yet, or still tentative).
+const (
+	openRetryMin = 100 * time.Millisecond
+	openRetryMax = 10 * time.Second
+)
 
 // Manager runs the BFD sessions of one node.
 type Manager struct {
@@ -72,7 +84,6 @@ type conn interface {
 type session struct {
 	peer     Peer
 	m        *machine
-	conn     conn
 	rx       chan rxPacket
 	shutdown chan time.Duration
 	reconf   chan Config // new timing for a running session (buffer 1: the latest wins)
@@ -345,21 +356,60 @@ func (m *Manager) Shutdown(d time.Duration) {
 }
 
 func (m *Manager) startLocked(ctx context.Context, s *session) {
+	sctx, cancel := context.WithCancel(ctx)
+	s.cancel, s.done = cancel, make(chan struct{})
+	p := s.peer // Set changes s.peer.Config under m.mu
+	go func() {
+		defer close(s.done)
+		if c := m.openSocket(sctx, s, p); c != nil {
+			m.runSession(sctx, s, c)
+		}
+	}()
+}
+
+// openSocket opens the session's sending socket, retrying with backoff
+// until it opens; nil: ctx ended or the session was stopped first.
+func (m *Manager) openSocket(ctx context.Context, s *session, p Peer) conn {
 	open := m.open
 	if open == nil {
 		open = m.dial
 	}
-	conn, err := open(s.peer)
-	if err != nil {
-		m.log().Warn("bfd: cannot open the session's socket; retrying with the next change", "peer", s.peer.Key, "remote", s.peer.Remote, "err", err)
-		return
+	wait := openRetryMin
+	for {
+		c, err := open(p)
+		s.mu.Lock()
+		if err != nil {
+			s.status.SocketFailures++
+			s.status.SocketError = err.Error()
+		} else {
+			s.status.SocketError = ""
+		}
+		failures := s.status.SocketFailures
+		s.mu.Unlock()
+		if err == nil {
+			if failures > 0 {
+				m.log().Info("bfd: the session's socket is open", "peer", p.Key, "remote", p.Remote, "failures", failures)
+			}
+			return c
+		}
+		m.log().Warn("bfd: cannot open the session's socket; retrying", "peer", p.Key, "remote", p.Remote, "err", err, "failures", failures, "in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-s.shutdown:
+			// A planned stop or the peer's removal: AdminDown, with no
+			// socket to tell the remote.
+			t.Stop()
+			from := s.m.state
+			s.m.shutdown()
+			m.notify(s, from, DiagNone)
+			return nil
+		case <-t.C:
+		}
+		wait = min(2*wait, openRetryMax)
 	}
-	sctx, cancel := context.WithCancel(ctx)
-	s.conn, s.cancel, s.done = conn, cancel, make(chan struct{})
-	go func() {
-		defer close(s.done)
-		m.runSession(sctx, s)
-	}()
 }
 
 // dial opens a session's sending socket: a source port of its own in
@@ -393,7 +443,7 @@ func (m *Manager) dial(p Peer) (conn, error) {
 		}
 		if err != nil {
 			c.Close()
-			return nil, err
+			return nil, fmt.Errorf("bfd: TTL 255 on the socket to %v: %w", p.Remote, err)
 		}
 		return c, nil
 	}
@@ -432,15 +482,28 @@ func (h runHandle) adminDown(d time.Duration) {
 	<-h.done
 }
 
-func (m *Manager) runSession(ctx context.Context, s *session) {
-	defer s.conn.Close()
+// notify records a state change of the session's and reports it.
+func (m *Manager) notify(s *session, from State, remoteDiag Diag) {
+	to := s.m.state
+	s.mu.Lock()
+	s.status.State, s.status.Diag, s.status.Since = to, s.m.diag, time.Now()
+	s.status.RemoteState, s.status.RemoteControlPlaneIndependent = s.m.remoteState, s.m.remoteCPI
+	s.mu.Unlock()
+	m.log().Info("bfd: session state", "peer", s.peer.Key, "remote", s.peer.Remote, "from", from, "to", to, "diag", s.m.diag, "remoteDiag", remoteDiag)
+	if m.OnChange != nil {
+		m.OnChange(Event{Key: s.peer.Key, From: from, To: to, Diag: s.m.diag, RemoteState: s.m.remoteState, RemoteDiag: remoteDiag})
+	}
+}
+
+func (m *Manager) runSession(ctx context.Context, s *session, c conn) {
+	defer c.Close()
 	peerPort := m.PeerPort
 	if peerPort == 0 {
 		peerPort = ControlPort
 	}
 	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(s.peer.Remote, uint16(peerPort)))
 	send := func() {
-		_, _ = s.conn.WriteToUDP(s.m.packet().Marshal(), dst)
+		_, _ = c.WriteToUDP(s.m.packet().Marshal(), dst)
 	}
 	tx := time.NewTimer(0)
 	defer tx.Stop()
@@ -455,16 +518,6 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 	}
 	detect := time.NewTicker(25 * time.Millisecond)
 	defer detect.Stop()
-	notify := func(from State, remoteDiag Diag) {
-		to := s.m.state
-		s.mu.Lock()
-		s.status = Status{State: to, Diag: s.m.diag, RemoteState: s.m.remoteState, RemoteControlPlaneIndependent: s.m.remoteCPI, Since: time.Now()}
-		s.mu.Unlock()
-		m.log().Info("bfd: session state", "peer", s.peer.Key, "remote", s.peer.Remote, "from", from, "to", to, "diag", s.m.diag, "remoteDiag", remoteDiag)
-		if m.OnChange != nil {
-			m.OnChange(Event{Key: s.peer.Key, From: from, To: to, Diag: s.m.diag, RemoteState: s.m.remoteState, RemoteDiag: remoteDiag})
-		}
-	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -472,7 +525,7 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 		case d := <-s.shutdown: // a planned stop: AdminDown, a few times
 			from := s.m.state
 			s.m.shutdown()
-			notify(from, DiagNone)
+			m.notify(s, from, DiagNone)
 			for i := range 3 {
 				send()
 				if i < 2 {
@@ -489,7 +542,7 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 			// after creating it when bgpd applies a profile).
 			renewed := r.p.MyDiscr != oldRemote
 			if s.m.receive(r.p, r.at) {
-				notify(from, r.p.Diag)
+				m.notify(s, from, r.p.Diag)
 				send() // a state change goes out at once
 			} else if r.p.Poll || (renewed && s.m.state != AdminDown) {
 				send()
@@ -517,7 +570,7 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 		case now := <-detect.C:
 			from, base := s.m.state, s.m.txBase()
 			if s.m.expire(now) {
-				notify(from, DiagNone)
+				m.notify(s, from, DiagNone)
 				send()
 			}
 			if s.m.txBase() != base { // the slow rate, or a forgotten remote's silence lifted
