@@ -90,6 +90,10 @@ type BFDDetail struct {
 	// AdminDown) did not.
 	Failures     int `json:"failures"`
 	PlannedDowns int `json:"plannedDowns"`
+	// SocketFailures: failed opens of the session's sending socket (each
+	// retried); SocketError: why it is not open, while it is not.
+	SocketFailures int    `json:"socketFailures,omitempty"`
+	SocketError    string `json:"socketError,omitempty"`
 }
 
 // Established tells whether the session is up.
@@ -194,7 +198,8 @@ func (s *Speaker) neighborLocked(key string, p *peer, byAddr map[netip.Addr]*api
 	if p.spec.BFD.Enabled {
 		if st, ok := s.bfd.Status(key); ok {
 			n.BFD = st.State.String()
-			d := &BFDDetail{State: n.BFD, Since: st.Since, RemoteState: st.RemoteState.String(), RemoteCBit: st.RemoteControlPlaneIndependent, Failures: p.bfdFailures, PlannedDowns: p.bfdPlanned}
+			d := &BFDDetail{State: n.BFD, Since: st.Since, RemoteState: st.RemoteState.String(), RemoteCBit: st.RemoteControlPlaneIndependent, Failures: p.bfdFailures, PlannedDowns: p.bfdPlanned,
+				SocketFailures: st.SocketFailures, SocketError: st.SocketError}
 			if st.Diag != 0 {
 				d.Diag = st.Diag.String()
 			}

@@ -107,6 +107,10 @@ type BFDDetail struct {
 	RemoteCBit   bool      `json:"remoteCBit"`
 	Failures     int       `json:"failures"`     // each reset the BGP session
 	PlannedDowns int       `json:"plannedDowns"` // the peer sent AdminDown
+	// SocketFailures: failed opens of the sending socket (each retried);
+	// SocketError: why it is not open, while it is not.
+	SocketFailures int    `json:"socketFailures,omitempty"`
+	SocketError    string `json:"socketError,omitempty"`
 }
 
 // BGPRoute is one path the node originates (or wants to).

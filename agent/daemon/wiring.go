@@ -196,7 +196,8 @@ func (d *daemon) Neighbors() []admin.Neighbor {
 			an.Uptime = n.Uptime.String()
 		}
 		if b := n.BFDDetail; b != nil {
-			an.BFDDetail = &admin.BFDDetail{State: b.State, Since: b.Since, Diag: b.Diag, RemoteState: b.RemoteState, RemoteCBit: b.RemoteCBit, Failures: b.Failures, PlannedDowns: b.PlannedDowns}
+			an.BFDDetail = &admin.BFDDetail{State: b.State, Since: b.Since, Diag: b.Diag, RemoteState: b.RemoteState, RemoteCBit: b.RemoteCBit, Failures: b.Failures, PlannedDowns: b.PlannedDowns,
+				SocketFailures: b.SocketFailures, SocketError: b.SocketError}
 		}
 		for _, f := range n.Families {
 			an.Families = append(an.Families, admin.FamilyCounts(f))

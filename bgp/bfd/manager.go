@@ -44,7 +44,19 @@ type Status struct {
 	// RemoteControlPlaneIndependent: the remote's C bit.
 	RemoteControlPlaneIndependent bool
 	Since                         time.Time
+	// SocketFailures counts failed opens of the session's sending socket
+	// (each retried, with backoff); SocketError is the last one's error
+	// while the socket is not open.
+	SocketFailures int
+	SocketError    string
 }
+
+// Backoff of a session whose sending socket cannot be opened (a local
+// address not configured yet, or still tentative).
+const (
+	openRetryMin = 100 * time.Millisecond
+	openRetryMax = 10 * time.Second
+)
 
 // Manager runs the BFD sessions of one node.
 type Manager struct {
@@ -53,6 +65,9 @@ type Manager struct {
 	Log            *slog.Logger
 	// OnChange sees every state change, from the session's goroutine.
 	OnChange func(Event)
+	// open opens a session's sending socket (nil: dial); tests inject
+	// failures and capture packets through it.
+	open func(Peer) (conn, error)
 
 	mu       sync.Mutex
 	sessions map[string]*session // by Key
@@ -60,10 +75,15 @@ type Manager struct {
 	ctx      context.Context // Run's, for the sessions it starts
 }
 
+// conn is a session's sending socket.
+type conn interface {
+	WriteToUDP(b []byte, addr *net.UDPAddr) (int, error)
+	Close() error
+}
+
 type session struct {
 	peer     Peer
 	m        *machine
-	conn     *net.UDPConn
 	rx       chan rxPacket
 	shutdown chan time.Duration
 	reconf   chan Config // new timing for a running session (buffer 1: the latest wins)
@@ -123,14 +143,7 @@ func (m *Manager) Run(ctx context.Context) error {
 			m.read6(p)
 		}()
 	}
-	m.mu.Lock()
-	m.ctx = ctx
-	for _, s := range m.sessions {
-		if s.cancel == nil {
-			m.startLocked(ctx, s)
-		}
-	}
-	m.mu.Unlock()
+	m.startSessions(ctx)
 	<-ctx.Done()
 	if c4 != nil {
 		c4.Close()
@@ -139,6 +152,26 @@ func (m *Manager) Run(ctx context.Context) error {
 		c6.Close()
 	}
 	wg.Wait()
+	m.stopSessions()
+	return nil
+}
+
+// startSessions runs the sessions set so far, and those set later, under
+// ctx: Run's, or a test's that feeds packets to dispatch without sockets.
+func (m *Manager) startSessions(ctx context.Context) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ctx = ctx
+	for _, s := range m.sessions {
+		if s.cancel == nil {
+			m.startLocked(ctx, s)
+		}
+	}
+}
+
+// stopSessions ends the sessions' goroutines (without AdminDown: Run's
+// context ended) and waits for them.
+func (m *Manager) stopSessions() {
 	m.mu.Lock()
 	var all []runHandle
 	for _, s := range m.sessions {
@@ -149,7 +182,6 @@ func (m *Manager) Run(ctx context.Context) error {
 	for _, h := range all {
 		h.stop()
 	}
-	return nil
 }
 
 func (m *Manager) read4(p *ipv4.PacketConn) {
@@ -324,22 +356,65 @@ func (m *Manager) Shutdown(d time.Duration) {
 }
 
 func (m *Manager) startLocked(ctx context.Context, s *session) {
-	conn, err := m.dial(s.peer)
-	if err != nil {
-		m.log().Warn("bfd: cannot open the session's socket; retrying with the next change", "peer", s.peer.Key, "remote", s.peer.Remote, "err", err)
-		return
-	}
 	sctx, cancel := context.WithCancel(ctx)
-	s.conn, s.cancel, s.done = conn, cancel, make(chan struct{})
+	s.cancel, s.done = cancel, make(chan struct{})
+	p := s.peer // Set changes s.peer.Config under m.mu
 	go func() {
 		defer close(s.done)
-		m.runSession(sctx, s)
+		if c := m.openSocket(sctx, s, p); c != nil {
+			m.runSession(sctx, s, c)
+		}
 	}()
+}
+
+// openSocket opens the session's sending socket, retrying with backoff
+// until it opens; nil: ctx ended or the session was stopped first.
+func (m *Manager) openSocket(ctx context.Context, s *session, p Peer) conn {
+	open := m.open
+	if open == nil {
+		open = m.dial
+	}
+	wait := openRetryMin
+	for {
+		c, err := open(p)
+		s.mu.Lock()
+		if err != nil {
+			s.status.SocketFailures++
+			s.status.SocketError = err.Error()
+		} else {
+			s.status.SocketError = ""
+		}
+		failures := s.status.SocketFailures
+		s.mu.Unlock()
+		if err == nil {
+			if failures > 0 {
+				m.log().Info("bfd: the session's socket is open", "peer", p.Key, "remote", p.Remote, "failures", failures)
+			}
+			return c
+		}
+		m.log().Warn("bfd: cannot open the session's socket; retrying", "peer", p.Key, "remote", p.Remote, "err", err, "failures", failures, "in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-s.shutdown:
+			// A planned stop or the peer's removal: AdminDown, with no
+			// socket to tell the remote.
+			t.Stop()
+			from := s.m.state
+			s.m.shutdown()
+			m.notify(s, from, DiagNone)
+			return nil
+		case <-t.C:
+		}
+		wait = min(2*wait, openRetryMax)
+	}
 }
 
 // dial opens a session's sending socket: a source port of its own in
 // 49152–65535 and TTL / hop limit 255 (RFC 5881 §4, §5).
-func (m *Manager) dial(p Peer) (*net.UDPConn, error) {
+func (m *Manager) dial(p Peer) (conn, error) {
 	network := "udp4"
 	local := p.Local
 	if p.Remote.Is6() {
@@ -368,7 +443,7 @@ func (m *Manager) dial(p Peer) (*net.UDPConn, error) {
 		}
 		if err != nil {
 			c.Close()
-			return nil, err
+			return nil, fmt.Errorf("bfd: TTL 255 on the socket to %v: %w", p.Remote, err)
 		}
 		return c, nil
 	}
@@ -407,30 +482,42 @@ func (h runHandle) adminDown(d time.Duration) {
 	<-h.done
 }
 
-func (m *Manager) runSession(ctx context.Context, s *session) {
-	defer s.conn.Close()
+// notify records a state change of the session's and reports it.
+func (m *Manager) notify(s *session, from State, remoteDiag Diag) {
+	to := s.m.state
+	s.mu.Lock()
+	s.status.State, s.status.Diag, s.status.Since = to, s.m.diag, time.Now()
+	s.status.RemoteState, s.status.RemoteControlPlaneIndependent = s.m.remoteState, s.m.remoteCPI
+	s.mu.Unlock()
+	m.log().Info("bfd: session state", "peer", s.peer.Key, "remote", s.peer.Remote, "from", from, "to", to, "diag", s.m.diag, "remoteDiag", remoteDiag)
+	if m.OnChange != nil {
+		m.OnChange(Event{Key: s.peer.Key, From: from, To: to, Diag: s.m.diag, RemoteState: s.m.remoteState, RemoteDiag: remoteDiag})
+	}
+}
+
+func (m *Manager) runSession(ctx context.Context, s *session, c conn) {
+	defer c.Close()
 	peerPort := m.PeerPort
 	if peerPort == 0 {
 		peerPort = ControlPort
 	}
 	dst := net.UDPAddrFromAddrPort(netip.AddrPortFrom(s.peer.Remote, uint16(peerPort)))
 	send := func() {
-		_, _ = s.conn.WriteToUDP(s.m.packet().Marshal(), dst)
+		_, _ = c.WriteToUDP(s.m.packet().Marshal(), dst)
 	}
 	tx := time.NewTimer(0)
 	defer tx.Stop()
-	detect := time.NewTicker(25 * time.Millisecond)
-	defer detect.Stop()
-	notify := func(from State, remoteDiag Diag) {
-		to := s.m.state
-		s.mu.Lock()
-		s.status = Status{State: to, Diag: s.m.diag, RemoteState: s.m.remoteState, RemoteControlPlaneIndependent: s.m.remoteCPI, Since: time.Now()}
-		s.mu.Unlock()
-		m.log().Info("bfd: session state", "peer", s.peer.Key, "remote", s.peer.Remote, "from", from, "to", to, "diag", s.m.diag, "remoteDiag", remoteDiag)
-		if m.OnChange != nil {
-			m.OnChange(Event{Key: s.peer.Key, From: from, To: to, Diag: s.m.diag, RemoteState: s.m.remoteState, RemoteDiag: remoteDiag})
+	// rearm schedules the next periodic packet, or none while the remote
+	// wants none (its Required Min RX is 0): its next packet re-arms.
+	rearm := func() {
+		if iv := s.m.txInterval(); iv > 0 {
+			tx.Reset(iv)
+		} else {
+			tx.Stop()
 		}
 	}
+	detect := time.NewTicker(25 * time.Millisecond)
+	defer detect.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -438,7 +525,7 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 		case d := <-s.shutdown: // a planned stop: AdminDown, a few times
 			from := s.m.state
 			s.m.shutdown()
-			notify(from, DiagNone)
+			m.notify(s, from, DiagNone)
 			for i := range 3 {
 				send()
 				if i < 2 {
@@ -455,17 +542,18 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 			// after creating it when bgpd applies a profile).
 			renewed := r.p.MyDiscr != oldRemote
 			if s.m.receive(r.p, r.at) {
-				notify(from, r.p.Diag)
+				m.notify(s, from, r.p.Diag)
 				send() // a state change goes out at once
 			} else if r.p.Poll || (renewed && s.m.state != AdminDown) {
 				send()
 			}
 			// A new rate (ours after a state change, or the remote asking
-			// for packets more often after its Poll) applies from now: a
-			// timer armed at the old, slower rate would leave a gap longer
-			// than the remote's new detection time.
+			// for packets more often, or for none, or for some again)
+			// applies from now: a timer armed at the old, slower rate
+			// would leave a gap longer than the remote's new detection
+			// time.
 			if s.m.txBase() != base {
-				tx.Reset(s.m.txIntervalOr(slowTx))
+				rearm()
 			}
 			s.mu.Lock()
 			s.status.RemoteState = s.m.remoteState
@@ -477,19 +565,22 @@ func (m *Manager) runSession(ctx context.Context, s *session) {
 				send() // the Poll goes out at once
 			}
 			if s.m.txBase() != base {
-				tx.Reset(s.m.txIntervalOr(slowTx))
+				rearm()
 			}
 		case now := <-detect.C:
-			from := s.m.state
+			from, base := s.m.state, s.m.txBase()
 			if s.m.expire(now) {
-				notify(from, DiagNone)
+				m.notify(s, from, DiagNone)
 				send()
+			}
+			if s.m.txBase() != base { // the slow rate, or a forgotten remote's silence lifted
+				rearm()
 			}
 		case <-tx.C:
 			if s.m.state != AdminDown {
 				send()
 			}
-			tx.Reset(s.m.txIntervalOr(slowTx))
+			rearm()
 		}
 	}
 }

@@ -2,14 +2,24 @@ package bfd
 
 import (
 	"context"
-	"golang.org/x/net/ipv4"
 	"net"
 	"net/netip"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/net/ipv4"
 )
+
+// The tests here run Managers on loopback sockets: packets, ports, GTSM.
+// A loaded machine may delay anything here, so they wait for conditions
+// with generous deadlines and assert order, not speed; the protocol's
+// timing is asserted in fake time (pair_test.go, bubble_test.go).
+
+// wait is how long a condition may take to become true: far longer than
+// it takes on an idle machine, so only a failure reaches it.
+const wait = 15 * time.Second
 
 // node is a Manager running on loopback with its own port, as a test peer.
 type node struct {
@@ -21,6 +31,8 @@ type node struct {
 	mu     sync.Mutex
 	events []Event
 	at     []time.Time
+	// changed is closed (and replaced) at every event.
+	changed chan struct{}
 }
 
 func freePort(t *testing.T) int {
@@ -43,10 +55,12 @@ func freePort(t *testing.T) int {
 
 func startNode(t *testing.T, port, peerPort int) *node {
 	t.Helper()
-	n := &node{t: t, done: make(chan struct{})}
+	n := &node{t: t, done: make(chan struct{}), changed: make(chan struct{})}
 	n.m = &Manager{Port: port, PeerPort: peerPort, OnChange: func(e Event) {
 		n.mu.Lock()
 		n.events, n.at = append(n.events, e), append(n.at, time.Now())
+		close(n.changed)
+		n.changed = make(chan struct{})
 		n.mu.Unlock()
 	}}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -72,17 +86,29 @@ func (n *node) state(key string) State {
 	return s.State
 }
 
-func (n *node) waitState(key string, want State, within time.Duration) {
+// waitFor waits for cond, checking it at every event (the status changes
+// before OnChange runs), for at most wait.
+func (n *node) waitFor(what string, cond func() bool) {
 	n.t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		if n.state(key) == want {
+	timeout := time.After(wait)
+	for {
+		n.mu.Lock()
+		changed := n.changed
+		n.mu.Unlock()
+		if cond() {
 			return
 		}
-		time.Sleep(10 * time.Millisecond)
+		select {
+		case <-changed:
+		case <-timeout:
+			n.t.Fatalf("%s: not within %v; events %+v", what, wait, n.eventsCopy())
+		}
 	}
-	s, _ := n.m.Status(key)
-	n.t.Fatalf("%s: state %v (diag %v), want %v within %v; events %+v", key, s.State, s.Diag, want, within, n.eventsCopy())
+}
+
+func (n *node) waitState(key string, want State) {
+	n.t.Helper()
+	n.waitFor(key+" "+want.String(), func() bool { return n.state(key) == want })
 }
 
 func (n *node) eventsCopy() []Event {
@@ -91,25 +117,16 @@ func (n *node) eventsCopy() []Event {
 	return append([]Event(nil), n.events...)
 }
 
-func (n *node) eventCount() int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return len(n.events)
-}
-
-// waitDown waits for a change to Down after since (the status changes a
-// moment before OnChange runs).
-func (n *node) waitDown(since time.Time, within time.Duration) Event {
+// waitDown waits for a change to Down after since.
+func (n *node) waitDown(since time.Time) Event {
 	n.t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		if e, _, ok := n.lastDown(since); ok {
-			return e
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	n.t.Fatalf("no change to Down within %v; events %+v", within, n.eventsCopy())
-	return Event{}
+	var e Event
+	n.waitFor("a change to Down", func() bool {
+		var ok bool
+		e, _, ok = n.lastDown(since)
+		return ok
+	})
+	return e
 }
 
 // lastDown is the time of the last change to Down after since.
@@ -124,97 +141,70 @@ func (n *node) lastDown(since time.Time) (Event, time.Time, bool) {
 	return Event{}, time.Time{}, false
 }
 
-func pair(t *testing.T, addr netip.Addr) (a, b *node, pa, pb int) {
+// tolerant is timing for a test that must not see a detection time
+// expire on a loaded machine: 6 s without a packet.
+var tolerant = Config{DetectMult: 20}
+
+func pair(t *testing.T, addr netip.Addr, cfg Config) (a, b *node, pa, pb int) {
 	pa, pb = freePort(t), freePort(t)
 	a, b = startNode(t, pa, pb), startNode(t, pb, pa)
-	a.m.Set([]Peer{{Key: "b", Remote: addr}})
-	b.m.Set([]Peer{{Key: "a", Remote: addr}})
+	a.m.Set([]Peer{{Key: "b", Remote: addr, Config: cfg}})
+	b.m.Set([]Peer{{Key: "a", Remote: addr, Config: cfg}})
 	return a, b, pa, pb
 }
 
 func TestManagerUp(t *testing.T) {
 	for _, addr := range []netip.Addr{netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("::1")} {
 		t.Run(addr.String(), func(t *testing.T) {
-			a, b, _, _ := pair(t, addr)
+			a, b, _, _ := pair(t, addr, Config{})
 			start := time.Now()
-			a.waitState("b", Up, 5*time.Second)
-			b.waitState("a", Up, 5*time.Second)
+			a.waitState("b", Up)
+			b.waitState("a", Up)
 			t.Logf("FIGURE bfd-up-loopback-%s %v", addr, time.Since(start).Round(time.Millisecond))
-			// Stable: no change for longer than several detection times.
-			n := a.eventCount() + b.eventCount()
-			time.Sleep(3 * time.Second)
-			if got := a.eventCount() + b.eventCount(); got != n {
-				t.Fatalf("sessions flapped: %+v / %+v", a.eventsCopy(), b.eventsCopy())
-			}
 		})
 	}
 }
 
-// The remote crashes and comes back at once with a new discriminator, as
-// FRR's bfdd does when it re-creates a dynamic neighbour's session: the
-// session follows it back Up, and then stays Up (no loop).
-func TestManagerRemoteRecreated(t *testing.T) {
-	addr := netip.MustParseAddr("127.0.0.1")
-	a, b, pa, pb := pair(t, addr)
-	a.waitState("b", Up, 5*time.Second)
-	b.kill()
-	b2 := startNode(t, pb, pa)
-	b2.m.Set([]Peer{{Key: "a", Remote: addr}})
-	b2.waitState("a", Up, 5*time.Second)
-	a.waitState("b", Up, 5*time.Second)
-	n := a.eventCount()
-	time.Sleep(3 * time.Second)
-	if a.eventCount() != n || a.state("b") != Up {
-		t.Fatalf("flap after re-creation: %+v", a.eventsCopy())
-	}
-}
-
-// A dead remote is detected within the detection time (3 × 300 ms).
+// A dead remote is detected: Up to Down, detection time expired. (How
+// soon is TestManagerDetectionTime's, in fake time: here a loaded machine
+// can only make it later.)
 func TestManagerDetection(t *testing.T) {
 	addr := netip.MustParseAddr("127.0.0.1")
-	a, b, _, _ := pair(t, addr)
-	a.waitState("b", Up, 5*time.Second)
-	b.waitState("a", Up, 5*time.Second)
-	// Let the fast rate settle (the Poll Sequence).
-	time.Sleep(time.Second)
+	a, b, _, _ := pair(t, addr, Config{})
+	a.waitState("b", Up)
+	b.waitState("a", Up)
 	killed := time.Now()
 	b.kill()
-	a.waitDown(killed, 5*time.Second)
-	e, at, ok := a.lastDown(killed)
-	if !ok || e.Diag != DiagDetectExpired || e.From != Up {
-		t.Fatalf("down event %+v", a.eventsCopy())
+	e := a.waitDown(killed)
+	if e.Diag != DiagDetectExpired || e.From != Up {
+		t.Fatalf("down event %+v; all: %+v", e, a.eventsCopy())
 	}
-	took := at.Sub(killed)
-	t.Logf("FIGURE bfd-detect-loopback %v", took.Round(time.Millisecond))
-	// The protocol's bound is 900 ms after the last packet; twice that
-	// would mean the session ran on the slow (1 s) timers while Up.
-	if took > 1800*time.Millisecond {
-		t.Fatalf("detection took %v; the session is not at 300 ms × 3", took)
-	}
+	_, at, _ := a.lastDown(killed)
+	t.Logf("FIGURE bfd-detect-loopback %v", at.Sub(killed).Round(time.Millisecond))
 }
 
 // A planned stop: the remote sees AdminDown and knows it was deliberate.
 func TestManagerShutdownAdminDown(t *testing.T) {
 	addr := netip.MustParseAddr("::1")
-	a, b, _, _ := pair(t, addr)
-	a.waitState("b", Up, 5*time.Second)
-	b.waitState("a", Up, 5*time.Second)
+	a, b, _, _ := pair(t, addr, tolerant)
+	a.waitState("b", Up)
+	b.waitState("a", Up)
 	since := time.Now()
 	b.m.Shutdown(30 * time.Millisecond)
 	if got := b.state("a"); got != AdminDown {
 		t.Fatalf("b after Shutdown: %v", got)
 	}
-	e := a.waitDown(since, 2*time.Second)
+	e := a.waitDown(since)
 	if e.RemoteDiag != DiagAdminDown || e.Diag != DiagNeighborDown {
 		t.Fatalf("a's down event %+v: want remote diag AdminDown", e)
 	}
 	// Removing a peer with Set is deliberate too.
 	b.kill()
-	a2, b2, _, _ := pair(t, addr)
-	a2.waitState("b", Up, 5*time.Second)
+	a2, b2, _, _ := pair(t, addr, tolerant)
+	a2.waitState("b", Up)
 	since = time.Now()
 	b2.m.Set(nil)
-	if e := a2.waitDown(since, 2*time.Second); e.RemoteDiag != DiagAdminDown {
+	if e := a2.waitDown(since); e.RemoteDiag != DiagAdminDown {
 		t.Fatalf("Set(nil): a's down event %+v", e)
 	}
 	if len(b2.m.Keys()) != 0 {
@@ -222,112 +212,107 @@ func TestManagerShutdownAdminDown(t *testing.T) {
 	}
 }
 
-// Packets that are not single-hop (TTL below 255) never reach a session.
-func TestManagerGTSM(t *testing.T) {
-	pa, pb := freePort(t), freePort(t)
-	a := startNode(t, pa, pb)
-	a.m.Set([]Peer{{Key: "b", Remote: netip.MustParseAddr("127.0.0.1")}})
-	c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: pa})
+// fakePeer is a remote on loopback written by hand: a socket on the
+// manager's peer port, which reads the manager's packets.
+type fakePeer struct {
+	t    *testing.T
+	c    *net.UDPConn
+	to   *net.UDPAddr // the manager's port
+	buf  []byte
+	seen []Packet
+}
+
+func newFakePeer(t *testing.T, port, managerPort int) *fakePeer {
+	t.Helper()
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	// Default TTL (64): an Init addressed to a's session would make it Up.
-	deadline := time.Now().Add(1500 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		for _, d := range discrs(a.m) {
-			c.Write(Packet{State: Init, DetectMult: 3, MyDiscr: 77, YourDiscr: d, DesiredMinTx: time.Second, RequiredMinRx: time.Second}.Marshal())
-		}
-		time.Sleep(50 * time.Millisecond)
+	t.Cleanup(func() { c.Close() })
+	return &fakePeer{t: t, c: c, to: &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: managerPort}, buf: make([]byte, 128)}
+}
+
+// send sends p with the given TTL.
+func (f *fakePeer) send(p Packet, ttl int) {
+	f.t.Helper()
+	if err := ipv4.NewConn(f.c).SetTTL(ttl); err != nil {
+		f.t.Fatal(err)
 	}
-	if got := a.state("b"); got != Down {
-		t.Fatalf("a packet with TTL 64 moved the session to %v", got)
+	if _, err := f.c.WriteToUDP(p.Marshal(), f.to); err != nil {
+		f.t.Fatal(err)
 	}
 }
 
-func discrs(m *Manager) []uint32 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []uint32
-	for d := range m.byDiscr {
-		out = append(out, d)
+// await reads the manager's packets until ok accepts one, for at most
+// wait; every packet read is kept in seen.
+func (f *fakePeer) await(what string, ok func(Packet) bool) Packet {
+	f.t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		_ = f.c.SetReadDeadline(deadline)
+		n, _, err := f.c.ReadFromUDP(f.buf)
+		if err != nil {
+			f.t.Fatalf("no %s within %v (%v); packets seen: %+v", what, wait, err, f.seen)
+		}
+		if p, err := Unmarshal(f.buf[:n]); err == nil {
+			f.seen = append(f.seen, p)
+			if ok(p) {
+				return p
+			}
+		}
 	}
-	return out
+}
+
+// Packets that are not single-hop (TTL below 255) never reach a session:
+// Inits with TTL 64 that would take it Up are dropped, and the same Init
+// with TTL 255, sent after them from the same socket (so read after them),
+// takes it Up.
+func TestManagerGTSM(t *testing.T) {
+	pa, pb := freePort(t), freePort(t)
+	a := startNode(t, pa, pb)
+	f := newFakePeer(t, pb, pa)
+	a.m.Set([]Peer{{Key: "b", Remote: netip.MustParseAddr("127.0.0.1")}})
+	// The session's first packet: the manager is listening (Run starts
+	// sessions after it opened its sockets), and its discriminator.
+	ours := f.await("first packet", func(Packet) bool { return true }).MyDiscr
+	init := func(discr uint32) Packet {
+		return Packet{State: Init, DetectMult: 3, MyDiscr: discr, YourDiscr: ours, DesiredMinTx: time.Second, RequiredMinRx: time.Second}
+	}
+	for range 20 {
+		f.send(init(64), 64)
+	}
+	f.send(init(255), 255)
+	f.await("answer to the TTL 255 Init", func(p Packet) bool {
+		if p.YourDiscr == 64 {
+			t.Fatalf("a packet with TTL 64 reached the session: it answered %+v", p)
+		}
+		return p.YourDiscr == 255
+	})
+	a.waitState("b", Up)
 }
 
 // A remote that re-creates its session (FRR does, right after creating
 // it, when bgpd applies a profile) hears our state with its new
-// discriminator at once, not at the next slow-rate packet a second later.
+// discriminator at once, not at the next periodic packet. The remote asks
+// for packets a minute apart at most, so any answer within the test's
+// deadline is the immediate one.
 func TestManagerAnswersRenewedRemoteAtOnce(t *testing.T) {
 	pa, pb := freePort(t), freePort(t)
 	a := startNode(t, pa, pb)
-	remote, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: pb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer remote.Close()
-	if err := ipv4.NewConn(remote).SetTTL(255); err != nil {
-		t.Fatal(err)
-	}
-	to := &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1), Port: pa}
+	f := newFakePeer(t, pb, pa)
 	a.m.Set([]Peer{{Key: "b", Remote: netip.MustParseAddr("127.0.0.1")}})
-	// await reads our packets until one names discr as Your Discriminator.
-	await := func(discr uint32, within time.Duration) (Packet, bool) {
-		deadline := time.Now().Add(within)
-		buf := make([]byte, 128)
-		for {
-			_ = remote.SetReadDeadline(deadline)
-			n, _, err := remote.ReadFromUDP(buf)
-			if err != nil {
-				return Packet{}, false
-			}
-			p, err := Unmarshal(buf[:n])
-			if err == nil && p.YourDiscr == discr {
-				return p, true
-			}
-		}
-	}
+	f.await("first packet", func(Packet) bool { return true })
 	down := func(discr uint32) Packet {
-		return Packet{State: Down, DetectMult: 3, MyDiscr: discr, DesiredMinTx: time.Second, RequiredMinRx: time.Second}
+		return Packet{State: Down, DetectMult: 3, MyDiscr: discr, DesiredMinTx: time.Minute, RequiredMinRx: time.Minute}
 	}
-	// Until the manager listens, our Down may go nowhere: repeat it.
-	var p Packet
-	ok := false
-	for range 20 {
-		if _, err := remote.WriteToUDP(down(100).Marshal(), to); err != nil {
-			t.Fatal(err)
-		}
-		if p, ok = await(100, 200*time.Millisecond); ok {
-			break
-		}
+	f.send(down(100), 255)
+	if p := f.await("Init for discriminator 100", func(p Packet) bool { return p.YourDiscr == 100 }); p.State != Init {
+		t.Fatalf("answer to Down: %+v, want Init", p)
 	}
-	if !ok || p.State != Init {
-		t.Fatalf("no Init for discriminator 100: %+v", p)
-	}
-	// The remote's session is re-created: a Down with discriminator 200.
-	// Our state does not change (Init stays Init), the answer must still
-	// come well before the next 1 s slow-rate packet.
-	if _, err := remote.WriteToUDP(down(200).Marshal(), to); err != nil {
-		t.Fatal(err)
-	}
-	if p, ok := await(200, 300*time.Millisecond); !ok || p.State != Init {
-		t.Fatalf("no immediate Init for the re-created session (discriminator 200): %+v", p)
-	}
-}
-
-// Changing a running session's timing keeps it Up on both sides.
-func TestManagerTimingChangeKeepsUp(t *testing.T) {
-	addr := netip.MustParseAddr("127.0.0.1")
-	a, b, _, _ := pair(t, addr)
-	a.waitState("b", Up, 5*time.Second)
-	b.waitState("a", Up, 5*time.Second)
-	n := a.eventCount() + b.eventCount()
-	a.m.Set([]Peer{{Key: "b", Remote: addr, Config: Config{DesiredMinTx: 500 * time.Millisecond, RequiredMinRx: 500 * time.Millisecond, DetectMult: 4}}})
-	time.Sleep(3 * time.Second)
-	if got := a.eventCount() + b.eventCount(); got != n {
-		t.Fatalf("the timing change took a session down: %+v / %+v", a.eventsCopy(), b.eventsCopy())
-	}
-	if st, _ := b.m.Status("a"); st.State != Up {
-		t.Fatalf("remote %v", st.State)
+	// Re-created: a Down with discriminator 200. Our state does not
+	// change (Init stays Init); the answer must still come at once.
+	f.send(down(200), 255)
+	if p := f.await("Init for discriminator 200", func(p Packet) bool { return p.YourDiscr == 200 }); p.State != Init {
+		t.Fatalf("answer to the re-created session: %+v, want Init", p)
 	}
 }

@@ -16,6 +16,15 @@ type simSide struct {
 	upWith uint32
 }
 
+// schedule sets the next periodic packet as runSession's timer does: none
+// (zero) while the remote wants none.
+func (s *simSide) schedule(now time.Time) {
+	s.nextTx = time.Time{}
+	if iv := s.m.txInterval(); iv > 0 {
+		s.nextTx = now.Add(iv)
+	}
+}
+
 type simPacket struct {
 	p  Packet
 	at time.Time // delivery time
@@ -82,7 +91,7 @@ func TestMachineModel(t *testing.T) {
 					poll := q.p.Poll
 					changed := s.m.receive(q.p, now)
 					if s.m.txBase() != base { // as runSession: the new rate from now
-						s.nextTx = now.Add(s.m.txIntervalOr(slowTx))
+						s.schedule(now)
 					}
 					if changed && s.m.state == Up && before != Up {
 						if q.p.YourDiscr != s.m.localDiscr {
@@ -98,16 +107,19 @@ func TestMachineModel(t *testing.T) {
 					}
 				}
 				queues[i] = keep
-				before := s.m.state
+				before, base := s.m.state, s.m.txBase()
 				if s.m.expire(now) {
 					if noDown && before == Up {
 						t.Fatalf("seed %d: side %d's detection time expired on a loss-free link (detect %v)", seed, i, s.m.detectTime())
 					}
 					send(i)
 				}
-				if !now.Before(s.nextTx) {
+				if s.m.txBase() != base {
+					s.schedule(now)
+				}
+				if !s.nextTx.IsZero() && !now.Before(s.nextTx) {
 					send(i)
-					s.nextTx = now.Add(s.m.txIntervalOr(slowTx))
+					s.schedule(now)
 				}
 			}
 		}
@@ -120,7 +132,7 @@ func TestMachineModel(t *testing.T) {
 			send(i)
 		}
 		if s.m.txBase() != base {
-			s.nextTx = now.Add(s.m.txIntervalOr(slowTx))
+			s.schedule(now)
 		}
 	}
 	quiescent := func(round int) {

@@ -65,8 +65,12 @@ type machine struct {
 	adminDown      bool
 }
 
+// initialRemoteMinRx is bfd.RemoteMinRxInterval before the remote said
+// anything (RFC 5880 §6.8.1: 1 µs): send at our own rate.
+const initialRemoteMinRx = time.Microsecond
+
 func newMachine(cfg Config, discr uint32) *machine {
-	return &machine{cfg: cfg.withDefaults(), localDiscr: discr, state: Down, remoteState: Down, desiredTx: slowTx, remoteMinRx: time.Microsecond}
+	return &machine{cfg: cfg.withDefaults(), localDiscr: discr, state: Down, remoteState: Down, desiredTx: slowTx, remoteMinRx: initialRemoteMinRx}
 }
 
 // receive applies a packet (RFC 5880 §6.8.6, after the checks Unmarshal
@@ -151,8 +155,11 @@ func (m *machine) expire(now time.Time) bool {
 		return false
 	}
 	// §6.8.1: forget the remote once the detection time passed, in any
-	// state, so a re-created remote session is accepted afresh.
+	// state, so a re-created remote session is accepted afresh. Its
+	// Required Min RX goes too: a remote that asked for silence and died
+	// would otherwise never hear from us again.
 	m.remoteDiscr, m.remoteState, m.lastRx = 0, Down, time.Time{}
+	m.remoteMinRx = initialRemoteMinRx
 	if m.state != Up && m.state != Init {
 		return false
 	}
@@ -161,8 +168,12 @@ func (m *machine) expire(now time.Time) bool {
 }
 
 // txBase is the un-jittered transmit interval: ours, or slower if the
-// remote wants packets less often.
+// remote wants packets less often; 0 if it wants none (Required Min RX 0:
+// no periodic packets, §6.8.7).
 func (m *machine) txBase() time.Duration {
+	if m.remoteMinRx == 0 {
+		return 0
+	}
 	d := m.desiredTx
 	if m.poll && m.pollTx > 0 {
 		d = min(d, m.pollTx)
@@ -197,22 +208,15 @@ func (m *machine) reconfigure(cfg Config) bool {
 // txInterval is the time to the next periodic packet, jittered (§6.8.7);
 // 0 means: send nothing periodically (the remote asked for no packets).
 func (m *machine) txInterval() time.Duration {
-	if m.remoteMinRx == 0 {
+	base := m.txBase()
+	if base == 0 {
 		return 0
 	}
-	base := m.txBase()
 	lo, span := 0.75, 0.25
 	if m.cfg.DetectMult == 1 {
 		span = 0.15
 	}
 	return time.Duration(float64(base) * (lo + rand.Float64()*span))
-}
-
-func (m *machine) txIntervalOr(d time.Duration) time.Duration {
-	if iv := m.txInterval(); iv > 0 {
-		return iv
-	}
-	return d
 }
 
 // packet is what to send now; sending clears a pending Final.

@@ -161,8 +161,15 @@ func TestMachineTxInterval(t *testing.T) {
 	}
 	// Required Min RX 0: the remote wants no periodic packets.
 	a.receive(Packet{State: Up, DetectMult: 3, MyDiscr: 2, YourDiscr: 1}, time.Unix(0, 0))
-	if iv := a.txInterval(); iv != 0 {
-		t.Fatalf("interval %v, want none", iv)
+	if iv := a.txInterval(); iv != 0 || a.txBase() != 0 {
+		t.Fatalf("interval %v (base %v), want none", iv, a.txBase())
+	}
+	// Once the remote is forgotten (detection time), we send again.
+	if !a.expire(time.Unix(10, 0)) {
+		t.Fatal("no expiry")
+	}
+	if iv := a.txInterval(); iv < 750*time.Millisecond || iv > time.Second {
+		t.Fatalf("Down, remote forgotten: interval %v, want the slow rate", iv)
 	}
 }
 

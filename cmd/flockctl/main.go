@@ -183,6 +183,9 @@ func run(args []string, out io.Writer) error {
 					}
 					bfd += ")"
 				}
+				if b := n.BFDDetail; b != nil && b.SocketError != "" {
+					warn = strings.TrimPrefix(warn+"; bfd socket ("+strconv.Itoa(b.SocketFailures)+" failures): "+b.SocketError, "; ")
+				}
 				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", peer, n.LocalASN, n.PeerASN, n.State, uptime, list(fams), bfd, n.GR, dash(warn))
 			}
 		})
