@@ -143,11 +143,11 @@ func TestPasswordsNeverLeak(t *testing.T) {
 
 	var readerMu sync.Mutex
 	current := readerPW
-	passwords := func(p v1alpha1.Peer) (string, error) {
+	passwords := func(p v1alpha1.Peer) ([]byte, string, error) {
 		if p.PasswordSecretKey != "" {
 			readerMu.Lock()
 			defer readerMu.Unlock()
-			return current, nil
+			return []byte(current), "the reader", nil
 		}
 		return FilePasswords(p)
 	}

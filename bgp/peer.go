@@ -65,21 +65,33 @@ func apiFamily(f string) *api.Family {
 	return &api.Family{Afi: api.Family_AFI_IP6, Safi: api.Family_SAFI_UNICAST}
 }
 
-// PasswordReader returns the TCP-MD5 password of a peer ("" for none).
-type PasswordReader func(p v1alpha1.Peer) (string, error)
+// PasswordSource returns a peer's TCP-MD5 password as it is stored (a
+// file's or a Secret value's bytes; nil: none configured) and where it is
+// stored, which errors name; the speaker normalizes it (NormalizePassword).
+type PasswordSource func(p v1alpha1.Peer) (raw []byte, where string, err error)
 
 // FilePasswords reads passwords from PasswordFile (standalone mode).
-func FilePasswords(p v1alpha1.Peer) (string, error) {
+func FilePasswords(p v1alpha1.Peer) ([]byte, string, error) {
 	if p.PasswordFile == "" {
-		return "", nil
+		return nil, "", nil
 	}
+	where := fmt.Sprintf("peer %s: passwordFile %s", Key(p), p.PasswordFile)
 	b, err := os.ReadFile(p.PasswordFile)
 	if err != nil {
-		return "", fmt.Errorf("peer %s: passwordFile: %w", Key(p), err)
+		return nil, where, fmt.Errorf("peer %s: passwordFile: %w", Key(p), err)
 	}
-	pw, err := NormalizePassword(b)
+	return b, where, nil
+}
+
+// password reads and normalizes a peer's password ("" for none).
+func (s *Speaker) password(p v1alpha1.Peer) (string, error) {
+	raw, where, err := s.passwords(p)
+	if err != nil || raw == nil {
+		return "", err
+	}
+	pw, err := NormalizePassword(raw)
 	if err != nil {
-		return "", fmt.Errorf("peer %s: passwordFile %s: %w", Key(p), p.PasswordFile, err)
+		return "", fmt.Errorf("%s: %w", where, err)
 	}
 	return pw, nil
 }

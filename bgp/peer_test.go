@@ -346,7 +346,8 @@ func TestFilePasswords(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := FilePasswords(v1alpha1.Peer{Address: "fd00::1", PasswordFile: tt.file})
+			s := &Speaker{passwords: FilePasswords}
+			got, err := s.password(v1alpha1.Peer{Address: "fd00::1", PasswordFile: tt.file})
 			if len(tt.wantErr) > 0 {
 				if err == nil {
 					t.Fatalf("got %q, want an error", got)

@@ -29,7 +29,7 @@ func (s *Speaker) ApplyPeers(peers []v1alpha1.Peer) error {
 	}
 	reads := make([]read, 0, len(peers))
 	for _, p := range peers {
-		pw, err := s.passwords(p)
+		pw, err := s.password(p)
 		reads = append(reads, read{p, pw, err})
 	}
 	var errs []error

@@ -32,7 +32,7 @@ type Config struct {
 	ASN       uint32
 	RouterID  string
 	BGP       v1alpha1.BGP
-	Passwords PasswordReader
+	Passwords PasswordSource
 	Log       *slog.Logger
 	// StateFile remembers which peers negotiated RFC 5549, so that after a
 	// restart IPv4 routes go out in the first UPDATEs instead of after a
@@ -76,7 +76,7 @@ type Speaker struct {
 	log       *slog.Logger
 	srv       *server.BgpServer
 	asn       uint32
-	passwords PasswordReader
+	passwords PasswordSource
 	stateFile string
 	onChange  func()
 	neigh     Neighbours    // the kernel's neighbour table (unnumbered peers)

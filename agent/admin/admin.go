@@ -18,7 +18,7 @@ import (
 	"syscall"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/agent/unixsock"
+	"code.fritzlab.net/fritzlab/flock/cni/wire/unixsock"
 )
 
 // DefaultSocket is the admin socket path.

@@ -251,7 +251,7 @@ func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 	var (
 		spec      *v1alpha1.NodeConfigSpec
 		source    podmeta.Source = podmeta.Standalone{}
-		passwords bgp.PasswordReader
+		passwords bgp.PasswordSource
 	)
 	if o.Kubernetes {
 		k, err := newKube(ctx, o)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"code.fritzlab.net/fritzlab/flock/agent/unixsock"
+	"code.fritzlab.net/fritzlab/flock/cni/wire/unixsock"
 )
 
 // DefaultReadTimeout bounds reading the request frame on the server.

@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
-	"code.fritzlab.net/fritzlab/flock/bgp"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
@@ -103,26 +102,26 @@ func (p *Passwords) WaitSynced(ctx context.Context) error {
 	return nil
 }
 
-// Password implements bgp.PasswordReader for Kubernetes mode: the value
-// under the peer's passwordSecretKey, normalised by bgp.NormalizePassword.
-func (p *Passwords) Password(peer v1alpha1.Peer) (string, error) {
+// Password is a bgp.PasswordSource for Kubernetes mode: the value under
+// the peer's passwordSecretKey as stored (the speaker normalizes it), and
+// where it is, for errors (nil and "" when the peer has no password).
+func (p *Passwords) Password(peer v1alpha1.Peer) ([]byte, string, error) {
 	if peer.PasswordSecretKey == "" {
-		return "", nil
+		return nil, "", nil
 	}
 	where := fmt.Sprintf("peer %s: passwordSecretKey %q in Secret %s/%s", peerName(peer), peer.PasswordSecretKey, p.namespace, p.name)
 	s, err := p.secret()
 	if err != nil {
-		return "", fmt.Errorf("%s: %w", where, err)
+		return nil, where, fmt.Errorf("%s: %w", where, err)
 	}
 	v, ok := s.Data[peer.PasswordSecretKey]
 	if !ok {
-		return "", fmt.Errorf("%s: no such key", where)
+		return nil, where, fmt.Errorf("%s: no such key", where)
 	}
-	pw, err := bgp.NormalizePassword(v)
-	if err != nil {
-		return "", fmt.Errorf("%s: %w", where, err)
+	if v == nil {
+		v = []byte{} // present and empty: an error to the speaker, not "none"
 	}
-	return pw, nil
+	return v, where, nil
 }
 
 // secret returns the cached Secret (shared with the cache: do not modify),
