@@ -12,30 +12,30 @@ import (
 	gobgpmetrics "github.com/osrg/gobgp/v4/pkg/metrics"
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"code.fritzlab.net/fritzlab/flock/bgp/session"
 )
 
-// FamilyCounts are per-family prefix counters.
-type FamilyCounts struct {
-	Family     string `json:"family"`
-	Received   uint64 `json:"received"`
-	Accepted   uint64 `json:"accepted"`
-	Advertised uint64 `json:"advertised"`
-}
-
-// SessionState is a session's state: a BGP FSM state, or Configuring /
-// Resolving for a peer not yet added to GoBGP.
-type SessionState string
+// The status types live in bgp/session (no GoBGP in them: flockctl and
+// the admin API use them as they are); these names keep the speaker's
+// code short.
+type (
+	FamilyCounts = session.FamilyCounts
+	SessionState = session.State
+	Neighbor     = session.Neighbor
+	BFDDetail    = session.BFDDetail
+)
 
 // Session states.
 const (
-	Configuring SessionState = "Configuring" // being added
-	Resolving   SessionState = "Resolving"   // unnumbered: waiting for the neighbour's link-local address
-	Idle        SessionState = "Idle"
-	Connect     SessionState = "Connect"
-	Active      SessionState = "Active"
-	OpenSent    SessionState = "OpenSent"
-	OpenConfirm SessionState = "OpenConfirm"
-	Established SessionState = "Established"
+	Configuring = session.Configuring
+	Resolving   = session.Resolving
+	Idle        = session.Idle
+	Connect     = session.Connect
+	Active      = session.Active
+	OpenSent    = session.OpenSent
+	OpenConfirm = session.OpenConfirm
+	Established = session.Established
 )
 
 func sessionState(st bgp.FSMState) SessionState {
@@ -55,49 +55,6 @@ func sessionState(st bgp.FSMState) SessionState {
 	}
 	return SessionState(st.String())
 }
-
-// Neighbor is one session as an operator sees it.
-type Neighbor struct {
-	Peer     string        `json:"peer"`              // Key: configured address or "interface X"
-	Address  string        `json:"address,omitempty"` // resolved neighbour address (no zone)
-	LocalASN uint32        `json:"localASN"`
-	PeerASN  uint32        `json:"peerASN"`
-	State    SessionState  `json:"state"`
-	Since    time.Time     `json:"since,omitzero"` // last state change
-	Uptime   time.Duration `json:"uptime"`         // while established
-	// RFC5549Mismatch: the RFC 5549 guard holds IPv4 routes back from
-	// this established session (Warnings says why).
-	RFC5549Mismatch bool           `json:"rfc5549Mismatch,omitempty"`
-	Families        []FamilyCounts `json:"families"`
-	BFD             string         `json:"bfd"`
-	// BFDDetail is flock's BFD session, when BFD is enabled.
-	BFDDetail *BFDDetail `json:"bfdDetail,omitempty"`
-	GR        string     `json:"gracefulRestart"`
-	Warnings  []string   `json:"warnings,omitempty"`
-	LastError string     `json:"lastError,omitempty"`
-}
-
-// BFDDetail is what a network engineer asks of a BFD session.
-type BFDDetail struct {
-	State string    `json:"state"`
-	Since time.Time `json:"since,omitzero"`
-	// Diag: why it last left Up ("detection time expired", …).
-	Diag        string `json:"diag,omitempty"`
-	RemoteState string `json:"remoteState"`
-	// RemoteCBit: the peer's BFD is control-plane independent.
-	RemoteCBit bool `json:"remoteCBit"`
-	// Failures reset the BGP session; PlannedDowns (the peer sent
-	// AdminDown) did not.
-	Failures     int `json:"failures"`
-	PlannedDowns int `json:"plannedDowns"`
-	// SocketFailures: failed opens of the session's sending socket (each
-	// retried); SocketError: why it is not open, while it is not.
-	SocketFailures int    `json:"socketFailures,omitempty"`
-	SocketError    string `json:"socketError,omitempty"`
-}
-
-// Established tells whether the session is up.
-func (n Neighbor) Established() bool { return n.State == Established }
 
 // Neighbors lists every configured peer with live state from GoBGP: the
 // one source of per-peer status.

@@ -1,6 +1,7 @@
 // Package admin is the agent's operator API: HTTP+JSON on a unix socket
-// (mode 0600, no TCP), read by flockctl. The types here are the wire format
-// both sides share.
+// (mode 0600, no TCP), read by flockctl. The types here, with the BGP
+// sessions' (bgp/session) and the reconcilers' (agent/reconcile) status
+// types as they are, are the wire format both sides share.
 package admin
 
 import (
@@ -18,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
+	"code.fritzlab.net/fritzlab/flock/bgp/session"
 	"code.fritzlab.net/fritzlab/flock/cni/wire/unixsock"
 )
 
@@ -73,46 +76,6 @@ type Route struct {
 	Synced   bool     `json:"synced"`
 }
 
-// FamilyCounts are a session's per-family prefix counters.
-type FamilyCounts struct {
-	Family     string `json:"family"`
-	Received   uint64 `json:"received"`
-	Accepted   uint64 `json:"accepted"`
-	Advertised uint64 `json:"advertised"`
-}
-
-// Neighbor is one BGP session.
-type Neighbor struct {
-	Peer      string         `json:"peer"`
-	Address   string         `json:"address,omitempty"`
-	LocalASN  uint32         `json:"localASN"`
-	PeerASN   uint32         `json:"peerASN"`
-	State     string         `json:"state"`
-	Since     time.Time      `json:"since,omitzero"`
-	Uptime    string         `json:"uptime,omitempty"`
-	Families  []FamilyCounts `json:"families"`
-	BFD       string         `json:"bfd"`
-	BFDDetail *BFDDetail     `json:"bfdDetail,omitempty"`
-	GR        string         `json:"gracefulRestart"`
-	Warnings  []string       `json:"warnings,omitempty"`
-	LastError string         `json:"lastError,omitempty"`
-}
-
-// BFDDetail is flock's BFD session with a peer.
-type BFDDetail struct {
-	State        string    `json:"state"`
-	Since        time.Time `json:"since,omitzero"`
-	Diag         string    `json:"diag,omitempty"` // why it last left Up
-	RemoteState  string    `json:"remoteState"`
-	RemoteCBit   bool      `json:"remoteCBit"`
-	Failures     int       `json:"failures"`     // each reset the BGP session
-	PlannedDowns int       `json:"plannedDowns"` // the peer sent AdminDown
-	// SocketFailures: failed opens of the sending socket (each retried);
-	// SocketError: why it is not open, while it is not.
-	SocketFailures int    `json:"socketFailures,omitempty"`
-	SocketError    string `json:"socketError,omitempty"`
-}
-
 // BGPRoute is one path the node originates (or wants to).
 type BGPRoute struct {
 	Prefix     string   `json:"prefix"`
@@ -121,29 +84,18 @@ type BGPRoute struct {
 	Advertised bool     `json:"advertised"`
 }
 
-// Reconciler is one route reconciler's health.
-type Reconciler struct {
-	Target      string    `json:"target"`
-	Passes      uint64    `json:"passes"`
-	Errors      uint64    `json:"errors"`
-	Failing     bool      `json:"failing"`
-	LastError   string    `json:"lastError,omitempty"`
-	LastErrorAt time.Time `json:"lastErrorAt,omitzero"`
-	LastSuccess time.Time `json:"lastSuccess,omitzero"`
-}
-
 // Status is the agent's health at a glance.
 type Status struct {
-	Ready        bool              `json:"ready"`
-	Allocations  int               `json:"allocations"`
-	PeersUp      int               `json:"peersEstablished"`
-	Peers        int               `json:"peersConfigured"`
-	Reconcilers  []Reconciler      `json:"reconcilers"`
-	Reaped       map[string]uint64 `json:"reaped,omitempty"`
-	ReapFailures uint64            `json:"reapFailures,omitempty"`
-	Stuck        []string          `json:"stuck,omitempty"`
-	ConfigError  string            `json:"configError,omitempty"`
-	Problems     []string          `json:"problems,omitempty"`
+	Ready        bool               `json:"ready"`
+	Allocations  int                `json:"allocations"`
+	PeersUp      int                `json:"peersEstablished"`
+	Peers        int                `json:"peersConfigured"`
+	Reconcilers  []reconcile.Status `json:"reconcilers"`
+	Reaped       map[string]uint64  `json:"reaped,omitempty"`
+	ReapFailures uint64             `json:"reapFailures,omitempty"`
+	Stuck        []string           `json:"stuck,omitempty"`
+	ConfigError  string             `json:"configError,omitempty"`
+	Problems     []string           `json:"problems,omitempty"`
 }
 
 // Readiness is an operator's readiness report for a pod (standalone mode).
@@ -159,7 +111,7 @@ type Source interface {
 	Pods() []Pod
 	Pools() []Pool
 	Routes() []Route
-	Neighbors() []Neighbor
+	Neighbors() []session.Neighbor
 	BGPRoutes() []BGPRoute
 	// SetReadiness records a pod's readiness and returns how many pod
 	// incarnations it applied to.

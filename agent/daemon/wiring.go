@@ -16,6 +16,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/authz"
 	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
+	"code.fritzlab.net/fritzlab/flock/bgp/session"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
@@ -59,10 +60,7 @@ func (d *daemon) Status() admin.Status {
 	up, total := n.Peers()
 	st := admin.Status{Ready: n.Ready, Allocations: n.Allocations, PeersUp: up, Peers: total,
 		Reaped: n.Reaped, ReapFailures: n.ReapFailures, Stuck: n.Stuck, ConfigError: n.ConfigError, Problems: n.Problems()}
-	for _, r := range n.Reconcilers {
-		st.Reconcilers = append(st.Reconcilers, admin.Reconciler{Target: r.Target, Passes: r.Passes, Errors: r.Errors,
-			Failing: r.Failing, LastError: r.LastError, LastErrorAt: r.LastErrorAt, LastSuccess: r.LastSuccess})
-	}
+	st.Reconcilers = n.Reconcilers
 	return st
 }
 
@@ -187,25 +185,7 @@ func (d *daemon) Routes() []admin.Route {
 	return out
 }
 
-func (d *daemon) Neighbors() []admin.Neighbor {
-	out := []admin.Neighbor{}
-	for _, n := range d.snapshot().Neighbors {
-		an := admin.Neighbor{Peer: n.Peer, Address: n.Address, LocalASN: n.LocalASN, PeerASN: n.PeerASN, State: string(n.State),
-			Since: n.Since, BFD: n.BFD, GR: n.GR, Warnings: n.Warnings, LastError: n.LastError}
-		if n.Uptime > 0 {
-			an.Uptime = n.Uptime.String()
-		}
-		if b := n.BFDDetail; b != nil {
-			an.BFDDetail = &admin.BFDDetail{State: b.State, Since: b.Since, Diag: b.Diag, RemoteState: b.RemoteState, RemoteCBit: b.RemoteCBit, Failures: b.Failures, PlannedDowns: b.PlannedDowns,
-				SocketFailures: b.SocketFailures, SocketError: b.SocketError}
-		}
-		for _, f := range n.Families {
-			an.Families = append(an.Families, admin.FamilyCounts(f))
-		}
-		out = append(out, an)
-	}
-	return out
-}
+func (d *daemon) Neighbors() []session.Neighbor { return d.snapshot().Neighbors }
 
 func (d *daemon) BGPRoutes() []admin.BGPRoute {
 	names := map[string]string{}

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
-	"code.fritzlab.net/fritzlab/flock/bgp"
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/bgp/session"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 )
 
@@ -22,7 +22,7 @@ type Node struct {
 	Ready       bool
 	Allocations int
 	Pools       []ipam.PoolStats
-	Neighbors   []bgp.Neighbor
+	Neighbors   []session.Neighbor
 	// Advertised counts the paths the speaker holds, by kind.
 	Advertised  map[advert.Kind]int
 	Reconcilers []reconcile.Status

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
+	"code.fritzlab.net/fritzlab/flock/bgp/session"
 )
 
 const usage = `usage: flockctl [--socket PATH] [-o table|json|yaml] COMMAND
@@ -152,7 +153,7 @@ func run(args []string, out io.Writer) error {
 			}
 		})
 	case "bgp neighbors", "bgp neighbours", "bgp neighbor":
-		var v []admin.Neighbor
+		var v []session.Neighbor
 		if err := c.Get(ctx, "/v1/bgp/neighbors", &v); err != nil {
 			return err
 		}
@@ -168,12 +169,12 @@ func run(args []string, out io.Writer) error {
 					peer += " (" + n.Address + ")"
 				}
 				warn := strings.Join(n.Warnings, "; ")
-				if n.LastError != "" && n.State != "Established" {
+				if n.LastError != "" && !n.Established() {
 					warn = strings.TrimPrefix(warn+"; "+n.LastError, "; ")
 				}
-				uptime := n.Uptime
-				if uptime == "" {
-					uptime = "-"
+				uptime := "-"
+				if n.Uptime > 0 {
+					uptime = n.Uptime.Round(time.Second).String()
 				}
 				bfd := n.BFD
 				if b := n.BFDDetail; b != nil && (b.Failures > 0 || b.PlannedDowns > 0 || b.Diag != "") {

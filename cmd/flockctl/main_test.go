@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
+	"code.fritzlab.net/fritzlab/flock/bgp/session"
 )
 
 func TestNotRunning(t *testing.T) {
@@ -45,7 +47,7 @@ type fakeSource struct {
 func (f *fakeSource) Status() admin.Status {
 	return admin.Status{Ready: true, Allocations: 3, PeersUp: 1, Peers: 2,
 		Reaped: map[string]uint64{"netns-gone": 2, "interrupted-add": 0},
-		Reconcilers: []admin.Reconciler{
+		Reconcilers: []reconcile.Status{
 			{Target: "bgp", Passes: 10},
 			{Target: "kernel", Passes: 12, Errors: 4, Failing: true, LastError: "route 2001:db8:ff::1/128: no such device", LastErrorAt: time.Now()},
 		}}
@@ -53,8 +55,16 @@ func (f *fakeSource) Status() admin.Status {
 func (f *fakeSource) Pods() []admin.Pod {
 	return []admin.Pod{{ContainerID: "abc", Namespace: "ns", Name: "p", Phase: "committed", Ready: true}}
 }
-func (f *fakeSource) Pools() []admin.Pool         { return nil }
-func (f *fakeSource) Neighbors() []admin.Neighbor { return nil }
+func (f *fakeSource) Pools() []admin.Pool { return nil }
+func (f *fakeSource) Neighbors() []session.Neighbor {
+	return []session.Neighbor{
+		{Peer: "fd00::2", LocalASN: 64512, PeerASN: 64513, State: session.Established, Uptime: 90 * time.Minute,
+			Families: []session.FamilyCounts{{Family: "ipv6", Received: 0, Accepted: 0, Advertised: 7}}, BFD: "up", GR: "enabled",
+			BFDDetail: &session.BFDDetail{State: "Up", Failures: 1, Diag: "detection time expired"}},
+		{Peer: "interface eth1", State: session.Active, LastError: "connection refused", BFD: "down",
+			BFDDetail: &session.BFDDetail{State: "Down", SocketFailures: 3, SocketError: "bind: address in use"}},
+	}
+}
 func (f *fakeSource) BGPRoutes() []admin.BGPRoute { return nil }
 func (f *fakeSource) Routes() []admin.Route {
 	return []admin.Route{
@@ -96,6 +106,9 @@ func TestStatusRoutesReady(t *testing.T) {
 		{[]string{"pods"}, []string{"committed", "ns/p"}},
 		{[]string{"ready", "ns/p", "false"}, []string{"ns/p: NotReady"}},
 		{[]string{"-o", "json", "status"}, []string{`"failing": true`, `"lastError": "route 2001:db8:ff::1/128: no such device"`}},
+		{[]string{"bgp", "neighbors"}, []string{"fd00::2", "Established", "1h30m0s", "ipv6 0/0/7", "1 failures", "detection time expired",
+			"interface eth1", "Active", "connection refused", "bfd socket (3 failures): bind: address in use"}},
+		{[]string{"-o", "json", "bgp", "neighbors"}, []string{`"state": "Established"`, `"socketError": "bind: address in use"`}},
 	} {
 		var out bytes.Buffer
 		if err := run(append([]string{"--socket", sock}, tc.args...), &out); err != nil {
