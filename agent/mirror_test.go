@@ -3,6 +3,9 @@ package agent_test
 import (
 	"context"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,7 +17,9 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 )
 
@@ -174,4 +179,44 @@ func TestStaticPodMirrorRecreated(t *testing.T) {
 	if nhs := e.dp.kernelRoutes()[anycast]; len(nhs) != 1 {
 		t.Errorf("anycast next hops %v, want the new sandbox's only", nhs)
 	}
+}
+
+// A record written before records carried static UIDs names a static pod
+// by its mirror's UID alone. Restored while that mirror exists, it is
+// completed (and written back), so a later mirror still matches it, after
+// another restart too.
+func TestStaticPodRecordFromBefore(t *testing.T) {
+	cs := fake.NewClientset(mirrorPod("mirror-1", "static-1", true))
+	prev := newEnv(t)
+	rec := store.Allocation{
+		ContainerID: "c1", State: store.Committed, Pod: podmeta.ID{Namespace: "kube-system", Name: "dns-node", UID: "mirror-1"},
+		IPs: []netip.Addr{mustAddr("fd00:10:1::1")}, Anycast: []netip.Addr{staticAnycast.Addr()},
+	}
+	putRecord(t, prev.dir, rec)
+	prev.dp.addVeth(dataplane.HostVethName("c1"))
+	file := filepath.Join(prev.dir, "allocations", "c1.json")
+	if raw, err := os.ReadFile(file); err != nil || strings.Contains(string(raw), "staticUID") {
+		t.Fatalf("the old record format: %s %v", raw, err)
+	}
+
+	e := kubeEnv(t, cs, prev)
+	e.waitRouted("restored, mirror Ready", staticAnycast, advert.Anycast, true)
+	if raw, err := os.ReadFile(file); err != nil || !strings.Contains(string(raw), `"staticUID": "static-1"`) {
+		t.Errorf("record not completed on disk: %s %v", raw, err)
+	}
+	ctx := context.Background()
+	api := cs.CoreV1().Pods("kube-system")
+	if err := api.Delete(ctx, "dns-node", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitRouted("mirror deleted", staticAnycast, advert.Anycast, false)
+	if _, err := api.Create(ctx, mirrorPod("mirror-2", "static-1", true), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitRouted("mirror re-created Ready", staticAnycast, advert.Anycast, true)
+
+	// Restarted while only the new mirror exists: the record on disk
+	// still matches it.
+	e = kubeEnv(t, cs, e)
+	e.waitRouted("restarted", staticAnycast, advert.Anycast, true)
 }
