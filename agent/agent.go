@@ -46,6 +46,7 @@ type Dataplane interface {
 type Store interface {
 	Begin(a store.Allocation) (*store.Draft, error)
 	Commit(d *store.Draft) error
+	Put(a store.Allocation) error
 	Delete(containerID string) error
 	Load() ([]store.Allocation, error)
 }
@@ -237,6 +238,7 @@ func (a *Agent) Restore(ctx context.Context) error {
 			}
 			continue
 		}
+		r = a.withStaticUID(r)
 		warns, err := a.state.Restore(r)
 		if err != nil {
 			quarantine(r, "restore", err)
@@ -425,7 +427,7 @@ func (a *Agent) settle(ctx context.Context, gen uint64) {
 // SetPodReady records a pod's readiness; the reconcilers follow at once.
 func (a *Agent) SetPodReady(pod podmeta.ID, ready bool) {
 	if a.state.SetReady(pod, ready) {
-		a.log.Info("pod readiness changed", "pod", pod, "uid", pod.UID, "ready", ready)
+		a.log.Info("pod readiness changed", "pod", pod, "uid", pod.UID, "staticUID", pod.StaticUID, "ready", ready)
 	}
 }
 

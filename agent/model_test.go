@@ -2,7 +2,8 @@ package agent_test
 
 // The randomized model-based test of route truth: many goroutines run ADD
 // (sometimes into the netns of a container just DELed, its veth maybe
-// still being removed), DEL, CHECK and readiness reports against one
+// still being removed), DEL, CHECK and readiness reports (some of static
+// pods, whose mirror kubelet re-creates with a new UID) against one
 // agent (real store in a temp
 // dir, real node state and reconcile loops, fake kernel and speaker) while
 // the dataplane, the speaker and the store fail at random; between rounds
@@ -84,7 +85,9 @@ func TestModel(t *testing.T) {
 
 // ctr is one container as its worker (the runtime) knows it.
 type ctr struct {
-	id    string
+	id string
+	// pod as the runtime names it: a static pod by its static UID (the
+	// API names it through its current mirror, see model.mirrors)
 	pod   podmeta.ID
 	netns string           // its sandbox's; sometimes one a DELed container had
 	live  bool             // the last ADD succeeded and no DEL since
@@ -106,8 +109,11 @@ type model struct {
 	chaosRnd *rand.Rand
 	mu       sync.Mutex
 	ready    map[podmeta.ID]bool // the last report per pod (only its worker reports)
-	claims   *claimStore         // the cluster's claims (this node is "node")
-	ctrs     map[string]*ctr
+	// mirrors are the static pods' current mirror UIDs ("": deleted, not
+	// yet re-created); only the pod's worker changes them
+	mirrors map[podmeta.ID]string
+	claims  *claimStore // the cluster's claims (this node is "node")
+	ctrs    map[string]*ctr
 	// deleted holds every container whose DEL (or GC, or reap) succeeded,
 	// with its last allocation: it must own nothing anywhere.
 	deleted map[string]store.Allocation
@@ -121,7 +127,7 @@ var (
 
 func newModel(t *testing.T, seed uint64) *model {
 	m := &model{t: t, seed: seed, rnd: rand.New(rand.NewPCG(seed, 0)), chaosRnd: rand.New(rand.NewPCG(seed, 1)),
-		ready: map[podmeta.ID]bool{}, ctrs: map[string]*ctr{}, deleted: map[string]store.Allocation{}, claims: newClaimStore()}
+		ready: map[podmeta.ID]bool{}, mirrors: map[podmeta.ID]string{}, ctrs: map[string]*ctr{}, deleted: map[string]store.Allocation{}, claims: newClaimStore()}
 	m.e = m.newAgent(newFakeDP(), nil, "")
 	m.e.st.KeepSpares(4) // as the daemon does: files made ahead race ADDs, DELs and restarts
 	if err := m.e.run(); err != nil {
@@ -142,6 +148,7 @@ func (m *model) newAgent(dp *fakeDP, st *faultStore, dir string) *env {
 		c.SettleTimeout = 200 * time.Millisecond
 		c.Authority = authority{set}
 		c.Claims = m.claims.node("node")
+		c.Source = m
 	}
 	var e *env
 	if st == nil {
@@ -288,13 +295,20 @@ func (m *model) worker(w int, rnd *rand.Rand) {
 					m.t.Errorf("CHECK of live %s: %v", c.id, err)
 				}
 			}
+		case op < 80: // kubelet re-creates a static pod's mirror
+			m.recreateMirror(mine[rnd.IntN(len(mine))].pod, rnd)
 		default: // readiness report for one of my pods
 			c := mine[rnd.IntN(len(mine))]
 			r := rnd.IntN(2) == 0
 			m.mu.Lock()
-			m.ready[c.pod] = r
+			id, ok := m.apiID(c.pod)
+			if ok {
+				m.ready[c.pod] = r
+			}
 			m.mu.Unlock()
-			m.e.a.SetPodReady(c.pod, r)
+			if ok {
+				m.e.a.SetPodReady(id, r)
+			}
 		}
 	}
 }
@@ -357,9 +371,13 @@ func (m *model) newCtr(w int, rnd *rand.Rand, mine []*ctr) *ctr {
 	m.nextID++
 	c := &ctr{id: fmt.Sprintf("w%d-%04d", w, m.nextID)}
 	c.netns = netnsOf(c.id)
-	if len(mine) > 0 && rnd.IntN(4) == 0 {
+	switch {
+	case len(mine) > 0 && rnd.IntN(4) == 0:
 		c.pod = mine[rnd.IntN(len(mine))].pod // a second attachment of a pod
-	} else {
+	case rnd.IntN(4) == 0: // a static pod, and the mirror kubelet made of it
+		c.pod = podmeta.ID{Namespace: "default", Name: "pod-" + c.id, UID: "static-" + c.id}
+		m.mirrors[c.pod] = "mirror-" + c.id
+	default:
 		c.pod = podmeta.ID{Namespace: "default", Name: "pod-" + c.id, UID: "uid-" + c.id}
 	}
 	m.ctrs[c.id] = c
@@ -541,10 +559,19 @@ func (m *model) restart() {
 		_ = m.claims.node("node").Claim(context.Background(), agent.Claim{IP: mustAddr("2001:db8:aa::ffff"), Use: "addresses", ContainerID: "crashed-before-record"})
 	}
 	e := m.newAgent(old.dp, old.st, old.dir)
-	// Kubernetes mode: the informer reports readiness before restore.
+	// Kubernetes mode: the informer reports readiness before restore,
+	// static pods' through mirrors kubelet may have re-created meanwhile.
 	m.mu.Lock()
+	static := slices.SortedFunc(maps.Keys(m.mirrors), func(a, b podmeta.ID) int { return strings.Compare(a.Name, b.Name) })
+	for _, pod := range static {
+		if m.rnd.IntN(3) == 0 {
+			m.newMirror(pod, m.rnd)
+		}
+	}
 	for p, r := range m.ready {
-		e.a.SetPodReady(p, r)
+		if id, ok := m.apiID(p); ok {
+			e.a.SetPodReady(id, r)
+		}
 	}
 	m.mu.Unlock()
 	if err := e.run(); err != nil {
@@ -577,7 +604,9 @@ func (m *model) check(when string) {
 	ready := maps.Clone(m.ready)
 	deleted := maps.Clone(m.deleted)
 	m.mu.Unlock()
-	isReady := func(p podmeta.ID) bool { return ready[p] } // Kubernetes mode: NotReady until reported
+	// Kubernetes mode: NotReady until reported. A static pod is named by
+	// its static UID, whichever mirror its ADD and the reports saw.
+	isReady := func(c *ctr) bool { return ready[c.pod] }
 
 	// The state, the store and the dataplane hold exactly the live ones.
 	var wantIDs []string
@@ -652,13 +681,14 @@ func (m *model) check(when string) {
 	// The oracle: what must be advertised and routed.
 	wantAdv := map[netip.Prefix]advert.Kind{pool6: advert.Summary, pool4: advert.Summary}
 	wantKernel := map[netip.Prefix][]dataplane.Nexthop{}
-	for _, r := range recs {
+	for _, c := range live {
+		r := c.rec
 		for _, ip := range r.IPs {
 			if !pool6.Contains(ip) && !pool4.Contains(ip) {
 				wantAdv[netip.PrefixFrom(ip, ip.BitLen())] = advert.Pod
 			}
 		}
-		if !isReady(r.Pod) {
+		if !isReady(c) {
 			continue
 		}
 		for kind, ips := range map[advert.Kind][]netip.Addr{advert.Anycast: r.Anycast, advert.Address: r.Addresses} {

@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"slices"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
@@ -78,8 +77,8 @@ func (s *State) touchLocked(id string) {
 }
 
 // touchPodLocked marks every attachment of a pod (its readiness changed).
-func (s *State) touchPodLocked(pod podmeta.ID) {
-	for id := range s.pods[pod] {
+func (s *State) touchPodLocked(k podKey) {
+	for id := range s.pods[k] {
 		s.touchLocked(id)
 	}
 }

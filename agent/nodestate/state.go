@@ -112,8 +112,8 @@ type State struct {
 	// outside holds restored pod IPs that no configured pool covers any
 	// more (IPAM cannot hold them): nobody else may claim them.
 	outside map[netip.Addr]string
-	ready   map[podmeta.ID]bool            // last report per pod
-	pods    map[podmeta.ID]map[string]bool // pod → its container IDs
+	ready   map[podKey]bool            // last report per pod incarnation
+	pods    map[podKey]map[string]bool // pod incarnation → its container IDs
 	gen     uint64
 	subs    []chan struct{}
 	// des are the desired sets, kept incrementally (incremental.go).
@@ -140,7 +140,7 @@ func New(spec *v1alpha1.NodeConfigSpec, defaultReady bool) (*State, error) {
 	return &State{
 		ipam: alloc, summaries: nodeconfig.Summaries(spec), legacy: legacy, defaultReady: defaultReady, suppressed: map[netip.Prefix]string{},
 		entries: map[string]*entry{}, veths: map[string]string{}, claims: map[netip.Addr]*claim{}, outside: map[netip.Addr]string{},
-		ready: map[podmeta.ID]bool{}, pods: map[podmeta.ID]map[string]bool{}, des: newDesiredSets(),
+		ready: map[podKey]bool{}, pods: map[podKey]map[string]bool{}, des: newDesiredSets(),
 	}, nil
 }
 
@@ -356,10 +356,7 @@ func (s *State) insertLocked(rec store.Allocation, phase Phase) {
 			}
 		}
 	}
-	if s.pods[rec.Pod] == nil {
-		s.pods[rec.Pod] = map[string]bool{}
-	}
-	s.pods[rec.Pod][id] = true
+	s.addPodLocked(rec.Pod, id)
 }
 
 // Restore puts a committed record back (agent start): its IPs, claims and
@@ -437,10 +434,7 @@ func (s *State) Quarantine(rec store.Allocation, reason string) {
 	if _, taken := s.veths[rec.HostVeth]; !taken && rec.HostVeth != "" {
 		s.veths[rec.HostVeth] = id
 	}
-	if s.pods[rec.Pod] == nil {
-		s.pods[rec.Pod] = map[string]bool{}
-	}
-	s.pods[rec.Pod][id] = true
+	s.addPodLocked(rec.Pod, id)
 	s.changedLocked()
 }
 
@@ -538,83 +532,8 @@ func (s *State) Release(id string) {
 			}
 		}
 	}
-	delete(s.pods[rec.Pod], id)
-	if len(s.pods[rec.Pod]) == 0 {
-		delete(s.pods, rec.Pod)
-		if s.defaultReady {
-			// Standalone: readiness is only ever reported for existing
-			// pods (flockctl), so it goes with the pod's last attachment.
-			delete(s.ready, rec.Pod)
-		}
-	}
+	s.removePodLocked(rec.Pod, id)
 	s.changedLocked()
-}
-
-// SetReady records a pod's readiness. Reports for pods without an
-// attachment are kept (in Kubernetes mode the informer can beat the ADD).
-// It tells whether this changed anything routed.
-func (s *State) SetReady(pod podmeta.ID, ready bool) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.setReadyLocked(pod, ready)
-}
-
-func (s *State) setReadyLocked(pod podmeta.ID, ready bool) bool {
-	prev, known := s.ready[pod]
-	s.ready[pod] = ready
-	s.touchPodLocked(pod)
-	if (known && prev == ready) || (!known && ready == s.defaultReady) || len(s.pods[pod]) == 0 {
-		return false
-	}
-	s.changedLocked()
-	return true
-}
-
-// ForgetPod drops the readiness of a pod that left the API; its remaining
-// attachments (kubelet's DEL still to come) fall back to the default.
-func (s *State) ForgetPod(pod podmeta.ID) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	prev, known := s.ready[pod]
-	delete(s.ready, pod)
-	s.touchPodLocked(pod)
-	if known && prev != s.defaultReady && len(s.pods[pod]) > 0 {
-		s.changedLocked()
-	}
-}
-
-// SetReadyByName records readiness for every pod incarnation of
-// namespace/name that has an attachment (the operator's override in
-// standalone mode, where CNI_ARGS may not carry a UID).
-func (s *State) SetReadyByName(namespace, name string, ready bool) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for id := range s.pods {
-		if id.Namespace == namespace && id.Name == name {
-			s.setReadyLocked(id, ready)
-			n++
-		}
-	}
-	if n == 0 {
-		return 0, fmt.Errorf("no attachment of pod %s/%s on this node", namespace, name)
-	}
-	return n, nil
-}
-
-// readyLocked is a pod's effective readiness.
-func (s *State) readyLocked(pod podmeta.ID) bool {
-	if r, ok := s.ready[pod]; ok {
-		return r
-	}
-	return s.defaultReady
-}
-
-// Ready is a pod's effective readiness.
-func (s *State) Ready(pod podmeta.ID) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.readyLocked(pod)
 }
 
 // Get returns an attachment and its phase.
@@ -674,12 +593,13 @@ func (s *State) Committed() []store.Allocation {
 	return out
 }
 
-// PodAllocations lists one pod's attachments that are not mid-ADD.
+// PodAllocations lists the attachments of one pod incarnation (a static
+// pod's, through whichever mirror) that are not mid-ADD.
 func (s *State) PodAllocations(pod podmeta.ID) []store.Allocation {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []store.Allocation
-	for id := range s.pods[pod] {
+	for id := range s.pods[keyOf(pod)] {
 		if e := s.entries[id]; e != nil && e.phase != Pending {
 			out = append(out, e.rec)
 		}

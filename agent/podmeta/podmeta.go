@@ -24,18 +24,46 @@ const (
 
 // ID identifies a pod: namespace and name, plus the UID that tells one
 // incarnation from the next (a StatefulSet pod re-created under its old
-// name). It is the one pod identity every part of the agent uses.
+// name). A static pod has two: its own (StaticUID, what the runtime passes
+// in K8S_POD_UID) and its mirror pod's in the API (UID), which changes
+// whenever kubelet re-creates the mirror while the pod runs on. It is the
+// one pod identity every part of the agent uses.
 type ID struct {
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
 	UID       string `json:"uid,omitempty"`
+	StaticUID string `json:"staticUID,omitempty"`
 }
 
-// Key is unique per incarnation ("namespace/name/uid").
-func (id ID) Key() string { return id.Namespace + "/" + id.Name + "/" + id.UID }
+// Incarnation is the UID that stays the same for as long as this
+// incarnation runs: the static UID of a static pod, else the UID.
+func (id ID) Incarnation() string {
+	if id.StaticUID != "" {
+		return id.StaticUID
+	}
+	return id.UID
+}
+
+// Same reports whether id and o are one incarnation of one pod (a static
+// pod's, whichever mirror each was seen through).
+func (id ID) Same(o ID) bool {
+	return id.Namespace == o.Namespace && id.Name == o.Name && id.Incarnation() == o.Incarnation()
+}
+
+// Key is unique per incarnation ("namespace/name/incarnation").
+func (id ID) Key() string { return id.Namespace + "/" + id.Name + "/" + id.Incarnation() }
 
 // String is "namespace/name", for people.
 func (id ID) String() string { return id.Namespace + "/" + id.Name }
+
+// Mirrors is implemented by a Source that knows static pods' mirrors in
+// the API.
+type Mirrors interface {
+	// StaticUID is the static UID of the static pod whose mirror id is
+	// (the same namespace, name and UID), or "" when it knows no such
+	// mirror. It completes IDs recorded before they carried static UIDs.
+	StaticUID(id ID) string
+}
 
 // Pod is what the agent knows about a pod at ADD time.
 type Pod struct {

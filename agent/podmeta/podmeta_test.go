@@ -2,6 +2,7 @@ package podmeta_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"reflect"
 	"strings"
@@ -87,6 +88,27 @@ func TestPodID(t *testing.T) {
 	}
 	if id.Key() != "prod/web-0/u-1" || id.String() != "prod/web-0" {
 		t.Errorf("Key %q String %q", id.Key(), id.String())
+	}
+	// A static pod: one incarnation whichever mirror names it.
+	m1 := podmeta.ID{Namespace: "kube-system", Name: "etcd", UID: "mirror-1", StaticUID: "static"}
+	m2 := podmeta.ID{Namespace: "kube-system", Name: "etcd", UID: "mirror-2", StaticUID: "static"}
+	if m1.Incarnation() != "static" || m1.Key() != "kube-system/etcd/static" || !m1.Same(m2) || m1.Same(podmeta.ID{Namespace: "kube-system", Name: "etcd", UID: "mirror-1"}) {
+		t.Errorf("static pod identity: %q %q %v", m1.Incarnation(), m1.Key(), m1.Same(m2))
+	}
+	if id.Incarnation() != "u-1" || !id.Same(id) || id.Same(podmeta.ID{Namespace: "prod", Name: "web-0", UID: "u-2"}) {
+		t.Errorf("pod identity: %q", id.Incarnation())
+	}
+	// On disk: a record of an agent before static UIDs reads as one
+	// without; one without writes as before.
+	var old podmeta.ID
+	if err := json.Unmarshal([]byte(`{"namespace":"prod","name":"web-0","uid":"u-1"}`), &old); err != nil || old != id {
+		t.Errorf("old record: %+v %v", old, err)
+	}
+	if b, err := json.Marshal(id); err != nil || string(b) != `{"namespace":"prod","name":"web-0","uid":"u-1"}` {
+		t.Errorf("marshal: %s %v", b, err)
+	}
+	if b, _ := json.Marshal(m1); !strings.Contains(string(b), `"staticUID":"static"`) {
+		t.Errorf("marshal of a static pod: %s", b)
 	}
 	// UID is optional.
 	id, err = podmeta.Args{podmeta.ArgNamespace: "prod", podmeta.ArgName: "web-0"}.PodID()

@@ -65,8 +65,8 @@ type gone struct {
 }
 
 // PodGone schedules a check of the pod's allocations (that incarnation's:
-// id.UID counts) after the grace period, which gives kubelet time to send
-// its DEL first. It may be called before Run starts.
+// id.Incarnation() counts) after the grace period, which gives kubelet
+// time to send its DEL first. It may be called before Run starts.
 func (g *GC) PodGone(id podmeta.ID) {
 	g.mu.Lock()
 	g.queue = append(g.queue, gone{id: id, at: time.Now()})
@@ -168,8 +168,9 @@ func (g *GC) check(ctx context.Context, log *slog.Logger, id podmeta.ID) bool {
 	var mine []store.Allocation
 	for _, r := range g.Allocs.PodAllocations(id) {
 		// Only the exact incarnation: a record of another UID (or none)
-		// is not proven gone by this pod's absence.
-		if r.Pod == id {
+		// is not proven gone by this pod's absence. A static pod's
+		// record names the mirror of its ADD, id maybe a later one.
+		if r.Pod.Same(id) {
 			mine = append(mine, r)
 		}
 	}

@@ -35,7 +35,7 @@ func (f *fakeAllocs) Allocations() []store.Allocation {
 func (f *fakeAllocs) PodAllocations(id podmeta.ID) []store.Allocation {
 	var out []store.Allocation
 	for _, r := range f.Allocations() {
-		if r.Pod == id {
+		if r.Pod.Same(id) { // as the agent: a static pod through any mirror
 			out = append(out, r)
 		}
 	}

@@ -65,7 +65,15 @@ func New(client func(namespace string) Client, node string, events Events) *Sour
 	if events == nil {
 		return s
 	}
-	_, _ = s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	_, _ = s.informer.AddEventHandler(handler(events))
+	return s
+}
+
+// handler reports readiness on add and on every change, and a pod
+// replaced under its name (a relist after a watch gap shows it as an
+// update) as the old one gone and the new one added.
+func handler(events Events) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if p, ok := obj.(*corev1.Pod); ok {
 				events.PodReady(ID(p), Ready(p))
@@ -74,7 +82,12 @@ func New(client func(namespace string) Client, node string, events Events) *Sour
 		UpdateFunc: func(oldObj, newObj any) {
 			o, ok1 := oldObj.(*corev1.Pod)
 			n, ok2 := newObj.(*corev1.Pod)
-			if ok1 && ok2 && Ready(o) != Ready(n) {
+			switch {
+			case !ok1 || !ok2:
+			case ID(o) != ID(n):
+				events.PodGone(ID(o))
+				events.PodReady(ID(n), Ready(n))
+			case Ready(o) != Ready(n):
 				events.PodReady(ID(n), Ready(n))
 			}
 		},
@@ -86,8 +99,7 @@ func New(client func(namespace string) Client, node string, events Events) *Sour
 				events.PodGone(ID(p))
 			}
 		},
-	})
-	return s
+	}
 }
 
 // Run runs the informer until ctx ends.
@@ -108,9 +120,9 @@ func (s *Source) WaitSynced(ctx context.Context) error {
 	return nil
 }
 
-// ID is the pod's identity.
+// ID is the pod's identity; a mirror pod's carries its static pod's UID.
 func ID(p *corev1.Pod) podmeta.ID {
-	return podmeta.ID{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID)}
+	return podmeta.ID{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), StaticUID: p.Annotations[MirrorAnnotation]}
 }
 
 // Ready reports the pod's Ready condition.
@@ -140,7 +152,8 @@ func Is(p *corev1.Pod, uid string) bool {
 
 // Lookup implements podmeta.Source: namespace and name come from CNI_ARGS,
 // the rest from the Pod object. The result carries the API object's UID
-// (for a static pod, its mirror's), the one readiness events use.
+// and, for a static pod, the static UID that readiness events of every
+// later mirror carry too.
 func (s *Source) Lookup(ctx context.Context, args podmeta.Args) (podmeta.Pod, error) {
 	id, err := args.PodID()
 	if err != nil {
@@ -197,11 +210,20 @@ func (s *Source) cached(id podmeta.ID) (*corev1.Pod, bool) {
 	return p, ok
 }
 
+// StaticUID implements podmeta.Mirrors from the cache.
+func (s *Source) StaticUID(id podmeta.ID) string {
+	if p, ok := s.cached(id); ok && string(p.UID) == id.UID {
+		return p.Annotations[MirrorAnnotation]
+	}
+	return ""
+}
+
 // Exists asks the API (not the cache) whether the pod still exists; with a
-// UID, only that incarnation counts. A mirror pod under the same name
-// counts as existing whatever its UID: deleting a mirror pod makes kubelet
-// re-create it with a new UID while the static pod keeps running, and
-// kubelet itself sends DEL when the static pod goes.
+// UID, only that incarnation counts. Deleting a mirror pod makes kubelet
+// re-create it with a new UID while the static pod keeps running (and
+// kubelet itself sends DEL when the static pod goes): with a static UID,
+// any mirror of that static pod counts; without one (an AddressClaim, a
+// record from an older agent), any mirror under the name does.
 func (s *Source) Exists(ctx context.Context, id podmeta.ID) (bool, error) {
 	p, err := s.client(id.Namespace).Get(ctx, id.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -210,5 +232,8 @@ func (s *Source) Exists(ctx context.Context, id podmeta.ID) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return Is(p, id.UID) || p.Annotations[MirrorAnnotation] != "", nil
+	if m := p.Annotations[MirrorAnnotation]; m != "" {
+		return id.StaticUID == "" || m == id.StaticUID, nil
+	}
+	return Is(p, id.UID), nil
 }

@@ -176,7 +176,8 @@ func podGets(cs *fake.Clientset) int {
 // Defect 12: static pods never got a network. The runtime passes the static
 // pod's UID; the mirror pod in the API has another UID and carries the
 // static one in kubernetes.io/config.mirror. Both the cache path and the
-// API fallback must accept it; the result carries the mirror's UID.
+// API fallback must accept it; the result carries the mirror's UID and the
+// static one (what readiness matches on: mirrors come and go).
 func TestLookupStaticPodByMirrorAnnotation(t *testing.T) {
 	args := podmeta.Args{podmeta.ArgNamespace: "shop", podmeta.ArgName: "etcd-vm", podmeta.ArgUID: "static-uid"}
 	check := func(t *testing.T, p podmeta.Pod, err error) {
@@ -184,7 +185,7 @@ func TestLookupStaticPodByMirrorAnnotation(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := podmeta.ID{Namespace: "shop", Name: "etcd-vm", UID: "mirror-uid"}
+		want := podmeta.ID{Namespace: "shop", Name: "etcd-vm", UID: "mirror-uid", StaticUID: "static-uid"}
 		if p.ID != want || p.Annotations["flock.fritzlab.net/ipv4"] != "false" {
 			t.Errorf("lookup: %+v, want ID %+v", p, want)
 		}
@@ -237,6 +238,13 @@ func TestExistsMirrorRecreated(t *testing.T) {
 		if ok, err := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "etcd-vm", UID: uid}); !ok || err != nil {
 			t.Errorf("Exists(%s): %v %v", uid, ok, err)
 		}
+	}
+	// Known as a static pod: any mirror of it, and only of it.
+	if ok, err := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "etcd-vm", UID: "an-earlier-mirror-uid", StaticUID: "static-uid"}); !ok || err != nil {
+		t.Errorf("Exists(earlier mirror of the same static pod): %v %v", ok, err)
+	}
+	if ok, err := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "etcd-vm", UID: "an-earlier-mirror-uid", StaticUID: "older-static-uid"}); ok || err != nil {
+		t.Errorf("Exists(mirror of a replaced static pod): %v %v", ok, err)
 	}
 	if ok, err := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "gone", UID: "x"}); ok || err != nil {
 		t.Errorf("Exists(gone): %v %v", ok, err)
