@@ -8,10 +8,10 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/ipam"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 // CNI error codes the agent answers with.

@@ -17,11 +17,11 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/ipam"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 const netConf = `{"cniVersion":"1.1.0","name":"n","type":"flock"}`

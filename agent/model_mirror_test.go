@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 // apiID is how the API (the informer) names a pod: a static pod through

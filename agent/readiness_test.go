@@ -4,8 +4,8 @@ import (
 	"net/netip"
 	"testing"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 // In Kubernetes mode anycast is advertised and routed only while the pod is

@@ -1,8 +1,8 @@
 package agent
 
 import (
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 // withStaticUID completes a restored record that an agent before static

@@ -33,7 +33,6 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/metrics"
 	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
 	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
 	"code.fritzlab.net/fritzlab/flock/agent/status"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
@@ -43,6 +42,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/dataplane/anycast"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 // Options are the agent's command-line settings.

@@ -18,14 +18,15 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"code.fritzlab.net/fritzlab/flock/agent"
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/status"
+	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/k8s/addresspools"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/claims"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/leakgc"
 	"code.fritzlab.net/fritzlab/flock/k8s/nodeconfigs"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 	"code.fritzlab.net/fritzlab/flock/k8s/secrets"
 )
@@ -123,7 +124,7 @@ func (k *kubeMode) wire(d *daemon) {
 	if grace == 0 {
 		grace = 2 * time.Minute
 	}
-	k.gc = &leakgc.GC{Allocs: d.agent, API: k.pods, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc}
+	k.gc = &leakgc.GC{Allocs: gcAllocs{d.agent}, API: k.pods, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc}
 	k.events.agent, k.events.gc = d.agent, k.gc
 	k.claims.OnGone(func(c claims.Claim) { d.agent.ClaimGone(c.ContainerID) })
 	k.claimGC = &claims.GC{
@@ -357,4 +358,21 @@ func nodeStatus(n status.Node, gen int64) v1alpha1.NodeConfigStatus {
 	}
 	st.Conditions = []metav1.Condition{cond}
 	return st
+}
+
+// gcAllocs shows the agent's attachments to the leak GC.
+type gcAllocs struct{ *agent.Agent }
+
+func attachments(recs []store.Allocation) []leakgc.Attachment {
+	out := make([]leakgc.Attachment, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, leakgc.Attachment{ContainerID: r.ContainerID, Pod: r.Pod, IPs: r.IPs})
+	}
+	return out
+}
+
+func (g gcAllocs) Attachments() []leakgc.Attachment { return attachments(g.Allocations()) }
+
+func (g gcAllocs) PodAttachments(id podmeta.ID) []leakgc.Attachment {
+	return attachments(g.PodAllocations(id))
 }

@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 var incSeed = flag.Uint64("incremental.seed", 0, "seed for TestIncrementalDesiredSets (0: from the clock)")

@@ -3,7 +3,7 @@ package nodestate
 import (
 	"fmt"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 // podKey is a pod incarnation as readiness sees it: a static pod's

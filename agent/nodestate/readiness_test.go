@@ -4,8 +4,8 @@ import (
 	"net/netip"
 	"testing"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 // A static pod is one incarnation through all its mirrors: readiness

@@ -36,7 +36,7 @@ import (
 	"sync"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 // CurrentVersion is the record format version written by Put and the only

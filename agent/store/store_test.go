@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 func openTemp(t *testing.T) *Store {

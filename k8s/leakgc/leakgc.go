@@ -9,19 +9,26 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
-	"code.fritzlab.net/fritzlab/flock/agent/store"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
+
+// Attachment is one of the node's pod attachments, as the GC sees it.
+type Attachment struct {
+	ContainerID string
+	Pod         podmeta.ID
+	IPs         []netip.Addr
+}
 
 // Allocations is the agent side.
 type Allocations interface {
-	Allocations() []store.Allocation
-	// PodAllocations is one pod's allocations.
-	PodAllocations(id podmeta.ID) []store.Allocation
+	Attachments() []Attachment
+	// PodAttachments is one pod's attachments.
+	PodAttachments(id podmeta.ID) []Attachment
 	Del(ctx context.Context, containerID string) error
 }
 
@@ -119,7 +126,7 @@ func (g *GC) Run(ctx context.Context) error {
 		due[id.Key()] = gone{id: id, at: from.Add(grace)}
 	}
 	now := time.Now()
-	for _, r := range g.Allocs.Allocations() {
+	for _, r := range g.Allocs.Attachments() {
 		schedule(r.Pod, now)
 	}
 	timer := time.NewTimer(time.Hour)
@@ -165,8 +172,8 @@ func (g *GC) Run(ctx context.Context) error {
 // check releases the pod's allocations if the API server says that
 // incarnation is gone. It reports false when it must be tried again.
 func (g *GC) check(ctx context.Context, log *slog.Logger, id podmeta.ID) bool {
-	var mine []store.Allocation
-	for _, r := range g.Allocs.PodAllocations(id) {
+	var mine []Attachment
+	for _, r := range g.Allocs.PodAttachments(id) {
 		// Only the exact incarnation: a record of another UID (or none)
 		// is not proven gone by this pod's absence. A static pod's
 		// record names the mirror of its ADD, id maybe a later one.

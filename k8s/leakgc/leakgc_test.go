@@ -12,29 +12,28 @@ import (
 	"testing"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
-	"code.fritzlab.net/fritzlab/flock/agent/store"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 type fakeAllocs struct {
 	mu   sync.Mutex
-	recs map[string]store.Allocation
+	recs map[string]Attachment
 	dels []string
 }
 
-func (f *fakeAllocs) Allocations() []store.Allocation {
+func (f *fakeAllocs) Attachments() []Attachment {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []store.Allocation
+	var out []Attachment
 	for _, r := range f.recs {
 		out = append(out, r)
 	}
 	return out
 }
 
-func (f *fakeAllocs) PodAllocations(id podmeta.ID) []store.Allocation {
-	var out []store.Allocation
-	for _, r := range f.Allocations() {
+func (f *fakeAllocs) PodAttachments(id podmeta.ID) []Attachment {
+	var out []Attachment
+	for _, r := range f.Attachments() {
 		if r.Pod.Same(id) { // as the agent: a static pod through any mirror
 			out = append(out, r)
 		}
@@ -70,8 +69,8 @@ func (f *fakeAPI) Exists(_ context.Context, id podmeta.ID) (bool, error) {
 
 func key(ns, name, uid string) string { return podmeta.ID{Namespace: ns, Name: name, UID: uid}.Key() }
 
-func rec(id, ns, name, uid string) store.Allocation {
-	return store.Allocation{ContainerID: id, Pod: podmeta.ID{Namespace: ns, Name: name, UID: uid}, IPs: []netip.Addr{netip.MustParseAddr("fd00::1")}}
+func rec(id, ns, name, uid string) Attachment {
+	return Attachment{ContainerID: id, Pod: podmeta.ID{Namespace: ns, Name: name, UID: uid}, IPs: []netip.Addr{netip.MustParseAddr("fd00::1")}}
 }
 
 func newGC(a Allocations, api *fakeAPI, grace time.Duration) (*GC, *atomic.Int32) {
@@ -117,7 +116,7 @@ func waitFor(t *testing.T, cond func() bool) {
 }
 
 func TestStartupSweepReleasesOnlyVanishedPods(t *testing.T) {
-	a := &fakeAllocs{recs: map[string]store.Allocation{
+	a := &fakeAllocs{recs: map[string]Attachment{
 		"c1": rec("c1", "default", "alive", "u1"),
 		"c2": rec("c2", "default", "gone", "u2"),
 		"c3": rec("c3", "default", "recreated", "old-uid"), // same name, new UID in the API
@@ -137,7 +136,7 @@ func TestStartupSweepReleasesOnlyVanishedPods(t *testing.T) {
 }
 
 func TestPodGoneWaitsForGraceAndKubeletDel(t *testing.T) {
-	a := &fakeAllocs{recs: map[string]store.Allocation{"c1": rec("c1", "ns", "p", "u")}}
+	a := &fakeAllocs{recs: map[string]Attachment{"c1": rec("c1", "ns", "p", "u")}}
 	g, _ := newGC(a, &fakeAPI{exists: map[string]bool{}}, 200*time.Millisecond)
 	run(t, g)
 	ctx := context.Background()
@@ -156,7 +155,7 @@ func TestPodGoneWaitsForGraceAndKubeletDel(t *testing.T) {
 }
 
 func TestAPIErrorNeverReleases(t *testing.T) {
-	a := &fakeAllocs{recs: map[string]store.Allocation{"c1": rec("c1", "ns", "p", "u")}}
+	a := &fakeAllocs{recs: map[string]Attachment{"c1": rec("c1", "ns", "p", "u")}}
 	api := &fakeAPI{exists: map[string]bool{}, err: errors.New("connection refused")}
 	g, _ := newGC(a, api, 30*time.Millisecond)
 	stop := run(t, g)
@@ -175,7 +174,7 @@ func TestAPIErrorNeverReleases(t *testing.T) {
 // store: the sweep does not see them, so only PodGone can.
 type lateAllocs struct{ *fakeAllocs }
 
-func (lateAllocs) Allocations() []store.Allocation { return nil }
+func (lateAllocs) Attachments() []Attachment { return nil }
 
 // Defect: PodGone before Start was dropped (the GC had no context yet), and
 // the GC kept a stored context and timers outside any loop. PodGone now
@@ -183,7 +182,7 @@ func (lateAllocs) Allocations() []store.Allocation { return nil }
 // PodGone racing Run's start.
 func TestPodGoneConcurrentWithRunStart(t *testing.T) {
 	const pods = 50
-	a := &fakeAllocs{recs: map[string]store.Allocation{}}
+	a := &fakeAllocs{recs: map[string]Attachment{}}
 	var ids []podmeta.ID
 	for i := range pods {
 		r := rec(fmt.Sprintf("c%d", i), "ns", fmt.Sprintf("p%d", i), "u")
@@ -211,7 +210,7 @@ func TestPodGoneConcurrentWithRunStart(t *testing.T) {
 // Only the exact incarnation is released: a record of the same name with
 // another UID (the pod was re-created) survives its predecessor's PodGone.
 func TestPodGoneOnlyThatIncarnation(t *testing.T) {
-	a := &fakeAllocs{recs: map[string]store.Allocation{
+	a := &fakeAllocs{recs: map[string]Attachment{
 		"old": rec("old", "ns", "sts-0", "u1"),
 		"new": rec("new", "ns", "sts-0", "u2"),
 	}}
@@ -230,7 +229,7 @@ func TestPodGoneOnlyThatIncarnation(t *testing.T) {
 // unknown incarnation: another UID's absence does not prove it gone, even
 // if the agent's PodAllocations matches by name.
 func TestRecordOfUnknownIncarnationKept(t *testing.T) {
-	a := looseAllocs{&fakeAllocs{recs: map[string]store.Allocation{"c1": rec("c1", "ns", "p", "")}}}
+	a := looseAllocs{&fakeAllocs{recs: map[string]Attachment{"c1": rec("c1", "ns", "p", "")}}}
 	// A pod named ns/p exists (some incarnation), but not u9.
 	api := &fakeAPI{exists: map[string]bool{key("ns", "p", ""): true}}
 	g, _ := newGC(a, api, 20*time.Millisecond)
@@ -245,9 +244,9 @@ func TestRecordOfUnknownIncarnationKept(t *testing.T) {
 // looseAllocs matches PodAllocations by namespace/name only.
 type looseAllocs struct{ *fakeAllocs }
 
-func (l looseAllocs) PodAllocations(id podmeta.ID) []store.Allocation {
-	var out []store.Allocation
-	for _, r := range l.Allocations() {
+func (l looseAllocs) PodAttachments(id podmeta.ID) []Attachment {
+	var out []Attachment
+	for _, r := range l.Attachments() {
 		if r.Pod.Namespace == id.Namespace && r.Pod.Name == id.Name {
 			out = append(out, r)
 		}

@@ -7,8 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
-	"code.fritzlab.net/fritzlab/flock/agent/store"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 // scriptedAPI answers Exists from a script and notes, for each question,
@@ -44,7 +43,7 @@ func (s *scriptedAPI) questions() int {
 func TestStaticPodThroughLaterMirror(t *testing.T) {
 	m1 := podmeta.ID{Namespace: "kube-system", Name: "dns-vm", UID: "mirror-1", StaticUID: "static"}
 	m2 := podmeta.ID{Namespace: "kube-system", Name: "dns-vm", UID: "mirror-2", StaticUID: "static"}
-	a := &fakeAllocs{recs: map[string]store.Allocation{"c1": {ContainerID: "c1", Pod: m1}}}
+	a := &fakeAllocs{recs: map[string]Attachment{"c1": {ContainerID: "c1", Pod: m1}}}
 	api := &scriptedAPI{a: a, answers: []bool{true, false}}
 	g := &GC{Allocs: lateAllocs{a}, API: api, Grace: 10 * time.Millisecond}
 	g.PodGone(m1)

@@ -18,9 +18,9 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
 	"code.fritzlab.net/fritzlab/flock/k8s/identity"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 // Client is the pod API of one namespace ("" for all of them, to list and

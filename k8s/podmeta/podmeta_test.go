@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 func TestParseArgs(t *testing.T) {

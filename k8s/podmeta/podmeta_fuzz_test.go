@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 // FuzzParseArgs checks ParseArgs against the CNI_ARGS grammar ("K=V;K=V",
