@@ -22,6 +22,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
 	"code.fritzlab.net/fritzlab/flock/bgp/session"
 	"code.fritzlab.net/fritzlab/flock/cni/wire/unixsock"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 // DefaultSocket is the admin socket path.
@@ -30,9 +31,7 @@ const DefaultSocket = "/run/flock/admin.sock"
 // Pod is one attachment.
 type Pod struct {
 	ContainerID string    `json:"containerID"`
-	Namespace   string    `json:"namespace"`
-	Name        string    `json:"name"`
-	UID         string    `json:"uid,omitempty"`
+	podmeta.ID            // namespace, name, uid, staticUID
 	IfName      string    `json:"ifName"`
 	HostVeth    string    `json:"hostVeth"`
 	IPs         []string  `json:"ips"`
@@ -100,9 +99,8 @@ type Status struct {
 
 // Readiness is an operator's readiness report for a pod (standalone mode).
 type Readiness struct {
-	Namespace string `json:"namespace"`
-	Name      string `json:"name"`
-	Ready     bool   `json:"ready"`
+	podmeta.ID      // namespace and name: every incarnation on the node
+	Ready      bool `json:"ready"`
 }
 
 // Source is what the agent exposes.

@@ -226,10 +226,7 @@ func (c kubeClaims) Claim(ctx context.Context, cl agent.Claim) error {
 		return err
 	}
 	h := held.Holder
-	// A claim names its pod by the API's UID alone (a static pod's: the
-	// mirror's at its ADD).
-	pod := podmeta.ID{Namespace: cl.Pod.Namespace, Name: cl.Pod.Name, UID: cl.Pod.UID}
-	if h.Node == c.k.o.NodeName && h.Pod == pod && h.Pod.UID != "" {
+	if h.Node == c.k.o.NodeName && h.Pod.Same(cl.Pod) && h.Pod.Incarnation() != "" {
 		if _, _, live := c.d.state.Get(h.ContainerID); !live {
 			// An earlier sandbox of the same pod on this node, gone
 			// without giving its claim back: the pod's own to reuse.

@@ -68,7 +68,7 @@ func (d *daemon) Pods() []admin.Pod {
 	out := []admin.Pod{}
 	for _, r := range d.state.Attachments() {
 		out = append(out, admin.Pod{
-			ContainerID: r.ContainerID, Namespace: r.Pod.Namespace, Name: r.Pod.Name, UID: r.Pod.UID,
+			ContainerID: r.ContainerID, ID: r.Pod,
 			IfName: r.IfName, HostVeth: r.HostVeth, IPs: strs(v6First(r.IPs)),
 			Addresses: strs(r.Addresses), Anycast: strs(r.Anycast), Phase: r.Phase.String(), Ready: r.Ready, Created: r.Created,
 		})

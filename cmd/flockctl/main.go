@@ -19,6 +19,7 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/bgp/session"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 const usage = `usage: flockctl [--socket PATH] [-o table|json|yaml] COMMAND
@@ -221,7 +222,7 @@ func ready(ctx context.Context, c *admin.Client, args []string, out io.Writer) e
 		return fmt.Errorf("ready: %q: want true or false", args[1])
 	}
 	var resp struct{ Pods int }
-	if err := c.Post(ctx, "/v1/pods/readiness", admin.Readiness{Namespace: ns, Name: name, Ready: r}, &resp); err != nil {
+	if err := c.Post(ctx, "/v1/pods/readiness", admin.Readiness{ID: podmeta.ID{Namespace: ns, Name: name}, Ready: r}, &resp); err != nil {
 		return err
 	}
 	state := "NotReady"

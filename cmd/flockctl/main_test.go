@@ -12,6 +12,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
 	"code.fritzlab.net/fritzlab/flock/bgp/session"
+	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
 func TestNotRunning(t *testing.T) {
@@ -53,7 +54,7 @@ func (f *fakeSource) Status() admin.Status {
 		}}
 }
 func (f *fakeSource) Pods() []admin.Pod {
-	return []admin.Pod{{ContainerID: "abc", Namespace: "ns", Name: "p", Phase: "committed", Ready: true}}
+	return []admin.Pod{{ContainerID: "abc", ID: podmeta.ID{Namespace: "ns", Name: "p"}, Phase: "committed", Ready: true}}
 }
 func (f *fakeSource) Pools() []admin.Pool { return nil }
 func (f *fakeSource) Neighbors() []session.Neighbor {
@@ -120,7 +121,7 @@ func TestStatusRoutesReady(t *testing.T) {
 			}
 		}
 	}
-	if len(src.readiness) != 1 || src.readiness[0] != (admin.Readiness{Namespace: "ns", Name: "p", Ready: false}) {
+	if len(src.readiness) != 1 || src.readiness[0] != (admin.Readiness{ID: podmeta.ID{Namespace: "ns", Name: "p"}, Ready: false}) {
 		t.Errorf("readiness reports %+v", src.readiness)
 	}
 	for _, tc := range []struct {

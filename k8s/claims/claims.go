@@ -223,7 +223,7 @@ func object(cl Claim) (*unstructured.Unstructured, error) {
 			IP:          cl.IP.String(),
 			Use:         cl.Use,
 			Pool:        cl.Pool,
-			Pod:         v1alpha1.ClaimPod{Namespace: cl.Pod.Namespace, Name: cl.Pod.Name, UID: cl.Pod.UID},
+			Pod:         v1alpha1.ClaimPod{Namespace: cl.Pod.Namespace, Name: cl.Pod.Name, UID: cl.Pod.UID, StaticUID: cl.Pod.StaticUID},
 			Node:        cl.Node,
 			ContainerID: cl.ContainerID,
 		},
@@ -254,7 +254,7 @@ func ClaimOf(u *unstructured.Unstructured) (Claim, error) {
 	cl := Claim{
 		Use:         ac.Spec.Use,
 		Pool:        ac.Spec.Pool,
-		Pod:         podmeta.ID{Namespace: ac.Spec.Pod.Namespace, Name: ac.Spec.Pod.Name, UID: ac.Spec.Pod.UID},
+		Pod:         podmeta.ID{Namespace: ac.Spec.Pod.Namespace, Name: ac.Spec.Pod.Name, UID: ac.Spec.Pod.UID, StaticUID: ac.Spec.Pod.StaticUID},
 		Node:        ac.Spec.Node,
 		ContainerID: ac.Spec.ContainerID,
 		Created:     ac.CreationTimestamp.Time,

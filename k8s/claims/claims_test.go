@@ -663,3 +663,21 @@ func TestOnGoneReportsThisNodesDeletedClaims(t *testing.T) {
 		t.Errorf("OnGone also reported %+v, another node's", <-gone)
 	}
 }
+
+// A static pod's claim carries its static UID, so whichever mirror the
+// agent sees later is the same pod.
+func TestClaimKeepsTheStaticUID(t *testing.T) {
+	a := newFakeAPI()
+	id := podmeta.ID{Namespace: "kube-system", Name: "dns-node-a", UID: "mirror-1", StaticUID: "static-1"}
+	if err := New(a, "node-a", quiet()).Claim(context.Background(), claim("2001:db8:aa::1", v1alpha1.UseAddresses, "public", id, "", "c1")); err != nil {
+		t.Fatal(err)
+	}
+	u, _ := a.get(t, "2001:db8:aa::1")
+	got, err := ClaimOf(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Pod != id || !got.Pod.Same(podmeta.ID{Namespace: "kube-system", Name: "dns-node-a", UID: "mirror-2", StaticUID: "static-1"}) {
+		t.Errorf("claim's pod %+v, want %+v (the same pod through a later mirror)", got.Pod, id)
+	}
+}

@@ -154,6 +154,10 @@ type ClaimPod struct {
 	Name      string `json:"name"`
 	// +optional
 	UID string `json:"uid,omitempty"`
+	// StaticUID of a static pod (its mirror's kubernetes.io/config.mirror
+	// annotation): the same across re-created mirrors.
+	// +optional
+	StaticUID string `json:"staticUID,omitempty"`
 }
 
 // AddressClaimList is a list of AddressClaims.
