@@ -149,7 +149,7 @@ func (k *kubeMode) startInformers(ctx context.Context, g *errgroup.Group, d *dae
 	g.Go(func() error { return k.pods.Run(ctx) })
 	g.Go(func() error { return k.secrets.Run(ctx) })
 	g.Go(func() error { return k.claims.Run(ctx) })
-	g.Go(func() error { return k.pools.Run(ctx, func() { d.applyPools(k.pools.Pools()) }) })
+	g.Go(func() error { return k.pools.Run(ctx, d.applyPools) })
 	g.Go(func() error { return k.allNC.Run(ctx, d.checkOverlaps) })
 	for _, w := range []interface{ WaitSynced(context.Context) error }{k.pods, k.secrets, k.claims, k.pools, k.allNC} {
 		if err := w.WaitSynced(ctx); err != nil {
