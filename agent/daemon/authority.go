@@ -83,8 +83,12 @@ func (d *daemon) applyPools() {
 	for _, p := range skipped {
 		d.log.Error("AddressPool CIDR overlaps this node's summary: not used for pod addresses here", "cidr", p)
 	}
+	d.logInUse()
 	d.checkOverlapsLocked()
 	d.statusChanged()
+	if d.kube != nil {
+		d.kube.poolStatusChanged()
+	}
 }
 
 // currentPools are the AddressPools as the source has them now: the

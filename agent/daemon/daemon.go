@@ -227,9 +227,11 @@ type daemon struct {
 	// authority is the current AddressPool decision (swapped whole when
 	// the pools change).
 	authority atomic.Pointer[authorityView]
-	// poolsMu serializes applyPools and checkOverlaps (lockPools).
-	poolsMu  sync.Mutex
-	poolHook func(point string) // tests only: see hook
+	// poolsMu serializes applyPools and checkOverlaps (lockPools); it
+	// guards inUseLogged.
+	poolsMu     sync.Mutex
+	inUseLogged map[string]string  // pod pool → its addresses in use, as last logged
+	poolHook    func(point string) // tests only: see hook
 
 	// peersMu orders every apply of the peers (NodeConfig change, Secret
 	// rotation, file reload): a slower one must not undo a newer one.

@@ -4,13 +4,19 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
+	"code.fritzlab.net/fritzlab/flock/agent/podmeta"
+	"code.fritzlab.net/fritzlab/flock/agent/store"
+	"code.fritzlab.net/fritzlab/flock/ipam"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
@@ -113,5 +119,46 @@ func TestCheckOverlapsRacingApplyPools(t *testing.T) {
 	race(t, d, d.checkOverlaps, nil, d.applyPools)
 	if s := d.state.Suppressed(); len(s) != 0 {
 		t.Errorf("suppressed %v after the overlapping pool went: a stale overlap check won", s)
+	}
+}
+
+// A pod pool created over an anycast IP in use (issue 18, defect 4) is
+// reported on its row in `flockctl ipam` and in this node's status.inUse
+// entry; the IP is counted as held, not free.
+func TestPodPoolOverInUseAnycastReported(t *testing.T) {
+	anycast := netip.MustParseAddr("2001:db8:300::5")
+	d := testDaemon(t, addressPool("dns-anycast", "2001:db8:300::/120", v1alpha1.UseAnycast))
+	d.applyPools()
+	rec, err := d.state.Reserve(store.Allocation{ContainerID: "c1", Pod: podmeta.ID{Namespace: "dns", Name: "coredns-1"},
+		Anycast: []netip.Addr{anycast}}, []ipam.Request{{Family: 6}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.state.Commit(rec); err != nil {
+		t.Fatal(err)
+	}
+	d.setFilePools(addressPool("dns-anycast", "2001:db8:300::/120", v1alpha1.UseAnycast), addressPool("pods", "2001:db8:300::/124", v1alpha1.UsePod))
+	d.applyPools()
+
+	rows := d.Pools()
+	i := slices.IndexFunc(rows, func(r admin.Pool) bool { return r.Name == "pods" })
+	if i < 0 {
+		t.Fatalf("no row for pool pods: %+v", rows)
+	}
+	r := rows[i]
+	if r.Held != 1 || r.Free != "13" || !strings.Contains(r.Note, "2001:db8:300::5 (anycast: dns/coredns-1)") {
+		t.Errorf("row %+v: want 1 held, 13 free, and a note naming %s and its pod", r, anycast)
+	}
+	st := d.inUseStatus()
+	want := v1alpha1.NodeInUse{Node: "node1", Count: 1, Addresses: []v1alpha1.InUseAddress{{IP: anycast.String(), Use: v1alpha1.UseAnycast, Pods: []string{"dns/coredns-1"}}}}
+	if len(st) != 1 || !slices.EqualFunc(st["pods"].Addresses, want.Addresses, func(a, b v1alpha1.InUseAddress) bool {
+		return a.IP == b.IP && a.Use == b.Use && slices.Equal(a.Pods, b.Pods)
+	}) || st["pods"].Node != want.Node || st["pods"].Count != want.Count {
+		t.Errorf("status.inUse entries %+v, want pods: %+v", st, want)
+	}
+
+	d.state.Release("c1")
+	if st := d.inUseStatus(); len(st) != 0 {
+		t.Errorf("status.inUse entries %+v once the anycast pod is gone, want none", st)
 	}
 }

@@ -1,10 +1,10 @@
 // Package addresspools watches the AddressPools (cluster-scoped) and the
 // namespaces' labels (for the pools' namespaceSelector), the inputs of the
 // agent's authorization decision (agent/authz), and writes the pools'
-// status.claims.
+// status.claims and the node's entry of status.inUse.
 //
 // Use: New, go Run(ctx, onChange), WaitSynced, then Pools and
-// NamespaceLabels; UpdateClaims from time to time.
+// NamespaceLabels; UpdateClaims and UpdateInUse from time to time.
 package addresspools
 
 import (
