@@ -85,8 +85,9 @@ func New(dyn dynamic.Interface, namespaces Namespaces, log *slog.Logger) *Watche
 // listed, it calls onChange once, then again after every change of a
 // pool's spec (a pool added, changed or deleted) or of a namespace's labels
 // (a namespace added or deleted, its labels changed); status-only writes
-// (UpdateClaims) do not count. Changes that arrive while onChange runs are
-// coalesced into one more call; all calls come from Run's goroutine.
+// (UpdateClaims, UpdateInUse) do not count. Changes that arrive while
+// onChange runs are coalesced into one more call; all calls come from
+// Run's goroutine.
 func (w *Watcher) Run(ctx context.Context, onChange func()) error {
 	if onChange == nil {
 		return errors.New("address pools: Run needs an onChange callback")
