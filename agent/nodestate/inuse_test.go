@@ -156,3 +156,21 @@ func poolStats(t *testing.T, s *State, p netip.Prefix) ipam.PoolStats {
 	t.Fatalf("pool %s not in IPAM stats", p)
 	return ipam.PoolStats{}
 }
+
+// A pod address whose pool went away (the pod keeps it) is still that
+// pod's: nobody may claim it as anycast or `addresses`.
+func TestAnycastOverPodAddressOfGonePool(t *testing.T) {
+	s := newState(t, true)
+	pool := netip.MustParsePrefix("2001:db8:300::/124")
+	if _, err := s.SetPodPools([]netip.Prefix{pool}); err != nil {
+		t.Fatal(err)
+	}
+	b := add(t, s, "b", pod("b"), nil, ipam.Request{Family: 6, Range: pool, Algo: ipam.Algo{Kind: ipam.Sequential}})
+	if _, err := s.SetPodPools(nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.Reserve(store.Allocation{ContainerID: "a", Pod: pod("a"), Anycast: b.IPs}, dual())
+	if err == nil || !strings.Contains(err.Error(), "is the pod address of container b") {
+		t.Errorf("anycast %v (b's pod address, its pool gone): %v, want it refused naming b", b.IPs, err)
+	}
+}
