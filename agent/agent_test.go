@@ -1238,10 +1238,10 @@ func TestRestoreQuarantines(t *testing.T) {
 			putRecord(t, e.dir, store.Allocation{ContainerID: "x2", State: store.Committed, IPs: []netip.Addr{mustAddr("fd00:10:1::2")}, Addresses: a})
 			return "2001:db8:aa::9"
 		}},
-		{"a pool now covers the anycast IP", func(t *testing.T, e *env) string {
+		{"its anycast IP is another record's pod address", func(t *testing.T, e *env) string {
 			putRecord(t, e.dir, store.Allocation{ContainerID: "x1", State: store.Committed, IPs: []netip.Addr{mustAddr("fd00:10:1::1")}})
-			putRecord(t, e.dir, store.Allocation{ContainerID: "x2", State: store.Committed, IPs: []netip.Addr{mustAddr("fd00:10:1::2")}, Anycast: []netip.Addr{mustAddr("10.1.1.77")}})
-			return "10.1.1.77"
+			putRecord(t, e.dir, store.Allocation{ContainerID: "x2", State: store.Committed, IPs: []netip.Addr{mustAddr("fd00:10:1::2")}, Anycast: []netip.Addr{mustAddr("fd00:10:1::1")}})
+			return "fd00:10:1::1 is the pod address of container x1"
 		}},
 		{"a pending record whose teardown fails", func(t *testing.T, e *env) string {
 			putRecord(t, e.dir, store.Allocation{ContainerID: "x1", State: store.Committed, IPs: []netip.Addr{mustAddr("fd00:10:1::1")}})

@@ -2,9 +2,10 @@ package agent_test
 
 // The randomized model-based test of route truth: many goroutines run ADD
 // (sometimes into the netns of a container just DELed, its veth maybe
-// still being removed), DEL, CHECK and readiness reports (some of static
-// pods, whose mirror kubelet re-creates with a new UID) against one
-// agent (real store in a temp
+// still being removed), DEL, CHECK, readiness reports (some of static
+// pods, whose mirror kubelet re-creates with a new UID), claims deleted by
+// hand and pod pool changes (sometimes over anycast and `addresses` IPs in
+// use: model_pools_test.go) against one agent (real store in a temp
 // dir, real node state and reconcile loops, fake kernel and speaker) while
 // the dataplane, the speaker and the store fail at random; between rounds
 // GC runs, the agent restarts (sometimes after a "crash" left a half-done
@@ -14,7 +15,8 @@ package agent_test
 //
 //   - advertised paths == f(live attachments, readiness)
 //   - kernel host routes == g(live attachments, readiness)
-//   - no IP held by two containers; no veth name shared by two containers
+//   - no IP held by two containers (nor a pod address that is an anycast
+//     or `addresses` IP in use); no veth name shared by two containers
 //   - a deleted container owns nothing anywhere (state, store, veth,
 //     kernel route, BGP path, IPAM, claims)
 //
@@ -40,6 +42,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/agent/authz"
+	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
@@ -118,6 +121,9 @@ type model struct {
 	// with its last allocation: it must own nothing anywhere.
 	deleted map[string]store.Allocation
 	nextID  int
+	// pools are the pod pools besides shared6 (model_pools_test.go).
+	poolsMu sync.Mutex
+	pools   []netip.Prefix
 }
 
 var (
@@ -159,7 +165,7 @@ func (m *model) newAgent(dp *fakeDP, st *faultStore, dir string) *env {
 		cfg(&c)
 		e.build(c)
 	}
-	if _, err := e.state.SetPodPools([]netip.Prefix{shared6}); err != nil {
+	if _, err := e.state.SetPodPools(m.podPools()); err != nil {
 		m.t.Fatal(err)
 	}
 	m.wire(e)
@@ -177,6 +183,9 @@ func modelPools() []v1alpha1.AddressPool {
 		mk("pods", []string{shared6.String()}, []string{"pod"}),
 		mk("anycast", []string{"2001:db8:ff::/64", "203.0.113.0/28"}, []string{"anycast"}),
 		mk("public", []string{"2001:db8:aa::/64", "2001:db8:bb::/64", "198.51.100.0/28"}, []string{"addresses"}),
+		// Pod pools over addresses in use (model_pools_test.go).
+		mk("pods-over-anycast", []string{overAnycast6.String(), overAnycast4.String()}, []string{"pod"}),
+		mk("pods-over-public", []string{overAddrs6.String()}, []string{"pod"}),
 	}
 }
 
@@ -285,7 +294,9 @@ func (m *model) worker(w int, rnd *rand.Rand) {
 					break
 				}
 			}
-		case op < 75: // CHECK
+		case op < 74: // the pod pools change (an AddressPool event)
+			m.changePools(rnd)
+		case op < 77: // CHECK
 			c := mine[rnd.IntN(len(mine))]
 			m.mu.Lock()
 			live := c.live && !c.dirty
@@ -392,9 +403,7 @@ func (m *model) add(ctx context.Context, c *ctr, rnd *rand.Rand) {
 	if rnd.IntN(4) == 0 {
 		args = append(args, annotations.Addresses+"="+pick(rnd, modelAddrs, 1))
 	}
-	if rnd.IntN(3) == 0 {
-		args = append(args, annotations.CIDR6+"="+shared6.String())
-	}
+	args = append(args, rangeArgs(rnd)...)
 	argStr := strings.Join(append([]string{"K8S_POD_NAMESPACE=" + c.pod.Namespace, "K8S_POD_NAME=" + c.pod.Name}, args...), ";")
 	rec, err := m.e.a.Add(ctx, c.id, c.netns, "eth0", argStr)
 	m.mu.Lock()
@@ -614,6 +623,9 @@ func (m *model) check(when string) {
 		wantIDs = append(wantIDs, c.id)
 	}
 	if got := e.allocIDs(); !slices.Equal(got, wantIDs) {
+		for _, a := range e.state.Attachments(nodestate.Stuck) {
+			t.Logf("%s: %s stuck: %s", when, a.ContainerID, a.Reason)
+		}
 		t.Fatalf("%s: state holds %v, want the live containers %v", when, got, wantIDs)
 	}
 	recs := e.records()
@@ -677,6 +689,7 @@ func (m *model) check(when string) {
 			t.Errorf("%s: IPAM %s used %d, live IPs %d", when, p, got, perPool[p])
 		}
 	}
+	m.checkInUse(when, recs)
 
 	// The oracle: what must be advertised and routed.
 	wantAdv := map[netip.Prefix]advert.Kind{pool6: advert.Summary, pool4: advert.Summary}
@@ -754,7 +767,7 @@ func (m *model) check(when string) {
 			}
 		}
 		for _, ip := range r.IPs {
-			if o, ok := ipOwner[ip]; ok && o != id {
+			if o, ok := ipOwner[ip]; (ok && o != id) || claimedByLive(recs, ip) {
 				continue // reused by a live container: fine
 			}
 			if _, ok := adv[netip.PrefixFrom(ip, ip.BitLen())]; ok && !pool6.Contains(ip) && !pool4.Contains(ip) {

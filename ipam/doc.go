@@ -23,13 +23,18 @@
 // range: the first address of a /120 range in the middle of a /64 pool is
 // a normal candidate.
 //
+// Addresses in use on the node outside IPAM (anycast and `addresses` IPs)
+// are held (Hold, Unhold): no algorithm hands them out, Reserve refuses
+// them, and Stats counts them (Held) as taken, not free, whatever pool
+// covers them now or later.
+//
 // # Algorithms (ip-algo)
 //
 // random (the default) draws uniformly random candidates inside the range
 // and checks them against the allocations. After 32 collisions it falls
 // back to a linear scan from a random start that wraps around the range and
-// inspects at most min(usable addresses in range, used addresses in pool +
-// 1) candidates: that bound guarantees finding the last free address of a
+// inspects at most min(usable addresses in range, used and held addresses
+// in pool + 1) candidates: that bound guarantees finding the last free address of a
 // nearly full range and lets a full range report ErrExhausted quickly,
 // while never iterating over a 2^64 space.
 //

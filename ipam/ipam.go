@@ -73,9 +73,12 @@ type Request struct {
 
 // PoolStats is the usage of one pool.
 type PoolStats struct {
-	Pool       Pool
-	Used       uint64
-	Free       string  // usable - used, decimal (may exceed uint64)
+	Pool Pool
+	Used uint64
+	// Held counts the pool's addresses in use outside IPAM (Hold): never
+	// handed out, not free.
+	Held       uint64
+	Free       string  // usable - used - held, decimal (may exceed uint64)
 	FreeApprox float64 // same as Free, approximately
 }
 
@@ -86,6 +89,7 @@ type pool struct {
 	first u128 // network (all-zeros host) address, never handed out
 	last  u128 // all-ones host address, never handed out
 	used  uint64
+	held  uint64 // held (Hold) usable addresses nobody owns
 }
 
 // usable is the number of addresses that can be handed out.
@@ -101,9 +105,12 @@ func (p *pool) family() int {
 // Allocator hands out pod addresses from a fixed set of pools. It is safe
 // for concurrent use.
 type Allocator struct {
-	mu      sync.Mutex
-	pools   []*pool
-	owners  map[netip.Addr]string
+	mu     sync.Mutex
+	pools  []*pool
+	owners map[netip.Addr]string
+	// held are addresses in use outside IPAM (held.go): never handed out
+	// or reserved, whatever pool comes to cover them.
+	held    map[netip.Addr]struct{}
 	cursors map[netip.Prefix]u128 // Sequential: last address handed out per range
 }
 
@@ -118,6 +125,7 @@ const randomTries = 32
 func New(pools []Pool) (*Allocator, error) {
 	a := &Allocator{
 		owners:  map[netip.Addr]string{},
+		held:    map[netip.Addr]struct{}{},
 		cursors: map[netip.Prefix]u128{},
 	}
 	ps, err := buildPools(pools)
@@ -130,7 +138,8 @@ func New(pools []Pool) (*Allocator, error) {
 
 // SetPools replaces the pools (an AddressPool appeared or went) and keeps
 // every owner: an address whose pool went stays held (Release still frees
-// it), it is just counted in no pool. The new pools obey New's rules.
+// it), it is just counted in no pool. Held addresses (Hold) a new pool
+// covers are counted as such: never free. The new pools obey New's rules.
 func (a *Allocator) SetPools(pools []Pool) error {
 	ps, err := buildPools(pools)
 	if err != nil {
@@ -142,6 +151,11 @@ func (a *Allocator) SetPools(pools []Pool) error {
 	for addr := range a.owners {
 		if p := a.poolOfLocked(addr); p != nil {
 			p.used++
+		}
+	}
+	for addr := range a.held {
+		if p := a.heldInLocked(addr); p != nil {
+			p.held++
 		}
 	}
 	return nil
@@ -364,10 +378,13 @@ func embedPrefix(rng netip.Prefix, req Request) (netip.Prefix, error) {
 	return netip.PrefixFrom(u128ToAddr(base, false), off), nil
 }
 
-// isFree reports whether the address with integer value v is unowned.
+// isFree reports whether the address with integer value v is neither
+// owned nor held.
 func (a *Allocator) isFree(p *pool, v u128) bool {
-	_, taken := a.owners[u128ToAddr(v, p.is4)]
-	return !taken
+	addr := u128ToAddr(v, p.is4)
+	_, taken := a.owners[addr]
+	_, held := a.held[addr]
+	return !taken && !held
 }
 
 func avoided(p *pool, v u128, avoid func(netip.Addr) bool) bool {
@@ -388,13 +405,13 @@ func (a *Allocator) pickRandom(p *pool, lo, hi u128, avoid func(netip.Addr) bool
 }
 
 // scan walks forward from start through [lo, hi], wrapping, and returns
-// the first free address. It inspects at most min(hi-lo+1, p.used+1)
-// candidates: since at most p.used addresses of the pool are taken, that
-// many consecutive candidates always contain a free one unless the whole
-// interval is in use.
+// the first free address. It inspects at most min(hi-lo+1, used+held+1)
+// candidates: since at most that many addresses of the pool are taken,
+// that many consecutive candidates always contain a free one unless the
+// whole interval is in use.
 func (a *Allocator) scan(p *pool, start, lo, hi u128, avoid func(netip.Addr) bool) (u128, bool) {
 	n := hi.sub(lo).add(u128One)
-	bound := p.used + 1
+	bound := p.used + p.held + 1
 	small := n.hi == 0 && n.lo != 0
 	if small && n.lo < bound {
 		bound = n.lo
@@ -425,14 +442,18 @@ func (a *Allocator) scan(p *pool, start, lo, hi u128, avoid func(netip.Addr) boo
 // use.
 func (a *Allocator) exhausted(p *pool, rng netip.Prefix, lo, hi u128, extra string) error {
 	n := hi.sub(lo).add(u128One)
+	held := ""
+	if p.held > 0 {
+		held = fmt.Sprintf(", %d of them as anycast or addresses IPs of this node", p.held)
+	}
 	if rng == p.cfg.Prefix {
-		return errorf(ErrExhausted, "ipam: pool %s exhausted (%d of %s usable addresses in use%s)", p.cfg.Prefix, p.used, p.usable(), extra)
+		return errorf(ErrExhausted, "ipam: pool %s exhausted (%d of %s usable addresses in use%s%s)", p.cfg.Prefix, p.used+p.held, p.usable(), held, extra)
 	}
 	what := "range"
 	if extra != "" {
 		what = "embed sub-prefix"
 	}
-	return errorf(ErrExhausted, "ipam: %s %s of pool %s exhausted (%s of %s usable addresses in use%s; %d in use in the pool)", what, rng, p.cfg.Prefix, n, n, extra, p.used)
+	return errorf(ErrExhausted, "ipam: %s %s of pool %s exhausted (%s of %s usable addresses in use%s; %d in use in the pool%s)", what, rng, p.cfg.Prefix, n, n, extra, p.used+p.held, held)
 }
 
 // Reserve records that owner holds addr, e.g. when re-loading committed
@@ -467,6 +488,9 @@ func (a *Allocator) Reserve(addr netip.Addr, owner string) error {
 		}
 		return errorf(ErrConflict, "ipam: cannot reserve %s for %q: held by %q", addr, owner, cur)
 	}
+	if _, held := a.held[addr]; held {
+		return errorf(ErrConflict, "ipam: cannot reserve %s for %q: in use on this node as an anycast or addresses IP", addr, owner)
+	}
 	a.owners[addr] = owner
 	p.used++
 	return nil
@@ -484,6 +508,11 @@ func (a *Allocator) Release(addr netip.Addr, owner string) bool {
 	delete(a.owners, addr)
 	if p := a.poolOfLocked(addr); p != nil {
 		p.used--
+	}
+	if _, held := a.held[addr]; held {
+		if p := a.heldInLocked(addr); p != nil {
+			p.held++ // owned and held at once (a restore's leftover): held now
+		}
 	}
 	return true
 }
@@ -526,10 +555,11 @@ func (a *Allocator) Stats() []PoolStats {
 	defer a.mu.Unlock()
 	out := make([]PoolStats, len(a.pools))
 	for i, p := range a.pools {
-		free := p.usable().sub(u128{0, p.used})
+		free := p.usable().sub(u128{0, p.used}).sub(u128{0, p.held})
 		out[i] = PoolStats{
 			Pool:       copyPool(p.cfg),
 			Used:       p.used,
+			Held:       p.held,
 			Free:       free.String(),
 			FreeApprox: free.float64(),
 		}

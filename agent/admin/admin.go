@@ -57,10 +57,13 @@ type Pool struct {
 	// Kubernetes mode, on this node in standalone mode.
 	Claims int `json:"claims"`
 	// Used and Free count what this node's IPAM hands out of the CIDR
-	// (summaries and pod pools).
+	// (summaries and pod pools); Held its addresses in use here as
+	// anycast or `addresses` IPs, which IPAM never hands out.
 	Used uint64 `json:"used"`
+	Held uint64 `json:"held,omitempty"`
 	Free string `json:"free,omitempty"` // decimal; may exceed 64 bits
-	// Note: why a summary is not advertised, or why a pool is ignored.
+	// Note: why a summary is not advertised, why a pool is ignored, and
+	// which addresses of it are in use here as anycast or `addresses`.
 	Note string `json:"note,omitempty"`
 }
 

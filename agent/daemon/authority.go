@@ -35,11 +35,16 @@ func (d *daemon) Authorize(use string, want netip.Prefix, namespace string) (str
 	return p.Name, err
 }
 
-// applyPools makes a new set of AddressPools (plus the NodeConfig's
+// applyPools makes the current AddressPools (plus the NodeConfig's
 // deprecated shared pools) the authority, hands their pod CIDRs to IPAM
 // and re-checks the summaries for overlaps. In Kubernetes mode an invalid
 // pool is ignored (and logged); the standalone file refuses it at load.
-func (d *daemon) applyPools(pools []v1alpha1.AddressPool) {
+// It reads the pools itself, under poolsMu (see lockPools): whichever
+// call runs last applies the latest pools.
+func (d *daemon) applyPools() {
+	d.lockPools()
+	defer d.poolsMu.Unlock()
+	pools := d.currentPools()
 	d.mu.Lock()
 	spec := d.spec
 	d.mu.Unlock()
@@ -59,6 +64,7 @@ func (d *daemon) applyPools(pools []v1alpha1.AddressPool) {
 			d.log.Error("AddressPool ignored", "err", line)
 		}
 	}
+	d.hook(hookPoolsRead)
 	v := &authorityView{set: set, pools: all}
 	if d.kube != nil {
 		v.labels = d.kube.pools.NamespaceLabels
@@ -77,13 +83,60 @@ func (d *daemon) applyPools(pools []v1alpha1.AddressPool) {
 	for _, p := range skipped {
 		d.log.Error("AddressPool CIDR overlaps this node's summary: not used for pod addresses here", "cidr", p)
 	}
-	d.checkOverlaps()
+	d.logInUse()
+	d.checkOverlapsLocked()
 	d.statusChanged()
+	if d.kube != nil {
+		d.kube.poolStatusChanged()
+	}
+}
+
+// currentPools are the AddressPools as the source has them now: the
+// informer's cache, or the standalone file as last loaded.
+func (d *daemon) currentPools() []v1alpha1.AddressPool {
+	if d.kube != nil {
+		return d.kube.pools.Pools()
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.filePools
+}
+
+// lockPools takes poolsMu, which serializes applyPools and checkOverlaps:
+// each reads its inputs (the pools, every node's summaries, the
+// authority) and writes what it derives from them (the authority, IPAM's
+// pools, the suppressed summaries). Run from the AddressPool informer, the
+// all-NodeConfigs informer and the start at once, an older input's result
+// could otherwise land after a newer one's and stay (a lost update).
+func (d *daemon) lockPools() {
+	if d.poolsMu.TryLock() {
+		return
+	}
+	d.hook(hookPoolsWait) // tests: another apply runs; this one waits for it
+	d.poolsMu.Lock()
+}
+
+// Points where tests hold an apply (daemon.poolHook).
+const (
+	hookPoolsRead = "pools-read" // inputs read, nothing written yet
+	hookPoolsWait = "pools-wait" // waiting for another apply to finish
+)
+
+func (d *daemon) hook(point string) {
+	if d.poolHook != nil {
+		d.poolHook(point)
+	}
 }
 
 // checkOverlaps withholds every summary of this node that overlaps
 // another node's summary or an AddressPool from BGP, until resolved.
 func (d *daemon) checkOverlaps() {
+	d.lockPools()
+	defer d.poolsMu.Unlock()
+	d.checkOverlapsLocked()
+}
+
+func (d *daemon) checkOverlapsLocked() {
 	var others map[string][]netip.Prefix
 	if d.kube != nil {
 		others = d.kube.allNC.Summaries()
@@ -93,6 +146,7 @@ func (d *daemon) checkOverlaps() {
 		pools = v.pools
 	}
 	reasons := authz.SummaryOverlaps(d.nodeName, d.state.Summaries(), others, pools)
+	d.hook(hookPoolsRead)
 	before := d.state.Suppressed()
 	if !d.state.SetSuppressed(reasons) {
 		return

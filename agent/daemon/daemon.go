@@ -152,10 +152,8 @@ func Run(ctx context.Context, o Options) error {
 		if err := d.kube.startInformers(ctx, g, d); err != nil {
 			return stop(err)
 		}
-		d.applyPools(d.kube.pools.Pools())
-	} else {
-		d.applyPools(d.filePools)
 	}
+	d.applyPools()
 
 	// 2. Restore; originate the full set before any session comes up, so
 	// each peer's first UPDATEs (and End-of-RIB) carry all of it.
@@ -225,12 +223,17 @@ type daemon struct {
 	metrics    *metrics.Metrics
 	kube       *kubeMode // nil in standalone mode
 	ready      atomic.Bool
-	loaded     []byte // standalone: the node-config file as loaded
-	filePools  []v1alpha1.AddressPool
+	loaded     []byte                 // standalone: the node-config file as loaded
+	filePools  []v1alpha1.AddressPool // standalone: the file's AddressPools as last loaded (under mu once serving)
 
 	// authority is the current AddressPool decision (swapped whole when
 	// the pools change).
 	authority atomic.Pointer[authorityView]
+	// poolsMu serializes applyPools and checkOverlaps (lockPools); it
+	// guards inUseLogged.
+	poolsMu     sync.Mutex
+	inUseLogged map[string]string  // pod pool → its addresses in use, as last logged
+	poolHook    func(point string) // tests only: see hook
 
 	// peersMu orders every apply of the peers (NodeConfig change, Secret
 	// rotation, file reload): a slower one must not undo a newer one.
@@ -459,7 +462,10 @@ func (d *daemon) reloadFile() {
 	nc, err := nodeconfig.Load(d.o.NodeConfig)
 	if err == nil {
 		if err = d.applySpec(&nc.Spec); err == nil {
-			d.applyPools(nc.AddressPools)
+			d.mu.Lock()
+			d.filePools = nc.AddressPools
+			d.mu.Unlock()
+			d.applyPools()
 		}
 	} else {
 		d.metrics.ReloadsTotal.WithLabelValues("error").Inc()

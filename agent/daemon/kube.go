@@ -48,6 +48,8 @@ type kubeMode struct {
 	gc      *leakgc.GC
 	claimGC *claims.GC
 	kick    chan struct{}
+	// poolKick asks for the AddressPools' status at once (a pool changed).
+	poolKick chan struct{}
 }
 
 // podEvents fans informer events out to the agent and the leak GC. Both
@@ -100,7 +102,7 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &kubeMode{o: o, core: core, nc: nodeconfigs.New(dyn, o.NodeName), allNC: nodeconfigs.NewAll(dyn), events: &podEvents{}, kick: make(chan struct{}, 1),
+	k := &kubeMode{o: o, core: core, nc: nodeconfigs.New(dyn, o.NodeName), allNC: nodeconfigs.NewAll(dyn), events: &podEvents{}, kick: make(chan struct{}, 1), poolKick: make(chan struct{}, 1),
 		pools: addresspools.New(dyn, core.Namespaces(), o.Log), claims: claims.New(dyn, o.NodeName, o.Log)}
 	wait := o.NodeConfigWait
 	if wait == 0 {
@@ -151,7 +153,7 @@ func (k *kubeMode) startInformers(ctx context.Context, g *errgroup.Group, d *dae
 	g.Go(func() error { return k.pods.Run(ctx) })
 	g.Go(func() error { return k.secrets.Run(ctx) })
 	g.Go(func() error { return k.claims.Run(ctx) })
-	g.Go(func() error { return k.pools.Run(ctx, func() { d.applyPools(k.pools.Pools()) }) })
+	g.Go(func() error { return k.pools.Run(ctx, d.applyPools) })
 	g.Go(func() error { return k.allNC.Run(ctx, d.checkOverlaps) })
 	for _, w := range []interface{ WaitSynced(context.Context) error }{k.pods, k.secrets, k.claims, k.pools, k.allNC} {
 		if err := w.WaitSynced(ctx); err != nil {
@@ -166,7 +168,7 @@ func (k *kubeMode) startInformers(ctx context.Context, g *errgroup.Group, d *dae
 func (k *kubeMode) startServing(ctx context.Context, g *errgroup.Group, d *daemon) {
 	g.Go(func() error { return k.gc.Run(ctx) })
 	g.Go(func() error { return k.claimGC.Run(ctx) })
-	g.Go(func() error { return k.writeClaimCounts(ctx, d) })
+	g.Go(func() error { return k.writePoolStatus(ctx, d) })
 	g.Go(func() error {
 		return k.nc.Run(ctx, func(spec *v1alpha1.NodeConfigSpec, gen int64) {
 			if k.gen.Swap(gen) == gen {
@@ -192,10 +194,12 @@ func (k *kubeMode) startServing(ctx context.Context, g *errgroup.Group, d *daemo
 	k.statusChanged()
 }
 
-// writeClaimCounts keeps every AddressPool's status.claims (the kubectl
-// column) current; every agent computes the same numbers, so only the
-// first writes.
-func (k *kubeMode) writeClaimCounts(ctx context.Context, d *daemon) error {
+// writePoolStatus keeps every AddressPool's status current, every 15 s
+// and at once when the pools change. status.claims (the kubectl column):
+// every agent computes the same numbers, so only the first writes.
+// status.inUse: what is in use differs by node, so each agent writes only
+// its own node's entry, and only when it changed (see UpdateInUse).
+func (k *kubeMode) writePoolStatus(ctx context.Context, d *daemon) error {
 	t := time.NewTicker(15 * time.Second)
 	defer t.Stop()
 	for {
@@ -203,12 +207,23 @@ func (k *kubeMode) writeClaimCounts(ctx context.Context, d *daemon) error {
 		if err := k.pools.UpdateClaims(c, k.claims.CountByPool()); err != nil && ctx.Err() == nil {
 			d.log.Debug("AddressPool status", "err", err)
 		}
+		if err := k.pools.UpdateInUse(c, k.o.NodeName, d.inUseStatus(), k.allNC.Exists); err != nil && ctx.Err() == nil {
+			d.log.Debug("AddressPool status", "err", err)
+		}
 		cancel()
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-k.poolKick:
 		}
+	}
+}
+
+func (k *kubeMode) poolStatusChanged() {
+	select {
+	case k.poolKick <- struct{}{}:
+	default:
 	}
 }
 

@@ -78,7 +78,8 @@ func (d *daemon) Pods() []admin.Pod {
 
 // Pools lists the node's summaries and every AddressPool (the NodeConfig's
 // deprecated shared pools among them), a row per CIDR, with what IPAM hands
-// out of it here and how many of its addresses are claimed.
+// out of it here, how many of its addresses are claimed, and the anycast
+// and `addresses` IPs in use here that IPAM must leave alone.
 func (d *daemon) Pools() []admin.Pool {
 	out := []admin.Pool{}
 	ipamStats := map[netip.Prefix]ipam.PoolStats{}
@@ -88,7 +89,8 @@ func (d *daemon) Pools() []admin.Pool {
 	suppressed := d.state.Suppressed()
 	for _, p := range d.state.Summaries() {
 		st := ipamStats[p]
-		out = append(out, admin.Pool{CIDR: p.String(), Kind: "summary", Used: st.Used, Free: st.Free, Note: suppressed[p]})
+		out = append(out, admin.Pool{CIDR: p.String(), Kind: "summary", Used: st.Used, Held: st.Held, Free: st.Free,
+			Note: joinNotes(suppressed[p], inUseNote(d.state.InUseIn(p)))})
 	}
 	v := d.authority.Load()
 	if v == nil {
@@ -121,13 +123,24 @@ func (d *daemon) Pools() []admin.Pool {
 			r.CIDR = c
 			if pfx, err := netip.ParsePrefix(c); err == nil {
 				if st, ok := ipamStats[pfx]; ok {
-					r.Used, r.Free = st.Used, st.Free
+					r.Used, r.Held, r.Free = st.Used, st.Held, st.Free
+					r.Note = joinNotes(r.Note, inUseNote(d.state.InUseIn(pfx)))
 				}
 			}
 			out = append(out, r)
 		}
 	}
 	return out
+}
+
+func joinNotes(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "; " + b
 }
 
 // claimCounts counts claimed addresses per pool: cluster-wide from the

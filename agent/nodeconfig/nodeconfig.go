@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -444,7 +445,7 @@ func checkPoolObject(d *document, ap *v1alpha1.AddressPool) []error {
 		// The CRD's rule: an omission must not read as "nobody" by accident.
 		errs = append(errs, d.errorf("spec: neither namespaces nor namespaceSelector: say who may use the pool (namespaceSelector {} selects every namespace)"))
 	}
-	if ap.Status != (v1alpha1.AddressPoolStatus{}) {
+	if !reflect.DeepEqual(ap.Status, v1alpha1.AddressPoolStatus{}) {
 		errs = append(errs, d.errorf("status: the agents write it (in Kubernetes mode), leave it out of the file"))
 	}
 	return errs

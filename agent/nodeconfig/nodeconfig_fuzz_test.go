@@ -3,6 +3,7 @@ package nodeconfig_test
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -149,7 +150,7 @@ func checkValid(t *testing.T, data []byte, f *nodeconfig.File) {
 			t.Fatalf("Parse(%q) accepted AddressPool %q, which authz.Validate refuses: %v", data, ap.Name, err)
 		}
 		if ap.APIVersion != nodeconfig.APIVersion || ap.Kind != v1alpha1.AddressPoolKind || ap.Namespace != "" ||
-			(ap.Spec.Namespaces == nil && ap.Spec.NamespaceSelector == nil) || ap.Status != (v1alpha1.AddressPoolStatus{}) {
+			(ap.Spec.Namespaces == nil && ap.Spec.NamespaceSelector == nil) || !reflect.DeepEqual(ap.Status, v1alpha1.AddressPoolStatus{}) {
 			t.Fatalf("Parse(%q) accepted AddressPool %+v", data, ap)
 		}
 		names = append(names, ap.Name)

@@ -17,7 +17,6 @@ import (
 	"strings"
 	"sync"
 
-	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
@@ -153,7 +152,9 @@ func (s *State) Summaries() []netip.Prefix { return slices.Clone(s.summaries) }
 // addresses would be the node's own and the cluster's at once. Addresses
 // held in a pool that goes stay held; pod addresses restored outside
 // every pool that a new pool covers are handed to IPAM, which would
-// otherwise give them out again.
+// otherwise give them out again. Anycast and `addresses` IPs in use that
+// a new pool covers stay where they are and IPAM never hands them out
+// (they are held, see insertLocked); InUseIn lists them for the report.
 func (s *State) SetPodPools(pools []netip.Prefix) (skipped []netip.Prefix, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -245,7 +246,7 @@ func (s *State) Reserve(rec store.Allocation, reqs []ipam.Request) (store.Alloca
 	if _, ok := s.entries[id]; ok {
 		return store.Allocation{}, fmt.Errorf("container %s: %w", id, ErrExists)
 	}
-	if err := s.checkClaimsLocked(rec); err != nil {
+	if err := s.checkClaimsLocked(rec, false); err != nil {
 		return store.Allocation{}, err
 	}
 	rec.HostVeth = s.freeVethLocked(id)
@@ -277,63 +278,6 @@ func (s *State) freeVethLocked(id string) string {
 	}
 }
 
-// checkClaimsLocked: anycast and `addresses` IPs must not lie inside a pod
-// pool (IPAM hands those out); an `addresses` IP belongs to one attachment;
-// an anycast IP may be shared, but never with an attachment that holds it as
-// an `addresses` IP.
-func (s *State) checkClaimsLocked(rec store.Allocation) error {
-	id := rec.ContainerID
-	for _, set := range []struct {
-		key string
-		ips []netip.Addr
-	}{{annotations.Anycast, rec.Anycast}, {annotations.Addresses, rec.Addresses}} {
-		for _, ip := range set.ips {
-			if err := s.NotInPodPool(set.key, ip); err != nil {
-				return err
-			}
-		}
-	}
-	for _, set := range []struct {
-		key string
-		ips []netip.Addr
-	}{{annotations.Anycast, rec.Anycast}, {annotations.Addresses, rec.Addresses}} {
-		for _, ip := range set.ips {
-			if o, ok := s.outside[ip]; ok && o != id {
-				return &ConflictError{Key: set.key, IP: ip, Reason: fmt.Sprintf("is the pod address of container %s", o)}
-			}
-		}
-	}
-	for _, ip := range rec.Addresses {
-		if c := s.claims[ip]; c != nil {
-			if o := c.other(id); o != "" {
-				return &ConflictError{Key: annotations.Addresses, IP: ip, Reason: fmt.Sprintf("is already claimed by container %s (as %s)", o, c.kind)}
-			}
-		}
-	}
-	for _, ip := range rec.Anycast {
-		if c := s.claims[ip]; c != nil && c.kind == KindAddress {
-			if o := c.other(id); o != "" {
-				return &ConflictError{Key: annotations.Anycast, IP: ip, Reason: fmt.Sprintf("is an `addresses` IP of container %s, not anycast", o)}
-			}
-		}
-	}
-	return nil
-}
-
-func (c *claim) other(id string) string {
-	var out []string
-	for _, o := range c.owners {
-		if o != id {
-			out = append(out, o)
-		}
-	}
-	if len(out) == 0 {
-		return ""
-	}
-	slices.Sort(out)
-	return out[0]
-}
-
 func (s *State) insertLocked(rec store.Allocation, phase Phase) {
 	id := rec.ContainerID
 	s.entries[id] = &entry{rec: rec, phase: phase}
@@ -350,6 +294,7 @@ func (s *State) insertLocked(rec store.Allocation, phase Phase) {
 			if c == nil {
 				c = &claim{kind: set.kind}
 				s.claims[ip] = c
+				s.ipam.Hold(ip) // in use: never a pod address, whatever pool covers it
 			}
 			if !slices.Contains(c.owners, id) {
 				c.owners = append(c.owners, id)
@@ -369,7 +314,7 @@ func (s *State) Restore(rec store.Allocation) (warnings []string, err error) {
 	if _, ok := s.entries[id]; ok {
 		return nil, fmt.Errorf("allocation %s: %w", id, ErrExists)
 	}
-	if err := s.checkClaimsLocked(rec); err != nil {
+	if err := s.checkClaimsLocked(rec, true); err != nil {
 		return nil, fmt.Errorf("allocation %s: %w", id, err)
 	}
 	var taken []netip.Addr
@@ -411,8 +356,8 @@ func (s *State) Restore(rec store.Allocation) (warnings []string, err error) {
 }
 
 // Quarantine puts back a record that cannot be restored as it is (its IPs
-// or claims collide with another record's, a pool now covers its anycast
-// IP, its teardown failed) as Stuck: routed and advertised nowhere, it
+// or claims collide with another record's, its anycast IP is another
+// record's pod address, its teardown failed) as Stuck: routed and advertised nowhere, it
 // holds the IPs IPAM lets it hold until a DEL or GC removes it. Refusing to
 // start instead would leave the node without CNI, so that DEL could never
 // come.
@@ -529,6 +474,7 @@ func (s *State) Release(id string) {
 			c.owners = slices.DeleteFunc(c.owners, func(o string) bool { return o == id })
 			if len(c.owners) == 0 {
 				delete(s.claims, ip)
+				s.ipam.Unhold(ip)
 			}
 		}
 	}
@@ -623,15 +569,6 @@ func (s *State) Count() int {
 
 // IPAM returns pool usage.
 func (s *State) IPAM() []ipam.PoolStats { return s.ipam.Stats() }
-
-// NotInPodPool refuses an anycast or `addresses` IP (named by its
-// annotation key) inside a pod pool, where IPAM hands addresses out.
-func (s *State) NotInPodPool(key string, ip netip.Addr) error {
-	if p, ok := s.ipam.PoolOf(ip); ok {
-		return &annotations.Error{Key: key, Value: ip.String(), Reason: fmt.Sprintf("inside pod pool %s, where IPAM hands addresses out", p.Prefix)}
-	}
-	return nil
-}
 
 // IPOwner tells which container IPAM holds an address for.
 func (s *State) IPOwner(ip netip.Addr) (string, bool) { return s.ipam.Owner(ip) }

@@ -29,7 +29,7 @@ commands:
   bgp neighbors                   BGP sessions: state, uptime, families, prefix counts, BFD, GR, warnings
   bgp routes                      paths the node originates: prefix, kind, owning pods, advertised
   pods                            attachments: container, pod, phase, readiness, interface, veth, IPs
-  ipam                            pools with used and free addresses
+  ipam                            pools with used, held and free addresses
   routes                          anycast and addresses host routes: in the kernel and as wanted, with next hops
   ready NAMESPACE/NAME true|false standalone mode: report a pod Ready or NotReady (its anycast and addresses
                                   IPs are advertised and routed only while Ready)
@@ -125,13 +125,13 @@ func run(args []string, out io.Writer) error {
 			return err
 		}
 		return emit(out, *format, v, func(w *tabwriter.Writer) {
-			fmt.Fprintln(w, "POOL\tCIDR\tKIND\tUSE\tNAMESPACES\tCLAIMS\tUSED\tFREE\tNOTE")
+			fmt.Fprintln(w, "POOL\tCIDR\tKIND\tUSE\tNAMESPACES\tCLAIMS\tUSED\tHELD\tFREE\tNOTE")
 			for _, p := range v {
 				who := list(p.Namespaces)
 				if p.Selector != "" {
 					who = strings.TrimPrefix(who+"; selector "+p.Selector, "-; ")
 				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", dash(p.Name), p.CIDR, p.Kind, list(p.Use), who, p.Claims, p.Used, dash(p.Free), dash(p.Note))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", dash(p.Name), p.CIDR, p.Kind, list(p.Use), who, p.Claims, p.Used, p.Held, dash(p.Free), dash(p.Note))
 			}
 		})
 	case "routes":

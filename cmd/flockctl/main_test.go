@@ -56,7 +56,6 @@ func (f *fakeSource) Status() admin.Status {
 func (f *fakeSource) Pods() []admin.Pod {
 	return []admin.Pod{{ContainerID: "abc", ID: podmeta.ID{Namespace: "ns", Name: "p"}, Phase: "committed", Ready: true}}
 }
-func (f *fakeSource) Pools() []admin.Pool { return nil }
 func (f *fakeSource) Neighbors() []session.Neighbor {
 	return []session.Neighbor{
 		{Peer: "fd00::2", LocalASN: 64512, PeerASN: 64513, State: session.Established, Uptime: 90 * time.Minute,
@@ -65,6 +64,10 @@ func (f *fakeSource) Neighbors() []session.Neighbor {
 		{Peer: "interface eth1", State: session.Active, LastError: "connection refused", BFD: "down",
 			BFDDetail: &session.BFDDetail{State: "Down", SocketFailures: 3, SocketError: "bind: address in use"}},
 	}
+}
+func (f *fakeSource) Pools() []admin.Pool {
+	return []admin.Pool{{Name: "pods", CIDR: "2001:db8:300::/124", Kind: "addresspool", Use: []string{"pod"}, Namespaces: []string{"dns"},
+		Used: 3, Held: 1, Free: "10", Note: "in use here as anycast/addresses, never handed out: 2001:db8:300::5 (anycast: dns/coredns-1)"}}
 }
 func (f *fakeSource) BGPRoutes() []admin.BGPRoute { return nil }
 func (f *fakeSource) Routes() []admin.Route {
@@ -105,6 +108,8 @@ func TestStatusRoutesReady(t *testing.T) {
 		{[]string{"status"}, []string{"serving", "1/2 established", "netns-gone=2", "kernel", "FAILING", "no such device", "bgp"}},
 		{[]string{"routes"}, []string{"2001:db8:ff::1/128", "anycast", "true", "2001:db8:ee::1/128", "stale"}},
 		{[]string{"pods"}, []string{"committed", "ns/p"}},
+		{[]string{"ipam"}, []string{"HELD", "2001:db8:300::/124", " 3 ", " 1 ", " 10 ", "never handed out: 2001:db8:300::5 (anycast: dns/coredns-1)"}},
+		{[]string{"-o", "json", "ipam"}, []string{`"held": 1`}},
 		{[]string{"ready", "ns/p", "false"}, []string{"ns/p: NotReady"}},
 		{[]string{"-o", "json", "status"}, []string{`"failing": true`, `"lastError": "route 2001:db8:ff::1/128: no such device"`}},
 		{[]string{"bgp", "neighbors"}, []string{"fd00::2", "Established", "1h30m0s", "ipv6 0/0/7", "1 failures", "detection time expired",

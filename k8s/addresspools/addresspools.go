@@ -1,10 +1,10 @@
 // Package addresspools watches the AddressPools (cluster-scoped) and the
 // namespaces' labels (for the pools' namespaceSelector), the inputs of the
 // agent's authorization decision (agent/authz), and writes the pools'
-// status.claims.
+// status.claims and the node's entry of status.inUse.
 //
 // Use: New, go Run(ctx, onChange), WaitSynced, then Pools and
-// NamespaceLabels; UpdateClaims from time to time.
+// NamespaceLabels; UpdateClaims and UpdateInUse from time to time.
 package addresspools
 
 import (
@@ -85,8 +85,9 @@ func New(dyn dynamic.Interface, namespaces Namespaces, log *slog.Logger) *Watche
 // listed, it calls onChange once, then again after every change of a
 // pool's spec (a pool added, changed or deleted) or of a namespace's labels
 // (a namespace added or deleted, its labels changed); status-only writes
-// (UpdateClaims) do not count. Changes that arrive while onChange runs are
-// coalesced into one more call; all calls come from Run's goroutine.
+// (UpdateClaims, UpdateInUse) do not count. Changes that arrive while
+// onChange runs are coalesced into one more call; all calls come from
+// Run's goroutine.
 func (w *Watcher) Run(ctx context.Context, onChange func()) error {
 	if onChange == nil {
 		return errors.New("address pools: Run needs an onChange callback")

@@ -86,3 +86,9 @@ func (a *All) Summaries() map[string][]netip.Prefix {
 	}
 	return out
 }
+
+// Exists tells whether node has a NodeConfig (as far as the cache knows).
+func (a *All) Exists(node string) bool {
+	_, ok, err := a.informer.GetStore().GetByKey(node)
+	return ok && err == nil
+}

@@ -37,6 +37,7 @@ var Uses = []string{UsePod, UseAnycast, UseAddresses}
 // +kubebuilder:printcolumn:name="Use",type=string,JSONPath=`.spec.use`
 // +kubebuilder:printcolumn:name="Namespaces",type=string,JSONPath=`.spec.namespaces`
 // +kubebuilder:printcolumn:name="Claims",type=integer,JSONPath=`.status.claims`,description="Addresses claimed from the pool cluster-wide"
+// +kubebuilder:printcolumn:name="In-Use-On",type=string,JSONPath=`.status.inUse[*].node`,description="Nodes where addresses of the pool are in use as anycast or addresses IPs (never handed out there)"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type AddressPool struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -89,6 +90,49 @@ type AddressPoolStatus struct {
 	// (AddressClaims; anycast IPs are shared and never claimed).
 	// +optional
 	Claims int32 `json:"claims,omitempty"`
+
+	// InUse lists, per node, the addresses of a pod pool that are in use
+	// there as anycast or `addresses` IPs (the pool came to cover them
+	// while they were): the node never hands them out as pod addresses,
+	// and the pods holding them keep them. Every agent writes only its own
+	// node's entry — what it sees differs from node to node, so one shared
+	// field would have the agents overwrite each other — and only when it
+	// changes; an entry goes when its overlap does (or its node's
+	// NodeConfig does).
+	// +listType=map
+	// +listMapKey=node
+	// +optional
+	InUse []NodeInUse `json:"inUse,omitempty"`
+}
+
+// NodeInUse is one node's addresses of a pool in use for another purpose.
+type NodeInUse struct {
+	// Node is the node's name.
+	Node string `json:"node"`
+
+	// Addresses in use, in address order; at most the first 16.
+	// +kubebuilder:validation:MaxItems=16
+	Addresses []InUseAddress `json:"addresses"`
+
+	// Count of the addresses in use (Addresses may list fewer).
+	Count int32 `json:"count"`
+}
+
+// MaxInUseListed bounds NodeInUse.Addresses.
+const MaxInUseListed = 16
+
+// InUseAddress is one address in use on a node.
+type InUseAddress struct {
+	// IP is the address.
+	IP string `json:"ip"`
+
+	// Use is how it is in use: anycast or addresses.
+	// +kubebuilder:validation:Enum=anycast;addresses
+	Use string `json:"use"`
+
+	// Pods holding it on the node, as namespace/name.
+	// +optional
+	Pods []string `json:"pods,omitempty"`
 }
 
 // AddressPoolList is a list of AddressPools.

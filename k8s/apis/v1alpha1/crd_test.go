@@ -75,6 +75,7 @@ type schema struct {
 	MinLength   *int              `json:"minLength"`
 	MaxLength   *int              `json:"maxLength"`
 	ListType    string            `json:"x-kubernetes-list-type"`
+	ListMapKeys []string          `json:"x-kubernetes-list-map-keys"`
 	Validations []struct {
 		Rule    string `json:"rule"`
 		Message string `json:"message"`
@@ -191,6 +192,7 @@ func TestAddressPoolCRD(t *testing.T) {
 		{"Use", "string", ".spec.use", 0},
 		{"Namespaces", "string", ".spec.namespaces", 0},
 		{"Claims", "integer", ".status.claims", 0},
+		{"In-Use-On", "string", ".status.inUse[*].node", 0},
 		{"Age", "date", ".metadata.creationTimestamp", 0},
 	})
 
@@ -244,6 +246,19 @@ func TestAddressPoolCRD(t *testing.T) {
 	}
 	if s := root.Properties["status"].Properties["claims"]; s.Type != "integer" {
 		t.Errorf("status.claims type %q", s.Type)
+	}
+	// One entry per node, each agent writing its own: a map list keyed by
+	// node (a server-side apply or merge never replaces another node's).
+	inUse := root.Properties["status"].Properties["inUse"]
+	if inUse.ListType != "map" || !slices.Equal(inUse.ListMapKeys, []string{"node"}) || inUse.Items == nil {
+		t.Fatalf("status.inUse schema %+v, want a map list keyed by node", inUse)
+	}
+	addrs := inUse.Items.Properties["addresses"]
+	if addrs.MaxItems == nil || *addrs.MaxItems != v1alpha1.MaxInUseListed || addrs.Items == nil {
+		t.Fatalf("status.inUse[].addresses schema %+v, want at most %d", addrs, v1alpha1.MaxInUseListed)
+	}
+	if e := addrs.Items.Properties["use"].Enum; !reflect.DeepEqual(e, []any{v1alpha1.UseAnycast, v1alpha1.UseAddresses}) {
+		t.Errorf("status.inUse[].addresses[].use enum %v", e)
 	}
 }
 
