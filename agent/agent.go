@@ -111,9 +111,8 @@ type Agent struct {
 	// suspects are containers whose veth vanished: Run checks their netns
 	// at once instead of at the next repair.
 	suspects chan string
-	// claimSuspects are committed containers one of whose claims left the
-	// API: Run claims it again at once.
-	claimSuspects chan string
+	// claimsChanged: a claim of this node left the API (ClaimsChanged).
+	claimsChanged chan struct{}
 	// retries are the failed reaps Run tries again.
 	retries backoffs
 	// removals are the veth removals a DEL left running (see Del).
@@ -188,7 +187,7 @@ func New(cfg Config) (*Agent, error) {
 		cfg.AddTimeout = DefaultAddTimeout
 	}
 	return &Agent{
-		cfg: cfg, log: cfg.Log, state: cfg.State, suspects: make(chan string, 64), claimSuspects: make(chan string, 64),
+		cfg: cfg, log: cfg.Log, state: cfg.State, suspects: make(chan string, 64), claimsChanged: make(chan struct{}, 1),
 		defaults: annotations.Defaults{IPv6: cfg.Spec.Defaults.WantIPv6(), IPv4: cfg.Spec.Defaults.IPv4, Algo: algo},
 	}, nil
 }
@@ -248,7 +247,7 @@ func (a *Agent) Restore(ctx context.Context) error {
 			a.log.Warn("restore: " + w)
 		}
 	}
-	a.ensureClaims(ctx, "")
+	a.ensureClaims(ctx)
 	a.releaseUnowned(ctx)
 	veths, err := a.cfg.Dataplane.HostVeths()
 	if err != nil {
@@ -316,8 +315,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			for _, id := range a.retries.due(time.Now()) {
 				a.reapOne(ctx, id)
 			}
-		case id := <-a.claimSuspects:
-			a.ensureClaims(ctx, id)
+		case <-a.claimsChanged:
+			a.ensureClaims(ctx)
 		}
 		if next, ok := a.retries.next(); ok {
 			retry.Reset(time.Until(next))
@@ -331,7 +330,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // back.
 func (a *Agent) Repair(ctx context.Context) {
 	a.ReapGone(ctx)
-	a.ensureClaims(ctx, "")
+	a.ensureClaims(ctx)
 	a.releaseUnowned(ctx)
 }
 
@@ -349,15 +348,12 @@ func (a *Agent) VethGone(name string) {
 	}
 }
 
-// ClaimGone reports a cluster-wide claim of this node that left the API:
-// if a live allocation still needs it, Run claims it again now rather
-// than at the next repair.
-func (a *Agent) ClaimGone(containerID string) {
-	if _, phase, ok := a.state.Get(containerID); !ok || phase != nodestate.Committed {
-		return
-	}
+// ClaimsChanged reports that a cluster-wide claim of this node left the
+// API: Run claims again, at once rather than at the next repair, what the
+// committed allocations still need.
+func (a *Agent) ClaimsChanged() {
 	select {
-	case a.claimSuspects <- containerID:
+	case a.claimsChanged <- struct{}{}:
 	default:
 	}
 }

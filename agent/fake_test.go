@@ -496,9 +496,9 @@ func (e *env) build(cfg envConfig) {
 		t.Fatalf("nodestate.New: %v", err)
 	}
 	e.kernel = anycast.New(e.dp)
-	e.bgpLoop = &reconcile.Loop[map[netip.Prefix]advert.Kind]{Name: "bgp", Target: e.sp, Desired: e.state.Adverts, Wake: e.state.Subscribe(),
+	e.bgpLoop = &reconcile.Loop[map[netip.Prefix]advert.Kind]{Name: "bgp", Target: e.sp, Desired: e.state.Adverts, Wake: e.state.Changed(),
 		MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond, Log: discard}
-	e.kernelLoop = &reconcile.Loop[map[netip.Prefix][]dataplane.Nexthop]{Name: "kernel", Target: e.kernel, Desired: e.state.KernelRoutes, Wake: e.state.Subscribe(),
+	e.kernelLoop = &reconcile.Loop[map[netip.Prefix][]dataplane.Nexthop]{Name: "kernel", Target: e.kernel, Desired: e.state.KernelRoutes, Wake: e.state.Changed(),
 		MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond, Log: discard}
 	cfg.State = e.state
 	cfg.Settle = func(ctx context.Context, gen uint64) error {

@@ -219,7 +219,7 @@ func TestClaimDeletedByHandIsRecreated(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 
 	cs.drop(mustAddr("2001:db8:aa::1"))
-	e.a.ClaimGone("c1")
+	e.a.ClaimsChanged()
 	waitFor(t, "the claim is back", func() bool { return len(cs.pools()) == 2 })
 	if got := cs.pools(); got[mustAddr("2001:db8:aa::1")] != "public" {
 		t.Errorf("re-created claim's pool %q, want public", got[mustAddr("2001:db8:aa::1")])

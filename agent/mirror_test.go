@@ -19,6 +19,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 )
@@ -58,7 +59,8 @@ func mirrorPod(uid, staticUID string, ready bool) *corev1.Pod {
 func kubeEnv(t *testing.T, cs *fake.Clientset, prev *env) *env {
 	t.Helper()
 	ev := &podEvents{}
-	src := pods.New(func(ns string) pods.Client { return cs.CoreV1().Pods(ns) }, "vm", ev)
+	f := kubeclient.NewFactory()
+	src := pods.New(f, func(ns string) pods.Client { return cs.CoreV1().Pods(ns) }, "vm", ev)
 	src.Wait = time.Second
 	var e *env
 	if prev == nil {
@@ -72,11 +74,11 @@ func kubeEnv(t *testing.T, cs *fake.Clientset, prev *env) *env {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = src.Run(ctx) }()
+	go func() { defer wg.Done(); _ = f.Run(ctx) }()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
 	defer scancel()
-	if err := src.WaitSynced(sctx); err != nil {
+	if err := f.WaitForSync(sctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.run(); err != nil {

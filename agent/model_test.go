@@ -290,7 +290,7 @@ func (m *model) worker(w int, rnd *rand.Rand) {
 			for _, ip := range ips {
 				if !pool6.Contains(ip) && !pool4.Contains(ip) {
 					m.claims.drop(ip)
-					m.e.a.ClaimGone(c.id) // the informer's delete event
+					m.e.a.ClaimsChanged() // the informer's delete event
 					break
 				}
 			}

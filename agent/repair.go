@@ -14,13 +14,13 @@ import (
 )
 
 // ensureClaims makes the cluster-wide claims match the committed
-// allocations (one container's, or every one's with id ""): a claim that
+// allocations: a claim that
 // is missing (lost in a crash, deleted by hand while its pod runs) is
 // taken again, with the pool that allows it now; one another pod took
 // meanwhile quarantines the allocation — routed and advertised nowhere,
 // and said so — rather than letting two pods answer on one IP. An API
 // error leaves it to the next repair.
-func (a *Agent) ensureClaims(ctx context.Context, id string) {
+func (a *Agent) ensureClaims(ctx context.Context) {
 	if a.cfg.Claims == nil {
 		return
 	}
@@ -28,13 +28,7 @@ func (a *Agent) ensureClaims(ctx context.Context, id string) {
 	for _, c := range a.cfg.Claims.Node() {
 		held[c.IP] = c.ContainerID
 	}
-	var recs []store.Allocation
-	if id == "" {
-		recs = a.state.Committed()
-	} else if r, phase, ok := a.state.Get(id); ok && phase == nodestate.Committed {
-		recs = []store.Allocation{r}
-	}
-	for _, r := range recs {
+	for _, r := range a.state.Committed() {
 		var missing []Claim
 		for _, c := range a.claimsNow(r) {
 			if held[c.IP] != r.ContainerID {

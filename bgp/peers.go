@@ -158,7 +158,7 @@ func (s *Speaker) startAddLocked(ctx context.Context, wg *sync.WaitGroup, p *pee
 		defer wg.Done()
 		defer close(done)
 		if s.addPeer(pctx, wg, p) {
-			s.kick() // Run calls OnChange
+			s.kick() // Run signals Changed
 		}
 	}()
 }

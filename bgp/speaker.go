@@ -38,9 +38,6 @@ type Config struct {
 	// restart IPv4 routes go out in the first UPDATEs instead of after a
 	// re-check (an End-of-RIB without them would flush them at a GR peer).
 	StateFile string
-	// OnChange is called from Run's goroutine, with no lock held, when
-	// session state may have changed.
-	OnChange func()
 	// BFDPort is the BFD Control port listened on and sent to (default
 	// 3784; tests running several speakers on one host set their own).
 	BFDPort, BFDPeerPort int
@@ -78,7 +75,7 @@ type Speaker struct {
 	asn       uint32
 	passwords PasswordSource
 	stateFile string
-	onChange  func()
+	changed   chan struct{} // see Changed
 	neigh     Neighbours    // the kernel's neighbour table (unnumbered peers)
 	wake      chan struct{} // coalesced: the desired peers changed, or Run should retry
 	running   atomic.Bool
@@ -187,7 +184,7 @@ func New(cfg Config) (*Speaker, error) {
 	lvl := &slog.LevelVar{}
 	lvl.Set(slog.LevelWarn) // GoBGP is chatty at info
 	s := &Speaker{
-		log: log, asn: cfg.ASN, passwords: cfg.Passwords, stateFile: cfg.StateFile, onChange: cfg.OnChange,
+		log: log, asn: cfg.ASN, passwords: cfg.Passwords, stateFile: cfg.StateFile, changed: make(chan struct{}, 1),
 		srv:  server.NewBgpServer(server.LoggerOption(slog.New(levelFilter{log.With("component", "gobgp").Handler(), lvl}), lvl)),
 		wake: make(chan struct{}, 1),
 		held: map[netip.Prefix]advert.Kind{},
@@ -367,7 +364,12 @@ func (s *Speaker) kick() {
 }
 
 func (s *Speaker) notify() {
-	if s.onChange != nil {
-		s.onChange()
+	select {
+	case s.changed <- struct{}{}:
+	default:
 	}
 }
+
+// Changed receives a value (coalesced) when session state may have
+// changed: Neighbors tells what it is now.
+func (s *Speaker) Changed() <-chan struct{} { return s.changed }

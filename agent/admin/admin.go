@@ -167,15 +167,27 @@ func Listen(path string) (net.Listener, error) {
 	return l, nil
 }
 
-// Serve runs the API until ctx ends.
-func Serve(ctx context.Context, l net.Listener, src Source) error {
-	srv := &http.Server{Handler: Handler(src), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
+// Server is the admin API on its socket.
+type Server struct {
+	Listener net.Listener // bound by Listen; Run closes it
+	Source   Source
+}
+
+// Run serves the API until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	return ServeHTTP(ctx, s.Listener, Handler(s.Source))
+}
+
+// ServeHTTP serves h on l until ctx ends, then shuts down gracefully
+// (bounded): the one way the agent's HTTP endpoints run.
+func ServeHTTP(ctx context.Context, l net.Listener, h http.Handler) error {
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	stop := context.AfterFunc(ctx, func() {
 		shut, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shut)
-	}()
+	})
+	defer stop()
 	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

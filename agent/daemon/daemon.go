@@ -18,7 +18,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -135,67 +137,11 @@ func Run(ctx context.Context, o Options) error {
 		return stop(err)
 	}
 	defer al.Close()
+	d.register(cl, al, hup)
 
-	// 1. What runs during recovery: metrics (readyz says "not yet"), the
-	// speaker's own loop, and in Kubernetes mode the informers whose facts
-	// (pod readiness, BGP passwords) recovery and the first UPDATEs need.
-	if o.MetricsAddress != "" {
-		g.Go(func() error {
-			if err := metrics.Serve(ctx, o.MetricsAddress, d.metrics, d.ready.Load); err != nil {
-				return fmt.Errorf("metrics on %s: %w", o.MetricsAddress, err)
-			}
-			return nil
-		})
-	}
-	g.Go(func() error { return d.speaker.Run(ctx) })
-	if d.kube != nil {
-		if err := d.kube.startInformers(ctx, g, d); err != nil {
-			return stop(err)
-		}
-	}
-	d.applyPools()
-
-	// 2. Restore; originate the full set before any session comes up, so
-	// each peer's first UPDATEs (and End-of-RIB) carry all of it.
-	if err := d.agent.Restore(ctx); err != nil {
+	if err := startup(ctx, &daemonStartup{d: d, g: g}); err != nil {
 		d.reportStartError(ctx, err)
 		return stop(err)
-	}
-	if err := d.bgpLoop.Pass(ctx, true); err != nil {
-		d.log.Error("bgp: initial sync; the reconciler retries", "err", err)
-	}
-	d.reapplyPeers()
-	d.ready.Store(true)
-
-	// 3. Serve.
-	g.Go(func() error { return d.bgpLoop.Run(ctx) })
-	g.Go(func() error { return d.kernelLoop.Run(ctx) })
-	g.Go(func() error { return d.agent.Run(ctx) })
-	g.Go(func() error {
-		return d.dp.WatchLinks(ctx, func(veth string) {
-			switch {
-			case veth == "":
-				d.kernel.MarkStale()
-				d.kernelLoop.Kick()
-			case d.kernel.LinkGone(veth):
-				d.kernelLoop.Kick()
-			}
-			if veth != "" {
-				d.agent.VethGone(veth)
-			}
-		})
-	})
-	g.Go(func() error {
-		srv := &wire.Server{Handler: wire.HandlerFunc(d.handleCNI), Logger: d.log}
-		return srv.Serve(ctx, cl)
-	})
-	g.Go(func() error { return admin.Serve(ctx, al, d) })
-	g.Go(func() error { return trimMemory(ctx, d.log) })
-	if d.kube != nil {
-		d.kube.startServing(ctx, g, d)
-	} else {
-		w := &nodeconfig.FileWatcher{Path: o.NodeConfig, Log: d.log, Hup: hup, Baseline: d.loaded}
-		g.Go(func() error { return w.Run(ctx, d.reloadFile) })
 	}
 	d.mu.Lock()
 	asn, peers := d.spec.ASN, len(d.spec.BGP.Peers)
@@ -205,6 +151,47 @@ func Run(ctx context.Context, o Options) error {
 	err = g.Wait()
 	d.agent.Wait() // veths DELs left to unregister (a crash leaves them to the next start)
 	return stop(err)
+}
+
+// register lists every component of the agent, with the phase it starts
+// in (see startup). One place, so adding one is one line.
+func (d *daemon) register(cni, adminSocket net.Listener, hup <-chan os.Signal) {
+	c := &d.components
+	if d.o.MetricsAddress != "" {
+		c.register("metrics", duringRecovery, &metrics.Server{Addr: d.o.MetricsAddress, Metrics: d.metrics, Ready: d.ready.Load})
+	}
+	c.register("bgp speaker", duringRecovery, d.speaker)
+	c.register("bgp reconciler", whenServing, d.bgpLoop)
+	c.register("kernel reconciler", whenServing, d.kernelLoop)
+	c.register("pod repair", whenServing, d.agent)
+	c.register("link watch", whenServing, RunFunc(d.watchLinks))
+	c.register("cni server", whenServing, &wire.Server{Listener: cni, Handler: wire.HandlerFunc(d.handleCNI), Logger: d.log})
+	c.register("admin api", whenServing, &admin.Server{Listener: adminSocket, Source: d})
+	c.register("memory trimmer", whenServing, RunFunc(func(ctx context.Context) error { return trimMemory(ctx, d.log) }))
+	if d.kube != nil {
+		d.kube.register(d, c)
+		return
+	}
+	w := &nodeconfig.FileWatcher{Path: d.o.NodeConfig, Log: d.log, Hup: hup, Baseline: d.loaded}
+	c.register("node-config file watch", whenServing, w)
+	c.register("node-config file", whenServing, follow(d.reloadFile, w.Changed()))
+}
+
+// watchLinks follows flock veths that vanish without a DEL (a pod's netns
+// destroyed): their routes are re-programmed and the pod reaped at once.
+func (d *daemon) watchLinks(ctx context.Context) error {
+	return d.dp.WatchLinks(ctx, func(veth string) {
+		switch {
+		case veth == "":
+			d.kernel.MarkStale()
+			d.kernelLoop.Kick()
+		case d.kernel.LinkGone(veth):
+			d.kernelLoop.Kick()
+		}
+		if veth != "" {
+			d.agent.VethGone(veth)
+		}
+	})
 }
 
 type daemon struct {
@@ -222,6 +209,7 @@ type daemon struct {
 	kernelLoop *reconcile.Loop[map[netip.Prefix][]dataplane.Nexthop]
 	metrics    *metrics.Metrics
 	kube       *kubeMode // nil in standalone mode
+	components components
 	ready      atomic.Bool
 	loaded     []byte                 // standalone: the node-config file as loaded
 	filePools  []v1alpha1.AddressPool // standalone: the file's AddressPools as last loaded (under mu once serving)
@@ -294,18 +282,17 @@ func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 	d.speaker, err = bgp.New(bgp.Config{
 		ASN: spec.ASN, RouterID: spec.RouterID, BGP: spec.BGP, Log: d.log, Passwords: passwords,
 		StateFile: filepath.Join(o.StateDir, "bgp-state.json"),
-		OnChange:  d.statusChanged,
 	})
 	if err != nil {
 		return nil, err
 	}
 	d.metrics = metrics.New(d.snapshot, d.speaker.Collector())
 	d.bgpLoop = &reconcile.Loop[map[netip.Prefix]advert.Kind]{
-		Name: "bgp", Target: d.speaker, Desired: d.state.Adverts, Wake: d.state.Subscribe(),
+		Name: "bgp", Target: d.speaker, Desired: d.state.Adverts, Wake: d.state.Changed(),
 		Repair: o.Repair, Log: d.log, Observe: d.observeReconcile,
 	}
 	d.kernelLoop = &reconcile.Loop[map[netip.Prefix][]dataplane.Nexthop]{
-		Name: "kernel", Target: d.kernel, Desired: d.state.KernelRoutes, Wake: d.state.Subscribe(),
+		Name: "kernel", Target: d.kernel, Desired: d.state.KernelRoutes, Wake: d.state.Changed(),
 		Repair: o.Repair, Log: d.log, Observe: d.observeReconcile,
 	}
 	var cl agent.Claims

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/sync/errgroup"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
@@ -35,6 +34,7 @@ import (
 // and the NodeConfig status writer.
 type kubeMode struct {
 	o       Options
+	factory *kubeclient.Factory // every informer
 	spec    *v1alpha1.NodeConfigSpec
 	gen     atomic.Int64
 	core    *kubeclient.Client
@@ -102,8 +102,10 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &kubeMode{o: o, core: core, nc: nodeconfigs.New(dyn, o.NodeName), allNC: nodeconfigs.NewAll(dyn), events: &podEvents{}, kick: make(chan struct{}, 1), poolKick: make(chan struct{}, 1),
-		pools: addresspools.New(dyn, core.Namespaces(), o.Log), claims: claims.New(dyn, o.NodeName, o.Log)}
+	f := kubeclient.NewFactory()
+	k := &kubeMode{o: o, core: core, factory: f, nc: nodeconfigs.New(f, dyn, o.NodeName), allNC: nodeconfigs.NewAll(f, dyn), events: &podEvents{},
+		kick: make(chan struct{}, 1), poolKick: make(chan struct{}, 1),
+		pools: addresspools.New(f, dyn, core.Namespaces(), o.Log), claims: claims.New(f, dyn, o.NodeName, o.Log)}
 	wait := o.NodeConfigWait
 	if wait == 0 {
 		wait = 5 * time.Minute
@@ -115,8 +117,8 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	}
 	k.spec = spec
 	k.gen.Store(gen)
-	k.secrets = secrets.New(core.Secrets(o.Namespace), o.Namespace, secrets.DefaultName)
-	k.pods = pods.New(func(ns string) pods.Client { return core.Pods(ns) }, o.NodeName, k.events)
+	k.secrets = secrets.New(f, core.Secrets(o.Namespace), o.Namespace, secrets.DefaultName)
+	k.pods = pods.New(f, func(ns string) pods.Client { return core.Pods(ns) }, o.NodeName, k.events)
 	return k, nil
 }
 
@@ -128,7 +130,6 @@ func (k *kubeMode) wire(d *daemon) {
 	}
 	k.gc = &leakgc.GC{Allocs: gcAllocs{d.agent}, API: k.pods, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc}
 	k.events.agent, k.events.gc = d.agent, k.gc
-	k.claims.OnGone(func(c claims.Claim) { d.agent.ClaimGone(c.ContainerID) })
 	k.claimGC = &claims.GC{
 		Claims: k.claims, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc,
 		Holds: d.state.Holds,
@@ -143,55 +144,37 @@ func (k *kubeMode) wire(d *daemon) {
 	}
 }
 
-// startInformers runs the informers and waits for their first sync:
-// every pod's readiness is known before allocations are restored (so a
-// restart neither withdraws nor re-announces anycast), the BGP passwords
-// before the first peer is added, the AddressPools and the cluster's
-// claims before an address is authorized or a claim re-checked, every
-// node's summaries before ours is advertised.
-func (k *kubeMode) startInformers(ctx context.Context, g *errgroup.Group, d *daemon) error {
-	g.Go(func() error { return k.pods.Run(ctx) })
-	g.Go(func() error { return k.secrets.Run(ctx) })
-	g.Go(func() error { return k.claims.Run(ctx) })
-	g.Go(func() error { return k.pools.Run(ctx, d.applyPools) })
-	g.Go(func() error { return k.allNC.Run(ctx, d.checkOverlaps) })
-	for _, w := range []interface{ WaitSynced(context.Context) error }{k.pods, k.secrets, k.claims, k.pools, k.allNC} {
-		if err := w.WaitSynced(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
+// register adds what Kubernetes mode runs: the informers (during
+// recovery: restore needs their facts, see startup), then the followers
+// of the NodeConfig, the Secret, the AddressPools and the claims, the
+// garbage collectors and the status writers.
+func (k *kubeMode) register(d *daemon, c *components) {
+	c.register("informers", duringRecovery, k.factory)
+	c.register("leak gc", whenServing, k.gc)
+	c.register("claim gc", whenServing, k.claimGC)
+	c.register("nodeconfig", whenServing, follow(func() { k.followNodeConfig(d) }, k.nc.Changed()))
+	c.register("bgp passwords", whenServing, follow(d.reapplyPeers, k.secrets.Changed()))
+	c.register("address pools", whenServing, follow(d.applyPools, k.pools.Changed(), k.allNC.Changed()))
+	c.register("claims", whenServing, follow(d.agent.ClaimsChanged, k.claims.Changed()))
+	c.register("addresspool status", whenServing, RunFunc(func(ctx context.Context) error { return k.writePoolStatus(ctx, d) }))
+	c.register("nodeconfig status", whenServing, RunFunc(func(ctx context.Context) error { return k.writeStatus(ctx, d) }))
 }
 
-// startServing begins the leak GC, live NodeConfig and Secret updates, and
-// the status writer.
-func (k *kubeMode) startServing(ctx context.Context, g *errgroup.Group, d *daemon) {
-	g.Go(func() error { return k.gc.Run(ctx) })
-	g.Go(func() error { return k.claimGC.Run(ctx) })
-	g.Go(func() error { return k.writePoolStatus(ctx, d) })
-	g.Go(func() error {
-		return k.nc.Run(ctx, func(spec *v1alpha1.NodeConfigSpec, gen int64) {
-			if k.gen.Swap(gen) == gen {
-				return
-			}
-			d.log.Info("NodeConfig changed", "generation", gen)
-			if err := d.applySpec(spec); err != nil {
-				d.log.Error("NodeConfig: keeping the running config", "err", err)
-			}
-		})
-	})
-	g.Go(func() error {
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-k.secrets.Changed():
-				d.reapplyPeers()
-			}
-		}
-	})
-	g.Go(func() error { return k.writeStatus(ctx, d) })
-	k.statusChanged()
+// followNodeConfig applies a new generation of this node's NodeConfig.
+func (k *kubeMode) followNodeConfig(d *daemon) {
+	spec, gen, err := k.nc.Current()
+	if err != nil {
+		d.log.Error("NodeConfig: keeping the running config", "err", err)
+		d.setConfigError(err)
+		return
+	}
+	if k.gen.Swap(gen) == gen {
+		return
+	}
+	d.log.Info("NodeConfig changed", "generation", gen)
+	if err := d.applySpec(spec); err != nil {
+		d.log.Error("NodeConfig: keeping the running config", "err", err)
+	}
 }
 
 // writePoolStatus keeps every AddressPool's status current, every 15 s
@@ -290,6 +273,7 @@ func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 		case <-ctx.Done():
 			return nil
 		case <-k.kick:
+		case <-d.speaker.Changed():
 		case <-t.C:
 			last = nil // rewrite even if unchanged: someone may have edited it
 		}

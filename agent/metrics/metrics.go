@@ -4,7 +4,7 @@ package metrics
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strconv"
@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/status"
 )
 
@@ -134,32 +135,30 @@ func (s *scrape) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Serve runs /metrics, /healthz and /readyz on addr until ctx ends. ready
-// reports whether the agent has recovered its state and serves CNI.
-func Serve(ctx context.Context, addr string, m *Metrics, ready func() bool) error {
+// Server is /metrics, /healthz and /readyz on one TCP address.
+type Server struct {
+	Addr    string
+	Metrics *Metrics
+	// Ready reports whether the agent has recovered its state and serves
+	// CNI.
+	Ready func() bool
+}
+
+// Run serves until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", promhttp.HandlerFor(s.Metrics.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready() {
+		if !s.Ready() {
 			http.Error(w, "not ready: recovering allocations\n", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	l, err := net.Listen("tcp", addr)
+	l, err := net.Listen("tcp", s.Addr)
 	if err != nil {
-		return err
+		return fmt.Errorf("metrics on %s: %w", s.Addr, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(c)
-	}()
-	if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return admin.ServeHTTP(ctx, l, mux)
 }

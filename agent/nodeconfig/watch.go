@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -35,18 +36,35 @@ type FileWatcher struct {
 	Baseline []byte
 
 	ready func() // tests: called once the baseline is read and watches are set
+
+	once    sync.Once
+	changed chan struct{}
 }
 
-// Run calls changed (from Run's goroutine) whenever the file's content
-// differs from what it was at the previous call, or at Run's start for the
-// first one, and whenever a value arrives on Hup. A file that cannot be
-// read (gone for a moment during an update) is no change. If the file
-// system cannot be watched, Run logs it and serves Hup only. It returns
-// nil when ctx ends.
-func (w *FileWatcher) Run(ctx context.Context, changed func()) error {
-	if w.Path == "" || changed == nil {
-		return errors.New("config watch: Path and changed are required")
+// Changed receives a value (coalesced) whenever the file's content differs
+// from what it was at the previous change (or at Run's start), and
+// whenever a value arrives on Hup.
+func (w *FileWatcher) Changed() <-chan struct{} {
+	w.once.Do(func() { w.changed = make(chan struct{}, 1) })
+	return w.changed
+}
+
+// Run watches the file until ctx ends (then it returns nil) and signals
+// Changed. A file that cannot be read (gone for a moment during an
+// update) is no change. If the file system cannot be watched, Run logs it
+// and serves Hup only.
+func (w *FileWatcher) Run(ctx context.Context) error {
+	if w.Path == "" {
+		return errors.New("config watch: Path is required")
 	}
+	w.Changed() // makes the channel
+	changed := func() {
+		select {
+		case w.changed <- struct{}{}:
+		default:
+		}
+	}
+
 	log := w.Log
 	if log == nil {
 		log = slog.Default()

@@ -13,11 +13,10 @@ import (
 	"time"
 )
 
-// watch runs a FileWatcher on path until the test ends; every changed()
-// call arrives on the returned channel.
+// watch runs a FileWatcher on path until the test ends and returns its
+// Changed channel.
 func watch(t *testing.T, path string, hup <-chan os.Signal) <-chan struct{} {
 	t.Helper()
-	calls := make(chan struct{}, 100)
 	ready := make(chan struct{})
 	w := &FileWatcher{Path: path, Hup: hup, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), ready: func() { close(ready) }}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -25,7 +24,7 @@ func watch(t *testing.T, path string, hup <-chan os.Signal) <-chan struct{} {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := w.Run(ctx, func() { calls <- struct{}{} }); err != nil {
+		if err := w.Run(ctx); err != nil {
 			t.Errorf("Run: %v", err)
 		}
 	}()
@@ -36,7 +35,7 @@ func watch(t *testing.T, path string, hup <-chan os.Signal) <-chan struct{} {
 	case <-time.After(5 * time.Second):
 		t.Fatal("watcher not ready")
 	}
-	return calls
+	return w.Changed()
 }
 
 func expectCall(t *testing.T, calls <-chan struct{}, what string) {
@@ -214,11 +213,11 @@ func TestFileWatcherBaseline(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "nodeconfig.yaml")
 	write(t, path, "edited after load")
-	calls := make(chan struct{}, 10)
 	w := &FileWatcher{Path: path, Baseline: []byte("as loaded"), Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	calls := w.Changed()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); _ = w.Run(ctx, func() { calls <- struct{}{} }) }()
+	go func() { defer close(done); _ = w.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	expectCall(t, calls, "content differing from the baseline at start")
 	expectNone(t, calls, "nothing more")
@@ -226,10 +225,10 @@ func TestFileWatcherBaseline(t *testing.T) {
 	// The same content as the baseline: no call.
 	path2 := filepath.Join(t.TempDir(), "nodeconfig.yaml")
 	write(t, path2, "same")
-	calls2 := make(chan struct{}, 10)
 	w2 := &FileWatcher{Path: path2, Baseline: []byte("same"), Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	calls2 := w2.Changed()
 	done2 := make(chan struct{})
-	go func() { defer close(done2); _ = w2.Run(ctx, func() { calls2 <- struct{}{} }) }()
+	go func() { defer close(done2); _ = w2.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done2 })
 	expectNone(t, calls2, "content equal to the baseline")
 }

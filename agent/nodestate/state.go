@@ -205,9 +205,10 @@ func (s *State) Suppressed() map[netip.Prefix]string {
 	return maps.Clone(s.suppressed)
 }
 
-// Subscribe returns a channel that receives a (coalesced) value after every
-// change.
-func (s *State) Subscribe() <-chan struct{} {
+// Changed returns a channel of its own to each caller (each reconciler
+// follows the state on its own) that receives a (coalesced) value after
+// every change.
+func (s *State) Changed() <-chan struct{} {
 	ch := make(chan struct{}, 1)
 	s.mu.Lock()
 	s.subs = append(s.subs, ch)

@@ -248,7 +248,7 @@ func TestDesiredFollowsPhaseAndReadiness(t *testing.T) {
 
 func TestSubscribersAreWoken(t *testing.T) {
 	s := newState(t, true)
-	a, b := s.Subscribe(), s.Subscribe()
+	a, b := s.Changed(), s.Changed()
 	add(t, s, "c1", pod("c1"), nil)
 	for i, ch := range []<-chan struct{}{a, b} {
 		select {

@@ -93,7 +93,7 @@ func serve(t *testing.T, src admin.Source) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); _ = admin.Serve(ctx, l, src) }()
+	go func() { defer close(done); _ = (&admin.Server{Listener: l, Source: src}).Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return sock
 }

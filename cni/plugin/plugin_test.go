@@ -55,10 +55,10 @@ func fakeAgent(t *testing.T, result string) string {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s := wire.Server{Handler: wire.HandlerFunc(func(context.Context, wire.Request) wire.Response {
+		s := wire.Server{Listener: l, Handler: wire.HandlerFunc(func(context.Context, wire.Request) wire.Response {
 			return wire.Response{Result: json.RawMessage(result)}
 		})}
-		_ = s.Serve(ctx, l)
+		_ = s.Run(ctx)
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return sock

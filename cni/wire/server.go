@@ -46,22 +46,26 @@ func Listen(path string) (net.Listener, error) {
 // Server serves plugin requests: one request and one response per
 // connection.
 type Server struct {
-	Handler Handler
+	// Listener is the bound socket (Listen); Run closes it.
+	Listener net.Listener
+	Handler  Handler
 	// ReadTimeout bounds reading the request frame (default 10s). The same
 	// bound applies to writing the response once the handler returns.
 	ReadTimeout time.Duration
 	Logger      *slog.Logger // default slog.Default()
 }
 
-// Serve accepts connections on l until ctx is cancelled, serving each in its
-// own goroutine. Handlers get a context that is cancelled when ctx is. When
-// ctx is cancelled Serve closes l, waits for in-flight connections to finish
-// and returns nil. If accepting fails for another reason, Serve waits for
-// in-flight connections and returns that error.
-func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	if s.Handler == nil {
-		return errors.New("wire: Server.Handler is nil")
+// Run accepts connections on the listener until ctx is cancelled, serving
+// each in its own goroutine. Handlers get a context that is cancelled when
+// ctx is. When ctx is cancelled Run closes the listener, waits for
+// in-flight connections to finish and returns nil. If accepting fails for
+// another reason, Run waits for in-flight connections and returns that
+// error.
+func (s *Server) Run(ctx context.Context) error {
+	if s.Handler == nil || s.Listener == nil {
+		return errors.New("wire: Server.Handler and Listener are required")
 	}
+	l := s.Listener
 	log := s.logger()
 
 	var wg sync.WaitGroup

@@ -60,13 +60,14 @@ func startServer(t *testing.T, h Handler) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{path: path, cancel: cancel, done: make(chan error, 1)}
 	srv := &Server{Handler: h, Logger: quietLogger()}
-	go func() { r.done <- srv.Serve(ctx, l) }()
+	srv.Listener = l
+	go func() { r.done <- srv.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
 		case <-r.done:
 		case <-time.After(30 * time.Second):
-			t.Error("Serve did not return after cancel")
+			t.Error("Run did not return after cancel")
 		}
 	})
 	return r
@@ -295,7 +296,8 @@ func TestServerReadTimeout(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	srv := &Server{Handler: echoHandler(), ReadTimeout: 100 * time.Millisecond, Logger: quietLogger()}
-	go func() { done <- srv.Serve(ctx, l) }()
+	srv.Listener = l
+	go func() { done <- srv.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 
 	c, err := net.Dial("unix", path)
@@ -401,7 +403,7 @@ func TestServeShutdownWaitsForInFlight(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- (&Server{Handler: h, Logger: quietLogger()}).Serve(ctx, l) }()
+	go func() { done <- (&Server{Listener: l, Handler: h, Logger: quietLogger()}).Run(ctx) }()
 
 	callDone := make(chan error, 1)
 	var resp Response
@@ -456,7 +458,8 @@ func TestServeShutdownAbortsPendingRead(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	srv := &Server{Handler: echoHandler(), ReadTimeout: time.Hour, Logger: quietLogger()}
-	go func() { done <- srv.Serve(ctx, l) }()
+	srv.Listener = l
+	go func() { done <- srv.Run(ctx) }()
 
 	c, err := net.Dial("unix", path)
 	if err != nil {
@@ -517,7 +520,7 @@ func TestServeNilHandler(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	if err := (&Server{}).Serve(context.Background(), l); err == nil {
+	if err := (&Server{Listener: l}).Run(context.Background()); err == nil {
 		t.Error("Serve with nil handler succeeded")
 	}
 }

@@ -18,7 +18,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -50,126 +49,84 @@ type Watcher struct {
 	log        *slog.Logger
 	pools      cache.SharedIndexInformer
 	namespaces cache.SharedIndexInformer
-	running    atomic.Bool
+	changed    chan struct{}
+	// handlers are the event handlers' registrations (synced: every event
+	// of the first lists delivered).
+	handlers []cache.ResourceEventHandlerRegistration
 
 	mu     sync.Mutex
 	logged map[string]string // pool name → resourceVersion whose conversion error was logged
 }
 
-// New builds the informers (AddressPools through dyn, Namespaces through
-// namespaces); Run runs them. log nil: slog.Default().
-func New(dyn dynamic.Interface, namespaces Namespaces, log *slog.Logger) *Watcher {
+// New takes the informers of AddressPools (through dyn) and Namespaces
+// (through namespaces) from f. log nil: slog.Default().
+func New(f *kubeclient.Factory, dyn dynamic.Interface, namespaces Namespaces, log *slog.Logger) *Watcher {
 	if log == nil {
 		log = slog.Default()
 	}
-	ns := kubeclient.NewInformer(namespaces, &corev1.Namespace{}, nil)
-	// Only names and labels matter: keep the cache small. Set before Run,
-	// so it cannot fail.
-	_ = ns.SetTransform(func(obj any) (any, error) {
-		n, ok := obj.(*corev1.Namespace)
-		if !ok {
-			return obj, nil // a tombstone
-		}
-		return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
-			Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels,
-		}}, nil
+	ns := f.Informer("namespaces", func() cache.SharedIndexInformer {
+		ns := kubeclient.NewInformer(namespaces, &corev1.Namespace{}, nil)
+		// Only names and labels matter: keep the cache small. Set before
+		// it runs, so it cannot fail.
+		_ = ns.SetTransform(func(obj any) (any, error) {
+			n, ok := obj.(*corev1.Namespace)
+			if !ok {
+				return obj, nil // a tombstone
+			}
+			return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+				Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels,
+			}}, nil
+		})
+		return ns
 	})
-	return &Watcher{
-		dyn: dyn, log: log,
-		pools: kubeclient.NewDynamicInformer(dyn, GVR, nil), namespaces: ns,
-		logged: map[string]string{},
+	w := &Watcher{
+		dyn: dyn, log: log, changed: make(chan struct{}, 1),
+		pools:      f.Informer(GVR.String(), func() cache.SharedIndexInformer { return kubeclient.NewDynamicInformer(dyn, GVR, nil) }),
+		namespaces: ns,
+		logged:     map[string]string{},
 	}
-}
-
-// Run runs the informers until ctx ends, then returns nil. Once both have
-// listed, it calls onChange once, then again after every change of a
-// pool's spec (a pool added, changed or deleted) or of a namespace's labels
-// (a namespace added or deleted, its labels changed); status-only writes
-// (UpdateClaims, UpdateInUse) do not count. Changes that arrive while
-// onChange runs are coalesced into one more call; all calls come from
-// Run's goroutine.
-func (w *Watcher) Run(ctx context.Context, onChange func()) error {
-	if onChange == nil {
-		return errors.New("address pools: Run needs an onChange callback")
-	}
-	if !w.running.CompareAndSwap(false, true) {
-		return errors.New("address pools: Run called twice")
-	}
-	kick := make(chan struct{}, 1)
-	signal := func() {
-		select {
-		case kick <- struct{}{}:
-		default:
-		}
-	}
-	poolReg, err := w.pools.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { signal() },
+	pr, _ := w.pools.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { w.notify() },
 		UpdateFunc: func(o, n any) {
 			ou, ok1 := o.(*unstructured.Unstructured)
 			nu, ok2 := n.(*unstructured.Unstructured)
 			if ok1 && ok2 && ou.GetGeneration() == nu.GetGeneration() && reflect.DeepEqual(ou.Object["spec"], nu.Object["spec"]) {
 				return // status or metadata only
 			}
-			signal()
+			w.notify()
 		},
-		DeleteFunc: func(any) { signal() },
+		DeleteFunc: func(any) { w.notify() },
 	})
-	if err != nil {
-		return fmt.Errorf("address pools: %w", err)
-	}
-	defer func() { _ = w.pools.RemoveEventHandler(poolReg) }()
-	nsReg, err := w.namespaces.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { signal() },
+	nr, _ := w.namespaces.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { w.notify() },
 		UpdateFunc: func(o, n any) {
 			on, ok1 := o.(*corev1.Namespace)
 			nn, ok2 := n.(*corev1.Namespace)
 			if ok1 && ok2 && labels.Equals(on.Labels, nn.Labels) {
 				return
 			}
-			signal()
+			w.notify()
 		},
-		DeleteFunc: func(any) { signal() },
+		DeleteFunc: func(any) { w.notify() },
 	})
-	if err != nil {
-		return fmt.Errorf("address pools: namespaces: %w", err)
-	}
-	defer func() { _ = w.namespaces.RemoveEventHandler(nsReg) }()
+	w.handlers = []cache.ResourceEventHandlerRegistration{pr, nr}
+	return w
+}
 
-	var running sync.WaitGroup
-	defer running.Wait() // after ctx ended: the informers' goroutines are done
-	running.Go(func() { w.pools.RunWithContext(ctx) })
-	running.Go(func() { w.namespaces.RunWithContext(ctx) })
-
-	if !cache.WaitForCacheSync(ctx.Done(), w.pools.HasSynced, w.namespaces.HasSynced) {
-		return nil // ctx ended
-	}
-	// The first call covers everything listed so far.
+// notify never blocks an informer: a pending value covers every change.
+func (w *Watcher) notify() {
 	select {
-	case <-kick:
+	case w.changed <- struct{}{}:
 	default:
 	}
-	onChange()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-kick:
-			onChange()
-		}
-	}
 }
 
-// WaitSynced returns once both informers have listed, or an error
-// wrapping ctx.Err().
-func (w *Watcher) WaitSynced(ctx context.Context) error {
-	if !cache.WaitForCacheSync(ctx.Done(), w.pools.HasSynced) {
-		return fmt.Errorf("address pools: informer did not sync: %w", ctx.Err())
-	}
-	if !cache.WaitForCacheSync(ctx.Done(), w.namespaces.HasSynced) {
-		return fmt.Errorf("address pools: namespace informer did not sync: %w", ctx.Err())
-	}
-	return nil
-}
+// Changed receives a value (coalesced) after a pool's spec changed (a
+// pool added, changed or deleted) or a namespace's labels did (a
+// namespace added or deleted, its labels changed); status-only writes
+// (UpdateClaims, UpdateInUse) do not count. Read Pools and
+// NamespaceLabels again then.
+func (w *Watcher) Changed() <-chan struct{} { return w.changed }
 
 // cached returns the cached AddressPool objects (shared with the cache: do
 // not modify), sorted by name.

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -56,25 +56,19 @@ type watchable interface {
 	Actions() []clienttesting.Action
 }
 
-// run runs w until the test ends, waits for it to sync and to watch (the
-// fakes drop events between their list and their watch) and returns the
-// onChange calls.
-func run(t *testing.T, w *Watcher, dyn, cs watchable, onChange func()) {
+// run runs w's informers until the test ends (the factory's job in the
+// agent), waits for them to sync, for their first lists to reach the
+// handlers and for them to watch (the fakes drop events between their
+// list and their watch).
+func run(t *testing.T, w *Watcher, dyn, cs watchable) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := w.Run(ctx, onChange); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	wg.Go(func() { w.pools.RunWithContext(ctx) })
+	wg.Go(func() { w.namespaces.RunWithContext(ctx) })
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-	defer scancel()
-	if err := w.WaitSynced(sctx); err != nil {
-		t.Fatal(err)
+	for _, r := range w.handlers {
+		eventually(t, "the first lists reached the handlers", r.HasSynced)
 	}
 	watching := func(c watchable, resource string) func() bool {
 		return func() bool {
@@ -108,8 +102,8 @@ func TestPoolsAndNamespaceLabels(t *testing.T) {
 	broken.Object["spec"].(map[string]any)["use"] = "pod" // a string, not a list
 	dyn := fakeDyn(sel, broken, pool("a-anycast", 0, []any{"192.0.2.0/24", "2001:db8:a::/64"}, []any{"anycast"}, []any{"tenant-a"}))
 	cs := fake.NewClientset(namespace("tenant-a", map[string]string{"tenant": "a"}), namespace("bare", nil))
-	w := New(dyn, cs.CoreV1().Namespaces(), quiet())
-	run(t, w, dyn, cs, func() {})
+	w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+	run(t, w, dyn, cs)
 
 	got := w.Pools()
 	if len(got) != 2 || got[0].Name != "a-anycast" || got[1].Name != "b-selected" {
@@ -145,30 +139,30 @@ func TestPoolsAndNamespaceLabels(t *testing.T) {
 	}
 }
 
-func TestOnChange(t *testing.T) {
+func TestChanged(t *testing.T) {
 	ctx := context.Background()
 	dyn := fakeDyn(pool("p1", 0, []any{"2001:db8:100::/112"}, []any{"pod"}, []any{"tenant-a"}))
 	cs := fake.NewClientset(namespace("tenant-a", map[string]string{"tenant": "a"}))
-	w := New(dyn, cs.CoreV1().Namespaces(), quiet())
-	calls := make(chan struct{}, 100)
-	run(t, w, dyn, cs, func() { calls <- struct{}{} })
+	w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+	run(t, w, dyn, cs)
+	calls := w.Changed()
 	expect := func(what string) {
 		t.Helper()
 		select {
 		case <-calls:
 		case <-time.After(5 * time.Second):
-			t.Fatalf("%s: no onChange", what)
+			t.Fatalf("%s: no change signalled", what)
 		}
 	}
 	none := func(what string) {
 		t.Helper()
 		select {
 		case <-calls:
-			t.Fatalf("%s: onChange called", what)
+			t.Fatalf("%s: a change signalled", what)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	expect("after sync")
+	expect("the first lists")
 	none("nothing changed")
 
 	pools := dyn.Resource(GVR)
@@ -224,54 +218,32 @@ func TestOnChange(t *testing.T) {
 	none("settled")
 }
 
-// Changes while onChange runs make one more call, not one each.
-func TestOnChangeCoalesces(t *testing.T) {
+// Changes nobody has read yet leave one signal, not one each.
+func TestChangedCoalesces(t *testing.T) {
 	ctx := context.Background()
 	dyn := fakeDyn()
 	cs := fake.NewClientset()
-	w := New(dyn, cs.CoreV1().Namespaces(), quiet())
-	release := make(chan struct{})
-	var n atomic.Int32
-	run(t, w, dyn, cs, func() {
-		if n.Add(1) == 1 {
-			<-release
-		}
-	})
-	eventually(t, "the first call", func() bool { return n.Load() == 1 })
+	w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+	run(t, w, dyn, cs)
+	select {
+	case <-w.Changed(): // the (empty) first lists, if they signalled
+	default:
+	}
 	for _, name := range []string{"p1", "p2", "p3", "p4", "p5"} {
 		if _, err := dyn.Resource(GVR).Create(ctx, pool(name, 0, []any{"2001:db8::/64"}, []any{"pod"}, []any{"x"}), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	eventually(t, "the cache has the pools", func() bool { return len(w.Pools()) == 5 })
-	close(release)
-	eventually(t, "the second call", func() bool { return n.Load() == 2 })
-	time.Sleep(200 * time.Millisecond)
-	if got := n.Load(); got != 2 {
-		t.Fatalf("%d calls, want 2", got)
+	for _, r := range w.handlers {
+		eventually(t, "the handlers saw them", r.HasSynced)
 	}
-}
-
-func TestRunErrors(t *testing.T) {
-	dyn, cs := fakeDyn(), fake.NewClientset()
-	w := New(dyn, cs.CoreV1().Namespaces(), quiet())
-	if err := w.Run(context.Background(), nil); err == nil {
-		t.Fatal("Run without onChange: no error")
-	}
-	run(t, w, dyn, cs, func() {})
-	if err := w.Run(context.Background(), func() {}); err == nil {
-		t.Fatal("second Run: no error")
-	}
-	// Never run: never synced; an ended ctx ends Run with nil.
-	idle := New(dyn, cs.CoreV1().Namespaces(), quiet())
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if err := idle.WaitSynced(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("WaitSynced: %v, want DeadlineExceeded", err)
-	}
-	<-ctx.Done()
-	if err := idle.Run(ctx, func() { t.Error("onChange after ctx ended") }); err != nil {
-		t.Fatalf("Run with an ended ctx: %v", err)
+	eventually(t, "a change signalled", func() bool { return len(w.changed) == 1 })
+	<-w.Changed()
+	select {
+	case <-w.Changed():
+		t.Fatal("five changes signalled twice")
+	default:
 	}
 }
 
@@ -303,8 +275,8 @@ func TestUpdateClaims(t *testing.T) {
 		pool("c", 2, []any{"2001:db8:c::/112"}, []any{"pod"}, []any{"x"}),
 	)
 	cs := fake.NewClientset()
-	w := New(dyn, cs.CoreV1().Namespaces(), quiet())
-	run(t, w, dyn, cs, func() {})
+	w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+	run(t, w, dyn, cs)
 
 	// A count for a pool the cache does not know is ignored.
 	counts := map[string]int{"a": 2, "b": 3, "gone": 7}
@@ -354,8 +326,8 @@ func TestUpdateClaimsConflict(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dyn := fakeDyn(pool("a", 0, []any{"2001:db8:a::/112"}, []any{"pod"}, []any{"x"}))
 			cs := fake.NewClientset()
-			w := New(dyn, cs.CoreV1().Namespaces(), quiet())
-			run(t, w, dyn, cs, func() {})
+			w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+			run(t, w, dyn, cs)
 			left := tc.conflicts
 			dyn.PrependReactor("update", GVR.Resource, func(a clienttesting.Action) (bool, runtime.Object, error) {
 				if a.GetSubresource() != "status" || left == 0 {

@@ -15,6 +15,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
 
 func inUseEntry(node, ip string) v1alpha1.NodeInUse {
@@ -70,8 +71,8 @@ func TestUpdateInUse(t *testing.T) {
 		pool("b", 0, []any{"2001:db8:b::/112"}, []any{"pod"}, []any{"x"}),
 	)
 	cs := fake.NewClientset()
-	w := New(dyn, cs.CoreV1().Namespaces(), quiet())
-	run(t, w, dyn, cs, func() {})
+	w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+	run(t, w, dyn, cs)
 	live := func(n string) bool { return n != "gone" }
 
 	n1 := map[string]v1alpha1.NodeInUse{"a": inUseEntry("", "2001:db8:ff::1")}
@@ -119,8 +120,8 @@ func TestUpdateInUseConflict(t *testing.T) {
 	ctx := context.Background()
 	dyn := fakeDyn(pool("a", 0, []any{"2001:db8:ff::/124"}, []any{"pod"}, []any{"x"}))
 	cs := fake.NewClientset()
-	w := New(dyn, cs.CoreV1().Namespaces(), quiet())
-	run(t, w, dyn, cs, func() {})
+	w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+	run(t, w, dyn, cs)
 	conflicts := 1
 	dyn.PrependReactor("update", GVR.Resource, func(a clienttesting.Action) (bool, runtime.Object, error) {
 		if a.GetSubresource() != "status" || conflicts == 0 {

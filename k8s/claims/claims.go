@@ -17,7 +17,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -142,45 +141,55 @@ type Claims struct {
 	node     string
 	log      *slog.Logger
 	informer cache.SharedIndexInformer
-	running  atomic.Bool
+	gone     chan struct{}
 }
 
-// New builds the client and the (cluster-wide) informer of AddressClaims
-// for the agent of node; Run runs the informer. log nil: slog.Default().
-func New(dyn dynamic.Interface, node string, log *slog.Logger) *Claims {
+// New builds the client and takes the (cluster-wide) informer of
+// AddressClaims from f, for the agent of node. log nil: slog.Default().
+func New(f *kubeclient.Factory, dyn dynamic.Interface, node string, log *slog.Logger) *Claims {
 	if log == nil {
 		log = slog.Default()
 	}
-	inf := kubeclient.NewDynamicInformer(dyn, GVR, nil)
-	// Before Run, so it cannot fail for a started informer.
-	_ = inf.AddIndexers(cache.Indexers{nodeIndex: func(obj any) ([]string, error) {
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok {
-			return nil, nil
-		}
-		n, _, _ := unstructured.NestedString(u.Object, "spec", "node")
-		return []string{n}, nil
-	}})
-	return &Claims{dyn: dyn, node: node, log: log, informer: inf}
+	inf := f.Informer(GVR.String(), func() cache.SharedIndexInformer {
+		inf := kubeclient.NewDynamicInformer(dyn, GVR, nil)
+		// Before it runs, so it cannot fail.
+		_ = inf.AddIndexers(cache.Indexers{nodeIndex: func(obj any) ([]string, error) {
+			u, ok := obj.(*unstructured.Unstructured)
+			if !ok {
+				return nil, nil
+			}
+			n, _, _ := unstructured.NestedString(u.Object, "spec", "node")
+			return []string{n}, nil
+		}})
+		return inf
+	})
+	c := &Claims{dyn: dyn, node: node, log: log, informer: inf, gone: make(chan struct{}, 1)}
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: c.deleted})
+	return c
 }
 
-// Run runs the informer until ctx ends, then returns nil.
-func (c *Claims) Run(ctx context.Context) error {
-	if !c.running.CompareAndSwap(false, true) {
-		return errors.New("address claims: Run called twice")
+// deleted signals Changed for this node's claims that leave the API.
+func (c *Claims) deleted(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
 	}
-	c.informer.RunWithContext(ctx) // returns once its goroutines are done
-	return nil
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return
+	}
+	if n, _, _ := unstructured.NestedString(u.Object, "spec", "node"); n != c.node {
+		return
+	}
+	select {
+	case c.gone <- struct{}{}:
+	default:
+	}
 }
 
-// WaitSynced returns once the informer has listed the claims, or an error
-// wrapping ctx.Err().
-func (c *Claims) WaitSynced(ctx context.Context) error {
-	if !cache.WaitForCacheSync(ctx.Done(), c.informer.HasSynced) {
-		return fmt.Errorf("address claims: informer did not sync: %w", ctx.Err())
-	}
-	return nil
-}
+// Changed receives a value (coalesced) after a claim of this node left the
+// API, released or deleted by someone else: the agent claims again what
+// a live pod still needs.
+func (c *Claims) Changed() <-chan struct{} { return c.gone }
 
 func (c *Claims) res() dynamic.ResourceInterface { return c.dyn.Resource(GVR) }
 
@@ -410,26 +419,6 @@ func (c *Claims) deleteExact(ctx context.Context, u *unstructured.Unstructured) 
 	uid, rv := u.GetUID(), u.GetResourceVersion()
 	pre := &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}
 	return c.res().Delete(ctx, u.GetName(), metav1.DeleteOptions{Preconditions: pre})
-}
-
-// OnGone calls f (from the informer's goroutine) with every claim of this
-// node that leaves the API, released or deleted by someone else: the
-// agent claims again what a live pod still needs.
-func (c *Claims) OnGone(f func(Claim)) {
-	_, _ = c.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		DeleteFunc: func(obj any) {
-			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-				obj = t.Obj
-			}
-			u, ok := obj.(*unstructured.Unstructured)
-			if !ok {
-				return
-			}
-			if cl, err := ClaimOf(u); err == nil && cl.Node == c.node {
-				f(cl)
-			}
-		},
-	})
 }
 
 // Taken returns the claim holding ip, from the informer's cache (which may

@@ -19,6 +19,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
@@ -105,7 +106,7 @@ func TestClaimNameInjective(t *testing.T) {
 
 func TestClaimCreatesTheObject(t *testing.T) {
 	a := newFakeAPI()
-	c := New(a, "node-a", quiet())
+	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	web := pod("tenant-a", "web-1")
 	// The node comes from the Claims when the Claim has none; a mapped
 	// address is claimed unmapped.
@@ -151,7 +152,7 @@ func TestClaimCreatesTheObject(t *testing.T) {
 func TestClaimLongNodeName(t *testing.T) {
 	a := newFakeAPI()
 	long := strings.Repeat("n", 70) + ".example.net"
-	c := New(a, long, quiet())
+	c := New(kubeclient.NewFactory(), a, long, quiet())
 	if err := c.Claim(context.Background(), claim("2001:db8::1", v1alpha1.UsePod, "p", pod("ns", "x"), "", "c1")); err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +166,7 @@ func TestClaimLongNodeName(t *testing.T) {
 }
 
 func TestClaimRejectsBadInput(t *testing.T) {
-	c := New(newFakeAPI(), "node-a", quiet())
+	c := New(kubeclient.NewFactory(), newFakeAPI(), "node-a", quiet())
 	good := claim("2001:db8::1", v1alpha1.UsePod, "p", pod("ns", "x"), "", "c1")
 	for name, tc := range map[string]struct {
 		mutate func(*Claim)
@@ -187,7 +188,7 @@ func TestClaimRejectsBadInput(t *testing.T) {
 			}
 		})
 	}
-	if err := New(newFakeAPI(), "", quiet()).Claim(context.Background(), good); err == nil || !strings.Contains(err.Error(), "no node") {
+	if err := New(kubeclient.NewFactory(), newFakeAPI(), "", quiet()).Claim(context.Background(), good); err == nil || !strings.Contains(err.Error(), "no node") {
 		t.Fatalf("Claim without a node: %v", err)
 	}
 }
@@ -195,12 +196,12 @@ func TestClaimRejectsBadInput(t *testing.T) {
 func TestClaimConflictNamesTheHolder(t *testing.T) {
 	a := newFakeAPI()
 	ctx := context.Background()
-	b := New(a, "node-b", quiet())
+	b := New(kubeclient.NewFactory(), a, "node-b", quiet())
 	holder := claim("2001:db8:100::5", v1alpha1.UsePod, "shared", podmeta.ID{Namespace: "tenant-b", Name: "web-1", UID: "6f1c"}, "", "0123456789abcdef0123")
 	if err := b.Claim(ctx, holder); err != nil {
 		t.Fatal(err)
 	}
-	nodeA := New(a, "node-a", quiet())
+	nodeA := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	err := nodeA.Claim(ctx, claim("2001:db8:100::5", v1alpha1.UsePod, "shared", pod("tenant-a", "db-0"), "", "fedcba"))
 	var ce *ClaimedError
 	if !errors.As(err, &ce) {
@@ -231,14 +232,14 @@ func TestClaimConflictNamesTheHolder(t *testing.T) {
 func TestClaimIdempotentRetry(t *testing.T) {
 	a := newFakeAPI()
 	ctx := context.Background()
-	c := New(a, "node-a", quiet())
+	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	cl := claim("198.51.100.1", v1alpha1.UseAddresses, "p", pod("ns", "x"), "", "c1")
 	for i := range 3 {
 		if err := c.Claim(ctx, cl); err != nil {
 			t.Fatalf("attempt %d: %v", i, err)
 		}
 	}
-	err := New(a, "node-b", quiet()).Claim(ctx, cl)
+	err := New(kubeclient.NewFactory(), a, "node-b", quiet()).Claim(ctx, cl)
 	var ce *ClaimedError
 	if !errors.As(err, &ce) || ce.Holder.Node != "node-a" {
 		t.Fatalf("same container on another node: %v, want a ClaimedError naming node-a", err)
@@ -255,7 +256,7 @@ func TestClaimIdempotentRetry(t *testing.T) {
 func TestClaimRetriesWhenTheHolderVanishes(t *testing.T) {
 	a := newFakeAPI()
 	ctx := context.Background()
-	other := New(a, "node-b", quiet())
+	other := New(kubeclient.NewFactory(), a, "node-b", quiet())
 	if err := other.Claim(ctx, claim("198.51.100.1", v1alpha1.UseAddresses, "p", pod("ns", "old"), "", "c-old")); err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +272,7 @@ func TestClaimRetriesWhenTheHolderVanishes(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	c := New(a, "node-a", quiet())
+	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	if err := c.Claim(ctx, claim("198.51.100.1", v1alpha1.UseAddresses, "p", pod("ns", "new"), "", "c-new")); err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +287,7 @@ func TestClaimAPIErrorIsWrapped(t *testing.T) {
 	a.PrependReactor("create", GVR.Resource, func(clienttesting.Action) (bool, runtime.Object, error) {
 		return true, nil, apierrors.NewForbidden(GVR.GroupResource(), "x", errors.New("rbac"))
 	})
-	err := New(a, "node-a", quiet()).Claim(context.Background(), claim("198.51.100.1", v1alpha1.UseAddresses, "p", pod("ns", "x"), "", "c1"))
+	err := New(kubeclient.NewFactory(), a, "node-a", quiet()).Claim(context.Background(), claim("198.51.100.1", v1alpha1.UseAddresses, "p", pod("ns", "x"), "", "c1"))
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "198.51.100.1") || !strings.Contains(err.Error(), "ns/x") {
 		t.Fatalf("Claim: %v, want a wrapped Forbidden naming the IP and pod", err)
 	}
@@ -301,7 +302,7 @@ func TestClaimAPIErrorIsWrapped(t *testing.T) {
 func TestClaimRace(t *testing.T) {
 	a := newFakeAPI()
 	ctx := context.Background()
-	nodes := []*Claims{New(a, "node-a", quiet()), New(a, "node-b", quiet())}
+	nodes := []*Claims{New(kubeclient.NewFactory(), a, "node-a", quiet()), New(kubeclient.NewFactory(), a, "node-b", quiet())}
 	var ips []netip.Addr
 	for i := range 10 {
 		ips = append(ips, netip.MustParseAddr(fmt.Sprintf("2001:db8:100::%x", i+1)))
@@ -382,7 +383,7 @@ func TestClaimRace(t *testing.T) {
 func TestReleaseOnlyOwn(t *testing.T) {
 	a := newFakeAPI()
 	ctx := context.Background()
-	c := New(a, "node-a", quiet())
+	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	ip := netip.MustParseAddr("198.51.100.1")
 	if err := c.Claim(ctx, claim(ip.String(), v1alpha1.UseAddresses, "p", pod("ns", "x"), "", "c1")); err != nil {
 		t.Fatal(err)
@@ -420,7 +421,7 @@ func TestReleaseOnlyOwn(t *testing.T) {
 func TestReleasePreconditions(t *testing.T) {
 	a := newFakeAPI()
 	ctx := context.Background()
-	c := New(a, "node-a", quiet())
+	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	ip := netip.MustParseAddr("198.51.100.1")
 	if err := c.Claim(ctx, claim(ip.String(), v1alpha1.UseAddresses, "p", pod("ns", "x"), "", "c1")); err != nil {
 		t.Fatal(err)
@@ -471,7 +472,7 @@ func TestReleasePreconditions(t *testing.T) {
 func TestReleaseAPIErrorIsWrapped(t *testing.T) {
 	a := newFakeAPI()
 	ctx := context.Background()
-	c := New(a, "node-a", quiet())
+	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	ip := netip.MustParseAddr("198.51.100.1")
 	if err := c.Claim(ctx, claim(ip.String(), v1alpha1.UseAddresses, "p", pod("ns", "x"), "", "c1")); err != nil {
 		t.Fatal(err)
@@ -488,7 +489,7 @@ func TestReleaseAPIErrorIsWrapped(t *testing.T) {
 func TestCacheReaders(t *testing.T) {
 	a := newFakeAPI()
 	ctx := context.Background()
-	nodeA, nodeB := New(a, "node-a", quiet()), New(a, "node-b", quiet())
+	nodeA, nodeB := New(kubeclient.NewFactory(), a, "node-a", quiet()), New(kubeclient.NewFactory(), a, "node-b", quiet())
 	// One claim before the informer lists, the rest seen by its watch.
 	if err := nodeA.Claim(ctx, claim("2001:db8:100::2", v1alpha1.UsePod, "shared", pod("ns", "a2"), "", "ca2")); err != nil {
 		t.Fatal(err)
@@ -541,21 +542,6 @@ func TestCacheReaders(t *testing.T) {
 	}
 }
 
-func TestRunTwiceAndWaitSyncedCanceled(t *testing.T) {
-	a := newFakeAPI()
-	c := New(a, "node-a", quiet())
-	start(t, a, c)
-	if err := c.Run(context.Background()); err == nil {
-		t.Fatal("second Run: no error")
-	}
-	never := New(a, "node-a", quiet()) // never run: never synced
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if err := never.WaitSynced(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("WaitSynced: %v, want DeadlineExceeded", err)
-	}
-}
-
 // A create whose answer is lost (a timeout, a reset connection) may have
 // been committed by the API server: Claim reads the claim back. Ours:
 // the create went through. Absent: it failed. No answer either: the error
@@ -600,7 +586,7 @@ func TestClaimReadsBackAnAmbiguousCreate(t *testing.T) {
 				}
 				return false, nil, nil
 			})
-			c := New(a, "node-a", quiet())
+			c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 			cl := claim("2001:db8:aa::1", v1alpha1.UseAddresses, "public", pod("ns", "x"), "", "c1")
 			err := c.Claim(context.Background(), cl)
 			switch {
@@ -634,33 +620,37 @@ func TestClaimReadsBackAnAmbiguousCreate(t *testing.T) {
 	}
 }
 
-// OnGone reports this node's claims that leave the API (kubectl delete),
-// not other nodes'.
-func TestOnGoneReportsThisNodesDeletedClaims(t *testing.T) {
+// Changed fires when one of this node's claims leaves the API (kubectl
+// delete), not for other nodes' claims.
+func TestChangedOnThisNodesDeletedClaims(t *testing.T) {
 	a := newFakeAPI()
 	mineCl := claim("2001:db8:aa::1", v1alpha1.UseAddresses, "public", pod("ns", "x"), "node-a", "c1")
 	other := claim("2001:db8:aa::2", v1alpha1.UseAddresses, "public", pod("ns", "y"), "node-b", "c2")
 	for _, cl := range []Claim{mineCl, other} {
-		if err := New(a, cl.Node, quiet()).Claim(context.Background(), cl); err != nil {
+		if err := New(kubeclient.NewFactory(), a, cl.Node, quiet()).Claim(context.Background(), cl); err != nil {
 			t.Fatal(err)
 		}
 	}
-	c := New(a, "node-a", quiet())
-	gone := make(chan Claim, 4)
-	c.OnGone(func(cl Claim) { gone <- cl })
+	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	start(t, a, c)
-	for _, ip := range []string{"2001:db8:aa::2", "2001:db8:aa::1"} {
+	del := func(ip string) {
+		t.Helper()
 		if err := a.Resource(GVR).Delete(context.Background(), ClaimName(netip.MustParseAddr(ip)), metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	got := <-gone
-	if got.IP != mineCl.IP || got.ContainerID != "c1" {
-		t.Fatalf("OnGone(%+v), want this node's claim of %s", got, mineCl.IP)
+	del("2001:db8:aa::2")
+	eventually(t, "the cache saw node b's claim go", func() bool { return len(c.all()) == 1 })
+	select {
+	case <-c.Changed():
+		t.Fatal("Changed fired for another node's claim")
+	default:
 	}
-	eventually(t, "the cache saw both deletes", func() bool { return len(c.all()) == 0 })
-	if len(gone) != 0 {
-		t.Errorf("OnGone also reported %+v, another node's", <-gone)
+	del("2001:db8:aa::1")
+	select {
+	case <-c.Changed():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Changed did not fire for this node's deleted claim")
 	}
 }
 
@@ -669,7 +659,7 @@ func TestOnGoneReportsThisNodesDeletedClaims(t *testing.T) {
 func TestClaimKeepsTheStaticUID(t *testing.T) {
 	a := newFakeAPI()
 	id := podmeta.ID{Namespace: "kube-system", Name: "dns-node-a", UID: "mirror-1", StaticUID: "static-1"}
-	if err := New(a, "node-a", quiet()).Claim(context.Background(), claim("2001:db8:aa::1", v1alpha1.UseAddresses, "public", id, "", "c1")); err != nil {
+	if err := New(kubeclient.NewFactory(), a, "node-a", quiet()).Claim(context.Background(), claim("2001:db8:aa::1", v1alpha1.UseAddresses, "public", id, "", "c1")); err != nil {
 		t.Fatal(err)
 	}
 	u, _ := a.get(t, "2001:db8:aa::1")

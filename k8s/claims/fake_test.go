@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	dynfake "k8s.io/client-go/dynamic/fake"
 	clienttesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
@@ -141,15 +142,13 @@ func start(t *testing.T, a *fakeAPI, c *Claims) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := c.Run(ctx); err != nil {
-			t.Errorf("Run: %v", err)
-		}
+		c.informer.RunWithContext(ctx) // the factory's job in the agent
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
 	defer scancel()
-	if err := c.WaitSynced(sctx); err != nil {
-		t.Fatal(err)
+	if !cache.WaitForCacheSync(sctx.Done(), c.informer.HasSynced) {
+		t.Fatal("the claims' informer did not sync")
 	}
 	eventually(t, "the informer watches", func() bool {
 		for _, act := range a.Actions() {

@@ -71,8 +71,8 @@ func (g *GC) clock() time.Time {
 	return time.Now()
 }
 
-// Run waits for the claims' cache, sweeps once, then every Grace/2 until
-// ctx ends; it returns nil when ctx ends.
+// Run sweeps once, then every Grace/2 until ctx ends, and returns nil
+// then. Start it once the claims' informer has synced.
 func (g *GC) Run(ctx context.Context) error {
 	if g.Claims == nil || g.Holds == nil || g.Pods == nil || g.Nodes == nil {
 		return errors.New("address claim GC: Claims, Holds, Pods and Nodes are required")
@@ -87,12 +87,6 @@ func (g *GC) Run(ctx context.Context) error {
 	grace := g.Grace
 	if grace <= 0 {
 		grace = DefaultGrace
-	}
-	if err := g.Claims.WaitSynced(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
 	}
 	seen := map[string]time.Time{}
 	tick := time.NewTicker(grace / 2)

@@ -15,6 +15,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
@@ -73,11 +74,11 @@ func setup(t *testing.T, cls ...Claim) (*fakeAPI, *Claims) {
 	t.Helper()
 	a := newFakeAPI()
 	for _, cl := range cls {
-		if err := New(a, cl.Node, quiet()).Claim(context.Background(), cl); err != nil {
+		if err := New(kubeclient.NewFactory(), a, cl.Node, quiet()).Claim(context.Background(), cl); err != nil {
 			t.Fatal(err)
 		}
 	}
-	c := New(a, "node-a", quiet())
+	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	start(t, a, c)
 	eventually(t, "the cache holds every claim", func() bool { return len(c.all()) == len(cls) })
 	return a, c
@@ -277,7 +278,7 @@ func TestGCWithoutCreationTimestamp(t *testing.T) {
 	if err := a.Tracker().Create(GVR, u, ""); err != nil {
 		t.Fatal(err)
 	}
-	c := New(a, "node-a", quiet())
+	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	start(t, a, c)
 	eventually(t, "the claim is cached", func() bool { return len(c.all()) == 1 })
 	w := newWorld()
@@ -311,7 +312,7 @@ func TestGCLeavesBrokenClaims(t *testing.T) {
 	if err := a.Tracker().Create(GVR, u, ""); err != nil {
 		t.Fatal(err)
 	}
-	c := New(a, "node-a", quiet())
+	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	start(t, a, c)
 	eventually(t, "the claim is cached", func() bool { return len(c.all()) == 1 })
 	if _, ok := c.Taken(netip.MustParseAddr(mineIP)); !ok {
@@ -325,42 +326,41 @@ func TestGCLeavesBrokenClaims(t *testing.T) {
 	}
 }
 
-// Run waits for the cache, sweeps at once, and returns nil when ctx ends.
+// Run sweeps at once (the cache synced: the daemon starts the GC once its
+// informers have), and returns nil when ctx ends.
 func TestGCRun(t *testing.T) {
 	a := newFakeAPI()
-	if err := New(a, "node-a", quiet()).Claim(context.Background(), mine()); err != nil {
+	if err := New(kubeclient.NewFactory(), a, "node-a", quiet()).Claim(context.Background(), mine()); err != nil {
 		t.Fatal(err)
 	}
-	c := New(a, "node-a", quiet())
+	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
+	start(t, a, c)
 	w := newWorld()
 	now := t0.Add(grace)
 	g := w.gc(c, &now)
 	g.Grace = time.Hour // one sweep (at start) in this test's lifetime
 	g.now = func() time.Time { return t0.Add(2 * time.Hour) }
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 2)
-	go func() { done <- c.Run(ctx) }()
+	done := make(chan error, 1)
 	go func() { done <- g.Run(ctx) }()
 	eventually(t, "the start sweep reclaims the claim", func() bool { return w.collected.Load() == 1 })
 	if err := g.Run(ctx); err == nil {
 		t.Fatal("second Run: no error")
 	}
 	cancel()
-	for range 2 {
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("Run: %v", err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("Run did not return after ctx ended")
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
 		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after ctx ended")
 	}
 	if err := (&GC{}).Run(context.Background()); err == nil {
 		t.Fatal("Run without Claims: no error")
 	}
 	// Canceled before the cache synced: nil.
-	never := &GC{Claims: New(a, "node-a", quiet()), Holds: g.Holds, Pods: g.Pods, Nodes: g.Nodes}
+	never := &GC{Claims: New(kubeclient.NewFactory(), a, "node-a", quiet()), Holds: g.Holds, Pods: g.Pods, Nodes: g.Nodes}
 	cctx, ccancel := context.WithCancel(context.Background())
 	ccancel()
 	if err := never.Run(cctx); err != nil {

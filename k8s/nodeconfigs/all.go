@@ -1,12 +1,8 @@
 package nodeconfigs
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"net/netip"
 	"slices"
-	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
@@ -19,50 +15,23 @@ import (
 // not advertise a summary that overlaps another node's.
 type All struct {
 	informer cache.SharedIndexInformer
-	running  atomic.Bool
+	handler  cache.ResourceEventHandlerRegistration
+	changed  chan struct{}
 }
 
-// NewAll watches every NodeConfig.
-func NewAll(dyn dynamic.Interface) *All {
-	return &All{informer: kubeclient.NewDynamicInformer(dyn, GVR, nil)}
-}
-
-// Run runs the informer until ctx ends; onChange is called when a node's
-// spec is added, changed or deleted.
-func (a *All) Run(ctx context.Context, onChange func()) error {
-	if onChange == nil {
-		return errors.New("nodeconfigs: Run needs an onChange callback")
-	}
-	if !a.running.CompareAndSwap(false, true) {
-		return errors.New("nodeconfigs: Run called twice")
-	}
-	reg, err := a.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { onChange() },
-		UpdateFunc: func(o, n any) {
-			ou, ok1 := o.(*unstructured.Unstructured)
-			nu, ok2 := n.(*unstructured.Unstructured)
-			if ok1 && ok2 && ou.GetGeneration() == nu.GetGeneration() {
-				return // a status write
-			}
-			onChange()
-		},
-		DeleteFunc: func(any) { onChange() },
+// NewAll watches every NodeConfig with an informer of f.
+func NewAll(f *kubeclient.Factory, dyn dynamic.Interface) *All {
+	a := &All{changed: make(chan struct{}, 1)}
+	a.informer = f.Informer(GVR.String(), func() cache.SharedIndexInformer {
+		return kubeclient.NewDynamicInformer(dyn, GVR, nil)
 	})
-	if err != nil {
-		return fmt.Errorf("nodeconfigs: %w", err)
-	}
-	a.informer.RunWithContext(ctx) // returns once its goroutines are done
-	_ = a.informer.RemoveEventHandler(reg)
-	return nil
+	a.handler, _ = a.informer.AddEventHandler(specChanges(func(*unstructured.Unstructured) { notify(a.changed) }))
+	return a
 }
 
-// WaitSynced returns once the informer has synced.
-func (a *All) WaitSynced(ctx context.Context) error {
-	if !cache.WaitForCacheSync(ctx.Done(), a.informer.HasSynced) {
-		return fmt.Errorf("nodeconfigs: informer did not sync: %w", ctx.Err())
-	}
-	return nil
-}
+// Changed receives a value (coalesced) after a node's spec was added,
+// changed or deleted.
+func (a *All) Changed() <-chan struct{} { return a.changed }
 
 // Summaries returns every node's summary pools (its non-shared pools), by
 // node name. A spec that does not parse contributes nothing.

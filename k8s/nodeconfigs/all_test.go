@@ -1,15 +1,15 @@
 package nodeconfigs
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
 
 func withPools(u *unstructured.Unstructured, pools ...map[string]any) *unstructured.Unstructured {
@@ -27,35 +27,38 @@ func TestAllSummaries(t *testing.T) {
 		withPools(nodeConfig("a", 1, 65001), map[string]any{"cidr": "fd00:10:1::/64"}, map[string]any{"cidr": "2001:db8:100::/112", "shared": true}),
 		withPools(nodeConfig("b", 1, 65001), map[string]any{"cidr": "fd00:10:2::/64"}, map[string]any{"cidr": "10.10.2.0/24"}),
 	)
-	all := NewAll(dyn)
-	changes := make(chan struct{}, 10)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = all.Run(ctx, func() { changes <- struct{}{} }) }()
-	defer func() { cancel(); wg.Wait() }()
-	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-	defer scancel()
-	if err := all.WaitSynced(sctx); err != nil {
-		t.Fatal(err)
-	}
+	f := kubeclient.NewFactory()
+	all := NewAll(f, dyn)
+	ctx := runFactory(t, f)
 	want := "map[a:[fd00:10:1::/64] b:[10.10.2.0/24 fd00:10:2::/64]]"
 	if got := fmt.Sprint(all.Summaries()); got != want {
 		t.Errorf("Summaries = %s, want %s", got, want)
 	}
-	for range 2 {
-		<-changes // the first list
-	}
+	// The first list signalled (once, coalesced): take it, once every
+	// event of it reached the handler.
+	waitFor(t, "the handler saw the first list", all.handler.HasSynced)
+	<-all.Changed()
 	upd := withPools(nodeConfig("b", 2, 65001), map[string]any{"cidr": "fd00:10:1::/64"})
 	if _, err := dyn.Resource(GVR).Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-changes:
+	case <-all.Changed():
 	case <-time.After(5 * time.Second):
 		t.Fatal("no change reported")
 	}
 	if got := all.Summaries()["b"]; len(got) != 1 || got[0] != netip.MustParsePrefix("fd00:10:1::/64") {
 		t.Errorf("b's summaries after the update: %v", got)
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

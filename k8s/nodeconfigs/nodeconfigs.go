@@ -4,15 +4,12 @@ package nodeconfigs
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
@@ -30,65 +27,77 @@ type Watcher struct {
 	dyn      dynamic.Interface
 	node     string
 	informer cache.SharedIndexInformer
-	running  atomic.Bool
+	changed  chan struct{}
 }
 
-// New watches the NodeConfig named node; Run delivers its versions.
-func New(dyn dynamic.Interface, node string) *Watcher {
-	inf := kubeclient.NewDynamicInformer(dyn, GVR, func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", node).String()
+// New follows the NodeConfig named node with the NodeConfig informer of
+// f (the one All uses: every node's NodeConfig is watched anyway, for the
+// summaries' overlaps).
+func New(f *kubeclient.Factory, dyn dynamic.Interface, node string) *Watcher {
+	inf := f.Informer(GVR.String(), func() cache.SharedIndexInformer {
+		return kubeclient.NewDynamicInformer(dyn, GVR, nil)
 	})
-	return &Watcher{dyn: dyn, node: node, informer: inf}
+	w := &Watcher{dyn: dyn, node: node, informer: inf, changed: make(chan struct{}, 1)}
+	_, _ = inf.AddEventHandler(specChanges(func(u *unstructured.Unstructured) {
+		if u.GetName() == node {
+			notify(w.changed)
+		}
+	}))
+	return w
 }
 
-// Run runs the informer until ctx ends, calling onChange (from the
-// informer's goroutine, one call at a time) with the spec as first listed
-// and with every new generation after that. Status writes (ours) bump
-// resourceVersion, not generation, and are not reported. A spec that does
-// not convert is skipped: Wait and the agent's validation report it.
-func (w *Watcher) Run(ctx context.Context, onChange func(spec *v1alpha1.NodeConfigSpec, generation int64)) error {
-	if onChange == nil {
-		return errors.New("nodeconfigs: Run needs an onChange callback")
+// Changed receives a value (coalesced) after the spec changed: a new
+// generation. Status writes (ours) bump resourceVersion, not generation,
+// and do not count.
+func (w *Watcher) Changed() <-chan struct{} { return w.changed }
+
+// Current is the NodeConfig as cached: its spec and generation. A spec
+// that does not convert is an error (Wait and the agent's validation
+// report it); no object is one too.
+func (w *Watcher) Current() (*v1alpha1.NodeConfigSpec, int64, error) {
+	obj, ok, err := w.informer.GetStore().GetByKey(w.node)
+	if err != nil {
+		return nil, 0, err
 	}
-	if !w.running.CompareAndSwap(false, true) {
-		return errors.New("nodeconfigs: Run called twice")
+	u, isU := obj.(*unstructured.Unstructured)
+	if !ok || !isU {
+		return nil, 0, fmt.Errorf("NodeConfig %q does not exist", w.node)
 	}
-	changed := func(obj any) {
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok || u.GetName() != w.node {
-			return
+	spec, err := SpecOf(u)
+	return spec, u.GetGeneration(), err
+}
+
+// specChanges calls f with every object added, deleted, or updated with a
+// new generation (a spec change: status writes do not count).
+func specChanges(f func(*unstructured.Unstructured)) cache.ResourceEventHandler {
+	call := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
 		}
-		if spec, err := SpecOf(u); err == nil {
-			onChange(spec, u.GetGeneration())
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			f(u)
 		}
 	}
-	// Registered before Start, so the first list is delivered too.
-	reg, err := w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: changed,
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: call,
 		UpdateFunc: func(o, n any) {
 			ou, ok1 := o.(*unstructured.Unstructured)
 			nu, ok2 := n.(*unstructured.Unstructured)
 			if ok1 && ok2 && ou.GetGeneration() == nu.GetGeneration() {
 				return
 			}
-			changed(n)
+			call(n)
 		},
-	})
-	if err != nil {
-		return fmt.Errorf("nodeconfigs: %w", err)
+		DeleteFunc: call,
 	}
-	w.informer.RunWithContext(ctx) // returns once its goroutines are done
-	_ = w.informer.RemoveEventHandler(reg)
-	return nil
 }
 
-// WaitSynced returns once the informer has listed the NodeConfig, or
-// ctx.Err().
-func (w *Watcher) WaitSynced(ctx context.Context) error {
-	if !cache.WaitForCacheSync(ctx.Done(), w.informer.HasSynced) {
-		return fmt.Errorf("nodeconfigs: informer did not sync: %w", ctx.Err())
+// notify never blocks an informer: a pending value covers every change.
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
-	return nil
 }
 
 // SpecOf converts an object's spec.

@@ -13,6 +13,7 @@ import (
 	dynfake "k8s.io/client-go/dynamic/fake"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
 
 func nodeConfig(name string, gen int64, asn uint32) *unstructured.Unstructured {
@@ -36,56 +37,60 @@ type change struct {
 	gen int64
 }
 
-// Defect: OnChange was a field the daemon assigned after New, racing the
-// informer that reads it. The callback is now a Run argument; the first
-// list and every new generation are delivered, status-only writes and
-// other nodes' NodeConfigs are not.
-func TestRunDeliversGenerations(t *testing.T) {
-	dyn := fakeClient(nodeConfig("vm", 1, 65001), nodeConfig("other", 1, 65099))
-	w := New(dyn, "vm")
-	got := make(chan change, 10)
+// runFactory runs f until the test ends and waits for its sync.
+func runFactory(t *testing.T, f *kubeclient.Factory) context.Context {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := w.Run(ctx, func(spec *v1alpha1.NodeConfigSpec, gen int64) { got <- change{spec.ASN, gen} }); err != nil {
-			t.Errorf("Run: %v", err)
+	wg.Go(func() { _ = f.Run(ctx) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+	defer scancel()
+	if err := f.WaitForSync(sctx); err != nil {
+		t.Fatal(err)
+	}
+	return ctx
+}
+
+// The spec as cached, and a signal for every new generation of this
+// node's NodeConfig: status-only writes and other nodes' NodeConfigs do
+// not signal.
+func TestChangedAndCurrent(t *testing.T) {
+	dyn := fakeClient(nodeConfig("vm", 1, 65001), nodeConfig("other", 1, 65099))
+	f := kubeclient.NewFactory()
+	w := New(f, dyn, "vm")
+	ctx := runFactory(t, f)
+	current := func(want change) {
+		t.Helper()
+		spec, gen, err := w.Current()
+		if err != nil || (change{spec.ASN, gen}) != want {
+			t.Fatalf("Current: %+v %d %v, want %+v", spec, gen, err, want)
 		}
-	}()
-	defer func() { cancel(); wg.Wait() }()
+	}
 	expect := func(want change) {
 		t.Helper()
 		select {
-		case c := <-got:
-			if c != want {
-				t.Fatalf("got %+v, want %+v", c, want)
-			}
+		case <-w.Changed():
+			current(want)
 		case <-time.After(5 * time.Second):
-			t.Fatalf("no change delivered, want %+v", want)
+			t.Fatalf("no change signalled, want %+v", want)
 		}
 	}
-	none := func() {
+	none := func(what string) {
 		t.Helper()
 		select {
-		case c := <-got:
-			t.Fatalf("unexpected change %+v", c)
+		case <-w.Changed():
+			t.Fatalf("%s: a change signalled", what)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	expect(change{65001, 1})
-	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-	defer scancel()
-	if err := w.WaitSynced(sctx); err != nil {
-		t.Fatal(err)
-	}
-	none()
+	expect(change{65001, 1}) // the first list
+	none("after the first list")
 
-	// Status write: same generation.
 	if err := w.UpdateStatus(ctx, v1alpha1.NodeConfigStatus{Peers: "0/0", ObservedGeneration: 1}); err != nil {
 		t.Fatal(err)
 	}
-	none()
+	none("status write (same generation)")
 
 	// Spec change: the API server bumps generation (the fake does not).
 	if _, err := dyn.Resource(GVR).Update(ctx, nodeConfig("vm", 2, 65002), metav1.UpdateOptions{}); err != nil {
@@ -93,20 +98,20 @@ func TestRunDeliversGenerations(t *testing.T) {
 	}
 	expect(change{65002, 2})
 
-	// Another node's NodeConfig is not ours (the fake ignores field selectors).
 	if _, err := dyn.Resource(GVR).Update(ctx, nodeConfig("other", 2, 65098), metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	none()
+	none("another node's NodeConfig")
+	current(change{65002, 2})
 
-	if err := w.Run(ctx, func(*v1alpha1.NodeConfigSpec, int64) {}); err == nil {
-		t.Error("second Run: want an error")
+	if _, _, err := New(kubeclient.NewFactory(), dyn, "missing").Current(); err == nil {
+		t.Error("Current of a NodeConfig never listed: want an error")
 	}
 }
 
 func TestWaitAndUpdateStatus(t *testing.T) {
 	dyn := fakeClient(nodeConfig("vm", 3, 65001))
-	w := New(dyn, "vm")
+	w := New(kubeclient.NewFactory(), dyn, "vm")
 	ctx := context.Background()
 	spec, gen, err := w.Wait(ctx, time.Second)
 	if err != nil || spec.ASN != 65001 || gen != 3 {
@@ -122,7 +127,7 @@ func TestWaitAndUpdateStatus(t *testing.T) {
 	if p, _, _ := unstructured.NestedString(u.Object, "status", "peers"); p != "1/2" {
 		t.Errorf("status.peers = %q", p)
 	}
-	if _, _, err := New(dyn, "missing").Wait(ctx, 0); err == nil {
+	if _, _, err := New(kubeclient.NewFactory(), dyn, "missing").Wait(ctx, 0); err == nil {
 		t.Error("Wait for a missing NodeConfig: want an error")
 	}
 }

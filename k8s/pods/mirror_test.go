@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
@@ -47,7 +48,7 @@ func (e *events) list() []event {
 func TestMirrorRecreatedReportsStaticUID(t *testing.T) {
 	cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
 	ev := &events{}
-	s := New(podsOf(cs), "vm", ev)
+	s := New(kubeclient.NewFactory(), podsOf(cs), "vm", ev)
 	ctx := run(t, s)
 	api := cs.CoreV1().Pods("shop")
 	if err := api.Delete(ctx, "etcd-vm", metav1.DeleteOptions{}); err != nil {

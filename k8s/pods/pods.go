@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -43,23 +42,24 @@ type Events interface {
 // was just created (kubelet can be faster than our watch).
 const DefaultWait = 3 * time.Second
 
-// Source implements podmeta.Source from the API. Use: New, go Run,
-// WaitSynced, then Lookup.
+// Source implements podmeta.Source from the API. Use: New, run the
+// factory and wait for its sync, then Lookup.
 type Source struct {
 	client   func(namespace string) Client
 	informer cache.SharedIndexInformer
-	running  atomic.Bool
 	// Wait bounds the ADD-time wait for a pod the cache does not have yet.
 	// Set it before the first Lookup.
 	Wait time.Duration
 }
 
-// New builds the informer for node's pods; Run runs it. client returns the
-// pod API of a namespace. events (may be nil) is wired here, before any
-// informer goroutine exists.
-func New(client func(namespace string) Client, node string, events Events) *Source {
-	inf := kubeclient.NewInformer(client(metav1.NamespaceAll), &corev1.Pod{}, func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+// New takes the informer of node's pods from f. client returns the pod
+// API of a namespace. events (may be nil) is wired here, before the
+// informer runs.
+func New(f *kubeclient.Factory, client func(namespace string) Client, node string, events Events) *Source {
+	inf := f.Informer("pods/node="+node, func() cache.SharedIndexInformer {
+		return kubeclient.NewInformer(client(metav1.NamespaceAll), &corev1.Pod{}, func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+		})
 	})
 	s := &Source{client: client, informer: inf, Wait: DefaultWait}
 	if events == nil {
@@ -100,24 +100,6 @@ func handler(events Events) cache.ResourceEventHandlerFuncs {
 			}
 		},
 	}
-}
-
-// Run runs the informer until ctx ends.
-func (s *Source) Run(ctx context.Context) error {
-	if !s.running.CompareAndSwap(false, true) {
-		return errors.New("pods: Run called twice")
-	}
-	s.informer.RunWithContext(ctx) // returns once its goroutines are done
-	return nil
-}
-
-// WaitSynced returns once the informer has listed this node's pods, or
-// ctx.Err().
-func (s *Source) WaitSynced(ctx context.Context) error {
-	if !cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced) {
-		return fmt.Errorf("pods: informer did not sync: %w", ctx.Err())
-	}
-	return nil
 }
 
 // ID is the pod's identity; a mirror pod's carries its static pod's UID.

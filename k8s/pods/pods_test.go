@@ -12,7 +12,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
@@ -83,15 +85,13 @@ func run(t *testing.T, s *Source) context.Context {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := s.Run(ctx); err != nil {
-			t.Errorf("Run: %v", err)
-		}
+		s.informer.RunWithContext(ctx) // the factory's job in the agent
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
 	defer scancel()
-	if err := s.WaitSynced(sctx); err != nil {
-		t.Fatal(err)
+	if !cache.WaitForCacheSync(sctx.Done(), s.informer.HasSynced) {
+		t.Fatal("the pod informer did not sync")
 	}
 	return ctx
 }
@@ -99,7 +99,7 @@ func run(t *testing.T, s *Source) context.Context {
 func TestLookupReadinessAndDeletion(t *testing.T) {
 	cs := fake.NewClientset(pod("web-abc12-x", "vm", false))
 	rec := &recorder{ready: map[string]bool{}}
-	s := New(podsOf(cs), "vm", rec)
+	s := New(kubeclient.NewFactory(), podsOf(cs), "vm", rec)
 	s.Wait = 300 * time.Millisecond
 	ctx := run(t, s)
 	args := podmeta.Args{podmeta.ArgNamespace: "shop", podmeta.ArgName: "web-abc12-x", podmeta.ArgUID: "uid-web-abc12-x"}
@@ -194,7 +194,7 @@ func TestLookupStaticPodByMirrorAnnotation(t *testing.T) {
 	t.Run("cache", func(t *testing.T) {
 		cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
 		rec := &recorder{ready: map[string]bool{}}
-		s := New(podsOf(cs), "vm", rec)
+		s := New(kubeclient.NewFactory(), podsOf(cs), "vm", rec)
 		s.Wait = 0 // one look at the cache, then the API
 		ctx := run(t, s)
 		before := podGets(cs)
@@ -207,7 +207,7 @@ func TestLookupStaticPodByMirrorAnnotation(t *testing.T) {
 
 	t.Run("API fallback", func(t *testing.T) {
 		cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
-		s := New(podsOf(cs), "vm", nil) // never run: the cache stays empty
+		s := New(kubeclient.NewFactory(), podsOf(cs), "vm", nil) // never run: the cache stays empty
 		s.Wait = 0
 		p, err := s.Lookup(context.Background(), args)
 		check(t, p, err)
@@ -218,7 +218,7 @@ func TestLookupStaticPodByMirrorAnnotation(t *testing.T) {
 
 	t.Run("other static pod", func(t *testing.T) {
 		cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
-		s := New(podsOf(cs), "vm", nil)
+		s := New(kubeclient.NewFactory(), podsOf(cs), "vm", nil)
 		s.Wait = 0
 		bad := podmeta.Args{podmeta.ArgNamespace: "shop", podmeta.ArgName: "etcd-vm", podmeta.ArgUID: "older-static-uid"}
 		_, err := s.Lookup(context.Background(), bad)
@@ -232,7 +232,7 @@ func TestLookupStaticPodByMirrorAnnotation(t *testing.T) {
 // static pod keeps running: the leak GC must not release its allocation.
 func TestExistsMirrorRecreated(t *testing.T) {
 	cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
-	s := New(podsOf(cs), "vm", nil)
+	s := New(kubeclient.NewFactory(), podsOf(cs), "vm", nil)
 	ctx := context.Background()
 	for _, uid := range []string{"mirror-uid", "static-uid", "an-earlier-mirror-uid"} {
 		if ok, err := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "etcd-vm", UID: uid}); !ok || err != nil {
@@ -248,13 +248,5 @@ func TestExistsMirrorRecreated(t *testing.T) {
 	}
 	if ok, err := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "gone", UID: "x"}); ok || err != nil {
 		t.Errorf("Exists(gone): %v %v", ok, err)
-	}
-}
-
-func TestRunTwice(t *testing.T) {
-	s := New(podsOf(fake.NewClientset()), "vm", nil)
-	run(t, s)
-	if err := s.Run(context.Background()); err == nil {
-		t.Error("second Run: want an error")
 	}
 }

@@ -6,10 +6,8 @@ package secrets
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"maps"
-	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -32,21 +30,22 @@ type Client interface {
 // DefaultName of the password Secret.
 const DefaultName = "flock-bgp-passwords"
 
-// Passwords watches the Secret. Use: New, go Run, WaitSynced, then read
-// passwords and re-read them whenever Changed fires.
+// Passwords watches the Secret. Use: New, run the factory and wait for
+// its sync, then read passwords and re-read them whenever Changed fires.
 type Passwords struct {
 	namespace, name string
 	informer        cache.SharedIndexInformer
 	changed         chan struct{}
-	running         atomic.Bool
 }
 
-// New watches namespace/name through client, the Secret API of namespace.
-// The event handler is registered here, before any goroutine runs, so
-// nothing is assigned once the informer is live.
-func New(client Client, namespace, name string) *Passwords {
-	inf := kubeclient.NewInformer(client, &corev1.Secret{}, func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+// New watches namespace/name through client, the Secret API of namespace,
+// with an informer of f. The event handler is registered here, before the
+// informer runs, so nothing is assigned once it is live.
+func New(f *kubeclient.Factory, client Client, namespace, name string) *Passwords {
+	inf := f.Informer("secret/"+namespace+"/"+name, func() cache.SharedIndexInformer {
+		return kubeclient.NewInformer(client, &corev1.Secret{}, func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		})
 	})
 	p := &Passwords{namespace: namespace, name: name, informer: inf, changed: make(chan struct{}, 1)}
 	_, _ = p.informer.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
@@ -83,24 +82,6 @@ func (p *Passwords) notify() {
 // updated, deleted) since the informer synced. Signals coalesce; one that
 // arrives before anybody reads is kept.
 func (p *Passwords) Changed() <-chan struct{} { return p.changed }
-
-// Run runs the informer until ctx ends.
-func (p *Passwords) Run(ctx context.Context) error {
-	if !p.running.CompareAndSwap(false, true) {
-		return errors.New("secrets: Run called twice")
-	}
-	p.informer.RunWithContext(ctx) // returns once its goroutines are done
-	return nil
-}
-
-// WaitSynced returns once the informer holds the Secret (or knows it is
-// absent), or ctx.Err().
-func (p *Passwords) WaitSynced(ctx context.Context) error {
-	if !cache.WaitForCacheSync(ctx.Done(), p.informer.HasSynced) {
-		return fmt.Errorf("secrets: informer for %s/%s did not sync: %w", p.namespace, p.name, ctx.Err())
-	}
-	return nil
-}
 
 // Password is a bgp.PasswordSource for Kubernetes mode: the value under
 // the peer's passwordSecretKey as stored (the speaker normalizes it), and

@@ -9,8 +9,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
 
 const ns = "flock-system"
@@ -31,15 +33,13 @@ func start(t *testing.T, p *Passwords) context.Context {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := p.Run(ctx); err != nil {
-			t.Errorf("Run: %v", err)
-		}
+		p.informer.RunWithContext(ctx) // the factory's job in the agent
 	}()
 	t.Cleanup(func() { cancel(); wg.Wait() })
 	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
 	defer scancel()
-	if err := p.WaitSynced(sctx); err != nil {
-		t.Fatal(err)
+	if !cache.WaitForCacheSync(sctx.Done(), p.informer.HasSynced) {
+		t.Fatal("the Secret's informer did not sync")
 	}
 	return ctx
 }
@@ -74,7 +74,7 @@ func signalled(p *Passwords, within time.Duration) bool {
 // Changed() is kept.
 func TestRotationBeforeFirstReadIsSignalled(t *testing.T) {
 	cs := fake.NewClientset(secret(map[string]string{"tor1": "s3cret"}))
-	p := New(cs.CoreV1().Secrets(ns), ns, DefaultName)
+	p := New(kubeclient.NewFactory(), cs.CoreV1().Secrets(ns), ns, DefaultName)
 	ctx := start(t, p)
 	tor1 := v1alpha1.Peer{Address: "fd00::2", PasswordSecretKey: "tor1"}
 	if pw, _, err := p.Password(tor1); err != nil || string(pw) != "s3cret" {
@@ -126,7 +126,7 @@ func TestRotationBeforeFirstReadIsSignalled(t *testing.T) {
 // A Secret created after the agent started is a change.
 func TestSecretCreatedLaterIsSignalled(t *testing.T) {
 	cs := fake.NewClientset()
-	p := New(cs.CoreV1().Secrets(ns), ns, DefaultName)
+	p := New(kubeclient.NewFactory(), cs.CoreV1().Secrets(ns), ns, DefaultName)
 	ctx := start(t, p)
 	tor1 := v1alpha1.Peer{Address: "fd00::2", PasswordSecretKey: "tor1"}
 	if _, _, err := p.Password(tor1); err == nil {
@@ -146,7 +146,7 @@ func TestSecretCreatedLaterIsSignalled(t *testing.T) {
 // Secret is an error naming the Secret, the key and the peer.
 func TestPasswordAsStoredWithWhere(t *testing.T) {
 	cs := fake.NewClientset(secret(map[string]string{"lf": "s3cret\n", "empty": ""}))
-	p := New(cs.CoreV1().Secrets(ns), ns, DefaultName)
+	p := New(kubeclient.NewFactory(), cs.CoreV1().Secrets(ns), ns, DefaultName)
 	start(t, p)
 	for _, tc := range []struct {
 		peer    v1alpha1.Peer
@@ -172,13 +172,5 @@ func TestPasswordAsStoredWithWhere(t *testing.T) {
 		if err != nil || string(raw) != string(tc.want) || (raw == nil) != (tc.want == nil) || where != tc.where {
 			t.Errorf("%s: %q %q %v, want %q %q", tc.peer.PasswordSecretKey, raw, where, err, tc.want, tc.where)
 		}
-	}
-}
-
-func TestRunTwice(t *testing.T) {
-	p := New(fake.NewClientset().CoreV1().Secrets(ns), ns, DefaultName)
-	start(t, p)
-	if err := p.Run(context.Background()); err == nil {
-		t.Error("second Run: want an error")
 	}
 }

@@ -1,0 +1,94 @@
+package daemon
+
+import (
+	"context"
+
+	"golang.org/x/sync/errgroup"
+)
+
+// recovery is what start-up does, step by step; startup puts the steps in
+// the order the design depends on.
+type recovery interface {
+	// start starts the components of a phase.
+	start(ctx context.Context, p phase)
+	// sync waits for the informers' first lists (Kubernetes mode).
+	sync(ctx context.Context) error
+	// authorize makes the AddressPools the authority and hands their pod
+	// CIDRs to IPAM.
+	authorize()
+	// restore recovers the allocations (agent.Restore).
+	restore(ctx context.Context) error
+	// originate hands the speaker the full set before any session is up.
+	originate(ctx context.Context)
+	// peer adds the BGP peers.
+	peer()
+	// serve marks the agent ready (readyz).
+	serve()
+}
+
+// startup runs the start-up in its order:
+//
+//  1. the components recovery needs (the speaker, the informers, metrics
+//     saying "not ready");
+//  2. the informers' first sync: pod readiness is known before anything is
+//     restored (a restart neither withdraws nor re-announces anycast), the
+//     BGP passwords before a peer is added, the AddressPools and the
+//     cluster's claims before an address is authorized or a claim checked,
+//     every node's summaries before ours is advertised;
+//  3. the AddressPools become the authority — only after the sync;
+//  4. the allocations are restored;
+//  5. the speaker gets the full set, then the peers, so each peer's first
+//     UPDATEs (and End-of-RIB) carry all of it;
+//  6. ready, and only then everything that serves requests or changes
+//     state: the CNI socket (bound before start-up, so a plugin call waits
+//     in its backlog and is answered from the restored state), the admin
+//     API, the reconcilers, the followers of config and pools.
+//
+// An error stops start-up where it happened: nothing after it runs.
+func startup(ctx context.Context, r recovery) error {
+	r.start(ctx, duringRecovery)
+	if err := r.sync(ctx); err != nil {
+		return err
+	}
+	r.authorize()
+	if err := r.restore(ctx); err != nil {
+		return err
+	}
+	r.originate(ctx)
+	r.peer()
+	r.serve()
+	r.start(ctx, whenServing)
+	return nil
+}
+
+// daemonStartup is the daemon's recovery.
+type daemonStartup struct {
+	d *daemon
+	g *errgroup.Group
+}
+
+func (s *daemonStartup) start(ctx context.Context, p phase) { s.d.components.start(ctx, s.g, p) }
+
+func (s *daemonStartup) sync(ctx context.Context) error {
+	if s.d.kube == nil {
+		return nil
+	}
+	return s.d.kube.factory.WaitForSync(ctx)
+}
+
+func (s *daemonStartup) authorize() { s.d.applyPools() }
+
+func (s *daemonStartup) restore(ctx context.Context) error { return s.d.agent.Restore(ctx) }
+
+func (s *daemonStartup) originate(ctx context.Context) {
+	if err := s.d.bgpLoop.Pass(ctx, true); err != nil {
+		s.d.log.Error("bgp: initial sync; the reconciler retries", "err", err)
+	}
+}
+
+func (s *daemonStartup) peer() { s.d.reapplyPeers() }
+
+func (s *daemonStartup) serve() {
+	s.d.ready.Store(true)
+	s.d.statusChanged()
+}
