@@ -113,7 +113,7 @@ func (s *Speaker) neighborLocked(key string, p *peer, byAddr map[netip.Addr]*api
 		n.State = sessionState(p.state)
 		n.Since = p.since
 		if p.state == bgp.BGP_FSM_ESTABLISHED {
-			n.Uptime = max(time.Since(p.since).Round(time.Second), time.Second)
+			n.Uptime = session.Duration(max(time.Since(p.since).Round(time.Second), time.Second))
 		}
 	}
 	var lp *api.Peer

@@ -3,7 +3,10 @@
 // are. It imports nothing of GoBGP, so flockctl links none of it.
 package session
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // FamilyCounts are per-family prefix counters.
 type FamilyCounts struct {
@@ -37,7 +40,7 @@ type Neighbor struct {
 	PeerASN  uint32        `json:"peerASN"`
 	State    State         `json:"state"`
 	Since    time.Time     `json:"since,omitzero"` // last state change
-	Uptime   time.Duration `json:"uptime"`         // while established
+	Uptime   Duration      `json:"uptime,omitzero"` // while established
 	// RFC5549Mismatch: the RFC 5549 guard holds IPv4 routes back from
 	// this established session (Warnings says why).
 	RFC5549Mismatch bool           `json:"rfc5549Mismatch,omitempty"`
@@ -71,3 +74,26 @@ type BFDDetail struct {
 
 // Established tells whether the session is up.
 func (n Neighbor) Established() bool { return n.State == Established }
+
+// Duration is a time.Duration that reads "1h2m3s" in JSON, for people
+// reading `flockctl -o json`.
+type Duration time.Duration
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MarshalJSON writes the duration as a string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(d.String()) }
+
+// UnmarshalJSON reads a duration string ("1h2m3s").
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}

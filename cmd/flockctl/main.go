@@ -175,7 +175,7 @@ func run(args []string, out io.Writer) error {
 				}
 				uptime := "-"
 				if n.Uptime > 0 {
-					uptime = n.Uptime.Round(time.Second).String()
+					uptime = n.Uptime.String()
 				}
 				bfd := n.BFD
 				if b := n.BFDDetail; b != nil && (b.Failures > 0 || b.PlannedDowns > 0 || b.Diag != "") {

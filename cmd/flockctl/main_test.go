@@ -58,7 +58,7 @@ func (f *fakeSource) Pods() []admin.Pod {
 }
 func (f *fakeSource) Neighbors() []session.Neighbor {
 	return []session.Neighbor{
-		{Peer: "fd00::2", LocalASN: 64512, PeerASN: 64513, State: session.Established, Uptime: 90 * time.Minute,
+		{Peer: "fd00::2", LocalASN: 64512, PeerASN: 64513, State: session.Established, Uptime: session.Duration(90 * time.Minute),
 			Families: []session.FamilyCounts{{Family: "ipv6", Received: 0, Accepted: 0, Advertised: 7}}, BFD: "up", GR: "enabled",
 			BFDDetail: &session.BFDDetail{State: "Up", Failures: 1, Diag: "detection time expired"}},
 		{Peer: "interface eth1", State: session.Active, LastError: "connection refused", BFD: "down",
@@ -114,7 +114,7 @@ func TestStatusRoutesReady(t *testing.T) {
 		{[]string{"-o", "json", "status"}, []string{`"failing": true`, `"lastError": "route 2001:db8:ff::1/128: no such device"`}},
 		{[]string{"bgp", "neighbors"}, []string{"fd00::2", "Established", "1h30m0s", "ipv6 0/0/7", "1 failures", "detection time expired",
 			"interface eth1", "Active", "connection refused", "bfd socket (3 failures): bind: address in use"}},
-		{[]string{"-o", "json", "bgp", "neighbors"}, []string{`"state": "Established"`, `"socketError": "bind: address in use"`}},
+		{[]string{"-o", "json", "bgp", "neighbors"}, []string{`"state": "Established"`, `"uptime": "1h30m0s"`, `"socketError": "bind: address in use"`}},
 	} {
 		var out bytes.Buffer
 		if err := run(append([]string{"--socket", sock}, tc.args...), &out); err != nil {

@@ -1,5 +1,10 @@
 package agent
 
+// Cluster-wide claims: the IPs of an attachment that must be unique across
+// the cluster (its `addresses` IPs, its pod addresses outside the node's
+// summaries) are claimed before the kernel is touched, given back on DEL,
+// and kept matching the attachments by the repair.
+
 import (
 	"context"
 	"errors"
@@ -9,17 +14,11 @@ import (
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
-
-// Authority decides whether a pod's namespace may use an address (or a
-// cidr6/cidr4 range) for a use: v1alpha1.UsePod, UseAnycast or
-// UseAddresses. It returns the AddressPool that allows it.
-type Authority interface {
-	Authorize(use string, want netip.Prefix, namespace string) (pool string, err error)
-}
 
 // Claim is one cluster-wide claim on an IP.
 type Claim struct {
@@ -52,19 +51,6 @@ type Claims interface {
 	Node() []Claim
 }
 
-// AuthError is a value a pod asked for that no AddressPool allows it.
-type AuthError struct {
-	Pod podmeta.ID
-	Key string // the annotation
-	Err error
-}
-
-func (e *AuthError) Error() string {
-	return fmt.Sprintf("pod %s: annotation %s: %v", e.Pod, e.Key, e.Err)
-}
-
-func (e *AuthError) Unwrap() error { return e.Err }
-
 // ClaimError is an IP another attachment holds cluster-wide.
 type ClaimError struct {
 	Pod podmeta.ID
@@ -83,66 +69,6 @@ func (e *ClaimError) Error() string {
 }
 
 func (e *ClaimError) Unwrap() error { return e.Err }
-
-// grants are the pools that authorized a pod's values.
-type grants map[netip.Addr]string
-
-// authorize checks every anycast, addresses, cidr6 and cidr4 value a pod
-// asks for. A range inside one of the node's summaries needs no pool: the
-// node's own addresses are open to every pod.
-func (a *Agent) authorize(pod podmeta.Pod, req annotations.Request) (grants, map[netip.Prefix]string, error) {
-	ips := grants{}
-	ranges := map[netip.Prefix]string{}
-	if a.cfg.Authority == nil {
-		return ips, ranges, nil
-	}
-	check := func(key, use string, want netip.Prefix) (string, error) {
-		pool, err := a.cfg.Authority.Authorize(use, want, pod.Namespace)
-		if err != nil {
-			return "", &AuthError{Pod: pod.ID, Key: key, Err: err}
-		}
-		return pool, nil
-	}
-	for _, r := range []struct {
-		key string
-		rng netip.Prefix
-	}{{annotations.CIDR6, req.CIDR6}, {annotations.CIDR4, req.CIDR4}} {
-		if !r.rng.IsValid() || a.inSummary(r.rng) {
-			continue
-		}
-		pool, err := check(r.key, v1alpha1.UsePod, r.rng)
-		if err != nil {
-			return nil, nil, err
-		}
-		ranges[r.rng] = pool
-	}
-	for _, set := range []struct {
-		key, use string
-		ips      []netip.Addr
-	}{{annotations.Anycast, v1alpha1.UseAnycast, req.Anycast}, {annotations.Addresses, v1alpha1.UseAddresses, req.Addresses}} {
-		for _, ip := range set.ips {
-			// The more precise reason first: a pod pool is IPAM's.
-			if err := a.state.NotInPodPool(set.key, ip); err != nil {
-				return nil, nil, err
-			}
-			pool, err := check(set.key, set.use, netip.PrefixFrom(ip, ip.BitLen()))
-			if err != nil {
-				return nil, nil, err
-			}
-			ips[ip] = pool
-		}
-	}
-	return ips, ranges, nil
-}
-
-func (a *Agent) inSummary(p netip.Prefix) bool {
-	for _, s := range a.state.Summaries() {
-		if s.Bits() <= p.Bits() && s.Contains(p.Addr()) {
-			return true
-		}
-	}
-	return false
-}
 
 // claimsOf are the IPs of an allocation that must be unique cluster-wide:
 // its `addresses` IPs and its pod addresses outside the node's summaries.
@@ -215,4 +141,93 @@ func (a *Agent) releaseClaims(ctx context.Context, cs []Claim) (failed []Claim) 
 		}
 	}
 	return failed
+}
+
+// ensureClaims makes the cluster-wide claims match the committed
+// allocations: a claim that is missing (lost in a crash, deleted by hand
+// while its pod runs) is taken again, with the pool that allows it now; one another pod took
+// meanwhile quarantines the allocation — routed and advertised nowhere,
+// and said so — rather than letting two pods answer on one IP. An API
+// error leaves it to the next repair.
+func (a *Agent) ensureClaims(ctx context.Context) {
+	if a.cfg.Claims == nil {
+		return
+	}
+	held := map[netip.Addr]string{}
+	for _, c := range a.cfg.Claims.Node() {
+		held[c.IP] = c.ContainerID
+	}
+	for _, r := range a.state.Committed() {
+		var missing []Claim
+		for _, c := range a.claimsNow(r) {
+			if held[c.IP] != r.ContainerID {
+				missing = append(missing, c)
+			}
+		}
+		if len(missing) > 0 {
+			a.reclaim(ctx, r.ContainerID, missing)
+		}
+	}
+}
+
+// reclaim takes an allocation's missing claims again, under its lock.
+func (a *Agent) reclaim(ctx context.Context, id string, cs []Claim) {
+	unlock := a.locks.Lock(id)
+	defer unlock()
+	if _, phase, ok := a.state.Get(id); !ok || phase != nodestate.Committed {
+		return // deleted meanwhile
+	}
+	for _, c := range cs {
+		err := a.cfg.Claims.Claim(ctx, c)
+		switch {
+		case err == nil:
+			a.log.Info("cluster-wide claim taken again (it was missing from the API)", "container", id, "pod", c.Pod, "ip", c.IP, "pool", c.Pool)
+		case errors.Is(err, ErrClaimed):
+			a.log.Error("quarantined allocation: another pod holds its address cluster-wide", "container", id, "pod", c.Pod, "ip", c.IP, "err", err)
+			a.state.MarkStuck(id, fmt.Sprintf("claim of %s: %v", c.IP, err))
+			return
+		default:
+			a.log.Warn("cannot check a cluster-wide claim; the next repair tries again", "container", id, "ip", c.IP, "err", err)
+		}
+	}
+}
+
+// releaseUnowned gives back this node's claims that no attachment holds:
+// a crash between the claim and the record, a create whose answer was
+// lost (by an ADD the runtime then retried with other IPs) and whose
+// release failed. An ADD in flight holds its IPs before it claims them.
+func (a *Agent) releaseUnowned(ctx context.Context) {
+	if a.cfg.Claims == nil {
+		return
+	}
+	for _, c := range a.cfg.Claims.Node() {
+		if a.state.Holds(c.ContainerID, c.IP) {
+			continue
+		}
+		a.log.Warn("releasing a cluster-wide claim no allocation owns", "ip", c.IP, "container", c.ContainerID, "pod", c.Pod)
+		a.releaseClaims(ctx, []Claim{c})
+	}
+}
+
+// claimsNow are an allocation's claims with the pools that allow them
+// now (a restored record does not say which pool granted an IP).
+func (a *Agent) claimsNow(r store.Allocation) []Claim {
+	ips, ranges := grants{}, map[netip.Prefix]string{}
+	if a.cfg.Authority != nil {
+		for _, ip := range r.IPs {
+			p := netip.PrefixFrom(ip, ip.BitLen())
+			if a.inSummary(p) {
+				continue
+			}
+			if pool, err := a.cfg.Authority.Authorize(v1alpha1.UsePod, p, r.Pod.Namespace); err == nil {
+				ranges[p] = pool
+			}
+		}
+		for _, ip := range r.Addresses {
+			if pool, err := a.cfg.Authority.Authorize(v1alpha1.UseAddresses, netip.PrefixFrom(ip, ip.BitLen()), r.Pod.Namespace); err == nil {
+				ips[ip] = pool
+			}
+		}
+	}
+	return a.claimsOf(r, ips, ranges)
 }
