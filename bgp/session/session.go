@@ -34,13 +34,13 @@ const (
 
 // Neighbor is one session as an operator sees it.
 type Neighbor struct {
-	Peer     string        `json:"peer"`              // Key: configured address or "interface X"
-	Address  string        `json:"address,omitempty"` // resolved neighbour address (no zone)
-	LocalASN uint32        `json:"localASN"`
-	PeerASN  uint32        `json:"peerASN"`
-	State    State         `json:"state"`
-	Since    time.Time     `json:"since,omitzero"` // last state change
-	Uptime   Duration      `json:"uptime,omitzero"` // while established
+	Peer     string    `json:"peer"`              // Key: configured address or "interface X"
+	Address  string    `json:"address,omitempty"` // resolved neighbour address (no zone)
+	LocalASN uint32    `json:"localASN"`
+	PeerASN  uint32    `json:"peerASN"`
+	State    State     `json:"state"`
+	Since    time.Time `json:"since,omitzero"`  // last state change
+	Uptime   Duration  `json:"uptime,omitzero"` // while established
 	// RFC5549Mismatch: the RFC 5549 guard holds IPv4 routes back from
 	// this established session (Warnings says why).
 	RFC5549Mismatch bool           `json:"rfc5549Mismatch,omitempty"`
