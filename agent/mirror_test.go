@@ -60,7 +60,7 @@ func kubeEnv(t *testing.T, cs *fake.Clientset, prev *env) *env {
 	t.Helper()
 	ev := &podEvents{}
 	f := kubeclient.NewFactory()
-	src := pods.New(f, func(ns string) pods.Client { return cs.CoreV1().Pods(ns) }, "vm", ev)
+	src := pods.New(f, func(ns string) pods.Client { return fakePods{cs.CoreV1().Pods(ns)} }, "vm", ev)
 	src.Wait = time.Second
 	var e *env
 	if prev == nil {
@@ -222,3 +222,9 @@ func TestStaticPodRecordFromBefore(t *testing.T) {
 	e = kubeEnv(t, cs, e)
 	e.waitRouted("restarted", staticAnycast, advert.Anycast, true)
 }
+
+// fakePods is the fake's pod client, saying what the fake clientset says:
+// it cannot stream a list through a watch (WatchList).
+type fakePods struct{ pods.Client }
+
+func (fakePods) IsWatchListSemanticsUnSupported() bool { return true }

@@ -102,7 +102,7 @@ func TestPoolsAndNamespaceLabels(t *testing.T) {
 	broken.Object["spec"].(map[string]any)["use"] = "pod" // a string, not a list
 	dyn := fakeDyn(sel, broken, pool("a-anycast", 0, []any{"192.0.2.0/24", "2001:db8:a::/64"}, []any{"anycast"}, []any{"tenant-a"}))
 	cs := fake.NewClientset(namespace("tenant-a", map[string]string{"tenant": "a"}), namespace("bare", nil))
-	w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+	w := New(kubeclient.NewFactory(), dyn, fakeNamespaces{cs.CoreV1().Namespaces()}, quiet())
 	run(t, w, dyn, cs)
 
 	got := w.Pools()
@@ -143,7 +143,7 @@ func TestChanged(t *testing.T) {
 	ctx := context.Background()
 	dyn := fakeDyn(pool("p1", 0, []any{"2001:db8:100::/112"}, []any{"pod"}, []any{"tenant-a"}))
 	cs := fake.NewClientset(namespace("tenant-a", map[string]string{"tenant": "a"}))
-	w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+	w := New(kubeclient.NewFactory(), dyn, fakeNamespaces{cs.CoreV1().Namespaces()}, quiet())
 	run(t, w, dyn, cs)
 	calls := w.Changed()
 	expect := func(what string) {
@@ -223,7 +223,7 @@ func TestChangedCoalesces(t *testing.T) {
 	ctx := context.Background()
 	dyn := fakeDyn()
 	cs := fake.NewClientset()
-	w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+	w := New(kubeclient.NewFactory(), dyn, fakeNamespaces{cs.CoreV1().Namespaces()}, quiet())
 	run(t, w, dyn, cs)
 	select {
 	case <-w.Changed(): // the (empty) first lists, if they signalled
@@ -275,7 +275,7 @@ func TestUpdateClaims(t *testing.T) {
 		pool("c", 2, []any{"2001:db8:c::/112"}, []any{"pod"}, []any{"x"}),
 	)
 	cs := fake.NewClientset()
-	w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+	w := New(kubeclient.NewFactory(), dyn, fakeNamespaces{cs.CoreV1().Namespaces()}, quiet())
 	run(t, w, dyn, cs)
 
 	// A count for a pool the cache does not know is ignored.
@@ -326,7 +326,7 @@ func TestUpdateClaimsConflict(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dyn := fakeDyn(pool("a", 0, []any{"2001:db8:a::/112"}, []any{"pod"}, []any{"x"}))
 			cs := fake.NewClientset()
-			w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+			w := New(kubeclient.NewFactory(), dyn, fakeNamespaces{cs.CoreV1().Namespaces()}, quiet())
 			run(t, w, dyn, cs)
 			left := tc.conflicts
 			dyn.PrependReactor("update", GVR.Resource, func(a clienttesting.Action) (bool, runtime.Object, error) {
@@ -364,3 +364,9 @@ func TestUpdateClaimsConflict(t *testing.T) {
 		})
 	}
 }
+
+// fakeNamespaces is the fake's Namespace client, saying what the fake
+// clientset says: it cannot stream a list through a watch (WatchList).
+type fakeNamespaces struct{ Namespaces }
+
+func (fakeNamespaces) IsWatchListSemanticsUnSupported() bool { return true }

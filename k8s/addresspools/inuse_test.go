@@ -71,7 +71,7 @@ func TestUpdateInUse(t *testing.T) {
 		pool("b", 0, []any{"2001:db8:b::/112"}, []any{"pod"}, []any{"x"}),
 	)
 	cs := fake.NewClientset()
-	w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+	w := New(kubeclient.NewFactory(), dyn, fakeNamespaces{cs.CoreV1().Namespaces()}, quiet())
 	run(t, w, dyn, cs)
 	live := func(n string) bool { return n != "gone" }
 
@@ -120,7 +120,7 @@ func TestUpdateInUseConflict(t *testing.T) {
 	ctx := context.Background()
 	dyn := fakeDyn(pool("a", 0, []any{"2001:db8:ff::/124"}, []any{"pod"}, []any{"x"}))
 	cs := fake.NewClientset()
-	w := New(kubeclient.NewFactory(), dyn, cs.CoreV1().Namespaces(), quiet())
+	w := New(kubeclient.NewFactory(), dyn, fakeNamespaces{cs.CoreV1().Namespaces()}, quiet())
 	run(t, w, dyn, cs)
 	conflicts := 1
 	dyn.PrependReactor("update", GVR.Resource, func(a clienttesting.Action) (bool, runtime.Object, error) {

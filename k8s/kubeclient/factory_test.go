@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 )
@@ -24,14 +25,16 @@ func TestFactory(t *testing.T) {
 	builds := 0
 	pods := func() cache.SharedIndexInformer {
 		builds++
-		return NewInformer(cs.CoreV1().Pods(""), &corev1.Pod{}, nil)
+		return NewInformer(noWatchList[*corev1.PodList]{cs.CoreV1().Pods("")}, &corev1.Pod{}, nil)
 	}
 	a, b := f.Informer("pods", pods), f.Informer("pods", pods)
 	if a != b || builds != 1 {
 		t.Fatalf("two asks for one key: %d builds, same informer %v", builds, a == b)
 	}
 	never := NewFactory()
-	never.Informer("pods", func() cache.SharedIndexInformer { return NewInformer(cs.CoreV1().Pods(""), &corev1.Pod{}, nil) })
+	never.Informer("pods", func() cache.SharedIndexInformer {
+		return NewInformer(noWatchList[*corev1.PodList]{cs.CoreV1().Pods("")}, &corev1.Pod{}, nil)
+	})
 	short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancelShort()
 	if err := never.WaitForSync(short); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "pods") {
@@ -50,7 +53,7 @@ func TestFactory(t *testing.T) {
 		t.Errorf("pods cached: %d, want 1", n)
 	}
 	late := f.Informer("secrets", func() cache.SharedIndexInformer {
-		return NewInformer(cs.CoreV1().Secrets("flock"), &corev1.Secret{}, nil)
+		return NewInformer(noWatchList[*corev1.SecretList]{cs.CoreV1().Secrets("flock")}, &corev1.Secret{}, nil)
 	})
 	if err := f.WaitForSync(sctx); err != nil || len(late.GetStore().List()) != 1 {
 		t.Fatalf("an informer asked for after Run: %v, %d cached", err, len(late.GetStore().List()))
@@ -70,3 +73,9 @@ func TestFactory(t *testing.T) {
 		t.Error("Run returned with informers still running")
 	}
 }
+
+// noWatchList is a fake's client, saying what the fake clientset says: it
+// cannot stream a list through a watch (WatchList).
+type noWatchList[L runtime.Object] struct{ ListerWatcher[L] }
+
+func (noWatchList[L]) IsWatchListSemanticsUnSupported() bool { return true }

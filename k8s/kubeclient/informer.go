@@ -27,22 +27,25 @@ type Tweak func(*metav1.ListOptions)
 // client-go's informer factories do: no resync, indexed by namespace.
 // tweak may be nil. Run it with RunWithContext.
 func NewInformer[L runtime.Object](lw ListerWatcher[L], example runtime.Object, tweak Tweak) cache.SharedIndexInformer {
-	return newInformer(lw, example, "", tweak)
+	return newInformer(lw, lw, example, "", tweak)
 }
 
 // NewDynamicInformer builds an informer of gvr's objects (cluster wide,
 // as *unstructured.Unstructured) as dynamicinformer's factory does.
 func NewDynamicInformer(dyn dynamic.Interface, gvr schema.GroupVersionResource, tweak Tweak) cache.SharedIndexInformer {
-	return newInformer(dyn.Resource(gvr), &unstructured.Unstructured{}, gvr.String(), tweak)
+	return newInformer(dyn.Resource(gvr), dyn, &unstructured.Unstructured{}, gvr.String(), tweak)
 }
 
-func newInformer[L runtime.Object](lw ListerWatcher[L], example runtime.Object, description string, tweak Tweak) cache.SharedIndexInformer {
+// newInformer builds the informer; client is what tells the reflector
+// whether it can stream the first list through a watch (WatchList):
+// client-go's fakes cannot, and say so (IsWatchListSemanticsUnSupported).
+func newInformer[L runtime.Object](lw ListerWatcher[L], client any, example runtime.Object, description string, tweak Tweak) cache.SharedIndexInformer {
 	apply := func(o *metav1.ListOptions) {
 		if tweak != nil {
 			tweak(o)
 		}
 	}
-	return cache.NewSharedIndexInformerWithOptions(&cache.ListWatch{
+	wrapped := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			apply(&o)
 			return lw.List(ctx, o)
@@ -51,7 +54,8 @@ func newInformer[L runtime.Object](lw ListerWatcher[L], example runtime.Object, 
 			apply(&o)
 			return lw.Watch(ctx, o)
 		},
-	}, example, cache.SharedIndexInformerOptions{
+	}
+	return cache.NewSharedIndexInformerWithOptions(cache.ToListWatcherWithWatchListSemantics(wrapped, client), example, cache.SharedIndexInformerOptions{
 		Indexers:          cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc},
 		ObjectDescription: description,
 	})

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -39,6 +40,14 @@ func (a *apiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.URL.Path == "/api/v1/namespaces/shop/pods/web":
 		_ = enc.Encode(pod)
 	case r.URL.Path == "/api/v1/pods" && r.URL.Query().Get("watch") == "true":
+		if r.URL.Query().Get("sendInitialEvents") == "true" {
+			// WatchList: the first list streamed as events, its end
+			// marked by a bookmark.
+			_ = enc.Encode(metav1.WatchEvent{Type: "ADDED", Object: runtime.RawExtension{Object: &pod}})
+			end := corev1.Pod{TypeMeta: pod.TypeMeta, ObjectMeta: metav1.ObjectMeta{ResourceVersion: "7",
+				Annotations: map[string]string{metav1.InitialEventsAnnotationKey: "true"}}}
+			_ = enc.Encode(metav1.WatchEvent{Type: "BOOKMARK", Object: runtime.RawExtension{Object: &end}})
+		}
 		w.(http.Flusher).Flush()
 		<-r.Context().Done() // nothing changes
 	case r.URL.Path == "/api/v1/pods":
@@ -87,14 +96,17 @@ func TestClient(t *testing.T) {
 	if objs, _ := inf.GetIndexer().ByIndex(cache.NamespaceIndex, "shop"); len(objs) != 1 {
 		t.Errorf("cache by namespace: %v", objs)
 	}
-	var list, watch bool
+	// The first list streamed through the watch (WatchList, the default
+	// since Kubernetes 1.35), or a list and a watch: with the selector.
+	var list, watch, watchList bool
 	for _, r := range api.requests() {
 		if strings.HasPrefix(r, "/api/v1/pods?") && strings.Contains(r, "fieldSelector=spec.nodeName%3Dvm") {
 			list = list || !strings.Contains(r, "watch=true")
 			watch = watch || strings.Contains(r, "watch=true")
+			watchList = watchList || strings.Contains(r, "sendInitialEvents=true")
 		}
 	}
-	if !list || !watch {
-		t.Errorf("want a list and a watch with the field selector, got %q", api.requests())
+	if !watchList && (!list || !watch) {
+		t.Errorf("want a watch-list, or a list and a watch, with the field selector, got %q", api.requests())
 	}
 }

@@ -45,8 +45,14 @@ func (r *recorder) get(k string) (bool, bool) {
 
 // podsOf is the typed fake's pod API in the shape New takes.
 func podsOf(cs *fake.Clientset) func(string) Client {
-	return func(ns string) Client { return cs.CoreV1().Pods(ns) }
+	return func(ns string) Client { return fakePods{cs.CoreV1().Pods(ns)} }
 }
+
+// fakePods is the fake's pod client, saying what the fake clientset says:
+// it cannot stream a list through a watch (WatchList).
+type fakePods struct{ Client }
+
+func (fakePods) IsWatchListSemanticsUnSupported() bool { return true }
 
 func pod(name, node string, ready bool) *corev1.Pod {
 	st := corev1.ConditionFalse

@@ -74,7 +74,7 @@ func signalled(p *Passwords, within time.Duration) bool {
 // Changed() is kept.
 func TestRotationBeforeFirstReadIsSignalled(t *testing.T) {
 	cs := fake.NewClientset(secret(map[string]string{"tor1": "s3cret"}))
-	p := New(kubeclient.NewFactory(), cs.CoreV1().Secrets(ns), ns, DefaultName)
+	p := New(kubeclient.NewFactory(), fakeSecrets{cs.CoreV1().Secrets(ns)}, ns, DefaultName)
 	ctx := start(t, p)
 	tor1 := v1alpha1.Peer{Address: "fd00::2", PasswordSecretKey: "tor1"}
 	if pw, _, err := p.Password(tor1); err != nil || string(pw) != "s3cret" {
@@ -126,7 +126,7 @@ func TestRotationBeforeFirstReadIsSignalled(t *testing.T) {
 // A Secret created after the agent started is a change.
 func TestSecretCreatedLaterIsSignalled(t *testing.T) {
 	cs := fake.NewClientset()
-	p := New(kubeclient.NewFactory(), cs.CoreV1().Secrets(ns), ns, DefaultName)
+	p := New(kubeclient.NewFactory(), fakeSecrets{cs.CoreV1().Secrets(ns)}, ns, DefaultName)
 	ctx := start(t, p)
 	tor1 := v1alpha1.Peer{Address: "fd00::2", PasswordSecretKey: "tor1"}
 	if _, _, err := p.Password(tor1); err == nil {
@@ -146,7 +146,7 @@ func TestSecretCreatedLaterIsSignalled(t *testing.T) {
 // Secret is an error naming the Secret, the key and the peer.
 func TestPasswordAsStoredWithWhere(t *testing.T) {
 	cs := fake.NewClientset(secret(map[string]string{"lf": "s3cret\n", "empty": ""}))
-	p := New(kubeclient.NewFactory(), cs.CoreV1().Secrets(ns), ns, DefaultName)
+	p := New(kubeclient.NewFactory(), fakeSecrets{cs.CoreV1().Secrets(ns)}, ns, DefaultName)
 	start(t, p)
 	for _, tc := range []struct {
 		peer    v1alpha1.Peer
@@ -174,3 +174,9 @@ func TestPasswordAsStoredWithWhere(t *testing.T) {
 		}
 	}
 }
+
+// fakeSecrets is the fake's Secret client, saying what the fake clientset
+// says: it cannot stream a list through a watch (WatchList).
+type fakeSecrets struct{ Client }
+
+func (fakeSecrets) IsWatchListSemanticsUnSupported() bool { return true }
