@@ -4,12 +4,13 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 func withPools(u *unstructured.Unstructured, pools ...map[string]any) *unstructured.Unstructured {
@@ -29,32 +30,29 @@ func TestAllSummaries(t *testing.T) {
 	)
 	all := NewAll(dyn)
 	changes := make(chan struct{}, 10)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = all.Run(ctx, func() { changes <- struct{}{} }) }()
-	defer func() { cancel(); wg.Wait() }()
-	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-	defer scancel()
-	if err := all.WaitSynced(sctx); err != nil {
-		t.Fatal(err)
-	}
+	ctx := testutil.Start(t, func(ctx context.Context) error {
+		return all.Run(ctx, func() { changes <- struct{}{} })
+	}, all.WaitSynced)
+	testutil.WaitWatching(t, dyn, GVR.Resource)
 	want := "map[a:[fd00:10:1::/64] b:[10.10.2.0/24 fd00:10:2::/64]]"
 	if got := fmt.Sprint(all.Summaries()); got != want {
 		t.Errorf("Summaries = %s, want %s", got, want)
 	}
-	for range 2 {
-		<-changes // the first list
+	changed := func(what string) {
+		t.Helper()
+		select {
+		case <-changes:
+		case <-time.After(testutil.Timeout):
+			t.Fatalf("no change reported for %s", what)
+		}
 	}
+	changed("the first list of a")
+	changed("the first list of b")
 	upd := withPools(nodeConfig("b", 2, 65001), map[string]any{"cidr": "fd00:10:1::/64"})
 	if _, err := dyn.Resource(GVR).Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-changes:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no change reported")
-	}
+	changed("b's update")
 	if got := all.Summaries()["b"]; len(got) != 1 || got[0] != netip.MustParsePrefix("fd00:10:1::/64") {
 		t.Errorf("b's summaries after the update: %v", got)
 	}

@@ -2,7 +2,6 @@ package nodeconfigs
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynfake "k8s.io/client-go/dynamic/fake"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
@@ -39,65 +39,54 @@ type change struct {
 // Defect: OnChange was a field the daemon assigned after New, racing the
 // informer that reads it. The callback is now a Run argument; the first
 // list and every new generation are delivered, status-only writes and
-// other nodes' NodeConfigs are not.
+// other nodes' NodeConfigs are not. The informer delivers in order, so
+// what must not be delivered is checked by what comes next: it would come
+// first.
 func TestRunDeliversGenerations(t *testing.T) {
 	dyn := fakeClient(nodeConfig("vm", 1, 65001), nodeConfig("other", 1, 65099))
 	w := New(dyn, "vm")
 	got := make(chan change, 10)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := w.Run(ctx, func(spec *v1alpha1.NodeConfigSpec, gen int64) { got <- change{spec.ASN, gen} }); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	defer func() { cancel(); wg.Wait() }()
-	expect := func(want change) {
+	ctx := testutil.Start(t, func(ctx context.Context) error {
+		return w.Run(ctx, func(spec *v1alpha1.NodeConfigSpec, gen int64) { got <- change{spec.ASN, gen} })
+	}, w.WaitSynced)
+	testutil.WaitWatching(t, dyn, GVR.Resource)
+	next := func(want change) {
 		t.Helper()
 		select {
 		case c := <-got:
 			if c != want {
 				t.Fatalf("got %+v, want %+v", c, want)
 			}
-		case <-time.After(5 * time.Second):
+		case <-time.After(testutil.Timeout):
 			t.Fatalf("no change delivered, want %+v", want)
 		}
 	}
-	none := func() {
+	update := func(u *unstructured.Unstructured) {
 		t.Helper()
-		select {
-		case c := <-got:
-			t.Fatalf("unexpected change %+v", c)
-		case <-time.After(200 * time.Millisecond):
+		if _, err := dyn.Resource(GVR).Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
 		}
 	}
-	expect(change{65001, 1})
-	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-	defer scancel()
-	if err := w.WaitSynced(sctx); err != nil {
-		t.Fatal(err)
-	}
-	none()
+	next(change{65001, 1})
 
-	// Status write: same generation.
+	// A status write (same generation), then a spec change (the API server
+	// bumps generation; the fake does not): only the spec change.
 	if err := w.UpdateStatus(ctx, v1alpha1.NodeConfigStatus{Peers: "0/0", ObservedGeneration: 1}); err != nil {
 		t.Fatal(err)
 	}
-	none()
+	update(nodeConfig("vm", 2, 65002))
+	next(change{65002, 2})
 
-	// Spec change: the API server bumps generation (the fake does not).
-	if _, err := dyn.Resource(GVR).Update(ctx, nodeConfig("vm", 2, 65002), metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	// Another node's NodeConfig is not ours (the fake ignores field
+	// selectors): our next generation is next.
+	update(nodeConfig("other", 2, 65098))
+	update(nodeConfig("vm", 3, 65003))
+	next(change{65003, 3})
+	select {
+	case c := <-got:
+		t.Fatalf("unexpected change %+v", c)
+	default:
 	}
-	expect(change{65002, 2})
-
-	// Another node's NodeConfig is not ours (the fake ignores field selectors).
-	if _, err := dyn.Resource(GVR).Update(ctx, nodeConfig("other", 2, 65098), metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	none()
 
 	if err := w.Run(ctx, func(*v1alpha1.NodeConfigSpec, int64) {}); err == nil {
 		t.Error("second Run: want an error")
