@@ -24,6 +24,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // The crash storm's shape. CI runs the defaults; FLOCK_CRASH_ROUNDS lowers
@@ -340,7 +341,7 @@ func TestCrashStorm(t *testing.T) {
 	tr := birdTor{l}
 	n := l.Nodes[0]
 	waitEstablished(t, n)
-	eventually(t, 20*time.Second, "the ToR to see "+n.Name+" Established", func() (bool, string) { return tr.sessionUp(t, n), "" })
+	testutil.EventuallyWithin(t, 20*time.Second, "the ToR to see "+n.Name+" Established", func() (bool, string) { return tr.sessionUp(t, n), "" })
 
 	// Pod namespaces outlive rounds; whatever is left goes with the test.
 	spaces := map[string]*lab.NS{}
