@@ -60,11 +60,11 @@ type neighbor struct {
 	Peer  string `json:"peer"`
 	State string `json:"state"`
 	// Since: the session's last state change, stamped by the agent.
-	Since    time.Time `json:"since"`
-	Uptime   string    `json:"uptime"`
-	BFD      string    `json:"bfd"`
-	GR       string    `json:"gracefulRestart"`
-	Warnings []string  `json:"warnings"`
+	Since    time.Time     `json:"since"`
+	Uptime   time.Duration `json:"uptime"`
+	BFD      string        `json:"bfd"`
+	GR       string        `json:"gracefulRestart"`
+	Warnings []string      `json:"warnings"`
 	// BFDDetail: Since moves on every transition of the node's session.
 	BFDDetail *struct {
 		State        string    `json:"state"`
