@@ -20,6 +20,7 @@ import (
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
@@ -150,13 +151,36 @@ func TestSpeakerMaxPrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	const tripMsg = "bgp: max-prefix exceeded"
+	// Held: GoBGP has the peer admin-down (no connection attempts, the
+	// ToR's refused) until the back-off ends, then enables it. Checked on
+	// every look while waiting, in an order that holds however late the
+	// look: the end of the last trip's hold first (a trip is handled, the
+	// peer deleted from GoBGP, under sp.mu), then GoBGP's state, then the
+	// time. A state read before the hold's end is that hold's: down, or
+	// unspecified between the delete and Run's re-add; one read after it
+	// may be up, or a later trip's hold.
+	held := func() api.PeerState_AdminState {
+		t.Helper()
+		var until time.Time
+		sp.mu.Lock()
+		if p := sp.peers["::1"]; p != nil {
+			until = p.holdUntil
+		}
+		sp.mu.Unlock()
+		st := gobgpAdminState(t, sp)
+		if left := time.Until(until); left > 0 && st != api.PeerState_ADMIN_STATE_DOWN && st != api.PeerState_ADMIN_STATE_UNSPECIFIED {
+			t.Fatalf("GoBGP has the peer %s %v before its back-off ends", st, left)
+		}
+		return st
+	}
 	var n Neighbor
-	eventually(t, "first max-prefix trip", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "first max-prefix trip", func() (bool, string) {
+		held()
 		n = mustNeighbor(t, sp, "::1")
 		return len(logs.lines(tripMsg)) >= 1 && n.LastError != "", fmt.Sprintf("%+v", n)
 	})
-	tripped := time.Now()
-	if !regexp.MustCompile(`^max-prefix 3 exceeded for ipv6 \(received 5\): session down, retrying in [01]s$`).MatchString(n.LastError) {
+	// Seen late on a loaded machine, the hold may be over already.
+	if !regexp.MustCompile(`^max-prefix 3 exceeded for ipv6 \(received 5\): session down, (retrying in [01]s|reconnecting)$`).MatchString(n.LastError) {
 		t.Errorf("LastError %q", n.LastError)
 	}
 	if n.Established() {
@@ -168,20 +192,10 @@ func TestSpeakerMaxPrefix(t *testing.T) {
 			t.Errorf("trip log %q lacks %q", first, want)
 		}
 	}
-	// Held: GoBGP has the peer admin-down (no connection attempts, the
-	// ToR's refused) until the back-off ends, then enables it.
-	consistently(t, "held admin-down", 500*time.Millisecond, func() (bool, string) {
-		// Unspecified: between the delete and the re-add.
-		st := gobgpAdminState(t, sp)
-		return st == api.PeerState_ADMIN_STATE_DOWN || st == api.PeerState_ADMIN_STATE_UNSPECIFIED, st.String()
+	testutil.EventuallyWithin(t, waitFor, "enabled after the back-off", func() (bool, string) {
+		st := held()
+		return st == api.PeerState_ADMIN_STATE_UP || len(logs.lines(tripMsg)) > 1, st.String()
 	})
-	eventually(t, "enabled after the back-off", func() (bool, string) {
-		st := gobgpAdminState(t, sp)
-		return st == api.PeerState_ADMIN_STATE_UP, st.String()
-	})
-	if d := time.Since(tripped); d < 500*time.Millisecond {
-		t.Errorf("enabled %s after the trip", d)
-	}
 	// The ToR was told why (Cease, maximum number of prefixes reached).
 	if got := r.peer(t).GetState().GetMessages().GetReceived().GetNotification(); got == 0 {
 		t.Error("the ToR received no NOTIFICATION")
@@ -191,16 +205,14 @@ func TestSpeakerMaxPrefix(t *testing.T) {
 	node.waitRIB(t, pod6)
 
 	// Still too many: retried after 1 s, then 2 s, then 2 s (the cap), each
-	// trip logged once; never a tight loop.
-	eventually(t, "three trips", func() (bool, string) {
+	// trip logged once (numbered in a row); never before its back-off ends.
+	testutil.EventuallyWithin(t, waitFor, "three trips", func() (bool, string) {
+		held()
 		return len(logs.lines(tripMsg)) >= 3, fmt.Sprint(len(logs.lines(tripMsg)))
 	})
-	if d := time.Since(tripped); d < 3*time.Second {
-		t.Errorf("three trips within %s: back-off not applied", d)
-	}
 	trips := logs.lines(tripMsg)
 	for i, want := range []string{"retry_in=1s", "retry_in=2s", "retry_in=2s"} {
-		if !strings.Contains(trips[i], want) || !strings.Contains(trips[i], fmt.Sprintf("trips_in_a_row=%d", i+1)) {
+		if !strings.Contains(trips[i], want) {
 			t.Errorf("trip %d: %q, want %s", i+1, trips[i], want)
 		}
 	}
@@ -213,7 +225,7 @@ func TestSpeakerMaxPrefix(t *testing.T) {
 	r.withdraw(t, flood[2:]...)
 	n = waitEstablished(t, sp, r, "::1")
 	node.waitRIB(t, pod6, flood[0], flood[1])
-	consistently(t, "session stays up", 2*time.Second, func() (bool, string) {
+	testutil.Consistently(t, "session stays up", 2*time.Second, func() (bool, string) {
 		n = mustNeighbor(t, sp, "::1")
 		return n.Established() && n.LastError == "", fmt.Sprintf("%+v", n)
 	})
@@ -224,9 +236,13 @@ func TestSpeakerMaxPrefix(t *testing.T) {
 		}
 	}
 	r.waitRIB(t, pod6, flood[0], flood[1])
-	got := len(logs.lines(tripMsg))
-	if got < 3 || got > 5 {
-		t.Errorf("%d trips logged", got)
+	// However many trips there were before the ToR sent fewer (a loaded
+	// machine may take a back-off or two more to get there), each was
+	// logged once.
+	for i, l := range logs.lines(tripMsg) {
+		if !strings.Contains(l, fmt.Sprintf("trips_in_a_row=%d ", i+1)) && !strings.HasSuffix(l, fmt.Sprintf("trips_in_a_row=%d", i+1)) {
+			t.Errorf("trip log %d: %q, want trips_in_a_row=%d", i+1, l, i+1)
+		}
 	}
 	// The trips are all the log says at warning level: no GoBGP repeats.
 	if l := logs.lines("level=WARN", "component=gobgp"); len(l) != 0 {
@@ -255,7 +271,7 @@ func TestSpeakerMaxPrefixNoGR(t *testing.T) {
 		t.Fatal(err)
 	}
 	var n Neighbor
-	eventually(t, "max-prefix trip", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "max-prefix trip", func() (bool, string) {
 		n = mustNeighbor(t, sp, "::1")
 		return n.LastError != "", fmt.Sprintf("%+v", n)
 	})
@@ -268,7 +284,7 @@ func TestSpeakerMaxPrefixNoGR(t *testing.T) {
 	r.withdraw(t, flood[1:]...)
 	waitEstablished(t, sp, r, "::1")
 	(&tor{srv: sp.srv, addr: "node"}).waitRIB(t, flood[0])
-	eventually(t, "reason cleared", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "reason cleared", func() (bool, string) {
 		n = mustNeighbor(t, sp, "::1")
 		return n.Established() && n.LastError == "", fmt.Sprintf("%+v", n)
 	})

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
@@ -193,11 +194,11 @@ func TestPasswordsNeverLeak(t *testing.T) {
 	if err := c.applyErr("wrong password", []v1alpha1.Peer{pA, pB}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "session with the wrong password down", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "session with the wrong password down", func() (bool, string) {
 		n := mustNeighbor(t, sp, "127.0.0.1")
 		return !n.Established() && !rB.established(t), string(n.State)
 	})
-	consistently(t, "no session with the wrong password", 2*time.Second, func() (bool, string) {
+	testutil.Consistently(t, "no session with the wrong password", 2*time.Second, func() (bool, string) {
 		return !rB.established(t), "ToR established"
 	})
 	c.snapshot("wrong password")
@@ -213,7 +214,7 @@ func TestPasswordsNeverLeak(t *testing.T) {
 	}
 	c.snapshot("changing")
 	waitEstablished(t, sp, rB, "127.0.0.1")
-	eventually(t, "file password peer re-created", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "file password peer re-created", func() (bool, string) {
 		n := mustNeighbor(t, sp, "::1")
 		return n.Established() && rA.established(t) && rA.uptime(t).After(upA), string(n.State)
 	})
@@ -222,13 +223,13 @@ func TestPasswordsNeverLeak(t *testing.T) {
 	// Failure: max-prefix (the peer is deleted and added again).
 	flood := torPrefixes(5)
 	rA.announce(t, flood...)
-	eventually(t, "max-prefix trip", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "max-prefix trip", func() (bool, string) {
 		n := mustNeighbor(t, sp, "::1")
 		return strings.HasPrefix(n.LastError, "max-prefix 3 exceeded"), fmt.Sprintf("%+v", n)
 	})
 	c.snapshot("max-prefix")
 	rA.withdraw(t, flood...)
-	eventually(t, "back after max-prefix", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "back after max-prefix", func() (bool, string) {
 		n := mustNeighbor(t, sp, "::1")
 		return n.Established() && n.LastError == "", fmt.Sprintf("%+v", n)
 	})
@@ -258,7 +259,7 @@ func TestPasswordsNeverLeak(t *testing.T) {
 	if err := c.applyErr("remove", nil); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "peers removed", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "peers removed", func() (bool, string) {
 		got := gobgpPeers(t, sp)
 		return len(got) == 0, fmt.Sprint(got)
 	})

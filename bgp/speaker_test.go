@@ -29,6 +29,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
@@ -36,7 +37,9 @@ const (
 	flockASN = 64512
 	torASN   = 64513
 	tor2ASN  = 64514
-	waitFor  = 30 * time.Second
+	// waitFor bounds the waits for BGP: a session may take a connect
+	// retry or two.
+	waitFor = 30 * time.Second
 )
 
 var (
@@ -70,34 +73,6 @@ func (w *testLogWriter) Write(b []byte) (int, error) {
 		w.t.Log(strings.TrimRight(string(b), "\n"))
 	}
 	return len(b), nil
-}
-
-// eventually polls f until it holds or the deadline passes.
-func eventually(t *testing.T, what string, f func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	for {
-		ok, detail := f()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s: %s", what, detail)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// consistently checks that f holds for the whole period.
-func consistently(t *testing.T, what string, d time.Duration, f func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if ok, detail := f(); !ok {
-			t.Fatalf("%s: %s", what, detail)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func freePort(t *testing.T, addr string) uint16 {
@@ -229,7 +204,7 @@ func (r *tor) waitRIB(t *testing.T, want ...netip.Prefix) map[netip.Prefix]*apiu
 	t.Helper()
 	slices.SortFunc(want, func(a, b netip.Prefix) int { return strings.Compare(a.String(), b.String()) })
 	var rib map[netip.Prefix]*apiutil.Path
-	eventually(t, fmt.Sprintf("ToR %s RIB = %v", r.addr, want), func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, fmt.Sprintf("ToR %s RIB = %v", r.addr, want), func() (bool, string) {
 		rib = r.rib(t)
 		got := prefixes(rib)
 		return slices.Equal(got, want), fmt.Sprint(got)
@@ -310,27 +285,11 @@ func newIdleSpeaker(t *testing.T, opts ...speakerOpt) *Speaker {
 }
 
 // startRun runs sp until the test ends (or the returned stop is called,
-// which waits for Run to return and checks it returned nil).
+// which waits for Run to return and checks it returned nil). Registered
+// after newIdleSpeaker's cleanup, it runs before the speaker's Stop.
 func startRun(t *testing.T, sp *Speaker) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sp.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(waitFor):
-				t.Error("Run did not return after its context ended")
-			}
-		})
-	}
-	t.Cleanup(stop) // before the speaker's Stop (cleanups run last first)
+	_, stop = testutil.Run(t, sp.Run)
 	return stop
 }
 
@@ -360,7 +319,7 @@ func neighbor(sp *Speaker, key string) (Neighbor, bool) {
 func waitEstablished(t *testing.T, sp *Speaker, r *tor, key string) Neighbor {
 	t.Helper()
 	var n Neighbor
-	eventually(t, "session "+key+" Established", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "session "+key+" Established", func() (bool, string) {
 		var ok bool
 		n, ok = neighbor(sp, key)
 		return ok && n.Established() && r.established(t), fmt.Sprintf("flock: %+v", n)
@@ -472,30 +431,39 @@ func TestSpeakerSet(t *testing.T) {
 		}
 	}
 	assertNoMarker(t, rib)
-	eventually(t, "advertised counts", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "advertised counts", func() (bool, string) {
 		n, _ := neighbor(sp, "::1")
 		c := familyCounts(n)
 		return c["ipv4"] == 1 && c["ipv6"] == 2, fmt.Sprint(n.Families)
 	})
 
 	// The same set again, trusted or re-read: nothing is re-added, nothing
-	// is sent.
-	eventually(t, "ToR update count to settle", func() (bool, string) {
-		a := r.receivedUpdates(t)
-		time.Sleep(500 * time.Millisecond)
-		b := r.receivedUpdates(t)
-		return a == b, fmt.Sprintf("%d then %d", a, b)
-	})
-	updates, announced := r.receivedUpdates(t), countAnnounces(sp)
+	// is sent. A session delivers in order, so what the ToR received before
+	// a path announced afterwards (a barrier) is everything sent before it:
+	// a first barrier puts the session's start behind the count, a second
+	// one anything the no-op Sets sent.
+	barrier := func(pfx netip.Prefix) uint64 {
+		t.Helper()
+		with := maps.Clone(first)
+		with[pfx] = advert.Anycast
+		set(t, sp, with, false)
+		r.waitRIB(t, slices.Collect(maps.Keys(with))...)
+		set(t, sp, first, false)
+		r.waitRIB(t, summary6, pod6, pod4)
+		return r.receivedUpdates(t)
+	}
+	updates := barrier(netip.MustParsePrefix("fd00:98::1/128"))
+	announced := countAnnounces(sp)
 	set(t, sp, first, false)
 	set(t, sp, first, true)
 	if n := announced(); n != 0 {
 		t.Errorf("%d unchanged paths re-added", n)
 	}
-	time.Sleep(time.Second)
-	if got := r.receivedUpdates(t); got != updates {
-		t.Errorf("ToR received %d UPDATEs after a no-op Set", got-updates)
+	// The second barrier's announce and withdrawal: two UPDATEs.
+	if got := barrier(netip.MustParsePrefix("fd00:98::2/128")); got != updates+2 {
+		t.Errorf("ToR received %d UPDATEs after a no-op Set", got-updates-2)
 	}
+	announced = countAnnounces(sp) // the barrier's announce is not counted below
 
 	// What the set no longer has is withdrawn.
 	set(t, sp, map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod4: advert.Pod}, false)
@@ -517,7 +485,7 @@ func TestSpeakerSet(t *testing.T) {
 	if n := announced(); n != 1 {
 		t.Errorf("%d paths announced, want 1 (any6 only)", n)
 	}
-	eventually(t, "advertised counts after withdrawals", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "advertised counts after withdrawals", func() (bool, string) {
 		n, _ := neighbor(sp, "::1")
 		c := familyCounts(n)
 		return c["ipv4"] == 0 && c["ipv6"] == 2, fmt.Sprint(n.Families)
@@ -670,7 +638,7 @@ func TestSpeakerCommunities(t *testing.T) {
 	check := func(what string, want map[netip.Prefix]comms) {
 		t.Helper()
 		var last map[netip.Prefix]comms
-		eventually(t, what, func() (bool, string) {
+		testutil.EventuallyWithin(t, waitFor, what, func() (bool, string) {
 			rib := r.rib(t)
 			last = map[netip.Prefix]comms{}
 			for pfx, p := range rib {
@@ -724,7 +692,7 @@ func TestSpeakerCommunities(t *testing.T) {
 	if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "session re-created with hold time 6", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "session re-created with hold time 6", func() (bool, string) {
 		tp := r.peer(t)
 		n, _ := neighbor(sp, "::1")
 		ok := tp.GetState().GetSessionState() == api.PeerState_SESSION_STATE_ESTABLISHED &&
@@ -743,7 +711,7 @@ func TestSpeakerCommunities(t *testing.T) {
 	if err := sp.ApplyPeers(nil); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "session gone at the ToR", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "session gone at the ToR", func() (bool, string) {
 		st := r.peer(t).GetState().GetSessionState()
 		return st != api.PeerState_SESSION_STATE_ESTABLISHED, st.String()
 	})
@@ -800,7 +768,7 @@ func TestSpeakerTwoPeers(t *testing.T) {
 	if nh := nextHop(rib4[pod4]); nh != netip.MustParseAddr("127.0.0.1") {
 		t.Errorf("IPv4 session: next hop %v, want 127.0.0.1", nh)
 	}
-	eventually(t, "per-peer communities", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "per-peer communities", func() (bool, string) {
 		std6, _ := communities(r6.rib(t)[pod4])
 		std4, _ := communities(r4.rib(t)[pod4])
 		return slices.Equal(std6, []string{"64512:600"}) && slices.Equal(std4, []string{"64512:400"}), fmt.Sprintf("ToR6 %v ToR4 %v", std6, std4)
@@ -814,12 +782,12 @@ func TestSpeakerTwoPeers(t *testing.T) {
 	if err := sp.ApplyPeers([]v1alpha1.Peer{p4}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "IPv6 session gone", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "IPv6 session gone", func() (bool, string) {
 		st := r6.peer(t).GetState().GetSessionState()
 		return st != api.PeerState_SESSION_STATE_ESTABLISHED, st.String()
 	})
 	r6.waitRIB(t)
-	consistently(t, "the other session stays up", time.Second, func() (bool, string) {
+	testutil.Consistently(t, "the other session stays up", time.Second, func() (bool, string) {
 		tp := r4.peer(t)
 		ok := tp.GetState().GetSessionState() == api.PeerState_SESSION_STATE_ESTABLISHED &&
 			r4.uptime(t).Equal(uptime4) && tp.GetState().GetFlops() == flops4
@@ -955,7 +923,7 @@ func TestSpeakerGuardWithoutExtendedNexthop(t *testing.T) {
 		t.Errorf("neighbour %+v: no RFC 5549 mismatch", n)
 	}
 	r.waitRIB(t, pod6)
-	consistently(t, "IPv4 withheld", 2*time.Second, func() (bool, string) {
+	testutil.Consistently(t, "IPv4 withheld", 2*time.Second, func() (bool, string) {
 		got := prefixes(r.rib(t))
 		return slices.Equal(got, []netip.Prefix{pod6}), fmt.Sprint(got)
 	})
@@ -1169,7 +1137,7 @@ func gobgpPeers(t *testing.T, sp *Speaker) []string {
 func waitAdded(t *testing.T, sp *Speaker, key string) Neighbor {
 	t.Helper()
 	var n Neighbor
-	eventually(t, key+" added", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, key+" added", func() (bool, string) {
 		var ok bool
 		n, ok = neighbor(sp, key)
 		return ok && n.State != Configuring && n.State != Resolving && n.Address != "", fmt.Sprintf("%+v", n)
@@ -1201,7 +1169,7 @@ func TestRemovePeerWithoutListedAddress(t *testing.T) {
 // waitNoGoBGPPeers waits until Run has removed every peer from GoBGP.
 func waitNoGoBGPPeers(t *testing.T, sp *Speaker) {
 	t.Helper()
-	eventually(t, "GoBGP has no peers", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "GoBGP has no peers", func() (bool, string) {
 		got := gobgpPeers(t, sp)
 		return len(got) == 0, fmt.Sprint(got)
 	})
@@ -1287,6 +1255,8 @@ func TestApplyPeersWhileAdding(t *testing.T) {
 	if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
 		t.Fatal(err)
 	}
+	// Changes spread over the adder's retries (100 ms, doubling): the
+	// sleep places them, it waits for nothing.
 	for i := range 10 {
 		p.Communities.Pod = []string{fmt.Sprintf("64512:%d", i)}
 		if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
@@ -1294,9 +1264,12 @@ func TestApplyPeersWhileAdding(t *testing.T) {
 		}
 		time.Sleep(60 * time.Millisecond)
 	}
-	n := mustNeighbor(t, sp, "interface flk-nonexist0")
-	if n.State != Resolving || n.LastError == "" {
-		t.Errorf("neighbour %+v, want Resolving with an error", n)
+	testutil.Eventually(t, "the adder's error", func() (bool, string) {
+		n := mustNeighbor(t, sp, "interface flk-nonexist0")
+		return n.LastError != "", fmt.Sprintf("%+v", n)
+	})
+	if n := mustNeighbor(t, sp, "interface flk-nonexist0"); n.State != Resolving {
+		t.Errorf("neighbour %+v, want Resolving", n)
 	}
 	if err := sp.ApplyPeers(nil); err != nil {
 		t.Fatal(err)
@@ -1365,7 +1338,7 @@ func TestSpeakerConcurrentUse(t *testing.T) {
 	if got := len(sp.Held()); got != 100 {
 		t.Fatalf("Held has %d paths, want 100", got)
 	}
-	eventually(t, "ToR has the 100 kept prefixes with the last communities", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "ToR has the 100 kept prefixes with the last communities", func() (bool, string) {
 		rib := r.rib(t)
 		if len(rib) != 100 {
 			return false, fmt.Sprintf("%d prefixes", len(rib))
@@ -1411,7 +1384,7 @@ func TestSpeakerImportPolicy(t *testing.T) {
 			}
 			node.waitRIB(t, want...)
 			if policy == "" {
-				consistently(t, "nothing imported", time.Second, func() (bool, string) {
+				testutil.Consistently(t, "nothing imported", time.Second, func() (bool, string) {
 					got := prefixes(node.rib(t))
 					return slices.Equal(got, want), fmt.Sprint(got)
 				})
@@ -1465,7 +1438,7 @@ func TestSpeakerRestarting(t *testing.T) {
 			if err := sp.ApplyPeers([]v1alpha1.Peer{p}); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "session re-created", func() (bool, string) {
+			testutil.EventuallyWithin(t, waitFor, "session re-created", func() (bool, string) {
 				n, _ := neighbor(sp, "::1")
 				return r.established(t) && r.uptime(t).After(uptime) && n.Established(), string(n.State)
 			})
@@ -1528,7 +1501,7 @@ func TestSpeakerNoTransit(t *testing.T) {
 	node.waitRIB(t, pod6, pod4, fromA6, fromA4, fromB4) // imported
 	rA.waitRIB(t, fromA6, fromA4, pod6, pod4)
 	rB.waitRIB(t, fromB4, pod4)
-	consistently(t, "no learned route passed on", 2*time.Second, func() (bool, string) {
+	testutil.Consistently(t, "no learned route passed on", 2*time.Second, func() (bool, string) {
 		a, b := prefixes(rA.rib(t)), prefixes(rB.rib(t))
 		return len(a) == 4 && len(b) == 2, fmt.Sprintf("ToR A %v, ToR B %v", a, b)
 	})
@@ -1558,7 +1531,7 @@ func TestRunLifecycle(t *testing.T) {
 	if n := mustNeighbor(t, sp, "::1"); n.State != Configuring {
 		t.Errorf("before Run: %+v", n)
 	}
-	consistently(t, "no peer added before Run", 300*time.Millisecond, func() (bool, string) {
+	testutil.Consistently(t, "no peer added before Run", 300*time.Millisecond, func() (bool, string) {
 		got := gobgpPeers(t, sp)
 		return len(got) == 0, fmt.Sprint(got)
 	})
@@ -1569,7 +1542,7 @@ func TestRunLifecycle(t *testing.T) {
 	if err := sp.Run(context.Background()); err == nil {
 		t.Error("a second concurrent Run was not refused")
 	}
-	eventually(t, "the missing interface retried", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "the missing interface retried", func() (bool, string) {
 		n := mustNeighbor(t, sp, "interface flk-nonexist1")
 		return n.State == Resolving && n.LastError != "", fmt.Sprintf("%+v", n)
 	})
@@ -1584,7 +1557,7 @@ func TestRunLifecycle(t *testing.T) {
 	default:
 		t.Error("the add goroutine still runs after Run returned")
 	}
-	consistently(t, "GoBGP keeps the session and the routes", time.Second, func() (bool, string) {
+	testutil.Consistently(t, "GoBGP keeps the session and the routes", time.Second, func() (bool, string) {
 		ok := r.established(t) && r.uptime(t).Equal(uptime) && slices.Equal(prefixes(r.rib(t)), []netip.Prefix{pod6})
 		return ok, fmt.Sprintf("established %v, RIB %v", r.established(t), prefixes(r.rib(t)))
 	})
@@ -1599,7 +1572,7 @@ func TestRunLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	startRun(t, sp)
-	eventually(t, "communities from the second Run", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "communities from the second Run", func() (bool, string) {
 		std, _ := communities(r.rib(t)[any6])
 		return slices.Equal(std, []string{"64512:7"}), fmt.Sprint(std)
 	})

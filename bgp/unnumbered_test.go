@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
@@ -214,13 +215,13 @@ func TestUnnumberedSharedLinkLocal(t *testing.T) {
 	}
 
 	// Each peer its own guard decision.
-	eventually(t, "guard decisions", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "guard decisions", func() (bool, string) {
 		a, b := mustNeighbor(t, sp, keyA), mustNeighbor(t, sp, keyB)
 		return !a.RFC5549Mismatch && len(a.Warnings) == 0 && b.RFC5549Mismatch, fmt.Sprintf("A %+v\nB %+v", a, b)
 	})
 	ribA := torA.waitRIB(t, pod6, pod4, summary6)
 	ribB := torB.waitRIB(t, pod6, summary6)
-	consistently(t, "IPv4 to port A only", 2*time.Second, func() (bool, string) {
+	testutil.Consistently(t, "IPv4 to port A only", 2*time.Second, func() (bool, string) {
 		a, b := prefixes(torA.rib(t)), prefixes(torB.rib(t))
 		return len(a) == 3 && len(b) == 2, fmt.Sprintf("A %v B %v", a, b)
 	})
@@ -229,7 +230,7 @@ func TestUnnumberedSharedLinkLocal(t *testing.T) {
 	}
 
 	// Each peer its own communities.
-	eventually(t, "per-peer communities", func() (bool, string) {
+	testutil.EventuallyWithin(t, waitFor, "per-peer communities", func() (bool, string) {
 		ribA, ribB = torA.rib(t), torB.rib(t)
 		stdA4, largeA4 := communities(ribA[pod4])
 		stdA, largeA := communities(ribA[pod6])
@@ -265,7 +266,7 @@ func TestUnnumberedSharedLinkLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	torB.waitRIB(t)
-	consistently(t, "port A untouched", time.Second, func() (bool, string) {
+	testutil.Consistently(t, "port A untouched", time.Second, func() (bool, string) {
 		ok := torA.established(t) && torA.uptime(t).Equal(uptime) && len(torA.rib(t)) == 3
 		return ok, fmt.Sprint(prefixes(torA.rib(t)))
 	})
@@ -344,18 +345,11 @@ func TestUnnumberedToRReplaced(t *testing.T) {
 	replaced := time.Now()
 
 	// The old session ends (hold time), then the speaker re-peers.
-	deadline := time.Now().Add(45 * time.Second)
-	for {
+	testutil.EventuallyWithin(t, 45*time.Second, "re-peered with the new ToR", func() (bool, string) {
 		n, ok := neighbor(sp, key)
-		if ok && n.State == "Established" && n.Address == newLL.String() {
-			t.Logf("re-peered with %s %v after the replacement", n.Address, time.Since(replaced).Round(100*time.Millisecond))
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not re-peered with the new ToR: %+v", n)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return ok && n.State == "Established" && n.Address == newLL.String(), fmt.Sprintf("%+v", n)
+	})
+	t.Logf("re-peered with %s %v after the replacement", newLL, time.Since(replaced).Round(100*time.Millisecond))
 	tor.waitRIB(t, pod6)
 	if err := sp.ApplyPeers(nil); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // TestAddressAuthority: standalone nodes behind a BIRD ToR. Values no
@@ -25,7 +26,7 @@ func TestAddressAuthority(t *testing.T) {
 	n := l.Nodes[0]
 	tr := birdTor{l}
 	waitEstablished(t, n)
-	eventually(t, 20*time.Second, "the ToR to see node1", func() (bool, string) { return tr.sessionUp(t, n), "" })
+	testutil.EventuallyWithin(t, 20*time.Second, "the ToR to see node1", func() (bool, string) { return tr.sessionUp(t, n), "" })
 	ctx := ctxT(t)
 
 	refused := []struct {
@@ -117,7 +118,7 @@ spec:
 			t.Logf("reload log:\n%s\n%s\n%s", grepLines(n.Agent.Log(), "reload"), grepLines(n.Agent.Log(), "watch"), grepLines(n.Agent.Log(), "serving"))
 		}
 	})
-	eventually(t, 10*time.Second, "the reloaded AddressPool to allow 198.18.0.1", func() (bool, string) {
+	testutil.EventuallyWithin(t, 10*time.Second, "the reloaded AddressPool to allow 198.18.0.1", func() (bool, string) {
 		_, err := n.CNI.Add(ctx, pb)
 		if err != nil {
 			return false, err.Error()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // newLab builds a BGP lab whose namespaces and processes go away with the
@@ -55,35 +56,20 @@ func tail(s string, lines int) string {
 	return strings.Join(l, "\n")
 }
 
-// eventually polls cond until it holds or the timeout passes.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var last string
-	for {
-		ok, detail := cond()
-		if ok {
-			return
-		}
-		last = detail
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s; last: %s", timeout, what, last)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 type neighbor struct {
-	Peer     string   `json:"peer"`
-	State    string   `json:"state"`
-	Uptime   string   `json:"uptime"`
-	BFD      string   `json:"bfd"`
-	GR       string   `json:"gracefulRestart"`
-	Warnings []string `json:"warnings"`
+	Peer  string `json:"peer"`
+	State string `json:"state"`
+	// Since: the session's last state change, stamped by the agent.
+	Since    time.Time `json:"since"`
+	Uptime   string    `json:"uptime"` // "1h2m3s"
+	BFD      string    `json:"bfd"`
+	GR       string    `json:"gracefulRestart"`
+	Warnings []string  `json:"warnings"`
 	// BFDDetail: Since moves on every transition of the node's session.
 	BFDDetail *struct {
 		State        string    `json:"state"`
 		Since        time.Time `json:"since"`
+		Diag         string    `json:"diag"`
 		Failures     int       `json:"failures"`
 		PlannedDowns int       `json:"plannedDowns"`
 	} `json:"bfdDetail"`
@@ -119,7 +105,7 @@ func birdRoute(t *testing.T, l *lab.BGPLab, p netip.Prefix) string {
 // holds) p, learnt from the given number of nodes (0: any).
 func birdHas(t *testing.T, l *lab.BGPLab, p netip.Prefix, want bool, paths int) {
 	t.Helper()
-	eventually(t, 20*time.Second, fmt.Sprintf("BIRD to have %s=%v (%d paths)", p, want, paths), func() (bool, string) {
+	testutil.EventuallyWithin(t, 20*time.Second, fmt.Sprintf("BIRD to have %s=%v (%d paths)", p, want, paths), func() (bool, string) {
 		out := birdRoute(t, l, p)
 		if !want {
 			return out == "", out
@@ -136,7 +122,7 @@ func birdHas(t *testing.T, l *lab.BGPLab, p netip.Prefix, want bool, paths int) 
 
 func waitEstablished(t *testing.T, n *lab.LabNode) {
 	t.Helper()
-	eventually(t, 30*time.Second, n.Name+" sessions Established", func() (bool, string) {
+	testutil.EventuallyWithin(t, 30*time.Second, n.Name+" sessions Established", func() (bool, string) {
 		ns := neighbors(t, n.Agent)
 		if len(ns) == 0 {
 			return false, "no neighbors"
@@ -180,7 +166,7 @@ func host(ip netip.Addr) netip.Prefix { return netip.PrefixFrom(ip, ip.BitLen())
 // torPaths waits until the ToR holds want paths for p.
 func torPaths(t *testing.T, tr tor, p netip.Prefix, want int) {
 	t.Helper()
-	eventually(t, 20*time.Second, fmt.Sprintf("the ToR to hold %d path(s) for %s", want, p), func() (bool, string) {
+	testutil.EventuallyWithin(t, 20*time.Second, fmt.Sprintf("the ToR to hold %d path(s) for %s", want, p), func() (bool, string) {
 		got := tr.paths(t, p)
 		return got == want, fmt.Sprintf("%d paths, next hops %v", got, tr.nexthops(t, p))
 	})
@@ -213,7 +199,7 @@ func TestBGPToR(t *testing.T) {
 			n1, n2 := l.Nodes[0], l.Nodes[1]
 			for _, n := range l.Nodes {
 				waitEstablished(t, n)
-				eventually(t, 20*time.Second, "the ToR to see "+n.Name+" Established", func() (bool, string) { return tr.sessionUp(t, n), "" })
+				testutil.EventuallyWithin(t, 20*time.Second, "the ToR to see "+n.Name+" Established", func() (bool, string) { return tr.sessionUp(t, n), "" })
 			}
 
 			t.Run("summaries and pod routes", func(t *testing.T) {
@@ -266,7 +252,7 @@ func TestBGPToR(t *testing.T) {
 				addPod(t, n2, "any-2", ann...)
 				for _, p := range []netip.Prefix{any6, any4} {
 					torPaths(t, tr, p, 2)
-					eventually(t, 10*time.Second, "an ECMP kernel route at the ToR for "+p.String(), func() (bool, string) {
+					testutil.EventuallyWithin(t, 10*time.Second, "an ECMP kernel route at the ToR for "+p.String(), func() (bool, string) {
 						n := torKernelNexthops(t, l, p)
 						return n == 2, fmt.Sprintf("%d next hops", n)
 					})

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // unnumberedLab is one node peering by interface only (its uplink) with a
@@ -98,7 +99,7 @@ func TestBGPMD5GracefulRestartBFD(t *testing.T) {
 		}
 		n := l.Nodes[0]
 		waitEstablished(t, n)
-		eventually(t, 20*time.Second, "BFD up on both sides", func() (bool, string) {
+		testutil.EventuallyWithin(t, 20*time.Second, "BFD up on both sides", func() (bool, string) {
 			nb := neighbors(t, n.Agent)
 			out, _ := l.Bird.Cmd("show bfd sessions")
 			return len(nb) == 1 && nb[0].BFD == "up" && strings.Contains(out, "Up"), fmt.Sprintf("%+v\n%s", nb, out)
@@ -270,7 +271,7 @@ func TestBGPRFC5549Guard(t *testing.T) {
 	n := l.Nodes[0]
 	waitEstablished(t, n)
 	var nb []neighbor
-	eventually(t, 10*time.Second, "the RFC 5549 warning", func() (bool, string) {
+	testutil.EventuallyWithin(t, 10*time.Second, "the RFC 5549 warning", func() (bool, string) {
 		nb = neighbors(t, n.Agent)
 		return len(nb) == 1 && len(nb[0].Warnings) == 1 && strings.Contains(nb[0].Warnings[0], "extended next hop"), fmt.Sprintf("%+v", nb)
 	})
@@ -304,7 +305,7 @@ func TestBGPRFC5549Guard(t *testing.T) {
 		t.Fatal(err)
 	}
 	torPaths(t, tr, n.Summary4, 1)
-	eventually(t, 10*time.Second, "the warning to clear", func() (bool, string) {
+	testutil.EventuallyWithin(t, 10*time.Second, "the warning to clear", func() (bool, string) {
 		nb := neighbors(t, n.Agent)
 		return len(nb) == 1 && len(nb[0].Warnings) == 0, fmt.Sprintf("%+v", nb)
 	})
@@ -350,11 +351,11 @@ func TestBGPPeerRemoval(t *testing.T) {
 	if err := l.SetNodeConfig(n, lab.DefaultNodeConfig(n)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the IPv4 peer to be removed", func() (bool, string) {
+	testutil.EventuallyWithin(t, 10*time.Second, "the IPv4 peer to be removed", func() (bool, string) {
 		nb := neighbors(t, n.Agent)
 		return len(nb) == 1 && nb[0].Peer == n.TorV6.String(), fmt.Sprintf("%+v", nb)
 	})
-	eventually(t, 10*time.Second, "BIRD to see the IPv4 session gone", func() (bool, string) {
+	testutil.EventuallyWithin(t, 10*time.Second, "BIRD to see the IPv4 session gone", func() (bool, string) {
 		out, _ := l.Bird.Cmd("show protocols " + n.Name + "v4")
 		return !strings.Contains(out, "Established"), out
 	})
@@ -372,7 +373,7 @@ func TestBGPPeerRemoval(t *testing.T) {
 	if err := l.SetNodeConfig(n, twoPeers(n)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "the IPv4 peer to come back", func() (bool, string) {
+	testutil.EventuallyWithin(t, 20*time.Second, "the IPv4 peer to come back", func() (bool, string) {
 		nb := neighbors(t, n.Agent)
 		up := 0
 		for _, x := range nb {

@@ -18,6 +18,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // The crash storm's shape. CI runs the defaults; FLOCK_CRASH_ROUNDS lowers
@@ -334,7 +335,7 @@ func TestCrashStorm(t *testing.T) {
 	tr := birdTor{l}
 	n := l.Nodes[0]
 	waitEstablished(t, n)
-	eventually(t, 20*time.Second, "the ToR to see "+n.Name+" Established", func() (bool, string) { return tr.sessionUp(t, n), "" })
+	testutil.EventuallyWithin(t, 20*time.Second, "the ToR to see "+n.Name+" Established", func() (bool, string) { return tr.sessionUp(t, n), "" })
 
 	// Pod namespaces outlive rounds; whatever is left goes with the test.
 	spaces := map[string]*lab.NS{}

@@ -20,6 +20,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // The Kubernetes end-to-end test: a real single-node cluster (etcd,
@@ -219,7 +220,7 @@ func (e *k8sEnv) birdPaths(p netip.Prefix) int {
 
 func (e *k8sEnv) waitBird(p netip.Prefix, want int) {
 	e.t.Helper()
-	eventually(e.t, 30*time.Second, fmt.Sprintf("the ToR to hold %d path(s) for %s", want, p), func() (bool, string) {
+	testutil.EventuallyWithin(e.t, 30*time.Second, fmt.Sprintf("the ToR to hold %d path(s) for %s", want, p), func() (bool, string) {
 		n := e.birdPaths(p)
 		return n == want, fmt.Sprintf("%d paths", n)
 	})
@@ -430,13 +431,13 @@ func TestKubernetes(t *testing.T) {
 
 	t.Run("agent and BGP", func(t *testing.T) {
 		e.t = t
-		eventually(t, 60*time.Second, "flockctl in the agent pod to show the ToR Established", func() (bool, string) {
+		testutil.EventuallyWithin(t, 60*time.Second, "flockctl in the agent pod to show the ToR Established", func() (bool, string) {
 			out, err := c.Kubectl(ctx, "-n", "flock-system", "exec", "ds/flock", "-c", "agent", "--", "flockctl", "bgp", "neighbors")
 			return err == nil && strings.Contains(out, "Established") && strings.Contains(out, torV6.String()), out
 		})
 		e.waitBird(k8sSummary6, 1)
 		e.waitBird(k8sSummary4, 1)
-		eventually(t, 30*time.Second, "NodeConfig status to show the peer", func() (bool, string) {
+		testutil.EventuallyWithin(t, 30*time.Second, "NodeConfig status to show the peer", func() (bool, string) {
 			out, _ := c.Kubectl(ctx, "get", "nodeconfigs", k8sNode)
 			return strings.Contains(out, "1/1"), out
 		})
@@ -491,7 +492,7 @@ func TestKubernetes(t *testing.T) {
 	t.Run("anycast follows readiness", func(t *testing.T) {
 		e.t = t
 		a6, a4 := netip.MustParsePrefix(anycast6+"/128"), netip.MustParsePrefix(anycast4+"/32")
-		eventually(t, 60*time.Second, "pod any Running", func() (bool, string) {
+		testutil.EventuallyWithin(t, 60*time.Second, "pod any Running", func() (bool, string) {
 			out, _ := c.Kubectl(ctx, "get", "pod", "any", "-o", "jsonpath={.status.phase}")
 			return out == "Running", out
 		})
@@ -517,7 +518,7 @@ func TestKubernetes(t *testing.T) {
 		e.t = t
 		e.waitPods("hp", "hp")
 		var got string
-		eventually(t, 30*time.Second, "a TCP answer on the hostPort", func() (bool, string) {
+		testutil.EventuallyWithin(t, 30*time.Second, "a TCP answer on the hostPort", func() (bool, string) {
 			var conn net.Conn
 			err := tor.InNS(func() error {
 				var err error
@@ -542,7 +543,7 @@ func TestKubernetes(t *testing.T) {
 		e.t = t
 		e.kubectl("delete", "deployment", "web", "--wait=true")
 		e.kubectl("delete", "pod", "solo", "hp", "--wait=true")
-		eventually(t, 60*time.Second, "every allocation and veth to be gone", func() (bool, string) {
+		testutil.EventuallyWithin(t, 60*time.Second, "every allocation and veth to be gone", func() (bool, string) {
 			p, v := hostPods(t), hostVeths(t)
 			return len(p) == 0 && len(v) == 0, fmt.Sprintf("pods %v veths %v", p, v)
 		})
@@ -582,7 +583,7 @@ spec:
 			t.Fatal(err)
 		}
 		e.kubectl("delete", "pod", "leaky", "--grace-period=0", "--force", "--wait=false")
-		eventually(t, 60*time.Second, "the leak GC to release leaky", func() (bool, string) {
+		testutil.EventuallyWithin(t, 60*time.Second, "the leak GC to release leaky", func() (bool, string) {
 			p := hostPods(t)
 			return len(p) == 0, fmt.Sprintf("%+v", p)
 		})
@@ -596,7 +597,7 @@ spec:
 		if !strings.Contains(m, "flock_leaked_allocations_collected_total 1") {
 			t.Errorf("leak metric not 1:\n%s", grepLines(m, "flock_leaked"))
 		}
-		eventually(t, 60*time.Second, "the leaked veth to go once kubelet cleans up the sandbox", func() (bool, string) {
+		testutil.EventuallyWithin(t, 60*time.Second, "the leaked veth to go once kubelet cleans up the sandbox", func() (bool, string) {
 			v := hostVeths(t)
 			return len(v) == 0, fmt.Sprint(v)
 		})

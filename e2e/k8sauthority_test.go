@@ -13,6 +13,7 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // k8sAddressPools: the anycast IPs of the workloads; the `addresses` pool
@@ -41,7 +42,7 @@ spec:
 func testPodWaitsForAddressPool(t *testing.T, e *k8sEnv) {
 	e.t = t
 	ctx := context.Background()
-	eventually(t, 90*time.Second, "pod solo to report flock's refusal", func() (bool, string) {
+	testutil.EventuallyWithin(t, 90*time.Second, "pod solo to report flock's refusal", func() (bool, string) {
 		out, _ := e.c.Kubectl(ctx, "describe", "pod", "solo")
 		return strings.Contains(out, "no AddressPool allows namespace default to use 2001:db8:b::10 as addresses") &&
 			strings.Contains(out, "flock.fritzlab.net/addresses"), tail(out, 15)
@@ -58,7 +59,7 @@ func testPodWaitsForAddressPool(t *testing.T, e *k8sEnv) {
 	}
 	e.apply(k8sAddressesPool)
 	e.waitPods("solo after its AddressPool exists", "solo")
-	eventually(t, 30*time.Second, "kubectl get addresspools to count solo's claim", func() (bool, string) {
+	testutil.EventuallyWithin(t, 30*time.Second, "kubectl get addresspools to count solo's claim", func() (bool, string) {
 		out, _ := e.c.Kubectl(ctx, "get", "addresspools", "k8s-addresses")
 		f := strings.Fields(out)
 		return len(f) > 0 && slicesContains(f, "1") && strings.Contains(out, "2001:db8:b::/64") && strings.Contains(out, "addresses"), out
@@ -323,7 +324,7 @@ spec:
 `, netip.PrefixFrom(n1.Summary6.Addr(), 56).Masked()))
 	torPaths(t, tr, n1.Summary6, 0)
 	torPaths(t, tr, l.Nodes[1].Summary6, 1)
-	eventually(t, 30*time.Second, "node1's NodeConfig status to report the overlap", func() (bool, string) {
+	testutil.EventuallyWithin(t, 30*time.Second, "node1's NodeConfig status to report the overlap", func() (bool, string) {
 		out, _ := e.c.Kubectl(ctx, "get", "nodeconfig", "node1", "-o", "jsonpath={.status.lastError}")
 		return strings.Contains(out, "overlaps node node9's summary"), out
 	})

@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // restartToR is one ToR configuration of the restart matrix.
@@ -87,7 +88,7 @@ const faultAny6, faultAny4 = "2001:db8:a::1", "203.0.113.1"
 // watched prefix in the ToR's FIB.
 func settled(t *testing.T, l *lab.BGPLab, tr tor, n *lab.LabNode, bfd bool, watch []netip.Prefix) {
 	t.Helper()
-	eventually(t, 30*time.Second, "settled", func() (bool, string) {
+	testutil.EventuallyWithin(t, 30*time.Second, "settled", func() (bool, string) {
 		nb := neighbors(t, n.Agent)
 		if len(nb) != 1 || nb[0].State != "Established" || (bfd && nb[0].BFD != "up") || !tr.sessionUp(t, n) {
 			return false, fmt.Sprintf("%+v", nb)
@@ -236,7 +237,7 @@ func TestAgentRestartUnderTraffic(t *testing.T) {
 							t.Fatalf("%v: %s", err, out)
 						}
 					}
-					eventually(t, 30*time.Second, "the ToR's session back", func() (bool, string) { return tr.sessionUp(t, n), "" })
+					testutil.EventuallyWithin(t, 30*time.Second, "the ToR's session back", func() (bool, string) { return tr.sessionUp(t, n), "" })
 				}
 				// Past the End-of-RIB: stale routes replaced or dropped.
 				time.Sleep(3 * time.Second)

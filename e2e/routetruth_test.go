@@ -17,6 +17,7 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // birdTable returns every route BIRD learnt from the lab's nodes, with the
@@ -100,7 +101,7 @@ func TestRouteTruthStorm(t *testing.T) {
 	})
 	for _, n := range l.Nodes {
 		waitEstablished(t, n)
-		eventually(t, 20*time.Second, "the ToR to see "+n.Name+" Established", func() (bool, string) { return tr.sessionUp(t, n), "" })
+		testutil.EventuallyWithin(t, 20*time.Second, "the ToR to see "+n.Name+" Established", func() (bool, string) { return tr.sessionUp(t, n), "" })
 	}
 	seed := rand.Uint64()
 	t.Logf("seed %d", seed)
@@ -205,12 +206,12 @@ func TestRouteTruthStorm(t *testing.T) {
 			slices.Sort(k[p])
 		}
 	}
-	eventually(t, 20*time.Second, "the ToR's table to equal what the surviving Ready pods imply", func() (bool, string) {
+	testutil.EventuallyWithin(t, 20*time.Second, "the ToR's table to equal what the surviving Ready pods imply", func() (bool, string) {
 		got := birdTable(t, l)
 		return fmt.Sprint(got) == fmt.Sprint(wantToR), fmt.Sprintf("\ngot  %v\nwant %v", got, wantToR)
 	})
 	for _, n := range l.Nodes {
-		eventually(t, 10*time.Second, n.Name+"'s kernel host routes to equal what its Ready pods imply", func() (bool, string) {
+		testutil.EventuallyWithin(t, 10*time.Second, n.Name+"'s kernel host routes to equal what its Ready pods imply", func() (bool, string) {
 			got := kernelHostRoutes(t, n.NS)
 			return fmt.Sprint(got) == fmt.Sprint(wantKernel[n]), fmt.Sprintf("\ngot  %v\nwant %v", got, wantKernel[n])
 		})
@@ -256,11 +257,11 @@ func TestRouteTruthStorm(t *testing.T) {
 			}
 		}
 		start := time.Now()
-		eventually(t, 5*time.Second, "the node to route exactly the remaining Ready pods after a netns vanished", func() (bool, string) {
+		testutil.EventuallyWithin(t, 5*time.Second, "the node to route exactly the remaining Ready pods after a netns vanished", func() (bool, string) {
 			got := kernelHostRoutes(t, lost.node.NS)
 			return fmt.Sprint(got) == fmt.Sprint(want), fmt.Sprintf("\ngot  %v\nwant %v", got, want)
 		})
-		eventually(t, 5*time.Second, "the ToR to forget the vanished pod", func() (bool, string) {
+		testutil.EventuallyWithin(t, 5*time.Second, "the ToR to forget the vanished pod", func() (bool, string) {
 			for _, p := range []netip.Prefix{host(ipOf(lost.ips, true)), host(lost.addr)} {
 				if c := tr.paths(t, p); c != 0 {
 					return false, fmt.Sprintf("ToR holds %s", p)
@@ -306,7 +307,7 @@ func TestRouteTruthStorm(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	eventually(t, 2*time.Second, "the ToR and the node to forget the rebooted-away pod", func() (bool, string) {
+	testutil.EventuallyWithin(t, 2*time.Second, "the ToR and the node to forget the rebooted-away pod", func() (bool, string) {
 		for _, p := range gone {
 			if c := tr.paths(t, p); c != 0 {
 				return false, fmt.Sprintf("ToR holds %s (%d paths)", p, c)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // torFailToR is a ToR of the failure tests, in the configuration
@@ -49,9 +50,13 @@ var torFailToRs = []torFailToR{
 }
 
 // routesBackAfter waits for the ToR's session to the node, then for every
-// prefix in its BGP table, sampling as fast as its CLI answers; it returns the time from the
-// session's re-establishment to the last prefix's return.
-func routesBackAfter(t *testing.T, l *lab.BGPLab, tr tor, n *lab.LabNode, watch []netip.Prefix, within time.Duration) (est, back time.Duration, t0 time.Time) {
+// prefix in its BGP table, sampling as fast as its CLI answers. It returns
+// the time from its start to the session's re-establishment and from that
+// to the last prefix's return, as sampled (the figures), and the least the
+// latter can have been: a sample that saw a thing shows it happened before
+// the sample ended, one that did not, that it happened after the sample
+// began, and a loaded machine's samples are slow.
+func routesBackAfter(t *testing.T, l *lab.BGPLab, tr tor, n *lab.LabNode, watch []netip.Prefix, within time.Duration) (est, back, atLeast time.Duration) {
 	t.Helper()
 	start := time.Now()
 	deadline := start.Add(within)
@@ -61,8 +66,10 @@ func routesBackAfter(t *testing.T, l *lab.BGPLab, tr tor, n *lab.LabNode, watch 
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	up := time.Now()
+	up := time.Now()      // the session was up by then
+	var missing time.Time // when the last sample that missed a prefix began
 	for {
+		began := time.Now()
 		// The ToR's BGP table, not its FIB: a crashed BIRD or FRR leaves
 		// its kernel routes behind, so the FIB would not tell.
 		have := torRIB(t, l, tr)
@@ -74,8 +81,12 @@ func routesBackAfter(t *testing.T, l *lab.BGPLab, tr tor, n *lab.LabNode, watch 
 			}
 		}
 		if all {
-			return up.Sub(start), time.Since(up), up
+			if !missing.IsZero() {
+				atLeast = max(missing.Sub(up), 0)
+			}
+			return up.Sub(start), time.Since(up), atLeast
 		}
+		missing = began
 		if time.Now().After(deadline) {
 			t.Fatalf("routes not back in the ToR's BGP table within %v", within)
 		}
@@ -83,11 +94,22 @@ func routesBackAfter(t *testing.T, l *lab.BGPLab, tr tor, n *lab.LabNode, watch 
 	}
 }
 
+// routesBackWithin fails the test if the routes provably took longer than
+// d after the session; the figure as sampled may be more on a loaded
+// machine.
+func routesBackWithin(t *testing.T, what string, back, atLeast, d time.Duration) {
+	t.Helper()
+	if atLeast > d {
+		t.Errorf("%s: routes back at least %v after the session (sampled: %v), want ≤ %v", what, atLeast.Round(10*time.Millisecond), back.Round(10*time.Millisecond), d)
+	}
+}
+
 // TestToRFailures: the ToR crashes (SIGKILL) and restarts, and the link to
 // the node flaps, against BIRD and FRR in the shipped configurations (BFD
-// 300 ms × 3, graceful restart). Every route must be back in the ToR's FIB
-// within 2 s of the session re-establishing, and the node keeps its own
-// forwarding state throughout (its kernel routes never change).
+// 300 ms × 3, graceful restart). Every route must be back in the ToR's BGP
+// table within 2 s of the session re-establishing (a failure must be
+// proven by the sampling, which a loaded machine slows), and the node keeps
+// its own forwarding state throughout (its kernel routes never change).
 func TestToRFailures(t *testing.T) {
 	for _, k := range torFailToRs {
 		t.Run(k.name, func(t *testing.T) {
@@ -100,10 +122,8 @@ func TestToRFailures(t *testing.T) {
 			k.crash(t, l)
 			time.Sleep(time.Second)
 			k.restart(t, l)
-			est, back, _ := routesBackAfter(t, l, tr, n, watch, 60*time.Second)
-			if back > 2*time.Second {
-				t.Errorf("ToR restart: routes back %v after the session, want ≤ 2 s", back.Round(10*time.Millisecond))
-			}
+			est, back, atLeast := routesBackAfter(t, l, tr, n, watch, 60*time.Second)
+			routesBackWithin(t, "ToR restart", back, atLeast, 2*time.Second)
 			if got := kernelHostRoutes(t, n.NS); fmt.Sprint(got) != fmt.Sprint(nodeRoutes) {
 				t.Errorf("the node's kernel routes changed while the ToR restarted:\nbefore %v\nafter  %v", nodeRoutes, got)
 			}
@@ -129,17 +149,15 @@ func TestToRFailures(t *testing.T) {
 			}
 			link("down")
 			var bfdDown bool
-			eventually(t, 10*time.Second, "the node's BFD to notice the link down", func() (bool, string) {
+			testutil.EventuallyWithin(t, 10*time.Second, "the node's BFD to notice the link down", func() (bool, string) {
 				b, _ := nodeBFD(t, n)
 				bfdDown = b != "up"
 				return bfdDown, b
 			})
 			time.Sleep(2 * time.Second)
 			link("up")
-			est, back, _ = routesBackAfter(t, l, tr, n, watch, 60*time.Second)
-			if back > 2*time.Second {
-				t.Errorf("link flap: routes back %v after the session, want ≤ 2 s", back.Round(10*time.Millisecond))
-			}
+			est, back, atLeast = routesBackAfter(t, l, tr, n, watch, 60*time.Second)
+			routesBackWithin(t, "link flap", back, atLeast, 2*time.Second)
 			if got := kernelHostRoutes(t, n.NS); fmt.Sprint(got) != fmt.Sprint(nodeRoutes) {
 				t.Errorf("the node's kernel routes changed with the link flap:\nbefore %v\nafter  %v", nodeRoutes, got)
 			}
@@ -196,11 +214,11 @@ func TestUnnumberedToRReplaced(t *testing.T) {
 				t.Fatal(err)
 			}
 			var now netip.Addr
-			eventually(t, 10*time.Second, "the new ToR's link-local address", func() (bool, string) {
+			testutil.EventuallyWithin(t, 10*time.Second, "the new ToR's link-local address", func() (bool, string) {
 				now, err = l.Tor.LinkLocal(n.TorIf)
 				return err == nil && now != old, fmt.Sprint(now, err)
 			})
-			eventually(t, 60*time.Second, "peered with the new ToR", func() (bool, string) {
+			testutil.EventuallyWithin(t, 60*time.Second, "peered with the new ToR", func() (bool, string) {
 				nb := neighbors(t, n.Agent)
 				return len(nb) == 1 && nb[0].State == "Established" && tr.sessionUp(t, n), fmt.Sprintf("%+v", nb)
 			})

@@ -7,10 +7,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // watch runs a FileWatcher on path until the test ends and returns its
@@ -19,50 +20,91 @@ func watch(t *testing.T, path string, hup <-chan os.Signal) <-chan struct{} {
 	t.Helper()
 	ready := make(chan struct{})
 	w := &FileWatcher{Path: path, Hup: hup, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), ready: func() { close(ready) }}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := w.Run(ctx); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	testutil.Run(t, w.Run)
 	// The baseline must be read before the test changes anything.
 	select {
 	case <-ready:
-	case <-time.After(5 * time.Second):
+	case <-time.After(testutil.Timeout):
 		t.Fatal("watcher not ready")
 	}
 	return w.Changed()
 }
 
+// expectCall waits for the call a change makes, then checks it was the
+// only one: the debounce swallows the burst of events of one change.
 func expectCall(t *testing.T, calls <-chan struct{}, what string) {
 	t.Helper()
 	select {
 	case <-calls:
-	case <-time.After(3 * time.Second):
+	case <-time.After(testutil.Timeout):
 		t.Fatalf("%s: changed() not called", what)
 	}
-	// One change, one call: the debounce swallows the burst.
 	expectNone(t, calls, what+" (second call)")
 }
 
+// expectNone checks that no call comes in a window several debounces
+// long. A correct watcher never calls in it, however loaded the machine.
 func expectNone(t *testing.T, calls <-chan struct{}, what string) {
 	t.Helper()
 	select {
 	case <-calls:
 		t.Fatalf("%s: changed() called", what)
-	case <-time.After(400 * time.Millisecond):
+	case <-time.After(4 * DefaultDebounce):
 	}
 }
 
-func write(t *testing.T, path, content string) {
+// A write in place (truncate, then write) shows the watcher an empty file
+// if it reads in between, which it may do only a debounce after the
+// write's first event. A quick write (done within a debounce) cannot be
+// read half done; a slow one (the test descheduled on a loaded machine)
+// may be, which is a change of its own: one call more.
+
+// expectCallAfter is expectCall after a write in place.
+func expectCallAfter(t *testing.T, calls <-chan struct{}, what string, quick bool) {
 	t.Helper()
+	if quick {
+		expectCall(t, calls, what)
+		return
+	}
+	select {
+	case <-calls:
+	case <-time.After(testutil.Timeout):
+		t.Fatalf("%s: changed() not called", what)
+	}
+	drain(calls)
+}
+
+// expectNoneAfter is expectNone after a write in place of equal content.
+func expectNoneAfter(t *testing.T, calls <-chan struct{}, what string, quick bool) {
+	t.Helper()
+	if quick {
+		expectNone(t, calls, what)
+		return
+	}
+	drain(calls)
+}
+
+// drain takes the calls a slow write in place may make: the empty file,
+// then the content.
+func drain(calls <-chan struct{}) {
+	for range 2 {
+		select {
+		case <-calls:
+		case <-time.After(4 * DefaultDebounce):
+			return
+		}
+	}
+}
+
+// write writes content in place, as os.WriteFile does, and reports whether
+// it was quick (see expectCallAfter).
+func write(t *testing.T, path, content string) (quick bool) {
+	t.Helper()
+	start := time.Now()
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return time.Since(start) < DefaultDebounce
 }
 
 // configMap is a ConfigMap volume as kubelet's atomic writer lays it out:
@@ -142,8 +184,7 @@ func TestFileWatcherPlainFile(t *testing.T) {
 	write(t, path, "v1")
 	calls := watch(t, path, nil)
 
-	write(t, path, "v2")
-	expectCall(t, calls, "in-place write")
+	expectCallAfter(t, calls, "in-place write", write(t, path, "v2"))
 
 	// An editor: write a temp file, rename it over the original.
 	tmp := filepath.Join(dir, ".nodeconfig.yaml.swp")
@@ -160,8 +201,7 @@ func TestFileWatcherPlainFile(t *testing.T) {
 	if err := os.Chtimes(path, now, now); err != nil {
 		t.Fatal(err)
 	}
-	write(t, path, "v3")
-	expectNone(t, calls, "touch and rewrite with equal content")
+	expectNoneAfter(t, calls, "touch and rewrite with equal content", write(t, path, "v3"))
 
 	// Deleted, then back: no call while it is missing; one when it returns
 	// (the agent keeps running on the config it has meanwhile).
@@ -169,8 +209,7 @@ func TestFileWatcherPlainFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectNone(t, calls, "file removed")
-	write(t, path, "v3")
-	expectCall(t, calls, "file re-created")
+	expectCallAfter(t, calls, "file re-created", write(t, path, "v3"))
 }
 
 // A symlink to a file in another directory, written in place there: the
@@ -184,8 +223,7 @@ func TestFileWatcherSymlinkTargetElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := watch(t, path, nil)
-	write(t, target, "v2")
-	expectCall(t, calls, "target written in place")
+	expectCallAfter(t, calls, "target written in place", write(t, target, "v2"))
 }
 
 func TestFileWatcherHup(t *testing.T) {
@@ -203,8 +241,7 @@ func TestFileWatcherMissingFileAtStart(t *testing.T) {
 	path := filepath.Join(dir, "nodeconfig.yaml")
 	calls := watch(t, path, nil)
 	expectNone(t, calls, "start without the file")
-	write(t, path, "v1")
-	expectCall(t, calls, "file created")
+	expectCallAfter(t, calls, "file created", write(t, path, "v1"))
 }
 
 // An edit between the agent's load and the watcher's start is not lost:
@@ -241,11 +278,12 @@ func TestFileWatcherBusyDirectory(t *testing.T) {
 	path := filepath.Join(dir, "nodeconfig.yaml")
 	write(t, path, "v1")
 	calls := watch(t, path, nil)
+	log := filepath.Join(dir, "agent.log")
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		f, err := os.Create(filepath.Join(dir, "agent.log"))
+		f, err := os.Create(log)
 		if err != nil {
 			return
 		}
@@ -260,7 +298,16 @@ func TestFileWatcherBusyDirectory(t *testing.T) {
 		}
 	}()
 	defer func() { close(stop); <-done }()
-	time.Sleep(50 * time.Millisecond)
-	write(t, path, "v2")
+	testutil.WaitFor(t, "the neighbour being written", func() bool {
+		fi, err := os.Stat(log)
+		return err == nil && fi.Size() >= 3*int64(len("a log line\n"))
+	})
+	// Renamed into place: the watcher reads all the time here (every
+	// debounce), so a write in place could show it an empty file.
+	tmp := filepath.Join(dir, ".nodeconfig.yaml.new")
+	write(t, tmp, "v2")
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
 	expectCall(t, calls, "a change while a neighbour is written every 10 ms")
 }

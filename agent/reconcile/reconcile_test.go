@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -74,20 +76,13 @@ func (s *source) put(k string, v int) uint64 {
 }
 
 func run(t *testing.T, l *Loop[map[string]int]) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run returned %v", err)
-		}
-	})
+	t.Helper()
+	testutil.Run(t, l.Run)
 }
 
 func wait(t *testing.T, l *Loop[map[string]int], gen uint64) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Timeout)
 	defer cancel()
 	if err := l.Wait(ctx, gen); err != nil {
 		t.Fatalf("Wait(%d): %v", gen, err)
@@ -126,15 +121,13 @@ func TestErrorsAreRetriedAndCounted(t *testing.T) {
 		}}
 	src.put("a", 1)
 	run(t, l)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if held, _, _ := tg.get(); held["a"] == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never converged; status %+v", l.Status())
-		}
-		time.Sleep(time.Millisecond)
+	// The status follows the target's Set (and Observe): wait on it.
+	testutil.Eventually(t, "a successful pass", func() (bool, string) {
+		st := l.Status()
+		return !st.LastSuccess.IsZero(), fmt.Sprintf("%+v", st)
+	})
+	if held, _, _ := tg.get(); held["a"] != 1 {
+		t.Errorf("target holds %v after a successful pass", held)
 	}
 	st := l.Status()
 	if st.Errors != 3 || st.Failing || st.LastError == "" || st.LastErrorAt.IsZero() || st.LastSuccess.Before(st.LastErrorAt) {
@@ -176,16 +169,7 @@ func TestRepairAndWaitContext(t *testing.T) {
 		t.Errorf("Wait on a cancelled context before any pass = %v", err)
 	}
 	run(t, l)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		if _, _, fulls := tg.get(); fulls >= 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no periodic full passes")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.WaitFor(t, "periodic full passes", func() bool { _, _, fulls := tg.get(); return fulls >= 3 })
 }
 
 // Concurrent events are coalesced, and every waiter is released.

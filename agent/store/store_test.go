@@ -751,7 +751,7 @@ func TestDeletedRecordFilesAreReused(t *testing.T) {
 	if got := mustLoadKeep(t, s); len(got) != 0 {
 		t.Fatalf("after Delete: %+v", got)
 	}
-	waitSpares(t, s, 1)
+	idle(s)
 	short := sample("new", Pending)
 	short.Anycast, short.Addresses = nil, nil // shorter than the old record
 	if _, err := s.Begin(short); err != nil {
@@ -775,7 +775,7 @@ func TestDeletedRecordFilesAreReused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitSpares(t, s, maxSpares)
+	idle(s)
 	ents, _ := os.ReadDir(s.allocDir)
 	spares := 0
 	for _, e := range ents {
@@ -811,7 +811,7 @@ func TestBeginWithSparesRefusesLeftover(t *testing.T) {
 	if err := s.Delete("x"); err != nil {
 		t.Fatal(err)
 	}
-	waitSpares(t, s, 1)
+	idle(s)
 	old := writeRaw(t, s, "c1.pending", `{"version":1,"containerID":"c1","state":"committed"}`)
 	if _, err := s.Begin(sample("c1", Pending)); err == nil || !strings.Contains(err.Error(), old) {
 		t.Errorf("Begin over a leftover = %v, want an error naming %s", err, old)
@@ -847,18 +847,13 @@ func spareCount(s *Store) int {
 	return len(s.spares)
 }
 
-// waitSpares waits until n emptied files are ready for reuse (they join
-// the pool once emptied on disk, in the background).
-func waitSpares(t *testing.T, s *Store, n int) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for spareCount(s) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d spares ready after 10 s, want %d", spareCount(s), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
+// idle waits until none of the store's background work (spare fills,
+// fsyncs, spares being emptied) is running: the pool and the directory
+// then say all they will until the test's next call. Each such goroutine
+// is counted in s.life before the call that starts it returns (and the
+// test makes no call meanwhile), so the count is zero only when all is
+// done.
+func idle(s *Store) { s.life.wg.Wait() }
 
 // A deleted record's file is emptied only once its removal is on disk
 // (else a power loss could leave the record under its name, empty), and
@@ -886,7 +881,10 @@ func TestSpareEmptiedAfterDirSync(t *testing.T) {
 	if err := s.Delete("r1"); err != nil {
 		t.Fatal(err)
 	}
-	waitSpares(t, s, 1)
+	idle(s)
+	if n := spareCount(s); n != 1 {
+		t.Fatalf("%d spares after r1's removal, want 1", n)
+	}
 	if atSync != nil {
 		t.Errorf("spares %v emptied before the directory sync", atSync)
 	}
@@ -898,7 +896,7 @@ func TestSpareEmptiedAfterDirSync(t *testing.T) {
 	if err := s.Delete("r2"); !errors.Is(err, errSync) {
 		t.Fatalf("Delete with a failing sync = %v, want the sync's error", err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	idle(s)
 	if n := spareCount(s); n != 1 {
 		t.Errorf("%d spares, want only r1's: r2's removal is not known to be on disk", n)
 	}
@@ -939,7 +937,7 @@ func TestSparesKeptReady(t *testing.T) {
 	const floor = 4
 	s.KeepSpares(floor)
 	mustLoad(t, s)
-	waitSpares(t, s, floor)
+	idle(s)
 	ready := spareFiles(t, s)
 	if len(ready) != floor {
 		t.Fatalf("%d spare files after Load, want %d", len(ready), floor)
@@ -956,8 +954,7 @@ func TestSparesKeptReady(t *testing.T) {
 	if _, err := s.Begin(sample("b", Pending)); err != nil {
 		t.Fatal(err)
 	}
-	waitSpares(t, s, floor)
-	time.Sleep(20 * time.Millisecond) // a fill gone too far would show now
+	idle(s) // the fill is done: one gone too far would show now
 	if n, files := spareCount(s), spareFiles(t, s); n != floor || len(files) != floor {
 		t.Errorf("pool %d, %d spare files: want %d of each", n, len(files), floor)
 	}
@@ -972,8 +969,7 @@ func TestSparesKeptReady(t *testing.T) {
 		}
 	}
 	mustLoad(t, s)
-	waitSpares(t, s, floor)
-	time.Sleep(20 * time.Millisecond)
+	idle(s) // every fill done, those the Loads made stale included
 	if n, files := spareCount(s), spareFiles(t, s); n != floor || len(files) != floor {
 		t.Errorf("after racing Loads: pool %d, %d spare files: want %d of each", n, len(files), floor)
 	}

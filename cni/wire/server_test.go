@@ -73,6 +73,47 @@ func startServer(t *testing.T, h Handler) *running {
 	return r
 }
 
+// trackedListener tells when Serve closed it and, with waitAfter set,
+// when the server reads a connection again after waitAfter bytes: it is
+// waiting for the rest of a request.
+type trackedListener struct {
+	net.Listener
+	closed    chan struct{}
+	closeOnce sync.Once
+	waitAfter int
+	waiting   chan struct{}
+	waitOnce  sync.Once
+}
+
+func (l *trackedListener) Close() error {
+	err := l.Listener.Close()
+	l.closeOnce.Do(func() { close(l.closed) })
+	return err
+}
+
+func (l *trackedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil || l.waiting == nil {
+		return c, err
+	}
+	return &waitingConn{Conn: c, l: l}, nil
+}
+
+type waitingConn struct {
+	net.Conn
+	l   *trackedListener
+	got int // read by the serving goroutine only
+}
+
+func (c *waitingConn) Read(b []byte) (int, error) {
+	if c.got >= c.l.waitAfter {
+		c.l.waitOnce.Do(func() { close(c.l.waiting) })
+	}
+	n, err := c.Conn.Read(b)
+	c.got += n
+	return n, err
+}
+
 func echoHandler() Handler {
 	return HandlerFunc(func(ctx context.Context, req Request) Response {
 		res := fmt.Sprintf(`{"cniVersion":"1.1.0","echo":{"op":%q,"containerID":%q,"ifName":%q}}`, req.Op, req.ContainerID, req.IfName)
@@ -403,7 +444,8 @@ func TestServeShutdownWaitsForInFlight(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- (&Server{Listener: l, Handler: h, Logger: quietLogger()}).Run(ctx) }()
+	tl := &trackedListener{Listener: l, closed: make(chan struct{})}
+	go func() { done <- (&Server{Listener: tl, Handler: h, Logger: quietLogger()}).Run(ctx) }()
 
 	callDone := make(chan error, 1)
 	var resp Response
@@ -416,12 +458,14 @@ func TestServeShutdownWaitsForInFlight(t *testing.T) {
 	<-started
 	cancel()
 	<-sawCancel
+	<-tl.closed // Serve closes it on cancel, from a goroutine of its own
+	// A Serve that did not wait would return right after: give it time to.
 	select {
 	case err := <-done:
 		t.Fatalf("Serve returned (%v) while a handler was in flight", err)
 	case <-time.After(100 * time.Millisecond):
 	}
-	// The listener is already closed: new clients see no agent.
+	// The listener is closed: new clients see no agent.
 	if _, err := (Client{Socket: path}).Call(safetyCtx(t), Request{Op: OpStatus}); !errors.Is(err, ErrAgentNotRunning) {
 		t.Errorf("call after shutdown: err = %v, want ErrAgentNotRunning", err)
 	}
@@ -458,7 +502,9 @@ func TestServeShutdownAbortsPendingRead(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	srv := &Server{Handler: echoHandler(), ReadTimeout: time.Hour, Logger: quietLogger()}
-	srv.Listener = l
+	partial := []byte(`{"op":"ADD"`) // incomplete: the server waits for more
+	tl := &trackedListener{Listener: l, closed: make(chan struct{}), waitAfter: len(partial), waiting: make(chan struct{})}
+	srv.Listener = tl
 	go func() { done <- srv.Run(ctx) }()
 
 	c, err := net.Dial("unix", path)
@@ -467,8 +513,8 @@ func TestServeShutdownAbortsPendingRead(t *testing.T) {
 	}
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(30 * time.Second))
-	c.Write([]byte(`{"op":"ADD"`)) // incomplete; the server is waiting for more
-	time.Sleep(50 * time.Millisecond)
+	c.Write(partial)
+	<-tl.waiting
 	cancel()
 	select {
 	case err := <-done:

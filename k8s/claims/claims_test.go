@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	clienttesting "k8s.io/client-go/testing"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
@@ -507,7 +508,7 @@ func TestCacheReaders(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "the cache holds 4 claims", func() bool { return len(nodeA.all()) == 4 })
+	testutil.WaitFor(t, "the cache holds 4 claims", func() bool { return len(nodeA.all()) == 4 })
 
 	h, ok := nodeA.Taken(netip.MustParseAddr("2001:db8:100::3"))
 	if !ok || h.Node != "node-b" || h.ContainerID != "cb1" || h.Pod != pod("ns", "b1") {
@@ -533,7 +534,7 @@ func TestCacheReaders(t *testing.T) {
 	if err := nodeA.Release(ctx, netip.MustParseAddr("2001:db8:100::1"), "ca1"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the release reaches the cache", func() bool {
+	testutil.WaitFor(t, "the release reaches the cache", func() bool {
 		_, ok := nodeA.Taken(netip.MustParseAddr("2001:db8:100::1"))
 		return !ok
 	})
@@ -640,7 +641,7 @@ func TestChangedOnThisNodesDeletedClaims(t *testing.T) {
 		}
 	}
 	del("2001:db8:aa::2")
-	eventually(t, "the cache saw node b's claim go", func() bool { return len(c.all()) == 1 })
+	testutil.WaitFor(t, "the cache saw node b's claim go", func() bool { return len(c.all()) == 1 })
 	select {
 	case <-c.Changed():
 		t.Fatal("Changed fired for another node's claim")

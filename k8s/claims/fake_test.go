@@ -1,13 +1,11 @@
 package claims
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,8 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	dynfake "k8s.io/client-go/dynamic/fake"
 	clienttesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/tools/cache"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
@@ -137,38 +135,8 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 // to watch (the fake drops events between its list and its watch).
 func start(t *testing.T, a *fakeAPI, c *Claims) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		c.informer.RunWithContext(ctx) // the factory's job in the agent
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-	defer scancel()
-	if !cache.WaitForCacheSync(sctx.Done(), c.informer.HasSynced) {
-		t.Fatal("the claims' informer did not sync")
-	}
-	eventually(t, "the informer watches", func() bool {
-		for _, act := range a.Actions() {
-			if act.GetVerb() == "watch" && act.GetResource() == GVR {
-				return true
-			}
-		}
-		return false
-	})
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.RunInformer(t, c.informer)
+	testutil.WaitWatching(t, a, GVR.Resource)
 }
 
 func pod(ns, name string) podmeta.ID {

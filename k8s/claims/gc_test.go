@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clienttesting "k8s.io/client-go/testing"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
@@ -80,7 +81,7 @@ func setup(t *testing.T, cls ...Claim) (*fakeAPI, *Claims) {
 	}
 	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	start(t, a, c)
-	eventually(t, "the cache holds every claim", func() bool { return len(c.all()) == len(cls) })
+	testutil.WaitFor(t, "the cache holds every claim", func() bool { return len(c.all()) == len(cls) })
 	return a, c
 }
 
@@ -280,7 +281,7 @@ func TestGCWithoutCreationTimestamp(t *testing.T) {
 	}
 	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	start(t, a, c)
-	eventually(t, "the claim is cached", func() bool { return len(c.all()) == 1 })
+	testutil.WaitFor(t, "the claim is cached", func() bool { return len(c.all()) == 1 })
 	w := newWorld()
 	now := t0.Add(100 * grace)
 	g := w.gc(c, &now)
@@ -296,7 +297,7 @@ func TestGCWithoutCreationTimestamp(t *testing.T) {
 	if _, ok := a.get(t, mineIP); ok {
 		t.Fatal("not reclaimed a grace after first seen")
 	}
-	eventually(t, "the delete reaches the cache", func() bool { return len(c.all()) == 0 })
+	testutil.WaitFor(t, "the delete reaches the cache", func() bool { return len(c.all()) == 0 })
 	sweep(g, seen)
 	if len(seen) != 0 {
 		t.Fatalf("seen keeps %v after the claim is gone", seen)
@@ -314,7 +315,7 @@ func TestGCLeavesBrokenClaims(t *testing.T) {
 	}
 	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
 	start(t, a, c)
-	eventually(t, "the claim is cached", func() bool { return len(c.all()) == 1 })
+	testutil.WaitFor(t, "the claim is cached", func() bool { return len(c.all()) == 1 })
 	if _, ok := c.Taken(netip.MustParseAddr(mineIP)); !ok {
 		t.Fatal("a broken claim does not count as taken")
 	}
@@ -340,22 +341,12 @@ func TestGCRun(t *testing.T) {
 	g := w.gc(c, &now)
 	g.Grace = time.Hour // one sweep (at start) in this test's lifetime
 	g.now = func() time.Time { return t0.Add(2 * time.Hour) }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- g.Run(ctx) }()
-	eventually(t, "the start sweep reclaims the claim", func() bool { return w.collected.Load() == 1 })
+	ctx, stopGC := testutil.Run(t, g.Run)
+	testutil.WaitFor(t, "the start sweep reclaims the claim", func() bool { return w.collected.Load() == 1 })
 	if err := g.Run(ctx); err == nil {
 		t.Fatal("second Run: no error")
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not return after ctx ended")
-	}
+	stopGC() // it returns nil once its ctx ends, or the test fails
 	if err := (&GC{}).Run(context.Background()); err == nil {
 		t.Fatal("Run without Claims: no error")
 	}

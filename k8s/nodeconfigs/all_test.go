@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
 
@@ -29,14 +30,14 @@ func TestAllSummaries(t *testing.T) {
 	)
 	f := kubeclient.NewFactory()
 	all := NewAll(f, dyn)
-	ctx := runFactory(t, f)
+	ctx := runFactory(t, f, dyn)
 	want := "map[a:[fd00:10:1::/64] b:[10.10.2.0/24 fd00:10:2::/64]]"
 	if got := fmt.Sprint(all.Summaries()); got != want {
 		t.Errorf("Summaries = %s, want %s", got, want)
 	}
 	// The first list signalled (once, coalesced): take it, once every
 	// event of it reached the handler.
-	waitFor(t, "the handler saw the first list", all.handler.HasSynced)
+	testutil.WaitFor(t, "the handler saw the first list", all.handler.HasSynced)
 	<-all.Changed()
 	upd := withPools(nodeConfig("b", 2, 65001), map[string]any{"cidr": "fd00:10:1::/64"})
 	if _, err := dyn.Resource(GVR).Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
@@ -44,21 +45,10 @@ func TestAllSummaries(t *testing.T) {
 	}
 	select {
 	case <-all.Changed():
-	case <-time.After(5 * time.Second):
+	case <-time.After(testutil.Timeout):
 		t.Fatal("no change reported")
 	}
 	if got := all.Summaries()["b"]; len(got) != 1 || got[0] != netip.MustParsePrefix("fd00:10:1::/64") {
 		t.Errorf("b's summaries after the update: %v", got)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -2,7 +2,6 @@ package nodeconfigs
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynfake "k8s.io/client-go/dynamic/fake"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
@@ -37,18 +37,12 @@ type change struct {
 	gen int64
 }
 
-// runFactory runs f until the test ends and waits for its sync.
-func runFactory(t *testing.T, f *kubeclient.Factory) context.Context {
+// runFactory runs f until the test ends, waits for its sync and for the
+// fake to watch (the fakes drop events between list and watch).
+func runFactory(t *testing.T, f *kubeclient.Factory, dyn testutil.Recorder) context.Context {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = f.Run(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-	defer scancel()
-	if err := f.WaitForSync(sctx); err != nil {
-		t.Fatal(err)
-	}
+	ctx := testutil.Start(t, f.Run, f.WaitForSync)
+	testutil.WaitWatching(t, dyn, GVR.Resource)
 	return ctx
 }
 
@@ -59,7 +53,7 @@ func TestChangedAndCurrent(t *testing.T) {
 	dyn := fakeClient(nodeConfig("vm", 1, 65001), nodeConfig("other", 1, 65099))
 	f := kubeclient.NewFactory()
 	w := New(f, dyn, "vm")
-	ctx := runFactory(t, f)
+	ctx := runFactory(t, f, dyn)
 	current := func(want change) {
 		t.Helper()
 		spec, gen, err := w.Current()
@@ -72,7 +66,7 @@ func TestChangedAndCurrent(t *testing.T) {
 		select {
 		case <-w.Changed():
 			current(want)
-		case <-time.After(5 * time.Second):
+		case <-time.After(testutil.Timeout):
 			t.Fatalf("no change signalled, want %+v", want)
 		}
 	}

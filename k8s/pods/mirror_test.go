@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
@@ -49,7 +50,7 @@ func TestMirrorRecreatedReportsStaticUID(t *testing.T) {
 	cs := fake.NewClientset(mirror("etcd-vm", "vm", "static-uid"))
 	ev := &events{}
 	s := New(kubeclient.NewFactory(), podsOf(cs), "vm", ev)
-	ctx := run(t, s)
+	ctx := run(t, s, cs)
 	api := cs.CoreV1().Pods("shop")
 	if err := api.Delete(ctx, "etcd-vm", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -62,7 +63,7 @@ func TestMirrorRecreatedReportsStaticUID(t *testing.T) {
 	first := podmeta.ID{Namespace: "shop", Name: "etcd-vm", UID: "mirror-uid", StaticUID: "static-uid"}
 	second := podmeta.ID{Namespace: "shop", Name: "etcd-vm", UID: "mirror-uid-2", StaticUID: "static-uid"}
 	want := []event{{id: first, ready: true}, {gone: true, id: first}, {id: second, ready: true}}
-	waitFor(t, "three reports", func() bool { return len(ev.list()) >= len(want) })
+	testutil.WaitFor(t, "three reports", func() bool { return len(ev.list()) >= len(want) })
 	if got := ev.list(); !slices.Equal(got, want) {
 		t.Errorf("reports %+v, want %+v", got, want)
 	}

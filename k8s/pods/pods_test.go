@@ -12,8 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/tools/cache"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
@@ -72,33 +72,12 @@ func pod(name, node string, ready bool) *corev1.Pod {
 	}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
+// run runs s until the test ends and waits for it to list and to watch
+// (the fake drops events between its list and its watch).
+func run(t *testing.T, s *Source, cs *fake.Clientset) context.Context {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// run runs s until the test ends and waits for its sync.
-func run(t *testing.T, s *Source) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		s.informer.RunWithContext(ctx) // the factory's job in the agent
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-	defer scancel()
-	if !cache.WaitForCacheSync(sctx.Done(), s.informer.HasSynced) {
-		t.Fatal("the pod informer did not sync")
-	}
+	ctx := testutil.RunInformer(t, s.informer)
+	testutil.WaitWatching(t, cs, "pods")
 	return ctx
 }
 
@@ -107,7 +86,7 @@ func TestLookupReadinessAndDeletion(t *testing.T) {
 	rec := &recorder{ready: map[string]bool{}}
 	s := New(kubeclient.NewFactory(), podsOf(cs), "vm", rec)
 	s.Wait = 300 * time.Millisecond
-	ctx := run(t, s)
+	ctx := run(t, s, cs)
 	args := podmeta.Args{podmeta.ArgNamespace: "shop", podmeta.ArgName: "web-abc12-x", podmeta.ArgUID: "uid-web-abc12-x"}
 	p, err := s.Lookup(ctx, args)
 	if err != nil {
@@ -116,27 +95,33 @@ func TestLookupReadinessAndDeletion(t *testing.T) {
 	if p.App != "web" || p.Image != "registry.example/web:1" || p.Annotations["flock.fritzlab.net/ipv4"] != "false" || p.UID != "uid-web-abc12-x" {
 		t.Errorf("lookup: %+v", p)
 	}
-	waitFor(t, "the initial readiness report", func() bool { _, ok := rec.get("shop/web-abc12-x"); return ok })
+	testutil.WaitFor(t, "the initial readiness report", func() bool { _, ok := rec.get("shop/web-abc12-x"); return ok })
 
 	// Ready transition reported.
 	up := pod("web-abc12-x", "vm", true)
 	if _, err := cs.CoreV1().Pods("shop").UpdateStatus(ctx, up, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "Ready=true", func() bool { v, _ := rec.get("shop/web-abc12-x"); return v })
+	testutil.WaitFor(t, "Ready=true", func() bool { v, _ := rec.get("shop/web-abc12-x"); return v })
 
 	// A UID the API does not have: not found, after the bounded wait.
 	args[podmeta.ArgUID] = "another"
 	if _, err := s.Lookup(ctx, args); !errors.Is(err, ErrNotFound) {
 		t.Errorf("stale UID: want ErrNotFound, got %v", err)
 	}
-	// A pod created a moment after the ADD started is found.
+	// A pod created a moment after the ADD started is found, in the cache:
+	// the sleep makes it late, and Wait is long enough for any load.
+	s.Wait = testutil.Timeout
+	gets := podGets(cs)
 	go func() {
 		time.Sleep(50 * time.Millisecond)
 		_, _ = cs.CoreV1().Pods("shop").Create(ctx, pod("late", "vm", false), metav1.CreateOptions{})
 	}()
 	if _, err := s.Lookup(ctx, podmeta.Args{podmeta.ArgNamespace: "shop", podmeta.ArgName: "late"}); err != nil {
 		t.Errorf("late pod: %v", err)
+	}
+	if n := podGets(cs) - gets; n != 0 {
+		t.Errorf("late pod: %d API GETs, want it found in the cache", n)
 	}
 	// Missing CNI_ARGS.
 	var me *podmeta.MissingArgError
@@ -153,7 +138,7 @@ func TestLookupReadinessAndDeletion(t *testing.T) {
 	if err := cs.CoreV1().Pods("shop").Delete(ctx, "web-abc12-x", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "PodGone", func() bool { rec.mu.Lock(); defer rec.mu.Unlock(); return len(rec.gone) == 1 })
+	testutil.WaitFor(t, "PodGone", func() bool { rec.mu.Lock(); defer rec.mu.Unlock(); return len(rec.gone) == 1 })
 	if ok, err := s.Exists(ctx, podmeta.ID{Namespace: "shop", Name: "web-abc12-x"}); ok || err != nil {
 		t.Errorf("Exists after delete: %v %v", ok, err)
 	}
@@ -202,7 +187,7 @@ func TestLookupStaticPodByMirrorAnnotation(t *testing.T) {
 		rec := &recorder{ready: map[string]bool{}}
 		s := New(kubeclient.NewFactory(), podsOf(cs), "vm", rec)
 		s.Wait = 0 // one look at the cache, then the API
-		ctx := run(t, s)
+		ctx := run(t, s, cs)
 		before := podGets(cs)
 		p, err := s.Lookup(ctx, args)
 		check(t, p, err)

@@ -2,15 +2,15 @@ package secrets
 
 import (
 	"context"
-	"sync"
+	"fmt"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
-	"k8s.io/client-go/tools/cache"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
@@ -25,41 +25,37 @@ func secret(data map[string]string) *corev1.Secret {
 	return s
 }
 
-// start runs p until the test ends and waits for its sync.
-func start(t *testing.T, p *Passwords) context.Context {
+// start runs p until the test ends and waits for it to list and to watch
+// (the fake drops events between its list and its watch).
+func start(t *testing.T, p *Passwords, cs *fake.Clientset) context.Context {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		p.informer.RunWithContext(ctx) // the factory's job in the agent
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-	defer scancel()
-	if !cache.WaitForCacheSync(sctx.Done(), p.informer.HasSynced) {
-		t.Fatal("the Secret's informer did not sync")
-	}
+	ctx := testutil.RunInformer(t, p.informer)
+	testutil.WaitWatching(t, cs, "secrets")
 	return ctx
 }
 
 func waitPassword(t *testing.T, p *Passwords, peer v1alpha1.Peer, want string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		pw, _, _ := p.Password(peer)
-		if string(pw) == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("password %q, want %q", pw, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, fmt.Sprintf("password %q", want), func() (bool, string) {
+		pw, _, err := p.Password(peer)
+		return string(pw) == want, fmt.Sprintf("%q %v", pw, err)
+	})
 }
 
+// signalled tells whether Changed() signals within the window. The
+// informer calls its handlers after its cache has the change, so a wait
+// for a signal after the cache shows the change must be generous
+// (testutil.Timeout); a window for none may be short, since a correct
+// Passwords never signals in it; 0 looks once.
 func signalled(p *Passwords, within time.Duration) bool {
+	if within == 0 {
+		select {
+		case <-p.Changed():
+			return true
+		default:
+			return false
+		}
+	}
 	select {
 	case <-p.Changed():
 		return true
@@ -75,7 +71,7 @@ func signalled(p *Passwords, within time.Duration) bool {
 func TestRotationBeforeFirstReadIsSignalled(t *testing.T) {
 	cs := fake.NewClientset(secret(map[string]string{"tor1": "s3cret"}))
 	p := New(kubeclient.NewFactory(), fakeSecrets{cs.CoreV1().Secrets(ns)}, ns, DefaultName)
-	ctx := start(t, p)
+	ctx := start(t, p, cs)
 	tor1 := v1alpha1.Peer{Address: "fd00::2", PasswordSecretKey: "tor1"}
 	if pw, _, err := p.Password(tor1); err != nil || string(pw) != "s3cret" {
 		t.Fatalf("password: %q %v", pw, err)
@@ -89,36 +85,70 @@ func TestRotationBeforeFirstReadIsSignalled(t *testing.T) {
 	}
 	waitPassword(t, p, tor1, "rotated")
 	// Nobody was reading Changed() while the update happened.
-	if !signalled(p, time.Second) {
+	if !signalled(p, testutil.Timeout) {
 		t.Fatal("rotation not signalled")
 	}
-	// Two changes before a read coalesce into one signal, and no send blocks.
+	// Two changes before a read are signalled (whether as one signal or
+	// two depends on when the informer's handler ran, which its cache does
+	// not tell: TestChangesCoalesce checks that).
 	for _, v := range []string{"r2", "r3"} {
 		if _, err := cs.CoreV1().Secrets(ns).Update(ctx, secret(map[string]string{"tor1": v}), metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	waitPassword(t, p, tor1, "r3")
-	if !signalled(p, time.Second) {
+	if !signalled(p, testutil.Timeout) {
 		t.Fatal("second rotation not signalled")
 	}
-	if signalled(p, 100*time.Millisecond) {
-		t.Error("coalesced changes gave two signals")
+}
+
+// Changes before a read coalesce into one signal, and no send blocks (the
+// informer's handler goroutine would stall with it).
+func TestChangesCoalesce(t *testing.T) {
+	p := New(kubeclient.NewFactory(), fakeSecrets{fake.NewClientset().CoreV1().Secrets(ns)}, ns, DefaultName)
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		for range 3 {
+			p.notify()
+		}
+	}()
+	select {
+	case <-sent:
+	case <-time.After(testutil.Timeout):
+		t.Fatal("notify blocked with nobody reading")
 	}
-	// A metadata-only update touches no session.
+	if !signalled(p, 0) {
+		t.Fatal("no signal")
+	}
+	if signalled(p, 0) {
+		t.Error("three changes before a read gave more than one signal")
+	}
+}
+
+// A metadata-only update touches no session; deleting the Secret is a
+// change. (A Passwords of its own: no earlier change's signal can still be
+// on its way.)
+func TestLabelChangeAndDeletion(t *testing.T) {
+	cs := fake.NewClientset(secret(map[string]string{"tor1": "r3"}))
+	p := New(kubeclient.NewFactory(), fakeSecrets{cs.CoreV1().Secrets(ns)}, ns, DefaultName)
+	ctx := start(t, p, cs)
 	s := secret(map[string]string{"tor1": "r3"})
 	s.Labels = map[string]string{"x": "y"}
 	if _, err := cs.CoreV1().Secrets(ns).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	testutil.WaitFor(t, "the label in the cache", func() bool {
+		cur, err := p.secret()
+		return err == nil && cur.Labels["x"] == "y"
+	})
 	if signalled(p, 200*time.Millisecond) {
 		t.Error("signal for a label change")
 	}
-	// Deleting the Secret is a change too.
 	if err := cs.CoreV1().Secrets(ns).Delete(ctx, DefaultName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if !signalled(p, time.Second) {
+	if !signalled(p, testutil.Timeout) {
 		t.Error("deletion not signalled")
 	}
 }
@@ -127,7 +157,7 @@ func TestRotationBeforeFirstReadIsSignalled(t *testing.T) {
 func TestSecretCreatedLaterIsSignalled(t *testing.T) {
 	cs := fake.NewClientset()
 	p := New(kubeclient.NewFactory(), fakeSecrets{cs.CoreV1().Secrets(ns)}, ns, DefaultName)
-	ctx := start(t, p)
+	ctx := start(t, p, cs)
 	tor1 := v1alpha1.Peer{Address: "fd00::2", PasswordSecretKey: "tor1"}
 	if _, _, err := p.Password(tor1); err == nil {
 		t.Fatal("no Secret yet: want an error")
@@ -136,7 +166,7 @@ func TestSecretCreatedLaterIsSignalled(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPassword(t, p, tor1, "s3cret")
-	if !signalled(p, time.Second) {
+	if !signalled(p, testutil.Timeout) {
 		t.Error("creation not signalled")
 	}
 }
@@ -147,7 +177,7 @@ func TestSecretCreatedLaterIsSignalled(t *testing.T) {
 func TestPasswordAsStoredWithWhere(t *testing.T) {
 	cs := fake.NewClientset(secret(map[string]string{"lf": "s3cret\n", "empty": ""}))
 	p := New(kubeclient.NewFactory(), fakeSecrets{cs.CoreV1().Secrets(ns)}, ns, DefaultName)
-	start(t, p)
+	start(t, p, cs)
 	for _, tc := range []struct {
 		peer    v1alpha1.Peer
 		want    []byte
