@@ -137,6 +137,9 @@ func TestDel(t *testing.T) {
 		if err := e.a.Del(ctx, "c1"); err != nil {
 			t.Fatal(err)
 		}
+		// The removal ends a moment after the ADD began (the scenario, not
+		// a synchronization: should the ADD start later, it just finds the
+		// address free).
 		go func() { time.Sleep(50 * time.Millisecond); close(gate) }()
 		e.mustAdd("c2", annotations.Addresses+"=2001:db8:aa::1")
 		e.wantNothingFor("c1")

@@ -14,6 +14,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
@@ -188,12 +189,12 @@ func TestFailedReapIsRetried(t *testing.T) {
 	go func() { defer close(done); _ = e.a.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	e.a.VethGone(rec.HostVeth) // the link watch saw it go
-	waitFor(t, "the first reap failed", func() bool { return failures.Load() >= 1 })
+	testutil.WaitFor(t, "the first reap failed", func() bool { return failures.Load() >= 1 })
 	if _, phase, ok := e.state.Get("r1"); !ok || phase == nodestate.Committed {
 		t.Fatalf("after a failed reap: phase %v (known %v), want it out of the routes", phase, ok)
 	}
 	e.dp.set(func(d *fakeDP) { d.teardownErr = nil })
-	waitFor(t, "the retry reaped it", func() bool { _, _, ok := e.state.Get("r1"); return !ok })
+	testutil.WaitFor(t, "the retry reaped it", func() bool { _, _, ok := e.state.Get("r1"); return !ok })
 	e.wantNothingFor("r1")
 	if n := failures.Load(); n < 1 || int(n) >= int(attempts.Load()) {
 		t.Errorf("%d failures counted in %d attempts: want every failure counted and a success after", n, attempts.Load())
@@ -220,7 +221,7 @@ func TestClaimDeletedByHandIsRecreated(t *testing.T) {
 
 	cs.drop(mustAddr("2001:db8:aa::1"))
 	e.a.ClaimsChanged()
-	waitFor(t, "the claim is back", func() bool { return len(cs.pools()) == 2 })
+	testutil.WaitFor(t, "the claim is back", func() bool { return len(cs.pools()) == 2 })
 	if got := cs.pools(); got[mustAddr("2001:db8:aa::1")] != "public" {
 		t.Errorf("re-created claim's pool %q, want public", got[mustAddr("2001:db8:aa::1")])
 	}
@@ -249,9 +250,4 @@ func slicesHasValue(m map[netip.Addr]string, v string) bool {
 		}
 	}
 	return false
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	eventually(t, what, func() (bool, string) { return cond(), "" })
 }

@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
@@ -90,17 +92,10 @@ func kubeEnv(t *testing.T, cs *fake.Clientset, prev *env) *env {
 // waitRouted waits until p is advertised as kind and routed, or neither.
 func (e *env) waitRouted(what string, p netip.Prefix, kind advert.Kind, want bool) {
 	e.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testutil.Eventually(e.t, what, func() (bool, string) {
 		adv, routed := e.sp.Held()[p] == kind, len(e.dp.kernelRoutes()[p]) > 0
-		if adv == want && routed == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("%s: %s advertised %v, routed %v, want %v", what, p, adv, routed, want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return adv == want && routed == want, fmt.Sprintf("%s advertised %v, routed %v, want %v", p, adv, routed, want)
+	})
 }
 
 var staticAnycast = netip.MustParsePrefix("2001:db8:53::53/128")
@@ -167,13 +162,7 @@ func TestStaticPodMirrorRecreated(t *testing.T) {
 		}
 		return out
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !readiness()["c2"] {
-		if time.Now().After(deadline) {
-			t.Fatal("the new static pod's sandbox never became Ready")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.WaitFor(t, "the new static pod's sandbox Ready", func() bool { return readiness()["c2"] })
 	if readiness()["c1"] {
 		t.Error("the old static pod's sandbox took the new static pod's readiness")
 	}

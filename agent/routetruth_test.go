@@ -23,6 +23,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
@@ -33,22 +34,6 @@ func podID(id string) podmeta.ID {
 func (e *env) addPod(id string, extra ...string) store.Allocation {
 	e.t.Helper()
 	return e.mustAdd(id, append([]string{"K8S_POD_UID=uid-" + id}, extra...)...)
-}
-
-// eventually polls cond (the reconcilers retry on their own clock).
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		ok, msg := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s: %s", what, msg)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 // Defect 1: restore ran without the lock while the informer's readiness
@@ -257,14 +242,14 @@ func TestFailedKernelRouteIsRetried(t *testing.T) {
 	e.dp.set(func(d *fakeDP) { d.routeErrs = 3 })
 	e.mustAdd("c1", annotations.Anycast+"=2001:db8:ff::1")
 	anyP := netip.MustParsePrefix("2001:db8:ff::1/128")
-	eventually(t, "the kernel route after injected failures", func() (bool, string) {
+	testutil.Eventually(t, "the kernel route after injected failures", func() (bool, string) {
 		return len(e.dp.kernelRoutes()[anyP]) == 1, fmt.Sprint(e.dp.kernelRoutes())
 	})
 	st := e.kernelLoop.Status()
 	if st.Errors < 3 || st.LastError == "" || !strings.Contains(st.LastError, "injected") {
 		t.Errorf("kernel reconciler status %+v, want >= 3 errors and the last one kept", st)
 	}
-	eventually(t, "the reconciler to report healthy", func() (bool, string) {
+	testutil.Eventually(t, "the reconciler to report healthy", func() (bool, string) {
 		st := e.kernelLoop.Status()
 		return !st.Failing, st.LastError
 	})
@@ -467,7 +452,7 @@ func TestVethGoneReapsAtOnce(t *testing.T) {
 		delete(d.veths, r.HostVeth)
 	})
 	e.a.VethGone(r.HostVeth)
-	eventually(t, "c1 to be reaped", func() (bool, string) {
+	testutil.Eventually(t, "c1 to be reaped", func() (bool, string) {
 		_, _, ok := e.state.Get("c1")
 		return !ok, fmt.Sprint(e.allocIDs())
 	})

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
@@ -52,47 +52,19 @@ func fakeDyn(objs ...runtime.Object) *dynfake.FakeDynamicClient {
 		map[schema.GroupVersionResource]string{GVR: v1alpha1.AddressPoolKind + "List"}, objs...)
 }
 
-type watchable interface {
-	Actions() []clienttesting.Action
-}
-
 // run runs w's informers until the test ends (the factory's job in the
 // agent), waits for them to sync, for their first lists to reach the
 // handlers and for them to watch (the fakes drop events between their
 // list and their watch).
-func run(t *testing.T, w *Watcher, dyn, cs watchable) {
+func run(t *testing.T, w *Watcher, dyn, cs testutil.Recorder) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { w.pools.RunWithContext(ctx) })
-	wg.Go(func() { w.namespaces.RunWithContext(ctx) })
-	t.Cleanup(func() { cancel(); wg.Wait() })
+	testutil.RunInformer(t, w.pools)
+	testutil.RunInformer(t, w.namespaces)
 	for _, r := range w.handlers {
-		eventually(t, "the first lists reached the handlers", r.HasSynced)
+		testutil.WaitFor(t, "the first lists reached the handlers", r.HasSynced)
 	}
-	watching := func(c watchable, resource string) func() bool {
-		return func() bool {
-			for _, a := range c.Actions() {
-				if a.GetVerb() == "watch" && a.GetResource().Resource == resource {
-					return true
-				}
-			}
-			return false
-		}
-	}
-	eventually(t, "the pool informer watches", watching(dyn, GVR.Resource))
-	eventually(t, "the namespace informer watches", watching(cs, "namespaces"))
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.WaitWatching(t, dyn, GVR.Resource)
+	testutil.WaitWatching(t, cs, "namespaces")
 }
 
 func TestPoolsAndNamespaceLabels(t *testing.T) {
@@ -203,7 +175,7 @@ func TestChanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("namespace label changed")
-	eventually(t, "the label reaches the cache", func() bool { return w.NamespaceLabels("tenant-a")["tenant"] == "b" })
+	testutil.WaitFor(t, "the label reaches the cache", func() bool { return w.NamespaceLabels("tenant-a")["tenant"] == "b" })
 
 	if _, err := nsc.Create(ctx, namespace("tenant-b", nil), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -214,7 +186,7 @@ func TestChanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("pool deleted")
-	eventually(t, "the delete reaches the cache", func() bool { return len(w.Pools()) == 1 })
+	testutil.WaitFor(t, "the delete reaches the cache", func() bool { return len(w.Pools()) == 1 })
 	none("settled")
 }
 
@@ -234,11 +206,11 @@ func TestChangedCoalesces(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "the cache has the pools", func() bool { return len(w.Pools()) == 5 })
+	testutil.WaitFor(t, "the cache has the pools", func() bool { return len(w.Pools()) == 5 })
 	for _, r := range w.handlers {
-		eventually(t, "the handlers saw them", r.HasSynced)
+		testutil.WaitFor(t, "the handlers saw them", r.HasSynced)
 	}
-	eventually(t, "a change signalled", func() bool { return len(w.changed) == 1 })
+	testutil.WaitFor(t, "a change signalled", func() bool { return len(w.changed) == 1 })
 	<-w.Changed()
 	select {
 	case <-w.Changed():
@@ -295,7 +267,7 @@ func TestUpdateClaims(t *testing.T) {
 	if _, ok, _ := unstructured.NestedFieldNoCopy(obj.(*unstructured.Unstructured).Object, "status", "claims"); ok {
 		t.Error("c: status.claims 0 is written, want it omitted")
 	}
-	eventually(t, "the cache shows the counts", func() bool {
+	testutil.WaitFor(t, "the cache shows the counts", func() bool {
 		p := w.Pools()
 		return len(p) == 3 && p[0].Status.Claims == 2 && p[2].Status.Claims == 0
 	})

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
@@ -88,7 +89,7 @@ func TestUpdateInUse(t *testing.T) {
 	if got := claimsIn(t, dyn, "a"); got != 3 {
 		t.Errorf("a: status.claims %d, want it kept (3)", got)
 	}
-	eventually(t, "the cache shows n1's entry", func() bool {
+	testutil.WaitFor(t, "the cache shows n1's entry", func() bool {
 		p := w.Pools()
 		return len(p) == 2 && len(p[0].Status.InUse) == 2 && p[0].Status.InUse[0].Node == "n1"
 	})
