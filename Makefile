@@ -9,7 +9,7 @@ LDFLAGS := -s -w
 CONTROLLER_GEN_VERSION ?= v0.19.0
 CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
-.PHONY: bench image build test unit fuzz reliability soak demo demo-down deps vet clean generate generate-check
+.PHONY: bench image build test unit fuzz reliability soak demo demo-down deps vet clean generate generate-check e2e e2e-window
 
 build:
 	@mkdir -p $(BIN)
@@ -60,6 +60,21 @@ deps:
 test: deps vet build
 	FLOCK_REQUIRE_ROOT=1 $(GO) test -race -count=1 -timeout 10m $$($(GO) list ./... | grep -v /e2e)
 	$(GO) test -race -count=1 -timeout 60m -p 1 ./e2e/...
+
+# The project's Kubernetes end-to-end tests (root) on one release of the
+# tested window: K8S=1.37 (the newest: Kubernetes v1.37.2, containerd
+# v2.4.2; what `make test` and CI run) or K8S=1.35 (the oldest: v1.35.4,
+# containerd v1.7.35). Everything is built from the Go module proxy and
+# cached in /var/cache/flock-e2e by version.
+K8S      ?= 1.37
+K8S_TESTS ?= TestKubernetes
+e2e: deps build
+	FLOCK_K8S=$(K8S) $(GO) test -race -count=1 -timeout 90m -p 1 -run '$(K8S_TESTS)' ./e2e/
+
+# Both ends of the window, one after the other.
+e2e-window:
+	$(MAKE) e2e K8S=1.35
+	$(MAKE) e2e K8S=1.37
 
 # Benchmarks (root): one table, every figure beside a baseline measured in
 # the same run (CNI ADD/DEL against ptp+host-local through libcni, route

@@ -15,28 +15,68 @@ import (
 // kubeCommands are the Kubernetes binaries the lab runs.
 var kubeCommands = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"}
 
-// versionLDFlags stamps the release into the binaries as the Kubernetes
-// build does; without it they report v0.0.0 and kubectl warns of skew.
-func versionLDFlags() string {
+// kubeLDFlags stamp the release into the binaries as the Kubernetes build
+// does; without them they report v0.0.0 and kubectl warns of skew.
+func kubeLDFlags(r Release) string {
 	flags := []string{"-s", "-w"}
+	minor := strings.TrimPrefix(r.Minor, "1.")
 	for _, p := range []string{"k8s.io/component-base/version", "k8s.io/client-go/pkg/version"} {
 		flags = append(flags,
-			"-X", p+".gitVersion="+KubeVersion,
-			"-X", p+".gitMajor=1", "-X", p+".gitMinor=34",
+			"-X", p+".gitVersion="+r.Kube,
+			"-X", p+".gitMajor=1", "-X", p+".gitMinor="+minor,
 			"-X", p+".gitTreeState=clean",
 			"-X", p+".buildDate=2026-01-01T00:00:00Z")
 	}
 	return strings.Join(flags, " ")
 }
 
-// BuildBinaries builds kube-apiserver, kube-controller-manager,
-// kube-scheduler, kubelet and kubectl (KubeVersion) into cacheDir and
-// returns it. Binaries already there are kept: a cold build takes several
-// minutes and about 2 GB of memory per link.
-func BuildBinaries(ctx context.Context, cacheDir string, log func(format string, args ...any)) (string, error) {
-	if log == nil {
-		log = func(string, ...any) {}
+// buildKubernetes builds the release's Kubernetes commands into its cache
+// dir and returns it: a cold build takes several minutes and about 2 GB of
+// memory per link.
+func buildKubernetes(ctx context.Context, o Options) (string, error) {
+	var pkgs []string
+	for _, c := range kubeCommands {
+		pkgs = append(pkgs, "k8s.io/kubernetes/cmd/"+c)
 	}
+	return build(ctx, o.Log, o.cacheDir("k8s", o.Release.Kube), o.Release.kubeModule(), "Kubernetes "+o.Release.Kube, pkgs, kubeLDFlags(o.Release), nil)
+}
+
+// containerdCommands are containerd, its runc shim and ctr (images are
+// imported with it).
+var containerdCommands = []string{"containerd", "containerd-shim-runc-v2", "ctr"}
+
+// buildContainerd builds the release's containerd into its cache dir,
+// static (no cgo: overlayfs and runc need none).
+func buildContainerd(ctx context.Context, o Options) (string, error) {
+	imp := o.Release.containerdImport()
+	var pkgs []string
+	for _, c := range containerdCommands {
+		pkgs = append(pkgs, imp+"/cmd/"+c)
+	}
+	ld := "-s -w -X " + imp + "/version.Version=" + o.Release.Containerd
+	return build(ctx, o.Log, o.cacheDir("containerd", o.Release.Containerd), o.Release.containerdModule(), "containerd "+o.Release.Containerd, pkgs, ld, []string{"CGO_ENABLED=0"})
+}
+
+// pluginPaths are the reference CNI plugins the lab builds: those chained
+// after flock (portmap, bandwidth) and those run beside it.
+var pluginPaths = []string{"meta/portmap", "meta/bandwidth", "main/loopback", "main/ptp", "ipam/host-local"}
+
+// buildCNIPlugins builds the release's reference CNI plugins into their
+// cache dir.
+func buildCNIPlugins(ctx context.Context, o Options) (string, error) {
+	var pkgs []string
+	for _, p := range pluginPaths {
+		pkgs = append(pkgs, "github.com/containernetworking/plugins/plugins/"+p)
+	}
+	ld := "-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=" + o.Release.CNIPlugins
+	return build(ctx, o.Log, o.cacheDir("cni-plugins", o.Release.CNIPlugins), "cni-plugins", "CNI plugins "+o.Release.CNIPlugins, pkgs, ld, []string{"CGO_ENABLED=0"})
+}
+
+// build builds pkgs of the module build/<module> into cacheDir and returns
+// it; binaries already there are kept. One go build for all commands
+// shares their package graph; the outputs are moved into place only when
+// all of them linked.
+func build(ctx context.Context, log func(string, ...any), cacheDir, module, what string, pkgs []string, ldflags string, env []string) (string, error) {
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return "", fmt.Errorf("create cache dir: %w", err)
 	}
@@ -45,42 +85,37 @@ func BuildBinaries(ctx context.Context, cacheDir string, log func(format string,
 		return "", err
 	}
 	defer unlock()
-	var pkgs, names []string
-	for _, c := range kubeCommands {
-		if isExecutable(filepath.Join(cacheDir, c)) {
-			continue
+	var todo, names []string
+	for _, p := range pkgs {
+		n := filepath.Base(p)
+		if !isExecutable(filepath.Join(cacheDir, n)) {
+			todo, names = append(todo, p), append(names, n)
 		}
-		names = append(names, c)
-		pkgs = append(pkgs, "k8s.io/kubernetes/cmd/"+c)
 	}
-	if len(pkgs) == 0 {
+	if len(todo) == 0 {
 		return cacheDir, nil
 	}
 	src, err := sourceDir()
 	if err != nil {
 		return "", err
 	}
-	// One go build for all commands shares their package graph; the outputs
-	// are moved into place only when all of them linked.
 	tmp, err := os.MkdirTemp(cacheDir, ".build-")
 	if err != nil {
 		return "", fmt.Errorf("create build dir: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	log("k8slab: building %s %s (minutes on a cold Go build cache)", strings.Join(names, " "), KubeVersion)
+	log("k8slab: building %s: %s (minutes on a cold Go build cache)", what, strings.Join(names, " "))
 	start := time.Now()
-	args := append([]string{"build", "-trimpath", "-ldflags", versionLDFlags(), "-o", tmp + "/"}, pkgs...)
-	// CGO stays at its default so that this build shares the Go build cache
-	// with any other build of the same module.
-	if err := runGo(ctx, filepath.Join(src, "build"), nil, args...); err != nil {
-		return "", fmt.Errorf("build kubernetes %s: %w", strings.Join(names, " "), err)
+	args := append([]string{"build", "-trimpath", "-ldflags", ldflags, "-o", tmp + "/"}, todo...)
+	if err := runGo(ctx, filepath.Join(src, "build", module), env, args...); err != nil {
+		return "", fmt.Errorf("build %s: %w", what, err)
 	}
 	for _, n := range names {
 		if err := os.Rename(filepath.Join(tmp, n), filepath.Join(cacheDir, n)); err != nil {
 			return "", fmt.Errorf("install %s into cache: %w", n, err)
 		}
 	}
-	log("k8slab: built %s in %s", strings.Join(names, " "), time.Since(start).Round(time.Second))
+	log("k8slab: built %s in %s", what, time.Since(start).Round(time.Second))
 	return cacheDir, nil
 }
 

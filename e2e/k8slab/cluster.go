@@ -20,6 +20,8 @@ type Cluster struct {
 	Kubeconfig       string // admin kubeconfig
 	ContainerdSocket string
 	BinDir           string // kube-apiserver, kubelet, kubectl, ...
+	ContainerdDir    string // containerd, its runc shim, ctr
+	PluginsDir       string // the reference CNI plugins the node gets
 
 	mu           sync.Mutex
 	procs        map[string]*proc
@@ -97,14 +99,24 @@ func (c *Cluster) prepare(ctx context.Context) error {
 	if err := EnsurePackages(); err != nil {
 		return err
 	}
-	bin, err := BuildBinaries(ctx, o.CacheDir, o.Log)
+	o.Log("k8slab: %s", o.Release)
+	var err error
+	if c.BinDir, err = buildKubernetes(ctx, o); err != nil {
+		return err
+	}
+	pause, err := buildPause(ctx, c.BinDir)
 	if err != nil {
 		return err
 	}
-	c.BinDir = bin
-	pause, err := buildPause(ctx, o.CacheDir)
-	if err != nil {
-		return err
+	if !o.APIOnly {
+		if c.ContainerdDir, err = buildContainerd(ctx, o); err != nil {
+			return err
+		}
+		if c.PluginsDir = o.CNIPlugins; c.PluginsDir == "" {
+			if c.PluginsDir, err = buildCNIPlugins(ctx, o); err != nil {
+				return err
+			}
+		}
 	}
 	for _, d := range []string{"logs", "run", "containerd"} {
 		if err := os.MkdirAll(filepath.Join(o.Dir, d), 0o755); err != nil {
@@ -120,7 +132,10 @@ func (c *Cluster) prepare(ctx context.Context) error {
 	if c.images, err = c.writeImages(pause); err != nil {
 		return err
 	}
-	return linkCNIPlugins(o.CNIBinDir, o.CNIConfDir)
+	if o.APIOnly {
+		return nil
+	}
+	return linkCNIPlugins(c.PluginsDir, o.CNIBinDir, o.CNIConfDir)
 }
 
 // boot starts the components in dependency order.
@@ -211,22 +226,33 @@ func checkNodeName(name string) error {
 	return fmt.Errorf("k8slab: node name %q resolves to %v, not loopback (add \"127.0.0.1 %s\" to /etc/hosts)", name, addrs, name)
 }
 
-// linkCNIPlugins makes the Debian reference plugins available in binDir
-// next to whatever the caller installs there, and creates confDir.
-func linkCNIPlugins(binDir, confDir string) error {
+// linkCNIPlugins makes the reference plugins of from (the release's, or
+// another set such as Debian's /usr/lib/cni) available in binDir next to
+// whatever the caller installs there, and creates confDir. A symlink
+// already there (an earlier lab's, maybe to other versions) is replaced;
+// a file is the caller's own and wins.
+func linkCNIPlugins(from, binDir, confDir string) error {
 	for _, d := range []string{binDir, confDir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("create CNI dir: %w", err)
 		}
 	}
-	plugins, err := filepath.Glob("/usr/lib/cni/*")
+	plugins, err := filepath.Glob(filepath.Join(from, "*"))
 	if err != nil || len(plugins) == 0 {
-		return fmt.Errorf("no CNI plugins in /usr/lib/cni (containernetworking-plugins): %v", err)
+		return fmt.Errorf("no CNI plugins in %s: %v", from, err)
 	}
 	for _, p := range plugins {
+		if !isExecutable(p) {
+			continue // the cache's lock file
+		}
 		link := filepath.Join(binDir, filepath.Base(p))
-		if _, err := os.Lstat(link); err == nil {
-			continue // the caller's own plugin of that name wins
+		if fi, err := os.Lstat(link); err == nil {
+			if fi.Mode()&os.ModeSymlink == 0 {
+				continue
+			}
+			if err := os.Remove(link); err != nil {
+				return fmt.Errorf("replace CNI plugin link %s: %w", link, err)
+			}
 		}
 		if err := os.Symlink(p, link); err != nil {
 			return fmt.Errorf("link CNI plugin %s: %w", p, err)

@@ -94,7 +94,7 @@ func (c *Cluster) startContainerd(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := c.startProc(Containerd, "/usr/bin/containerd", "--config", cfg); err != nil {
+	if _, err := c.startProc(Containerd, filepath.Join(c.ContainerdDir, "containerd"), "--config", cfg); err != nil {
 		return err
 	}
 	return poll(ctx, "containerd socket", 100*time.Millisecond, func(context.Context) (bool, error) {

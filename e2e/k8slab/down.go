@@ -89,7 +89,7 @@ func (c *Cluster) removeContainers() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ctr := func(args ...string) []string {
-		out, err := runQuiet(ctx, "ctr", append([]string{"-a", c.ContainerdSocket, "-n", "k8s.io"}, args...)...)
+		out, err := runQuiet(ctx, filepath.Join(c.ContainerdDir, "ctr"), append([]string{"-a", c.ContainerdSocket, "-n", "k8s.io"}, args...)...)
 		if err != nil {
 			return nil
 		}

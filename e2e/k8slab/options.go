@@ -6,9 +6,6 @@ import (
 	"path/filepath"
 )
 
-// KubeVersion is the Kubernetes release the lab builds and runs.
-const KubeVersion = "v1.34.4"
-
 // Fixed addresses of the lab. The service CIDR is what kube-apiserver
 // allocates ClusterIPs from; KubernetesServiceIP is its first address, the
 // kubernetes Service.
@@ -30,10 +27,19 @@ const (
 // Options configure a lab cluster. Zero values take the documented defaults.
 type Options struct {
 	Dir        string // working dir for this cluster (pki, configs, logs, data); created; default a new dir under os.TempDir
-	CacheDir   string // persistent cache for built binaries, default /var/cache/flock-e2e/k8s-<version>; reused across runs when the binaries exist
+	// Release is what the lab runs; zero: SelectedRelease (FLOCK_K8S).
+	Release Release
+	// CacheRoot holds the built binaries between runs, a directory per
+	// part and version (k8s-v1.37.2, containerd-v2.4.2, cni-plugins-v1.9.1);
+	// default /var/cache/flock-e2e.
+	CacheRoot string
+	// CNIPlugins is where the reference plugins the node gets come from:
+	// "" builds the release's (current ones); a directory (Debian's
+	// /usr/lib/cni, containernetworking-plugins 1.1.1) takes its own.
+	CNIPlugins string
 	NodeName   string // default "vm"; must resolve to a loopback address (apiserver reaches kubelet by hostname)
 	NodeIP     string // kubelet --node-ip, default "192.0.2.2" (not loopback; nothing routes to it); "v6,v4" for an IPv6-primary dual-stack node
-	CNIBinDir  string // containerd's CNI bin_dir (default Dir/cni/bin); Debian's /usr/lib/cni/* are symlinked into it
+	CNIBinDir  string // containerd's CNI bin_dir (default Dir/cni/bin); the reference plugins (CNIPlugins) are symlinked into it
 	CNIConfDir string // containerd's CNI conf_dir (default Dir/cni/net.d)
 	Log        func(format string, args ...any)
 	// APIOnly starts etcd and kube-apiserver only: an API for agents run
@@ -41,9 +47,12 @@ type Options struct {
 	APIOnly bool
 }
 
-// DefaultCacheDir is where built binaries are kept between runs.
-func DefaultCacheDir() string {
-	return filepath.Join("/var/cache/flock-e2e", "k8s-"+KubeVersion)
+// DefaultCacheRoot is where built binaries are kept between runs.
+const DefaultCacheRoot = "/var/cache/flock-e2e"
+
+// cacheDir is the cache of one part at one version.
+func (o *Options) cacheDir(part, version string) string {
+	return filepath.Join(o.CacheRoot, part+"-"+version)
 }
 
 func (o *Options) setDefaults() error {
@@ -62,8 +71,15 @@ func (o *Options) setDefaults() error {
 		return fmt.Errorf("lab dir must not be /")
 	}
 	o.Dir = dir
-	if o.CacheDir == "" {
-		o.CacheDir = DefaultCacheDir()
+	if o.Release == (Release{}) {
+		r, err := SelectedRelease()
+		if err != nil {
+			return err
+		}
+		o.Release = r
+	}
+	if o.CacheRoot == "" {
+		o.CacheRoot = DefaultCacheRoot
 	}
 	if o.NodeName == "" {
 		o.NodeName = "vm"

@@ -9,11 +9,14 @@ import (
 	"strings"
 )
 
-// debPackages are the Debian packages the lab runs: etcd, the container
-// runtime, the reference CNI plugins, busybox for the test image, and the
-// tools kubelet and Down use.
+// debPackages are the Debian packages the lab runs: etcd, runc (1.1.5:
+// containerd 1.7 and 2.4 both take it), the distribution's reference CNI
+// plugins (1.1.1: the "old plugins" case, and the benchmark's baseline),
+// busybox for the test image, and the tools kubelet and Down use.
+// containerd, Kubernetes and the current CNI plugins are built from the
+// Go module proxy (build/).
 var debPackages = []string{
-	"etcd-server", "containerd", "runc", "containernetworking-plugins",
+	"etcd-server", "runc", "containernetworking-plugins",
 	"busybox-static", "iptables", "conntrack",
 }
 

@@ -1,9 +1,9 @@
 //go:build tools
 
-// Package tools pins the Kubernetes commands k8slab.BuildBinaries builds, so
-// that go.mod and go.sum here list (and checksum) their whole dependency set.
-// It is a separate module so that the Kubernetes tree never enters flock's
-// own go.mod.
+// Package tools pins the Kubernetes 1.35.4 commands the lab builds, so that
+// go.mod and go.sum here list (and checksum) their whole dependency set.
+// It is a module of its own so that the Kubernetes tree never enters
+// flock's go.mod.
 package tools
 
 import (
