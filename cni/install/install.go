@@ -29,6 +29,11 @@ import (
 // ConfName is lexically first so runtimes pick it over other CNIs' files.
 const ConfName = "01-flock.conflist"
 
+// TempDir is the conf dir's subdirectory the conflist is written in before
+// it is renamed into place: runtimes watch the conf dir (not recursively)
+// and try to load whatever appears there, a half-written temp file too.
+const TempDir = ".flock-install"
+
 // Options for Install.
 type Options struct {
 	PluginSrc  string // the flock plugin binary to install
@@ -129,7 +134,7 @@ func Install(ctx context.Context, o Options) (Result, error) {
 	if err != nil {
 		return fail(err)
 	}
-	ok, err = writeAtomic(cdst, o.CNIConfDir, conf, 0o644)
+	ok, err = writeAtomic(cdst, filepath.Join(o.CNIConfDir, TempDir), conf, 0o644)
 	if err != nil {
 		return fail(err)
 	}

@@ -117,6 +117,9 @@ func TestInstallAtomicAndIdempotent(t *testing.T) {
 	if got := names(t, o.CNIBinDir); !slices.Equal(got, []string{"flock", "portmap", "portmap.stdin"}) {
 		t.Errorf("bin dir holds %v: temp files left?", got)
 	}
+	if got := names(t, filepath.Join(o.CNIConfDir, TempDir)); len(got) != 0 {
+		t.Errorf("temp files left in %s: %v", TempDir, got)
+	}
 }
 
 func TestInstallErrors(t *testing.T) {
