@@ -55,6 +55,9 @@ type Options struct {
 	StateDir       string
 	MetricsAddress string // "" disables the metrics listener
 	Log            *slog.Logger
+	// InstallerStatus is the CNI installer's report ("" reads none): a
+	// refusal there keeps the agent from being Ready.
+	InstallerStatus string
 
 	// Kubernetes mode: NodeConfig, pods and BGP passwords come from the API.
 	Kubernetes     bool
@@ -158,7 +161,7 @@ func Run(ctx context.Context, o Options) error {
 func (d *daemon) register(cni, adminSocket net.Listener, hup <-chan os.Signal) {
 	c := &d.components
 	if d.o.MetricsAddress != "" {
-		c.register("metrics", duringRecovery, &metrics.Server{Addr: d.o.MetricsAddress, Metrics: d.metrics, Ready: d.ready.Load})
+		c.register("metrics", duringRecovery, &metrics.Server{Addr: d.o.MetricsAddress, Metrics: d.metrics, Ready: d.readiness})
 	}
 	c.register("bgp speaker", duringRecovery, d.speaker)
 	c.register("bgp reconciler", whenServing, d.bgpLoop)
@@ -211,6 +214,7 @@ type daemon struct {
 	kube       *kubeMode // nil in standalone mode
 	components components
 	ready      atomic.Bool
+	installer  string                 // the CNI installer's refusal (set before anything runs)
 	loaded     []byte                 // standalone: the node-config file as loaded
 	filePools  []v1alpha1.AddressPool // standalone: the file's AddressPools as last loaded (under mu once serving)
 
@@ -239,6 +243,7 @@ type daemon struct {
 // builds every part; nothing runs yet.
 func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 	d := &daemon{o: o, log: o.Log, reaped: map[string]uint64{agent.ReapNetnsGone: 0, agent.ReapInterrupted: 0}, warned: map[string]bool{}}
+	d.installer = d.readInstaller(o.InstallerStatus)
 	var (
 		spec      *v1alpha1.NodeConfigSpec
 		source    podmeta.Source = podmeta.Standalone{}
@@ -388,6 +393,7 @@ func (d *daemon) snapshot() status.Node {
 	slices.Sort(n.Suppressed)
 	d.mu.Lock()
 	n.ConfigError = d.cfgErr
+	n.Installer = d.installer
 	for r, c := range d.reaped {
 		n.Reaped[r] = c
 	}

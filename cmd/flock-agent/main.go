@@ -17,6 +17,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/daemon"
 	"code.fritzlab.net/fritzlab/flock/agent/metrics"
+	"code.fritzlab.net/fritzlab/flock/cni/install/report"
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
 )
 
@@ -41,6 +42,7 @@ func run() error {
 	flag.DurationVar(&o.NodeConfigWait, "nodeconfig-wait", 5*time.Minute, "Kubernetes mode: how long to wait for this node's NodeConfig to exist")
 	flag.DurationVar(&o.LeakGCGrace, "leak-gc-grace", 2*time.Minute, "Kubernetes mode: how long an allocation of a deleted pod waits for kubelet's DEL before it is released")
 	flag.DurationVar(&o.Repair, "repair-interval", 30*time.Second, "period of the full repair: the route reconcilers re-read the speaker and the kernel, and allocations whose network namespace vanished are reaped")
+	flag.StringVar(&o.InstallerStatus, "installer-status", report.DefaultPath, "the CNI installer's report, read at start: a refusal there keeps the agent not Ready; a missing file is no problem (standalone mode)")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	testHook := flag.String("test-hook", "", "testing only: 'pause-before-commit' blocks every ADD after the dataplane is programmed, before the commit")
 	flag.Parse()
