@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -42,10 +43,13 @@ func run() error {
 	flag.DurationVar(&o.NodeConfigWait, "nodeconfig-wait", 5*time.Minute, "Kubernetes mode: how long to wait for this node's NodeConfig to exist")
 	flag.DurationVar(&o.LeakGCGrace, "leak-gc-grace", 2*time.Minute, "Kubernetes mode: how long an allocation of a deleted pod waits for kubelet's DEL before it is released")
 	flag.DurationVar(&o.Repair, "repair-interval", 30*time.Second, "period of the full repair: the route reconcilers re-read the speaker and the kernel, and allocations whose network namespace vanished are reaped")
-	flag.StringVar(&o.InstallerStatus, "installer-status", report.DefaultPath, "the CNI installer's report, read at start: a refusal there keeps the agent not Ready; a missing file is no problem (standalone mode)")
+	flag.StringVar(&o.InstallerStatus, "installer-status", "", "the CNI installer's report (flock-installer --status-file), read at start: a refusal there keeps the agent not Ready; a missing file is no problem (standalone mode) (default "+report.FileName+" next to --cni-socket)")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	testHook := flag.String("test-hook", "", "testing only: 'pause-before-commit' blocks every ADD after the dataplane is programmed, before the commit")
 	flag.Parse()
+	if o.InstallerStatus == "" {
+		o.InstallerStatus = filepath.Join(filepath.Dir(o.CNISocket), report.FileName)
+	}
 
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {

@@ -13,8 +13,13 @@ import (
 	"time"
 )
 
-// DefaultPath is where the installer writes and the agent reads.
-const DefaultPath = "/run/flock/installer.json"
+// FileName is the report's name in the run directory: next to the CNI
+// socket, where the agent looks by default.
+const FileName = "installer.json"
+
+// DefaultPath is where the installer writes by default: next to the
+// default CNI socket (/run/flock/cni.sock).
+const DefaultPath = "/run/flock/" + FileName
 
 // What happened to the conflist.
 const (
