@@ -58,6 +58,10 @@ type Options struct {
 	// InstallerStatus is the CNI installer's report ("" reads none): a
 	// refusal there keeps the agent from being Ready.
 	InstallerStatus string
+	// RestartGrace is how long the restart marker a planned stop leaves
+	// keeps the node Ready without an agent (0: none; at most
+	// wire.MaxRestartGrace).
+	RestartGrace time.Duration
 
 	// Kubernetes mode: NodeConfig, pods and BGP passwords come from the API.
 	Kubernetes     bool
@@ -82,13 +86,19 @@ const spareRecords = 16
 // bfdShutdown is how long a planned stop spends repeating BFD AdminDown.
 const bfdShutdown = 150 * time.Millisecond
 
-// Run serves until ctx ends. Kernel state and BGP sessions are not torn
-// down on the way out: pods keep working and graceful restart keeps their
-// routes at the ToR until the agent is back.
-func Run(ctx context.Context, o Options) error {
+// Run serves until outer ends (a planned stop). Kernel state and BGP
+// sessions are not torn down on the way out: pods keep working, graceful
+// restart keeps their routes at the ToR and the restart marker the node
+// Ready until the agent is back.
+func Run(outer context.Context, o Options) error {
 	gc := tuneGC()
-	outer := ctx
-	ctx, cancel := context.WithCancel(ctx)
+	// A planned stop leaves the restart marker before anything stops.
+	var running atomic.Pointer[daemon]
+	ctx, cancel := plannedStop(outer, func() {
+		if d := running.Load(); d != nil {
+			d.markRestart()
+		}
+	})
 	defer cancel()
 	g, ctx := errgroup.WithContext(ctx)
 	// stop ends every component and returns the error that mattered: a
@@ -114,6 +124,7 @@ func Run(ctx context.Context, o Options) error {
 		return stop(err)
 	}
 	d.gc = gc
+	running.Store(d)
 	defer d.store.Close() // after stop: every component is done with it
 	// A planned stop (SIGTERM, a rollout): BFD peers hear AdminDown first,
 	// which RFC 5882 §3.2 says is no failure, so a ToR keeps the routes
