@@ -96,9 +96,14 @@ func Install(ctx context.Context, o Options) (Result, error) {
 	if o.Socket == "" {
 		return fail(errors.New("installer: socket path is empty"))
 	}
-	if _, err := o.hostBinDir(); err != nil {
+	if _, err := o.onHost("--cni-bin-dir", o.CNIBinDir); err != nil {
 		return fail(err)
 	}
+	hostConf, err := o.onHost("--cni-conf-dir", o.CNIConfDir)
+	if err != nil {
+		return fail(err)
+	}
+	res.Report.ConflistPath = filepath.Join(hostConf, ConfName)
 	bin, err := os.ReadFile(o.PluginSrc)
 	if err != nil {
 		return fail(fmt.Errorf("installer: plugin source: %w", err))

@@ -141,6 +141,12 @@ func TestInstallErrors(t *testing.T) {
 	if got := names(t, o.CNIBinDir); len(got) != 0 {
 		t.Errorf("a failed install wrote %v", got)
 	}
+	o = node(t)
+	o.HostRoot = filepath.Dir(o.CNIBinDir)
+	o.CNIConfDir = "/etc/cni/net.d"
+	if _, err := Install(context.Background(), o); err == nil || !strings.Contains(err.Error(), `--cni-conf-dir "/etc/cni/net.d" is not under --host-root`) {
+		t.Errorf("conf dir outside the host root: %v", err)
+	}
 }
 
 // flock's own list is the plugin's.

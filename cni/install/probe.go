@@ -43,15 +43,15 @@ func (o Options) chain() []string {
 	return out
 }
 
-// hostBinDir is the CNI bin dir as the runtime sees it: under HostRoot
-// the installer's path minus that prefix.
-func (o Options) hostBinDir() (string, error) {
+// onHost is path as the runtime sees it: under HostRoot the installer's
+// path minus that prefix.
+func (o Options) onHost(flag, path string) (string, error) {
 	if o.HostRoot == "" {
-		return o.CNIBinDir, nil
+		return path, nil
 	}
-	rel, err := filepath.Rel(o.HostRoot, o.CNIBinDir)
+	rel, err := filepath.Rel(o.HostRoot, path)
 	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
-		return "", fmt.Errorf("installer: --cni-bin-dir %q is not under --host-root %q", o.CNIBinDir, o.HostRoot)
+		return "", fmt.Errorf("installer: %s %q is not under --host-root %q", flag, path, o.HostRoot)
 	}
 	return filepath.Join("/", rel), nil
 }
@@ -62,7 +62,7 @@ func (o Options) hostBinDir() (string, error) {
 // symlink into /usr/lib/cni or a dynamically linked binary (Debian's
 // plugins are both) resolves, and the installer's image has neither.
 func (o Options) probe(ctx context.Context, typ string) report.Plugin {
-	hostDir, err := o.hostBinDir()
+	hostDir, err := o.onHost("--cni-bin-dir", o.CNIBinDir)
 	if err != nil {
 		return report.Plugin{Type: typ, Error: err.Error()}
 	}

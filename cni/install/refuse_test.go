@@ -244,6 +244,9 @@ func TestHostRootRunsPluginsOnTheHost(t *testing.T) {
 	if p := res.Report.Plugins[0]; p.Path != "/opt/cni/bin/portmap" || !slices.Equal(p.Versions, []string{"0.3.1", "0.4.0", "1.0.0"}) {
 		t.Errorf("plugin %+v, want the host's path and the fake's versions", p)
 	}
+	if res.Report.ConflistPath != "/etc/cni/net.d/"+ConfName {
+		t.Errorf("report names the conflist %s, want the host's path", res.Report.ConflistPath)
+	}
 	// Without it the symlink dangles here, and the refusal says what to do.
 	o.HostRoot = ""
 	if _, err := Install(context.Background(), o); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "--host-root") {
