@@ -337,9 +337,13 @@ func TestDaemonSet(t *testing.T) {
 	ic := p.InitContainers[0]
 	checkImage(t, ic)
 	wantCmd := "/usr/local/bin/flock-installer --plugin /usr/local/bin/flock --cni-bin-dir /host/opt/cni/bin " +
-		"--cni-conf-dir /host/etc/cni/net.d --socket /run/flock/cni.sock --portmap --bandwidth"
+		"--cni-conf-dir /host/etc/cni/net.d --socket /run/flock/cni.sock --portmap --bandwidth " +
+		"--host-root /host --status-file /run/flock/installer.json"
 	if got := strings.Join(append(slices.Clone(ic.Command), ic.Args...), " "); got != wantCmd {
 		t.Errorf("install-cni runs %q, want %q", got, wantCmd)
+	}
+	if m := checkMount(ic, "/host", "/"); m != nil && !m.ReadOnly {
+		t.Error("install-cni: the host's / is not read-only")
 	}
 	checkMount(ic, "/host/opt/cni/bin", "/opt/cni/bin")
 	checkMount(ic, "/host/etc/cni/net.d", "/etc/cni/net.d")
@@ -356,7 +360,8 @@ func TestDaemonSet(t *testing.T) {
 	}
 	joined := " " + strings.Join(args, " ") + " "
 	for _, a := range []string{"--kubernetes", "--node-name=$(NODE_NAME)", "--cni-socket /run/flock/cni.sock",
-		"--admin-socket /run/flock/admin.sock", "--state-dir /var/lib/flock", "--metrics-address 127.0.0.1:9476"} {
+		"--admin-socket /run/flock/admin.sock", "--state-dir /var/lib/flock", "--metrics-address 127.0.0.1:9476",
+		"--installer-status /run/flock/installer.json"} { // where install-cni writes it
 		if !strings.Contains(joined, " "+a+" ") {
 			t.Errorf("agent args %v lack %q", args, a)
 		}
@@ -401,6 +406,9 @@ func TestDaemonSet(t *testing.T) {
 		t.Error("a CPU limit throttles the node's networking: leave it out")
 	}
 	checkMount(c, "/run/flock", "/run/flock")
+	if _, m := hostPath(c, "/host"); m != nil {
+		t.Error("agent mounts the host's /: only install-cni needs it")
+	}
 	checkMount(c, "/var/lib/flock", "/var/lib/flock")
 	if m := checkMount(c, "/var/run/netns", "/run/netns"); m != nil &&
 		(m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer) {

@@ -97,6 +97,7 @@ type Status struct {
 	ReapFailures uint64             `json:"reapFailures,omitempty"`
 	Stuck        []string           `json:"stuck,omitempty"`
 	ConfigError  string             `json:"configError,omitempty"`
+	Installer    string             `json:"installer,omitempty"` // the CNI installer's refusal
 	Problems     []string           `json:"problems,omitempty"`
 }
 

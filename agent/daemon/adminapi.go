@@ -59,7 +59,7 @@ func (d *daemon) Status() admin.Status {
 	n := d.snapshot()
 	up, total := n.Peers()
 	st := admin.Status{Ready: n.Ready, Allocations: n.Allocations, PeersUp: up, Peers: total,
-		Reaped: n.Reaped, ReapFailures: n.ReapFailures, Stuck: n.Stuck, ConfigError: n.ConfigError, Problems: n.Problems()}
+		Reaped: n.Reaped, ReapFailures: n.ReapFailures, Stuck: n.Stuck, ConfigError: n.ConfigError, Installer: n.Installer, Problems: n.Problems()}
 	st.Reconcilers = n.Reconcilers
 	return st
 }

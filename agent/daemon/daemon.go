@@ -55,6 +55,13 @@ type Options struct {
 	StateDir       string
 	MetricsAddress string // "" disables the metrics listener
 	Log            *slog.Logger
+	// InstallerStatus is the CNI installer's report ("" reads none): a
+	// refusal there keeps the agent from being Ready.
+	InstallerStatus string
+	// RestartGrace is how long the restart marker a planned stop leaves
+	// keeps the node Ready without an agent (0: none; at most
+	// wire.MaxRestartGrace).
+	RestartGrace time.Duration
 
 	// Kubernetes mode: NodeConfig, pods and BGP passwords come from the API.
 	Kubernetes     bool
@@ -79,13 +86,19 @@ const spareRecords = 16
 // bfdShutdown is how long a planned stop spends repeating BFD AdminDown.
 const bfdShutdown = 150 * time.Millisecond
 
-// Run serves until ctx ends. Kernel state and BGP sessions are not torn
-// down on the way out: pods keep working and graceful restart keeps their
-// routes at the ToR until the agent is back.
-func Run(ctx context.Context, o Options) error {
+// Run serves until outer ends (a planned stop). Kernel state and BGP
+// sessions are not torn down on the way out: pods keep working, graceful
+// restart keeps their routes at the ToR and the restart marker the node
+// Ready until the agent is back.
+func Run(outer context.Context, o Options) error {
 	gc := tuneGC()
-	outer := ctx
-	ctx, cancel := context.WithCancel(ctx)
+	// A planned stop leaves the restart marker before anything stops.
+	var running atomic.Pointer[daemon]
+	ctx, cancel := plannedStop(outer, func() {
+		if d := running.Load(); d != nil {
+			d.markRestart()
+		}
+	})
 	defer cancel()
 	g, ctx := errgroup.WithContext(ctx)
 	// stop ends every component and returns the error that mattered: a
@@ -111,6 +124,7 @@ func Run(ctx context.Context, o Options) error {
 		return stop(err)
 	}
 	d.gc = gc
+	running.Store(d)
 	defer d.store.Close() // after stop: every component is done with it
 	// A planned stop (SIGTERM, a rollout): BFD peers hear AdminDown first,
 	// which RFC 5882 §3.2 says is no failure, so a ToR keeps the routes
@@ -158,7 +172,7 @@ func Run(ctx context.Context, o Options) error {
 func (d *daemon) register(cni, adminSocket net.Listener, hup <-chan os.Signal) {
 	c := &d.components
 	if d.o.MetricsAddress != "" {
-		c.register("metrics", duringRecovery, &metrics.Server{Addr: d.o.MetricsAddress, Metrics: d.metrics, Ready: d.ready.Load})
+		c.register("metrics", duringRecovery, &metrics.Server{Addr: d.o.MetricsAddress, Metrics: d.metrics, Ready: d.readiness})
 	}
 	c.register("bgp speaker", duringRecovery, d.speaker)
 	c.register("bgp reconciler", whenServing, d.bgpLoop)
@@ -211,6 +225,7 @@ type daemon struct {
 	kube       *kubeMode // nil in standalone mode
 	components components
 	ready      atomic.Bool
+	installer  string                 // the CNI installer's refusal (set before anything runs)
 	loaded     []byte                 // standalone: the node-config file as loaded
 	filePools  []v1alpha1.AddressPool // standalone: the file's AddressPools as last loaded (under mu once serving)
 
@@ -239,6 +254,7 @@ type daemon struct {
 // builds every part; nothing runs yet.
 func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 	d := &daemon{o: o, log: o.Log, reaped: map[string]uint64{agent.ReapNetnsGone: 0, agent.ReapInterrupted: 0}, warned: map[string]bool{}}
+	d.installer = d.readInstaller(o.InstallerStatus)
 	var (
 		spec      *v1alpha1.NodeConfigSpec
 		source    podmeta.Source = podmeta.Standalone{}
@@ -388,6 +404,7 @@ func (d *daemon) snapshot() status.Node {
 	slices.Sort(n.Suppressed)
 	d.mu.Lock()
 	n.ConfigError = d.cfgErr
+	n.Installer = d.installer
 	for r, c := range d.reaped {
 		n.Reaped[r] = c
 	}

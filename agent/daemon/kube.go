@@ -347,6 +347,8 @@ func nodeStatus(n status.Node, gen int64) v1alpha1.NodeConfigStatus {
 	switch {
 	case !n.Ready:
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "Starting", "recovering allocations"
+	case n.Installer != "":
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "InstallerRefused", n.Installer
 	case n.ConfigError != "":
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "ConfigError", n.ConfigError
 	case len(problems) > 0:

@@ -90,5 +90,6 @@ func (s *daemonStartup) peer() { s.d.reapplyPeers() }
 
 func (s *daemonStartup) serve() {
 	s.d.ready.Store(true)
+	s.d.clearRestart() // this agent answers STATUS now
 	s.d.statusChanged()
 }

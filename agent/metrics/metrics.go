@@ -139,26 +139,32 @@ func (s *scrape) Collect(ch chan<- prometheus.Metric) {
 type Server struct {
 	Addr    string
 	Metrics *Metrics
-	// Ready reports whether the agent has recovered its state and serves
-	// CNI.
-	Ready func() bool
+	// Ready is nil once the agent has recovered its state, serves CNI and
+	// nothing keeps it from being Ready (a CNI installer's refusal); else
+	// why not, which /readyz answers with 503.
+	Ready func() error
 }
 
-// Run serves until ctx ends.
-func (s *Server) Run(ctx context.Context) error {
+// Handler serves the three endpoints.
+func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(s.Metrics.Registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.Ready() {
-			http.Error(w, "not ready: recovering allocations\n", http.StatusServiceUnavailable)
+		if err := s.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	return mux
+}
+
+// Run serves until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
 	l, err := net.Listen("tcp", s.Addr)
 	if err != nil {
 		return fmt.Errorf("metrics on %s: %w", s.Addr, err)
 	}
-	return admin.ServeHTTP(ctx, l, mux)
+	return admin.ServeHTTP(ctx, l, s.Handler())
 }

@@ -41,6 +41,9 @@ type Node struct {
 	// ConfigError is the last error applying the NodeConfig ("" if the
 	// running config is the latest).
 	ConfigError string
+	// Installer is the CNI installer's refusal ("" if it installed or
+	// none ran): no conflist of its chain was written.
+	Installer string
 }
 
 // Peers counts established and configured sessions.
@@ -54,10 +57,14 @@ func (n Node) Peers() (established, configured int) {
 	return established, configured
 }
 
-// Problems lists what an operator must look at: a NodeConfig that could
-// not be applied, reconcilers whose last pass failed.
+// Problems lists what an operator must look at: a CNI installer that
+// refused, a NodeConfig that could not be applied, reconcilers whose last
+// pass failed.
 func (n Node) Problems() []string {
 	var out []string
+	if n.Installer != "" {
+		out = append(out, "cni installer: "+n.Installer)
+	}
 	if n.ConfigError != "" {
 		out = append(out, "config: "+n.ConfigError)
 	}

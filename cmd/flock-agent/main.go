@@ -11,12 +11,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/daemon"
 	"code.fritzlab.net/fritzlab/flock/agent/metrics"
+	"code.fritzlab.net/fritzlab/flock/cni/install/report"
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
 )
 
@@ -41,9 +43,14 @@ func run() error {
 	flag.DurationVar(&o.NodeConfigWait, "nodeconfig-wait", 5*time.Minute, "Kubernetes mode: how long to wait for this node's NodeConfig to exist")
 	flag.DurationVar(&o.LeakGCGrace, "leak-gc-grace", 2*time.Minute, "Kubernetes mode: how long an allocation of a deleted pod waits for kubelet's DEL before it is released")
 	flag.DurationVar(&o.Repair, "repair-interval", 30*time.Second, "period of the full repair: the route reconcilers re-read the speaker and the kernel, and allocations whose network namespace vanished are reaped")
+	flag.StringVar(&o.InstallerStatus, "installer-status", "", "the CNI installer's report (flock-installer --status-file), read at start: a refusal there keeps the agent not Ready; a missing file is no problem (standalone mode) (default "+report.FileName+" next to --cni-socket)")
+	flag.DurationVar(&o.RestartGrace, "restart-grace", 30*time.Second, "how long a planned stop (SIGTERM) keeps the node Ready without an agent: the CNI plugin's STATUS succeeds while the restart marker next to --cni-socket is fresh; 0 leaves none")
 	logLevel := flag.String("log-level", "info", "debug, info, warn or error")
 	testHook := flag.String("test-hook", "", "testing only: 'pause-before-commit' blocks every ADD after the dataplane is programmed, before the commit")
 	flag.Parse()
+	if o.InstallerStatus == "" {
+		o.InstallerStatus = filepath.Join(filepath.Dir(o.CNISocket), report.FileName)
+	}
 
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -52,6 +59,8 @@ func run() error {
 	o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	slog.SetDefault(o.Log)
 	switch {
+	case o.RestartGrace < 0 || o.RestartGrace > wire.MaxRestartGrace:
+		return fmt.Errorf("--restart-grace %v: want 0 to %v", o.RestartGrace, wire.MaxRestartGrace)
 	case o.Kubernetes && o.NodeConfig != "":
 		return errors.New("--node-config and --kubernetes are exclusive: the NodeConfig comes from the file or from the API")
 	case !o.Kubernetes && o.NodeConfig == "":

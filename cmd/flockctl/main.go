@@ -71,7 +71,10 @@ func run(args []string, out io.Writer) error {
 		}
 		return emit(out, *format, v, func(w *tabwriter.Writer) {
 			state := "recovering allocations"
-			if v.Ready {
+			switch {
+			case v.Ready && v.Installer != "":
+				state = "serving, not Ready: the CNI installer refused"
+			case v.Ready:
 				state = "serving"
 			}
 			fmt.Fprintf(w, "AGENT\t%s\n", state)
@@ -86,6 +89,9 @@ func run(args []string, out io.Writer) error {
 			}
 			if v.ReapFailures > 0 {
 				fmt.Fprintf(w, "REAP FAILURES\t%d (retried until they succeed)\n", v.ReapFailures)
+			}
+			if v.Installer != "" {
+				fmt.Fprintf(w, "CNI INSTALLER\t%s\n", v.Installer)
 			}
 			if v.ConfigError != "" {
 				fmt.Fprintf(w, "CONFIG ERROR\t%s\n", v.ConfigError)

@@ -43,10 +43,11 @@ func TestUsageErrors(t *testing.T) {
 // fakeSource answers the admin API like an agent would.
 type fakeSource struct {
 	readiness []admin.Readiness
+	installer string
 }
 
 func (f *fakeSource) Status() admin.Status {
-	return admin.Status{Ready: true, Allocations: 3, PeersUp: 1, Peers: 2,
+	return admin.Status{Ready: true, Allocations: 3, PeersUp: 1, Peers: 2, Installer: f.installer,
 		Reaped: map[string]uint64{"netns-gone": 2, "interrupted-add": 0},
 		Reconcilers: []reconcile.Status{
 			{Target: "bgp", Passes: 10},
@@ -146,5 +147,21 @@ func TestStatusRoutesReady(t *testing.T) {
 	}
 	if len(src.readiness) != 1 {
 		t.Errorf("a refused report reached the agent: %+v", src.readiness)
+	}
+}
+
+// A CNI installer's refusal shows in `flockctl status`: the agent serves
+// but is not Ready.
+func TestStatusNamesTheInstallerRefusal(t *testing.T) {
+	const refusal = "installer: refused to write the CNI config: chained plugin portmap (/opt/cni/bin/portmap): not found"
+	sock := serve(t, &fakeSource{installer: refusal})
+	var out bytes.Buffer
+	if err := run([]string{"--socket", sock, "status"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"not Ready: the CNI installer refused", "CNI INSTALLER", refusal} {
+		if !strings.Contains(out.String(), w) {
+			t.Errorf("status lacks %q:\n%s", w, out.String())
+		}
 	}
 }

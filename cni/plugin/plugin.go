@@ -50,26 +50,47 @@ func parseConf(stdin []byte) (*NetConf, error) {
 	return &c, nil
 }
 
-func call(op wire.Op, args *skel.CmdArgs, timeout time.Duration) (*NetConf, json.RawMessage, error) {
+// Timeouts of STATUS: runtimes poll it every few seconds and wait for it.
+// During a planned restart (a fresh restart marker) the new agent may hold
+// the call in its socket's backlog while it recovers: the node stays
+// Ready meanwhile, so STATUS need not wait long to learn nothing new.
+const (
+	statusTimeout           = 5 * time.Second
+	restartingStatusTimeout = time.Second
+)
+
+// ask sends one request. An error means the agent gave no answer.
+func ask(conf *NetConf, op wire.Op, args *skel.CmdArgs, timeout time.Duration) (wire.Response, error) {
+	client := wire.Client{Socket: conf.Socket, DialTimeout: min(2*time.Second, timeout), IOTimeout: timeout}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return client.Call(ctx, wire.Request{
+		Op: op, ContainerID: args.ContainerID, Netns: args.Netns, IfName: args.IfName,
+		Args: args.Args, Config: args.StdinData,
+	})
+}
+
+// unanswered is the CNI error for a request the agent did not answer:
+// code 11 (try again later) while it restarts or is not running.
+func unanswered(conf *NetConf, op wire.Op, err error) *types.Error {
+	if r, ok := wire.Restarting(conf.Socket, time.Now()); ok {
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("flock: the flock agent is restarting (a planned stop, expected back by %s; socket %s): try again",
+			r.Until.UTC().Format(time.RFC3339), conf.Socket), err.Error())
+	}
+	if errors.Is(err, wire.ErrAgentNotRunning) {
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("flock: the flock agent is not running (socket %s)", conf.Socket), err.Error())
+	}
+	return types.NewError(types.ErrIOFailure, fmt.Sprintf("flock: %s via %s failed", op, conf.Socket), err.Error())
+}
+
+func call(op wire.Op, args *skel.CmdArgs) (*NetConf, json.RawMessage, error) {
 	conf, err := parseConf(args.StdinData)
 	if err != nil {
 		return nil, nil, err
 	}
-	if timeout == 0 {
-		timeout = time.Duration(conf.TimeoutSeconds) * time.Second
-	}
-	client := wire.Client{Socket: conf.Socket, DialTimeout: 2 * time.Second, IOTimeout: timeout}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	resp, err := client.Call(ctx, wire.Request{
-		Op: op, ContainerID: args.ContainerID, Netns: args.Netns, IfName: args.IfName,
-		Args: args.Args, Config: args.StdinData,
-	})
+	resp, err := ask(conf, op, args, time.Duration(conf.TimeoutSeconds)*time.Second)
 	if err != nil {
-		if errors.Is(err, wire.ErrAgentNotRunning) {
-			return nil, nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("flock: the flock agent is not running (socket %s)", conf.Socket), err.Error())
-		}
-		return nil, nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("flock: %s via %s failed", op, conf.Socket), err.Error())
+		return nil, nil, unanswered(conf, op, err)
 	}
 	if resp.Error != nil {
 		return nil, nil, resp.Error
@@ -81,7 +102,7 @@ func call(op wire.Op, args *skel.CmdArgs, timeout time.Duration) (*NetConf, json
 // agent answers in that version already: then the result is printed as it
 // came, and converted here only when it is not (an older agent).
 func Add(args *skel.CmdArgs) error {
-	conf, raw, err := call(wire.OpAdd, args, 0)
+	conf, raw, err := call(wire.OpAdd, args)
 	if err != nil {
 		return err
 	}
@@ -100,23 +121,43 @@ func Add(args *skel.CmdArgs) error {
 }
 
 // Del forwards DEL.
-func Del(args *skel.CmdArgs) error { _, _, err := call(wire.OpDel, args, 0); return err }
+func Del(args *skel.CmdArgs) error { _, _, err := call(wire.OpDel, args); return err }
 
 // Check forwards CHECK (the agent compares the kernel with its record).
-func Check(args *skel.CmdArgs) error { _, _, err := call(wire.OpCheck, args, 0); return err }
+func Check(args *skel.CmdArgs) error { _, _, err := call(wire.OpCheck, args); return err }
 
 // GC forwards GC with the runtime's valid attachments.
-func GC(args *skel.CmdArgs) error { _, _, err := call(wire.OpGC, args, 0); return err }
+func GC(args *skel.CmdArgs) error { _, _, err := call(wire.OpGC, args); return err }
 
-// Status asks the agent whether it can take ADDs.
+// Status asks the agent whether it can take ADDs. While a planned
+// restart is under way (a fresh restart marker) and the agent does not
+// answer, it succeeds: the runtime keeps the node Ready through a
+// rollout. A crash leaves no marker, and STATUS fails.
 func Status(args *skel.CmdArgs) error {
-	_, _, err := call(wire.OpStatus, args, 5*time.Second)
-	var te *types.Error
-	if errors.As(err, &te) && te.Code == types.ErrTryAgainLater {
-		// STATUS has its own code for "cannot serve ADD now".
-		te.Code = types.ErrPluginNotAvailable
+	conf, err := parseConf(args.StdinData)
+	if err != nil {
+		return err
 	}
-	return err
+	timeout := statusTimeout
+	_, restarting := wire.Restarting(conf.Socket, time.Now())
+	if restarting {
+		timeout = restartingStatusTimeout
+	}
+	resp, err := ask(conf, wire.OpStatus, args, timeout)
+	switch {
+	case err != nil && restarting:
+		return nil
+	case err != nil:
+		te := unanswered(conf, wire.OpStatus, err)
+		if te.Code == types.ErrTryAgainLater {
+			// STATUS has its own code for "cannot serve ADD now".
+			te.Code = types.ErrPluginNotAvailable
+		}
+		return te
+	case resp.Error != nil:
+		return resp.Error
+	}
+	return nil
 }
 
 // Main is the plugin's entry point.
