@@ -140,6 +140,9 @@ func Install(ctx context.Context, o Options) (Result, error) {
 		return fail(err)
 	}
 	ok, err = writeAtomic(cdst, filepath.Join(o.CNIConfDir, TempDir), conf, 0o644)
+	if err == nil && ok {
+		err = nudge(cdst)
+	}
 	if err != nil {
 		return fail(err)
 	}
@@ -235,6 +238,35 @@ func writeAtomic(dst, tmpDir string, data []byte, mode os.FileMode) (bool, error
 		return false, fmt.Errorf("installer: install %s: %w", dst, err)
 	}
 	return true, syncDir(dir)
+}
+
+// nudge makes the runtime load the conflist that was just renamed into
+// place. A rename into the watched dir reaches the watcher as a Create,
+// and containerd's conf syncer (1.7 and 2.x) reloads only on Write,
+// Rename or Remove, ignoring Create and Chmod: the conflist would wait for
+// the next unrelated change. Writing the file's first byte over itself
+// raises a Write without ever changing what a reader sees.
+func nudge(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("installer: %w", err)
+	}
+	first := make([]byte, 1)
+	r, err := os.Open(path)
+	if err == nil {
+		_, err = r.ReadAt(first, 0)
+		r.Close()
+	}
+	if err == nil {
+		_, err = f.WriteAt(first, 0)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("installer: make the runtime load %s: %w", path, err)
+	}
+	return nil
 }
 
 // syncDir makes a rename or remove in dir durable.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 )
 
@@ -144,4 +145,39 @@ func (c *Cluster) StopKubelet() error {
 	}
 	c.Opts.Log("k8slab: kubelet stopped")
 	return nil
+}
+
+// Reboot does to the node what a reboot does to its pods: kubelet and
+// containerd stop, every container dies with its shim (SIGKILL: nothing
+// runs its shutdown), the pods' network namespaces go; then containerd
+// and kubelet start again, find the sandboxes dead and tear them down
+// (CNI DEL of namespaces that no longer exist) and start the pods again.
+// What is on disk (the agents' state) survives, as it would.
+func (c *Cluster) Reboot(ctx context.Context) error {
+	if err := c.StopKubelet(); err != nil {
+		return err
+	}
+	for _, pid := range ShimPIDs(c.ContainerdSocket) {
+		if p := c.proc(Containerd); p != nil && p.cmd.Process.Pid == pid {
+			continue
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if err := c.stopProc(Containerd, 10*time.Second); err != nil {
+		return err
+	}
+	if err := killShims(c.ContainerdSocket); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	before := c.st.NetnsBefore
+	c.mu.Unlock()
+	if err := deleteNetns(before); err != nil {
+		return fmt.Errorf("reboot: remove the pods' network namespaces: %w", err)
+	}
+	c.Opts.Log("k8slab: node rebooted (containers killed, pod netns removed)")
+	if err := c.startContainerd(ctx); err != nil {
+		return c.withLog(Containerd, err)
+	}
+	return c.StartKubelet()
 }

@@ -38,10 +38,11 @@ root = %[1]q
 state = %[2]q
 imports = []
 
-[grpc]
-  address = %[3]q
-
 [plugins]
+  [plugins.'io.containerd.server.v1.grpc']
+    address = %[3]q
+  [plugins.'io.containerd.server.v1.ttrpc']
+    address = '%[3]s.ttrpc'
   [plugins.'io.containerd.internal.v1.opt']
     path = %[4]q
   [plugins.'io.containerd.nri.v1.nri']
