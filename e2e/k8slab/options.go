@@ -26,7 +26,7 @@ const (
 
 // Options configure a lab cluster. Zero values take the documented defaults.
 type Options struct {
-	Dir        string // working dir for this cluster (pki, configs, logs, data); created; default a new dir under os.TempDir
+	Dir string // working dir for this cluster (pki, configs, logs, data); created; default a new dir under os.TempDir
 	// Release is what the lab runs; zero: SelectedRelease (FLOCK_K8S).
 	Release Release
 	// CacheRoot holds the built binaries between runs, a directory per
