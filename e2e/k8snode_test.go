@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -213,6 +215,53 @@ func testPlannedRestartKeepsReady(t *testing.T, e *k8sEnv) {
 	})
 }
 
+// An agent kept away after a planned stop (its DaemonSet moved off the
+// node) leaves the node Ready while the marker is fresh; without the
+// marker (removed here, as its expiry would) the node goes NotReady — so
+// the marker is what kept it Ready — and is Ready again once an agent is
+// back. The times are measured and recorded.
+func testAgentAway(t *testing.T, e *k8sEnv) {
+	away := `{"spec":{"template":{"spec":{"nodeSelector":{"flock.fritzlab.net/e2e-away":"true"}}}}}`
+	back := `{"spec":{"template":{"spec":{"nodeSelector":null}}}}`
+	stop := sampleReady(t, e)
+	e.kubectl("-n", "flock-system", "patch", "daemonset", "flock", "--type=merge", "-p", away)
+	testutil.EventuallyWithin(t, 60*time.Second, "the agent gone and its marker there", func() (bool, string) {
+		_, err := os.Stat(restartMarker)
+		return agentPIDOrZero() == 0 && err == nil, fmt.Sprintf("agent pid %d, marker %v", agentPIDOrZero(), err)
+	})
+	time.Sleep(12 * time.Second) // two of kubelet's runtime status checks and more
+	held := stop()
+	down, downN, markerN := notReady(held)
+	if downN > 0 || markerN == 0 {
+		t.Errorf("agent away after a planned stop: node not Ready in %d of %d samples (%s), marker in %d", downN, len(held), down, markerN)
+	}
+	if err := os.Remove(restartMarker); err != nil {
+		t.Fatal(err)
+	}
+	removed := time.Now()
+	testutil.EventuallyWithin(t, 60*time.Second, "the node NotReady without agent or marker", func() (bool, string) {
+		out, _ := e.c.Kubectl(context.Background(), "get", "node", k8sNode, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		return strings.TrimSpace(out) != "True", out
+	})
+	notReadyAfter := time.Since(removed)
+	e.kubectl("-n", "flock-system", "patch", "daemonset", "flock", "--type=merge", "-p", back)
+	returned := time.Now()
+	if err := e.c.WaitNodeReady(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	readyAfter := time.Since(returned)
+	waitAgentAnswers(t)
+	e.waitPods("the agent back", "-n", "flock-system", "-l", agentSelector)
+	t.Logf("agent away: node Ready for %s with the marker; NotReady %s after the marker went; Ready %s after the agent was let back",
+		held[len(held)-1].at.Sub(held[0].at).Round(100*time.Millisecond), notReadyAfter.Round(100*time.Millisecond), readyAfter.Round(100*time.Millisecond))
+	record(t, reliabilityRow{Section: "Kubernetes node", Fault: "agent kept away after a planned stop (DaemonSet moved off the node)", ToR: "containerd " + e.c.Opts.Release.Containerd,
+		Done: "Ready sampled every 250 ms while away with the marker; the marker then removed", Times: 1,
+		Survived: "Ready while the marker was fresh; NotReady without it; Ready again once an agent is back",
+		Figures: map[string]string{"Ready while away (marker)": held[len(held)-1].at.Sub(held[0].at).Round(100 * time.Millisecond).String(),
+			"NotReady after the marker went": notReadyAfter.Round(100 * time.Millisecond).String(),
+			"Ready after the agent was back": readyAfter.Round(100 * time.Millisecond).String()}})
+}
+
 // A crashed agent (SIGKILL: no marker) makes STATUS fail until kubelet
 // has it back; how long the node was not Ready is measured and recorded.
 func testCrashMeasured(t *testing.T, e *k8sEnv) {
@@ -226,6 +275,8 @@ func testCrashMeasured(t *testing.T, e *k8sEnv) {
 		n := agentPIDOrZero()
 		return n != 0 && n != pid, strconv.Itoa(n)
 	})
+	restarted := time.Since(killed)
+	waitAgentAnswers(t)
 	e.waitPods("the agent after its crash", "-n", "flock-system", "-l", agentSelector)
 	back := time.Since(killed)
 	if err := e.c.WaitNodeReady(context.Background()); err != nil {
@@ -234,10 +285,12 @@ func testCrashMeasured(t *testing.T, e *k8sEnv) {
 	time.Sleep(6 * time.Second) // and it stays Ready
 	samples := stop()
 	down, downN, markerN := notReady(samples)
-	t.Logf("agent SIGKILL: agent back after %s; node not Ready in %d of %d samples (%s)", back.Round(100*time.Millisecond), downN, len(samples), down.Round(100*time.Millisecond))
+	t.Logf("agent SIGKILL: a new agent process after %s, its pod Ready after %s; node not Ready in %d of %d samples (%s)",
+		restarted.Round(100*time.Millisecond), back.Round(100*time.Millisecond), downN, len(samples), down.Round(100*time.Millisecond))
 	record(t, reliabilityRow{Section: "Kubernetes node", Fault: "agent crash (SIGKILL: no restart marker)", ToR: "containerd " + e.c.Opts.Release.Containerd,
 		Done: "the node's Ready condition sampled every 250 ms until the agent was back", Times: 1, Survived: "the node Ready again once the agent is back",
-		Figures: map[string]string{"agent back after": back.Round(100 * time.Millisecond).String(), "node not Ready": down.Round(100 * time.Millisecond).String()}})
+		Figures: map[string]string{"new agent process after": restarted.Round(100 * time.Millisecond).String(),
+			"agent pod Ready after": back.Round(100 * time.Millisecond).String(), "node not Ready": down.Round(100 * time.Millisecond).String()}})
 	if markerN > 0 {
 		t.Errorf("a crash left a restart marker (%d samples)", markerN)
 	}
@@ -272,8 +325,22 @@ func testOldChainedPlugins(t *testing.T, e *k8sEnv, current string) {
 	if v := conflistVersion(t); v != "1.0.0" {
 		t.Fatalf("conflist cniVersion %s with Debian's plugins, want 1.0.0; installer: %s", v, installerReport(t))
 	}
-	if r := installerReport(t); !strings.Contains(r, "/usr/lib/cni/portmap") {
-		t.Errorf("the report does not name the old portmap: %s", r)
+	var rep struct {
+		Plugins []struct {
+			Type     string   `json:"type"`
+			Versions []string `json:"versions"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal([]byte(installerReport(t)), &rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range rep.Plugins {
+		if slices.Contains(p.Versions, "1.1.0") {
+			t.Errorf("the report has %s at %v: not Debian's old one", p.Type, p.Versions)
+		}
+	}
+	if len(rep.Plugins) != 2 {
+		t.Errorf("the report lists %d chained plugins, want portmap and bandwidth", len(rep.Plugins))
 	}
 	if err := e.c.WaitNodeReady(context.Background()); err != nil {
 		t.Fatalf("node not Ready on old chained plugins: %v", err)
@@ -308,6 +375,7 @@ func testReboot(t *testing.T, e *k8sEnv) {
 	if err := e.c.Reboot(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	waitAgentAnswers(t)
 	e.waitPods("the agent after the reboot", "-n", "flock-system", "-l", agentSelector)
 	if err := e.c.WaitNodeReady(context.Background()); err != nil {
 		t.Fatal(err)
@@ -377,5 +445,14 @@ func dialHostPort(t *testing.T, e *k8sEnv, port int) {
 		n, _ := conn.Read(b)
 		got := strings.TrimSpace(string(b[:n]))
 		return got == "flock-hostport", got
+	})
+}
+
+// waitAgentAnswers waits until an agent answers on the admin socket.
+func waitAgentAnswers(t *testing.T) {
+	t.Helper()
+	testutil.EventuallyWithin(t, 120*time.Second, "an agent answering flockctl", func() (bool, string) {
+		out, err := exec.Command(filepath.Join(binDir, "flockctl"), "--socket", "/run/flock/admin.sock", "status").CombinedOutput()
+		return err == nil && strings.Contains(string(out), "serving"), string(out)
 	})
 }
