@@ -78,16 +78,25 @@ func (s *claimStore) hung(ctx context.Context) error {
 	return fmt.Errorf("fake API: no answer: %w", ctx.Err())
 }
 
-func (n *nodeClaims) Claim(ctx context.Context, c agent.Claim) error {
-	s := n.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// call is an API call arriving (s.mu held): counted, then hung or
+// refused as the store is set.
+func (s *claimStore) call(ctx context.Context) error {
 	s.calls++
 	if err := s.hung(ctx); err != nil {
 		return err
 	}
 	if s.down || (s.fault != nil && s.fault()) {
 		return errors.New("fake API: connection refused")
+	}
+	return nil
+}
+
+func (n *nodeClaims) Claim(ctx context.Context, c agent.Claim) error {
+	s := n.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.call(ctx); err != nil {
+		return err
 	}
 	if h, ok := s.claims[c.IP]; ok {
 		if h.ContainerID == c.ContainerID && h.node == n.name {
@@ -107,12 +116,8 @@ func (n *nodeClaims) Release(ctx context.Context, ip netip.Addr, containerID str
 	s := n.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.calls++
-	if err := s.hung(ctx); err != nil {
+	if err := s.call(ctx); err != nil {
 		return err
-	}
-	if s.down || (s.fault != nil && s.fault()) {
-		return errors.New("fake API: connection refused")
 	}
 	if h, ok := s.claims[ip]; ok && h.ContainerID == containerID && h.node == n.name {
 		delete(s.claims, ip)

@@ -552,18 +552,7 @@ func TestKubernetes(t *testing.T) {
 
 	t.Run("leak GC releases a pod deleted while kubelet was down", func(t *testing.T) {
 		e.t = t
-		e.apply(`apiVersion: v1
-kind: Pod
-metadata: {name: leaky, namespace: default}
-spec:
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: bb
-    image: docker.io/local/busybox:1.35
-    imagePullPolicy: Never
-    command: ["sleep", "3600"]
-`)
+		e.apply(sleepPod("leaky"))
 		e.waitPods("leaky", "leaky")
 		if p := hostPods(t); len(p) != 1 || p[0].Name != "leaky" {
 			t.Fatalf("allocations: %+v", p)

@@ -396,9 +396,13 @@ func testReboot(t *testing.T, e *k8sEnv) {
 	e.kubectl("delete", "pod", "restarter", "--wait=true")
 }
 
-const restartPod = `apiVersion: v1
+var restartPod = sleepPod("restarter")
+
+// sleepPod is a busybox pod that only sleeps.
+func sleepPod(name string) string {
+	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
-metadata: {name: restarter, namespace: default}
+metadata: {name: %s, namespace: default}
 spec:
   automountServiceAccountToken: false
   terminationGracePeriodSeconds: 1
@@ -407,7 +411,8 @@ spec:
     image: docker.io/local/busybox:1.35
     imagePullPolicy: Never
     command: ["sleep", "3600"]
-`
+`, name)
+}
 
 func hostPortPod(name string, port int) string {
 	return fmt.Sprintf(`apiVersion: v1
