@@ -338,9 +338,13 @@ func TestDaemonSet(t *testing.T) {
 	checkImage(t, ic)
 	wantCmd := "/usr/local/bin/flock-installer --plugin /usr/local/bin/flock --cni-bin-dir /host/opt/cni/bin " +
 		"--cni-conf-dir /host/etc/cni/net.d --socket /run/flock/cni.sock --portmap --bandwidth " +
-		"--host-root /host --status-file /run/flock/installer.json"
+		"--host-root /host --status-file /run/flock/installer.json --node-name=$(NODE_NAME)"
 	if got := strings.Join(append(slices.Clone(ic.Command), ic.Args...), " "); got != wantCmd {
 		t.Errorf("install-cni runs %q, want %q", got, wantCmd)
+	}
+	if len(ic.Env) != 1 || ic.Env[0].Name != "NODE_NAME" || ic.Env[0].ValueFrom == nil || ic.Env[0].ValueFrom.FieldRef == nil ||
+		ic.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("install-cni env %+v: want NODE_NAME from spec.nodeName (its runtime is read from the API)", ic.Env)
 	}
 	if m := checkMount(ic, "/host", "/"); m != nil && !m.ReadOnly {
 		t.Error("install-cni: the host's / is not read-only")

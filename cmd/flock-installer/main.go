@@ -8,12 +8,22 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
 
 	"code.fritzlab.net/fritzlab/flock/cni/install"
 	"code.fritzlab.net/fritzlab/flock/cni/install/report"
@@ -31,10 +41,23 @@ func main() {
 	flag.StringVar(&o.CNIVersion, "cni-version", "", "cniVersion of the conflist (default: the highest that flock and every chained plugin answer to VERSION); one they do not all support is refused")
 	flag.StringVar(&o.HostRoot, "host-root", "", "where the host's / is mounted (--cni-bin-dir under it): chained plugins are asked VERSION chrooted there, as the runtime runs them; empty runs them in place")
 	statusFile := flag.String("status-file", report.DefaultPath, "where the outcome goes for the agent (JSON); empty writes none")
+	flag.StringVar(&o.Runtime, "runtime", "", "the node's container runtime as NAME://VERSION (its libcni bounds the cniVersion: containerd 1.x runs up to 1.0.0); default: the node's status.nodeInfo.containerRuntimeVersion, read from the API with --node-name")
+	nodeName := flag.String("node-name", os.Getenv("NODE_NAME"), "this node, whose container runtime is read from the API (in-cluster); empty: none")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "flock-installer")
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	if o.Runtime == "" && *nodeName != "" {
+		rt, err := nodeRuntime(ctx, *nodeName)
+		if err != nil {
+			// Not knowing the runtime could write a version it cannot
+			// run (every ADD failing): retry rather than guess.
+			log.Error("the node's container runtime", "node", *nodeName, "err", err)
+			os.Exit(1)
+		}
+		o.Runtime = rt
+		log.Info("container runtime", "node", *nodeName, "runtime", rt)
+	}
 	res, err := install.Install(ctx, o)
 	stop()
 	for _, p := range res.Report.Plugins {
@@ -66,4 +89,61 @@ func main() {
 		os.Exit(1)
 	}
 	log.Info("installed", "conflist", res.Report.ConflistPath, "cniVersion", res.Report.CNIVersion, "conflist-state", res.Report.Conflist)
+}
+
+// nodeRuntime reads the node's container runtime from the API, in-cluster,
+// with the pod's service account: one GET, so the installer links no
+// Kubernetes client.
+func nodeRuntime(ctx context.Context, node string) (string, error) {
+	const sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
+	host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
+	if host == "" || port == "" {
+		return "", errors.New("not in a cluster: KUBERNETES_SERVICE_HOST and _PORT are not set (set --runtime)")
+	}
+	token, err := os.ReadFile(sa + "token")
+	if err != nil {
+		return "", fmt.Errorf("service account token: %w", err)
+	}
+	ca, err := os.ReadFile(sa + "ca.crt")
+	if err != nil {
+		return "", fmt.Errorf("service account CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return "", errors.New("service account CA: no certificate in ca.crt")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	u := "https://" + net.JoinHostPort(host, port) + "/api/v1/nodes/" + url.PathEscape(node)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", "flock-installer/"+node)
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("node %s: %w", node, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return "", fmt.Errorf("node %s: %s: %s", node, resp.Status, strings.TrimSpace(string(b)))
+	}
+	var n struct {
+		Status struct {
+			NodeInfo struct {
+				ContainerRuntimeVersion string `json:"containerRuntimeVersion"`
+			} `json:"nodeInfo"`
+		} `json:"status"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&n); err != nil {
+		return "", fmt.Errorf("node %s: %w", node, err)
+	}
+	if n.Status.NodeInfo.ContainerRuntimeVersion == "" {
+		return "", fmt.Errorf("node %s: status.nodeInfo.containerRuntimeVersion is empty", node)
+	}
+	return n.Status.NodeInfo.ContainerRuntimeVersion, nil
 }

@@ -49,6 +49,11 @@ type Options struct {
 	// (CNIBinDir is under it): chained plugins are run chrooted there, as
 	// the runtime runs them on the host.
 	HostRoot string
+	// Runtime is the node's container runtime, as its
+	// status.nodeInfo.containerRuntimeVersion says ("containerd://2.4.2"):
+	// its libcni bounds the conflist's version like a chained plugin
+	// (RuntimeVersions). "": not known, no bound.
+	Runtime string
 }
 
 // Versions the plugin supports, oldest first.
@@ -114,7 +119,16 @@ func Install(ctx context.Context, o Options) (Result, error) {
 		probed[typ] = p
 		res.Report.Plugins = append(res.Report.Plugins, p)
 	}
-	v, refusal := choose(o.CNIVersion, res.Report.Plugins)
+	rt, err := o.runtimeMember()
+	if err != nil {
+		return fail(err)
+	}
+	res.Report.Runtime = rt
+	members := res.Report.Plugins
+	if rt != nil {
+		members = append(slices.Clone(members), *rt)
+	}
+	v, refusal := choose(o.CNIVersion, members)
 	// The binary goes in either way: a conflist kept after a refusal runs
 	// it too, and it should match the agent.
 	dst := filepath.Join(o.CNIBinDir, "flock")
@@ -126,7 +140,7 @@ func Install(ctx context.Context, o Options) (Result, error) {
 		res.Changed = append(res.Changed, dst)
 	}
 	if refusal != nil {
-		state, kept, err := o.settle(ctx, cdst, probed)
+		state, kept, err := o.settle(ctx, cdst, probed, rt)
 		res.Report.Conflist, res.Report.CNIVersion = state, kept
 		if state == report.ConflistRemoved {
 			res.Changed = append(res.Changed, cdst)
@@ -155,9 +169,10 @@ func Install(ctx context.Context, o Options) (Result, error) {
 }
 
 // settle decides on the flock conflist in place after a refusal: kept if
-// flock and every plugin it chains support its cniVersion, else removed.
-// It returns what it did and the kept one's version.
-func (o Options) settle(ctx context.Context, path string, probed map[string]report.Plugin) (state, kept string, err error) {
+// flock, every plugin it chains and the runtime (rt, if known) support
+// its cniVersion, else removed. It returns what it did and the kept one's
+// version.
+func (o Options) settle(ctx context.Context, path string, probed map[string]report.Plugin, rt *report.Plugin) (state, kept string, err error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return report.ConflistNone, "", nil
@@ -186,6 +201,9 @@ func (o Options) settle(ctx context.Context, path string, probed map[string]repo
 			vs = pr.Versions
 		}
 		runs = slices.Contains(vs, c.CNIVersion)
+	}
+	if runs && rt != nil {
+		runs = slices.Contains(rt.Versions, c.CNIVersion)
 	}
 	if runs {
 		return report.ConflistKept, c.CNIVersion, nil

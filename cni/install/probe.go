@@ -159,6 +159,10 @@ func choose(want string, plugins []report.Plugin) (string, error) {
 	supports := func() string {
 		parts := []string{"flock supports " + list(Versions)}
 		for _, p := range plugins {
+			if p.Type == "runtime" {
+				parts = append(parts, fmt.Sprintf("the runtime %s (its libcni) runs %s", p.Path, list(p.Versions)))
+				continue
+			}
 			parts = append(parts, fmt.Sprintf("%s (%s) supports %s", p.Type, p.Path, list(p.Versions)))
 		}
 		return strings.Join(parts, "; ")

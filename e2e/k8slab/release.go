@@ -50,6 +50,16 @@ func SelectedRelease() (Release, error) {
 // schema and CNI STATUS differ from 1.x).
 func (r Release) containerd2() bool { return strings.HasPrefix(r.Containerd, "v2.") }
 
+// CNIVersion is the highest CNI spec version the release's runtime runs
+// (its libcni): containerd 1.7 decodes results up to 1.0.0, containerd 2
+// up to 1.1.0, and asks every plugin of a 1.1.0 chain for STATUS.
+func (r Release) CNIVersion() string {
+	if r.containerd2() {
+		return "1.1.0"
+	}
+	return "1.0.0"
+}
+
 // kubeModule, containerdModule and pluginsModule are the build modules
 // under build/ that pin each part's dependency set.
 func (r Release) kubeModule() string { return "kubernetes-v" + r.Minor }

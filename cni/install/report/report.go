@@ -39,6 +39,9 @@ type Report struct {
 	// Flock is the versions the flock plugin supports.
 	Flock   []string `json:"flockVersions"`
 	Plugins []Plugin `json:"plugins,omitempty"`
+	// Runtime is the container runtime as a member of the chain (its
+	// libcni decodes only the spec versions it knows); nil: not known.
+	Runtime *Plugin `json:"runtime,omitempty"`
 	// ConflistPath and Conflist (one of the Conflist* values) say what
 	// happened to the network config.
 	ConflistPath string `json:"conflistPath,omitempty"`
