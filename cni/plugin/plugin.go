@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -120,8 +121,47 @@ func Add(args *skel.CmdArgs) error {
 	return types.PrintResult(res, conf.CNIVersion)
 }
 
-// Del forwards DEL.
-func Del(args *skel.CmdArgs) error { _, _, err := call(wire.OpDel, args); return err }
+// Del forwards DEL. With no agent to answer, a DEL of a sandbox whose
+// network namespace is gone succeeds: after a reboot the runtime tears
+// the dead sandboxes down before the agent (a pod itself) is back, and
+// nothing is left to do here — the veth went with the namespace, and the
+// agent reaps the allocation when it starts (its namespace is gone),
+// giving back its addresses and claims. Any other unanswered DEL fails,
+// for the runtime to retry.
+func Del(args *skel.CmdArgs) error {
+	conf, err := parseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	resp, err := ask(conf, wire.OpDel, args, time.Duration(conf.TimeoutSeconds)*time.Second)
+	if err != nil {
+		if errors.Is(err, wire.ErrAgentNotRunning) && netnsGone(args.Netns) {
+			return nil
+		}
+		return unanswered(conf, wire.OpDel, err)
+	}
+	if resp.Error != nil {
+		return resp.Error
+	}
+	return nil
+}
+
+// nsfsMagic is the statfs type of a mounted network namespace.
+const nsfsMagic = 0x6e736673
+
+// netnsGone tells whether path no longer is a network namespace: none
+// given, missing (a reboot emptied /run), or a bind mount's file left
+// without its mount.
+func netnsGone(path string) bool {
+	if path == "" {
+		return true
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(path, &st); err != nil {
+		return errors.Is(err, os.ErrNotExist)
+	}
+	return st.Type != nsfsMagic
+}
 
 // Check forwards CHECK (the agent compares the kernel with its record).
 func Check(args *skel.CmdArgs) error { _, _, err := call(wire.OpCheck, args); return err }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -112,4 +113,36 @@ func TestStatusBelievesAnAnsweringAgent(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	mark(t, sock, 30*time.Second)
 	cniError(t, "STATUS", Status(argsFor(sock)), types.ErrPluginNotAvailable, "flock: not ready")
+}
+
+// With no agent, a DEL of a sandbox whose network namespace is gone (a
+// reboot: the runtime tears the dead sandboxes down before the agent pod
+// is back) succeeds — nothing is left in the kernel, the agent reaps the
+// allocation at its start; a DEL of a live namespace fails for the
+// runtime to retry.
+func TestDelWithoutAgent(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "cni.sock")
+	left := filepath.Join(t.TempDir(), "cni-1234") // a bind mount's file, unmounted
+	if err := os.WriteFile(left, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		netns string
+		ok    bool
+	}{
+		{"", true},
+		{filepath.Join(t.TempDir(), "cni-gone"), true},
+		{left, true},
+		{"/proc/self/ns/net", false}, // a live namespace
+	} {
+		a := argsFor(sock)
+		a.Netns = tc.netns
+		err := Del(a)
+		if tc.ok && err != nil {
+			t.Errorf("DEL of netns %q with no agent: %v, want success", tc.netns, err)
+		}
+		if !tc.ok {
+			cniError(t, "DEL of a live netns with no agent", err, types.ErrTryAgainLater, "the flock agent is not running")
+		}
+	}
 }
