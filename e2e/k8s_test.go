@@ -525,7 +525,7 @@ func TestKubernetes(t *testing.T) {
 	t.Run("installer on current chained plugins", func(t *testing.T) { e.t = t; testInstallerCurrentPlugins(t, e) })
 	t.Run("a planned agent restart keeps the node Ready", func(t *testing.T) { e.t = t; testPlannedRestartKeepsReady(t, e) })
 	t.Run("an agent crash, measured", func(t *testing.T) { e.t = t; testCrashMeasured(t, e) })
-	t.Run("an agent kept away: Ready with the marker, NotReady without", func(t *testing.T) { e.t = t; testAgentAway(t, e) })
+	t.Run("an agent kept away, with the marker and without", func(t *testing.T) { e.t = t; testAgentAway(t, e) })
 	t.Run("installer on old chained plugins", func(t *testing.T) { e.t = t; testOldChainedPlugins(t, e, c.PluginsDir) })
 
 	t.Run("deleting pods leaves nothing behind", func(t *testing.T) {
