@@ -14,10 +14,10 @@ ARG TARGETARCH
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
     go build -trimpath -ldflags '-s -w' -o /out/ \
-      ./cmd/flock ./cmd/flock-agent ./cmd/flockctl ./cmd/flock-installer
+      ./cmd/flock ./cmd/flock-agent ./cmd/flockctl ./cmd/flock-installer ./cmd/flock-policy
 
 # Static binaries: nothing else is needed (the agent talks netlink and the
 # API server with the in-cluster service account's CA).
 FROM scratch
-COPY --from=build /out/flock /out/flock-agent /out/flockctl /out/flock-installer /usr/local/bin/
+COPY --from=build /out/flock /out/flock-agent /out/flockctl /out/flock-installer /out/flock-policy /usr/local/bin/
 ENTRYPOINT ["/usr/local/bin/flock-agent"]

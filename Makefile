@@ -1,15 +1,17 @@
 # flock build, test and demo. Everything a fresh machine needs is installed
 # by the targets themselves (as root).
 GO      ?= go
+# conformance uses bash (PIPESTATUS)
+SHELL   := /bin/bash
 BIN     := bin
-CMDS    := flock flock-agent flockctl flock-installer
+CMDS    := flock flock-agent flockctl flock-installer flock-policy
 LDFLAGS := -s -w
 # controller-gen renders k8s/apis into deepcopy code and the CRD in deploy/crd.
 # v0.19.x is the line built on the Kubernetes 1.34 libraries.
 CONTROLLER_GEN_VERSION ?= v0.19.0
 CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
-.PHONY: bench image build test unit fuzz reliability soak demo demo-down deps vet clean generate generate-check e2e e2e-window
+.PHONY: bench image build test unit fuzz reliability soak demo demo-down deps vet clean generate generate-check e2e e2e-window conformance
 
 build:
 	@mkdir -p $(BIN)
@@ -18,6 +20,7 @@ build:
 vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo 'gofmt needed'; exit 1; }
 	$(GO) vet ./...
+	$(GO) vet -tags conformance ./e2e/
 	$(GO) mod tidy -diff
 
 # Unit tests only: no root needed (the few that need root skip without it;
@@ -70,6 +73,26 @@ K8S      ?= 1.37
 K8S_TESTS ?= TestKubernetes
 e2e: deps build
 	FLOCK_K8S=$(K8S) $(GO) test -race -count=1 -timeout 90m -p 1 -run '$(K8S_TESTS)' ./e2e/
+
+# Kubernetes' own e2e suite (network tests, built from the lab's release,
+# cached) against the lab with flock, kube-proxy (nftables) and CoreDNS:
+# the [sig-network] Conformance tests on an IPv6-primary and an
+# IPv4-primary dual-stack node, and an IPv6-only one, and the NetworkPolicy
+# suite; CONFORMANCE.md is written from the results. CONFORMANCE_FAMILIES
+# and CONFORMANCE_SUITES (conformance, netpol, netpol-ci) narrow it; CI
+# runs `conformance netpol-ci` on the IPv6-primary node.
+CONFORMANCE_FAMILIES ?= ipv6 ipv4 ipv6only
+CONFORMANCE_SUITES   ?= conformance netpol
+CONFORMANCE_OUT      := $(CURDIR)/out/conformance.jsonl
+conformance: deps build
+	mkdir -p out && rm -f $(CONFORMANCE_OUT)
+	for f in $(CONFORMANCE_FAMILIES); do \
+	  FLOCK_CONFORMANCE_FAMILY=$$f FLOCK_CONFORMANCE_SUITES='$(CONFORMANCE_SUITES)' FLOCK_CONFORMANCE_OUT=$(CONFORMANCE_OUT) \
+	    $(GO) test -tags conformance -count=1 -timeout 90m -p 1 -run '^TestConformance$$' -v ./e2e/ 2>&1 | tee out/conformance-$$f.log | grep -E '^(=== RUN|--- |    conformance_test|ok|FAIL|PASS)' ; \
+	  test $${PIPESTATUS[0]} -eq 0 || fail=1; \
+	done; \
+	$(GO) run ./e2e/cmd/conformance -in $(CONFORMANCE_OUT) -out CONFORMANCE.md; \
+	test -z "$$fail"
 
 # Both ends of the window, one after the other.
 e2e-window:

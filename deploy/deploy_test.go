@@ -353,9 +353,10 @@ func TestDaemonSet(t *testing.T) {
 	checkMount(ic, "/host/etc/cni/net.d", "/etc/cni/net.d")
 	checkMount(ic, "/run/flock", "/run/flock")
 
-	if len(p.Containers) != 1 || p.Containers[0].Name != "agent" {
-		t.Fatalf("containers %d, want agent", len(p.Containers))
+	if len(p.Containers) != 2 || p.Containers[0].Name != "agent" || p.Containers[1].Name != "policy" {
+		t.Fatalf("containers %d, want agent and policy", len(p.Containers))
 	}
+	checkPolicyContainer(t, p.Containers[1])
 	c := p.Containers[0]
 	checkImage(t, c)
 	args := append(slices.Clone(c.Command), c.Args...)
@@ -585,3 +586,26 @@ type schema struct {
 }
 
 var ipv4 = regexp.MustCompile(`^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$`)
+
+// checkPolicyContainer: flock-policy runs from the same image for its
+// node, with NET_ADMIN (nftables, NFQUEUE) and no more.
+func checkPolicyContainer(t *testing.T, c corev1.Container) {
+	t.Helper()
+	checkImage(t, c)
+	args := strings.Join(append(slices.Clone(c.Command), c.Args...), " ")
+	if args != "/usr/local/bin/flock-policy --node-name=$(NODE_NAME)" {
+		t.Errorf("policy runs %q", args)
+	}
+	if len(c.Env) != 1 || c.Env[0].Name != "NODE_NAME" || c.Env[0].ValueFrom == nil || c.Env[0].ValueFrom.FieldRef == nil ||
+		c.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("policy env %+v: want NODE_NAME from spec.nodeName", c.Env)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.Privileged != nil && *sc.Privileged || sc.Capabilities == nil ||
+		!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) {
+		t.Errorf("policy securityContext %+v: want NET_ADMIN only, not privileged", sc)
+	}
+	if len(c.VolumeMounts) != 0 {
+		t.Errorf("policy mounts %v: it needs none", c.VolumeMounts)
+	}
+}

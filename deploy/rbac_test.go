@@ -101,11 +101,17 @@ func TestRBAC(t *testing.T) {
 		"/nodes: get",                 // the claim GC: does the claim's node still exist?
 		"/events: create patch",
 		"events.k8s.io/events: create patch",
+		// The policy container: what it enforces, and the nodes an
+		// AdminNetworkPolicy's node peers select.
+		"networking.k8s.io/networkpolicies: get list watch",
+		"policy.networking.k8s.io/adminnetworkpolicies: get list watch",
+		"policy.networking.k8s.io/baselineadminnetworkpolicies: get list watch",
+		"/nodes: list watch",
 	)
 	got := grants(cr.Rules)
 	for _, g := range got {
 		if !slices.Contains(want, g) {
-			t.Errorf("ClusterRole grants %s: more than the agent needs", g)
+			t.Errorf("ClusterRole grants %s: more than the agent and the policy engine need", g)
 		}
 	}
 	for _, w := range want {

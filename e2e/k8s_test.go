@@ -275,76 +275,9 @@ func TestKubernetes(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	binBefore, confBefore := dirEntries(cniBinDir), dirEntries(cniConfDir)
-	_, optCNIExisted := os.Stat("/opt/cni")
-	_, etcCNIExisted := os.Stat("/etc/cni")
-	_, runFlockExisted := os.Stat("/run/flock")
-	_, libFlockExisted := os.Stat("/var/lib/flock")
+	prepareK8sHost(t)
 
-	// Host restoration is registered first, so it runs last.
-	t.Cleanup(func() {
-		for n := range dirEntries(cniBinDir) {
-			if !binBefore[n] {
-				_ = os.Remove(filepath.Join(cniBinDir, n))
-			}
-		}
-		for n := range dirEntries(cniConfDir) {
-			if !confBefore[n] {
-				_ = os.Remove(filepath.Join(cniConfDir, n))
-			}
-		}
-		// Directories the test created go too (only if empty: never
-		// anything that was there before).
-		for _, d := range []struct {
-			err  error
-			dirs []string
-		}{{optCNIExisted, []string{cniBinDir, "/opt/cni"}}, {etcCNIExisted, []string{cniConfDir, "/etc/cni"}}} {
-			if os.IsNotExist(d.err) {
-				for _, dir := range d.dirs {
-					_ = os.Remove(dir)
-				}
-			}
-		}
-		if os.IsNotExist(runFlockExisted) {
-			_ = os.RemoveAll("/run/flock")
-		}
-		if os.IsNotExist(libFlockExisted) {
-			_ = os.RemoveAll("/var/lib/flock")
-		}
-		// The agent's blackholes and any veth a failed run left.
-		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-			rs, _ := netlink.RouteListFiltered(fam, &netlink.Route{Protocol: dataplane.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
-			for _, r := range rs {
-				_ = netlink.RouteDel(&r)
-			}
-		}
-		for _, v := range hostVeths(t) {
-			if l, err := netlink.LinkByName(v); err == nil {
-				_ = netlink.LinkDel(l)
-			}
-		}
-		if l, err := netlink.LinkByName(hostTorIf); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-	})
-
-	// The agent sees the pod netns the runtime creates after it started
-	// through a HostToContainer mount of /var/run/netns, which needs a
-	// shared mount there. systemd hosts have / shared; this VM does not, so
-	// make /run/netns a shared mount point of its own, as iproute2 does.
-	if unmount, err := sharedNetnsDir(); err != nil {
-		t.Fatal(err)
-	} else {
-		t.Cleanup(unmount)
-	}
-
-	t.Log("building the flock image offline")
-	imageTar := filepath.Join(dir, "flock-image.tar")
-	build := exec.Command("go", "run", "./deploy/imagetar/mkimage", "-tag", k8sImage, "-out", imageTar)
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("make image: %v\n%s", err, out)
-	}
+	imageTar := buildFlockImage(t, root, dir)
 
 	t.Log("bringing up the cluster (a cold build of Kubernetes takes minutes)")
 	c, err := k8slab.Up(ctx, k8slab.Options{Dir: filepath.Join(dir, "k8s"), NodeName: k8sNode,
@@ -619,4 +552,87 @@ func sharedNetnsDir() (func(), error) {
 		return nil, fmt.Errorf("make %s shared: %w", dir, err)
 	}
 	return func() { _ = unix.Unmount(dir, unix.MNT_DETACH) }, nil
+}
+
+// prepareK8sHost readies the host for a lab cluster with flock installed
+// from deploy/ (a shared /run/netns) and registers the cleanup that puts
+// it back: what the installer and the agent left in the CNI dirs, /run/flock
+// and /var/lib/flock, the agent's routes, leftover veths and the ToR link.
+func prepareK8sHost(t *testing.T) {
+	binBefore, confBefore := dirEntries(cniBinDir), dirEntries(cniConfDir)
+	_, optCNIExisted := os.Stat("/opt/cni")
+	_, etcCNIExisted := os.Stat("/etc/cni")
+	_, runFlockExisted := os.Stat("/run/flock")
+	_, libFlockExisted := os.Stat("/var/lib/flock")
+
+	// Host restoration is registered first, so it runs last.
+	t.Cleanup(func() {
+		for n := range dirEntries(cniBinDir) {
+			if !binBefore[n] {
+				_ = os.Remove(filepath.Join(cniBinDir, n))
+			}
+		}
+		for n := range dirEntries(cniConfDir) {
+			if !confBefore[n] {
+				_ = os.Remove(filepath.Join(cniConfDir, n))
+			}
+		}
+		// Directories the test created go too (only if empty: never
+		// anything that was there before).
+		for _, d := range []struct {
+			err  error
+			dirs []string
+		}{{optCNIExisted, []string{cniBinDir, "/opt/cni"}}, {etcCNIExisted, []string{cniConfDir, "/etc/cni"}}} {
+			if os.IsNotExist(d.err) {
+				for _, dir := range d.dirs {
+					_ = os.Remove(dir)
+				}
+			}
+		}
+		if os.IsNotExist(runFlockExisted) {
+			_ = os.RemoveAll("/run/flock")
+		}
+		if os.IsNotExist(libFlockExisted) {
+			_ = os.RemoveAll("/var/lib/flock")
+		}
+		// The agent's blackholes and any veth a failed run left.
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			rs, _ := netlink.RouteListFiltered(fam, &netlink.Route{Protocol: dataplane.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+			for _, r := range rs {
+				_ = netlink.RouteDel(&r)
+			}
+		}
+		for _, v := range hostVeths(t) {
+			if l, err := netlink.LinkByName(v); err == nil {
+				_ = netlink.LinkDel(l)
+			}
+		}
+		if l, err := netlink.LinkByName(hostTorIf); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+
+	// The agent sees the pod netns the runtime creates after it started
+	// through a HostToContainer mount of /var/run/netns, which needs a
+	// shared mount there. systemd hosts have / shared; this VM does not, so
+	// make /run/netns a shared mount point of its own, as iproute2 does.
+	if unmount, err := sharedNetnsDir(); err != nil {
+		t.Fatal(err)
+	} else {
+		t.Cleanup(unmount)
+	}
+
+}
+
+// buildFlockImage builds flock's image offline into dir and returns the
+// docker-archive's path.
+func buildFlockImage(t *testing.T, root, dir string) string {
+	t.Log("building the flock image offline")
+	imageTar := filepath.Join(dir, "flock-image.tar")
+	build := exec.Command("go", "run", "./deploy/imagetar/mkimage", "-tag", k8sImage, "-out", imageTar)
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("make image: %v\n%s", err, out)
+	}
+	return imageTar
 }

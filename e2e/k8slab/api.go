@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,9 +15,10 @@ import (
 	"time"
 )
 
-// APIServerURL is where the apiserver listens (loopback only).
+// APIServerURL is where the apiserver listens: loopback, or with
+// Services the node's primary address.
 func (c *Cluster) APIServerURL() string {
-	return "https://127.0.0.1:" + strconv.Itoa(APIServerPort)
+	return "https://" + net.JoinHostPort(c.apiServerHost(), strconv.Itoa(APIServerPort))
 }
 
 // TLSConfig trusts the lab CA and presents the admin client certificate;

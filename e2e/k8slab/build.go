@@ -35,7 +35,11 @@ func kubeLDFlags(r Release) string {
 // memory per link.
 func buildKubernetes(ctx context.Context, o Options) (string, error) {
 	var pkgs []string
-	for _, c := range kubeCommands {
+	cmds := kubeCommands
+	if o.Services {
+		cmds = append(cmds[:len(cmds):len(cmds)], KubeProxy)
+	}
+	for _, c := range cmds {
 		pkgs = append(pkgs, "k8s.io/kubernetes/cmd/"+c)
 	}
 	return build(ctx, o.Log, o.cacheDir("k8s", o.Release.Kube), o.Release.kubeModule(), "Kubernetes "+o.Release.Kube, pkgs, kubeLDFlags(o.Release), nil)
@@ -70,6 +74,16 @@ func buildCNIPlugins(ctx context.Context, o Options) (string, error) {
 	}
 	ld := "-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=" + o.Release.CNIPlugins
 	return build(ctx, o.Log, o.cacheDir("cni-plugins", o.Release.CNIPlugins), "cni-plugins", "CNI plugins "+o.Release.CNIPlugins, pkgs, ld, []string{"CGO_ENABLED=0"})
+}
+
+// CoreDNSVersion is the CoreDNS the lab builds for Services
+// (build/coredns pins it).
+const CoreDNSVersion = "v1.15.0"
+
+// buildCoreDNS builds CoreDNS with the plugins the lab's Corefile uses.
+func buildCoreDNS(ctx context.Context, o Options) (string, error) {
+	return build(ctx, o.Log, o.cacheDir("coredns", CoreDNSVersion), "coredns", "CoreDNS "+CoreDNSVersion,
+		[]string{"code.fritzlab.net/fritzlab/flock/e2e/k8slab/build/coredns"}, "-s -w", []string{"CGO_ENABLED=0"})
 }
 
 // build builds pkgs of the module build/<module> into cacheDir and returns

@@ -22,6 +22,7 @@ type Cluster struct {
 	BinDir           string // kube-apiserver, kubelet, kubectl, ...
 	ContainerdDir    string // containerd, its runc shim, ctr
 	PluginsDir       string // the reference CNI plugins the node gets
+	CoreDNSDir       string // coredns, with Services
 
 	mu           sync.Mutex
 	procs        map[string]*proc
@@ -112,6 +113,11 @@ func (c *Cluster) prepare(ctx context.Context) error {
 		if c.ContainerdDir, err = buildContainerd(ctx, o); err != nil {
 			return err
 		}
+		if o.Services {
+			if c.CoreDNSDir, err = buildCoreDNS(ctx, o); err != nil {
+				return err
+			}
+		}
 		if c.PluginsDir = o.CNIPlugins; c.PluginsDir == "" {
 			if c.PluginsDir, err = buildCNIPlugins(ctx, o); err != nil {
 				return err
@@ -123,7 +129,7 @@ func (c *Cluster) prepare(ctx context.Context) error {
 			return fmt.Errorf("create lab dir: %w", err)
 		}
 	}
-	if err := writePKI(c.pkiDir(), o.NodeName); err != nil {
+	if err := writePKI(c.pkiDir(), o.NodeName, c.apiIPs()); err != nil {
 		return err
 	}
 	if c.Kubeconfig, err = c.writeKubeconfig("admin"); err != nil {
@@ -153,6 +159,11 @@ func (c *Cluster) boot(ctx context.Context) error {
 	if err := c.saveState(); err != nil {
 		return err
 	}
+	if !o.APIOnly {
+		if err := c.setupLabLink(); err != nil {
+			return err
+		}
+	}
 	if err := c.startEtcd(ctx); err != nil {
 		return c.withLog(Etcd, err)
 	}
@@ -162,7 +173,17 @@ func (c *Cluster) boot(ctx context.Context) error {
 	if o.APIOnly {
 		return nil
 	}
-	if err := installServiceDNAT(); err != nil {
+	if o.Services {
+		c.mu.Lock()
+		c.st.Services = true
+		c.mu.Unlock()
+		if err := c.saveState(); err != nil {
+			return err
+		}
+		if err := c.startCoreDNS(ctx); err != nil {
+			return c.withLog(CoreDNS, err)
+		}
+	} else if err := installServiceDNAT(); err != nil {
 		return err
 	}
 	if err := c.startControllers(); err != nil {
@@ -189,6 +210,13 @@ func (c *Cluster) boot(ctx context.Context) error {
 	}
 	if err := c.ensureDefaultServiceAccount(ctx); err != nil {
 		return c.withLog(ControllerManager, err)
+	}
+	if o.Services {
+		// After the node exists: kube-proxy takes the node's addresses
+		// (NodePorts, its health) from its Node object.
+		if err := c.startKubeProxy(ctx); err != nil {
+			return c.withLog(KubeProxy, err)
+		}
 	}
 	o.Log("k8slab: node %s registered", o.NodeName)
 	return nil

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -43,13 +44,16 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 func (c *Cluster) startAPIServer(ctx context.Context) error {
 	pki := c.pkiDir()
 	f := func(name string) string { return filepath.Join(pki, name) }
-	_, err := c.startProc(APIServer, filepath.Join(c.BinDir, APIServer),
-		"--etcd-servers=http://127.0.0.1:"+strconv.Itoa(etcdClientPort),
-		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(APIServerPort), "--advertise-address=127.0.0.1",
+	host := c.apiServerHost()
+	args := []string{"--etcd-servers=http://127.0.0.1:" + strconv.Itoa(etcdClientPort),
+		"--bind-address=" + host, "--secure-port=" + strconv.Itoa(APIServerPort), "--advertise-address=" + host,
+		"--service-cluster-ip-range=" + strings.Join(c.ServiceCIDRs(), ",")}
+	if !c.Opts.Services {
 		// The kubernetes Service's endpoints would point at 127.0.0.1, which
 		// is meaningless to pods; the lab's DNAT stands in for them.
-		"--endpoint-reconciler-type=none",
-		"--service-cluster-ip-range="+ServiceCIDR,
+		args = append(args, "--endpoint-reconciler-type=none")
+	}
+	_, err := c.startProc(APIServer, filepath.Join(c.BinDir, APIServer), append(args,
 		"--tls-cert-file="+f("apiserver.crt"), "--tls-private-key-file="+f("apiserver.key"),
 		"--client-ca-file="+f("ca.crt"),
 		"--service-account-key-file="+f("sa.pub"), "--service-account-signing-key-file="+f("sa.key"),
@@ -60,7 +64,7 @@ func (c *Cluster) startAPIServer(ctx context.Context) error {
 		"--kubelet-preferred-address-types=Hostname,InternalIP",
 		"--allow-privileged=true",
 		"--cert-dir="+filepath.Join(c.Opts.Dir, "run", "apiserver-certs"),
-		"--v=1")
+		"--v=1")...)
 	if err != nil {
 		return err
 	}
@@ -80,7 +84,7 @@ func (c *Cluster) startControllers() error {
 		"--root-ca-file="+filepath.Join(pki, "ca.crt"),
 		"--cluster-signing-cert-file="+filepath.Join(pki, "ca.crt"), "--cluster-signing-key-file="+filepath.Join(pki, "ca.key"),
 		"--use-service-account-credentials=true",
-		"--service-cluster-ip-range="+ServiceCIDR,
+		"--service-cluster-ip-range="+strings.Join(c.ServiceCIDRs(), ","),
 		// Its default, /usr/libexec/kubernetes/..., would be created on the host.
 		"--flex-volume-plugin-dir="+filepath.Join(c.kubeletDir(), "volume-plugins"))
 	if _, err := c.startProc(ControllerManager, filepath.Join(c.BinDir, ControllerManager), kcm...); err != nil {

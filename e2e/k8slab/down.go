@@ -38,6 +38,8 @@ func (c *Cluster) down() error {
 	c.removeContainers()
 	note("stop shims", killShims(c.ContainerdSocket))
 	note("stop containerd", c.stopProc(Containerd, 10*time.Second))
+	note("stop kube-proxy", c.stopProc(KubeProxy, 5*time.Second))
+	note("stop coredns", c.stopProc(CoreDNS, 5*time.Second))
 	note("stop kube-apiserver", c.stopProc(APIServer, 10*time.Second))
 	note("stop etcd", c.stopProc(Etcd, 10*time.Second))
 	c.mu.Lock()
@@ -116,6 +118,12 @@ func restoreHost(st *labState) error {
 	note("unmount", unmountAll([]string{st.Dir, "/run/containerd"}))
 	note("delete cni netns", deleteNetns(st.NetnsBefore))
 	note("restore sysctls", restoreSysctls(st.Sysctls))
+	if st.LabLink {
+		note("remove "+LabLink, removeLabLink())
+	}
+	if st.Services {
+		note("remove kube-proxy's tables", removeKubeProxyTables())
+	}
 	note("remove iptables chains", removeIptables())
 	if st.DirsBefore != nil {
 		note("remove hardcoded dirs", removeNewDirs(st.DirsBefore))

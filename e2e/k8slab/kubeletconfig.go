@@ -42,6 +42,9 @@ evictionHard:
   imagefs.available: "1%%"
 `, c.ContainerdSocket, kubeletPort, filepath.Join(c.pkiDir(), "ca.crt"),
 		filepath.Join(d, "manifests"), filepath.Join(d, "pod-logs"), filepath.Join(d, "volume-plugins"))
+	if c.Opts.Services {
+		body += fmt.Sprintf("clusterDNS: [%q]\nclusterDomain: %s\n", c.DNSServiceIP(), ClusterDomain)
+	}
 	if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
 		return "", fmt.Errorf("write kubelet config: %w", err)
 	}

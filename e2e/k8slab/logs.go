@@ -16,6 +16,8 @@ const (
 	Scheduler         = "kube-scheduler"
 	Containerd        = "containerd"
 	Kubelet           = "kubelet"
+	KubeProxy         = "kube-proxy"
+	CoreDNS           = "coredns"
 )
 
 func (c *Cluster) logPath(component string) string {

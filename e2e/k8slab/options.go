@@ -6,16 +6,12 @@ import (
 	"path/filepath"
 )
 
-// Fixed addresses of the lab. The service CIDR is what kube-apiserver
-// allocates ClusterIPs from; KubernetesServiceIP is its first address, the
-// kubernetes Service.
+// Fixed ports of the lab (the Service ranges are in services.go).
 const (
-	ServiceCIDR         = "10.96.0.0/16"
-	KubernetesServiceIP = "10.96.0.1"
-	APIServerPort       = 6443
-	etcdClientPort      = 2379
-	etcdPeerPort        = 2380
-	kubeletPort         = 10250
+	APIServerPort  = 6443
+	etcdClientPort = 2379
+	etcdPeerPort   = 2380
+	kubeletPort    = 10250
 )
 
 // Images the lab imports into containerd before kubelet starts.
@@ -42,6 +38,16 @@ type Options struct {
 	CNIBinDir  string // containerd's CNI bin_dir (default Dir/cni/bin); the reference plugins (CNIPlugins) are symlinked into it
 	CNIConfDir string // containerd's CNI conf_dir (default Dir/cni/net.d)
 	Log        func(format string, args ...any)
+	// Services gives the cluster the Service plumbing a real one has:
+	// kube-proxy (nftables), CoreDNS behind the kube-dns Service and
+	// kubelet's clusterDNS, dual-stack Service ranges in the node's family
+	// order, and the apiserver on the node's primary address with the lease
+	// endpoint reconciler (the kubernetes Service's endpoints). The node's
+	// addresses are then put on LabLink. Upstream's e2e suite needs it.
+	Services bool
+	// PodCIDRs are the ranges pods get addresses from, primary family
+	// first (kube-proxy's --cluster-cidr); used with Services.
+	PodCIDRs []string
 	// APIOnly starts etcd and kube-apiserver only: an API for agents run
 	// by the test (benchmarks), no node, no runtime.
 	APIOnly bool

@@ -18,6 +18,9 @@ import (
 var debPackages = []string{
 	"etcd-server", "runc", "containernetworking-plugins",
 	"busybox-static", "iptables", "conntrack",
+	// Services (kube-proxy's nftables mode) and the tools in the upstream
+	// suite's test image.
+	"nftables", "curl", "netcat-openbsd", "bind9-dnsutils",
 }
 
 // policyRC makes invoke-rc.d refuse to start services while packages are

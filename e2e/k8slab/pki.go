@@ -29,11 +29,11 @@ type certSpec struct {
 // admin (system:masters), of the apiserver talking to kubelet, and of the
 // kubelet itself (the Node authorizer wants system:node:<name> in
 // system:nodes).
-func labCerts(nodeName string) []certSpec {
+func labCerts(nodeName string, apiIPs []net.IP) []certSpec {
 	return []certSpec{
 		{file: "apiserver", cn: "kube-apiserver",
 			dns: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"},
-			ips: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(KubernetesServiceIP)}},
+			ips: append([]net.IP{net.ParseIP("127.0.0.1")}, apiIPs...)},
 		{file: "admin", cn: "admin", orgs: []string{"system:masters"}},
 		{file: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client", orgs: []string{"system:masters"}},
 		{file: "kubelet", cn: "system:node:" + nodeName, orgs: []string{"system:nodes"}},
@@ -41,9 +41,10 @@ func labCerts(nodeName string) []certSpec {
 }
 
 // writePKI creates a CA, the certificates of labCerts and the service
-// account signing key pair (sa.key, sa.pub) in dir. ECDSA P-256 keeps key
-// generation instant.
-func writePKI(dir, nodeName string) error {
+// account signing key pair (sa.key, sa.pub) in dir; apiIPs are the
+// addresses the apiserver is reached at besides loopback. ECDSA P-256
+// keeps key generation instant.
+func writePKI(dir, nodeName string, apiIPs []net.IP) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create pki dir: %w", err)
 	}
@@ -72,7 +73,7 @@ func writePKI(dir, nodeName string) error {
 	if err := writePair(dir, "ca", caDER, caKey); err != nil {
 		return err
 	}
-	for _, s := range labCerts(nodeName) {
+	for _, s := range labCerts(nodeName, apiIPs) {
 		if err := issue(dir, s, ca, caKey); err != nil {
 			return err
 		}

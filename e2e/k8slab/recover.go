@@ -10,7 +10,7 @@ import (
 )
 
 // stopOrder stops what uses the API or the runtime before what they use.
-var stopOrder = []string{Scheduler, ControllerManager, Kubelet, Containerd, APIServer, Etcd}
+var stopOrder = []string{Scheduler, ControllerManager, Kubelet, Containerd, KubeProxy, CoreDNS, APIServer, Etcd}
 
 // recoverStale restores the host after a lab whose test process died
 // without calling Down, as recorded by activeMarker and that lab's state

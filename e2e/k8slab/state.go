@@ -23,6 +23,8 @@ type labState struct {
 	DirsBefore  map[string]bool   // hardcodedDirs that existed before Up
 	NetnsBefore map[string]bool   // cni-* netns that existed before Up
 	Procs       map[string]procID // components, by name
+	LabLink     bool              // LabLink was created
+	Services    bool              // kube-proxy ran (its nftables tables)
 }
 
 // procID tells a recorded process from a later one with the same PID.

@@ -15,7 +15,7 @@ import (
 )
 
 // Binaries is what the image holds.
-var Binaries = []string{"flock", "flock-agent", "flockctl", "flock-installer"}
+var Binaries = []string{"flock", "flock-agent", "flockctl", "flock-installer", "flock-policy"}
 
 func main() {
 	tag := flag.String("tag", "docker.io/fritzlab/flock:dev", "image name and tag")

@@ -1,0 +1,129 @@
+// Package netpol enforces NetworkPolicy (and AdminNetworkPolicy,
+// BaselineAdminNetworkPolicy) on this node by running the controller of
+// sigs.k8s.io/kube-network-policies: nftables sends the first packet of
+// each new connection to or from a selected pod to an NFQUEUE, where the
+// controller decides against the policies it watches. flock does not
+// write its own policy engine; it embeds that one, as kindnet does.
+package netpol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/kube-network-policies/pkg/networkpolicy"
+	npaclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
+	npainformers "sigs.k8s.io/network-policy-api/pkg/client/informers/externalversions"
+	"sigs.k8s.io/network-policy-api/pkg/client/informers/externalversions/apis/v1alpha1"
+)
+
+// Config is what the engine needs besides the API.
+type Config struct {
+	NodeName string
+	// QueueID is the NFQUEUE the decisions go through (default 100).
+	QueueID int
+	// FailOpen lets packets pass while no process reads the queue (the
+	// engine restarting); the default drops them, as a policy demands.
+	FailOpen bool
+	// AdminNetworkPolicy and BaselineAdminNetworkPolicy enable those APIs
+	// (their CRDs must be installed). Without them only connections of
+	// pods some NetworkPolicy selects go through the queue.
+	AdminNetworkPolicy         bool
+	BaselineAdminNetworkPolicy bool
+}
+
+// Table is the nftables table (family inet) the engine owns.
+const Table = "flock-netpol"
+
+// Validate names the field and value that are wrong.
+func (c Config) Validate() error {
+	if c.NodeName == "" {
+		return errors.New("netpol: node name is empty")
+	}
+	if c.QueueID < 0 || c.QueueID > 65535 {
+		return fmt.Errorf("netpol: queue ID %d: want 0-65535", c.QueueID)
+	}
+	return nil
+}
+
+// Run enforces policies until ctx ends; it returns the controller's error
+// (nftables or the queue could not be set up) or nil after ctx ended and
+// the engine removed its table.
+func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	// Protobuf for core types; the policy API is a CRD, JSON only.
+	npaConfig := rest.CopyConfig(rc)
+	pc := rest.CopyConfig(rc)
+	pc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	pc.ContentType = "application/vnd.kubernetes.protobuf"
+	client, err := kubernetes.NewForConfig(pc)
+	if err != nil {
+		return fmt.Errorf("netpol: kubernetes client: %w", err)
+	}
+	factory := informers.NewSharedInformerFactory(client, 0)
+	var (
+		npa          npaclient.Interface
+		npaFactory   npainformers.SharedInformerFactory
+		nodeInformer coreinformers.NodeInformer
+		anpInformer  v1alpha1.AdminNetworkPolicyInformer
+		banpInformer v1alpha1.BaselineAdminNetworkPolicyInformer
+	)
+	if cfg.AdminNetworkPolicy || cfg.BaselineAdminNetworkPolicy {
+		nodeInformer = factory.Core().V1().Nodes()
+		c, err := npaclient.NewForConfig(npaConfig)
+		if err != nil {
+			return fmt.Errorf("netpol: network-policy-api client: %w", err)
+		}
+		npa, npaFactory = c, npainformers.NewSharedInformerFactory(c, 0)
+		if cfg.AdminNetworkPolicy {
+			anpInformer = npaFactory.Policy().V1alpha1().AdminNetworkPolicies()
+		}
+		if cfg.BaselineAdminNetworkPolicy {
+			banpInformer = npaFactory.Policy().V1alpha1().BaselineAdminNetworkPolicies()
+		}
+	}
+	ctrl, err := networkpolicy.NewController(client,
+		factory.Networking().V1().NetworkPolicies(), factory.Core().V1().Namespaces(), factory.Core().V1().Pods(),
+		nodeInformer, npa, anpInformer, banpInformer,
+		networkpolicy.Config{
+			FailOpen:                   cfg.FailOpen,
+			AdminNetworkPolicy:         cfg.AdminNetworkPolicy,
+			BaselineAdminNetworkPolicy: cfg.BaselineAdminNetworkPolicy,
+			QueueID:                    cfg.QueueID,
+			NodeName:                   cfg.NodeName,
+			NFTableName:                Table,
+			// The kernel fix is in 6.12; older kernels need the
+			// workaround for DNS over conntrack races.
+			NetfilterBug1766Fix: true,
+			// Pod IPs come from the API: flock publishes them before ADD
+			// returns, and NRI is off on the nodes flock supports.
+			NRIdisabled: true,
+		})
+	if err != nil {
+		return fmt.Errorf("netpol: create controller: %w", err)
+	}
+	factory.Start(ctx.Done())
+	if npaFactory != nil {
+		npaFactory.Start(ctx.Done())
+	}
+	log.Info("network policy engine starting", "node", cfg.NodeName, "queue", cfg.QueueID, "table", Table,
+		"adminNetworkPolicy", cfg.AdminNetworkPolicy, "baselineAdminNetworkPolicy", cfg.BaselineAdminNetworkPolicy, "failOpen", cfg.FailOpen)
+	start := time.Now()
+	err = ctrl.Run(ctx)
+	factory.Shutdown()
+	if npaFactory != nil {
+		npaFactory.Shutdown()
+	}
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("netpol: controller stopped after %s: %w", time.Since(start).Round(time.Second), err)
+	}
+	return nil
+}
