@@ -11,7 +11,7 @@ LDFLAGS := -s -w
 CONTROLLER_GEN_VERSION ?= v0.19.0
 CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
-.PHONY: bench image build test unit fuzz reliability soak demo demo-down deps vet clean generate generate-check e2e e2e-window conformance
+.PHONY: bench image build test unit fuzz reliability soak demo demo-down deps vet clean generate generate-check e2e e2e-window conformance third-party
 
 build:
 	@mkdir -p $(BIN)
@@ -120,8 +120,14 @@ demo-down:
 generate:
 	$(CONTROLLER_GEN) object paths=./k8s/apis/... crd paths=./k8s/apis/... output:crd:artifacts:config=deploy/crd
 
+# third_party/kube-network-policies: the module at its pinned version with
+# flock's patches (third_party/patches) applied; go.mod replaces it.
+third-party:
+	./third_party/update.sh
+
 # Fail when the checked-in generated files are stale.
-generate-check: generate
+generate-check: generate third-party
+	@git diff --exit-code -- third_party || { echo 'third_party is stale: run make third-party and commit'; exit 1; }
 	@git diff --exit-code -- k8s/apis deploy/crd || { echo 'generated files are stale: run make generate and commit'; exit 1; }
 	@test -z "$$(git status --porcelain -- k8s/apis deploy/crd)" || { git status --porcelain -- k8s/apis deploy/crd; echo 'untracked generated files: commit them'; exit 1; }
 

@@ -3,7 +3,9 @@
 // sigs.k8s.io/kube-network-policies: nftables sends the first packet of
 // each new connection to or from a selected pod to an NFQUEUE, where the
 // controller decides against the policies it watches. flock does not
-// write its own policy engine; it embeds that one, as kindnet does.
+// write its own policy engine; it embeds that one, as kindnet does, with
+// one patch (third_party/patches): kernels without nftables' queue
+// expression queue through the xtables NFQUEUE target.
 package netpol
 
 import (
@@ -90,6 +92,13 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 			banpInformer = npaFactory.Policy().V1alpha1().BaselineAdminNetworkPolicies()
 		}
 	}
+	native, err := nftQueueWorks()
+	if err != nil {
+		return err
+	}
+	if !native {
+		log.Info("this kernel has no nftables queue expression (nft_queue): queueing through the xtables NFQUEUE target")
+	}
 	ctrl, err := networkpolicy.NewController(client,
 		factory.Networking().V1().NetworkPolicies(), factory.Core().V1().Namespaces(), factory.Core().V1().Pods(),
 		nodeInformer, npa, anpInformer, banpInformer,
@@ -106,6 +115,7 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 			// Pod IPs come from the API: flock publishes them before ADD
 			// returns, and NRI is off on the nodes flock supports.
 			NRIdisabled: true,
+			QueueCompat: !native,
 		})
 	if err != nil {
 		return fmt.Errorf("netpol: create controller: %w", err)

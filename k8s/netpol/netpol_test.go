@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -32,5 +34,34 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}
 	if err := (Config{NodeName: "n1", QueueID: 100}).Validate(); err != nil {
 		t.Errorf("a valid config: %v", err)
+	}
+}
+
+// The probe answers on this kernel and leaves no table behind. Which
+// answer is right depends on the kernel: it is checked against what the
+// nft command says of the same rule.
+func TestNftQueueProbe(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("FLOCK_REQUIRE_ROOT") != "" {
+			t.Fatal("needs root (nftables)")
+		}
+		t.Skip("needs root (nftables)")
+	}
+	got, err := nftQueueWorks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := exec.Command("nft", "list", "tables").CombinedOutput()
+	if strings.Contains(string(out), probeTable) {
+		t.Errorf("the probe left table %s: %s", probeTable, out)
+	}
+	// The same rule through the nft command, in a table of this test.
+	const tbl = "flock-netpol-probe-test"
+	defer exec.Command("nft", "delete", "table", "inet", tbl).Run()
+	want := exec.Command("nft", "-f", "-")
+	want.Stdin = strings.NewReader("table inet " + tbl + " { chain c { queue num 65535 bypass; } }\n")
+	nftSays, _ := want.CombinedOutput()
+	if wantOK := want.ProcessState.Success(); got != wantOK {
+		t.Errorf("probe says nft queue works = %v; nft says %v (%s)", got, wantOK, strings.TrimSpace(string(nftSays)))
 	}
 }
