@@ -266,7 +266,7 @@ func listSpecs(t *testing.T, suite, kubeconfig, focus, dir string) []string {
 	path := filepath.Join(dir, "specs.json")
 	cmd := exec.Command(suite, append(e2eArgs(kubeconfig), "--ginkgo.dry-run", "--ginkgo.focus="+focus, "--ginkgo.json-report="+path)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("list specs: %v\n%s", err, tailLines(string(out), 30))
+		t.Fatalf("list specs: %v\n%s", err, tail(string(out), 30))
 	}
 	var names []string
 	for _, s := range readReport(t, path) {
@@ -315,7 +315,7 @@ func runSpecs(t *testing.T, suite, kubeconfig string, specs []string, shards int
 		out, err := exec.Command(suite, args...).CombinedOutput()
 		_ = os.WriteFile(logPath, out, 0o644)
 		if _, serr := os.Stat(report); serr != nil {
-			t.Errorf("e2e.test shard %d wrote no report (%v):\n%s", i, err, tailLines(string(out), 40))
+			t.Errorf("e2e.test shard %d wrote no report (%v):\n%s", i, err, tail(string(out), 40))
 			return
 		}
 		// The report lists every spec the binary has; those not given to
@@ -438,12 +438,4 @@ func firstLine(s string) string {
 		s = s[:300] + "…"
 	}
 	return s
-}
-
-func tailLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -70,7 +71,9 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	if err != nil {
 		return fmt.Errorf("netpol: kubernetes client: %w", err)
 	}
-	factory := informers.NewSharedInformerFactory(client, 0)
+	// The engine reads labels, pod IPs, ports and phase: managed fields
+	// (often the largest part of an object) are dropped from the cache.
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(dropManagedFields))
 	var (
 		npa          npaclient.Interface
 		npaFactory   npainformers.SharedInformerFactory
@@ -136,4 +139,13 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 		return fmt.Errorf("netpol: controller stopped after %s: %w", time.Since(start).Round(time.Second), err)
 	}
 	return nil
+}
+
+// dropManagedFields is the informers' transform: objects are cached
+// without their managed fields.
+func dropManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
 }
