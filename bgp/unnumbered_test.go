@@ -72,8 +72,8 @@ func newTorPort(t *testing.T, host string, hostLL, farLL netip.Addr, port uint16
 			t.Fatal(err)
 		}
 		addr := &netlink.Addr{IPNet: &net.IPNet{IP: ll.AsSlice(), Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD}
-		if err := h.AddrAdd(link, addr); err != nil {
-			t.Fatal(err)
+		if err := h.AddrReplace(link, addr); err != nil {
+			t.Fatalf("address %s on %s: %v", ll, link.Attrs().Name, err)
 		}
 		if err := h.LinkSetUp(link); err != nil {
 			t.Fatal(err)
@@ -87,12 +87,14 @@ func newTorPort(t *testing.T, host string, hostLL, farLL netip.Addr, port uint16
 	configure(hh, hostLink, hostLL)
 	configure(h, farLink, farLL)
 	// The ToR's link-local address as a neighbour on our end, where GoBGP
-	// looks for an unnumbered peer's address.
-	if err := netlink.NeighAdd(&netlink.Neigh{
+	// looks for an unnumbered peer's address. Set, not added: the kernel
+	// may already have made an entry for it once the link was up (seen
+	// once as "file exists").
+	if err := netlink.NeighSet(&netlink.Neigh{
 		LinkIndex: hostLink.Attrs().Index, Family: netlink.FAMILY_V6, State: netlink.NUD_PERMANENT,
 		IP: farLL.AsSlice(), HardwareAddr: farLink.Attrs().HardwareAddr,
 	}); err != nil {
-		t.Fatal(err)
+		t.Fatalf("neighbour %s on %s: %v", farLL, host, err)
 	}
 	proxyBGP(t, l, target, stripENHE)
 	return torPort{host: host, far: far, ns: ns}
