@@ -3,7 +3,6 @@ package k8slab
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -27,18 +26,7 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return poll(ctx, "etcd /health", 200*time.Millisecond, func(ctx context.Context) (bool, error) {
-		if p := c.proc(Etcd); !p.running() {
-			return false, fatalError{p.exitErr()}
-		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, loop(etcdClientPort)+"/health", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, fmt.Errorf("etcd /health: %s", resp.Status)
-	})
+	return c.waitHTTPOK(ctx, Etcd, loop(etcdClientPort)+"/health")
 }
 
 func (c *Cluster) startAPIServer(ctx context.Context) error {

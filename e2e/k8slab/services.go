@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -274,19 +272,6 @@ ports:
 `, c.DNSServiceIP(), fam, addrType, node, c.Opts.NodeName)
 }
 
-// waitHTTPOK polls url until it answers 200, failing at once when the
-// component exits.
-func (c *Cluster) waitHTTPOK(ctx context.Context, name, url string) error {
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	return poll(ctx, name+" "+url, 200*time.Millisecond, func(ctx context.Context) (bool, error) {
-		if p := c.proc(name); !p.running() {
-			return false, fatalError{p.exitErr()}
-		}
-		return httpOK(ctx, url)
-	})
-}
-
 // apiIPs are the addresses besides loopback the apiserver's certificate
 // must name: the kubernetes Service's, and with Services the node's.
 func (c *Cluster) apiIPs() []net.IP {
@@ -297,17 +282,4 @@ func (c *Cluster) apiIPs() []net.IP {
 		}
 	}
 	return ips
-}
-
-func httpOK(ctx context.Context, url string) (bool, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return false, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return false, err
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK, fmt.Errorf("GET %s: %s", url, resp.Status)
 }

@@ -140,3 +140,31 @@ func (c *Cluster) ensureDefaultServiceAccount(ctx context.Context) error {
 	}
 	return nil
 }
+
+// waitHTTPOK polls url until it answers 200, failing at once when the
+// component exits.
+func (c *Cluster) waitHTTPOK(ctx context.Context, name, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return poll(ctx, name+" "+url, 200*time.Millisecond, func(ctx context.Context) (bool, error) {
+		if p := c.proc(name); !p.running() {
+			return false, fatalError{p.exitErr()}
+		}
+		return httpOK(ctx, url)
+	})
+}
+
+// httpOK is one GET of url: 200 is done, anything else is the error kept
+// for the timeout message.
+func httpOK(ctx context.Context, url string) (bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK, fmt.Errorf("GET %s: %s", url, resp.Status)
+}
