@@ -88,9 +88,27 @@ func buildCoreDNS(ctx context.Context, o Options) (string, error) {
 
 // build builds pkgs of the module build/<module> into cacheDir and returns
 // it; binaries already there are kept. One go build for all commands
-// shares their package graph; the outputs are moved into place only when
-// all of them linked.
+// shares their package graph.
 func build(ctx context.Context, log func(string, ...any), cacheDir, module, what string, pkgs []string, ldflags string, env []string) (string, error) {
+	names := make([]string, len(pkgs))
+	for i, p := range pkgs {
+		names[i] = filepath.Base(p)
+	}
+	return buildInto(ctx, log, cacheDir, what, names, func(src, tmp string, todo []int) error {
+		args := []string{"build", "-trimpath", "-ldflags", ldflags, "-o", tmp + "/"}
+		for _, i := range todo {
+			args = append(args, pkgs[i])
+		}
+		return runGo(ctx, filepath.Join(src, "build", module), env, args...)
+	})
+}
+
+// buildInto makes the binaries names in cacheDir that are not there yet:
+// run gets the source dir, a temporary dir to write them into and the
+// indexes of the missing names; they are moved into place only when all
+// of them were made. Builds into one cache dir are serialised across
+// processes.
+func buildInto(ctx context.Context, log func(string, ...any), cacheDir, what string, names []string, run func(src, tmp string, todo []int) error) (string, error) {
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return "", fmt.Errorf("create cache dir: %w", err)
 	}
@@ -99,11 +117,11 @@ func build(ctx context.Context, log func(string, ...any), cacheDir, module, what
 		return "", err
 	}
 	defer unlock()
-	var todo, names []string
-	for _, p := range pkgs {
-		n := filepath.Base(p)
+	var todo []int
+	var missing []string
+	for i, n := range names {
 		if !isExecutable(filepath.Join(cacheDir, n)) {
-			todo, names = append(todo, p), append(names, n)
+			todo, missing = append(todo, i), append(missing, n)
 		}
 	}
 	if len(todo) == 0 {
@@ -118,13 +136,12 @@ func build(ctx context.Context, log func(string, ...any), cacheDir, module, what
 		return "", fmt.Errorf("create build dir: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	log("k8slab: building %s: %s (minutes on a cold Go build cache)", what, strings.Join(names, " "))
+	log("k8slab: building %s: %s (minutes on a cold Go build cache)", what, strings.Join(missing, " "))
 	start := time.Now()
-	args := append([]string{"build", "-trimpath", "-ldflags", ldflags, "-o", tmp + "/"}, todo...)
-	if err := runGo(ctx, filepath.Join(src, "build", module), env, args...); err != nil {
+	if err := run(src, tmp, todo); err != nil {
 		return "", fmt.Errorf("build %s: %w", what, err)
 	}
-	for _, n := range names {
+	for _, n := range missing {
 		if err := os.Rename(filepath.Join(tmp, n), filepath.Join(cacheDir, n)); err != nil {
 			return "", fmt.Errorf("install %s into cache: %w", n, err)
 		}

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"code.fritzlab.net/fritzlab/flock/deploy/imagetar"
 )
@@ -42,29 +41,14 @@ func BuildNetsuite(ctx context.Context, o Options) (string, error) {
 	if _, err := build(ctx, o.Log, dir, o.Release.kubeModule(), "agnhost "+o.Release.Kube, []string{agnhostPkg}, kubeLDFlags(o.Release), nil); err != nil {
 		return "", err
 	}
-	out := filepath.Join(dir, NetsuiteBin)
-	if isExecutable(out) {
-		return dir, nil
-	}
-	unlock, err := lockDir(dir)
-	if err != nil {
-		return "", err
-	}
-	defer unlock()
-	o.Log("k8slab: building the upstream e2e suite (network tests) %s (minutes on a cold Go build cache)", o.Release.Kube)
-	start := time.Now()
-	tmp := out + ".tmp"
 	// -vet=off: vet of the whole Kubernetes test tree costs minutes and
 	// checks upstream's code, not ours. The version stamp is what the
 	// suite compares with the cluster's.
-	if err := runGo(ctx, mod, nil, "test", "-c", "-vet=off", "-trimpath", "-ldflags", kubeLDFlags(o.Release), "-o", tmp, "./netsuite"); err != nil {
-		return "", fmt.Errorf("build the e2e suite: %w", err)
-	}
-	if err := os.Rename(tmp, out); err != nil {
-		return "", fmt.Errorf("install e2e.test into cache: %w", err)
-	}
-	o.Log("k8slab: built the e2e suite in %s", time.Since(start).Round(time.Second))
-	return dir, nil
+	return buildInto(ctx, o.Log, dir, "the upstream e2e suite (network tests) "+o.Release.Kube, []string{NetsuiteBin},
+		func(_, tmp string, _ []int) error {
+			return runGo(ctx, mod, nil, "test", "-c", "-vet=off", "-trimpath", "-ldflags", kubeLDFlags(o.Release),
+				"-o", filepath.Join(tmp, NetsuiteBin), "./netsuite")
+		})
 }
 
 // SuiteImages asks e2e.test which images its network tests run, as
