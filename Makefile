@@ -128,6 +128,8 @@ third-party:
 # Fail when the checked-in generated files are stale.
 generate-check: generate third-party
 	@git diff --exit-code -- third_party || { echo 'third_party is stale: run make third-party and commit'; exit 1; }
+	@git diff --exit-code -- deploy/admin-network-policy/crd || { echo 'the AdminNetworkPolicy CRDs are stale: run make third-party and commit'; exit 1; }
+	@test -z "$$(git status --porcelain -- deploy/admin-network-policy/crd)" || { git status --porcelain -- deploy/admin-network-policy/crd; echo 'untracked AdminNetworkPolicy CRDs: commit them'; exit 1; }
 	@git diff --exit-code -- k8s/apis deploy/crd || { echo 'generated files are stale: run make generate and commit'; exit 1; }
 	@test -z "$$(git status --porcelain -- k8s/apis deploy/crd)" || { git status --porcelain -- k8s/apis deploy/crd; echo 'untracked generated files: commit them'; exit 1; }
 

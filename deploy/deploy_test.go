@@ -177,7 +177,7 @@ func TestEveryDocumentParses(t *testing.T) {
 			strict[v1alpha1.NodeConfig](t, d)
 		case "AddressPool":
 			strict[v1alpha1.AddressPool](t, d)
-		case "Kustomization", "CustomResourceDefinition":
+		case "Kustomization", "Component", "CustomResourceDefinition":
 			// Checked by their own tests.
 		default:
 			t.Errorf("%s: unexpected kind %s", d.file, d.kind)
@@ -207,7 +207,9 @@ func TestKustomization(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && p == "examples" {
+		// Examples are not installed; optional components (kustomize
+		// kind Component) are checked by their own tests.
+		if d.IsDir() && (p == "examples" || p == "admin-network-policy") {
 			return filepath.SkipDir
 		}
 		if !d.IsDir() && strings.HasSuffix(p, ".yaml") && p != "kustomization.yaml" {
@@ -383,18 +385,9 @@ func TestDaemonSet(t *testing.T) {
 	if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
 		t.Error("agent is not privileged")
 	}
-	checkProbe := func(what string, pr *corev1.Probe, path string) {
-		if pr == nil || pr.HTTPGet == nil {
-			t.Errorf("%s probe missing or not httpGet", what)
-			return
-		}
-		g := pr.HTTPGet
-		if g.Path != path || g.Port.IntValue() != 9476 || g.Host != "127.0.0.1" {
-			t.Errorf("%s probe = %s:%s%s, want 127.0.0.1:9476%s", what, g.Host, g.Port.String(), g.Path, path)
-		}
-	}
-	checkProbe("readiness", c.ReadinessProbe, "/readyz")
-	checkProbe("liveness", c.LivenessProbe, "/healthz")
+	checkHTTPProbe(t, "agent startup", c.StartupProbe, 9476, "/healthz")
+	checkHTTPProbe(t, "agent readiness", c.ReadinessProbe, 9476, "/readyz")
+	checkHTTPProbe(t, "agent liveness", c.LivenessProbe, 9476, "/healthz")
 	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "metrics" && p.ContainerPort == 9476 }) {
 		t.Errorf("ports %+v lack metrics 9476", c.Ports)
 	}
@@ -593,19 +586,48 @@ func checkPolicyContainer(t *testing.T, c corev1.Container) {
 	t.Helper()
 	checkImage(t, c)
 	args := strings.Join(append(slices.Clone(c.Command), c.Args...), " ")
-	if args != "/usr/local/bin/flock-policy --node-name=$(NODE_NAME)" {
+	if args != "/usr/local/bin/flock-policy --node-name=$(NODE_NAME) --metrics-address=127.0.0.1:9477 --admin-socket=/run/flock/policy.sock" {
 		t.Errorf("policy runs %q", args)
 	}
-	if len(c.Env) != 1 || c.Env[0].Name != "NODE_NAME" || c.Env[0].ValueFrom == nil || c.Env[0].ValueFrom.FieldRef == nil ||
-		c.Env[0].ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
-		t.Errorf("policy env %+v: want NODE_NAME from spec.nodeName", c.Env)
+	// The node, and its own pod (uninstall is told by the pod's owner).
+	wantEnv := [][2]string{{"NODE_NAME", "spec.nodeName"}, {"POD_NAME", "metadata.name"}, {"POD_NAMESPACE", "metadata.namespace"}}
+	if len(c.Env) != len(wantEnv) {
+		t.Errorf("policy env %+v: want %v", c.Env, wantEnv)
+	}
+	for i, w := range wantEnv {
+		if i >= len(c.Env) || c.Env[i].Name != w[0] || c.Env[i].ValueFrom == nil || c.Env[i].ValueFrom.FieldRef == nil || c.Env[i].ValueFrom.FieldRef.FieldPath != w[1] {
+			t.Errorf("policy env %+v: want %s from %s", c.Env, w[0], w[1])
+		}
 	}
 	sc := c.SecurityContext
 	if sc == nil || sc.Privileged != nil && *sc.Privileged || sc.Capabilities == nil ||
 		!slices.Equal(sc.Capabilities.Add, []corev1.Capability{"NET_ADMIN"}) {
 		t.Errorf("policy securityContext %+v: want NET_ADMIN only, not privileged", sc)
 	}
-	if len(c.VolumeMounts) != 0 {
-		t.Errorf("policy mounts %v: it needs none", c.VolumeMounts)
+	// Its admin socket (flockctl policy) is beside the agent's; the run
+	// volume is checked as the agent's /run/flock hostPath.
+	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != "run" || c.VolumeMounts[0].MountPath != "/run/flock" || c.VolumeMounts[0].ReadOnly {
+		t.Errorf("policy mounts %+v: want the run volume at /run/flock, writable, and nothing else", c.VolumeMounts)
+	}
+	// Metrics and health on the host's loopback, next to the agent's 9476.
+	checkHTTPProbe(t, c.Name+" startup", c.StartupProbe, 9477, "/healthz")
+	checkHTTPProbe(t, c.Name+" liveness", c.LivenessProbe, 9477, "/healthz")
+	checkHTTPProbe(t, c.Name+" readiness", c.ReadinessProbe, 9477, "/readyz")
+	if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "policy-metrics" && p.ContainerPort == 9477 }) {
+		t.Errorf("policy ports %+v lack policy-metrics 9477", c.Ports)
+	}
+}
+
+// checkHTTPProbe: an httpGet probe of 127.0.0.1:port path (hostNetwork:
+// the kubelet reaches the host's loopback).
+func checkHTTPProbe(t *testing.T, what string, pr *corev1.Probe, port int, path string) {
+	t.Helper()
+	if pr == nil || pr.HTTPGet == nil {
+		t.Errorf("%s probe missing or not httpGet", what)
+		return
+	}
+	g := pr.HTTPGet
+	if g.Path != path || g.Port.IntValue() != port || g.Host != "127.0.0.1" {
+		t.Errorf("%s probe = %s:%s%s, want 127.0.0.1:%d%s", what, g.Host, g.Port.String(), g.Path, port, path)
 	}
 }

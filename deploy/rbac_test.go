@@ -107,6 +107,7 @@ func TestRBAC(t *testing.T) {
 		"policy.networking.k8s.io/adminnetworkpolicies: get list watch",
 		"policy.networking.k8s.io/baselineadminnetworkpolicies: get list watch",
 		"/nodes: list watch",
+		"apps/daemonsets: get", // flock-policy on stop: uninstall or restart?
 	)
 	got := grants(cr.Rules)
 	for _, g := range got {

@@ -11,16 +11,36 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"runtime/debug"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"code.fritzlab.net/fritzlab/flock/agent/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/policyips"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/policyapi"
 )
+
+// defaultMetricsAddress is next to the agent's (127.0.0.1:9476): both
+// containers share the host's network.
+const defaultMetricsAddress = "127.0.0.1:9477"
+
+// endpoints are where flock-policy answers besides the queue.
+type endpoints struct {
+	metrics string // /metrics, /healthz, /readyz; "" disables
+	admin   string // the admin API's unix socket; "" disables
+	agent   string // this node's agent's admin socket; "" for none
+}
 
 func main() {
 	var cfg netpol.Config
@@ -30,6 +50,10 @@ func main() {
 	flag.BoolVar(&cfg.AdminNetworkPolicy, "admin-network-policy", false, "enforce AdminNetworkPolicy (its CRD must be installed)")
 	flag.BoolVar(&cfg.BaselineAdminNetworkPolicy, "baseline-admin-network-policy", false, "enforce BaselineAdminNetworkPolicy (its CRD must be installed)")
 	kubeconfig := flag.String("kubeconfig", "", "kubeconfig file (default: the pod's service account)")
+	var ep endpoints
+	flag.StringVar(&ep.metrics, "metrics-address", defaultMetricsAddress, "address for /metrics, /healthz and /readyz; empty disables")
+	flag.StringVar(&ep.admin, "admin-socket", policyapi.DefaultSocket, "unix socket of the admin API (flockctl policy); empty disables")
+	flag.StringVar(&ep.agent, "agent-socket", admin.DefaultSocket, "the node agent's admin socket: what it bound for this node's pods (anycast, addresses); empty: judge them by their claims and AddressPools only")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	// Its heap is the informers' caches, long-lived: collecting at half
@@ -38,13 +62,13 @@ func main() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(50)
 	}
-	if err := run(cfg, *kubeconfig, log); err != nil {
+	if err := run(cfg, *kubeconfig, ep, log); err != nil {
 		log.Error("flock-policy failed", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(cfg netpol.Config, kubeconfig string, log *slog.Logger) error {
+func run(cfg netpol.Config, kubeconfig string, ep endpoints, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -52,9 +76,65 @@ func run(cfg netpol.Config, kubeconfig string, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// Both listeners are bound before the engine starts, so that a taken
+	// port or socket fails the start, not later.
+	var metricsL, adminL net.Listener
+	if ep.metrics != "" {
+		if metricsL, err = net.Listen("tcp", ep.metrics); err != nil {
+			return fmt.Errorf("metrics on %s: %w", ep.metrics, err)
+		}
+	}
+	if ep.admin != "" {
+		if adminL, err = admin.Listen(ep.admin); err != nil {
+			if metricsL != nil {
+				metricsL.Close()
+			}
+			return err
+		}
+		cfg.View = &netpol.View{}
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
+	// A pod's anycast and `addresses` IPs obey its policies too.
+	cfg.ExtraIPs = policyips.NewTracker(cfg.NodeName, dyn, ep.agent, log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	return netpol.Run(ctx, rc, cfg, log)
+	defer removeOnUninstall(rc, log)
+	g, ctx := errgroup.WithContext(ctx)
+	if metricsL != nil {
+		g.Go(func() error {
+			return admin.ServeHTTP(ctx, metricsL, metricsHandler(func() error { return netpol.Ready(cfg.QueueID) }))
+		})
+	}
+	if adminL != nil {
+		g.Go(func() error { return admin.ServeHTTP(ctx, adminL, cfg.View.Handler()) })
+	}
+	log.Info("serving", "metrics", ep.metrics, "admin-socket", ep.admin)
+	g.Go(func() error {
+		// The engine ending (an error, or ctx) ends the servers too.
+		defer stop()
+		return netpol.Run(ctx, rc, cfg, log)
+	})
+	return g.Wait()
+}
+
+// metricsHandler serves the default Prometheus registry (the engine
+// registers its kube_network_policies_* series there), /healthz (the
+// process answers) and /readyz (ready says why not, or nil: enforcing).
+func metricsHandler(ready func() error) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	return mux
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {
@@ -70,4 +150,30 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
 	}
 	return rc, nil
+}
+
+// removeOnUninstall removes the engine's rules when flock is leaving the
+// node (uninstalling); any other stop leaves them (fail closed across
+// restarts). It needs POD_NAME and POD_NAMESPACE (the downward API).
+func removeOnUninstall(rc *rest.Config, log *slog.Logger) {
+	ns, name := os.Getenv("POD_NAMESPACE"), os.Getenv("POD_NAME")
+	if ns == "" || name == "" {
+		log.Info("the rules stay: POD_NAMESPACE or POD_NAME unset, uninstall cannot be told", "table", netpol.Table)
+		return
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		log.Error("the rules stay", "err", err)
+		return
+	}
+	gone, why := uninstalling(context.Background(), client, ns, name)
+	if !gone {
+		log.Info("the rules stay for the next engine", "table", netpol.Table, "why", why)
+		return
+	}
+	if err := netpol.DeleteTable(); err != nil {
+		log.Error("uninstall: removing the rules failed", "why", why, "err", err)
+		return
+	}
+	log.Info("uninstall: rules removed", "table", netpol.Table, "why", why)
 }

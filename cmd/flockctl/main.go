@@ -1,4 +1,5 @@
-// Command flockctl is the operator CLI: it reads the agent's admin socket.
+// Command flockctl is the operator CLI: it reads the agent's admin socket
+// (and, for `policy`, flock-policy's).
 package main
 
 import (
@@ -8,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -19,10 +21,11 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/bgp/session"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/policyapi"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
-const usage = `usage: flockctl [--socket PATH] [-o table|json|yaml] COMMAND
+const usage = `usage: flockctl [--socket PATH] [--policy-socket PATH] [-o table|json|yaml] COMMAND
 
 commands:
   status                          agent health: recovery, sessions, route reconcilers (errors, last error), reaped allocations
@@ -33,6 +36,8 @@ commands:
   routes                          anycast and addresses host routes: in the kernel and as wanted, with next hops
   ready NAMESPACE/NAME true|false standalone mode: report a pod Ready or NotReady (its anycast and addresses
                                   IPs are advertised and routed only while Ready)
+  policy [NAMESPACE/NAME]         NetworkPolicy (flock-policy): the node's pods, or the one named, with their IPs
+                                  and the policies isolating their ingress and egress
 `
 
 func main() {
@@ -46,6 +51,7 @@ func run(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("flockctl", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), usage); fs.PrintDefaults() }
 	socket := fs.String("socket", admin.DefaultSocket, "agent admin socket")
+	policySocket := fs.String("policy-socket", policyapi.DefaultSocket, "flock-policy's admin socket (the policy command)")
 	format := fs.String("o", "table", "output format: table, json or yaml")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -62,6 +68,9 @@ func run(args []string, out io.Writer) error {
 	defer cancel()
 	if fs.Arg(0) == "ready" {
 		return ready(ctx, c, fs.Args()[1:], out)
+	}
+	if fs.Arg(0) == "policy" {
+		return policy(ctx, *policySocket, *format, fs.Args()[1:], out)
 	}
 	switch cmd := strings.Join(fs.Args(), " "); cmd {
 	case "status":
@@ -237,6 +246,38 @@ func ready(ctx context.Context, c *admin.Client, args []string, out io.Writer) e
 	}
 	_, err = fmt.Fprintf(out, "%s/%s: %s (%d incarnation(s))\n", ns, name, state, resp.Pods)
 	return err
+}
+
+// errPolicyNotRunning means nothing answers on flock-policy's socket.
+var errPolicyNotRunning = errors.New("flock-policy is not running")
+
+// policy shows the NetworkPolicies isolating the node's pods, or one pod's.
+func policy(ctx context.Context, socket, format string, args []string, out io.Writer) error {
+	path := policyapi.PoliciesPath
+	switch len(args) {
+	case 0:
+	case 1:
+		ns, name, ok := strings.Cut(args[0], "/")
+		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+			return fmt.Errorf("policy: pod %q: want NAMESPACE/NAME", args[0])
+		}
+		path += "?" + url.Values{"pod": {args[0]}}.Encode()
+	default:
+		return errors.New("usage: flockctl policy [NAMESPACE/NAME]")
+	}
+	var v []policyapi.PodView
+	if err := admin.NewClient(socket).Get(ctx, path, &v); err != nil {
+		if errors.Is(err, admin.ErrNotRunning) {
+			return fmt.Errorf("%w (nothing answers on %s; is the flock DaemonSet's policy container running, and is this the right --policy-socket?)", errPolicyNotRunning, socket)
+		}
+		return err
+	}
+	return emit(out, format, v, func(w *tabwriter.Writer) {
+		fmt.Fprintln(w, "POD\tIPS\tINGRESS\tEGRESS")
+		for _, p := range v {
+			fmt.Fprintf(w, "%s/%s\t%s\t%s\t%s\n", p.Namespace, p.Name, list(p.IPs), list(p.Ingress), list(p.Egress))
+		}
+	})
 }
 
 func sortedKeys[V any](m map[string]V) []string {

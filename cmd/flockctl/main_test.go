@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
 	"code.fritzlab.net/fritzlab/flock/bgp/session"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/policyapi"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
@@ -163,5 +167,115 @@ func TestStatusNamesTheInstallerRefusal(t *testing.T) {
 		if !strings.Contains(out.String(), w) {
 			t.Errorf("status lacks %q:\n%s", w, out.String())
 		}
+	}
+}
+
+// servePolicy answers flock-policy's admin API on a temp socket like
+// flock-policy would: the node's pods, or the one named (404 for another),
+// and records the pod each request asked for.
+func servePolicy(t *testing.T, asked *[]string) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "policy.sock")
+	l, err := admin.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := []policyapi.PodView{
+		{Namespace: "shop", Name: "web", Node: "n1", IPs: []string{"2001:db8::5", "2001:db8:ff::53"},
+			Ingress: []string{"shop/allow-lb", "shop/deny-all"}, Egress: []string{"shop/egress-dns"}},
+		{Namespace: "shop", Name: "batch", Node: "n1", IPs: []string{"2001:db8::6"}, Ingress: []string{}, Egress: []string{}},
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+policyapi.PoliciesPath, func(w http.ResponseWriter, r *http.Request) {
+		pod := r.URL.Query().Get("pod")
+		*asked = append(*asked, pod)
+		v := rows
+		if pod != "" {
+			v = nil
+			for _, row := range rows {
+				if row.Namespace+"/"+row.Name == pod {
+					v = append(v, row)
+				}
+			}
+			if v == nil {
+				http.Error(w, "pod "+pod+" not found", http.StatusNotFound)
+				return
+			}
+		}
+		_ = json.NewEncoder(w).Encode(v)
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = admin.ServeHTTP(ctx, l, mux) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return sock
+}
+
+func TestPolicy(t *testing.T) {
+	var asked []string
+	sock := servePolicy(t, &asked)
+	for _, tc := range []struct {
+		args []string
+		want []string
+		not  []string
+	}{
+		// Not isolated in a direction: "-"; several policies: comma-separated.
+		{[]string{"policy"}, []string{"POD IPS INGRESS EGRESS",
+			"shop/web 2001:db8::5,2001:db8:ff::53 shop/allow-lb,shop/deny-all shop/egress-dns",
+			"shop/batch 2001:db8::6 - -"}, nil},
+		{[]string{"policy", "shop/batch"}, []string{"shop/batch"}, []string{"shop/web"}},
+		{[]string{"-o", "json", "policy", "shop/web"}, []string{`"namespace": "shop"`, `"node": "n1"`,
+			`"ips": [`, `"2001:db8:ff::53"`, `"ingress": [`, `"shop/deny-all"`, `"egress": [`}, []string{"POD"}},
+	} {
+		var out bytes.Buffer
+		if err := run(append([]string{"--policy-socket", sock}, tc.args...), &out); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		// The table's columns, whatever their padding.
+		var rows []string
+		for _, l := range strings.Split(out.String(), "\n") {
+			rows = append(rows, strings.Join(strings.Fields(l), " "))
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(out.String(), w) && !slices.Contains(rows, w) {
+				t.Errorf("%v: output lacks %q:\n%s", tc.args, w, out.String())
+			}
+		}
+		for _, w := range tc.not {
+			if strings.Contains(out.String(), w) {
+				t.Errorf("%v: output has %q:\n%s", tc.args, w, out.String())
+			}
+		}
+	}
+	if want := []string{"", "shop/batch", "shop/web"}; !slices.Equal(asked, want) {
+		t.Errorf("flock-policy was asked for pods %q, want %q", asked, want)
+	}
+	asked = nil
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"policy", "web"}, `policy: pod "web": want NAMESPACE/NAME`},
+		{[]string{"policy", "/web"}, `policy: pod "/web": want NAMESPACE/NAME`},
+		{[]string{"policy", "shop/web/x"}, `policy: pod "shop/web/x": want NAMESPACE/NAME`},
+		{[]string{"policy", "shop/web", "extra"}, "usage: flockctl policy [NAMESPACE/NAME]"},
+		{[]string{"policy", "shop/gone"}, "pod shop/gone not found"},
+	} {
+		var out bytes.Buffer
+		err := run(append([]string{"--policy-socket", sock}, tc.args...), &out)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err %v, want one containing %q", tc.args, err, tc.want)
+		}
+	}
+	if !slices.Equal(asked, []string{"shop/gone"}) {
+		t.Errorf("malformed requests reached flock-policy: %q", asked)
+	}
+	// The agent's socket is not the policy engine's: --socket does not
+	// steer `policy`, and a missing engine is named as such.
+	var out bytes.Buffer
+	err := run([]string{"--socket", sock, "--policy-socket", t.TempDir() + "/none.sock", "policy"}, &out)
+	if err == nil || !strings.Contains(err.Error(), "flock-policy is not running") || !strings.Contains(err.Error(), "none.sock") ||
+		!strings.Contains(err.Error(), "--policy-socket") || strings.Contains(err.Error(), "flock agent") {
+		t.Errorf("no flock-policy: %v, want a clear 'flock-policy is not running' naming the socket and --policy-socket", err)
 	}
 }

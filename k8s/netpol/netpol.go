@@ -15,11 +15,14 @@ import (
 	"log/slog"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/kube-network-policies/pkg/networkpolicy"
 	npaclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 	npainformers "sigs.k8s.io/network-policy-api/pkg/client/informers/externalversions"
@@ -39,6 +42,25 @@ type Config struct {
 	// pods some NetworkPolicy selects go through the queue.
 	AdminNetworkPolicy         bool
 	BaselineAdminNetworkPolicy bool
+	// ExtraIPs tells the engine which pods hold the IPs the CNI binds
+	// besides status.podIPs (anycast, `addresses`), so that their traffic
+	// obeys the holder's policies; nil: none (agent/policyips.Tracker).
+	ExtraIPs ExtraIPs
+	// View, if set, is given the engine's pod and NetworkPolicy caches
+	// while Run runs: flock-policy's admin API answers from it.
+	View *View
+}
+
+// ExtraIPs is the source of pods' extra IPs.
+type ExtraIPs interface {
+	ExtraPodIPs(*corev1.Pod) []string
+	PodsForIP(ip string) []string
+	// Handler is added to the engine's pod and namespace informers: the
+	// answer depends on them.
+	Handler() cache.ResourceEventHandler
+	// Run keeps the answer current until ctx ends, calling changed after
+	// each change.
+	Run(ctx context.Context, pods corelisters.PodLister, namespaces corelisters.NamespaceLister, synced []cache.InformerSynced, changed func()) error
 }
 
 // Table is the nftables table (family inet) the engine owns.
@@ -119,9 +141,34 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 			// returns, and NRI is off on the nodes flock supports.
 			NRIdisabled: true,
 			QueueCompat: !native,
+			// A restart or a crash leaves the rules: new connections
+			// of selected pods wait in the queue (dropped unless
+			// FailOpen) rather than pass unchecked. flock-policy removes
+			// the table on uninstall (DeleteTable).
+			KeepRulesOnStop: true,
+			ExtraPodIPs:     extraPodIPs(cfg.ExtraIPs),
+			PodsForIP:       podsForIP(cfg.ExtraIPs),
 		})
 	if err != nil {
 		return fmt.Errorf("netpol: create controller: %w", err)
+	}
+	podInf, nsInf := factory.Core().V1().Pods(), factory.Core().V1().Namespaces()
+	extraDone := make(chan error, 1)
+	if cfg.ExtraIPs != nil {
+		for _, inf := range []cache.SharedIndexInformer{podInf.Informer(), nsInf.Informer()} {
+			if _, err := inf.AddEventHandler(cfg.ExtraIPs.Handler()); err != nil {
+				return fmt.Errorf("netpol: watch for extra pod IPs: %w", err)
+			}
+		}
+	}
+	if cfg.View != nil {
+		// The informers the controller registered: the view reads what
+		// the engine decides from, at no extra watch.
+		pods, policies := factory.Core().V1().Pods(), factory.Networking().V1().NetworkPolicies()
+		cfg.View.attach(&viewSource{node: cfg.NodeName, pods: pods.Lister(), policies: policies.Lister(), extraIPs: extraPodIPs(cfg.ExtraIPs),
+			synced: []cache.InformerSynced{pods.Informer().HasSynced, policies.Informer().HasSynced}})
+		// Stopped informers no longer follow the API.
+		defer cfg.View.attach(nil)
 	}
 	factory.Start(ctx.Done())
 	if npaFactory != nil {
@@ -130,10 +177,33 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	log.Info("network policy engine starting", "node", cfg.NodeName, "queue", cfg.QueueID, "table", Table,
 		"adminNetworkPolicy", cfg.AdminNetworkPolicy, "baselineAdminNetworkPolicy", cfg.BaselineAdminNetworkPolicy, "failOpen", cfg.FailOpen)
 	start := time.Now()
-	err = ctrl.Run(ctx)
+	runCtx, stopRun := context.WithCancelCause(ctx)
+	defer stopRun(nil)
+	if cfg.ExtraIPs != nil {
+		go func() {
+			err := cfg.ExtraIPs.Run(runCtx, podInf.Lister(), nsInf.Lister(),
+				[]cache.InformerSynced{podInf.Informer().HasSynced, nsInf.Informer().HasSynced}, ctrl.Resync)
+			if err != nil && runCtx.Err() == nil {
+				// Without it traffic of extra IPs would go unchecked:
+				// stop the engine (its rules stay; the next one starts).
+				stopRun(err)
+			}
+			extraDone <- err
+		}()
+	} else {
+		extraDone <- nil
+	}
+	err = ctrl.Run(runCtx)
+	stopRun(nil)
+	if xerr := <-extraDone; xerr != nil && ctx.Err() == nil {
+		err = errors.Join(err, fmt.Errorf("netpol: extra pod IPs: %w", xerr))
+	}
 	factory.Shutdown()
 	if npaFactory != nil {
 		npaFactory.Shutdown()
+	}
+	if err == nil && ctx.Err() == nil && context.Cause(runCtx) != nil {
+		err = context.Cause(runCtx)
 	}
 	if err != nil && ctx.Err() == nil {
 		return fmt.Errorf("netpol: controller stopped after %s: %w", time.Since(start).Round(time.Second), err)
@@ -149,3 +219,21 @@ func dropManagedFields(obj any) (any, error) {
 	}
 	return obj, nil
 }
+
+func extraPodIPs(x ExtraIPs) func(*corev1.Pod) []string {
+	if x == nil {
+		return nil
+	}
+	return x.ExtraPodIPs
+}
+
+func podsForIP(x ExtraIPs) func(string) []string {
+	if x == nil {
+		return nil
+	}
+	return x.PodsForIP
+}
+
+// DeleteTable removes the engine's rules: on uninstall only, since a
+// stopped engine leaves them on purpose (Config.KeepRulesOnStop).
+func DeleteTable() error { return networkpolicy.DeleteTable(Table) }

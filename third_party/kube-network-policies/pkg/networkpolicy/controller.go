@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"sync"
 	"time"
 
 	nfqueue "github.com/florianl/go-nfqueue"
@@ -77,6 +78,19 @@ type Config struct {
 	// target (nft_compat) instead of nftables' queue expression, for
 	// kernels built without nft_queue (CONFIG_NFT_QUEUE unset).
 	QueueCompat bool
+	// ExtraPodIPs, if set, returns the IPs a pod holds besides
+	// status.podIPs (addresses the CNI binds that the API cannot list):
+	// they join the nftables sets of selected local pods.
+	ExtraPodIPs func(pod *v1.Pod) []string `json:"-"`
+	// PodsForIP, if set, returns the keys (namespace/name) of the pods
+	// holding an IP that is in no pod's status.podIPs. A packet of an IP
+	// several pods hold passes only if every holder's policies allow it.
+	PodsForIP func(ip string) []string `json:"-"`
+	// KeepRulesOnStop leaves the nftables table in place when Run returns,
+	// so that new connections stay queued (and, without FailOpen, dropped)
+	// until the next engine reads the queue: a restart never lets them
+	// through unchecked. DeleteTable removes it on uninstall.
+	KeepRulesOnStop bool
 }
 
 func (c *Config) Defaults() error {
@@ -191,6 +205,10 @@ func newController(client clientset.Interface,
 		}
 		// check if we have the local information from nri
 		if len(objs) == 0 {
+			// Without NRI (nriPlugin nil) an IP no pod holds is no pod's.
+			if c.nriPlugin == nil {
+				return nil
+			}
 			podKey := c.nriPlugin.GetPodFromIP(podIP)
 			obj, ok, err := podIndexer.GetByKey(podKey)
 			if err != nil || !ok {
@@ -211,6 +229,25 @@ func newController(client clientset.Interface,
 		// if no pod is running pick the first one
 		// TODO: check multiple phases
 		return objs[0].(*v1.Pod)
+	}
+	c.getPodsAssignedToIP = func(ip string) []*v1.Pod {
+		if pod := c.getPodAssignedToIP(ip); pod != nil {
+			return []*v1.Pod{pod}
+		}
+		if c.config.PodsForIP == nil {
+			return nil
+		}
+		var pods []*v1.Pod
+		for _, key := range c.config.PodsForIP(ip) {
+			obj, ok, err := podIndexer.GetByKey(key)
+			if err != nil || !ok {
+				continue
+			}
+			if pod, ok := obj.(*v1.Pod); ok && !pod.Spec.HostNetwork {
+				pods = append(pods, pod)
+			}
+		}
+		return pods
 	}
 
 	// reduce memory usage only care about Labels and Status
@@ -362,6 +399,12 @@ type Controller struct {
 	// function to get the Pod given an IP
 	// if an error or not found it returns nil
 	getPodAssignedToIP func(podIP string) *v1.Pod
+	// the pods holding an IP: its pod by status.podIPs, else every holder
+	// Config.PodsForIP names
+	getPodsAssignedToIP func(ip string) []*v1.Pod
+	// workers is the rules worker, waited for before Run returns so that
+	// no sync re-creates the table after it
+	workers sync.WaitGroup
 
 	nfq     *nfqueue.Nfqueue
 	flushed bool
@@ -434,8 +477,18 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	// Start the workers after the repair loop to avoid races
 	_ = c.syncNFTablesRules(ctx)
-	defer c.cleanNFTablesRules(ctx)
-	go wait.Until(c.runWorker, time.Second, ctx.Done())
+	if !c.config.KeepRulesOnStop {
+		defer c.cleanNFTablesRules(ctx)
+	}
+	c.workers.Add(1)
+	go func() {
+		defer c.workers.Done()
+		wait.Until(c.runWorker, time.Second, ctx.Done())
+	}()
+	// Deferred after the cleanup, so they run before it: the queue shuts
+	// down and the worker finishes its sync before the table goes.
+	defer c.workers.Wait()
+	defer c.queue.ShutDown()
 
 	var flags uint32
 	// https://netfilter.org/projects/libnetfilter_queue/doxygen/html/group__Queue.html
@@ -547,12 +600,30 @@ func verdictString(verdict int) string {
 // 5. NetworkPolicies in Ingress (if needed) for the destination Pod/IP
 // 6. BaselineAdminNetworkPolicies in Ingress (if needed) for the destination Pod/IP
 func (c *Controller) evaluatePacket(ctx context.Context, p packet) bool {
+	srcPods := c.getPodsAssignedToIP(p.srcIP.String())
+	dstPods := c.getPodsAssignedToIP(p.dstIP.String())
+	if len(srcPods) == 0 {
+		srcPods = []*v1.Pod{nil}
+	}
+	if len(dstPods) == 0 {
+		dstPods = []*v1.Pod{nil}
+	}
+	for _, srcPod := range srcPods {
+		for _, dstPod := range dstPods {
+			if !c.evaluatePacketPods(ctx, p, srcPod, dstPod) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// evaluatePacketPods evaluates a packet between the given pods (nil: not a pod).
+func (c *Controller) evaluatePacketPods(ctx context.Context, p packet, srcPod, dstPod *v1.Pod) bool {
 	logger := klog.FromContext(ctx)
 	srcIP := p.srcIP
-	srcPod := c.getPodAssignedToIP(srcIP.String())
 	srcPort := p.srcPort
 	dstIP := p.dstIP
-	dstPod := c.getPodAssignedToIP(dstIP.String())
 	dstPort := p.dstPort
 	protocol := p.proto
 
@@ -750,11 +821,11 @@ func (c *Controller) syncNFTablesRules(ctx context.Context) error {
 		for _, networkPolicy := range networkPolicies {
 			pods := c.getLocalPodsForNetworkPolicy(networkPolicy)
 			for _, pod := range pods {
-				for _, ip := range pod.Status.PodIPs {
-					if netutils.IsIPv4String(ip.IP) {
-						podV4IPs.Insert(ip.IP)
+				for _, ip := range c.podIPs(pod) {
+					if netutils.IsIPv4String(ip) {
+						podV4IPs.Insert(ip)
 					} else {
-						podV6IPs.Insert(ip.IP)
+						podV6IPs.Insert(ip)
 					}
 				}
 			}
@@ -1027,6 +1098,38 @@ func (c *Controller) addDNSRacersWorkaroundRules(nft *nftables.Conn, table *nfta
 			},
 		})
 	}
+}
+
+// podIPs is status.podIPs and the pod's extra IPs (Config.ExtraPodIPs).
+func (c *Controller) podIPs(pod *v1.Pod) []string {
+	ips := make([]string, 0, len(pod.Status.PodIPs))
+	for _, ip := range pod.Status.PodIPs {
+		ips = append(ips, ip.IP)
+	}
+	if c.config.ExtraPodIPs != nil {
+		ips = append(ips, c.config.ExtraPodIPs(pod)...)
+	}
+	return ips
+}
+
+// Resync rebuilds the nftables rules and sets, for a change the informers
+// do not see (a pod's extra IPs).
+func (c *Controller) Resync() { c.queue.Add(syncKey) }
+
+// DeleteTable removes an engine's nftables table (uninstall: with
+// KeepRulesOnStop nothing else does). A missing table is no error.
+func DeleteTable(name string) error {
+	nft, err := nftables.New()
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	table := &nftables.Table{Name: name, Family: nftables.TableFamilyINet}
+	nft.AddTable(table)
+	nft.DelTable(table)
+	if err := nft.Flush(); err != nil {
+		return fmt.Errorf("delete nftables table %s: %w", name, err)
+	}
+	return nil
 }
 
 func (c *Controller) cleanNFTablesRules(ctx context.Context) {

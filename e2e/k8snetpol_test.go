@@ -1,0 +1,331 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
+)
+
+// NetworkPolicy through flock-policy (kube-network-policies' engine) on
+// what the upstream suite never sees: a pod's anycast and `addresses` IPs,
+// which are in no status.podIPs. Traffic to and from them must obey the
+// pod's policies exactly like its pod IPs, in both families.
+
+const npAddressesPool4 = `apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata: {name: np-addresses4}
+spec:
+  cidrs: [198.51.100.192/27]
+  use: [addresses]
+  namespaces: [default]
+`
+
+// npPod is a busybox pod with labels, flock annotations and a command;
+// NET_ADMIN lets the test set a source hint on its routes.
+func npPod(name, role, anycast, addresses string, server bool) string {
+	ann := ""
+	if anycast != "" || addresses != "" {
+		ann = "\n  annotations:"
+		if anycast != "" {
+			ann += fmt.Sprintf("\n    flock.fritzlab.net/anycast: %q", anycast)
+		}
+		if addresses != "" {
+			ann += fmt.Sprintf("\n    flock.fritzlab.net/addresses: %q", addresses)
+		}
+	}
+	cmd := `["sleep", "3600"]`
+	if server {
+		// httpd serves each connection on its own: no gap between
+		// connections reads as a refusal.
+		cmd = `["sh", "-c", "mkdir -p /www && echo np-ok > /www/index.html && exec httpd -f -p 8080 -h /www"]`
+	}
+	return fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: %s
+  namespace: default
+  labels: {role: %s}%s
+spec:
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: bb
+    image: docker.io/local/busybox:1.35
+    imagePullPolicy: Never
+    command: %s
+    securityContext: {capabilities: {add: ["NET_ADMIN"]}}
+`, name, role, ann, cmd)
+}
+
+// verdict of one connection attempt: allowed (the server answered),
+// blocked (timed out: the policy dropped it), or something else.
+type verdict string
+
+const (
+	allowed verdict = "allowed"
+	blocked verdict = "blocked"
+)
+
+// wget from a pod to ip:8080; a connection the policy drops times out.
+func (e *k8sEnv) connect(from string, ip netip.Addr) (verdict, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	url := fmt.Sprintf("http://%s/", netip.AddrPortFrom(ip, 8080))
+	out, err := e.c.Kubectl(ctx, "exec", from, "--", "wget", "-q", "-O-", "-T", "2", url)
+	switch {
+	case err == nil && strings.Contains(out, "np-ok"):
+		return allowed, out
+	case strings.Contains(out, "timed out"):
+		return blocked, out
+	}
+	return verdict("error"), fmt.Sprintf("%v: %s", err, out)
+}
+
+// expect waits until every connection has its verdict (policies take
+// effect asynchronously), then requires it twice more in a row.
+func (e *k8sEnv) expect(t *testing.T, from string, want verdict, ips ...netip.Addr) {
+	t.Helper()
+	for _, ip := range ips {
+		n := 0
+		testutil.EventuallyWithin(t, 60*time.Second, fmt.Sprintf("%s → %s %s", from, ip, want), func() (bool, string) {
+			v, out := e.connect(from, ip)
+			if v == want {
+				n++
+			} else {
+				n = 0
+			}
+			return n >= 3, fmt.Sprintf("%s (%s)", v, strings.TrimSpace(out))
+		})
+	}
+}
+
+// torConnect dials ip:8080 from the ToR's namespace: a client that is no pod.
+func (e *k8sEnv) torConnect(ip netip.Addr) (verdict, string) {
+	var v verdict
+	var detail string
+	err := e.tor.InNS(func() error {
+		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(ip, 8080).String(), 2*time.Second)
+		if err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				v = blocked
+			}
+			detail = err.Error()
+			return nil
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		fmt.Fprintf(c, "GET / HTTP/1.0\r\n\r\n")
+		b, _ := io.ReadAll(c)
+		if strings.Contains(string(b), "np-ok") {
+			v = allowed
+		}
+		detail = string(b)
+		return nil
+	})
+	if err != nil {
+		return "error", err.Error()
+	}
+	return v, detail
+}
+
+// routeVia makes pod from reach dst with src as its source address (a
+// route with a source hint through the pod's default gateway).
+func (e *k8sEnv) routeVia(t *testing.T, from string, dst, src netip.Addr) {
+	t.Helper()
+	fam := "-4"
+	if dst.Is6() {
+		fam = "-6"
+	}
+	def := strings.Fields(e.kubectl("exec", from, "--", "ip", fam, "route", "show", "default"))
+	if len(def) < 5 || def[1] != "via" {
+		t.Fatalf("%s: default route %v", from, def)
+	}
+	e.kubectl("exec", from, "--", "ip", fam, "route", "replace", netip.PrefixFrom(dst, dst.BitLen()).String(), "via", def[2], "dev", def[4], "src", src.String())
+}
+
+func testNetworkPolicyExtraIPs(t *testing.T, e *k8sEnv) {
+	e.t = t
+	ctx := context.Background()
+	t.Cleanup(func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_, _ = e.c.Kubectl(dctx, "delete", "networkpolicy", "--all", "-n", "default", "--wait=true")
+		_, _ = e.c.Kubectl(dctx, "delete", "pod", "np-srv", "np-other", "np-cli", "np-stranger", "-n", "default", "--wait=true", "--timeout=90s")
+		_, _ = e.c.Kubectl(dctx, "delete", "addresspool", "np-addresses4", "--wait=true")
+	})
+	e.apply(npAddressesPool4)
+	srvAny6, srvAny4 := netip.MustParseAddr("2001:db8:a::2"), netip.MustParseAddr("203.0.113.2")
+	srvAddr6, srvAddr4 := netip.MustParseAddr("2001:db8:b::20"), netip.MustParseAddr("198.51.100.193")
+	cliAny6, cliAny4 := netip.MustParseAddr("2001:db8:a::3"), netip.MustParseAddr("203.0.113.3")
+	cliAddr6, cliAddr4 := netip.MustParseAddr("2001:db8:b::21"), netip.MustParseAddr("198.51.100.194")
+	e.apply(npPod("np-srv", "np-server", srvAny6.String()+","+srvAny4.String(), srvAddr6.String()+","+srvAddr4.String(), true))
+	e.apply(npPod("np-other", "np-other", "", "", true))
+	e.apply(npPod("np-cli", "np-client", cliAny6.String()+","+cliAny4.String(), cliAddr6.String()+","+cliAddr4.String(), false))
+	e.apply(npPod("np-stranger", "np-stranger", "", "", false))
+	e.waitPods("the policy test pods", "np-srv", "np-other", "np-cli", "np-stranger")
+	srvIPs := e.podIPs("default", "np-srv")
+	extras := []netip.Addr{srvAny6, srvAny4, srvAddr6, srvAddr4}
+	all := append(append([]netip.Addr{}, srvIPs...), extras...)
+	// The ToR reaches the anycast IPs (the pod is Ready) and `addresses`.
+	for _, ip := range extras {
+		e.waitBird(netip.PrefixFrom(ip, ip.BitLen()), 1)
+	}
+	policyRestarts := func() string {
+		return e.kubectl("-n", "flock-system", "get", "pods", "-l", "app.kubernetes.io/name=flock", "-o", "jsonpath={.items[0].status.containerStatuses[?(@.name==\"policy\")].restartCount}")
+	}
+	restartsBefore := policyRestarts()
+
+	t.Run("no policy: everyone connects", func(t *testing.T) {
+		e.expect(t, "np-stranger", allowed, all...)
+	})
+
+	t.Run("ingress to anycast and addresses IPs", func(t *testing.T) {
+		e.apply(fmt.Sprintf(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: np-ingress, namespace: default}
+spec:
+  podSelector: {matchLabels: {role: np-server}}
+  policyTypes: [Ingress]
+  ingress:
+  - from:
+    - podSelector: {matchLabels: {role: np-client}}
+    - ipBlock: {cidr: %s/128}
+    - ipBlock: {cidr: %s/32}
+    ports: [{port: 8080, protocol: TCP}]
+`, torV6, torV4))
+		e.expect(t, "np-stranger", blocked, all...)
+		e.expect(t, "np-cli", allowed, all...)
+		// A client that is no pod, allowed by an ipBlock: the engine maps
+		// the ToR's address to no pod (and does not crash on it).
+		for _, ip := range extras {
+			testutil.EventuallyWithin(t, 30*time.Second, fmt.Sprintf("ToR → %s allowed", ip), func() (bool, string) {
+				v, out := e.torConnect(ip)
+				return v == allowed, fmt.Sprintf("%s (%s)", v, out)
+			})
+		}
+	})
+
+	t.Run("egress to anycast and addresses IPs", func(t *testing.T) {
+		e.apply(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: np-egress, namespace: default}
+spec:
+  podSelector: {matchLabels: {role: np-client}}
+  policyTypes: [Egress]
+  egress:
+  - to:
+    - podSelector: {matchLabels: {role: np-server}}
+    ports: [{port: 8080, protocol: TCP}]
+`)
+		// The destination's extra IPs are the server pod's: the selector
+		// matches them as it matches its pod IPs.
+		e.expect(t, "np-cli", allowed, all...)
+		e.expect(t, "np-cli", blocked, e.podIPs("default", "np-other")...)
+	})
+
+	t.Run("egress from anycast and addresses IPs", func(t *testing.T) {
+		other := e.podIPs("default", "np-other")
+		for _, src := range []netip.Addr{cliAny6, cliAny4, cliAddr6, cliAddr4} {
+			dst := other[0]
+			if dst.Is6() != src.Is6() {
+				dst = other[1]
+			}
+			srv := srvIPs[0]
+			if srv.Is6() != src.Is6() {
+				srv = srvIPs[1]
+			}
+			// From the client's extra IP: to the server allowed, to
+			// another pod blocked — unchecked, the second would pass.
+			e.routeVia(t, "np-cli", dst, src)
+			e.routeVia(t, "np-cli", srv, src)
+			e.expect(t, "np-cli", blocked, dst)
+			e.expect(t, "np-cli", allowed, srv)
+		}
+		// The server saw the client's extra IP as the source (the hint
+		// worked): its httpd access is what the policy judged.
+		if out := e.kubectl("exec", "np-cli", "--", "ip", "-6", "route", "get", srvIPs[0].String()); !strings.Contains(out, "src "+cliAddr6.String()) && !strings.Contains(out, "src "+cliAny6.String()) {
+			t.Errorf("np-cli's route to %s has no source hint:\n%s", srvIPs[0], out)
+		}
+	})
+
+	t.Run("bad input breaks nothing", func(t *testing.T) {
+		e.kubectl("delete", "networkpolicy", "np-ingress", "np-egress")
+		e.expect(t, "np-stranger", allowed, srvIPs[0], srvAny6)
+		// A policy selecting no pod changes nothing.
+		e.apply(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: np-nothing, namespace: default}
+spec:
+  podSelector: {matchLabels: {role: no-such-pod}}
+  policyTypes: [Ingress, Egress]
+`)
+		e.expect(t, "np-stranger", allowed, srvIPs[0], srvAny6)
+		// A named port no container declares allows nothing.
+		e.apply(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: np-named, namespace: default}
+spec:
+  podSelector: {matchLabels: {role: np-server}}
+  policyTypes: [Ingress]
+  ingress:
+  - ports: [{port: web, protocol: TCP}]
+`)
+		e.expect(t, "np-stranger", blocked, srvIPs[0], srvAny4, srvAddr6)
+		e.kubectl("delete", "networkpolicy", "np-named")
+		// Port ranges: 8000-8079 leaves 8080 out, 8000-8080 takes it in.
+		rangePolicy := func(end int) string {
+			return fmt.Sprintf(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: np-range, namespace: default}
+spec:
+  podSelector: {matchLabels: {role: np-server}}
+  policyTypes: [Ingress]
+  ingress:
+  - ports: [{port: 8000, endPort: %d, protocol: TCP}]
+`, end)
+		}
+		e.apply(rangePolicy(8079))
+		e.expect(t, "np-stranger", blocked, srvIPs[0], srvAddr4)
+		e.apply(rangePolicy(8080))
+		e.expect(t, "np-stranger", allowed, srvIPs[0], srvAddr4)
+		e.kubectl("delete", "networkpolicy", "np-range")
+		// An ipBlock over the whole pod, anycast and `addresses` ranges
+		// with the stranger's pod IPs excepted.
+		st := e.podIPs("default", "np-stranger")
+		cli := e.podIPs("default", "np-cli")
+		e.apply(fmt.Sprintf(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: np-block, namespace: default}
+spec:
+  podSelector: {matchLabels: {role: np-server}}
+  policyTypes: [Ingress]
+  ingress:
+  - from:
+    - ipBlock: {cidr: %s, except: [%s/128]}
+    - ipBlock: {cidr: %s, except: [%s/32]}
+    - ipBlock: {cidr: 2001:db8::/32}
+    - ipBlock: {cidr: 203.0.113.0/24}
+`, k8sSummary6, ipOf(st, true), k8sSummary4, ipOf(st, false)))
+		e.expect(t, "np-stranger", blocked, all...)
+		e.expect(t, "np-cli", allowed, srvIPs...)
+		// From the client's anycast source (inside 2001:db8::/32 and
+		// 203.0.113.0/24): allowed by the ipBlock of those ranges.
+		e.routeVia(t, "np-cli", ipOf(srvIPs, true), cliAny6)
+		e.routeVia(t, "np-cli", ipOf(srvIPs, false), cliAny4)
+		e.expect(t, "np-cli", allowed, srvIPs...)
+		_ = cli
+		e.kubectl("delete", "networkpolicy", "np-block", "np-nothing")
+	})
+
+	if after := policyRestarts(); after != restartsBefore {
+		t.Errorf("flock-policy restarted during the policy tests: restartCount %s → %s", restartsBefore, after)
+	}
+	_ = ctx
+}

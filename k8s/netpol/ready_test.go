@@ -1,0 +1,66 @@
+package netpol
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The kernel writes each bound queue as "%5u %6u %5u %1u %5u %5u %5u %8u %2d"
+// (queue, peer port ID, queued, copy mode, copy range, queue dropped, user
+// dropped, last packet ID, 1).
+const sampleNfqueue = `  100  48213     0 2   128     0     0     1742  1
+65535      7     2 2 65531    12     3 4294967295  1
+
+    7  48214     0 2   128     0     0        0  1
+`
+
+func TestBoundQueues(t *testing.T) {
+	got, err := boundQueues(strings.NewReader(sampleNfqueue))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || !got[100] || !got[65535] || !got[7] {
+		t.Errorf("bound queues %v, want 7, 100 and 65535", got)
+	}
+	if got, err := boundQueues(strings.NewReader("")); err != nil || len(got) != 0 {
+		t.Errorf("no queue bound: %v, %v; want none", got, err)
+	}
+	if _, err := boundQueues(strings.NewReader(sampleNfqueue + "  x 1 2\n")); err == nil || !strings.Contains(err.Error(), `line 5: queue number "x"`) {
+		t.Errorf("a malformed line: %v, want an error naming it", err)
+	}
+}
+
+func TestReadyNamesWhatIsMissing(t *testing.T) {
+	dir := t.TempDir()
+	proc := filepath.Join(dir, "nfnetlink_queue")
+	if err := os.WriteFile(proc, []byte(sampleNfqueue), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tableOK := func() error { return nil }
+	noTable := func() error { return errors.New("nftables table inet flock-netpol does not exist yet") }
+	for _, tc := range []struct {
+		name  string
+		queue int
+		table func() error
+		proc  string
+		want  string // "" ready
+	}{
+		{"enforcing", 100, tableOK, proc, ""},
+		{"no table", 100, noTable, proc, "table inet flock-netpol does not exist yet"},
+		{"queue not bound", 101, tableOK, proc, "no process reads NFQUEUE 101 yet"},
+		{"module not loaded", 100, tableOK, filepath.Join(dir, "absent"), "no process reads NFQUEUE 100 (" + dir},
+	} {
+		err := ready(tc.queue, tc.table, tc.proc)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v, want ready", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want an error containing %q", tc.name, err, tc.want)
+		case err != nil && strings.Contains(err.Error(), "\n"):
+			t.Errorf("%s: reason %q is more than one line", tc.name, err)
+		}
+	}
+}
