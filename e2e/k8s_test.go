@@ -445,6 +445,10 @@ func TestKubernetes(t *testing.T) {
 		e.waitBird(a4, 0)
 	})
 
+	// NetworkPolicy on what the upstream suite cannot see (issue 19).
+	t.Run("NetworkPolicy covers anycast and addresses IPs", func(t *testing.T) { testNetworkPolicyExtraIPs(t, e) })
+	t.Run("AdminNetworkPolicy and BaselineAdminNetworkPolicy", func(t *testing.T) { e.t = t; testAdminNetworkPolicy(t, e) })
+
 	t.Run("hostPort through the chained portmap plugin", func(t *testing.T) {
 		e.t = t
 		e.waitPods("hp", "hp")

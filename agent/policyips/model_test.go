@@ -1,0 +1,364 @@
+package policyips
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	dynfake "k8s.io/client-go/dynamic/fake"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/agent/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/agent/authz"
+	"code.fritzlab.net/fritzlab/flock/k8s/addresspools"
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/claims"
+	"code.fritzlab.net/fritzlab/flock/k8s/pods"
+)
+
+// world is the model: what the API and the agent hold, changed by many
+// goroutines at once and mirrored into the fakes the tracker reads.
+type world struct {
+	mu       sync.Mutex
+	dyn      *dynfake.FakeDynamicClient
+	pods     cache.Indexer
+	ns       cache.Indexer
+	local    []admin.Pod // the agent's records
+	agentUp  bool
+	handler  cache.ResourceEventHandler
+	claimSeq int
+}
+
+var (
+	nsNames = []string{"a", "b", "c"}
+	anyIPs  = []string{"2001:db8:a::1", "2001:db8:a::2", "203.0.113.1"}
+	addrIPs = []string{"2001:db8:b::1", "2001:db8:b::2", "2001:db8:b::3", "198.51.100.200"}
+	nodes   = []string{node, "n2"}
+)
+
+func toUnstructured(t *testing.T, obj any, gvk schema.GroupVersionKind) *unstructured.Unstructured {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: m}
+	u.SetGroupVersionKind(gvk)
+	return u
+}
+
+// step does one random change.
+func (w *world) step(t *testing.T, r *rand.Rand) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ctx := context.Background()
+	name := "p" + strconv.Itoa(r.IntN(6))
+	ns := nsNames[r.IntN(len(nsNames))]
+	switch op := r.IntN(8); op {
+	case 0, 1: // create or replace a pod (a new incarnation)
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(fmt.Sprintf("u%d", r.IntN(1000)))},
+			Spec: corev1.PodSpec{NodeName: nodes[r.IntN(2)], HostNetwork: r.IntN(10) == 0},
+			Status: corev1.PodStatus{Phase: []corev1.PodPhase{corev1.PodPending, corev1.PodRunning, corev1.PodRunning, corev1.PodSucceeded}[r.IntN(4)]}}
+		if r.IntN(2) == 0 {
+			p.Annotations = map[string]string{annotations.Anycast: anyIPs[r.IntN(len(anyIPs))]}
+		}
+		_ = w.pods.Add(p)
+		w.handler.OnAdd(p, false)
+	case 2: // delete a pod
+		if obj, ok, _ := w.pods.GetByKey(ns + "/" + name); ok {
+			_ = w.pods.Delete(obj)
+			w.handler.OnDelete(obj)
+		}
+	case 3: // claim an `addresses` IP for a pod (possibly stale)
+		if obj, ok, _ := w.pods.GetByKey(ns + "/" + name); ok {
+			p := obj.(*corev1.Pod)
+			uid := string(p.UID)
+			if r.IntN(4) == 0 {
+				uid = "stale"
+			}
+			w.claimSeq++
+			c := v1alpha1.AddressClaim{ObjectMeta: metav1.ObjectMeta{Name: "c" + strconv.Itoa(w.claimSeq)},
+				Spec: v1alpha1.AddressClaimSpec{IP: addrIPs[r.IntN(len(addrIPs))], Use: v1alpha1.UseAddresses, Node: p.Spec.NodeName,
+					Pod: v1alpha1.ClaimPod{Namespace: p.Namespace, Name: p.Name, UID: uid}}}
+			if _, err := w.dyn.Resource(claims.GVR).Create(ctx, toUnstructured(t, &c, v1alpha1.GroupVersion.WithKind("AddressClaim")), metav1.CreateOptions{}); err != nil {
+				t.Error(err)
+			}
+		}
+	case 4: // free a claim
+		l, _ := w.dyn.Resource(claims.GVR).List(ctx, metav1.ListOptions{})
+		if len(l.Items) > 0 {
+			_ = w.dyn.Resource(claims.GVR).Delete(ctx, l.Items[r.IntN(len(l.Items))].GetName(), metav1.DeleteOptions{})
+		}
+	case 5: // the anycast pool allows other namespaces
+		ap := v1alpha1.AddressPool{ObjectMeta: metav1.ObjectMeta{Name: "any"}, Spec: v1alpha1.AddressPoolSpec{CIDRs: []string{"2001:db8:a::/64", "203.0.113.0/24"},
+			Use: []string{v1alpha1.UseAnycast}, NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"anycast": "yes"}}}}
+		if r.IntN(3) == 0 {
+			ap.Spec.CIDRs = []string{"2001:db8:a::/64", "not-a-cidr"} // invalid: authorizes nothing
+		}
+		u := toUnstructured(t, &ap, v1alpha1.GroupVersion.WithKind("AddressPool"))
+		if _, err := w.dyn.Resource(addresspools.GVR).Update(ctx, u, metav1.UpdateOptions{}); err != nil {
+			if _, err := w.dyn.Resource(addresspools.GVR).Create(ctx, u, metav1.CreateOptions{}); err != nil {
+				t.Error(err)
+			}
+		}
+	case 6: // relabel a namespace
+		n := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+		if r.IntN(2) == 0 {
+			n.Labels = map[string]string{"anycast": "yes"}
+		}
+		_ = w.ns.Update(n)
+		w.handler.OnUpdate(n, n)
+	case 7: // the agent binds (or forgets) what this node's pods hold; or it goes away
+		if r.IntN(5) == 0 {
+			w.agentUp = !w.agentUp
+			return
+		}
+		w.local = nil
+		for _, obj := range w.pods.List() {
+			p := obj.(*corev1.Pod)
+			if p.Spec.NodeName != node || r.IntN(3) == 0 {
+				continue
+			}
+			rec := admin.Pod{ID: pods.ID(p), Phase: "committed"}
+			if r.IntN(5) == 0 {
+				rec.UID = "old"
+			}
+			rec.Addresses = []string{addrIPs[r.IntN(len(addrIPs))]}
+			rec.Anycast = []string{anyIPs[r.IntN(len(anyIPs))]}
+			w.local = append(w.local, rec)
+		}
+	}
+}
+
+// inputs is the model's truth, as Compute takes it.
+func (w *world) inputs(t *testing.T) Inputs {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	in := Inputs{Node: node, Namespaces: map[string]labels.Set{}}
+	for _, obj := range w.pods.List() {
+		in.Pods = append(in.Pods, obj.(*corev1.Pod))
+	}
+	for _, obj := range w.ns.List() {
+		n := obj.(*corev1.Namespace)
+		in.Namespaces[n.Name] = n.Labels
+	}
+	if w.agentUp {
+		in.Local = slices.Clone(w.local)
+		if in.Local == nil {
+			in.Local = []admin.Pod{}
+		}
+	}
+	ctx := context.Background()
+	cl, _ := w.dyn.Resource(claims.GVR).List(ctx, metav1.ListOptions{})
+	for _, u := range cl.Items {
+		var c v1alpha1.AddressClaim
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &c); err != nil {
+			t.Fatal(err)
+		}
+		in.Claims = append(in.Claims, c)
+	}
+	pl, _ := w.dyn.Resource(addresspools.GVR).List(ctx, metav1.ListOptions{})
+	var aps []v1alpha1.AddressPool
+	for _, u := range pl.Items {
+		var ap v1alpha1.AddressPool
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &ap); err != nil {
+			t.Fatal(err)
+		}
+		aps = append(aps, ap)
+	}
+	in.Pools = compilePools(aps)
+	return in
+}
+
+// serveAgent answers /v1/pods from the model, or fails while it is down.
+func (w *world) serveAgent(t *testing.T, socket string) {
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		w.mu.Lock()
+		up, local := w.agentUp, slices.Clone(w.local)
+		w.mu.Unlock()
+		if !up {
+			http.Error(rw, "agent restarting", http.StatusServiceUnavailable)
+			return
+		}
+		_ = json.NewEncoder(rw).Encode(local)
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+}
+
+// checkInvariants holds at every quiescent point, whatever Compute does.
+func checkInvariants(t *testing.T, in Inputs, o *Owners) {
+	t.Helper()
+	if o == nil {
+		return // holds nothing
+	}
+	podByKey := map[string]*corev1.Pod{}
+	for _, p := range in.Pods {
+		podByKey[p.Namespace+"/"+p.Name] = p
+	}
+	for ip, keys := range o.byIP {
+		for _, k := range keys {
+			if !slices.Contains(o.byPod[k], ip) {
+				t.Fatalf("%s held by %s in one index, not the other", ip, k)
+			}
+			p := podByKey[k]
+			if p == nil || p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded {
+				t.Fatalf("%s held by %s, which is gone, finished or on the host network", ip, k)
+			}
+			viaAgent := in.Local != nil && p.Spec.NodeName == in.Node
+			ok := false
+			if viaAgent {
+				for _, r := range in.Local {
+					if r.ID.Same(pods.ID(p)) && (slices.Contains(r.Addresses, ip) || slices.Contains(r.Anycast, ip)) {
+						ok = true
+					}
+				}
+			} else {
+				for _, c := range in.Claims {
+					ok = ok || c.Spec.IP == ip && c.Spec.Pod.Namespace == p.Namespace && c.Spec.Pod.Name == p.Name && c.Spec.Pod.UID == string(p.UID) && c.Spec.Node == p.Spec.NodeName
+				}
+				if p.Status.Phase == corev1.PodRunning && p.Annotations[annotations.Anycast] == ip && in.Namespaces[p.Namespace]["anycast"] == "yes" && len(in.Pools.Pools()) > 0 {
+					ok = true
+				}
+			}
+			if !ok {
+				t.Fatalf("%s held by %s without authority (via agent: %v)", ip, k, viaAgent)
+			}
+		}
+	}
+	for k, ips := range o.byPod {
+		for _, ip := range ips {
+			if !slices.Contains(o.byIP[ip], k) {
+				t.Fatalf("%s holds %s in one index, not the other", k, ip)
+			}
+		}
+	}
+}
+
+// TestTrackerModel interleaves random changes of pods, claims, pools,
+// namespace labels and the agent's bindings from many goroutines while
+// readers ask the tracker, restarts the tracker and the agent, and checks
+// at quiescent points that the tracker converged to Compute of the truth
+// and that nobody holds an IP without authority. FLOCK_SEED reproduces.
+func TestTrackerModel(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("FLOCK_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("seed %d (FLOCK_SEED=%d reproduces)", seed, seed)
+	scheme := runtime.NewScheme()
+	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
+		claims.GVR: "AddressClaimList", addresspools.GVR: "AddressPoolList"})
+	w := &world{dyn: dyn, agentUp: true,
+		pods: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
+		ns:   cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})}
+	for _, n := range nsNames {
+		_ = w.ns.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})
+	}
+	socket := filepath.Join(t.TempDir(), "admin.sock")
+	w.serveAgent(t, socket)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+
+	start := func() (*Tracker, context.CancelFunc, chan error) {
+		tr := NewTracker(node, dyn, socket, log)
+		w.mu.Lock()
+		w.handler = tr.Handler()
+		w.mu.Unlock()
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			done <- tr.Run(ctx, corelisters.NewPodLister(w.pods), corelisters.NewNamespaceLister(w.ns), nil, func() {})
+		}()
+		return tr, cancel, done
+	}
+	tr, cancel, done := start()
+	defer func() { cancel(); <-done }()
+
+	rounds := 12
+	for round := range rounds {
+		var wg sync.WaitGroup
+		stopRead := make(chan struct{})
+		for g := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := rand.New(rand.NewPCG(seed, uint64(round*100+g)))
+				for range 40 {
+					w.step(t, r)
+				}
+			}()
+		}
+		var rd sync.WaitGroup
+		for range 2 {
+			rd.Add(1)
+			go func() {
+				defer rd.Done()
+				for {
+					select {
+					case <-stopRead:
+						return
+					default:
+					}
+					for _, ip := range append(slices.Clone(anyIPs), addrIPs...) {
+						for _, k := range tr.PodsForIP(ip) {
+							_ = k
+						}
+					}
+					_ = tr.ExtraPodIPs(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "p1"}})
+				}
+			}()
+		}
+		wg.Wait()
+		close(stopRead)
+		rd.Wait()
+		// A restart of the tracker now and then: the new one converges too.
+		if round%4 == 3 {
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			tr, cancel, done = start()
+		}
+		// Quiescent: the tracker reaches Compute of the truth.
+		in := w.inputs(t)
+		want := Compute(in)
+		deadline := time.Now().Add(10 * time.Second)
+		for !tr.current.Load().Equal(want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d (seed %d): tracker did not converge:\n got %v\nwant %v", round, seed, tr.current.Load().byPod, want.byPod)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		checkInvariants(t, in, tr.current.Load())
+	}
+}
+
+
+func compilePools(aps []v1alpha1.AddressPool) *authz.Set {
+	s, _ := authz.Compile(aps)
+	return s
+}
