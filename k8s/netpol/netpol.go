@@ -4,8 +4,9 @@
 // each new connection to or from a selected pod to an NFQUEUE, where the
 // controller decides against the policies it watches. flock does not
 // write its own policy engine; it embeds that one, as kindnet does, with
-// one patch (third_party/patches): kernels without nftables' queue
-// expression queue through the xtables NFQUEUE target.
+// two patches (third_party/patches): kernels without nftables' queue
+// expression queue through the xtables NFQUEUE target; a pod's extra IPs
+// (anycast, `addresses`) are its own, and the rules outlive a restart.
 package netpol
 
 import (
