@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
@@ -255,6 +257,18 @@ spec:
 		}
 	})
 
+	checkRestarts := func() {
+		if after := policyRestarts(); after != restartsBefore {
+			t.Errorf("flock-policy restarted during the policy tests: restartCount %s → %s", restartsBefore, after)
+		}
+	}
+	checkRestarts()
+	t.Run("engine and agent restarts under new connections", func(t *testing.T) {
+		// np-ingress lets np-cli in and keeps np-stranger out.
+		testPolicyRestarts(t, e, ipOf(srvIPs, true))
+	})
+	restartsBefore = policyRestarts()
+
 	t.Run("bad input breaks nothing", func(t *testing.T) {
 		e.kubectl("delete", "networkpolicy", "np-ingress", "np-egress")
 		e.expect(t, "np-stranger", allowed, srvIPs[0], srvAny6)
@@ -324,8 +338,82 @@ spec:
 		e.kubectl("delete", "networkpolicy", "np-block", "np-nothing")
 	})
 
-	if after := policyRestarts(); after != restartsBefore {
-		t.Errorf("flock-policy restarted during the policy tests: restartCount %s → %s", restartsBefore, after)
-	}
+	checkRestarts()
 	_ = ctx
+}
+
+// connectLoop starts, in pod from, a loop that opens a new connection to
+// ip:8080 every 200 ms for d (1 s timeout each) and logs ok or no per
+// attempt to /tmp/<name>.log; it returns a func that waits for the loop's
+// end and counts the outcomes.
+func (e *k8sEnv) connectLoop(t *testing.T, from, name string, ip netip.Addr, d time.Duration) func() (ok, no int) {
+	t.Helper()
+	url := fmt.Sprintf("http://%s/", netip.AddrPortFrom(ip, 8080))
+	script := fmt.Sprintf(`end=$(( $(date +%%s) + %d )); while [ $(date +%%s) -lt $end ]; do if wget -q -O- -T 1 %s >/dev/null 2>&1; then echo ok; else echo no; fi; sleep 0.2; done > /tmp/%s.log 2>&1`,
+		int(d.Seconds()), url, name)
+	e.kubectl("exec", from, "--", "sh", "-c", "setsid sh -c '"+script+"' </dev/null >/dev/null 2>&1 &")
+	started := time.Now()
+	return func() (int, int) {
+		time.Sleep(time.Until(started.Add(d + 3*time.Second)))
+		out := e.kubectl("exec", from, "--", "cat", "/tmp/"+name+".log")
+		return strings.Count(out, "ok"), strings.Count(out, "no")
+	}
+}
+
+// testPolicyRestarts: the engine (and the agent) restart while clients
+// open new connections to a selected pod, one allowed and one blocked.
+// With the default fail mode (closed) an allowed connection may be
+// refused while no engine reads the queue; a blocked one must never pass.
+func testPolicyRestarts(t *testing.T, e *k8sEnv, target netip.Addr) {
+	e.t = t
+	policyPID := func() int { return hostPID(t, "/usr/local/bin/flock-policy") }
+	waitReady := func() {
+		e.waitPods("the flock pod after the fault", "-n", "flock-system", "-l", agentSelector)
+	}
+	for _, f := range []struct {
+		fault, done string
+		inject      func()
+	}{
+		{"flock-policy crash (SIGKILL)", "kill -KILL the flock-policy process; kubelet restarts the container", func() {
+			if err := unix.Kill(policyPID(), unix.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"flock-policy stop (SIGTERM)", "kill -TERM the flock-policy process; kubelet restarts the container", func() {
+			if err := unix.Kill(policyPID(), unix.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"rollout (kubectl rollout restart daemonset/flock)", "the flock pod replaced: agent and flock-policy stop (SIGTERM) and start anew", func() {
+			e.kubectl("-n", "flock-system", "rollout", "restart", "daemonset/flock")
+			e.kubectl("-n", "flock-system", "rollout", "status", "daemonset/flock", "--timeout=180s")
+		}},
+		{"agent crash (SIGKILL)", "kill -KILL the flock-agent process; flock-policy keeps running", func() {
+			if err := unix.Kill(agentPID(t), unix.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		const d = 30 * time.Second
+		allowedDone := e.connectLoop(t, "np-cli", "allowed", target, d)
+		blockedDone := e.connectLoop(t, "np-stranger", "blocked", target, d)
+		time.Sleep(5 * time.Second)
+		f.inject()
+		// Let the fault play out: kubelet restarts what died.
+		time.Sleep(2 * time.Second)
+		waitReady()
+		okA, noA := allowedDone()
+		okB, noB := blockedDone()
+		record(t, reliabilityRow{Section: "NetworkPolicy", Fault: f.fault, ToR: "containerd " + e.c.Opts.Release.Containerd,
+			Done: f.done + "; meanwhile an allowed and a blocked pod each open a new connection every 200 ms (1 s timeout) for 30 s", Times: 1,
+			Survived: fmt.Sprintf("blocked connections let through: %d of %d", okB, okB+noB),
+			Figures: map[string]string{"allowed connections refused": fmt.Sprintf("%d of %d", noA, okA+noA),
+				"allowed refused for about": (time.Duration(noA) * 1200 * time.Millisecond).String()}})
+		if okB != 0 {
+			t.Errorf("%s: %d blocked connections were let through (fail mode is closed)", f.fault, okB)
+		}
+		if okA == 0 || noB == 0 {
+			t.Errorf("%s: the loops did not run (allowed ok %d, blocked no %d)", f.fault, okA, noB)
+		}
+	}
 }

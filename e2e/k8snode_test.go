@@ -140,12 +140,15 @@ func setChainedPlugins(t *testing.T, dir string) {
 }
 
 // agentPID is the host PID of the running flock-agent process.
-func agentPID(t *testing.T) int {
+func agentPID(t *testing.T) int { return hostPID(t, "/usr/local/bin/flock-agent") }
+
+// hostPID is the host PID of the running process of binary (a container's).
+func hostPID(t *testing.T, binary string) int {
 	t.Helper()
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
 		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
-		if err != nil || !strings.HasPrefix(string(b), "/usr/local/bin/flock-agent\x00") {
+		if err != nil || !strings.HasPrefix(string(b), binary+"\x00") {
 			continue
 		}
 		pid, err := strconv.Atoi(filepath.Base(d))
@@ -153,7 +156,7 @@ func agentPID(t *testing.T) int {
 			return pid
 		}
 	}
-	t.Fatal("no flock-agent process on the host")
+	t.Fatalf("no %s process on the host", binary)
 	return 0
 }
 
