@@ -75,12 +75,18 @@ const (
 	blocked verdict = "blocked"
 )
 
-// wget from a pod to ip:8080; a connection the policy drops times out.
+// ncGet is a shell command fetching / from ip:8080 with busybox nc (the
+// image's static wget crashes resolving); a connection the policy drops
+// times out after 2 s ("timed out").
+func ncGet(ip netip.Addr) string {
+	return fmt.Sprintf(`printf "GET / HTTP/1.0\r\n\r\n" | nc -w 2 %s 8080`, ip)
+}
+
+// connect fetches from a pod; a connection the policy drops times out.
 func (e *k8sEnv) connect(from string, ip netip.Addr) (verdict, string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	url := fmt.Sprintf("http://%s/", netip.AddrPortFrom(ip, 8080))
-	out, err := e.c.Kubectl(ctx, "exec", from, "--", "wget", "-q", "-O-", "-T", "2", url)
+	out, err := e.c.Kubectl(ctx, "exec", from, "--", "sh", "-c", ncGet(ip)+" 2>&1")
 	switch {
 	case err == nil && strings.Contains(out, "np-ok"):
 		return allowed, out
@@ -348,9 +354,8 @@ spec:
 // end and counts the outcomes.
 func (e *k8sEnv) connectLoop(t *testing.T, from, name string, ip netip.Addr, d time.Duration) func() (ok, no int) {
 	t.Helper()
-	url := fmt.Sprintf("http://%s/", netip.AddrPortFrom(ip, 8080))
-	script := fmt.Sprintf(`end=$(( $(date +%%s) + %d )); while [ $(date +%%s) -lt $end ]; do if wget -q -O- -T 1 %s >/dev/null 2>&1; then echo ok; else echo no; fi; sleep 0.2; done > /tmp/%s.log 2>&1`,
-		int(d.Seconds()), url, name)
+	script := fmt.Sprintf(`end=$(( $(date +%%s) + %d )); while [ $(date +%%s) -lt $end ]; do if %s 2>&1 | grep -q np-ok; then echo ok; else echo no; fi; sleep 0.2; done > /tmp/%s.log 2>&1`,
+		int(d.Seconds()), strings.ReplaceAll(ncGet(ip), "-w 2", "-w 1"), name)
 	e.kubectl("exec", from, "--", "sh", "-c", "setsid sh -c '"+script+"' </dev/null >/dev/null 2>&1 &")
 	started := time.Now()
 	return func() (int, int) {

@@ -77,7 +77,7 @@ func (w *world) step(t *testing.T, r *rand.Rand) {
 	switch op := r.IntN(8); op {
 	case 0, 1: // create or replace a pod (a new incarnation)
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(fmt.Sprintf("u%d", r.IntN(1000)))},
-			Spec: corev1.PodSpec{NodeName: nodes[r.IntN(2)], HostNetwork: r.IntN(10) == 0},
+			Spec:   corev1.PodSpec{NodeName: nodes[r.IntN(2)], HostNetwork: r.IntN(10) == 0},
 			Status: corev1.PodStatus{Phase: []corev1.PodPhase{corev1.PodPending, corev1.PodRunning, corev1.PodRunning, corev1.PodSucceeded}[r.IntN(4)]}}
 		if r.IntN(2) == 0 {
 			p.Annotations = map[string]string{annotations.Anycast: anyIPs[r.IntN(len(anyIPs))]}
@@ -356,7 +356,6 @@ func TestTrackerModel(t *testing.T) {
 		checkInvariants(t, in, tr.current.Load())
 	}
 }
-
 
 func compilePools(aps []v1alpha1.AddressPool) *authz.Set {
 	s, _ := authz.Compile(aps)

@@ -4,61 +4,28 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
-	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 )
 
 // claimCost is what a cluster-wide claim costs an ADD: a Kubernetes-mode
 // agent against the e2e lab's real kube-apiserver (etcd and the apiserver
-// only), ADDing pods from the node's summary (no claim: the baseline), pods
-// with an `addresses` IP (one AddressClaim) and pods from a cluster-wide
-// pool (one AddressClaim per address). Sequential ADDs; p50 and p99 each.
+// only: apiLab), ADDing pods from the node's summary (no claim: the
+// baseline), pods with an `addresses` IP (one AddressClaim) and pods from
+// a cluster-wide pool (one AddressClaim per address). Sequential ADDs; p50
+// and p99 each.
 type claimCost struct {
 	name     string
 	p50, p99 float64
 }
 
-func measureClaims(ctx context.Context, dir, binDir, prefix string, n int) ([]claimCost, error) {
-	root, err := lab.RepoRoot()
-	if err != nil {
-		return nil, err
-	}
-	c, err := k8slab.Up(ctx, k8slab.Options{Dir: filepath.Join(dir, "k8s"), APIOnly: true, Log: logf})
-	if err != nil {
-		return nil, err
-	}
-	defer c.Down()
-	kubectl := func(stdin string, args ...string) error {
-		var out string
-		var err error
-		for range 30 { // a just-created CRD takes a moment to be served
-			if stdin == "" {
-				out, err = c.Kubectl(ctx, args...)
-			} else {
-				out, err = c.KubectlStdin(ctx, stdin, args...)
-			}
-			if err == nil {
-				return nil
-			}
-			time.Sleep(time.Second)
-		}
-		return fmt.Errorf("kubectl %v: %w\n%s", args, err, out)
-	}
-	if err := kubectl("", "apply", "-f", filepath.Join(root, "deploy", "crd")); err != nil {
-		return nil, err
-	}
-	if err := kubectl("", "-n", "default", "create", "serviceaccount", "default"); err != nil {
-		return nil, err
-	}
-	api := "127.0.0.1:" + strconv.Itoa(k8slab.APIServerPort)
+func measureClaims(ctx context.Context, a *apiLab, dir, binDir, prefix string, n int) ([]claimCost, error) {
+	kubectl := func(stdin string, args ...string) error { return a.kubectl(ctx, stdin, args...) }
+	api := a.addr()
 	var stopProxy func()
 	defer func() {
 		if stopProxy != nil {
@@ -66,7 +33,7 @@ func measureClaims(ctx context.Context, dir, binDir, prefix string, n int) ([]cl
 		}
 	}()
 	l, err := lab.NewBGPLab(lab.LabOptions{Prefix: prefix, Dir: filepath.Join(dir, "claims"), BinDir: binDir, Nodes: 1,
-		Kubeconfig: c.Kubeconfig, AgentArgs: []string{"--metrics-address=", "--log-level=info"},
+		Kubeconfig: a.kubeconfig(), AgentArgs: []string{"--metrics-address=", "--log-level=info"},
 		Setup: func(n *lab.LabNode) error {
 			if err := kubectl(fmt.Sprintf(`apiVersion: flock.fritzlab.net/v1alpha1
 kind: NodeConfig
@@ -97,14 +64,7 @@ spec: {cidrs: ["2001:db8:ab::/112"], use: [addresses], namespaces: [default]}
 	}
 	defer l.Close()
 	node := l.Nodes[0]
-	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
+	cs := a.cs
 	ns, err := lab.NewNS(prefix + "claimpod")
 	if err != nil {
 		return nil, err
@@ -148,4 +108,22 @@ spec: {cidrs: ["2001:db8:ab::/112"], use: [addresses], namespaces: [default]}
 		logf("claims: %s: ADD p50 %.1f ms p99 %.1f ms", tc.name, pct(lat, .5), pct(lat, .99))
 	}
 	return out, nil
+}
+
+// claimFigures are the claim section's rows: each case beside the
+// baseline (the first), or the error.
+func claimFigures(cc []claimCost, err error) []figure {
+	const csec = "What an AddressPool claim costs an ADD (Kubernetes mode, real kube-apiserver)"
+	if err == nil && len(cc) < 2 {
+		err = fmt.Errorf("%d cases measured", len(cc))
+	}
+	if err != nil {
+		return []figure{{Section: csec, Name: "ADD p50", Value: nan(), Base: nan(), Limit: nan(), Err: firstLine(err.Error())}}
+	}
+	var figs []figure
+	for _, c := range cc[1:] {
+		figs = append(figs, figure{Section: csec, Name: "ADD p50, " + c.name, Value: c.p50, Base: cc[0].p50, BaseName: cc[0].name, Unit: "ms", Limit: nan()})
+		figs = append(figs, figure{Section: csec, Name: "ADD p99, " + c.name, Value: c.p99, Base: cc[0].p99, BaseName: cc[0].name, Unit: "ms", Limit: nan()})
+	}
+	return figs
 }

@@ -1,7 +1,7 @@
 // Command bench is `make bench`: flock's performance figures, each beside
 // a baseline measured in the same run on the same machine, printed as one
 // table and written to BENCHMARKS.md. Root only (network namespaces, a
-// BIRD ToR, a kube-apiserver for the claim figures).
+// BIRD ToR, a kube-apiserver for the claim and NetworkPolicy figures).
 package main
 
 import (
@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -36,6 +37,11 @@ type options struct {
 	profiles             string
 	agentLog             string
 	cniOnly              bool
+	netpol               bool
+	npConnects           int
+	npPolicies, npPods   int
+	npRateTime           time.Duration
+	only                 string
 }
 
 func main() {
@@ -58,7 +64,17 @@ func main() {
 	flag.StringVar(&o.profiles, "profiles", "", "save the agent's heap profiles (empty, loaded) and memory split into this directory")
 	flag.BoolVar(&o.claims, "claims", true, "measure the AddressPool claim cost against a kube-apiserver (the e2e lab's; built once into /var/cache/flock-e2e)")
 	flag.BoolVar(&o.cniOnly, "cni-only", false, "measure the CNI figures only and print them (BENCHMARKS.md is left alone): for quick comparisons while optimizing")
+	flag.BoolVar(&o.netpol, "netpol", true, "measure NetworkPolicy: what flock-policy adds to new connections of a pod policies select, and its RSS (against the same kube-apiserver as -claims)")
+	flag.IntVar(&o.npConnects, "netpol-connects", 2000, "sequential connects timed to each server in the NetworkPolicy latency figures")
+	flag.IntVar(&o.npPolicies, "netpol-policies", 100, "NetworkPolicies selecting the server pod")
+	flag.IntVar(&o.npPods, "netpol-pods", 1000, "further Pod objects in the API for flock-policy's loaded RSS")
+	flag.DurationVar(&o.npRateTime, "netpol-rate-time", 5*time.Second, "how long the connection rate is measured, per server")
+	flag.StringVar(&o.only, "only", "", "measure only these sections, comma-separated (claims, netpol), and print them (BENCHMARKS.md is left alone)")
 	flag.Parse()
+	if _, _, err := o.apiSections(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "bench: must run as root (network namespaces, BIRD, kube-apiserver)")
 		os.Exit(2)
@@ -75,7 +91,18 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	for _, b := range []string{"flock", "flock-agent"} {
+	claims, netpol, err := o.apiSections()
+	if err != nil {
+		return err
+	}
+	var need []string
+	if o.only == "" || claims {
+		need = append(need, "flock", "flock-agent")
+	}
+	if netpol && (o.only != "" || !o.cniOnly) {
+		need = append(need, "flock-policy")
+	}
+	for _, b := range need {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
 			return fmt.Errorf("%w (run make build first)", err)
 		}
@@ -86,6 +113,15 @@ func run(ctx context.Context, o options) error {
 	}
 	defer os.RemoveAll(dir)
 	prefix := randPrefix()
+	if o.only != "" {
+		figs := apiFigures(ctx, o, dir, bin, prefix, claims, netpol)
+		var n []string
+		if netpol {
+			n = append(n, netpolNote(o))
+		}
+		fmt.Println(render(figs, o.cmd+" -only "+o.only, started, n))
+		return nil
+	}
 	var figs []figure
 	add := func(f figure) { figs = append(figs, f) }
 
@@ -335,23 +371,68 @@ func run(ctx context.Context, o options) error {
 	}
 	nl.Close()
 
-	if o.claims {
-		logf("claims: kube-apiserver lab")
-		cc, err := measureClaims(ctx, dir, bin, prefix+"k", o.claimN)
-		const csec = "What an AddressPool claim costs an ADD (Kubernetes mode, real kube-apiserver)"
-		if err != nil {
-			add(figure{Section: csec, Name: "ADD p50", Value: nan(), Base: nan(), Limit: nan(), Err: err.Error()})
-		} else {
-			for _, c := range cc[1:] {
-				add(figure{Section: csec, Name: "ADD p50, " + c.name, Value: c.p50, Base: cc[0].p50, BaseName: cc[0].name, Unit: "ms", Limit: nan()})
-				add(figure{Section: csec, Name: "ADD p99, " + c.name, Value: c.p99, Base: cc[0].p99, BaseName: cc[0].name, Unit: "ms", Limit: nan()})
-			}
-		}
-	}
+	figs = append(figs, apiFigures(ctx, o, dir, bin, prefix, claims, netpol)...)
 
 	report := render(figs, o.cmd, started, notes(o))
 	fmt.Println(report)
 	return os.WriteFile(o.out, []byte(report), 0o644)
+}
+
+// apiSections says which of the sections that need a Kubernetes API
+// (claims, netpol) run: those -only names, else those enabled.
+func (o options) apiSections() (claims, netpol bool, err error) {
+	if o.only == "" {
+		return o.claims, o.netpol, nil
+	}
+	for _, s := range strings.Split(o.only, ",") {
+		switch strings.TrimSpace(s) {
+		case "claims":
+			claims = true
+		case "netpol":
+			netpol = true
+		default:
+			return false, false, fmt.Errorf("-only %q: the sections are claims and netpol", o.only)
+		}
+	}
+	return claims, netpol, nil
+}
+
+// apiFigures measures the sections that need a Kubernetes API against
+// one API-only lab (etcd and kube-apiserver, built once into
+// /var/cache/flock-e2e), torn down before it returns.
+func apiFigures(ctx context.Context, o options, dir, bin, prefix string, claims, netpol bool) []figure {
+	if !claims && !netpol {
+		return nil
+	}
+	logf("k8s: API-only lab (etcd, kube-apiserver)")
+	a, err := upAPILab(ctx, dir)
+	var figs []figure
+	if claims {
+		var cc []claimCost
+		if err == nil {
+			logf("claims: AddressPool claims against the kube-apiserver")
+			cc, err = measureClaims(ctx, a, dir, bin, prefix+"k", o.claimN)
+		}
+		if err != nil {
+			logf("claims: %v", err)
+		}
+		figs = append(figs, claimFigures(cc, err)...)
+	}
+	if netpol {
+		r := newNetpolResult()
+		if a == nil {
+			r.failRest(err)
+		} else {
+			logf("netpol: NetworkPolicy against the kube-apiserver")
+			r = measureNetpol(ctx, a, dir, bin, prefix+"n", o)
+		}
+		r.logErrors()
+		figs = append(figs, netpolFigures(r, o)...)
+	}
+	if a != nil {
+		a.Close()
+	}
+	return figs
 }
 
 // memoryBaseline reads the empty agent's RSS, then a bare embedded GoBGP's
@@ -384,12 +465,16 @@ func (nl *nodeLab) memoryBaseline(dir string, o options, routes int) (empty, bEm
 }
 
 func notes(o options) []string {
-	return []string{
+	n := []string{
 		fmt.Sprintf("CNI: %d rounds, each configuration in turn within a round (the machine's speed drifts; interleaving keeps the ratios fair): %d sequential ADDs, then %d sequential DELs (ptp dual-stack: %d, in the first round only, it waits for IPv6 DAD); throughput: %d pods ADDed by 8 workers, then DELed (ptp dual-stack: %d). Latency percentiles pool every round's samples; throughput is the median round's. Each pod in its own namespace; each timed phase starts once the node is idle (no veth of an earlier DEL still being unregistered). flock's agent has a BGP session with the ToR up; ptp runs inside a namespace of its own.", o.rounds, o.seqN, o.seqN, o.slowN, o.tputN, o.tputSlow),
 		"Wire figures come from a packet socket on the ToR's port (the node's UPDATEs before BIRD processes them); FIB figures from a netlink watch of the ToR's kernel table, which BIRD programs.",
 		fmt.Sprintf("RSS is VmRSS read %s after the load (the Go scavenger returns freed memory in the background); the baseline is a bare embedded GoBGP v4.8.0 (e2e/cmd/gobgp-baseline, built like the agent) with the same session to the ToR, originating the same number of routes.", o.settle),
 		"Restart: the agent is stopped (SIGTERM) or killed (SIGKILL) and started again at once; ready is from exec to the first answered CNI STATUS. Withdrawals are counted on the wire from the stop until 3 s after the new End-of-RIB.",
 	}
+	if _, netpol, _ := o.apiSections(); netpol {
+		n = append(n, netpolNote(o))
+	}
+	return n
 }
 
 // lineReader reads a child's stdout line by line.

@@ -1,0 +1,258 @@
+package main
+
+import (
+	"errors"
+	"math"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPct(t *testing.T) {
+	ms := func(xs ...int) []time.Duration {
+		var d []time.Duration
+		for _, x := range xs {
+			d = append(d, time.Duration(x)*time.Millisecond)
+		}
+		return d
+	}
+	hundred := make([]time.Duration, 0, 100)
+	for i := 100; i >= 1; i-- { // unsorted on purpose
+		hundred = append(hundred, time.Duration(i)*time.Millisecond)
+	}
+	for _, tc := range []struct {
+		name string
+		d    []time.Duration
+		q    float64
+		want float64
+	}{
+		{"one sample", ms(7), .5, 7},
+		{"one sample p99", ms(7), .99, 7},
+		{"median of odd", ms(3, 1, 2), .5, 2},
+		{"median of even is the lower", ms(4, 1, 3, 2), .5, 2},
+		{"p50 of 1..100", hundred, .5, 50},
+		{"p99 of 1..100", hundred, .99, 99},
+		{"p100 of 1..100", hundred, 1, 100},
+		{"p0 is the least", hundred, 0, 1},
+		{"microseconds kept", []time.Duration{1500 * time.Microsecond}, .5, 1.5},
+	} {
+		if got := pct(tc.d, tc.q); got != tc.want {
+			t.Errorf("%s: pct(q=%v) = %v, want %v", tc.name, tc.q, got, tc.want)
+		}
+	}
+	if got := pct(nil, .5); !math.IsNaN(got) {
+		t.Errorf("pct of no samples = %v, want NaN", got)
+	}
+	d := ms(3, 1, 2)
+	pct(d, .5)
+	if d[0] != 3*time.Millisecond {
+		t.Error("pct sorted its argument")
+	}
+}
+
+const statusRunning = `Name:	flock-policy
+Umask:	0022
+State:	S (sleeping)
+Tgid:	4242
+Pid:	4242
+VmPeak:	 1290000 kB
+VmSize:	 1289000 kB
+VmHWM:	   40960 kB
+VmRSS:	   30720 kB
+RssAnon:	   20480 kB
+Threads:	12
+`
+
+const statusZombie = `Name:	flock-policy
+State:	Z (zombie)
+Tgid:	4242
+Pid:	4242
+Threads:	1
+`
+
+func TestParseStatus(t *testing.T) {
+	st, err := parseStatus([]byte(statusRunning))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.name != "flock-policy" || st.state != "S" || st.rssKB != 30720 {
+		t.Errorf("parsed %+v", st)
+	}
+	if mb, err := st.liveRSSMB("flock-policy"); err != nil || mb != 30 {
+		t.Errorf("liveRSSMB = %v, %v; want 30 MB", mb, err)
+	}
+	if _, err := st.liveRSSMB("flock-agent"); err == nil {
+		t.Error("another process's status accepted")
+	}
+	// The kernel keeps 15 bytes of the name.
+	long := procStatus{name: "flock-gobgp-bas", state: "R", rssKB: 1024}
+	if mb, err := long.liveRSSMB("flock-gobgp-baseline"); err != nil || mb != 1 {
+		t.Errorf("truncated name: %v, %v", mb, err)
+	}
+	for _, state := range []string{"Z", "X", ""} {
+		if _, err := (procStatus{name: "flock-policy", state: state, rssKB: 1}).liveRSSMB("flock-policy"); err == nil {
+			t.Errorf("state %q accepted as alive", state)
+		}
+	}
+	// A zombie has no memory: no figure, not 0.
+	if _, err := parseStatus([]byte(statusZombie)); err == nil {
+		t.Error("a zombie's status parsed without error")
+	}
+	for _, bad := range []string{"VmRSS:\n", "VmRSS:\tlots kB\n", "VmRSS:\t12 MB\n", ""} {
+		if _, err := parseStatus([]byte("Name:\tx\nState:\tR (running)\n" + bad)); err == nil {
+			t.Errorf("%q parsed without error", bad)
+		}
+	}
+	// rssMB reads this process's own.
+	if mb, err := rssMB(os.Getpid()); err != nil || mb <= 0 {
+		t.Errorf("rssMB(self) = %v, %v", mb, err)
+	}
+}
+
+func TestConnBudget(t *testing.T) {
+	for _, tc := range []struct{ limit, count, want int }{
+		{262144, 0, 131072},
+		{262144, 100000, 31072},
+		{262144, 131072, 0},
+		{262144, 200000, 0},
+		{0, 5, math.MaxInt}, // no limit
+	} {
+		if got := connBudget(tc.limit, tc.count); got != tc.want {
+			t.Errorf("connBudget(%d, %d) = %d, want %d", tc.limit, tc.count, got, tc.want)
+		}
+	}
+}
+
+func verdict(f figure) string {
+	c := f.cells()
+	return c[len(c)-1]
+}
+
+func findFigure(t *testing.T, figs []figure, prefix string) figure {
+	t.Helper()
+	for _, f := range figs {
+		if strings.HasPrefix(f.Name, prefix) {
+			return f
+		}
+	}
+	t.Fatalf("no figure %q", prefix)
+	return figure{}
+}
+
+func samples(base time.Duration, n int) []time.Duration {
+	d := make([]time.Duration, n)
+	for i := range d {
+		d[i] = base + time.Duration(i)*time.Microsecond
+	}
+	return d
+}
+
+func TestNetpolFigures(t *testing.T) {
+	o := options{npPolicies: 100, npPods: 1000, npConnects: 2000, npRateTime: 5 * time.Second, settle: 10 * time.Second}
+	const added99 = "TCP connect p99 the policies add"
+
+	// Within the target: 0.1 ms + i µs against 0.05 ms + i µs.
+	r := newNetpolResult()
+	r.sel, r.unsel = samples(100*time.Microsecond, 1000), samples(50*time.Microsecond, 1000)
+	r.selRate, r.unselRate = 5000, 20000
+	r.rssEmpty, r.rssLoaded = 20, 30
+	figs := netpolFigures(r, o)
+	if len(figs) != 7 {
+		t.Fatalf("%d figures", len(figs))
+	}
+	f := findFigure(t, figs, added99)
+	if math.Abs(f.Value-0.05) > 1e-9 || verdict(f) != "met" {
+		t.Errorf("added p99 %v, verdict %q", f.Value, verdict(f))
+	}
+	if f := findFigure(t, figs, "new TCP connections"); f.Value != 5000 || f.Base != 20000 || f.cells()[3] != "0.25×" {
+		t.Errorf("rate: %+v", f)
+	}
+	if f := findFigure(t, figs, "flock-policy RSS, loaded"); f.Value != 30 || f.Base != 20 || !strings.Contains(f.Name, "1005 pods") {
+		t.Errorf("loaded RSS: %+v", f)
+	}
+
+	// Over the target.
+	r.sel = samples(2*time.Millisecond, 1000)
+	if v := verdict(findFigure(t, netpolFigures(r, o), added99)); !strings.HasPrefix(v, "**not met**: 1.95 ms") {
+		t.Errorf("over the target: verdict %q", v)
+	}
+
+	// Failed part-way: whatever samples there are, never met, and
+	// every latency row says so.
+	r.sel = samples(100*time.Microsecond, 1000)
+	r.latErr = errors.New("connect 137 to [fd00:6e70:0:1::2]:8080: i/o timeout\nlog tail")
+	figs = netpolFigures(r, o)
+	if v := verdict(findFigure(t, figs, added99)); v != "**not met**: the measurement failed" {
+		t.Errorf("failed: verdict %q", v)
+	}
+	for _, f := range figs[:4] {
+		if c := f.cells()[1]; !strings.HasPrefix(c, "error: connect 137") || strings.Contains(c, "\n") {
+			t.Errorf("%s: cell %q", f.Name, c)
+		}
+	}
+	if f := findFigure(t, figs, "new TCP connections"); f.Err != "" {
+		t.Errorf("the rate failed with the latency: %q", f.Err)
+	}
+
+	// Nothing measured (the lab did not come up): every row an error, the
+	// one with a target not met.
+	r = newNetpolResult()
+	r.failRest(errors.New("k8slab up: port 6443 taken"))
+	figs = netpolFigures(r, o)
+	for _, f := range figs {
+		if f.Err == "" {
+			t.Errorf("%s: no error", f.Name)
+		}
+		if v := verdict(f); v == "met" {
+			t.Errorf("%s: met", f.Name)
+		}
+	}
+	if v := verdict(findFigure(t, figs, added99)); v != "**not met**: the measurement failed" {
+		t.Errorf("not measured: verdict %q", v)
+	}
+
+	// No samples and no error is still not a figure.
+	if v := verdict(findFigure(t, netpolFigures(newNetpolResult(), o), added99)); v == "met" {
+		t.Errorf("empty: verdict %q", v)
+	}
+}
+
+// failRest fails only what is not measured yet: an RSS read before the
+// process died stands.
+func TestNetpolFailRest(t *testing.T) {
+	r := newNetpolResult()
+	r.rssEmpty = 21
+	r.sel, r.unsel = samples(time.Millisecond, 10), samples(time.Millisecond, 10)
+	r.failRest(errors.New("flock-policy exited"))
+	if r.emptyErr != nil || r.latErr != nil {
+		t.Errorf("measured figures failed: %v %v", r.emptyErr, r.latErr)
+	}
+	if r.rateErr == nil || r.loadedErr == nil {
+		t.Errorf("unmeasured figures not failed: %v %v", r.rateErr, r.loadedErr)
+	}
+	r.failRest(nil)
+	if r.rateErr == nil {
+		t.Error("failRest(nil) cleared an error")
+	}
+}
+
+func TestAPISections(t *testing.T) {
+	for _, tc := range []struct {
+		o              options
+		claims, netpol bool
+		err            bool
+	}{
+		{options{claims: true, netpol: true}, true, true, false},
+		{options{claims: true, netpol: false}, true, false, false},
+		{options{claims: true, netpol: true, only: "netpol"}, false, true, false},
+		{options{claims: false, netpol: false, only: "netpol"}, false, true, false},
+		{options{only: "claims, netpol"}, true, true, false},
+		{options{only: "cni"}, false, false, true},
+	} {
+		c, n, err := tc.o.apiSections()
+		if c != tc.claims || n != tc.netpol || (err != nil) != tc.err {
+			t.Errorf("%+v: %v %v %v", tc.o, c, n, err)
+		}
+	}
+}
