@@ -38,7 +38,7 @@ fuzz:
 # restarts under traffic, the crash storm) and the fuzz targets record
 # their figures as JSON lines, e2e/cmd/reliability renders them. `make
 # soak` is the same with the 10-minute BFD soak per ToR (CI runs 10 s).
-RELIABILITY_TESTS ?= TestBFD$$|TestToRFailures|TestUnnumberedToRReplaced|TestAgentRestartUnderTraffic|TestCrashStorm
+RELIABILITY_TESTS ?= TestBFD$$|TestToRFailures|TestUnnumberedToRReplaced|TestAgentRestartUnderTraffic|TestCrashStorm|TestKubernetes$$
 RELIABILITY_OUT   := $(CURDIR)/out/reliability.jsonl
 FLOCK_BFD_SOAK    ?=
 reliability: deps build

@@ -25,6 +25,7 @@ var sections = []struct{ name, intro string }{
 	{"BFD", "flock's own single-hop BFD (300 ms × 3) against each ToR: how fast it comes up, whether it stays up, what it survives."},
 	{"ToR failures", "The ToR dies, restarts, loses its link, or is replaced."},
 	{"Agent restarts under traffic", "The agent stops on purpose (SIGTERM, as in a DaemonSet rollout: BFD AdminDown first, C bit clear, no BGP Cease) or crashes (SIGKILL), and is restarted 1 s later, per ToR configuration, while the ToR pings a pod and an anycast address (IPv6 and IPv4) every 20 ms. \"Withdrawn\" counts the node's prefixes that left the ToR's FIB at any sample (every 20 ms). The configurations deploy/tor ships are the recommended ones (`bfd graceful` for BIRD, `bfd check-control-plane-failure` for FRR)."},
+	{"NetworkPolicy", "flock-policy (kube-network-policies' engine, fail mode closed) or the agent stops or crashes while one pod that a NetworkPolicy allows and one it blocks each open a new connection to a selected pod every 200 ms. A blocked connection let through is a failure; an allowed one refused while no engine reads the queue is the price of failing closed."},
 	{"Crash storm", "Pods added and deleted concurrently while the agent is SIGKILLed at random moments and restarted."},
 	{"Fuzzing", "go test -fuzz targets, each run for a bounded time (Times: inputs executed); every crasher found became a regression test in the seed corpus."},
 }
