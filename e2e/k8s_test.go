@@ -447,6 +447,7 @@ func TestKubernetes(t *testing.T) {
 
 	// NetworkPolicy on what the upstream suite cannot see (issue 19).
 	t.Run("NetworkPolicy covers anycast and addresses IPs", func(t *testing.T) { testNetworkPolicyExtraIPs(t, e) })
+	t.Run("AdminNetworkPolicy and BaselineAdminNetworkPolicy", func(t *testing.T) { e.t = t; testAdminNetworkPolicy(t, e) })
 
 	t.Run("hostPort through the chained portmap plugin", func(t *testing.T) {
 		e.t = t

@@ -207,7 +207,7 @@ func testAdminNetworkPolicy(t *testing.T, e *k8sEnv) {
 		}
 	}
 	testutil.EventuallyWithin(t, 90*time.Second, "the policy engine to start with both APIs", func() (bool, string) {
-		out, _ := e.c.Kubectl(ctx, "-n", "flock-system", "logs", "ds/flock", "-c", "policy", "--tail=200")
+		out, _ := e.c.Kubectl(ctx, "-n", "flock-system", "logs", "ds/flock", "-c", "policy")
 		return strings.Contains(out, "adminNetworkPolicy=true") && strings.Contains(out, "baselineAdminNetworkPolicy=true"), tail(out, 10)
 	})
 

@@ -272,6 +272,13 @@ spec:
 	t.Run("engine and agent restarts under new connections", func(t *testing.T) {
 		// np-ingress lets np-cli in and keeps np-stranger out.
 		testPolicyRestarts(t, e, ipOf(srvIPs, true))
+		// After them, every extra IP of the client is still its own: a
+		// connection from each (allowed by its label) gets through.
+		for _, src := range []netip.Addr{cliAny6, cliAny4, cliAddr6, cliAddr4} {
+			srv := ipOf(srvIPs, src.Is6())
+			e.routeVia(t, "np-cli", srv, src)
+			e.expect(t, "np-cli", allowed, srv)
+		}
 	})
 	restartsBefore = policyRestarts()
 

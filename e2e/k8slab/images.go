@@ -84,7 +84,11 @@ func busyboxRootfs(root string) error {
 // ImportImage imports a docker-archive tarball into containerd's k8s.io
 // namespace, where kubelet looks for images.
 func (c *Cluster) ImportImage(ctx context.Context, tarPath string) error {
-	cmd := exec.CommandContext(ctx, filepath.Join(c.ContainerdDir, "ctr"), "-a", c.ContainerdSocket, "-n", "k8s.io", "images", "import", tarPath)
+	return importImage(ctx, c.ContainerdDir, c.ContainerdSocket, tarPath)
+}
+
+func importImage(ctx context.Context, containerdDir, socket, tarPath string) error {
+	cmd := exec.CommandContext(ctx, filepath.Join(containerdDir, "ctr"), "-a", socket, "-n", "k8s.io", "images", "import", tarPath)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {

@@ -117,7 +117,39 @@ func deleteJumps(bin, table, chain string, targets []string) error {
 
 // removeIptables undoes the lab's chain and kubelet's, for IPv4 and IPv6.
 func removeIptables() error {
-	errs := []error{removeChains("iptables", append([]string{SvcChain}, kubeletChains...))}
-	errs = append(errs, removeChains("ip6tables", kubeletChains))
+	errs := []error{removeChains("iptables", append(append([]string{SvcChain}, kubeletChains...), portmapChains("iptables")...))}
+	errs = append(errs, removeChains("ip6tables", append(append([]string{}, kubeletChains...), portmapChains("ip6tables")...)))
 	return errors.Join(errs...)
+}
+
+// portmapChains are the nat chains the portmap plugin made (its
+// CNI-HOSTPORT-* and one CNI-DN-*/CNI-SN-* per sandbox). A DEL removes a
+// sandbox's, but a lab whose test process was killed never runs it, and
+// a stale DNAT chain ahead of a new one sends its hostPort to a dead IP.
+func portmapChains(bin string) []string {
+	out, err := ipt(bin, "-t", "nat", "-S")
+	if err != nil {
+		return nil
+	}
+	var chains []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == "-N" && (strings.HasPrefix(f[1], "CNI-HOSTPORT-") || strings.HasPrefix(f[1], "CNI-DN-") || strings.HasPrefix(f[1], "CNI-SN-")) {
+			chains = append(chains, f[1])
+		}
+	}
+	// A chain is deleted once nothing jumps to it: the entry chains
+	// (DNAT, MASQ) first, then the per-sandbox ones, SETMARK (which those
+	// jump to) last.
+	rank := func(c string) int {
+		switch {
+		case c == "CNI-HOSTPORT-SETMARK":
+			return 2
+		case strings.HasPrefix(c, "CNI-HOSTPORT-"):
+			return 0
+		}
+		return 1
+	}
+	sort.SliceStable(chains, func(i, j int) bool { return rank(chains[i]) < rank(chains[j]) })
+	return chains
 }

@@ -245,3 +245,39 @@ func processesNaming(s string) []int {
 	}
 	return pids
 }
+
+// AddNode refuses bad options before it changes anything, naming the
+// field and the value.
+func TestAddNodeBadInput(t *testing.T) {
+	dir := t.TempDir()
+	netnsFile := filepath.Join(dir, "netns")
+	if err := os.WriteFile(netnsFile, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := &k8slab.Cluster{Opts: k8slab.Options{Dir: dir, NodeName: "vm"}}
+	for _, tc := range []struct {
+		name string
+		o    k8slab.NodeOptions
+		svc  bool
+		want string
+	}{
+		{"empty name", k8slab.NodeOptions{Netns: netnsFile, NodeIP: "fd00:0:98::1"}, false, `node name ""`},
+		{"the first node's name", k8slab.NodeOptions{Name: "vm", Netns: netnsFile, NodeIP: "fd00:0:98::1"}, false, `node name "vm"`},
+		{"not a label", k8slab.NodeOptions{Name: "vm2.example", Netns: netnsFile, NodeIP: "fd00:0:98::1"}, false, `node name "vm2.example"`},
+		{"no netns", k8slab.NodeOptions{Name: "vm2", Netns: filepath.Join(dir, "missing"), NodeIP: "fd00:0:98::1"}, false, "Netns"},
+		{"loopback IP", k8slab.NodeOptions{Name: "vm2", Netns: netnsFile, NodeIP: "::1"}, false, `NodeIP "::1"`},
+		{"bad IP", k8slab.NodeOptions{Name: "vm2", Netns: netnsFile, NodeIP: "fd00:0:98::1,nope"}, false, `NodeIP "fd00:0:98::1,nope"`},
+		{"a Services lab", k8slab.NodeOptions{Name: "vm2", Netns: netnsFile, NodeIP: "fd00:0:98::1"}, true, "without Services"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c.Opts.Services = tc.svc
+			_, err := c.AddNode(context.Background(), tc.o)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("AddNode(%+v) = %v, want an error naming %s", tc.o, err, tc.want)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "node-"+tc.o.Name)); err == nil {
+				t.Errorf("AddNode left %s behind", filepath.Join(dir, "node-"+tc.o.Name))
+			}
+		})
+	}
+}

@@ -71,16 +71,20 @@ type node struct {
 }
 
 func (c *Cluster) getNode(ctx context.Context) (*node, error) {
-	code, body, err := c.api(ctx, http.MethodGet, "/api/v1/nodes/"+c.Opts.NodeName, nil)
+	return c.getNodeNamed(ctx, c.Opts.NodeName)
+}
+
+func (c *Cluster) getNodeNamed(ctx context.Context, name string) (*node, error) {
+	code, body, err := c.api(ctx, http.MethodGet, "/api/v1/nodes/"+name, nil)
 	if err != nil {
 		return nil, err
 	}
 	if code != http.StatusOK {
-		return nil, fmt.Errorf("get node %s: %d", c.Opts.NodeName, code)
+		return nil, fmt.Errorf("get node %s: %d", name, code)
 	}
 	var n node
 	if err := json.Unmarshal(body, &n); err != nil {
-		return nil, fmt.Errorf("decode node %s: %w", c.Opts.NodeName, err)
+		return nil, fmt.Errorf("decode node %s: %w", name, err)
 	}
 	return &n, nil
 }
@@ -99,8 +103,12 @@ func (c *Cluster) waitNodeRegistered(ctx context.Context) error {
 // WaitNodeReady waits until the node's Ready condition is True. kubelet
 // reports NotReady until a CNI config exists in CNIConfDir.
 func (c *Cluster) WaitNodeReady(ctx context.Context) error {
-	return poll(ctx, "node "+c.Opts.NodeName+" Ready", time.Second, func(ctx context.Context) (bool, error) {
-		n, err := c.getNode(ctx)
+	return c.waitReadyNamed(ctx, c.Opts.NodeName)
+}
+
+func (c *Cluster) waitReadyNamed(ctx context.Context, name string) error {
+	return poll(ctx, "node "+name+" Ready", time.Second, func(ctx context.Context) (bool, error) {
+		n, err := c.getNodeNamed(ctx, name)
 		if err != nil {
 			return false, err
 		}

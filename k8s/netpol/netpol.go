@@ -4,9 +4,10 @@
 // each new connection to or from a selected pod to an NFQUEUE, where the
 // controller decides against the policies it watches. flock does not
 // write its own policy engine; it embeds that one, as kindnet does, with
-// two patches (third_party/patches): kernels without nftables' queue
-// expression queue through the xtables NFQUEUE target; a pod's extra IPs
-// (anycast, `addresses`) are its own, and the rules outlive a restart.
+// four patches (third_party/patches, listed in the README): kernels
+// without nftables' queue expression queue through the xtables NFQUEUE
+// target; a pod's extra IPs (anycast, `addresses`) are its own; the rules
+// outlive a restart; selectors are compiled once.
 package netpol
 
 import (

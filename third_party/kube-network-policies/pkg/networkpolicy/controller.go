@@ -2,6 +2,7 @@ package networkpolicy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -352,6 +353,7 @@ func newController(client clientset.Interface,
 		c.nodeLister = nodeInformer.Lister()
 		c.nodesSynced = nodeInformer.Informer().HasSynced
 		c.domainCache = NewDomainCache(config.QueueID + 1)
+		c.domainCache.queueCompat = config.QueueCompat
 	}
 
 	if config.AdminNetworkPolicy {
@@ -561,6 +563,11 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	// Register your function to listen on nflog group 100
 	err = nf.RegisterWithErrorFunc(ctx, fn, func(err error) int {
+		// Once the socket is closed (Run returned) every read fails at
+		// once: stop, instead of logging that in a tight loop.
+		if ctx.Err() != nil || errors.Is(err, unix.EBADF) || errors.Is(err, os.ErrClosed) {
+			return 1
+		}
 		if opError, ok := err.(*netlink.OpError); ok {
 			if opError.Timeout() || opError.Temporary() {
 				return 0

@@ -4,8 +4,10 @@ package networkpolicy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"syscall"
 	"time"
@@ -51,6 +53,9 @@ type DomainCache struct {
 	cache     *domainMap
 	nfq       *nfqueue.Nfqueue
 	nfQueueID int
+	// queueCompat queues through the xtables NFQUEUE target (kernels
+	// without nft_queue), as Config.QueueCompat does for the controller.
+	queueCompat bool
 }
 
 func (n *DomainCache) Run(ctx context.Context) error {
@@ -100,6 +105,11 @@ func (n *DomainCache) Run(ctx context.Context) error {
 
 	// Register your function to listen on nflog group 100
 	err = nf.RegisterWithErrorFunc(ctx, fn, func(err error) int {
+		// Once the socket is closed (Run returned) every read fails at
+		// once: stop, instead of logging that in a tight loop.
+		if ctx.Err() != nil || errors.Is(err, syscall.EBADF) || errors.Is(err, os.ErrClosed) {
+			return 1
+		}
 		if opError, ok := err.(*netlink.OpError); ok {
 			if opError.Timeout() || opError.Temporary() {
 				return 0
@@ -177,7 +187,7 @@ func (n *DomainCache) syncRules() error {
 			&expr.Payload{DestRegister: 0x1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 2},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 0x1, Data: binaryutil.BigEndian.PutUint16(53)},
 			&expr.Counter{},
-			&expr.Queue{Num: uint16(n.nfQueueID), Flag: expr.QueueFlagBypass},
+			queueExpr(uint16(n.nfQueueID), n.queueCompat, true),
 		},
 	})
 	err = nft.Flush()

@@ -16,7 +16,7 @@ func (c *Controller) getLocalPodsForNetworkPolicy(networkPolicy *networkingv1.Ne
 	if networkPolicy == nil {
 		return nil
 	}
-	podSelector, err := metav1.LabelSelectorAsSelector(&networkPolicy.Spec.PodSelector)
+	podSelector, err := selectorOf(&networkPolicy.Spec.PodSelector)
 	if err != nil {
 		klog.InfoS("parsing PodSelector", "error", err)
 		return nil
@@ -51,7 +51,7 @@ func (c *Controller) getNetworkPoliciesForPod(pod *v1.Pod) []*networkingv1.Netwo
 		// the ingress rules for each are combined additively.
 		// This field is NOT optional and follows standard label selector semantics.
 		// An empty podSelector matches all pods in this namespace.
-		podSelector, err := metav1.LabelSelectorAsSelector(&policy.Spec.PodSelector)
+		podSelector, err := selectorOf(&policy.Spec.PodSelector)
 		if err != nil {
 			klog.InfoS("parsing PodSelector", "error", err)
 			continue
@@ -274,7 +274,7 @@ func (c *Controller) evaluateSelectors(ctx context.Context, peerPodSelector *met
 	// If namespaceSelector is also set, then the NetworkPolicyPeer as a whole selects
 	// the pods matching podSelector in the Namespaces selected by NamespaceSelector.
 	if peerPodSelector != nil {
-		podSelector, err := metav1.LabelSelectorAsSelector(peerPodSelector)
+		podSelector, err := selectorOf(peerPodSelector)
 		if err != nil {
 			logger.Error(err, "Accepting packet")
 			return true
@@ -300,7 +300,7 @@ func (c *Controller) evaluateSelectors(ctx context.Context, peerPodSelector *met
 			return true
 		}
 
-		nsSelector, err := metav1.LabelSelectorAsSelector(peerNSSelector)
+		nsSelector, err := selectorOf(peerNSSelector)
 		if err != nil {
 			logger.Error(err, "Accepting packet")
 			return true

@@ -122,7 +122,7 @@ func (c *Controller) evaluateAdminIngress(adminNetworkPolices []*npav1alpha1.Adm
 
 // namespaceSelector return true if the namespace selector matches the pod
 func (c *Controller) namespaceSelector(selector *metav1.LabelSelector, pod *v1.Pod) bool {
-	nsSelector, err := metav1.LabelSelectorAsSelector(selector)
+	nsSelector, err := selectorOf(selector)
 	if err != nil {
 		return false
 	}
@@ -142,7 +142,7 @@ func (c *Controller) namespaceSelector(selector *metav1.LabelSelector, pod *v1.P
 
 // podSelector return true if the pod selector matches the pod
 func podSelector(selector *metav1.LabelSelector, pod *v1.Pod) bool {
-	podSelector, err := metav1.LabelSelectorAsSelector(selector)
+	podSelector, err := selectorOf(selector)
 	if err != nil {
 		return false
 	}
@@ -151,7 +151,7 @@ func podSelector(selector *metav1.LabelSelector, pod *v1.Pod) bool {
 
 // nodeSelector return true if the node selector matches the pod
 func (c *Controller) nodeSelector(selector *metav1.LabelSelector, pod *v1.Pod) bool {
-	nodeSelector, err := metav1.LabelSelectorAsSelector(selector)
+	nodeSelector, err := selectorOf(selector)
 	if err != nil {
 		return false
 	}

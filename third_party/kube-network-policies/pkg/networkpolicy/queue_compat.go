@@ -12,9 +12,16 @@ import (
 // (revision 3), which kernels without nft_queue still run through
 // nft_compat. Either way FailOpen sets the bypass flag.
 func (c *Controller) queueVerdict() expr.Any {
-	if !c.config.QueueCompat {
-		q := &expr.Queue{Num: uint16(c.config.QueueID)}
-		if c.config.FailOpen {
+	return queueExpr(uint16(c.config.QueueID), c.config.QueueCompat, c.config.FailOpen)
+}
+
+// queueExpr is the verdict handing a packet to queue num, through the
+// xtables target when compat is set; bypass lets it pass while nobody
+// reads the queue.
+func queueExpr(num uint16, compat, bypass bool) expr.Any {
+	if !compat {
+		q := &expr.Queue{Num: num}
+		if bypass {
 			q.Flag = expr.QueueFlagBypass
 		}
 		return q
@@ -22,9 +29,9 @@ func (c *Controller) queueVerdict() expr.Any {
 	// struct xt_NFQ_info_v3 { __u16 queuenum, queues_total, flags; },
 	// padded to XT_ALIGN (8 bytes) as the kernel checks.
 	info := make([]byte, 8)
-	binary.NativeEndian.PutUint16(info[0:], uint16(c.config.QueueID))
+	binary.NativeEndian.PutUint16(info[0:], num)
 	binary.NativeEndian.PutUint16(info[2:], 1)
-	if c.config.FailOpen {
+	if bypass {
 		binary.NativeEndian.PutUint16(info[4:], 1) // NFQ_FLAG_BYPASS
 	}
 	u := xt.Unknown(info)
