@@ -126,6 +126,9 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	if !native {
 		log.Info("this kernel has no nftables queue expression (nft_queue): queueing through the xtables NFQUEUE target")
 	}
+	if ok, err := sctpSupported(); err == nil && !ok {
+		log.Warn("this kernel has no SCTP: no pod can use it, so NetworkPolicy rules for SCTP ports match no traffic")
+	}
 	ctrl, err := networkpolicy.NewController(client,
 		factory.Networking().V1().NetworkPolicies(), factory.Core().V1().Namespaces(), factory.Core().V1().Pods(),
 		nodeInformer, npa, anpInformer, banpInformer,

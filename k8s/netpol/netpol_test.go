@@ -91,3 +91,16 @@ func TestDropManagedFields(t *testing.T) {
 		t.Errorf("tombstone: %v, %v", got, err)
 	}
 }
+
+// The SCTP probe answers without error on any kernel: yes, or no with the
+// reason logged at start (this project's CI kernel has no SCTP).
+func TestSCTPProbe(t *testing.T) {
+	ok, err := sctpSupported()
+	if err != nil {
+		t.Fatalf("sctpSupported: %v", err)
+	}
+	t.Logf("kernel has SCTP: %v", ok)
+	if _, statErr := os.Stat("/proc/net/sctp"); (statErr == nil) != ok {
+		t.Errorf("probe says SCTP %v, /proc/net/sctp exists: %v", ok, statErr == nil)
+	}
+}
