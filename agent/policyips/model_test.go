@@ -347,7 +347,7 @@ func TestTrackerModel(t *testing.T) {
 		in := w.inputs(t)
 		want := Compute(in)
 		deadline := time.Now().Add(10 * time.Second)
-		for !tr.current.Load().Equal(want) {
+		for !tr.HasSynced() || !tr.current.Load().Equal(want) {
 			if time.Now().After(deadline) {
 				t.Fatalf("round %d (seed %d): tracker did not converge:\n got %v\nwant %v", round, seed, tr.current.Load().byPod, want.byPod)
 			}

@@ -147,7 +147,16 @@ func Compute(in Inputs) *Owners {
 		}
 	}
 
-	// anycast: a running pod that asks, in a namespace a pool allows.
+	// anycast: a running pod that asks, in a namespace a pool allows; never
+	// an IP claimed as some pod's `addresses` (one pod's, by design: naming
+	// it as anycast would make its owner's traffic obey the namer's
+	// policies too).
+	claimed := map[netip.Addr]bool{}
+	for _, c := range in.Claims {
+		if ip, err := netip.ParseAddr(c.Spec.IP); err == nil && c.Spec.Use == v1alpha1.UseAddresses {
+			claimed[ip.Unmap()] = true
+		}
+	}
 	if in.Pools != nil {
 		for _, p := range in.Pods {
 			if !live(p) || mine(p) || p.Status.Phase != corev1.PodRunning || p.Annotations[annotations.Anycast] == "" {
@@ -158,6 +167,9 @@ func Compute(in Inputs) *Owners {
 				continue
 			}
 			for _, ip := range req.Anycast {
+				if claimed[ip.Unmap()] {
+					continue
+				}
 				if _, err := in.Pools.Authorize(v1alpha1.UseAnycast, netip.PrefixFrom(ip, ip.BitLen()), p.Namespace, in.Namespaces[p.Namespace]); err == nil {
 					add(p, ip)
 				}

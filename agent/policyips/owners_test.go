@@ -75,6 +75,10 @@ func TestCompute(t *testing.T) {
 		{name: "anycast allowed, several holders; hostile and pending pods excluded", in: Inputs{Pods: []*corev1.Pod{dns, evil, pending, hostNet, pod("prod", "dns3", "u9", "n3", corev1.PodRunning, "2001:db8:a::53")},
 			Pools: anycastPool(t, "prod")},
 			want: map[string][]string{"2001:db8:a::53": {"prod/dns", "prod/dns3"}, "203.0.113.53": {"prod/dns"}}},
+		{name: "anycast naming a claimed addresses IP holds nothing (only its claim does)", in: Inputs{
+			Pods:   []*corev1.Pod{web, pod("prod", "grab", "u10", "n2", corev1.PodRunning, "2001:db8:a::99")},
+			Claims: []v1alpha1.AddressClaim{claim("2001:db8:a::99", "prod", "web", "u1", "n2")}, Pools: anycastPool(t, "prod")},
+			want: map[string][]string{"2001:db8:a::99": {"prod/web"}}},
 		{name: "anycast without a pool holds nothing", in: Inputs{Pods: []*corev1.Pod{dns}}, want: map[string][]string{}},
 		{name: "anycast of a namespace the pool does not allow", in: Inputs{Pods: []*corev1.Pod{dns}, Pools: anycastPool(t, "other")}, want: map[string][]string{}},
 		{name: "anycast by namespace label", in: Inputs{Pods: []*corev1.Pod{evil}, Namespaces: map[string]labels.Set{"dev": {"anycast": "yes"}},

@@ -3,6 +3,7 @@ package policyips
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +38,8 @@ type Tracker struct {
 	claims  cache.SharedIndexInformer
 	pools   cache.SharedIndexInformer
 	current atomic.Pointer[Owners]
+	synced  atomic.Bool // the first answer is computed
+	local   atomic.Pointer[[]admin.Pod]
 	kick    chan struct{}
 }
 
@@ -54,6 +57,10 @@ func NewTracker(node string, dyn dynamic.Interface, agentSocket string, log *slo
 	}
 	return t
 }
+
+// HasSynced reports whether the first answer is there; the engine syncs
+// its rules only after it (Config.ExtraIPsSynced).
+func (t *Tracker) HasSynced() bool { return t.synced.Load() }
 
 // PodsForIP answers for the engine (Config.PodsForIP).
 func (t *Tracker) PodsForIP(ip string) []string { return t.current.Load().PodsForIP(ip) }
@@ -81,32 +88,84 @@ func (t *Tracker) Run(ctx context.Context, podLister corelisters.PodLister, nsLi
 	if !cache.WaitForCacheSync(ctx.Done(), append(synced, t.claims.HasSynced, t.pools.HasSynced)...) {
 		return nil // ctx ended
 	}
-	tick := time.NewTicker(AgentPollInterval)
-	defer tick.Stop()
-	var lastLocal []admin.Pod
-	var agentErr string
+	// The agent is read on its own: a slow or restarting agent must not
+	// hold back a recompute for a claim, a pool or a pod.
+	first := make(chan struct{})
+	go t.pollAgent(ctx, first)
+	select {
+	case <-first:
+	case <-ctx.Done():
+		return nil
+	}
 	for {
-		local, err := t.readAgent(ctx)
-		if err != nil && err.Error() != agentErr {
-			t.log.Warn("cannot read the agent's bindings; this node's pods are judged by their claims and AddressPools", "err", err)
-		}
-		agentErr = ""
-		if err != nil {
-			agentErr = err.Error()
-		}
-		lastLocal = local
-		if o := t.compute(podLister, nsLister, lastLocal); !o.Equal(t.current.Load()) {
+		o := t.compute(podLister, nsLister, t.localPods())
+		if !t.synced.Load() || !o.Equal(t.current.Load()) {
 			t.current.Store(o)
-			t.log.Info("extra pod IPs under policy changed", "ips", o.Len())
+			t.synced.Store(true)
+			t.log.Info("extra pod IPs under policy", "ips", o.Len())
 			changed()
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick.C:
 		case <-t.kick:
 		}
 	}
+}
+
+// localPods is the agent's last answer; nil when it did not answer.
+func (t *Tracker) localPods() []admin.Pod {
+	if p := t.local.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// pollAgent reads the agent's bindings every AgentPollInterval and kicks a
+// recompute when they changed; first is closed after the first attempt.
+func (t *Tracker) pollAgent(ctx context.Context, first chan struct{}) {
+	tick := time.NewTicker(AgentPollInterval)
+	defer tick.Stop()
+	var lastErr string
+	for {
+		local, err := t.readAgent(ctx)
+		if err != nil && err.Error() != lastErr {
+			t.log.Warn("cannot read the agent's bindings; this node's pods are judged by their claims and AddressPools", "err", err)
+		}
+		lastErr = ""
+		if err != nil {
+			lastErr = err.Error()
+		}
+		var p *[]admin.Pod
+		if local != nil {
+			p = &local
+		}
+		if old := t.local.Swap(p); !samePods(old, p) {
+			select {
+			case t.kick <- struct{}{}:
+			default:
+			}
+		}
+		if first != nil {
+			close(first)
+			first = nil
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// samePods compares two answers of the agent (nil: no answer).
+func samePods(a, b *[]admin.Pod) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return slices.EqualFunc(*a, *b, func(x, y admin.Pod) bool {
+		return x.ID == y.ID && x.Phase == y.Phase && slices.Equal(x.Addresses, y.Addresses) && slices.Equal(x.Anycast, y.Anycast)
+	})
 }
 
 func (t *Tracker) readAgent(ctx context.Context) ([]admin.Pod, error) {

@@ -38,12 +38,15 @@ func TestUninstalling(t *testing.T) {
 		}
 		return p
 	}
-	forbid := func(resource string) func(*fake.Clientset) {
+	refuse := func(resource string, err error) func(*fake.Clientset) {
 		return func(c *fake.Clientset) {
 			c.PrependReactor("get", resource, func(k8stesting.Action) (bool, runtime.Object, error) {
-				return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: resource}, "x", nil)
+				return true, nil, err
 			})
 		}
+	}
+	forbid := func(resource string) func(*fake.Clientset) {
+		return refuse(resource, apierrors.NewForbidden(schema.GroupResource{Resource: resource}, "x", nil))
 	}
 	for _, tc := range []struct {
 		name   string
@@ -60,7 +63,8 @@ func TestUninstalling(t *testing.T) {
 		{"RBAC removed (pods)", []runtime.Object{pod(true, "1")}, forbid("pods"), true, "no access to pod"},
 		{"RBAC removed (daemonsets)", []runtime.Object{pod(true, "1")}, forbid("daemonsets"), true, "no access to DaemonSet"},
 		{"own pod not found", nil, nil, false, "not found"},
-		{"no owner", []runtime.Object{pod(true, "")}, nil, false, "no DaemonSet owner"},
+		{"no owner left (DaemonSet deleted with --cascade=orphan)", []runtime.Object{pod(true, "")}, nil, true, "no DaemonSet owns it"},
+		{"force-deleted pod: its token is refused (401)", []runtime.Object{pod(true, "1"), ds("1", false)}, refuse("pods", apierrors.NewUnauthorized("token")), false, "force-deleted"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientset(tc.objs...)

@@ -44,7 +44,8 @@ type Node struct {
 
 	mu       sync.Mutex
 	procs    map[string]*proc
-	holder   *exec.Cmd // keeps the node's mount namespace
+	holder   *exec.Cmd     // keeps the node's mount namespace
+	held     chan struct{} // closed when the holder exits
 	proxy    net.Listener
 	hostLine string
 	downOnce sync.Once
@@ -193,6 +194,12 @@ func (n *Node) withLog(component string, err error) error {
 
 // startProc starts a component in the node's network and mount namespaces.
 func (n *Node) startProc(name, bin string, args ...string) error {
+	// Its PID names the mount namespace: a dead holder's could be reused.
+	select {
+	case <-n.held:
+		return fmt.Errorf("node %s: its mount namespace's holder exited; not starting %s", n.Opts.Name, name)
+	default:
+	}
 	logf, err := os.OpenFile(n.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
@@ -253,18 +260,22 @@ func (n *Node) privateMounts() error {
 	if err := startDetached(cmd); err != nil {
 		return fmt.Errorf("node %s mount namespace: %w", n.Opts.Name, err)
 	}
-	n.holder = cmd
-	go func() { _ = cmd.Wait() }()
+	n.holder, n.held = cmd, make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(n.held)
+	}()
 	// Ready once the script exec'd sleep (its mounts are done).
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		if b, err := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/comm"); err == nil && strings.TrimSpace(string(b)) == "sleep" {
 			return nil
 		}
-		if cmd.ProcessState != nil {
-			break
+		select {
+		case <-n.held:
+			return n.withLog("mounts", errors.New("the mount namespace's holder exited"))
+		case <-time.After(50 * time.Millisecond):
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 	return n.withLog("mounts", errors.New("the mount namespace was not set up"))
 }
@@ -402,22 +413,27 @@ func listenInNetns(path, addr string) (net.Listener, error) {
 // apiserver (which reaches kubelets by hostname); Down removes the line.
 func (n *Node) addHostsEntry() error {
 	ip := strings.Split(n.Opts.NodeIP, ",")[0]
-	n.hostLine = ip + " " + n.Opts.Name + " # k8slab node " + n.Opts.Name
+	n.hostLine = ip + " " + n.Opts.Name + n.hostMarker()
 	b, err := os.ReadFile("/etc/hosts")
 	if err != nil {
 		return err
 	}
-	body := removeLine(string(b), n.hostLine)
+	body := removeLine(string(b), n.hostMarker())
 	if !strings.HasSuffix(body, "\n") && body != "" {
 		body += "\n"
 	}
 	return os.WriteFile("/etc/hosts", []byte(body+n.hostLine+"\n"), 0o644)
 }
 
-func removeLine(body, line string) string {
+// hostMarker ends the node's /etc/hosts line: an old lab's line for the
+// same name (another address, maybe) goes too.
+func (n *Node) hostMarker() string { return " # k8slab node " + n.Opts.Name }
+
+// removeLine drops the lines ending in marker.
+func removeLine(body, marker string) string {
 	var out []string
 	for _, l := range strings.Split(body, "\n") {
-		if l != line {
+		if !strings.HasSuffix(l, marker) {
 			out = append(out, l)
 		}
 	}
@@ -549,7 +565,7 @@ func (n *Node) Down() error {
 		}
 		if n.hostLine != "" {
 			if b, err := os.ReadFile("/etc/hosts"); err == nil {
-				errs = append(errs, os.WriteFile("/etc/hosts", []byte(removeLine(string(b), n.hostLine)), 0o644))
+				errs = append(errs, os.WriteFile("/etc/hosts", []byte(removeLine(string(b), n.hostMarker())), 0o644))
 			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -57,6 +57,9 @@ type Config struct {
 type ExtraIPs interface {
 	ExtraPodIPs(*corev1.Pod) []string
 	PodsForIP(ip string) []string
+	// HasSynced reports the first answer computed: the engine's first
+	// rules sync waits for it.
+	HasSynced() bool
 	// Handler is added to the engine's pod and namespace informers: the
 	// answer depends on them.
 	Handler() cache.ResourceEventHandler
@@ -153,6 +156,7 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 			KeepRulesOnStop: true,
 			ExtraPodIPs:     extraPodIPs(cfg.ExtraIPs),
 			PodsForIP:       podsForIP(cfg.ExtraIPs),
+			ExtraIPsSynced:  extraSynced(cfg.ExtraIPs),
 		})
 	if err != nil {
 		return fmt.Errorf("netpol: create controller: %w", err)
@@ -242,3 +246,10 @@ func podsForIP(x ExtraIPs) func(string) []string {
 // DeleteTable removes the engine's rules: on uninstall only, since a
 // stopped engine leaves them on purpose (Config.KeepRulesOnStop).
 func DeleteTable() error { return networkpolicy.DeleteTable(Table) }
+
+func extraSynced(x ExtraIPs) func() bool {
+	if x == nil {
+		return nil
+	}
+	return x.HasSynced
+}

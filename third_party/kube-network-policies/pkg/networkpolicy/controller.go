@@ -92,6 +92,10 @@ type Config struct {
 	// until the next engine reads the queue: a restart never lets them
 	// through unchecked. DeleteTable removes it on uninstall.
 	KeepRulesOnStop bool
+	// ExtraIPsSynced, if set, must report true before the first rules
+	// sync: a table kept from the last engine holds the extra IPs, and a
+	// sync without them would let their traffic pass unchecked.
+	ExtraIPsSynced func() bool `json:"-"`
 }
 
 func (c *Config) Defaults() error {
@@ -429,6 +433,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	// Wait for the caches to be synced
 	logger.Info("Waiting for informer caches to sync")
 	caches := []cache.InformerSynced{c.networkpoliciesSynced, c.namespacesSynced, c.podsSynced}
+	if c.config.ExtraIPsSynced != nil {
+		caches = append(caches, c.config.ExtraIPsSynced)
+	}
 	if c.config.AdminNetworkPolicy || c.config.BaselineAdminNetworkPolicy {
 		caches = append(caches, c.nodesSynced)
 	}
@@ -482,14 +489,18 @@ func (c *Controller) Run(ctx context.Context) error {
 	if !c.config.KeepRulesOnStop {
 		defer c.cleanNFTablesRules(ctx)
 	}
+	// The worker ends with Run, whatever ends Run (ctx, or a queue that
+	// cannot be opened): waiting for it must not wait for ctx.
+	workerCtx, stopWorker := context.WithCancel(ctx)
 	c.workers.Add(1)
 	go func() {
 		defer c.workers.Done()
-		wait.Until(c.runWorker, time.Second, ctx.Done())
+		wait.Until(c.runWorker, time.Second, workerCtx.Done())
 	}()
 	// Deferred after the cleanup, so they run before it: the queue shuts
 	// down and the worker finishes its sync before the table goes.
 	defer c.workers.Wait()
+	defer stopWorker()
 	defer c.queue.ShutDown()
 
 	var flags uint32
