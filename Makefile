@@ -35,7 +35,8 @@ fuzz:
 	FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz
 
 # RELIABILITY.md, generated: the fault tests (BFD, ToR failures, agent
-# restarts under traffic, the crash storm) and the fuzz targets record
+# restarts under traffic, the crash storm, NetworkPolicy and node faults
+# in TestKubernetes) and the fuzz targets record
 # their figures as JSON lines, e2e/cmd/reliability renders them. `make
 # soak` is the same with the 10-minute BFD soak per ToR (CI runs 10 s).
 RELIABILITY_TESTS ?= TestBFD$$|TestToRFailures|TestUnnumberedToRReplaced|TestAgentRestartUnderTraffic|TestCrashStorm|TestKubernetes$$
