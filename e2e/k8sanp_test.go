@@ -156,6 +156,20 @@ func testAdminNetworkPolicy(t *testing.T, e *k8sEnv) {
 		return e.c.Kubectl(ctx, "-n", "flock-system", "get", "daemonset", "flock", "-o",
 			`jsonpath={.spec.template.spec.containers[?(@.name=="policy")].command}`)
 	}
+	agentCommand := func(ctx context.Context) (string, error) {
+		return e.c.Kubectl(ctx, "-n", "flock-system", "get", "daemonset", "flock", "-o",
+			`jsonpath={.spec.template.spec.containers[?(@.name=="agent")].command}`)
+	}
+	// What the DaemonSet runs now (TestKubernetes patches the agent's
+	// flags): the cleanup puts exactly this back.
+	basePolicy, err := policyCommand(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	baseAgent, err := agentCommand(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	t.Cleanup(func() {
 		// No Fatal here: every step is tried.
@@ -179,14 +193,17 @@ func testAdminNetworkPolicy(t *testing.T, e *k8sEnv) {
 			_, _ = e.c.Kubectl(dctx, "delete", kind, "--ignore-not-found", "--wait=true", "--timeout=60s")
 		}
 		run("delete", "namespace", anpServerNS, anpClientNS, "--ignore-not-found", "--wait=true", "--timeout=120s")
-		// deploy/ alone: the policy container's command back to the
-		// base's (the agent's own extra flags, patched in by
-		// TestKubernetes, are not in either and stay).
-		run("apply", "-k", deploy)
+		// The policy container's command back to what it was (a patch,
+		// not another apply, so that nothing else of the DaemonSet moves).
+		run("-n", "flock-system", "patch", "daemonset", "flock", "--type=json", "-p",
+			fmt.Sprintf(`[{"op":"replace","path":"/spec/template/spec/containers/1/command","value":%s}]`, basePolicy))
 		run("-n", "flock-system", "rollout", "status", "daemonset/flock", "--timeout=180s")
 		run("wait", "--for=condition=Ready", "--timeout=180s", "pod", "-n", "flock-system", "-l", agentSelector)
-		if cmd, err := policyCommand(dctx); err != nil || strings.Contains(cmd, "admin-network-policy") {
-			t.Errorf("cleanup: the policy container still runs %s (%v)", cmd, err)
+		if cmd, err := policyCommand(dctx); err != nil || cmd != basePolicy {
+			t.Errorf("cleanup: the policy container runs %s (%v), want %s", cmd, err, basePolicy)
+		}
+		if cmd, err := agentCommand(dctx); err != nil || cmd != baseAgent {
+			t.Errorf("cleanup: the agent runs %s (%v), want %s as before", cmd, err, baseAgent)
 		}
 		// Then the CRDs (nothing watches them any more).
 		run(append([]string{"delete", "crd", "--ignore-not-found", "--wait=true", "--timeout=120s"}, anpCRDNames...)...)
@@ -197,6 +214,15 @@ func testAdminNetworkPolicy(t *testing.T, e *k8sEnv) {
 	e.kubectl(append([]string{"wait", "--for=condition=Established", "--timeout=60s"}, prefixAll("crd/", anpCRDNames)...)...)
 	e.kubectl("-n", "flock-system", "rollout", "status", "daemonset/flock", "--timeout=180s")
 	e.waitPods("flock with the admin policy APIs", "-n", "flock-system", "-l", agentSelector)
+	// kubectl apply puts the agent's command back to deploy/'s, dropping
+	// the flags TestKubernetes patched in (its short leak-GC grace): put
+	// them back as they were.
+	if cmd, err := agentCommand(ctx); err != nil || cmd != baseAgent {
+		e.kubectl("-n", "flock-system", "patch", "daemonset", "flock", "--type=json", "-p",
+			fmt.Sprintf(`[{"op":"replace","path":"/spec/template/spec/containers/0/command","value":%s}]`, baseAgent))
+		e.kubectl("-n", "flock-system", "rollout", "status", "daemonset/flock", "--timeout=180s")
+		e.waitPods("flock with the test's agent flags again", "-n", "flock-system", "-l", agentSelector)
+	}
 	cmd, err := policyCommand(ctx)
 	if err != nil {
 		t.Fatal(err)
