@@ -486,37 +486,8 @@ func (n *Node) kubeletArgs() ([]string, error) {
 	c := n.c
 	d := filepath.Join(n.Dir, "kubelet")
 	cfg := filepath.Join(d, "config.yaml")
-	body := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-cgroupDriver: cgroupfs
-cgroupRoot: %s
-failSwapOn: false
-failCgroupV1: false
-containerRuntimeEndpoint: unix://%s
-address: "::"
-port: %d
-healthzBindAddress: 127.0.0.1
-readOnlyPort: 0
-authentication:
-  anonymous:
-    enabled: false
-  webhook:
-    enabled: true
-  x509:
-    clientCAFile: %s
-authorization:
-  mode: Webhook
-staticPodPath: %s
-podLogsDir: %s
-volumePluginDir: %s
-resolvConf: /etc/resolv.conf
-imageGCHighThresholdPercent: 100
-evictionHard:
-  memory.available: "100Mi"
-  nodefs.available: "1%%"
-  imagefs.available: "1%%"
-`, n.cgroupRoot(), n.Socket, kubeletPort, filepath.Join(c.pkiDir(), "ca.crt"),
-		filepath.Join(d, "manifests"), filepath.Join(d, "pod-logs"), filepath.Join(d, "volume-plugins"))
+	body := kubeletConfig(kubeletConfigParams{address: "::", cgroupRoot: n.cgroupRoot(), socket: n.Socket,
+		clientCA: filepath.Join(c.pkiDir(), "ca.crt"), dir: d})
 	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 		return nil, err
 	}
