@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	osexec "os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -205,6 +206,12 @@ func testAdminNetworkPolicy(t *testing.T, e *k8sEnv) {
 		if cmd, err := agentCommand(dctx); err != nil || cmd != baseAgent {
 			t.Errorf("cleanup: the agent runs %s (%v), want %s as before", cmd, err, baseAgent)
 		}
+		// The engine without the admin APIs removed their DNS agent's
+		// table (nothing reads its queue any more).
+		testutil.EventuallyWithin(t, 30*time.Second, "the DNS agent's nftables table to go", func() (bool, string) {
+			out, err := osexec.Command("nft", "list", "table", "inet", "kube-network-policies-dnscache").CombinedOutput()
+			return err != nil, string(out)
+		})
 		// Then the CRDs (nothing watches them any more).
 		run(append([]string{"delete", "crd", "--ignore-not-found", "--wait=true", "--timeout=120s"}, anpCRDNames...)...)
 	})

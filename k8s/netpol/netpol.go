@@ -71,6 +71,10 @@ type ExtraIPs interface {
 // Table is the nftables table (family inet) the engine owns.
 const Table = "flock-netpol"
 
+// dnsCacheTable is the table of the engine's DNS agent (AdminNetworkPolicy
+// domain peers; upstream's name): it outlives an engine that stopped.
+const dnsCacheTable = "kube-network-policies-dnscache"
+
 // Validate names the field and value that are wrong.
 func (c Config) Validate() error {
 	if c.NodeName == "" {
@@ -128,6 +132,13 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	}
 	if !native {
 		log.Info("this kernel has no nftables queue expression (nft_queue): queueing through the xtables NFQUEUE target")
+	}
+	if !cfg.AdminNetworkPolicy {
+		// A DNS agent of an earlier engine with AdminNetworkPolicy on
+		// left its table; nothing reads its queue now.
+		if err := networkpolicy.DeleteTable(dnsCacheTable); err != nil {
+			log.Warn("removing the DNS agent's old table", "table", dnsCacheTable, "err", err)
+		}
 	}
 	if ok, err := sctpSupported(); err == nil && !ok {
 		log.Warn("this kernel has no SCTP: no pod can use it, so NetworkPolicy rules for SCTP ports match no traffic")
@@ -245,7 +256,9 @@ func podsForIP(x ExtraIPs) func(string) []string {
 
 // DeleteTable removes the engine's rules: on uninstall only, since a
 // stopped engine leaves them on purpose (Config.KeepRulesOnStop).
-func DeleteTable() error { return networkpolicy.DeleteTable(Table) }
+func DeleteTable() error {
+	return errors.Join(networkpolicy.DeleteTable(Table), networkpolicy.DeleteTable(dnsCacheTable))
+}
 
 func extraSynced(x ExtraIPs) func() bool {
 	if x == nil {
