@@ -314,34 +314,10 @@ func TestKubernetes(t *testing.T) {
 	tor := newNS(t, "k8stor-")
 	e.tor = tor
 	self := &lab.NS{Name: "host", Path: "/proc/self/ns/net"}
-	if err := lab.Connect(self, hostTorIf, tor, "to-host"); err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range []struct {
-		ns  *lab.NS
-		If  string
-		pfx netip.Prefix
-	}{{self, hostTorIf, netip.PrefixFrom(hostV6, 64)}, {self, hostTorIf, netip.PrefixFrom(hostV4, 30)},
-		{tor, "to-host", netip.PrefixFrom(torV6, 64)}, {tor, "to-host", netip.PrefixFrom(torV4, 30)}} {
-		if err := a.ns.AddrAdd(a.If, a.pfx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, k := range []string{"net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"} {
-		if err := tor.Sysctl(k, "1"); err != nil {
-			t.Fatal(err)
-		}
-	}
-	birdDir := filepath.Join(dir, "tor")
-	if err := os.MkdirAll(birdDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bird, err := lab.StartBird(tor, birdDir, fmt.Sprintf(k8sBird, birdDir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.bird = bird
-	t.Cleanup(bird.Stop)
+	wireLink(t, self, hostTorIf, tor, "to-host", []netip.Prefix{netip.PrefixFrom(hostV6, 64), netip.PrefixFrom(hostV4, 30)},
+		[]netip.Prefix{netip.PrefixFrom(torV6, 64), netip.PrefixFrom(torV4, 30)})
+	forwarding(t, tor)
+	e.startBird(dir, k8sBird)
 
 	t.Log("installing flock: kubectl apply -k deploy/")
 	e.kubectl("apply", "-k", filepath.Join(root, "deploy"))
@@ -519,6 +495,54 @@ func TestKubernetes(t *testing.T) {
 	})
 
 	t.Run("DEL after a node reboot", func(t *testing.T) { e.t = t; testReboot(t, e) })
+}
+
+// wireLink joins a and b with a veth (aIf, bIf) and gives each end its
+// addresses.
+func wireLink(t *testing.T, a *lab.NS, aIf string, b *lab.NS, bIf string, aAddrs, bAddrs []netip.Prefix) {
+	t.Helper()
+	if err := lab.Connect(a, aIf, b, bIf); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []struct {
+		ns    *lab.NS
+		If    string
+		addrs []netip.Prefix
+	}{{a, aIf, aAddrs}, {b, bIf, bAddrs}} {
+		for _, p := range x.addrs {
+			if err := x.ns.AddrAdd(x.If, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// forwarding makes the namespaces route, both families.
+func forwarding(t *testing.T, nss ...*lab.NS) {
+	t.Helper()
+	for _, ns := range nss {
+		for _, k := range []string{"net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"} {
+			if err := ns.Sysctl(k, "1"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// startBird starts the ToR's BIRD under dir/tor with conf (a format that
+// takes that directory, for its log).
+func (e *k8sEnv) startBird(dir, conf string) {
+	e.t.Helper()
+	birdDir := filepath.Join(dir, "tor")
+	if err := os.MkdirAll(birdDir, 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	bird, err := lab.StartBird(e.tor, birdDir, fmt.Sprintf(conf, birdDir))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.bird = bird
+	e.t.Cleanup(bird.Stop)
 }
 
 func podNames(e *k8sEnv, selector string) []string {

@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -111,31 +109,11 @@ func TestKubernetesTwoNodes(t *testing.T) {
 	// The fabric: the ToR, the host (node vm) and node vm2's namespace.
 	e.tor = tor
 	self := &lab.NS{Name: "host", Path: "/proc/self/ns/net"}
-	if err := lab.Connect(self, hostTorIf, tor, "to-host"); err != nil {
-		t.Fatal(err)
-	}
-	if err := lab.Connect(vm2, "to-tor", tor, "to-vm2"); err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range []struct {
-		ns  *lab.NS
-		If  string
-		pfx netip.Prefix
-	}{{self, hostTorIf, netip.PrefixFrom(hostV6, 64)}, {self, hostTorIf, netip.PrefixFrom(hostV4, 30)},
-		{tor, "to-host", netip.PrefixFrom(torV6, 64)}, {tor, "to-host", netip.PrefixFrom(torV4, 30)},
-		{vm2, "to-tor", netip.PrefixFrom(node2V6, 64)}, {vm2, "to-tor", netip.PrefixFrom(node2V4, 30)},
-		{tor, "to-vm2", netip.PrefixFrom(torNode2V6, 64)}, {tor, "to-vm2", netip.PrefixFrom(torNode2V4, 30)}} {
-		if err := a.ns.AddrAdd(a.If, a.pfx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, ns := range []*lab.NS{tor, vm2} {
-		for _, k := range []string{"net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"} {
-			if err := ns.Sysctl(k, "1"); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	wireLink(t, self, hostTorIf, tor, "to-host", []netip.Prefix{netip.PrefixFrom(hostV6, 64), netip.PrefixFrom(hostV4, 30)},
+		[]netip.Prefix{netip.PrefixFrom(torV6, 64), netip.PrefixFrom(torV4, 30)})
+	wireLink(t, vm2, "to-tor", tor, "to-vm2", []netip.Prefix{netip.PrefixFrom(node2V6, 64), netip.PrefixFrom(node2V4, 30)},
+		[]netip.Prefix{netip.PrefixFrom(torNode2V6, 64), netip.PrefixFrom(torNode2V4, 30)})
+	forwarding(t, tor, vm2)
 	// vm2 sends everything to its ToR, as a node in a rack does; the host
 	// (whose default route is the machine's own uplink) routes only what
 	// the lab needs through the ToR: vm2's link and pods, and `addresses`.
@@ -151,16 +129,7 @@ func TestKubernetesTwoNodes(t *testing.T) {
 		}
 	}
 	// The host's routes through the ToR go with its link (flktor0).
-	birdDir := filepath.Join(dir, "tor")
-	if err := os.MkdirAll(birdDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bird, err := lab.StartBird(tor, birdDir, fmt.Sprintf(k8sBirdTwo, birdDir))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.bird = bird
-	t.Cleanup(bird.Stop)
+	e.startBird(dir, k8sBirdTwo)
 
 	t.Log("adding node vm2 (its own netns, mounts, containerd, kubelet)")
 	n2, err = c.AddNode(ctx, k8slab.NodeOptions{Name: node2, Netns: vm2.Path, NodeIP: node2V6.String() + "," + node2V4.String()})
