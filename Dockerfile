@@ -11,9 +11,14 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 ARG TARGETOS
 ARG TARGETARCH
+# --version: docker build --build-arg VERSION=$(git describe --tags --always --dirty)
+# --build-arg COMMIT=$(git rev-parse --short HEAD); empty: what the go command
+# stamps (nothing without .git: "dev", "unknown").
+ARG VERSION=
+ARG COMMIT=
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
-    go build -trimpath -ldflags '-s -w' -o /out/ \
+    go build -trimpath -ldflags "-s -w -X code.fritzlab.net/fritzlab/flock/cmd/internal/buildinfo.version=${VERSION} -X code.fritzlab.net/fritzlab/flock/cmd/internal/buildinfo.commit=${COMMIT}" -o /out/ \
       ./cmd/flock ./cmd/flock-agent ./cmd/flockctl ./cmd/flock-installer ./cmd/flock-policy
 
 # Static binaries: nothing else is needed (the agent talks netlink and the

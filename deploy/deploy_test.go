@@ -177,6 +177,10 @@ func TestEveryDocumentParses(t *testing.T) {
 			strict[v1alpha1.NodeConfig](t, d)
 		case "AddressPool":
 			strict[v1alpha1.AddressPool](t, d)
+		case v1alpha1.NodeConfigTemplateKind:
+			strict[v1alpha1.NodeConfigTemplate](t, d)
+		case "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			checkAdmissionDoc(t, d) // nodeconfig_policy_test.go
 		case "Kustomization", "Component", "CustomResourceDefinition":
 			// Checked by their own tests.
 		default:
@@ -184,7 +188,8 @@ func TestEveryDocumentParses(t *testing.T) {
 		}
 	}
 	for _, k := range []string{"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole",
-		"ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "Kustomization", "NodeConfig", "AddressPool"} {
+		"ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "Kustomization", "NodeConfig", "AddressPool",
+		v1alpha1.NodeConfigTemplateKind, "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s in deploy/", k)
 		}
@@ -209,7 +214,7 @@ func TestKustomization(t *testing.T) {
 		}
 		// Examples are not installed; optional components (kustomize
 		// kind Component) are checked by their own tests.
-		if d.IsDir() && (p == "examples" || p == "admin-network-policy") {
+		if d.IsDir() && (p == "examples" || p == "admin-network-policy" || p == policyComponent) {
 			return filepath.SkipDir
 		}
 		if !d.IsDir() && strings.HasSuffix(p, ".yaml") && p != "kustomization.yaml" {

@@ -20,6 +20,13 @@ func TestSchemaCheckerRejects(t *testing.T) {
 		{"no pools", "spec: {asn: 1, routerID: 192.0.2.1}"},
 		{"family", "spec: {asn: 1, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}], bgp: {peers: [{address: 'fd00::2', asn: 2, families: [evpn]}]}}"},
 		{"ipAlgo", "spec: {asn: 1, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}], defaults: {ipAlgo: fancy}}"},
+		{"holdTime over 65535", "spec: {asn: 1, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}], bgp: {peers: [{address: 'fd00::2', asn: 2, timers: {holdTime: 65536}}]}}"},
+		{"holdTime not a number", "spec: {asn: 1, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}], bgp: {peers: [{address: 'fd00::2', asn: 2, timers: {holdTime: ninety}}]}}"},
+		{"keepaliveTime over 65535", "spec: {asn: 1, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}], bgp: {peers: [{address: 'fd00::2', asn: 2, timers: {keepaliveTime: 70000}}]}}"},
+		{"maxPrefixes over 32 bits", "spec: {asn: 1, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}], bgp: {peers: [{address: 'fd00::2', asn: 2, maxPrefixes: 4294967296}]}}"},
+		{"negative bfd interval", "spec: {asn: 1, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}], bgp: {peers: [{address: 'fd00::2', asn: 2, bfd: {enabled: true, intervalMs: -1}}]}}"},
+		{"ttlSecurityMin 256", "spec: {asn: 1, routerID: 192.0.2.1, pools: [{cidr: fd00::/64}], bgp: {peers: [{address: 'fd00::2', asn: 2, ttlSecurityMin: 256}]}}"},
+		{"routerID too long", "spec: {asn: 1, routerID: 192.000.002.001, pools: [{cidr: fd00::/64}]}"},
 	} {
 		var obj any
 		if err := yaml.Unmarshal([]byte("apiVersion: flock.fritzlab.net/v1alpha1\nkind: NodeConfig\nmetadata: {name: x}\n"+tc.yaml), &obj); err != nil {
@@ -40,6 +47,10 @@ func TestSchemaCheckerRejects(t *testing.T) {
 		{"empty namespace", "spec: {cidrs: ['2001:db8::/64'], use: [pod], namespaces: ['']}"},
 		{"matchLabels not strings", "spec: {cidrs: ['2001:db8::/64'], use: [pod], namespaceSelector: {matchLabels: {a: [b]}}}"},
 		{"status claims not an integer", "spec: {cidrs: ['2001:db8::/64'], use: [pod], namespaces: [a]}\nstatus: {claims: many}"},
+		{"namespace not a namespace name", "spec: {cidrs: ['2001:db8::/64'], use: [pod], namespaces: [Prod]}"},
+		{"namespace with a space", "spec: {cidrs: ['2001:db8::/64'], use: [pod], namespaces: ['a b']}"},
+		{"status conditions not a list", "spec: {cidrs: ['2001:db8::/64'], use: [pod], namespaces: [a]}\nstatus: {conditions: {type: Ready}}"},
+		{"condition status not True, False or Unknown", "spec: {cidrs: ['2001:db8::/64'], use: [pod], namespaces: [a]}\nstatus: {conditions: [{type: Ready, status: Maybe, reason: Valid, message: '', lastTransitionTime: '2026-01-01T00:00:00Z'}]}"},
 	} {
 		var obj any
 		if err := yaml.Unmarshal([]byte("apiVersion: flock.fritzlab.net/v1alpha1\nkind: AddressPool\nmetadata: {name: x}\n"+tc.yaml), &obj); err != nil {

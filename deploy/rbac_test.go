@@ -89,6 +89,13 @@ func TestRBAC(t *testing.T) {
 	want := expand(
 		"flock.fritzlab.net/nodeconfigs: get list watch",
 		"flock.fritzlab.net/nodeconfigs/status: get update patch",
+		// The agent renders its own node's NodeConfig from the
+		// NodeConfigTemplate selecting it: it creates, updates and deletes
+		// that one (labelled; never a hand-made one, never patched), reads
+		// the templates and counts the rendered ones in their status.
+		"flock.fritzlab.net/nodeconfigs: create update delete",
+		"flock.fritzlab.net/nodeconfigtemplates: get list watch",
+		"flock.fritzlab.net/nodeconfigtemplates/status: update",
 		// AddressPools are read-only; the agents count the claims in their
 		// status.
 		"flock.fritzlab.net/addresspools: get list watch",
@@ -99,6 +106,7 @@ func TestRBAC(t *testing.T) {
 		"/pods: get list watch",
 		"/namespaces: get list watch", // namespaceSelector
 		"/nodes: get",                 // the claim GC: does the claim's node still exist?
+		"/nodes: list watch",          // the agent's own Node (a field selector), templates render from it
 		"/events: create patch",
 		"events.k8s.io/events: create patch",
 		// The policy container: what it enforces, and the nodes an
@@ -120,9 +128,14 @@ func TestRBAC(t *testing.T) {
 			t.Errorf("ClusterRole does not grant %s", w)
 		}
 	}
-	for _, verb := range []string{"create", "update", "patch", "delete"} {
+	for _, verb := range []string{"patch", "deletecollection"} {
 		if allows(cr.Rules, "flock.fritzlab.net", "nodeconfigs", verb) != nil {
-			t.Errorf("ClusterRole allows %s on nodeconfigs: the agent only reads its spec", verb)
+			t.Errorf("ClusterRole allows %s on nodeconfigs: the agent only creates, updates (with a resourceVersion) and deletes (with preconditions) the one it renders", verb)
+		}
+	}
+	for _, verb := range []string{"create", "update", "patch", "delete"} {
+		if allows(cr.Rules, "flock.fritzlab.net", "nodeconfigtemplates", verb) != nil {
+			t.Errorf("ClusterRole allows %s on nodeconfigtemplates: they are read-only to the agent", verb)
 		}
 		if allows(cr.Rules, "flock.fritzlab.net", "addresspools", verb) != nil {
 			t.Errorf("ClusterRole allows %s on addresspools: they are read-only to the agent", verb)

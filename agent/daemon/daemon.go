@@ -403,7 +403,7 @@ func (d *daemon) snapshot() status.Node {
 	}
 	slices.Sort(n.Suppressed)
 	d.mu.Lock()
-	n.ConfigError = d.cfgErr
+	n.ConfigError = joinProblems(d.cfgErr, d.kube.templateError())
 	n.Installer = d.installer
 	for r, c := range d.reaped {
 		n.Reaped[r] = c

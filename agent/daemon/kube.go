@@ -4,11 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -17,8 +24,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"code.fritzlab.net/fritzlab/flock/agent"
+	"code.fritzlab.net/fritzlab/flock/agent/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/authz"
+	"code.fritzlab.net/fritzlab/flock/agent/metrics"
+	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
 	"code.fritzlab.net/fritzlab/flock/agent/status"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
+	"code.fritzlab.net/fritzlab/flock/bgp/session"
 	"code.fritzlab.net/fritzlab/flock/k8s/addresspools"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/claims"
@@ -50,6 +62,9 @@ type kubeMode struct {
 	kick    chan struct{}
 	// poolKick asks for the AddressPools' status at once (a pool changed).
 	poolKick chan struct{}
+	// templates renders this node's NodeConfig from the NodeConfigTemplate
+	// selecting it (nodetemplate.go).
+	templates *templates
 }
 
 // podEvents fans informer events out to the agent and the leak GC. Both
@@ -110,16 +125,167 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	if wait == 0 {
 		wait = 5 * time.Minute
 	}
-	o.Log.Info("waiting for this node's NodeConfig", "node", o.NodeName)
-	spec, gen, err := k.nc.Wait(ctx, wait)
+	k.startTemplates(ctx, dyn, core) // before the wait: it may create the NodeConfig
+	_, spec, gen, err := waitNodeConfigWith(ctx, o, k.nc, wait, 0, func(w *nodeConfigWait) {
+		w.mu.Lock()
+		w.explain = k.templates.explain
+		w.mu.Unlock()
+	})
 	if err != nil {
-		return nil, err
+		return nil, k.templates.waitError(err)
 	}
 	k.spec = spec
 	k.gen.Store(gen)
 	k.secrets = secrets.New(f, core.Secrets(o.Namespace), o.Namespace, secrets.DefaultName)
 	k.pods = pods.New(f, func(ns string) pods.Client { return core.Pods(ns) }, o.NodeName, k.events)
 	return k, nil
+}
+
+// waitNodeConfigWith waits (up to wait; poll 0: the default) for this
+// node's NodeConfig. Nothing else serves yet, so while it waits it serves
+// what an operator looks at itself: /healthz, /readyz (503, saying what it
+// waits for) and /metrics (empty) on the metrics address, and the admin
+// API's status (not Ready, configError) on the admin socket; both are
+// closed again before it returns, for the agent's own. What keeps the
+// NodeConfig from being read (RBAC, no CRD, credentials, the API server
+// unreachable) is logged at once, at Error and once per distinct error,
+// and shown there until it clears; a NodeConfig that does not exist yet is
+// waited for as before. started, if set, is called with the wait's state
+// once it serves.
+func waitNodeConfigWith(ctx context.Context, o Options, nc *nodeconfigs.Watcher, wait, poll time.Duration, started func(*nodeConfigWait)) (*nodeConfigWait, *v1alpha1.NodeConfigSpec, int64, error) {
+	w := &nodeConfigWait{node: o.NodeName, log: o.Log}
+	stop := w.serve(ctx, o)
+	defer stop()
+	if started != nil {
+		started(w)
+	}
+	o.Log.Info("waiting for this node's NodeConfig", "node", o.NodeName, "for", wait)
+	spec, gen, err := nc.Wait(ctx, nodeconfigs.WaitOptions{Timeout: wait, Poll: poll, Progress: w.progress})
+	if err == nil {
+		w.progress(nil)
+	}
+	return w, spec, gen, err
+}
+
+// nodeConfigWait is the agent's state while it waits for its NodeConfig.
+type nodeConfigWait struct {
+	node string
+	log  *slog.Logger
+
+	mu     sync.Mutex
+	tried  bool   // a read has returned
+	err    error  // what keeps the NodeConfig from being read; nil: nothing (it does not exist yet)
+	logged string // the error last logged ("": none, or it cleared)
+	// metricsAddr is where /readyz is served while waiting (tests).
+	metricsAddr net.Addr
+	// explain, if set, says why no NodeConfig is rendered for the node
+	// from a NodeConfigTemplate (nodetemplate.go).
+	explain func() error
+}
+
+// progress records the outcome of a read (nil: the NodeConfig does not
+// exist, or was read) and logs a new error, or its clearing, once.
+func (w *nodeConfigWait) progress(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.tried, w.err = true, err
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	if msg == w.logged {
+		return
+	}
+	if err != nil {
+		w.log.Error("cannot read this node's NodeConfig; still waiting", "node", w.node, "err", err)
+	} else {
+		w.log.Info("this node's NodeConfig can be read again", "node", w.node, "was", w.logged)
+	}
+	w.logged = msg
+}
+
+// apiError is what keeps the NodeConfig from being read (nil: nothing).
+func (w *nodeConfigWait) apiError() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// readiness is /readyz's answer while waiting: never ready, and why.
+func (w *nodeConfigWait) readiness() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case w.err != nil:
+		return fmt.Errorf("waiting for NodeConfig %q: %w", w.node, w.err)
+	case w.explain != nil && w.explain() != nil:
+		return fmt.Errorf("waiting for NodeConfig %q: %w", w.node, w.explain())
+	case w.tried:
+		return fmt.Errorf("waiting for NodeConfig %q: it does not exist yet: create one for this node (see deploy/examples/nodeconfig.yaml)", w.node)
+	}
+	return fmt.Errorf("waiting for NodeConfig %q", w.node)
+}
+
+// serve serves /healthz, /readyz and the admin status until stop, which
+// returns once both listeners are closed. A listener that cannot be bound
+// is skipped (the agent's own binds it later, and reports).
+func (w *nodeConfigWait) serve(ctx context.Context, o Options) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	run := func(l net.Listener, h http.Handler) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = admin.ServeHTTP(ctx, l, h)
+		}()
+	}
+	if o.MetricsAddress != "" {
+		if l, err := net.Listen("tcp", o.MetricsAddress); err != nil {
+			o.Log.Warn("no /readyz while waiting for the NodeConfig", "err", err)
+		} else {
+			w.mu.Lock()
+			w.metricsAddr = l.Addr()
+			w.mu.Unlock()
+			m := &metrics.Server{Metrics: &metrics.Metrics{Registry: prometheus.NewRegistry()}, Ready: w.readiness}
+			run(l, m.Handler())
+		}
+	}
+	if o.AdminSocket != "" {
+		if l, err := admin.Listen(o.AdminSocket); err != nil {
+			o.Log.Warn("no admin API while waiting for the NodeConfig", "err", err)
+		} else {
+			run(l, admin.Handler(waitingSource{w}))
+		}
+	}
+	return func() {
+		cancel()
+		wg.Wait()
+	}
+}
+
+// waitingSource is the admin API while waiting for the NodeConfig:
+// nothing is served yet but the status.
+type waitingSource struct{ w *nodeConfigWait }
+
+func (s waitingSource) Status() admin.Status {
+	n := status.Node{}
+	if err := s.w.apiError(); err != nil {
+		n.ConfigError = s.w.readiness().Error()
+	}
+	st := admin.Status{Reconcilers: []reconcile.Status{}, ConfigError: n.ConfigError, Problems: n.Problems()}
+	if st.ConfigError == "" {
+		st.Problems = []string{s.w.readiness().Error()}
+	}
+	return st
+}
+
+func (waitingSource) Pods() []admin.Pod             { return []admin.Pod{} }
+func (waitingSource) Pools() []admin.Pool           { return []admin.Pool{} }
+func (waitingSource) Routes() []admin.Route         { return []admin.Route{} }
+func (waitingSource) Neighbors() []session.Neighbor { return []session.Neighbor{} }
+func (waitingSource) BGPRoutes() []admin.BGPRoute   { return []admin.BGPRoute{} }
+func (s waitingSource) SetReadiness(admin.Readiness) (int, error) {
+	return 0, s.w.readiness()
 }
 
 // wire connects the informer events to the agent and the leak GC.
@@ -158,6 +324,8 @@ func (k *kubeMode) register(d *daemon, c *components) {
 	c.register("claims", whenServing, follow(d.agent.ClaimsChanged, k.claims.Changed()))
 	c.register("addresspool status", whenServing, RunFunc(func(ctx context.Context) error { return k.writePoolStatus(ctx, d) }))
 	c.register("nodeconfig status", whenServing, RunFunc(func(ctx context.Context) error { return k.writeStatus(ctx, d) }))
+	c.register("nodeconfig templates", duringRecovery, k.templates)
+	c.register("nodeconfig template errors", whenServing, follow(d.statusChanged, k.templateChanged()))
 }
 
 // followNodeConfig applies a new generation of this node's NodeConfig.
@@ -178,15 +346,22 @@ func (k *kubeMode) followNodeConfig(d *daemon) {
 }
 
 // writePoolStatus keeps every AddressPool's status current, every 15 s
-// and at once when the pools change. status.claims (the kubectl column):
-// every agent computes the same numbers, so only the first writes.
-// status.inUse: what is in use differs by node, so each agent writes only
-// its own node's entry, and only when it changed (see UpdateInUse).
+// and at once when the pools change. The Ready condition (True, or False
+// with the validation error): judged on the AddressPools alone — not with
+// this node's deprecated shared pools, which differ by node — so every
+// agent reaches the same verdict and only the first writes it (see
+// UpdateReady). status.claims (the kubectl column): every agent computes
+// the same numbers, so only the first writes. status.inUse: what is in
+// use differs by node, so each agent writes only its own node's entry,
+// and only when it changed (see UpdateInUse).
 func (k *kubeMode) writePoolStatus(ctx context.Context, d *daemon) error {
 	t := time.NewTicker(15 * time.Second)
 	defer t.Stop()
 	for {
 		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if err := k.pools.UpdateReady(c, poolVerdicts(k.pools.Pools())); err != nil && ctx.Err() == nil {
+			d.log.Debug("AddressPool status", "err", err)
+		}
 		if err := k.pools.UpdateClaims(c, k.claims.CountByPool()); err != nil && ctx.Err() == nil {
 			d.log.Debug("AddressPool status", "err", err)
 		}
@@ -201,6 +376,13 @@ func (k *kubeMode) writePoolStatus(ctx context.Context, d *daemon) error {
 		case <-k.poolKick:
 		}
 	}
+}
+
+// poolVerdicts are the errors of the invalid AddressPools, by name, as
+// authz.Compile finds them in the pools alone.
+func poolVerdicts(pools []v1alpha1.AddressPool) map[string]error {
+	set, _ := authz.Compile(pools)
+	return set.Invalid()
 }
 
 func (k *kubeMode) poolStatusChanged() {
@@ -295,9 +477,12 @@ func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 	}
 }
 
-// sameStatus ignores the condition's transition time.
+// sameStatus ignores the condition's transition time. It works on copies
+// of the conditions: zeroing the callers' (the slices share their arrays)
+// made every later write fail the CRD's required lastTransitionTime.
 func sameStatus(a, b v1alpha1.NodeConfigStatus) bool {
 	for _, s := range []*v1alpha1.NodeConfigStatus{&a, &b} {
+		s.Conditions = slices.Clone(s.Conditions)
 		for i := range s.Conditions {
 			s.Conditions[i].LastTransitionTime = metav1.Time{}
 		}

@@ -255,22 +255,22 @@ func TestParseMultiDocumentErrors(t *testing.T) {
 		{
 			name: "unknown AddressPool spec field",
 			yaml: func(t *testing.T) string { return multiDoc(ncDoc, edit(t, podsDoc, "  namespaces:", "  namespace:")) },
-			want: []string{"document 2 (AddressPool/pods, line 12)", "unknown field", `"namespace"`},
+			want: []string{"document 2 (AddressPool/pods, line 12): spec.namespace: unknown field (did you mean namespaces?)"},
 		},
 		{
 			name: "unknown AddressPool top-level field",
 			yaml: func(t *testing.T) string { return multiDoc(ncDoc, podsDoc+"specs: {}\n") },
-			want: []string{"document 2 (AddressPool/pods, line 12)", "unknown field", `"specs"`},
+			want: []string{"document 2 (AddressPool/pods, line 12): specs: unknown field (did you mean spec?)"},
 		},
 		{
 			name: "unknown AddressPool metadata field",
 			yaml: func(t *testing.T) string { return multiDoc(ncDoc, edit(t, podsDoc, "  labels:", "  lables:")) },
-			want: []string{"document 2 (AddressPool/pods, line 12)", "unknown field", `"lables"`},
+			want: []string{"document 2 (AddressPool/pods, line 12): metadata.lables: unknown field (did you mean labels?)"},
 		},
 		{
 			name: "unknown NodeConfig field in a later document",
 			yaml: func(t *testing.T) string { return multiDoc(podsDoc, edit(t, ncDoc, "  pools:", "  pool:")) },
-			want: []string{"document 2 (NodeConfig/node-a, line 11)", "unknown field", `"pool"`},
+			want: []string{"document 2 (NodeConfig/node-a, line 11): spec.pool: unknown field (did you mean pools?)"},
 		},
 		{
 			name: "NodeConfig spec error in a later document",

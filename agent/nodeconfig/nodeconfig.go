@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"code.fritzlab.net/fritzlab/flock/agent/authz"
+	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig/decode"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
@@ -79,8 +80,12 @@ func Load(path string) (*File, error) {
 // document and any number of AddressPool documents, in any order. Unknown
 // fields are errors: a misspelt knob must not be silently ignored. Every
 // error names the document (its number among the file's non-empty
-// documents, kind/name and first line), the field and the value; all of
-// them are reported together, and any error refuses the whole file.
+// documents, kind/name and first line), the field by its path with list
+// indexes and the value — a document that does not decode as well as one
+// that does not validate ("document 1 (NodeConfig/node-a, line 1): spec.
+// bgp.peers[2].timers.holdTime: cannot unmarshal string "ninety" into an
+// integer"); all of them are reported together, and any error refuses the
+// whole file.
 func Parse(data []byte) (*File, error) {
 	var (
 		errs   []error
@@ -98,11 +103,16 @@ func Parse(data []byte) (*File, error) {
 				Name string `json:"name"`
 			} `json:"metadata"`
 		}
-		if err := yaml.Unmarshal(d.data, &head); err != nil {
-			errs = append(errs, d.errorf("%s", d.yamlError(err)))
+		bad := d.decode(&head, false)
+		// What did decode names the document, even when some field did not.
+		d.kind, d.name = head.Kind, head.Metadata.Name
+		if bad != nil {
+			errs = append(errs, bad()...)
+			if head.Kind == Kind && ncDoc == nil {
+				ncDoc = d // the NodeConfig, with a bad header: not missing
+			}
 			continue
 		}
-		d.kind, d.name = head.Kind, head.Metadata.Name
 		if head.APIVersion != APIVersion {
 			errs = append(errs, d.errorf("apiVersion: %q, want %q", head.APIVersion, APIVersion))
 			if head.Kind == Kind && ncDoc == nil {
@@ -118,8 +128,8 @@ func Parse(data []byte) (*File, error) {
 			}
 			ncDoc = d
 			var nc File
-			if err := yaml.UnmarshalStrict(d.data, &nc); err != nil {
-				errs = append(errs, d.errorf("%s", d.yamlError(err)))
+			if bad := d.decode(&nc, true); bad != nil {
+				errs = append(errs, bad()...)
 				continue
 			}
 			f = &nc
@@ -130,8 +140,8 @@ func Parse(data []byte) (*File, error) {
 			specOK = true
 		case v1alpha1.AddressPoolKind:
 			var ap v1alpha1.AddressPool
-			if err := yaml.UnmarshalStrict(d.data, &ap); err != nil {
-				errs = append(errs, d.errorf("%s", d.yamlError(err)))
+			if bad := d.decode(&ap, true); bad != nil {
+				errs = append(errs, bad()...)
 				continue
 			}
 			errs = append(errs, checkPoolObject(d, &ap)...)
@@ -344,6 +354,45 @@ func (d *document) wrap(err error) []error {
 		out = append(out, d.errorf("%w", e))
 	}
 	return out
+}
+
+// decode decodes the document into out (a pointer) as sigs.k8s.io/yaml
+// does, strictly (unknown fields and duplicate keys are errors) or not.
+// A YAML error is returned as YAML gives it, with the line made a line of
+// the file; a document that is YAML but does not fit out's type gets an
+// error per field that does not, named by its path with list indexes and
+// with the value found and what was wanted ("spec.bgp.peers[2].timers.
+// holdTime: cannot unmarshal string "ninety" into an integer", "spec.
+// pool: unknown field (did you mean pools?)"), as Validate names fields.
+// It returns nil if the document decodes, else a function that renders
+// the errors (then, so they name the document as known by then).
+func (d *document) decode(out any, strict bool) func() []error {
+	unmarshal, toJSON := yaml.Unmarshal, yaml.YAMLToJSON
+	if strict {
+		unmarshal, toJSON = yaml.UnmarshalStrict, yaml.YAMLToJSONStrict
+	}
+	err := unmarshal(d.data, out)
+	if err == nil {
+		return nil
+	}
+	asIs := func() []error { return []error{d.errorf("%s", d.yamlError(err))} }
+	j, jerr := toJSON(d.data)
+	if jerr != nil {
+		return asIs // not YAML, or not JSON-able
+	}
+	fields := decode.JSON(j, reflect.TypeOf(out).Elem(), decode.Options{Strict: strict, YAML: true})
+	if len(fields) == 0 {
+		// Unreachable unless the walker and encoding/json disagree: say
+		// what encoding/json said.
+		return asIs
+	}
+	return func() []error {
+		errs := make([]error, len(fields))
+		for i, e := range fields {
+			errs[i] = d.errorf("%w", e)
+		}
+		return errs
+	}
 }
 
 // yamlLine finds the line numbers of YAML errors: "yaml: line 3: ..." and

@@ -167,22 +167,22 @@ func TestParseErrors(t *testing.T) {
 		{
 			name: "unknown spec field (pool typo)",
 			yaml: func(t *testing.T) string { return replace(t, "  pools:\n", "  pool:\n") },
-			want: []string{`unknown field`, `"pool"`},
+			want: []string{`spec.pool: unknown field (did you mean pools?)`},
 		},
 		{
 			name: "unknown top-level field",
 			yaml: func(t *testing.T) string { return goodYAML + "status: {}\n" },
-			want: []string{`unknown field`, `"status"`},
+			want: []string{`: status: unknown field`},
 		},
 		{
 			name: "unknown pool field",
 			yaml: func(t *testing.T) string { return replace(t, "      shared: true\n", "      sharde: true\n") },
-			want: []string{`unknown field`, `"sharde"`},
+			want: []string{`spec.pools[2].sharde: unknown field (did you mean shared?)`},
 		},
 		{
 			name: "unknown defaults field",
 			yaml: func(t *testing.T) string { return replace(t, "    ipAlgo:", "    ipAlgorithm:") },
-			want: []string{`unknown field`, `"ipAlgorithm"`},
+			want: []string{`spec.defaults.ipAlgorithm: unknown field`},
 		},
 		{
 			name: "not YAML",

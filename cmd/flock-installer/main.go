@@ -25,38 +25,31 @@ import (
 	"syscall"
 	"time"
 
+	"code.fritzlab.net/fritzlab/flock/cmd/internal/buildinfo"
 	"code.fritzlab.net/fritzlab/flock/cni/install"
 	"code.fritzlab.net/fritzlab/flock/cni/install/report"
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
 )
 
 func main() {
-	var o install.Options
-	flag.StringVar(&o.PluginSrc, "plugin", "/opt/flock/bin/flock", "plugin binary to install")
-	flag.StringVar(&o.CNIBinDir, "cni-bin-dir", "/host/opt/cni/bin", "host CNI plugin directory")
-	flag.StringVar(&o.CNIConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "host CNI config directory")
-	flag.StringVar(&o.Socket, "socket", wire.DefaultSocket, "agent CNI socket path, as seen by the plugin on the host")
-	flag.BoolVar(&o.Portmap, "portmap", false, "chain the portmap plugin (hostPort support)")
-	flag.BoolVar(&o.Bandwidth, "bandwidth", false, "chain the bandwidth plugin")
-	flag.StringVar(&o.CNIVersion, "cni-version", "", "cniVersion of the conflist (default: the highest that flock and every chained plugin answer to VERSION); one they do not all support is refused")
-	flag.StringVar(&o.HostRoot, "host-root", "", "where the host's / is mounted (--cni-bin-dir under it): chained plugins are asked VERSION chrooted there, as the runtime runs them; empty runs them in place")
-	statusFile := flag.String("status-file", report.DefaultPath, "where the outcome goes for the agent (JSON); empty writes none")
-	flag.StringVar(&o.Runtime, "runtime", "", "the node's container runtime as NAME://VERSION (its libcni bounds the cniVersion: containerd 1.x runs up to 1.0.0); default: the node's status.nodeInfo.containerRuntimeVersion, read from the API with --node-name")
-	nodeName := flag.String("node-name", os.Getenv("NODE_NAME"), "this node, whose container runtime is read from the API (in-cluster); empty: none")
-	flag.Parse()
+	c, code, exit := parseFlags(os.Args[1:], os.Stdout, os.Stderr)
+	if exit {
+		os.Exit(code)
+	}
+	o := c.o
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "flock-installer")
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	if o.Runtime == "" && *nodeName != "" {
-		rt, err := nodeRuntime(ctx, *nodeName)
+	if o.Runtime == "" && c.nodeName != "" {
+		rt, err := nodeRuntime(ctx, c.nodeName)
 		if err != nil {
 			// Not knowing the runtime could write a version it cannot
 			// run (every ADD failing): retry rather than guess.
-			log.Error("the node's container runtime", "node", *nodeName, "err", err)
+			log.Error("the node's container runtime", "node", c.nodeName, "err", err)
 			os.Exit(1)
 		}
 		o.Runtime = rt
-		log.Info("container runtime", "node", *nodeName, "runtime", rt)
+		log.Info("container runtime", "node", c.nodeName, "runtime", rt)
 	}
 	res, err := install.Install(ctx, o)
 	stop()
@@ -67,9 +60,9 @@ func main() {
 			log.Info("chained plugin", "type", p.Type, "path", p.Path, "versions", p.Versions)
 		}
 	}
-	if *statusFile != "" {
+	if c.statusFile != "" {
 		// Without it the agent would read a stale outcome or none: retry.
-		if werr := report.Write(*statusFile, res.Report); werr != nil {
+		if werr := report.Write(c.statusFile, res.Report); werr != nil {
 			log.Error("status file", "err", werr)
 			os.Exit(1)
 		}
@@ -89,6 +82,59 @@ func main() {
 		os.Exit(1)
 	}
 	log.Info("installed", "conflist", res.Report.ConflistPath, "cniVersion", res.Report.CNIVersion, "conflist-state", res.Report.Conflist)
+}
+
+// config is the command line.
+type config struct {
+	o          install.Options
+	statusFile string
+	nodeName   string
+}
+
+// parseFlags reads the command line. exit says the process is done, with
+// code: --help and --version (0, on stdout), a usage error (2, named on
+// stderr).
+func parseFlags(args []string, stdout, stderr io.Writer) (c config, code int, exit bool) {
+	o := &c.o
+	fs := flag.NewFlagSet("flock-installer", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are returned, --help is printed below
+	fs.StringVar(&o.PluginSrc, "plugin", "/opt/flock/bin/flock", "plugin binary to install")
+	fs.StringVar(&o.CNIBinDir, "cni-bin-dir", "/host/opt/cni/bin", "host CNI plugin directory")
+	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", "/host/etc/cni/net.d", "host CNI config directory")
+	fs.StringVar(&o.Socket, "socket", wire.DefaultSocket, "agent CNI socket path, as seen by the plugin on the host")
+	fs.BoolVar(&o.Portmap, "portmap", false, "chain the portmap plugin (hostPort support)")
+	fs.BoolVar(&o.Bandwidth, "bandwidth", false, "chain the bandwidth plugin")
+	fs.StringVar(&o.CNIVersion, "cni-version", "", "cniVersion of the conflist (default: the highest that flock and every chained plugin answer to VERSION); one they do not all support is refused")
+	fs.StringVar(&o.HostRoot, "host-root", "", "where the host's / is mounted (--cni-bin-dir under it): chained plugins are asked VERSION chrooted there, as the runtime runs them; empty runs them in place")
+	fs.StringVar(&c.statusFile, "status-file", report.DefaultPath, "where the outcome goes for the agent (JSON); empty writes none")
+	fs.StringVar(&o.Runtime, "runtime", "", "the node's container runtime as NAME://VERSION (its libcni bounds the cniVersion: containerd 1.x runs up to 1.0.0); default: the node's status.nodeInfo.containerRuntimeVersion, read from the API with --node-name")
+	fs.StringVar(&c.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node, whose container runtime is read from the API (in-cluster); empty: none")
+	version := fs.Bool("version", false, "print the version and exit")
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, `usage: flock-installer [flags]
+
+Installs the flock CNI plugin and its network config on the host (the
+DaemonSet's init container). A refused install (no cniVersion that flock and
+every chained plugin support) exits 0: the agent reports it from --status-file.
+
+flags:
+`)
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		return c, 0, true
+	case err != nil:
+		fmt.Fprintf(stderr, "flock-installer: %v\nRun 'flock-installer --help' for usage.\n", err)
+		return c, 2, true
+	case *version:
+		fmt.Fprintln(stdout, buildinfo.Line("flock-installer"))
+		return c, 0, true
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "flock-installer: unexpected argument %q (it takes flags only)\nRun 'flock-installer --help' for usage.\n", fs.Arg(0))
+		return c, 2, true
+	}
+	return c, 0, false
 }
 
 // nodeRuntime reads the node's container runtime from the API, in-cluster,

@@ -8,8 +8,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -27,6 +29,7 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/policyips"
+	"code.fritzlab.net/fritzlab/flock/cmd/internal/buildinfo"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/policyapi"
 )
@@ -43,18 +46,10 @@ type endpoints struct {
 }
 
 func main() {
-	var cfg netpol.Config
-	flag.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-	flag.IntVar(&cfg.QueueID, "nfqueue-id", 100, "the NFQUEUE number the decisions go through")
-	flag.BoolVar(&cfg.FailOpen, "fail-open", false, "let connections pass while the engine is not running (default: drop them)")
-	flag.BoolVar(&cfg.AdminNetworkPolicy, "admin-network-policy", false, "enforce AdminNetworkPolicy (its CRD must be installed)")
-	flag.BoolVar(&cfg.BaselineAdminNetworkPolicy, "baseline-admin-network-policy", false, "enforce BaselineAdminNetworkPolicy (its CRD must be installed)")
-	kubeconfig := flag.String("kubeconfig", "", "kubeconfig file (default: the pod's service account)")
-	var ep endpoints
-	flag.StringVar(&ep.metrics, "metrics-address", defaultMetricsAddress, "address for /metrics, /healthz and /readyz; empty disables")
-	flag.StringVar(&ep.admin, "admin-socket", policyapi.DefaultSocket, "unix socket of the admin API (flockctl policy); empty disables")
-	flag.StringVar(&ep.agent, "agent-socket", admin.DefaultSocket, "the node agent's admin socket: what it bound for this node's pods (anycast, addresses); empty: judge them by their claims and AddressPools only")
-	flag.Parse()
+	c, code, exit := parseFlags(os.Args[1:], os.Stdout, os.Stderr)
+	if exit {
+		os.Exit(code)
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	// Its heap is the informers' caches, long-lived: collecting at half
 	// again what is live (not twice) keeps the node's memory down for a
@@ -62,10 +57,60 @@ func main() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(50)
 	}
-	if err := run(cfg, *kubeconfig, ep, log); err != nil {
+	if err := run(c.cfg, c.kubeconfig, c.ep, log); err != nil {
 		log.Error("flock-policy failed", "err", err)
 		os.Exit(1)
 	}
+}
+
+// config is the command line.
+type config struct {
+	cfg        netpol.Config
+	kubeconfig string
+	ep         endpoints
+}
+
+// parseFlags reads the command line. exit says the process is done, with
+// code: --help and --version (0, on stdout), a usage error (2, named on
+// stderr).
+func parseFlags(args []string, stdout, stderr io.Writer) (c config, code int, exit bool) {
+	cfg, ep := &c.cfg, &c.ep
+	fs := flag.NewFlagSet("flock-policy", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are returned, --help is printed below
+	fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+	fs.IntVar(&cfg.QueueID, "nfqueue-id", 100, "the NFQUEUE number the decisions go through")
+	fs.BoolVar(&cfg.FailOpen, "fail-open", false, "let connections pass while the engine is not running (default: drop them)")
+	fs.BoolVar(&cfg.AdminNetworkPolicy, "admin-network-policy", false, "enforce AdminNetworkPolicy (its CRD must be installed)")
+	fs.BoolVar(&cfg.BaselineAdminNetworkPolicy, "baseline-admin-network-policy", false, "enforce BaselineAdminNetworkPolicy (its CRD must be installed)")
+	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file (default: the pod's service account)")
+	fs.StringVar(&ep.metrics, "metrics-address", defaultMetricsAddress, "address for /metrics, /healthz and /readyz; empty disables")
+	fs.StringVar(&ep.admin, "admin-socket", policyapi.DefaultSocket, "unix socket of the admin API (flockctl policy); empty disables")
+	fs.StringVar(&ep.agent, "agent-socket", admin.DefaultSocket, "the node agent's admin socket: what it bound for this node's pods (anycast, addresses); empty: judge them by their claims and AddressPools only")
+	version := fs.Bool("version", false, "print the version and exit")
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, `usage: flock-policy [flags]
+
+Enforces NetworkPolicy on its node (the second container of flock's
+DaemonSet), with the engine of sigs.k8s.io/kube-network-policies.
+
+flags:
+`)
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		return c, 0, true
+	case err != nil:
+		fmt.Fprintf(stderr, "flock-policy: %v\nRun 'flock-policy --help' for usage.\n", err)
+		return c, 2, true
+	case *version:
+		fmt.Fprintln(stdout, buildinfo.Line("flock-policy"))
+		return c, 0, true
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "flock-policy: unexpected argument %q (it takes flags only)\nRun 'flock-policy --help' for usage.\n", fs.Arg(0))
+		return c, 2, true
+	}
+	return c, 0, false
 }
 
 func run(cfg netpol.Config, kubeconfig string, ep endpoints, log *slog.Logger) error {

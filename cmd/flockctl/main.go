@@ -1,330 +1,360 @@
 // Command flockctl is the operator CLI: it reads the agent's admin socket
 // (and, for `policy`, flock-policy's).
+//
+// Conventions (every flock binary): --help, -h (and here `flockctl help
+// [COMMAND]`) print the usage to stdout and exit 0; --version prints
+// "flockctl VERSION (commit REV, GOVERSION)" and exits 0; a usage error (an
+// unknown command, flag or argument, a bad -o) names the bad thing on
+// stderr and exits 2; any other failure (the agent not answering, an API
+// error) exits 1. Flags go before or after the command: `flockctl -o json
+// status` is `flockctl status -o json`. Every command takes -o table, wide,
+// json or yaml.
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
-	"sigs.k8s.io/yaml"
-
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
-	"code.fritzlab.net/fritzlab/flock/bgp/session"
+	"code.fritzlab.net/fritzlab/flock/cmd/internal/buildinfo"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/policyapi"
-	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 
-const usage = `usage: flockctl [--socket PATH] [--policy-socket PATH] [-o table|json|yaml] COMMAND
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitFail  = 1 // the command failed: the agent did not answer, refused, …
+	exitUsage = 2 // the command line is wrong
+)
 
-commands:
-  status                          agent health: recovery, sessions, route reconcilers (errors, last error), reaped allocations
-  bgp neighbors                   BGP sessions: state, uptime, families, prefix counts, BFD, GR, warnings
-  bgp routes                      paths the node originates: prefix, kind, owning pods, advertised
-  pods                            attachments: container, pod, phase, readiness, interface, veth, IPs
-  ipam                            pools with used, held and free addresses
-  routes                          anycast and addresses host routes: in the kernel and as wanted, with next hops
-  ready NAMESPACE/NAME true|false standalone mode: report a pod Ready or NotReady (its anycast and addresses
-                                  IPs are advertised and routed only while Ready)
-  policy [NAMESPACE/NAME]         NetworkPolicy (flock-policy): the node's pods, or the one named, with their IPs
-                                  and the policies isolating their ingress and egress
-`
+// formats are -o's values; table is the default, wide a table with more
+// columns.
+var formats = []string{"table", "wide", "json", "yaml"}
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "flockctl:", err)
-		os.Exit(1)
-	}
+	os.Exit(cli(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// cli runs flockctl and returns its exit status; errors go to stderr.
+func cli(args []string, stdout, stderr io.Writer) int {
+	err := run(args, stdout)
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintln(stderr, "flockctl:", err)
+	var ue *usageError
+	if !errors.As(err, &ue) {
+		return exitFail
+	}
+	if ue.usage != "" {
+		fmt.Fprint(stderr, "\n"+ue.usage)
+	} else {
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", ue.cmd.path())
+	}
+	return exitUsage
+}
+
+// usageError is a wrong command line: exit status 2, with a pointer to the
+// help of the command it was for (or that help itself).
+type usageError struct {
+	err   error
+	cmd   *command
+	usage string // printed in full after the error; "" points to --help
+}
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usagef(c *command, format string, a ...any) error {
+	return &usageError{err: fmt.Errorf(format, a...), cmd: c}
+}
+
+// options are the flags every command takes.
+type options struct {
+	socket       string
+	policySocket string
+	format       string
+	version      bool
+}
+
+// wide tells whether -o wide asked for the extra columns.
+func (o *options) wide() bool { return o.format == "wide" }
+
+// A command is a group of subcommands (subs) or one that runs (run).
+type command struct {
+	name    string   // as typed: "neighbors"
+	aliases []string // other spellings of name
+	args    string   // synopsis of its arguments: "NAMESPACE/NAME true|false"
+	summary string   // for the list of commands; a second line is indented
+	about   string   // for its help, after the summary
+	wide    string   // what -o wide adds
+	nargs   [2]int   // least and most arguments
+	run     func(ctx context.Context, o *options, args []string, out io.Writer) error
+	subs    []*command
+	parent  *command
+}
+
+// tree is flockctl's commands.
+func tree() *command {
+	root := &command{name: "flockctl", subs: []*command{
+		{name: "status", run: statusCmd,
+			summary: "agent health: recovery, sessions, route reconcilers (errors, last error), reaped allocations",
+			wide:    "the problems the agent reports (PROBLEM rows), and per reconciler the state generation its last pass applied and its last success"},
+		{name: "bgp", summary: "the embedded BGP speaker: its sessions and the paths the node originates", subs: []*command{
+			{name: "neighbors", aliases: []string{"neighbours", "neighbor"}, run: neighborsCmd,
+				summary: "BGP sessions: state, uptime, families, prefix counts, BFD, GR, warnings",
+				wide:    "the resolved peer address, the last state change, BFD in detail (remote state and C-bit, failures/planned downs, last diagnostic), the RFC 5549 guard, and the last error even while established"},
+			{name: "routes", run: bgpRoutesCmd,
+				summary: "paths the node originates: prefix, kind, owning pods, advertised",
+				wide:    "nothing: the table has every field (-o json has the same)"},
+		}},
+		{name: "pods", run: podsCmd,
+			summary: "attachments: container, pod, phase, readiness, interface, veth, IPs",
+			wide:    "the full container ID, the pod's UID (static pods: their static UID) and the creation time"},
+		{name: "ipam", run: ipamCmd,
+			summary: "pools with used, held and free addresses",
+			wide:    "the pool's namespace selector in a column of its own"},
+		{name: "routes", run: routesCmd,
+			summary: "anycast and addresses host routes: in the kernel and as wanted, with next hops",
+			wide:    "the owning containers' full IDs"},
+		{name: "ready", args: "NAMESPACE/NAME true|false", nargs: [2]int{2, 2}, run: readyCmd,
+			summary: "standalone mode: report a pod Ready or NotReady (its anycast and addresses\nIPs are advertised and routed only while Ready)",
+			about:   "It prints the outcome as \"NAMESPACE/NAME: Ready (N incarnation(s))\" (table and wide), or\n{pod, ready, incarnations} with -o json or yaml.",
+			wide:    "nothing"},
+		{name: "policy", args: "[NAMESPACE/NAME]", nargs: [2]int{0, 1}, run: policyCmd,
+			summary: "NetworkPolicy (flock-policy): the node's pods, or the one named, with their IPs\nand the policies isolating their ingress and egress",
+			about:   "It asks flock-policy's admin socket (--policy-socket), not the agent's.",
+			wide:    "the node the pod runs on"},
+	}}
+	var link func(*command)
+	link = func(c *command) {
+		for _, s := range c.subs {
+			s.parent = c
+			link(s)
+		}
+	}
+	link(root)
+	return root
+}
+
+// path is the command as typed: "flockctl bgp neighbors".
+func (c *command) path() string {
+	if c.parent == nil {
+		return c.name
+	}
+	return c.parent.path() + " " + c.name
+}
+
+// sub finds a subcommand by name or alias.
+func (c *command) sub(name string) *command {
+	for _, s := range c.subs {
+		if s.name == name {
+			return s
+		}
+		for _, a := range s.aliases {
+			if a == name {
+				return s
+			}
+		}
+	}
+	return nil
+}
+
+// flags is a command's flag set: the options every command takes.
+func (c *command) flags(o *options) *flag.FlagSet {
+	fs := flag.NewFlagSet(c.path(), flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are returned; help is printed by usage
+	fs.Usage = func() {}
+	fs.StringVar(&o.socket, "socket", admin.DefaultSocket, "agent admin socket")
+	fs.StringVar(&o.policySocket, "policy-socket", policyapi.DefaultSocket, "flock-policy's admin socket (the policy command)")
+	fs.StringVar(&o.format, "o", "table", "output `format`: "+orList(formats))
+	fs.BoolVar(&o.version, "version", false, "print flockctl's version and exit")
+	return fs
+}
+
+// run runs the command line, writing its output (or help) to out; errors
+// are returned, the wrong command lines among them as a *usageError.
 func run(args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("flockctl", flag.ContinueOnError)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), usage); fs.PrintDefaults() }
-	socket := fs.String("socket", admin.DefaultSocket, "agent admin socket")
-	policySocket := fs.String("policy-socket", policyapi.DefaultSocket, "flock-policy's admin socket (the policy command)")
-	format := fs.String("o", "table", "output format: table, json or yaml")
-	if err := fs.Parse(args); err != nil {
-		return err
+	root := tree()
+	// One set of options, filled by every command's flag set in turn:
+	// the flags go before or after the command words. A flag set sets
+	// its defaults when its flags are defined, so each is made (and its
+	// defaults applied) before the first parse.
+	var o options
+	sets := map[*command]*flag.FlagSet{}
+	var mk func(*command)
+	mk = func(c *command) {
+		sets[c] = c.flags(&o)
+		for _, s := range c.subs {
+			mk(s)
+		}
 	}
-	if *format != "table" && *format != "json" && *format != "yaml" {
-		return fmt.Errorf("-o %q: want table, json or yaml", *format)
+	mk(root)
+
+	c, rest := root, args
+	var words []string // positional arguments of the command
+	for {
+		var err error
+		if c.run != nil {
+			words, err = parseInterspersed(sets[c], rest)
+		} else {
+			err = sets[c].Parse(rest)
+			rest = sets[c].Args()
+		}
+		switch {
+		case errors.Is(err, flag.ErrHelp):
+			return c.help(out, sets[c])
+		case err != nil:
+			return &usageError{err: err, cmd: c}
+		case o.version:
+			_, err := fmt.Fprintln(out, buildinfo.Line("flockctl"))
+			return err
+		}
+		if c.run != nil {
+			break
+		}
+		if len(rest) == 0 {
+			if c == root {
+				var b strings.Builder
+				_ = c.help(&b, sets[c])
+				return &usageError{err: errors.New("no command given"), cmd: c, usage: b.String()}
+			}
+			// A group alone lists its commands, as `kubectl config` does.
+			return c.help(out, sets[c])
+		}
+		if rest[0] == "help" {
+			return helpCmd(c, sets, rest[1:], out)
+		}
+		next := c.sub(rest[0])
+		if next == nil {
+			return usagef(c, "unknown command %q for %q", rest[0], c.path())
+		}
+		c, rest = next, rest[1:]
 	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return errors.New("no command given")
+
+	if !slices.Contains(formats, o.format) {
+		return usagef(c, "-o %q: want %s", o.format, orList(formats))
 	}
-	c := admin.NewClient(*socket)
+	if len(words) < c.nargs[0] || len(words) > c.nargs[1] {
+		if c.nargs[1] == 0 {
+			return usagef(c, "%s: unexpected argument %q", strings.TrimPrefix(c.path(), "flockctl "), words[0])
+		}
+		return usagef(c, "usage: %s %s", c.path(), c.args)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if fs.Arg(0) == "ready" {
-		return ready(ctx, c, fs.Args()[1:], out)
+	err := c.run(ctx, &o, words, out)
+	if ue := (*usageError)(nil); errors.As(err, &ue) && ue.cmd == nil {
+		ue.cmd = c // a bad argument: point to this command's help
 	}
-	if fs.Arg(0) == "policy" {
-		return policy(ctx, *policySocket, *format, fs.Args()[1:], out)
-	}
-	switch cmd := strings.Join(fs.Args(), " "); cmd {
-	case "status":
-		var v admin.Status
-		if err := c.Get(ctx, "/v1/status", &v); err != nil {
-			return err
-		}
-		return emit(out, *format, v, func(w *tabwriter.Writer) {
-			state := "recovering allocations"
-			switch {
-			case v.Ready && v.Installer != "":
-				state = "serving, not Ready: the CNI installer refused"
-			case v.Ready:
-				state = "serving"
-			}
-			fmt.Fprintf(w, "AGENT\t%s\n", state)
-			fmt.Fprintf(w, "ALLOCATIONS\t%d\n", v.Allocations)
-			fmt.Fprintf(w, "BGP SESSIONS\t%d/%d established\n", v.PeersUp, v.Peers)
-			if len(v.Reaped) > 0 {
-				var rs []string
-				for _, k := range sortedKeys(v.Reaped) {
-					rs = append(rs, fmt.Sprintf("%s=%d", k, v.Reaped[k]))
-				}
-				fmt.Fprintf(w, "REAPED\t%s\n", strings.Join(rs, " "))
-			}
-			if v.ReapFailures > 0 {
-				fmt.Fprintf(w, "REAP FAILURES\t%d (retried until they succeed)\n", v.ReapFailures)
-			}
-			if v.Installer != "" {
-				fmt.Fprintf(w, "CNI INSTALLER\t%s\n", v.Installer)
-			}
-			if v.ConfigError != "" {
-				fmt.Fprintf(w, "CONFIG ERROR\t%s\n", v.ConfigError)
-			}
-			for _, s := range v.Stuck {
-				fmt.Fprintf(w, "STUCK\t%s\n", s)
-			}
-			fmt.Fprintln(w)
-			fmt.Fprintln(w, "RECONCILER\tSTATE\tPASSES\tERRORS\tLAST ERROR")
-			for _, r := range v.Reconcilers {
-				st := "ok"
-				if r.Failing {
-					st = "FAILING"
-				}
-				last := "-"
-				if r.LastError != "" {
-					last = fmt.Sprintf("%s (%s ago)", r.LastError, time.Since(r.LastErrorAt).Round(time.Second))
-				}
-				fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\n", r.Target, st, r.Passes, r.Errors, last)
-			}
-		})
-	case "pods":
-		var v []admin.Pod
-		if err := c.Get(ctx, "/v1/pods", &v); err != nil {
-			return err
-		}
-		return emit(out, *format, v, func(w *tabwriter.Writer) {
-			fmt.Fprintln(w, "CONTAINER\tPOD\tPHASE\tREADY\tIFACE\tVETH\tIPS\tADDRESSES\tANYCAST\tAGE")
-			for _, p := range v {
-				fmt.Fprintf(w, "%s\t%s/%s\t%s\t%v\t%s\t%s\t%s\t%s\t%s\t%s\n", short(p.ContainerID), p.Namespace, p.Name, p.Phase, p.Ready, p.IfName, p.HostVeth,
-					list(p.IPs), list(p.Addresses), list(p.Anycast), time.Since(p.Created).Round(time.Second))
-			}
-		})
-	case "ipam":
-		var v []admin.Pool
-		if err := c.Get(ctx, "/v1/ipam", &v); err != nil {
-			return err
-		}
-		return emit(out, *format, v, func(w *tabwriter.Writer) {
-			fmt.Fprintln(w, "POOL\tCIDR\tKIND\tUSE\tNAMESPACES\tCLAIMS\tUSED\tHELD\tFREE\tNOTE")
-			for _, p := range v {
-				who := list(p.Namespaces)
-				if p.Selector != "" {
-					who = strings.TrimPrefix(who+"; selector "+p.Selector, "-; ")
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\n", dash(p.Name), p.CIDR, p.Kind, list(p.Use), who, p.Claims, p.Used, p.Held, dash(p.Free), dash(p.Note))
-			}
-		})
-	case "routes":
-		var v []admin.Route
-		if err := c.Get(ctx, "/v1/routes", &v); err != nil {
-			return err
-		}
-		return emit(out, *format, v, func(w *tabwriter.Writer) {
-			fmt.Fprintln(w, "PREFIX\tKIND\tNEXTHOPS (KERNEL)\tWANTED\tOWNERS\tSYNCED")
-			for _, r := range v {
-				owners := make([]string, 0, len(r.Owners))
-				for _, o := range r.Owners {
-					owners = append(owners, short(o))
-				}
-				kind := r.Kind
-				if kind == "" {
-					kind = "stale" // in the kernel, wanted by nobody: the reconciler removes it
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%v\n", r.Prefix, kind, list(r.Nexthops), list(r.Desired), list(owners), r.Synced)
-			}
-		})
-	case "bgp neighbors", "bgp neighbours", "bgp neighbor":
-		var v []session.Neighbor
-		if err := c.Get(ctx, "/v1/bgp/neighbors", &v); err != nil {
-			return err
-		}
-		return emit(out, *format, v, func(w *tabwriter.Writer) {
-			fmt.Fprintln(w, "PEER\tLOCAL AS\tPEER AS\tSTATE\tUPTIME\tFAMILIES (RCVD/ACC/ADV)\tBFD\tGR\tWARNINGS")
-			for _, n := range v {
-				var fams []string
-				for _, f := range n.Families {
-					fams = append(fams, fmt.Sprintf("%s %d/%d/%d", f.Family, f.Received, f.Accepted, f.Advertised))
-				}
-				peer := n.Peer
-				if n.Address != "" && n.Address != n.Peer {
-					peer += " (" + n.Address + ")"
-				}
-				warn := strings.Join(n.Warnings, "; ")
-				if n.LastError != "" && !n.Established() {
-					warn = strings.TrimPrefix(warn+"; "+n.LastError, "; ")
-				}
-				uptime := "-"
-				if n.Uptime > 0 {
-					uptime = n.Uptime.String()
-				}
-				bfd := n.BFD
-				if b := n.BFDDetail; b != nil && (b.Failures > 0 || b.PlannedDowns > 0 || b.Diag != "") {
-					bfd += fmt.Sprintf(" (%d failures, %d planned", b.Failures, b.PlannedDowns)
-					if b.Diag != "" {
-						bfd += "; last: " + b.Diag
-					}
-					bfd += ")"
-				}
-				if b := n.BFDDetail; b != nil && b.SocketError != "" {
-					warn = strings.TrimPrefix(warn+"; bfd socket ("+strconv.Itoa(b.SocketFailures)+" failures): "+b.SocketError, "; ")
-				}
-				fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", peer, n.LocalASN, n.PeerASN, n.State, uptime, list(fams), bfd, n.GR, dash(warn))
-			}
-		})
-	case "bgp routes":
-		var v []admin.BGPRoute
-		if err := c.Get(ctx, "/v1/bgp/routes", &v); err != nil {
-			return err
-		}
-		return emit(out, *format, v, func(w *tabwriter.Writer) {
-			fmt.Fprintln(w, "PREFIX\tKIND\tOWNERS\tADVERTISED")
-			for _, r := range v {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%v\n", r.Prefix, r.Kind, list(r.Owners), r.Advertised)
-			}
-		})
-	default:
-		fs.Usage()
-		return fmt.Errorf("unknown command %q", cmd)
-	}
-}
-
-// ready reports a pod's readiness (standalone mode).
-func ready(ctx context.Context, c *admin.Client, args []string, out io.Writer) error {
-	if len(args) != 2 {
-		return errors.New("usage: flockctl ready NAMESPACE/NAME true|false")
-	}
-	ns, name, ok := strings.Cut(args[0], "/")
-	if !ok || ns == "" || name == "" {
-		return fmt.Errorf("ready: pod %q: want NAMESPACE/NAME", args[0])
-	}
-	r, err := strconv.ParseBool(args[1])
-	if err != nil {
-		return fmt.Errorf("ready: %q: want true or false", args[1])
-	}
-	var resp struct{ Pods int }
-	if err := c.Post(ctx, "/v1/pods/readiness", admin.Readiness{ID: podmeta.ID{Namespace: ns, Name: name}, Ready: r}, &resp); err != nil {
-		return err
-	}
-	state := "NotReady"
-	if r {
-		state = "Ready"
-	}
-	_, err = fmt.Fprintf(out, "%s/%s: %s (%d incarnation(s))\n", ns, name, state, resp.Pods)
 	return err
 }
 
-// errPolicyNotRunning means nothing answers on flock-policy's socket.
-var errPolicyNotRunning = errors.New("flock-policy is not running")
-
-// policy shows the NetworkPolicies isolating the node's pods, or one pod's.
-func policy(ctx context.Context, socket, format string, args []string, out io.Writer) error {
-	path := policyapi.PoliciesPath
-	switch len(args) {
-	case 0:
-	case 1:
-		ns, name, ok := strings.Cut(args[0], "/")
-		if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-			return fmt.Errorf("policy: pod %q: want NAMESPACE/NAME", args[0])
+// parseInterspersed parses flags before, between and after the positional
+// arguments (which it returns); "--" ends the flags.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var words []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
 		}
-		path += "?" + url.Values{"pod": {args[0]}}.Encode()
+		rest := fs.Args()
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(words, rest...), nil
+		}
+		if len(rest) == 0 {
+			return words, nil
+		}
+		words, args = append(words, rest[0]), rest[1:]
+	}
+}
+
+// helpCmd is `flockctl help [COMMAND]` (and `flockctl bgp help [COMMAND]`).
+func helpCmd(c *command, sets map[*command]*flag.FlagSet, words []string, out io.Writer) error {
+	for _, w := range words {
+		next := c.sub(w)
+		if next == nil {
+			return usagef(c, "help: unknown command %q for %q", w, c.path())
+		}
+		c = next
+	}
+	return c.help(out, sets[c])
+}
+
+// help prints a command's usage: its synopsis, what it does, its
+// subcommands, its flags.
+func (c *command) help(out io.Writer, fs *flag.FlagSet) error {
+	var b strings.Builder
+	switch {
+	case c.parent == nil:
+		b.WriteString("usage: flockctl [flags] COMMAND [ARGS] [flags]\n\n")
+		b.WriteString("flockctl reads the flock agent's admin socket (and, for policy, flock-policy's).\n")
+		b.WriteString("Flags go before or after the command.\n")
+	case c.run == nil:
+		fmt.Fprintf(&b, "usage: %s COMMAND [flags]\n\n%s\n", c.path(), c.summary)
 	default:
-		return errors.New("usage: flockctl policy [NAMESPACE/NAME]")
-	}
-	var v []policyapi.PodView
-	if err := admin.NewClient(socket).Get(ctx, path, &v); err != nil {
-		if errors.Is(err, admin.ErrNotRunning) {
-			return fmt.Errorf("%w (nothing answers on %s; is the flock DaemonSet's policy container running, and is this the right --policy-socket?)", errPolicyNotRunning, socket)
+		fmt.Fprintf(&b, "usage: %s", c.path())
+		if c.args != "" {
+			b.WriteString(" " + c.args)
 		}
-		return err
-	}
-	return emit(out, format, v, func(w *tabwriter.Writer) {
-		fmt.Fprintln(w, "POD\tIPS\tINGRESS\tEGRESS")
-		for _, p := range v {
-			fmt.Fprintf(w, "%s/%s\t%s\t%s\t%s\n", p.Namespace, p.Name, list(p.IPs), list(p.Ingress), list(p.Egress))
+		fmt.Fprintf(&b, " [flags]\n\n%s\n", strings.ReplaceAll(c.summary, "\n", " "))
+		if c.about != "" {
+			b.WriteString(c.about + "\n")
 		}
-	})
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
-
-func emit(out io.Writer, format string, v any, table func(*tabwriter.Writer)) error {
-	switch format {
-	case "json":
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
-	case "yaml":
-		b, err := yaml.Marshal(v)
-		if err != nil {
-			return err
+		if len(c.aliases) > 0 {
+			fmt.Fprintf(&b, "Aliases: %s.\n", strings.Join(c.aliases, ", "))
 		}
-		_, err = out.Write(b)
-		return err
+		if c.wide != "" {
+			fmt.Fprintf(&b, "-o wide adds %s.\n", c.wide)
+		}
 	}
-	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	table(w)
-	return w.Flush()
+	if len(c.subs) > 0 {
+		b.WriteString("\ncommands:\n")
+		var list func(*command, string)
+		list = func(c *command, prefix string) {
+			for _, s := range c.subs {
+				if s.run == nil && c.parent == nil {
+					list(s, prefix+s.name+" ")
+					continue
+				}
+				name := prefix + s.name
+				if s.args != "" {
+					name += " " + s.args
+				}
+				fmt.Fprintf(&b, "  %-32s%s\n", name, strings.ReplaceAll(s.summary, "\n", "\n"+strings.Repeat(" ", 34)))
+			}
+		}
+		list(c, "")
+		if c.parent == nil {
+			fmt.Fprintf(&b, "  %-32s%s\n", "help [COMMAND]", "this help, or a command's")
+		}
+	}
+	b.WriteString("\nflags:\n")
+	fs.SetOutput(&b)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+	if c.run == nil {
+		fmt.Fprintf(&b, "\nRun '%s COMMAND --help' for a command's help.\n", c.path())
+	}
+	if c.parent == nil {
+		b.WriteString("Exit status: 0 done (also --help, --version), 1 failed (the agent or flock-policy\n" +
+			"did not answer, or refused), 2 a usage error (an unknown command, flag or argument).\n")
+	}
+	_, err := io.WriteString(out, b.String())
+	return err
 }
 
-func list(s []string) string {
-	if len(s) == 0 {
-		return "-"
+// orList reads "a, b, c or d".
+func orList(s []string) string {
+	if len(s) < 2 {
+		return strings.Join(s, "")
 	}
-	return strings.Join(s, ",")
-}
-
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
-func short(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
+	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
 }

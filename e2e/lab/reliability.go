@@ -13,4 +13,9 @@ type ReliabilityRow struct {
 	Survived string            `json:"survived"`
 	Figures  map[string]string `json:"figures,omitempty"`
 	Test     string            `json:"test"`
+	// Status is empty (or "ok") for a row that ran to its end; "failed"
+	// for a finding (a fuzz input that fails); "error" for a run that
+	// ended on an error of its own (a build that failed, a tool's error):
+	// neither reads as clean.
+	Status string `json:"status,omitempty"`
 }

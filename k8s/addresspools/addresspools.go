@@ -4,7 +4,8 @@
 // status.claims and the node's entry of status.inUse.
 //
 // Use: New, go Run(ctx, onChange), WaitSynced, then Pools and
-// NamespaceLabels; UpdateClaims and UpdateInUse from time to time.
+// NamespaceLabels; UpdateReady, UpdateClaims and UpdateInUse from time to
+// time.
 package addresspools
 
 import (
@@ -24,11 +25,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
 
+	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig/decode"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
@@ -141,21 +142,43 @@ func (w *Watcher) cached() []*unstructured.Unstructured {
 	return out
 }
 
-// Pools returns the cached AddressPools, sorted by name. An object that
-// does not convert is skipped (and logged once per resourceVersion); the
-// API server's schema makes that rare. The pools are not validated:
-// authz.Compile does that.
+// Pools returns the cached AddressPools, sorted by name. An object whose
+// spec does not convert is skipped (and logged once per resourceVersion,
+// naming the fields); the API server's schema makes that rare. The pools
+// are not validated: authz.Compile does that.
 func (w *Watcher) Pools() []v1alpha1.AddressPool {
 	var out []v1alpha1.AddressPool
 	for _, u := range w.cached() {
-		var ap v1alpha1.AddressPool
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &ap); err != nil {
+		ap, err := convert(u)
+		if err != nil {
 			w.logBad(u, err)
 			continue
 		}
 		out = append(out, ap)
 	}
 	return out
+}
+
+// convert converts a cached object; an error names every field that does
+// not convert, by its path ("spec.use: cannot unmarshal string "pod" into
+// a list"), in one line. A status that does not convert is left out (the
+// agents write their parts of it again): the pool is its spec.
+func convert(u *unstructured.Unstructured) (v1alpha1.AddressPool, error) {
+	var ap v1alpha1.AddressPool
+	if err := decode.FromUnstructured(u.Object, &ap, ""); err == nil {
+		return ap, nil
+	}
+	noStatus := make(map[string]any, len(u.Object))
+	for k, v := range u.Object {
+		if k != "status" {
+			noStatus[k] = v
+		}
+	}
+	ap = v1alpha1.AddressPool{}
+	if err := decode.FromUnstructured(noStatus, &ap, ""); err != nil {
+		return v1alpha1.AddressPool{}, errors.New(strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	return ap, nil
 }
 
 func (w *Watcher) logBad(u *unstructured.Unstructured, err error) {

@@ -4,10 +4,17 @@ package nodeconfigs
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"strings"
+	"syscall"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -15,6 +22,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
 
+	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig/decode"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
@@ -92,6 +100,15 @@ func specChanges(f func(*unstructured.Unstructured)) cache.ResourceEventHandler 
 	}
 }
 
+// oneError makes a joined error one line, its errors separated by "; ":
+// for a log line or a status field.
+func oneError(err error) error {
+	if !strings.Contains(err.Error(), "\n") {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), "\n", "; "))
+}
+
 // notify never blocks an informer: a pending value covers every change.
 func notify(ch chan struct{}) {
 	select {
@@ -100,40 +117,171 @@ func notify(ch chan struct{}) {
 	}
 }
 
-// SpecOf converts an object's spec.
+// SpecOf converts an object's spec. An error names every field that does
+// not convert by its path ("spec.bgp.peers[2].timers.holdTime: cannot
+// unmarshal string "ninety" into an integer"); the API server's schema
+// makes that rare (a CRD older than the agent, a schema not installed).
 func SpecOf(u *unstructured.Unstructured) (*v1alpha1.NodeConfigSpec, error) {
 	raw, ok := u.Object["spec"].(map[string]any)
 	if !ok {
 		return nil, fmt.Errorf("nodeconfig %s: no spec", u.GetName())
 	}
 	var spec v1alpha1.NodeConfigSpec
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &spec); err != nil {
-		return nil, fmt.Errorf("nodeconfig %s: spec: %w", u.GetName(), err)
+	if err := decode.FromUnstructured(raw, &spec, "spec"); err != nil {
+		return nil, fmt.Errorf("nodeconfig %s: %w", u.GetName(), oneError(err))
 	}
 	return &spec, nil
 }
 
-// Wait returns the NodeConfig, waiting up to timeout for it to be created.
-func (w *Watcher) Wait(ctx context.Context, timeout time.Duration) (*v1alpha1.NodeConfigSpec, int64, error) {
-	deadline := time.Now().Add(timeout)
+// WaitOptions configure Wait.
+type WaitOptions struct {
+	// Timeout is how long to wait for the NodeConfig to be created.
+	Timeout time.Duration
+	// Poll is the time between two reads (0: a second).
+	Poll time.Duration
+	// Progress, if set, is called after every read that did not return
+	// the NodeConfig: with nil while the NodeConfig does not exist (the
+	// object: it is yet to be created), else with what keeps it from
+	// being read (see Explain), e.g. RBAC denying the agent.
+	Progress func(err error)
+}
+
+// tryTimeout bounds one read: an API server that does not answer is an
+// error to show, not a wait without end.
+const tryTimeout = 10 * time.Second
+
+// Wait returns the NodeConfig, waiting up to o.Timeout for it to be
+// created. A NodeConfig that does not convert is an error at once (see
+// SpecOf); so is ctx ending. Any other error (RBAC, no CRD, credentials,
+// the API server unreachable) is retried until the timeout and reported
+// to o.Progress as it happens.
+func (w *Watcher) Wait(ctx context.Context, o WaitOptions) (*v1alpha1.NodeConfigSpec, int64, error) {
+	deadline := time.Now().Add(o.Timeout)
+	poll := o.Poll
+	if poll <= 0 {
+		poll = time.Second
+	}
 	for {
-		u, err := w.dyn.Resource(GVR).Get(ctx, w.node, metav1.GetOptions{})
+		try, cancel := context.WithTimeout(ctx, tryTimeout)
+		u, err := w.dyn.Resource(GVR).Get(try, w.node, metav1.GetOptions{})
+		cancel()
 		if err == nil {
 			spec, err := SpecOf(u)
 			return spec, u.GetGeneration(), err
 		}
+		if ctx.Err() != nil {
+			return nil, 0, ctx.Err()
+		}
+		why := Explain(err)
+		if o.Progress != nil {
+			o.Progress(why)
+		}
 		if time.Now().After(deadline) {
-			if apierrors.IsNotFound(err) {
-				return nil, 0, fmt.Errorf("NodeConfig %q does not exist (waited %s): create one for this node (see deploy/examples/nodeconfig.yaml)", w.node, timeout)
+			if why == nil {
+				return nil, 0, fmt.Errorf("NodeConfig %q does not exist (waited %s): create one for this node (see deploy/examples/nodeconfig.yaml)", w.node, o.Timeout)
 			}
-			return nil, 0, fmt.Errorf("NodeConfig %q: %w", w.node, err)
+			return nil, 0, fmt.Errorf("NodeConfig %q (waited %s): %w", w.node, o.Timeout, why)
 		}
 		select {
 		case <-ctx.Done():
 			return nil, 0, ctx.Err()
-		case <-time.After(time.Second):
+		case <-time.After(poll):
 		}
 	}
+}
+
+// Causes of an APIError: what keeps a NodeConfig from being read.
+const (
+	CauseForbidden    = "Forbidden"    // RBAC denies the agent (403)
+	CauseUnauthorized = "Unauthorized" // the API server does not accept the agent's credentials (401)
+	CauseNoCRD        = "NoCRD"        // the NodeConfig resource does not exist: the CRD is not installed
+	CauseUnreachable  = "Unreachable"  // no answer from the API server (connection, TLS, timeout)
+	CauseAPI          = "APIError"     // any other error the API server answered with
+)
+
+// APIError is an error reading a NodeConfig, with its cause and what to
+// do about it.
+type APIError struct {
+	Cause string // one of the Cause constants
+	Err   error  // as client-go returned it
+	hint  string
+}
+
+func (e *APIError) Error() string {
+	var msg string
+	switch e.Cause {
+	case CauseForbidden:
+		msg = "forbidden by RBAC: " + e.Err.Error()
+	case CauseUnauthorized:
+		msg = "unauthorized: " + e.Err.Error()
+	case CauseNoCRD:
+		msg = "the NodeConfig CRD is not installed (" + e.Err.Error() + ")"
+	case CauseUnreachable:
+		msg = "the API server cannot be reached: " + e.Err.Error()
+	default:
+		msg = "the API server answered: " + e.Err.Error()
+	}
+	if e.hint != "" {
+		msg += "; " + e.hint
+	}
+	return msg
+}
+
+func (e *APIError) Unwrap() error { return e.Err }
+
+// Explain says what an error reading a NodeConfig means: nil when
+// the NodeConfig does not exist (the object: the resource is there), else
+// an *APIError with the cause and what to do.
+func Explain(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ae *APIError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	e := &APIError{Cause: CauseAPI, Err: err}
+	switch {
+	case apierrors.IsNotFound(err) && !missingResource(err):
+		return nil
+	case apierrors.IsNotFound(err), meta.IsNoMatchError(err):
+		e.Cause, e.hint = CauseNoCRD, "install it: kubectl apply -f deploy/crd"
+	case apierrors.IsForbidden(err):
+		e.Cause, e.hint = CauseForbidden, fmt.Sprintf("the agent's ServiceAccount needs get, list and watch on nodeconfigs.%s (deploy/rbac.yaml)", GVR.Group)
+	case apierrors.IsUnauthorized(err):
+		e.Cause, e.hint = CauseUnauthorized, "the API server does not accept the agent's credentials (its ServiceAccount token, or --kubeconfig)"
+	case unreachable(err):
+		e.Cause = CauseUnreachable
+	}
+	return e
+}
+
+// missingResource tells a 404 for the resource (no such path: client-go
+// made the error up from a body that is no Status) from one for the
+// object (the API server's own Status).
+func missingResource(err error) bool {
+	if apierrors.HasStatusCause(err, metav1.CauseTypeUnexpectedServerResponse) {
+		return true
+	}
+	var se apierrors.APIStatus
+	if errors.As(err, &se) {
+		st := se.Status()
+		return strings.HasPrefix(st.Message, "the server could not find the requested resource")
+	}
+	return false
+}
+
+// unreachable tells whether err is the API server not answering: a
+// transport error (connection refused or reset, DNS, TLS), a timeout.
+func unreachable(err error) bool {
+	var se apierrors.APIStatus
+	if errors.As(err, &se) {
+		return apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err)
+	}
+	var ue *url.Error
+	var ne net.Error
+	return errors.As(err, &ue) || errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // UpdateStatus writes status through the status subresource.

@@ -107,7 +107,7 @@ func TestWaitAndUpdateStatus(t *testing.T) {
 	dyn := fakeClient(nodeConfig("vm", 3, 65001))
 	w := New(kubeclient.NewFactory(), dyn, "vm")
 	ctx := context.Background()
-	spec, gen, err := w.Wait(ctx, time.Second)
+	spec, gen, err := w.Wait(ctx, WaitOptions{Timeout: time.Second})
 	if err != nil || spec.ASN != 65001 || gen != 3 {
 		t.Fatalf("Wait: %+v %d %v", spec, gen, err)
 	}
@@ -121,7 +121,8 @@ func TestWaitAndUpdateStatus(t *testing.T) {
 	if p, _, _ := unstructured.NestedString(u.Object, "status", "peers"); p != "1/2" {
 		t.Errorf("status.peers = %q", p)
 	}
-	if _, _, err := New(kubeclient.NewFactory(), dyn, "missing").Wait(ctx, 0); err == nil {
-		t.Error("Wait for a missing NodeConfig: want an error")
+	_, _, err = New(kubeclient.NewFactory(), dyn, "missing").Wait(ctx, WaitOptions{})
+	if err == nil || err.Error() != `NodeConfig "missing" does not exist (waited 0s): create one for this node (see deploy/examples/nodeconfig.yaml)` {
+		t.Errorf("Wait for a missing NodeConfig: %v", err)
 	}
 }

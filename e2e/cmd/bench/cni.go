@@ -13,16 +13,20 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 )
 
 // plugin is one CNI configuration under test, invoked through libcni the
-// way a container runtime does (exec of the plugin binary).
+// way a container runtime does (exec of the plugin binary), or through an
+// exec of cnitool per call.
 type plugin struct {
 	name string
 	cni  *lab.CNI
+	tool *cnitool // if set, ADD and DEL exec cnitool instead of libcni
 	// host, if set, is the namespace the plugin runs in (ptp programs the
 	// namespace it is executed in: never the machine's own).
 	host *lab.NS
@@ -31,8 +35,55 @@ type plugin struct {
 	// returned is done, so that each timed phase starts on an idle node.
 	quiesce func() error
 	// agent, if set, is the pid of a daemon the plugin calls (its CPU is
-	// part of an ADD's cost).
+	// part of an ADD's cost; it must be alive at the end of each round).
 	agent func() int
+	// vethNS is the namespace the pods' host veths are in: a DEL is timed
+	// until the kernel announced its veth's deletion there. vethName
+	// names a pod's host veth from its container ID when the ADD result
+	// does not (ptp's lists it; flock's lists the pod's interface only).
+	vethNS   *lab.NS
+	vethName func(containerID string) string
+}
+
+// add runs ADD and returns the name of the pod's host veth.
+func (p plugin) add(ctx context.Context, pod lab.Pod) (string, error) {
+	var res types.Result
+	var err error
+	if p.tool != nil {
+		res, err = p.tool.add(ctx, pod)
+	} else {
+		res, err = p.cni.Add(ctx, pod)
+	}
+	if err != nil {
+		return "", err
+	}
+	return p.hostVeth(pod, res)
+}
+
+// del runs DEL.
+func (p plugin) del(ctx context.Context, pod lab.Pod) error {
+	if p.tool != nil {
+		return p.tool.del(ctx, pod)
+	}
+	return p.cni.Del(ctx, pod)
+}
+
+// hostVeth is the pod's host-side interface: the one without a sandbox
+// in the ADD result, else the one p names from the container ID.
+func (p plugin) hostVeth(pod lab.Pod, res types.Result) (string, error) {
+	r, err := types100.GetResult(res)
+	if err != nil {
+		return "", fmt.Errorf("%s: ADD result: %w", p.name, err)
+	}
+	for _, i := range r.Interfaces {
+		if i.Sandbox == "" && i.Name != "" {
+			return i.Name, nil
+		}
+	}
+	if p.vethName != nil {
+		return p.vethName(pod.ContainerID), nil
+	}
+	return "", fmt.Errorf("%s: the ADD result names no host interface", p.name)
 }
 
 // cpuSplit is the CPU time a phase cost, by who spent it.
@@ -89,7 +140,7 @@ func ptpPlugin(dir string, host *lab.NS, dual bool) (plugin, error) {
 	}
 	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{}, PluginDecoder: version.PluginDecoder{}}
 	c := &lab.CNI{Config: libcni.NewCNIConfigWithCacheDir([]string{"/usr/lib/cni"}, filepath.Join(dir, "cache"), exec), List: list}
-	return plugin{name: name, cni: c, host: host, args: func(i int) [][2]string { return lab.PodArgs("default", fmt.Sprintf("p%d", i)) }}, nil
+	return plugin{name: name, cni: c, host: host, vethNS: host, args: func(i int) [][2]string { return lab.PodArgs("default", fmt.Sprintf("p%d", i)) }}, nil
 }
 
 // podPool is a set of pod namespaces, reused by every run: a DEL leaves
@@ -116,29 +167,62 @@ func (p podPool) Close() {
 }
 
 func (p plugin) pod(tag string, i int, ns *lab.NS) lab.Pod {
-	return lab.Pod{ContainerID: fmt.Sprintf("%s%06d", tag, i), NS: ns, Args: p.args(i)}
+	id := fmt.Sprintf("%s%06d", tag, i)
+	if p.tool != nil {
+		id = cnitoolContainerID(ns.Path) // what cnitool will call it
+	}
+	return lab.Pod{ContainerID: id, NS: ns, Args: p.args(i)}
 }
 
+// vethGoneWait bounds the wait for a host veth's deletion after its DEL
+// returned (flock's agent deletes it then: ~20 ms).
+const vethGoneWait = 10 * time.Second
+
 // sequential ADDs n pods one after the other, then DELs them one after
-// the other, timing each call.
+// the other, timing each call; a DEL is timed until it returned and its
+// host veth is deleted.
 func (p plugin) sequential(ctx context.Context, pool podPool, tag string, n int) (add, del []time.Duration, err error) {
+	var late []time.Duration // how long after the DEL returned its veth was deleted
+	veths := make([]string, n)
 	err = p.run(func() error {
 		for i := range n {
 			start := time.Now()
-			if _, err := p.cni.Add(ctx, p.pod(tag, i, pool[i])); err != nil {
+			veth, err := p.add(ctx, p.pod(tag, i, pool[i]))
+			if err != nil {
 				return fmt.Errorf("%s: ADD %d: %w", p.name, i, err)
 			}
 			add = append(add, time.Since(start))
-		}
-		for i := range n {
-			start := time.Now()
-			if err := p.cni.Del(ctx, p.pod(tag, i, pool[i])); err != nil {
-				return fmt.Errorf("%s: DEL %d: %w", p.name, i, err)
-			}
-			del = append(del, time.Since(start))
+			veths[i] = veth
 		}
 		return nil
 	})
+	if err != nil {
+		return add, del, err
+	}
+	w, err := watchVeths(p.vethNS)
+	if err != nil {
+		return add, del, fmt.Errorf("%s: %w", p.name, err)
+	}
+	defer w.Close()
+	err = p.run(func() error {
+		for i := range n {
+			start := time.Now()
+			if err := p.del(ctx, p.pod(tag, i, pool[i])); err != nil {
+				return fmt.Errorf("%s: DEL %d: %w", p.name, i, err)
+			}
+			returned := time.Now()
+			gone, err := w.goneAfter(veths[i:i+1], returned, vethGoneWait)
+			if err != nil {
+				return fmt.Errorf("%s: DEL %d: %w", p.name, i, err)
+			}
+			del = append(del, gone.Sub(start))
+			late = append(late, gone.Sub(returned))
+		}
+		return nil
+	})
+	if err == nil {
+		logf("CNI: %s: host veth deleted after the DEL returned: p50 %.2f ms, max %.2f ms", p.name, pct(late, .5), pct(late, 1))
+	}
 	return add, del, err
 }
 
@@ -178,13 +262,17 @@ func (p plugin) concurrent(workers, n int, op func(i int) error) (float64, error
 }
 
 // throughput ADDs n pods from 8 workers, then DELs them the same way,
-// and says what CPU the ADDs cost.
+// and says what CPU the ADDs cost. The DELs are timed until the last
+// returned and every host veth is deleted.
 func (p plugin) throughput(ctx context.Context, pool podPool, tag string, n int) (add, del float64, cpu cpuSplit, err error) {
+	veths := make([]string, n)
 	cpu, err = p.cpuDuring(func() error {
 		add, err = p.concurrent(8, n, func(i int) error {
-			if _, err := p.cni.Add(ctx, p.pod(tag, i, pool[i])); err != nil {
+			veth, err := p.add(ctx, p.pod(tag, i, pool[i]))
+			if err != nil {
 				return fmt.Errorf("%s: ADD %d: %w", p.name, i, err)
 			}
+			veths[i] = veth
 			return nil
 		})
 		return err
@@ -192,13 +280,25 @@ func (p plugin) throughput(ctx context.Context, pool podPool, tag string, n int)
 	if err != nil {
 		return math.NaN(), math.NaN(), cpu, err
 	}
-	del, err = p.concurrent(8, n, func(i int) error {
-		if err := p.cni.Del(ctx, p.pod(tag, i, pool[i])); err != nil {
+	w, err := watchVeths(p.vethNS)
+	if err != nil {
+		return add, math.NaN(), cpu, fmt.Errorf("%s: %w", p.name, err)
+	}
+	defer w.Close()
+	start := time.Now()
+	if _, err := p.concurrent(8, n, func(i int) error {
+		if err := p.del(ctx, p.pod(tag, i, pool[i])); err != nil {
 			return fmt.Errorf("%s: DEL %d: %w", p.name, i, err)
 		}
 		return nil
-	})
-	return add, del, cpu, err
+	}); err != nil {
+		return add, math.NaN(), cpu, err
+	}
+	gone, err := w.goneAfter(veths, time.Now(), vethGoneWait)
+	if err != nil {
+		return add, math.NaN(), cpu, fmt.Errorf("%s: DELs: %w", p.name, err)
+	}
+	return add, float64(n) / gone.Sub(start).Seconds(), cpu, nil
 }
 
 // settle runs p.quiesce, if any, and says how long it waited.
@@ -231,6 +331,21 @@ type cniResult struct {
 func measureRound(ctx context.Context, p plugin, pool podPool, tag string, seqN, tputN int, r *cniResult) {
 	if r.err != nil {
 		return
+	}
+	if p.agent != nil {
+		// The daemon that answered must be the one that was there at the
+		// start, still running: a figure of a crashed or restarted agent
+		// is no figure.
+		agent, err := watchProc("flock-agent", p.agent())
+		if err != nil {
+			r.err = fmt.Errorf("%s: %w", p.name, err)
+			return
+		}
+		defer func() {
+			if err := agent.alive(); err != nil && r.err == nil {
+				r.err = fmt.Errorf("%s: %w", p.name, err)
+			}
+		}()
 	}
 	if r.err = p.settle(); r.err != nil {
 		return

@@ -7,6 +7,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/containernetworking/cni/libcni"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 )
@@ -37,6 +40,7 @@ type options struct {
 	profiles             string
 	agentLog             string
 	cniOnly              bool
+	cnitool              bool
 	netpol               bool
 	npConnects           int
 	npPolicies, npPods   int
@@ -64,6 +68,7 @@ func main() {
 	flag.StringVar(&o.profiles, "profiles", "", "save the agent's heap profiles (empty, loaded) and memory split into this directory")
 	flag.BoolVar(&o.claims, "claims", true, "measure the AddressPool claim cost against a kube-apiserver (the e2e lab's; built once into /var/cache/flock-e2e)")
 	flag.BoolVar(&o.cniOnly, "cni-only", false, "measure the CNI figures only and print them (BENCHMARKS.md is left alone): for quick comparisons while optimizing")
+	flag.BoolVar(&o.cnitool, "cnitool", true, "also measure ADD and DEL through an exec of cnitool per call (built from the module proxy at go.mod's CNI version), flock and ptp alike")
 	flag.BoolVar(&o.netpol, "netpol", true, "measure NetworkPolicy: what flock-policy adds to new connections of a pod policies select, and its RSS (against the same kube-apiserver as -claims)")
 	flag.IntVar(&o.npConnects, "netpol-connects", 2000, "sequential connects timed to each server in the NetworkPolicy latency figures")
 	flag.IntVar(&o.npPolicies, "netpol-policies", 100, "NetworkPolicies selecting the server pod")
@@ -119,8 +124,8 @@ func run(ctx context.Context, o options) error {
 		if netpol {
 			n = append(n, netpolNote(o))
 		}
-		fmt.Println(render(figs, o.cmd+" -only "+o.only, started, n))
-		return nil
+		fmt.Println(render(figs, report{cmd: o.cmd + " -only " + o.only, started: started, notes: n, bin: bin}))
+		return failures(figs)
 	}
 	var figs []figure
 	add := func(f figure) { figs = append(figs, f) }
@@ -144,12 +149,10 @@ func run(ctx context.Context, o options) error {
 	}
 	defer nl.Close()
 
-	emptyRSS, bEmpty, bLoaded := nan(), nan(), nan()
+	mem := memFigures{empty: nan(), bEmpty: nan(), bLoaded: nan()}
 	routes := o.pods * o.perPod
 	if !o.cniOnly {
-		if emptyRSS, bEmpty, bLoaded, err = nl.memoryBaseline(dir, o, routes); err != nil {
-			return err
-		}
+		mem = nl.memoryBaseline(dir, o, routes)
 	}
 
 	// CNI: flock and ptp+host-local, through libcni, the same pod
@@ -172,18 +175,49 @@ func run(ctx context.Context, o options) error {
 	}
 	// Rounds, each plugin in turn within a round: the machine's speed
 	// drifts over minutes, and interleaving keeps the ratios honest.
-	confs := []struct {
-		p         plugin
-		tag       string
-		seq, tput int
-		rounds    int
-	}{
+	confs := []cniConf{
 		{nl.flock(), "fd", o.seqN, o.tputN, o.rounds},
 		{nl.flockV4(), "f4", o.seqN, o.tputN, o.rounds},
 		{ptp4, "p4", o.seqN, o.tputN, o.rounds},
 		{ptp6, "p6", o.slowN, o.tputSlow, 1}, // DAD makes each ADD ~2 s; it is context only
 	}
 	results := map[string]*cniResult{}
+	// The same, through an exec of cnitool per ADD and per DEL.
+	var tools []plugin
+	var toolVersion []string
+	if o.cnitool {
+		logf("CNI: building cnitool")
+		v, err := buildCnitool(filepath.Join(dir, "cnitool-bin"))
+		if err == nil {
+			toolVersion = []string{"cnitool " + v + " (go.mod's CNI version)"}
+			tbin := filepath.Join(dir, "cnitool-bin", "cnitool")
+			for _, c := range []struct {
+				p       plugin
+				cniPath string
+				list    *libcni.NetworkConfigList
+			}{
+				{nl.flock(), bin, nl.n.CNI.List},
+				{nl.flockV4(), bin, nl.n.CNI.List},
+				{ptp4, "/usr/lib/cni", ptp4.cni.List},
+			} {
+				var t plugin
+				if t, err = cnitoolPlugin(c.p, tbin, filepath.Join(dir, "cnitool", fmt.Sprint(len(tools))), c.cniPath, c.list); err != nil {
+					break
+				}
+				tools = append(tools, t)
+			}
+		}
+		if err != nil {
+			logf("CNI: cnitool: %v", err)
+			for _, p := range []plugin{nl.flock(), nl.flockV4(), ptp4} {
+				results[p.name+" (cnitool)"] = &cniResult{err: fmt.Errorf("cnitool: %w", err)}
+			}
+			tools = nil
+		}
+		for _, t := range tools {
+			confs = append(confs, cniConf{t, "x", o.seqN, o.tputN, o.rounds})
+		}
+	}
 	for _, c := range confs {
 		results[c.p.name] = &cniResult{}
 	}
@@ -212,34 +246,21 @@ func run(ctx context.Context, o options) error {
 		}
 		wait()
 	}
-	fd, f4, p4, p6 := *results["flock dual-stack"], *results["flock IPv4-only"], *results["ptp IPv4-only"], *results["ptp dual-stack"]
 	const sec = "CNI through libcni (exec of the plugin), real namespaces, sequential unless noted"
-	cniFig := func(name string, v, b float64, bn, unit string, ratio, maxi bool, limit float64, err error) {
-		f := figure{Section: sec, Name: name, Value: v, Base: b, BaseName: bn, Unit: unit, Ratio: ratio, Max: maxi, Limit: limit}
-		if err != nil {
-			f.Err = err.Error()
-		}
-		add(f)
+	figs = append(figs, cniFigures(sec, *results["flock dual-stack"], *results["flock IPv4-only"], *results["ptp IPv4-only"], results["ptp dual-stack"])...)
+	if o.cnitool {
+		const tsec = "CNI through cnitool (one exec of cnitool per ADD and per DEL, which execs the plugin), the same namespaces and rounds"
+		figs = append(figs, cniFigures(tsec, *results["flock dual-stack (cnitool)"], *results["flock IPv4-only (cnitool)"], *results["ptp IPv4-only (cnitool)"], nil)...)
 	}
-	cniFig("ADD p50, dual-stack", fd.addP50, p4.addP50, "ptp IPv4-only", "ms", true, true, 0.5, fd.err)
-	cniFig("ADD p50, IPv4-only", f4.addP50, p4.addP50, "ptp IPv4-only", "ms", true, true, 0.5, f4.err)
-	cniFig("ADD p50, dual-stack vs dual-stack", fd.addP50, p6.addP50, "ptp dual-stack", "ms", false, false, nan(), p6.err)
-	cniFig("ADD p99, dual-stack", fd.addP99, p4.addP99, "ptp IPv4-only", "ms", false, false, nan(), nil)
-	cniFig("ADD p99, IPv4-only", f4.addP99, p4.addP99, "ptp IPv4-only", "ms", false, false, nan(), nil)
-	cniFig("DEL p50, dual-stack", fd.delP50, p4.delP50, "ptp IPv4-only", "ms", true, true, 1.0, nil)
-	cniFig("DEL p50, IPv4-only", f4.delP50, p4.delP50, "ptp IPv4-only", "ms", true, true, 1.0, nil)
-	cniFig("DEL p99, dual-stack", fd.delP99, p4.delP99, "ptp IPv4-only", "ms", false, false, nan(), nil)
-	cniFig("ADD throughput, 8 concurrent, dual-stack", fd.addRate, p4.addRate, "ptp IPv4-only", "pods/s", true, false, 2.0, nil)
-	cniFig("ADD throughput, 8 concurrent, IPv4-only", f4.addRate, p4.addRate, "ptp IPv4-only", "pods/s", true, false, 2.0, nil)
-	cniFig("ADD throughput, 8 concurrent, dual-stack vs dual-stack", fd.addRate, p6.addRate, "ptp dual-stack", "pods/s", false, false, nan(), nil)
-	cniFig("DEL throughput, 8 concurrent, dual-stack", fd.delRate, p4.delRate, "ptp IPv4-only", "pods/s", false, false, nan(), nil)
+	rep := report{cmd: o.cmd, started: started, bin: bin, extra: toolVersion}
 
 	if o.cniOnly {
 		if o.agentLog != "" {
 			_ = os.WriteFile(o.agentLog, []byte(nl.n.Agent.Log()), 0o644)
 		}
-		fmt.Println(render(figs, o.cmd+" -cni-only", started, notes(o)[:1]))
-		return nil
+		rep.cmd, rep.notes = o.cmd+" -cni-only", notes(o, mem)[:2]
+		fmt.Println(render(figs, rep))
+		return failures(figs)
 	}
 
 	// Scale: pods × anycast routes.
@@ -248,58 +269,61 @@ func run(ctx context.Context, o options) error {
 	m := nl.cap.Mark()
 	var lastMu sync.Mutex
 	var lastAdd time.Time
+	// The agent must be the same live process from the first ADD to the
+	// last reading: a crashed agent reads as 0 % CPU and a small RSS.
+	agent, serr := nl.agent()
 	scaleStart := time.Now()
-	_, serr := nl.flock().concurrent(8, o.pods, func(i int) error {
-		p := nl.scalePod(i, o.perPod)
-		p.NS = pool[i]
-		if _, err := nl.n.CNI.Add(ctx, p); err != nil {
-			return fmt.Errorf("scale ADD %d: %w", i, err)
-		}
-		lastMu.Lock()
-		lastAdd = time.Now()
-		lastMu.Unlock()
-		return nil
-	})
+	if serr == nil {
+		_, serr = nl.flock().concurrent(8, o.pods, func(i int) error {
+			p := nl.scalePod(i, o.perPod)
+			p.NS = pool[i]
+			if _, err := nl.n.CNI.Add(ctx, p); err != nil {
+				return fmt.Errorf("scale ADD %d: %w", i, err)
+			}
+			lastMu.Lock()
+			lastAdd = time.Now()
+			lastMu.Unlock()
+			return nil
+		})
+	}
 	wire, fib, loaded, loadedIdle, cpu := nan(), nan(), nan(), nan(), nan()
+	wireErr, fibErr, loadedErr, cpuErr, idleErr := serr, serr, serr, serr, serr
 	if serr == nil {
 		logf("scale: ADDs took %s", lastAdd.Sub(scaleStart).Round(time.Millisecond))
 		if at, err := nl.cap.WaitAnnounced(m, routes, 2*time.Minute); err != nil {
-			serr = err
+			wireErr = err
 		} else {
 			wire = float64(at.Sub(lastAdd).Microseconds()) / 1000
 		}
 		if at, err := nl.fib.WaitCount(netip.MustParsePrefix(anycastRange), routes, 2*time.Minute); err != nil {
-			serr = err
+			fibErr = err
 		} else {
 			fib = float64(at.Sub(lastAdd).Microseconds()) / 1000
 		}
-		loaded, _ = settledRSS(nl.pid(), o.settle)
+		if err := agent.alive(); err != nil {
+			wireErr, fibErr = errors.Join(wireErr, err), errors.Join(fibErr, err)
+		}
+		loaded, loadedErr = agent.settledRSS(o.settle)
 		logf("agent loaded: %s", smaps(nl.pid()))
 		if err := saveProfile(nl.n.Agent.AdminSocket, o.profiles, "heap-loaded", "heap"); err != nil {
 			logf("profile: %v", err)
 		}
 		logf("scale: RSS %.1f MB; idle CPU over %s", loaded, o.idle)
 		wait := cpuProfile(nl.n.Agent.AdminSocket, o.profiles, "cpu-idle", o.idle)
-		cpu, _ = idleCPU(nl.pid(), o.idle)
+		cpu, cpuErr = agent.idleCPU(o.idle)
 		wait()
-		loadedIdle, _ = rssMB(nl.pid())
+		loadedIdle, idleErr = agent.rss()
 		logf("agent after idle: %s", smaps(nl.pid()))
 		if err := saveProfile(nl.n.Agent.AdminSocket, o.profiles, "heap-idle", "heap"); err != nil {
 			logf("profile: %v", err)
 		}
 	}
-	errStr := func(err error) string {
-		if err == nil {
-			return ""
-		}
-		return err.Error()
-	}
-	add(figure{Section: scaleSec, Name: "all routes on the wire, after the last ADD returned (negative: before)", Value: wire, Base: nan(), Unit: "ms", Limit: nan(), Err: errStr(serr)})
-	add(figure{Section: scaleSec, Name: "all routes in the ToR's FIB, after the last ADD returned (negative: before)", Value: fib, Base: nan(), Unit: "ms", Limit: nan()})
-	add(figure{Section: scaleSec, Name: "agent RSS, empty (BGP session up)", Value: emptyRSS, Base: bEmpty, BaseName: "bare embedded GoBGP", Unit: "MB", Max: true, Limit: 40})
-	add(figure{Section: scaleSec, Name: "agent RSS, loaded", Value: loaded, Base: bLoaded, BaseName: "bare embedded GoBGP", Unit: "MB", Max: true, Limit: 64})
-	add(figure{Section: scaleSec, Name: fmt.Sprintf("agent RSS, loaded, after %s idle", o.idle), Value: loadedIdle, Base: nan(), Unit: "MB", Max: true, Limit: 64})
-	add(figure{Section: scaleSec, Name: fmt.Sprintf("agent CPU, idle %s, loaded", o.idle), Value: cpu, Base: nan(), Unit: "% of a core", Max: true, Limit: 0.5})
+	add(figure{Section: scaleSec, Name: "all routes on the wire, after the last ADD returned (negative: before)", Value: wire, Base: nan(), Unit: "ms", Limit: nan(), Err: errStr(wireErr)})
+	add(figure{Section: scaleSec, Name: "all routes in the ToR's FIB, after the last ADD returned (negative: before)", Value: fib, Base: nan(), Unit: "ms", Limit: nan(), Err: errStr(fibErr)})
+	add(figure{Section: scaleSec, Name: "agent RSS, empty (BGP session up)", Value: mem.empty, Base: mem.bEmpty, BaseName: mem.baseName(), Unit: "MB", Max: true, Limit: 40, Err: errStr(errors.Join(mem.emptyErr, mem.bEmptyErr))})
+	add(figure{Section: scaleSec, Name: "agent RSS, loaded", Value: loaded, Base: mem.bLoaded, BaseName: mem.baseName(), Unit: "MB", Max: true, Limit: 64, Err: errStr(errors.Join(loadedErr, mem.bLoadedErr))})
+	add(figure{Section: scaleSec, Name: fmt.Sprintf("agent RSS, loaded, after %s idle", o.idle), Value: loadedIdle, Base: nan(), Unit: "MB", Max: true, Limit: 64, Err: errStr(idleErr)})
+	add(figure{Section: scaleSec, Name: fmt.Sprintf("agent CPU, idle %s, loaded", o.idle), Value: cpu, Base: nan(), Unit: "% of a core", Max: true, Limit: 0.5, Err: errStr(cpuErr)})
 
 	// Route latency with the scale state held.
 	routeSec := fmt.Sprintf("Route latency, %d routes held, one pod with a /128 at a time", routes)
@@ -310,6 +334,9 @@ func run(ctx context.Context, o options) error {
 		wait := cpuProfile(nl.n.Agent.AdminSocket, o.profiles, "cpu-routes", 5*time.Second)
 		rl, rerr = nl.routeLatency(ctx, pool[o.pods], o.routeN)
 		wait()
+		if err := agent.alive(); err != nil {
+			rerr = errors.Join(rerr, err)
+		}
 	} else {
 		rerr = fmt.Errorf("scale run failed")
 	}
@@ -342,6 +369,9 @@ func run(ctx context.Context, o options) error {
 		if serr == nil {
 			logf("restart: %s", sig)
 			rr, err = nl.restart(sig)
+			if err == nil {
+				_, err = nl.agent() // the restarted agent, still running
+			}
 		} else {
 			err = fmt.Errorf("scale run failed")
 		}
@@ -356,9 +386,9 @@ func run(ctx context.Context, o options) error {
 			name = "SIGKILL"
 		}
 		add(figure{Section: restartSec, Name: name + ": started → ready (answers CNI)", Value: v(rr.ready.Seconds()), Base: nan(), Unit: "s", Max: true, Limit: 1, Err: errStr(err)})
-		add(figure{Section: restartSec, Name: name + ": started → End-of-RIB on the wire", Value: v(rr.eor.Seconds()), Base: nan(), Unit: "s", Limit: nan()})
-		add(figure{Section: restartSec, Name: name + ": prefixes withdrawn on the wire", Value: v(float64(rr.withdrawn)), Base: nan(), Unit: "routes", Max: true, Limit: 0})
-		add(figure{Section: restartSec, Name: name + ": routes lost from BIRD's FIB", Value: v(float64(rr.fibLost)), Base: nan(), Unit: "routes", Max: true, Limit: 0})
+		add(figure{Section: restartSec, Name: name + ": started → End-of-RIB on the wire", Value: v(rr.eor.Seconds()), Base: nan(), Unit: "s", Limit: nan(), Err: errStr(err)})
+		add(figure{Section: restartSec, Name: name + ": prefixes withdrawn on the wire", Value: v(float64(rr.withdrawn)), Base: nan(), Unit: "routes", Max: true, Limit: 0, Err: errStr(err)})
+		add(figure{Section: restartSec, Name: name + ": routes lost from BIRD's FIB", Value: v(float64(rr.fibLost)), Base: nan(), Unit: "routes", Max: true, Limit: 0, Err: errStr(err)})
 	}
 	logf("scale: DEL of %d pods", o.pods)
 	_, _ = nl.flock().concurrent(8, o.pods, func(i int) error {
@@ -373,9 +403,56 @@ func run(ctx context.Context, o options) error {
 
 	figs = append(figs, apiFigures(ctx, o, dir, bin, prefix, claims, netpol)...)
 
-	report := render(figs, o.cmd, started, notes(o))
-	fmt.Println(report)
-	return os.WriteFile(o.out, []byte(report), 0o644)
+	rep.notes = notes(o, mem)
+	doc := render(figs, rep)
+	fmt.Println(doc)
+	if err := os.WriteFile(o.out, []byte(doc), 0o644); err != nil {
+		return err
+	}
+	// The report says which figures failed; so does the exit status.
+	return failures(figs)
+}
+
+type cniConf struct {
+	p         plugin
+	tag       string
+	seq, tput int
+	rounds    int
+}
+
+func errStr(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// cniFigures are a CNI section's rows: flock against ptp IPv4-only (and
+// ptp dual-stack, if measured, as context). A row carries the errors of
+// both sides' measurements: a ratio is no better than its worse half.
+func cniFigures(sec string, fd, f4, p4 cniResult, p6 *cniResult) []figure {
+	var figs []figure
+	row := func(name string, v, b float64, bn, unit string, ratio, maxi bool, limit float64, errs ...error) {
+		figs = append(figs, figure{Section: sec, Name: name, Value: v, Base: b, BaseName: bn, Unit: unit, Ratio: ratio, Max: maxi, Limit: limit, Err: errStr(errors.Join(errs...))})
+	}
+	const p4n, p6n = "ptp IPv4-only", "ptp dual-stack"
+	row("ADD p50, dual-stack", fd.addP50, p4.addP50, p4n, "ms", true, true, 0.5, fd.err, p4.err)
+	row("ADD p50, IPv4-only", f4.addP50, p4.addP50, p4n, "ms", true, true, 0.5, f4.err, p4.err)
+	if p6 != nil {
+		row("ADD p50, dual-stack vs dual-stack", fd.addP50, p6.addP50, p6n, "ms", false, false, nan(), fd.err, p6.err)
+	}
+	row("ADD p99, dual-stack", fd.addP99, p4.addP99, p4n, "ms", false, false, nan(), fd.err, p4.err)
+	row("ADD p99, IPv4-only", f4.addP99, p4.addP99, p4n, "ms", false, false, nan(), f4.err, p4.err)
+	row("DEL p50 (until the host veth is deleted), dual-stack", fd.delP50, p4.delP50, p4n, "ms", true, true, 1.0, fd.err, p4.err)
+	row("DEL p50 (until the host veth is deleted), IPv4-only", f4.delP50, p4.delP50, p4n, "ms", true, true, 1.0, f4.err, p4.err)
+	row("DEL p99 (until the host veth is deleted), dual-stack", fd.delP99, p4.delP99, p4n, "ms", false, false, nan(), fd.err, p4.err)
+	row("ADD throughput, 8 concurrent, dual-stack", fd.addRate, p4.addRate, p4n, "pods/s", true, false, 2.0, fd.err, p4.err)
+	row("ADD throughput, 8 concurrent, IPv4-only", f4.addRate, p4.addRate, p4n, "pods/s", true, false, 2.0, f4.err, p4.err)
+	if p6 != nil {
+		row("ADD throughput, 8 concurrent, dual-stack vs dual-stack", fd.addRate, p6.addRate, p6n, "pods/s", false, false, nan(), fd.err, p6.err)
+	}
+	row("DEL throughput (until every host veth is deleted), 8 concurrent, dual-stack", fd.delRate, p4.delRate, p4n, "pods/s", false, false, nan(), fd.err, p4.err)
+	return figs
 }
 
 // apiSections says which of the sections that need a Kubernetes API
@@ -435,40 +512,94 @@ func apiFigures(ctx context.Context, o options, dir, bin, prefix string, claims,
 	return figs
 }
 
-// memoryBaseline reads the empty agent's RSS, then a bare embedded GoBGP's
-// with the same session, empty and holding routes routes.
-func (nl *nodeLab) memoryBaseline(dir string, o options, routes int) (empty, bEmpty, bLoaded float64, err error) {
-	bEmpty, bLoaded = nan(), nan()
-	if empty, err = settledRSS(nl.pid(), o.settle); err != nil {
-		return
+// memFigures are the agent's RSS when empty and a bare embedded GoBGP's
+// beside it, empty and loaded; each with its own error.
+type memFigures struct {
+	empty, bEmpty, bLoaded          float64
+	emptyErr, bEmptyErr, bLoadedErr error
+	// gogc is the GOGC the baseline ran with: the agent's, read from it
+	// (gogcErr: it could not be, and the baseline ran with the
+	// environment's).
+	gogc    string
+	gogcErr error
+	gobgp   string // the baseline binary's GoBGP version
+}
+
+// baseName is the baseline column's name, saying whether its GC ran
+// like the agent's.
+func (m memFigures) baseName() string {
+	if m.gogcErr != nil || m.gogc == "" {
+		return "bare embedded GoBGP, GOGC not the agent's (unread)"
 	}
+	return "bare embedded GoBGP, GOGC=" + m.gogc + " like the agent"
+}
+
+// memoryBaseline reads the empty agent's RSS, then a bare embedded GoBGP's
+// with the same session and the agent's GOGC, empty and holding routes
+// routes. Each reading is of a process verified alive and unchanged.
+func (nl *nodeLab) memoryBaseline(dir string, o options, routes int) memFigures {
+	m := memFigures{empty: nan(), bEmpty: nan(), bLoaded: nan()}
+	agent, err := nl.agent()
+	if err == nil {
+		m.empty, err = agent.settledRSS(o.settle)
+	}
+	m.emptyErr = err
 	logf("agent empty: %s", smaps(nl.pid()))
 	if err := saveProfile(nl.n.Agent.AdminSocket, o.profiles, "heap-empty", "heap"); err != nil {
 		logf("profile: %v", err)
 	}
-	logf("baseline: bare GoBGP, empty then %d routes", routes)
-	b, berr := nl.startBaseline(filepath.Join(dir, "gobgp-baseline"))
-	if berr != nil {
-		logf("baseline: %v", berr)
-		return
+	// The agent at rest: its GOGC as it stands now (its own setting
+	// unless the environment sets one) is the one the baseline gets.
+	if m.gogc, m.gogcErr = nl.agentGOGC(); m.gogcErr != nil {
+		logf("baseline: the agent's GOGC: %v", m.gogcErr)
+	}
+	logf("baseline: bare GoBGP (GOGC %q), empty then %d routes", m.gogc, routes)
+	bin := filepath.Join(dir, "gobgp-baseline")
+	b, err := nl.startBaseline(bin, m.gogc)
+	if err != nil {
+		logf("baseline: %v", err)
+		m.bEmptyErr, m.bLoadedErr = err, err
+		return m
 	}
 	defer b.stop()
-	bEmpty, _ = settledRSS(b.cmd.Process.Pid, o.settle)
-	if err := b.add(routes, netip.MustParseAddr("2001:db8:b::")); err != nil {
+	if m.gobgp, err = binaryModuleVersion(bin, gobgpModule); err != nil {
 		logf("baseline: %v", err)
-	} else if _, err := nl.fib.WaitCount(netip.MustParsePrefix(baselineRange), routes, 2*time.Minute); err != nil {
-		logf("baseline: %v", err)
-	} else {
-		bLoaded, _ = settledRSS(b.cmd.Process.Pid, o.settle)
+		m.gobgp = "unknown (" + err.Error() + ")"
 	}
-	return
+	bp, err := watchProc("the bare GoBGP", b.cmd.Process.Pid)
+	if err == nil {
+		m.bEmpty, err = bp.settledRSS(o.settle)
+	}
+	m.bEmptyErr = err
+	if err := b.add(routes, netip.MustParseAddr("2001:db8:b::")); err != nil {
+		m.bLoadedErr = fmt.Errorf("the bare GoBGP: %w", err)
+	} else if _, err := nl.fib.WaitCount(netip.MustParsePrefix(baselineRange), routes, 2*time.Minute); err != nil {
+		m.bLoadedErr = fmt.Errorf("the bare GoBGP's routes: %w", err)
+	} else {
+		m.bLoaded, m.bLoadedErr = bp.settledRSS(o.settle)
+	}
+	for _, err := range []error{m.bEmptyErr, m.bLoadedErr} {
+		if err != nil {
+			logf("baseline: %v", err)
+		}
+	}
+	return m
 }
 
-func notes(o options) []string {
+func notes(o options, m memFigures) []string {
+	gobgp := m.gobgp
+	if gobgp == "" {
+		gobgp = "(not run)"
+	}
+	gc := "GOGC=" + m.gogc + ", the agent's own at rest, read from its go_gc_gogc_percent metric before the baseline started"
+	if m.gogcErr != nil || m.gogc == "" {
+		gc = "the environment's GOGC, not the agent's: the agent's could not be read"
+	}
 	n := []string{
-		fmt.Sprintf("CNI: %d rounds, each configuration in turn within a round (the machine's speed drifts; interleaving keeps the ratios fair): %d sequential ADDs, then %d sequential DELs (ptp dual-stack: %d, in the first round only, it waits for IPv6 DAD); throughput: %d pods ADDed by 8 workers, then DELed (ptp dual-stack: %d). Latency percentiles pool every round's samples; throughput is the median round's. Each pod in its own namespace; each timed phase starts once the node is idle (no veth of an earlier DEL still being unregistered). flock's agent has a BGP session with the ToR up; ptp runs inside a namespace of its own.", o.rounds, o.seqN, o.seqN, o.slowN, o.tputN, o.tputSlow),
+		fmt.Sprintf("CNI: %d rounds, each configuration in turn within a round (the machine's speed drifts; interleaving keeps the ratios fair): %d sequential ADDs, then %d sequential DELs (ptp dual-stack: %d, in the first round only, it waits for IPv6 DAD); throughput: %d pods ADDed by 8 workers, then DELed (ptp dual-stack: %d). Latency percentiles pool every round's samples; throughput is the median round's. Each pod in its own namespace; each timed phase starts once the node is idle (no veth of an earlier DEL still being unregistered). flock's agent has a BGP session with the ToR up, and is checked to be the same live process at the end of every round; ptp runs inside a namespace of its own.", o.rounds, o.seqN, o.seqN, o.slowN, o.tputN, o.tputSlow),
+		"DEL, for flock and ptp alike, is timed from the call until both the DEL returned and the kernel announced the deletion of the pod's host veth (RTM_DELLINK, read from a netlink subscription in the namespace the veth is in; the kernel sends it once the link is unlisted, about 1 ms into the deletion, before it waits ~15–20 ms here for the device to be released). ptp deletes the veth inside its DEL, so its DEL returns after that wait too; flock's DEL returns once the routes are withdrawn and the veth is down, and the agent deletes the veth after answering (the bench logs how long after the return each deletion was announced), waiting out the release while it holds the container's lock and addresses. The DEL throughput runs to the last such deletion. The cnitool section drives the same configurations, namespaces and rounds through `cnitool add|del <network> <netns>` (CNI_PATH, NETCONFPATH, CNI_ARGS; cnitool names the container after the namespace and keeps libcni's result cache in /var/lib/cni), one process per call and one more for the plugin, as a runtime that execs a CNI client would.",
 		"Wire figures come from a packet socket on the ToR's port (the node's UPDATEs before BIRD processes them); FIB figures from a netlink watch of the ToR's kernel table, which BIRD programs.",
-		fmt.Sprintf("RSS is VmRSS read %s after the load (the Go scavenger returns freed memory in the background); the baseline is a bare embedded GoBGP v4.8.0 (e2e/cmd/gobgp-baseline, built like the agent) with the same session to the ToR, originating the same number of routes.", o.settle),
+		fmt.Sprintf("RSS is VmRSS read %s after the load (the Go scavenger returns freed memory in the background), and CPU from /proc/PID/stat, each only of a process verified to be the same one (its start time) and not a zombie before and after the reading: a dead agent is an error, not 0 %% CPU. The baseline is a bare embedded GoBGP %s (its binary's build info; e2e/cmd/gobgp-baseline, built like the agent) with the same session to the ToR, originating the same number of routes, run with %s. The agent raises its GOGC to 100 while CNI requests come in bursts and hands freed heap back after them; the baseline does neither.", o.settle, gobgp, gc),
 		"Restart: the agent is stopped (SIGTERM) or killed (SIGKILL) and started again at once; ready is from exec to the first answered CNI STATUS. Withdrawals are counted on the wire from the stop until 3 s after the new End-of-RIB.",
 	}
 	if _, netpol, _ := o.apiSections(); netpol {

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -85,45 +87,158 @@ func (st procStatus) liveRSSMB(name string) (float64, error) {
 	return st.rssKB / 1024, nil
 }
 
-// cpuTime is a process's user+system CPU time so far.
-func cpuTime(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the command (which may hold spaces) start after ')'.
+// procStat is what the bench reads from /proc/PID/stat.
+type procStat struct {
+	state string        // its letter (R, S, D, Z, X, …)
+	cpu   time.Duration // user + system CPU time so far
+	start uint64        // when it started, in clock ticks after boot
+}
+
+// parseStat reads the state, the CPU times and the start time of a
+// /proc/PID/stat line.
+func parseStat(b []byte) (procStat, error) {
+	// Fields after the command (which may hold spaces and parentheses)
+	// start after the last ')': the state is field 3, utime and stime
+	// 14 and 15, starttime 22.
 	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("pid %d: short stat", pid)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return procStat{}, fmt.Errorf("stat %q: no command", s)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return procStat{}, fmt.Errorf("stat: %d fields after the command, want at least 20", len(f))
 	}
 	u, err1 := strconv.ParseInt(f[11], 10, 64)
 	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("pid %d: stat: %v %v", pid, err1, err2)
+	start, err3 := strconv.ParseUint(f[19], 10, 64)
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return procStat{}, fmt.Errorf("stat: %w", err)
 	}
 	const hz = 100 // USER_HZ on Linux
-	return time.Duration(u+st) * time.Second / hz, nil
+	return procStat{state: f[0], cpu: time.Duration(u+st) * time.Second / hz, start: start}, nil
 }
 
-// idleCPU is the share of one core pid used over d.
-func idleCPU(pid int, d time.Duration) (float64, error) {
-	a, err := cpuTime(pid)
+func readStat(pid int) (procStat, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return procStat{}, err
+	}
+	return parseStat(b)
+}
+
+// cpuTime is a process's user+system CPU time so far.
+func cpuTime(pid int) (time.Duration, error) {
+	st, err := readStat(pid)
+	if err != nil {
+		return 0, fmt.Errorf("pid %d: %w", pid, err)
+	}
+	return st.cpu, nil
+}
+
+// proc is a process a figure is taken of, as it was when the measurement
+// began. A dead process reads as 0 % CPU (a zombie's times are frozen)
+// or as whatever process got its pid next, so every reading is checked
+// against it: still there, still the same process (a pid is reused once
+// its process is reaped; the start time tells them apart), not a zombie.
+type proc struct {
+	name  string // for the errors: "flock-agent", "the bare GoBGP"
+	pid   int
+	start uint64
+}
+
+func (p proc) String() string { return fmt.Sprintf("%s (pid %d)", p.name, p.pid) }
+
+// watchProc identifies the live process pid, called name in errors.
+func watchProc(name string, pid int) (proc, error) {
+	p := proc{name: name, pid: pid}
+	if pid <= 0 {
+		return p, fmt.Errorf("%s: not running (no pid)", name)
+	}
+	st, err := readStat(pid)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return p, fmt.Errorf("%s: not running", p)
+		}
+		return p, fmt.Errorf("%s: %w", p, err)
+	}
+	if dead(st.state) {
+		return p, fmt.Errorf("%s: not running (state %s)", p, st.state)
+	}
+	p.start = st.start
+	return p, nil
+}
+
+func dead(state string) bool {
+	switch state {
+	case "Z", "X", "x":
+		return true
+	}
+	return false
+}
+
+// alive is nil while p is still the process watchProc found and has not
+// exited; else an error naming it.
+func (p proc) alive() error {
+	_, err := p.stat()
+	return err
+}
+
+// stat reads p's /proc/PID/stat, an error unless p is alive.
+func (p proc) stat() (procStat, error) {
+	st, err := readStat(p.pid)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return st, fmt.Errorf("%s exited during the measurement (no /proc/%d)", p, p.pid)
+	case err != nil:
+		return st, fmt.Errorf("%s: %w", p, err)
+	case st.start != p.start:
+		return st, fmt.Errorf("%s exited during the measurement: pid %d is now another process (started at tick %d, not %d)", p, p.pid, st.start, p.start)
+	case dead(st.state):
+		return st, fmt.Errorf("%s exited during the measurement (state %s: a zombie)", p, st.state)
+	}
+	return st, nil
+}
+
+// rss is p's resident set in MB, read while p was verified alive (before
+// and after the read: a pid reused in between has another start time).
+func (p proc) rss() (float64, error) {
+	if err := p.alive(); err != nil {
+		return nan(), err
+	}
+	mb, rerr := rssMB(p.pid)
+	if err := p.alive(); err != nil {
+		return nan(), err
+	}
+	if rerr != nil {
+		return nan(), fmt.Errorf("%s: %w", p, rerr)
+	}
+	return mb, nil
+}
+
+// idleCPU is the share of one core p used over d: an error if p is not
+// the same live process at the end.
+func (p proc) idleCPU(d time.Duration) (float64, error) {
+	a, err := p.stat()
+	if err != nil {
+		return nan(), err
 	}
 	start := time.Now()
 	time.Sleep(d)
-	b, err := cpuTime(pid)
+	b, err := p.stat()
 	if err != nil {
-		return 0, err
+		return nan(), err
 	}
-	return 100 * float64(b-a) / float64(time.Since(start)), nil
+	return 100 * float64(b.cpu-a.cpu) / float64(time.Since(start)), nil
 }
 
 // settledRSS waits for the Go runtime to return what a burst left behind
-// (the scavenger works in the background) and reads the RSS then.
-func settledRSS(pid int, wait time.Duration) (float64, error) {
+// (the scavenger works in the background) and reads p's RSS then; an
+// error if p died meanwhile.
+func (p proc) settledRSS(wait time.Duration) (float64, error) {
+	if err := p.alive(); err != nil {
+		return nan(), err
+	}
 	time.Sleep(wait)
-	return rssMB(pid)
+	return p.rss()
 }

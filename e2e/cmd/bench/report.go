@@ -1,11 +1,12 @@
 package main
 
 import (
-	_ "embed"
+	"debug/buildinfo"
 	"fmt"
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -29,6 +30,37 @@ type figure struct {
 	Err   string // why the figure is missing
 }
 
+// failed tells whether the figure cannot be taken as measured: its
+// measurement ended in an error, or it is held to a target and has no
+// value. A run with one fails (a non-zero exit), whatever else it shows.
+func (f figure) failed() bool {
+	if f.Err != "" {
+		return true
+	}
+	if math.IsNaN(f.Limit) {
+		return false
+	}
+	_, has := f.met()
+	return !has
+}
+
+// failures is an error naming every figure that failed, nil if none did.
+func failures(figs []figure) error {
+	var names []string
+	for _, f := range figs {
+		if f.failed() {
+			names = append(names, fmt.Sprintf("%q (%s)", f.Name, f.Section))
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d figures failed or were not measured: %s", len(names), strings.Join(names, "; "))
+}
+
+// met says whether the figure meets its target, and whether it can be
+// told (a value, and a baseline if the target is a ratio). A figure whose
+// measurement failed is never met: see cells.
 func (f figure) met() (bool, bool) {
 	if math.IsNaN(f.Limit) || math.IsNaN(f.Value) {
 		return false, false
@@ -65,7 +97,9 @@ func num(v float64, unit string) string {
 func (f figure) cells() []string {
 	val := num(f.Value, f.Unit)
 	if f.Err != "" {
-		val = "error: " + f.Err
+		// What was measured before the failure proves nothing: the
+		// error stands in for the value, and for the ratio.
+		val = "error: " + cell(firstLine(f.Err))
 	}
 	base := "—"
 	if !math.IsNaN(f.Base) {
@@ -75,7 +109,7 @@ func (f figure) cells() []string {
 		}
 	}
 	ratio := "—"
-	if !math.IsNaN(f.Base) && !math.IsNaN(f.Value) && f.Base != 0 {
+	if !math.IsNaN(f.Base) && !math.IsNaN(f.Value) && f.Base != 0 && f.Err == "" {
 		ratio = fmt.Sprintf("%.2f×", f.Value/f.Base)
 	}
 	target := "—"
@@ -92,8 +126,9 @@ func (f figure) cells() []string {
 	}
 	verdict := ""
 	if f.Err != "" && !math.IsNaN(f.Limit) {
-		// What was measured before the failure proves nothing.
 		verdict = "**not met**: the measurement failed"
+	} else if f.Err != "" {
+		verdict = "**failed**"
 	} else if ok, has := f.met(); has {
 		if ok {
 			verdict = "met"
@@ -107,7 +142,12 @@ func (f figure) cells() []string {
 	} else if !math.IsNaN(f.Limit) {
 		verdict = "**not met**: not measured"
 	}
-	return []string{f.Name, val, base, ratio, target, verdict}
+	return []string{cell(f.Name), val, base, ratio, target, verdict}
+}
+
+// cell makes s safe in a Markdown table cell.
+func cell(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "|", "\\|"), "\n", " ")
 }
 
 func table(figs []figure) string {
@@ -169,38 +209,77 @@ func revision() string {
 	return rev
 }
 
-func versions() string {
+// gobgpModule is the BGP implementation the agent embeds.
+const gobgpModule = "github.com/osrg/gobgp/v4"
+
+// binaryModuleVersion is the version of module path a Go binary was built
+// with, from the build information in the binary itself.
+func binaryModuleVersion(bin, path string) (string, error) {
+	bi, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		return "", err
+	}
+	v, ok := depVersion(bi.Deps, path)
+	if !ok {
+		return "", fmt.Errorf("%s: built without %s", bin, path)
+	}
+	return v, nil
+}
+
+// versions names what was measured: the GoBGP version is the one the
+// agent binary was built with (its build info), not a typed one.
+func versions(bin string, extra []string) string {
 	ptp := "unknown"
 	if out := command("dpkg-query", "-W", "-f", "${Version}", "containernetworking-plugins"); out != "" {
 		ptp = out
 	}
-	return strings.Join([]string{
+	gobgp, err := binaryModuleVersion(filepath.Join(bin, "flock-agent"), gobgpModule)
+	if err != nil {
+		gobgp = "unknown (" + err.Error() + ")"
+	}
+	return strings.Join(append([]string{
 		"flock " + revision(),
 		runtime.Version(),
-		"GoBGP v4.8.0 (embedded)",
+		"GoBGP " + gobgp + " (embedded; the agent binary's build info)",
 		firstLine(command("bird", "--version")),
 		"containernetworking-plugins (ptp, host-local) " + ptp,
-	}, "; ")
+	}, extra...), "; ")
 }
 
-// changes is the record of what each optimisation bought, kept beside the
-// program and appended to the report.
-//
-//go:embed changes.md
-var changes string
+// changesDoc is the hand-kept record of what each optimisation bought:
+// it lives beside this program and the report links to it (the report
+// holds generated figures only).
+const changesDoc = "e2e/cmd/bench/CHANGES.md"
 
-func render(figs []figure, cmd string, started time.Time, notes []string) string {
+// report is what the document says besides the figures.
+type report struct {
+	cmd     string
+	started time.Time
+	notes   []string
+	bin     string   // the binaries measured (the agent's build info names GoBGP's version)
+	extra   []string // further versions (cnitool)
+}
+
+func render(figs []figure, r report) string {
 	var b strings.Builder
-	b.WriteString("# flock benchmarks\n\nGenerated by `" + cmd + "`; do not edit by hand.\n\n")
-	fmt.Fprintf(&b, "- date: %s (took %s)\n- machine: %s\n- versions: %s\n\n", started.UTC().Format("2006-01-02 15:04 MST"), time.Since(started).Round(time.Second), machine(), versions())
+	b.WriteString("# flock benchmarks\n\nGenerated by `" + r.cmd + "`; do not edit by hand. What each optimisation bought, measured while it was made, is kept by hand in [" + changesDoc + "](" + changesDoc + ").\n\n")
+	fmt.Fprintf(&b, "- date: %s (took %s)\n- machine: %s\n- versions: %s\n\n", r.started.UTC().Format("2006-01-02 15:04 MST"), time.Since(r.started).Round(time.Second), machine(), versions(r.bin, r.extra))
+	n := 0
+	for _, f := range figs {
+		if f.failed() {
+			n++
+		}
+	}
+	if n > 0 {
+		fmt.Fprintf(&b, "**This run failed**: %d figures failed or were not measured (their rows say why). No target is met by a figure whose measurement failed.\n\n", n)
+	}
 	b.WriteString(table(figs))
-	if len(notes) > 0 {
+	if len(r.notes) > 0 {
 		b.WriteString("\n## How each figure is taken\n\n")
-		for _, n := range notes {
+		for _, n := range r.notes {
 			b.WriteString("- " + n + "\n")
 		}
 	}
-	b.WriteString("\n" + changes)
 	return b.String()
 }
 

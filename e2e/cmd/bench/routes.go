@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +23,7 @@ import (
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 
+	"code.fritzlab.net/fritzlab/flock/agent/metrics"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 )
@@ -150,13 +155,16 @@ func tail(s string, n int) string {
 
 func (nl *nodeLab) flock() plugin {
 	return plugin{name: "flock dual-stack", cni: nl.n.CNI, quiesce: nl.vethsGone, agent: nl.pid,
+		vethNS: nl.n.NS, vethName: dataplane.HostVethName,
 		args: func(i int) [][2]string { return lab.PodArgs("default", fmt.Sprintf("p%d", i)) }}
 }
 
 func (nl *nodeLab) flockV4() plugin {
-	return plugin{name: "flock IPv4-only", cni: nl.n.CNI, quiesce: nl.vethsGone, agent: nl.pid, args: func(i int) [][2]string {
-		return lab.PodArgs("default", fmt.Sprintf("p%d", i), "flock.fritzlab.net/ipv6", "false")
-	}}
+	return plugin{name: "flock IPv4-only", cni: nl.n.CNI, quiesce: nl.vethsGone, agent: nl.pid,
+		vethNS: nl.n.NS, vethName: dataplane.HostVethName,
+		args: func(i int) [][2]string {
+			return lab.PodArgs("default", fmt.Sprintf("p%d", i), "flock.fritzlab.net/ipv6", "false")
+		}}
 }
 
 // vethsGone waits until no flock veth is left on the node: a DEL returns
@@ -187,6 +195,10 @@ func (nl *nodeLab) vethsGone() error {
 
 func (nl *nodeLab) pid() int { return nl.n.Agent.Pid() }
 
+// agent is the running agent, for a measurement that must end with it
+// alive.
+func (nl *nodeLab) agent() (proc, error) { return watchProc("flock-agent", nl.pid()) }
+
 // baseline starts the bare GoBGP in the spare node and waits for its
 // session.
 type baselineProc struct {
@@ -198,7 +210,9 @@ type baselineProc struct {
 	out *lineReader
 }
 
-func (nl *nodeLab) startBaseline(bin string) (*baselineProc, error) {
+// startBaseline builds and starts the bare GoBGP with GOGC gogc (the
+// agent's; empty: the environment's).
+func (nl *nodeLab) startBaseline(bin, gogc string) (*baselineProc, error) {
 	root, err := lab.RepoRoot()
 	if err != nil {
 		return nil, err
@@ -210,6 +224,9 @@ func (nl *nodeLab) startBaseline(bin string) (*baselineProc, error) {
 	}
 	s := nl.spare
 	cmd := exec.Command(bin, "-local", s.V6.String(), "-peer", s.TorV6.String(), "-asn", fmt.Sprint(lab.NodeASN), "-peer-asn", fmt.Sprint(lab.TorASN))
+	if gogc != "" {
+		cmd.Env = append(os.Environ(), "GOGC="+gogc)
+	}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -392,3 +409,51 @@ func randPrefix() string {
 }
 
 func nan() float64 { return math.NaN() }
+
+// agentGOGC is the agent's GOGC as it stands: the Go collector's
+// go_gc_gogc_percent on its metrics listener (loopback in the node's
+// namespace), as an environment value ("off" for -1).
+func (nl *nodeLab) agentGOGC() (string, error) {
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var c net.Conn
+			err := nl.n.NS.InNS(func() error {
+				var err error
+				c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+				return err
+			})
+			return c, err
+		}}}
+	resp, err := c.Get("http://" + metrics.DefaultAddress + "/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("agent /metrics: %s", resp.Status)
+	}
+	return parseGOGC(b)
+}
+
+// parseGOGC finds go_gc_gogc_percent in a Prometheus text exposition.
+func parseGOGC(b []byte) (string, error) {
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) != 2 || f[0] != "go_gc_gogc_percent" {
+			continue
+		}
+		v, err := strconv.ParseFloat(f[1], 64)
+		if err != nil || v != math.Trunc(v) {
+			return "", fmt.Errorf("go_gc_gogc_percent %q", f[1])
+		}
+		if v < 0 {
+			return "off", nil
+		}
+		return strconv.FormatFloat(v, 'f', 0, 64), nil
+	}
+	return "", errors.New("no go_gc_gogc_percent in the agent's metrics")
+}

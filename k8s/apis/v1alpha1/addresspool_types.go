@@ -36,8 +36,11 @@ var Uses = []string{UsePod, UseAnycast, UseAddresses}
 // +kubebuilder:printcolumn:name="CIDRs",type=string,JSONPath=`.spec.cidrs`
 // +kubebuilder:printcolumn:name="Use",type=string,JSONPath=`.spec.use`
 // +kubebuilder:printcolumn:name="Namespaces",type=string,JSONPath=`.spec.namespaces`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="True when the agents use the pool, False when it is invalid (see Message)"
 // +kubebuilder:printcolumn:name="Claims",type=integer,JSONPath=`.status.claims`,description="Addresses claimed from the pool cluster-wide"
 // +kubebuilder:printcolumn:name="In-Use-On",type=string,JSONPath=`.status.inUse[*].node`,description="Nodes where addresses of the pool are in use as anycast or addresses IPs (never handed out there)"
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
+// +kubebuilder:printcolumn:name="Message",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].message`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type AddressPool struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -71,9 +74,11 @@ type AddressPoolSpec struct {
 	// +listType=set
 	Use []string `json:"use"`
 
-	// Namespaces that may use the pool.
+	// Namespaces that may use the pool (namespace names: DNS-1123
+	// labels).
 	// +kubebuilder:validation:items:MinLength=1
 	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
 	// +optional
 	Namespaces []string `json:"namespaces,omitempty"`
 
@@ -103,7 +108,27 @@ type AddressPoolStatus struct {
 	// +listMapKey=node
 	// +optional
 	InUse []NodeInUse `json:"inUse,omitempty"`
+
+	// Conditions of the pool; type Ready: True when it is valid (the
+	// agents use it), False with reason InvalidSpec and the validation
+	// error when it is not (the agents ignore it). Written by the agents,
+	// who agree on it: it depends on the AddressPools alone.
+	// +listType=map
+	// +listMapKey=type
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 }
+
+// Reasons of an AddressPool's Ready condition.
+const (
+	// ReasonValid: the pool is valid; the agents use it.
+	ReasonValid = "Valid"
+	// ReasonInvalidSpec: the pool is invalid (the message says why); the
+	// agents ignore it.
+	ReasonInvalidSpec = "InvalidSpec"
+)
 
 // NodeInUse is one node's addresses of a pool in use for another purpose.
 type NodeInUse struct {

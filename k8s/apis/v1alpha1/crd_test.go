@@ -77,8 +77,9 @@ type schema struct {
 	ListType    string            `json:"x-kubernetes-list-type"`
 	ListMapKeys []string          `json:"x-kubernetes-list-map-keys"`
 	Validations []struct {
-		Rule    string `json:"rule"`
-		Message string `json:"message"`
+		Rule      string `json:"rule"`
+		Message   string `json:"message"`
+		FieldPath string `json:"fieldPath"`
 	} `json:"x-kubernetes-validations"`
 }
 
@@ -117,8 +118,10 @@ func TestCRDPrinterColumns(t *testing.T) {
 	want := []col{
 		{"ASN", "integer", ".spec.asn", 0},
 		{"Router ID", "string", ".spec.routerID", 0},
+		{"Ready", "string", `.status.conditions[?(@.type=="Ready")].status`, 0},
 		{"Peers", "string", ".status.peers", 0},
 		{"Allocations", "integer", ".status.allocations", 0},
+		{"Reason", "string", `.status.conditions[?(@.type=="Ready")].reason`, 1},
 		{"Last Error", "string", ".status.lastError", 1},
 		{"Age", "date", ".metadata.creationTimestamp", 0},
 	}
@@ -191,8 +194,11 @@ func TestAddressPoolCRD(t *testing.T) {
 		{"CIDRs", "string", ".spec.cidrs", 0},
 		{"Use", "string", ".spec.use", 0},
 		{"Namespaces", "string", ".spec.namespaces", 0},
+		{"Ready", "string", `.status.conditions[?(@.type=="Ready")].status`, 0},
 		{"Claims", "integer", ".status.claims", 0},
 		{"In-Use-On", "string", ".status.inUse[*].node", 0},
+		{"Reason", "string", `.status.conditions[?(@.type=="Ready")].reason`, 1},
+		{"Message", "string", `.status.conditions[?(@.type=="Ready")].message`, 1},
 		{"Age", "date", ".metadata.creationTimestamp", 0},
 	})
 
@@ -237,6 +243,9 @@ func TestAddressPoolCRD(t *testing.T) {
 	if ns.Items == nil || ns.Items.MinLength == nil || *ns.Items.MinLength != 1 || ns.Items.MaxLength == nil || *ns.Items.MaxLength != 63 {
 		t.Errorf("spec.namespaces[] schema %+v, want 1..63 characters", ns.Items)
 	}
+	if ns.Items != nil && ns.Items.Pattern != `^[a-z0-9]([-a-z0-9]*[a-z0-9])?$` {
+		t.Errorf("spec.namespaces[] pattern %q, want a DNS-1123 label's", ns.Items.Pattern)
+	}
 	sel := spec.Properties["namespaceSelector"]
 	if _, ok := sel.Properties["matchLabels"]; !ok {
 		t.Errorf("spec.namespaceSelector is not a label selector: %+v", sel)
@@ -246,6 +255,12 @@ func TestAddressPoolCRD(t *testing.T) {
 	}
 	if s := root.Properties["status"].Properties["claims"]; s.Type != "integer" {
 		t.Errorf("status.claims type %q", s.Type)
+	}
+	// The Ready condition, one per type.
+	conds := root.Properties["status"].Properties["conditions"]
+	if conds.ListType != "map" || !slices.Equal(conds.ListMapKeys, []string{"type"}) || conds.Items == nil ||
+		!slices.Contains(conds.Items.Required, "reason") {
+		t.Errorf("status.conditions schema %+v, want metav1.Conditions keyed by type", conds)
 	}
 	// One entry per node, each agent writing its own: a map list keyed by
 	// node (a server-side apply or merge never replaces another node's).
@@ -353,6 +368,75 @@ func TestCRDValidation(t *testing.T) {
 	for _, f := range []string{"asn", "routerID", "pools"} {
 		if !slices.Contains(spec.Required, f) {
 			t.Errorf("spec.%s not required (required: %v)", f, spec.Required)
+		}
+	}
+	if !hasRule(spec.Properties["routerID"], "isIP(self) && ip(self).family() == 4") {
+		t.Errorf("routerID rules %+v lack the IPv4 check", spec.Properties["routerID"].Validations)
+	}
+
+	// Ranges: what nodeconfig.Validate refuses, the API server refuses,
+	// and no number is out of its Go type's range (the converter would
+	// wrap it).
+	timers := peer.Properties["timers"]
+	bfd := peer.Properties["bfd"]
+	gr := peer.Properties["gracefulRestart"]
+	for _, tc := range []struct {
+		path    string
+		s       schema
+		min, mx float64
+	}{
+		{"timers.holdTime", timers.Properties["holdTime"], 0, 65535},
+		{"timers.keepaliveTime", timers.Properties["keepaliveTime"], 0, 65535},
+		{"timers.connectRetry", timers.Properties["connectRetry"], 0, 4294967295},
+		{"gracefulRestart.restartTime", gr.Properties["restartTime"], 0, 4095},
+		{"gracefulRestart.deferralTime", gr.Properties["deferralTime"], 0, 4294967295},
+		{"bfd.intervalMs", bfd.Properties["intervalMs"], 0, 4294967295},
+		{"bfd.multiplier", bfd.Properties["multiplier"], 0, 4294967295},
+		{"ttlSecurityMin", peer.Properties["ttlSecurityMin"], 0, 255},
+		{"ebgpMultihop", peer.Properties["ebgpMultihop"], 0, 255},
+		{"maxPrefixes", peer.Properties["maxPrefixes"], 0, 4294967295},
+		{"port", peer.Properties["port"], 0, 65535},
+	} {
+		if tc.s.Minimum == nil || *tc.s.Minimum != tc.min || tc.s.Maximum == nil || *tc.s.Maximum != tc.mx {
+			t.Errorf("peer %s: range %v..%v, want %v..%v", tc.path, tc.s.Minimum, tc.s.Maximum, tc.min, tc.mx)
+		}
+	}
+	if !hasRule(timers.Properties["holdTime"], "self == 0 || self >= 3") {
+		t.Error("timers.holdTime lacks 0 or >= 3")
+	}
+	// Rules on an object that are about one field name it (fieldPath), so
+	// the API server's error does too.
+	for _, tc := range []struct {
+		what      string
+		s         schema
+		fieldPath string
+		contains  string
+	}{
+		{"timers", timers, ".keepaliveTime", "self.keepaliveTime < "},
+		{"bfd", bfd, ".intervalMs", "self.intervalMs >= 10 && self.intervalMs <= 60000"},
+		{"bfd", bfd, ".multiplier", "self.multiplier <= 255"},
+		{"peer", *peer, ".localAddress", "ip(self.address).family() == ip(self.localAddress).family()"},
+		{"peer", *peer, ".ttlSecurityMin", "self.ttlSecurityMin == 0"},
+		{"peer", *peer, ".families", "f == 'ipv6'"},
+	} {
+		found := false
+		for _, v := range tc.s.Validations {
+			if strings.Contains(v.Rule, tc.contains) {
+				found = true
+				if v.FieldPath != tc.fieldPath {
+					t.Errorf("%s rule %q: fieldPath %q, want %q", tc.what, v.Rule, v.FieldPath, tc.fieldPath)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s: no rule with %q (rules %+v)", tc.what, tc.contains, tc.s.Validations)
+		}
+	}
+	// The BFD ranges hold while BFD is enabled, as nodeconfig.Validate
+	// checks them.
+	for _, v := range bfd.Validations {
+		if !strings.HasPrefix(v.Rule, "!has(self.enabled) || !self.enabled || ") {
+			t.Errorf("bfd rule %q applies with BFD disabled", v.Rule)
 		}
 	}
 }
@@ -493,7 +577,8 @@ func TestAddressPoolDeepCopy(t *testing.T) {
 			CIDRs: []string{"2001:db8:100::/112"}, Use: []string{v1alpha1.UsePod}, Namespaces: []string{"prod"},
 			NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "edge"}},
 		},
-		Status: v1alpha1.AddressPoolStatus{Claims: 2},
+		Status: v1alpha1.AddressPoolStatus{Claims: 2, Conditions: []metav1.Condition{
+			{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonInvalidSpec, Message: "spec.cidrs[0]: bad"}}},
 	}
 	cp := ap.DeepCopyObject().(*v1alpha1.AddressPool)
 	if !reflect.DeepEqual(ap, cp) {
@@ -501,8 +586,9 @@ func TestAddressPoolDeepCopy(t *testing.T) {
 	}
 	cp.Spec.CIDRs[0], cp.Spec.Use[0], cp.Spec.Namespaces[0] = "x", "y", "z"
 	cp.Spec.NamespaceSelector.MatchLabels["tier"] = "core"
+	cp.Status.Conditions[0].Status = metav1.ConditionTrue
 	if ap.Spec.CIDRs[0] != "2001:db8:100::/112" || ap.Spec.Use[0] != v1alpha1.UsePod || ap.Spec.Namespaces[0] != "prod" ||
-		ap.Spec.NamespaceSelector.MatchLabels["tier"] != "edge" {
+		ap.Spec.NamespaceSelector.MatchLabels["tier"] != "edge" || ap.Status.Conditions[0].Status != metav1.ConditionFalse {
 		t.Error("the copy shares memory with the original")
 	}
 	claim := &v1alpha1.AddressClaim{ObjectMeta: metav1.ObjectMeta{Name: "ip-x"}, Spec: v1alpha1.AddressClaimSpec{

@@ -12,9 +12,10 @@ const (
 	NodeConfigResource = "nodeconfigs"
 )
 
-// ConditionReady is the NodeConfig condition the agent sets: True once the
-// spec is applied (IPAM, BGP speaker and peers configured), False with the
-// reason otherwise.
+// ConditionReady is the condition the agents set. On a NodeConfig: True
+// once the spec is applied (IPAM, BGP speaker and peers configured), False
+// with the reason otherwise. On an AddressPool: True when the pool is
+// valid, False (ReasonInvalidSpec) with the validation error.
 const ConditionReady = "Ready"
 
 // NodeConfig is the configuration of one node's flock agent. It is
@@ -26,8 +27,10 @@ const ConditionReady = "Ready"
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="ASN",type=integer,JSONPath=`.spec.asn`
 // +kubebuilder:printcolumn:name="Router ID",type=string,JSONPath=`.spec.routerID`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="True once the node's agent applied the spec and serves; False with the reason otherwise"
 // +kubebuilder:printcolumn:name="Peers",type=string,JSONPath=`.status.peers`,description="BGP sessions established/configured"
 // +kubebuilder:printcolumn:name="Allocations",type=integer,JSONPath=`.status.allocations`,description="Pod allocations on the node"
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Last Error",type=string,JSONPath=`.status.lastError`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type NodeConfig struct {

@@ -22,7 +22,9 @@ type NodeConfigSpec struct {
 
 	// RouterID is the BGP router ID, a dotted quad. Required: an IPv6-only
 	// node has no IPv4 address to borrow one from.
+	// +kubebuilder:validation:MaxLength=15
 	// +kubebuilder:validation:Format=ipv4
+	// +kubebuilder:validation:XValidation:rule="isIP(self) && ip(self).family() == 4",message="must be an IPv4 dotted quad, e.g. 192.0.2.10"
 	RouterID string `json:"routerID"`
 
 	// Pools are the CIDRs this node allocates pod addresses from.
@@ -57,16 +59,17 @@ type BGP struct {
 
 	// Peers are the BGP neighbours, usually the top-of-rack switches.
 	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:XValidation:rule="has(self.address) != has(self.interface)",message="set exactly one of address and interface (unnumbered)"
 	// +optional
 	Peers []Peer `json:"peers,omitempty"`
 }
 
 // Peer is one BGP neighbour. Exactly one of Address and Interface is set.
 //
-// +kubebuilder:validation:XValidation:rule="has(self.address) != has(self.interface)",message="set exactly one of address and interface (unnumbered)"
-// +kubebuilder:validation:XValidation:rule="!has(self.address) || !has(self.localAddress) || !isIP(self.address) || !isIP(self.localAddress) || ip(self.address).family() == ip(self.localAddress).family()",message="localAddress must be of the same family as address"
-// +kubebuilder:validation:XValidation:rule="!has(self.passwordFile) || !has(self.passwordSecretKey)",message="set only one of passwordFile and passwordSecretKey"
-// +kubebuilder:validation:XValidation:rule="!has(self.ebgpMultihop) || self.ebgpMultihop == 0 || !has(self.ttlSecurityMin) || self.ttlSecurityMin == 0",message="ebgpMultihop and ttlSecurityMin (GTSM) are exclusive"
+// +kubebuilder:validation:XValidation:rule="!has(self.address) || !has(self.localAddress) || !isIP(self.address) || !isIP(self.localAddress) || ip(self.address).family() == ip(self.localAddress).family()",message="localAddress must be of the same family as address",fieldPath=".localAddress"
+// +kubebuilder:validation:XValidation:rule="!has(self.passwordFile) || !has(self.passwordSecretKey)",message="set only one of passwordFile and passwordSecretKey",fieldPath=".passwordFile"
+// +kubebuilder:validation:XValidation:rule="!has(self.ebgpMultihop) || self.ebgpMultihop == 0 || !has(self.ttlSecurityMin) || self.ttlSecurityMin == 0",message="ebgpMultihop and ttlSecurityMin (GTSM) are exclusive",fieldPath=".ttlSecurityMin"
+// +kubebuilder:validation:XValidation:rule="!has(self.families) || !has(self.address) || !isIP(self.address) || ip(self.address).family() == 6 || !self.families.exists(f, f == 'ipv6')",message="ipv6 over an IPv4 session needs an IPv6 next hop the session cannot carry; peer over IPv6 instead",fieldPath=".families"
 type Peer struct {
 	// Address of the neighbour (IPv6 or IPv4, no zone: for a link-local
 	// neighbour use interface).
@@ -141,6 +144,9 @@ type Peer struct {
 
 	// MaxPrefixes received per family before the session is shut down; 0
 	// means no limit.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967295
+	// +kubebuilder:validation:Format=int64
 	// +optional
 	MaxPrefixes uint32 `json:"maxPrefixes,omitempty"`
 
@@ -149,6 +155,7 @@ type Peer struct {
 	// over an IPv4 session.
 	// +kubebuilder:validation:MaxItems=2
 	// +kubebuilder:validation:items:Enum=ipv4;ipv6
+	// +kubebuilder:validation:items:MaxLength=4
 	// +optional
 	Families []string `json:"families,omitempty"`
 
@@ -163,17 +170,24 @@ type Peer struct {
 
 // Timers of a session, in seconds; 0 means the default.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.keepaliveTime) || self.keepaliveTime == 0 || self.keepaliveTime < (has(self.holdTime) && self.holdTime != 0 ? self.holdTime : 90)",message="keepaliveTime must be below the hold time (default 90)"
+// +kubebuilder:validation:XValidation:rule="!has(self.keepaliveTime) || self.keepaliveTime == 0 || self.keepaliveTime < (has(self.holdTime) && self.holdTime != 0 ? self.holdTime : 90)",message="keepaliveTime must be below the hold time (default 90)",fieldPath=".keepaliveTime"
 type Timers struct {
-	// HoldTime, default 90 (0 or >= 3).
+	// HoldTime, default 90 (0 or 3..65535).
+	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=65535
-	// +kubebuilder:validation:XValidation:rule="self == 0 || self >= 3",message="must be 0 (default 90) or at least 3"
+	// +kubebuilder:validation:XValidation:rule="self == 0 || self >= 3",message="must be 0 (default 90) or 3..65535"
 	// +optional
 	HoldTime uint32 `json:"holdTime,omitempty"`
-	// KeepaliveTime, default a third of the hold time.
+	// KeepaliveTime, default a third of the hold time; below the hold
+	// time.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=65535
 	// +optional
 	KeepaliveTime uint32 `json:"keepaliveTime,omitempty"`
 	// ConnectRetry, default 5.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967295
+	// +kubebuilder:validation:Format=int64
 	// +optional
 	ConnectRetry uint32 `json:"connectRetry,omitempty"`
 }
@@ -185,24 +199,40 @@ type GracefulRestart struct {
 	Disabled bool `json:"disabled,omitempty"`
 	// RestartTime the peer keeps our routes after the session drops,
 	// default 120 seconds.
+	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=4095
 	// +optional
 	RestartTime uint32 `json:"restartTime,omitempty"`
 	// DeferralTime we wait for peers' End-of-RIB after our own restart,
 	// default 60 seconds.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967295
+	// +kubebuilder:validation:Format=int64
 	// +optional
 	DeferralTime uint32 `json:"deferralTime,omitempty"`
 }
 
-// BFD (RFC 5880) settings.
+// BFD (RFC 5880) settings. The ranges apply while BFD is enabled (as
+// nodeconfig.Validate checks them).
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.enabled) || !self.enabled || !has(self.intervalMs) || self.intervalMs == 0 || (self.intervalMs >= 10 && self.intervalMs <= 60000)",message="must be 0 (default 300) or 10..60000 milliseconds",fieldPath=".intervalMs"
+// +kubebuilder:validation:XValidation:rule="!has(self.enabled) || !self.enabled || !has(self.multiplier) || self.multiplier <= 255",message="must be 0 (default 3) or 1..255",fieldPath=".multiplier"
 type BFD struct {
 	// Enabled turns BFD on.
 	// +optional
 	Enabled bool `json:"enabled,omitempty"`
-	// IntervalMs is the transmit and receive interval, default 300.
+	// IntervalMs is the transmit and receive interval, default 300
+	// (10..60000).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967295
+	// +kubebuilder:validation:Format=int64
 	// +optional
 	IntervalMs uint32 `json:"intervalMs,omitempty"`
-	// Multiplier of missed packets before the session is down, default 3.
+	// Multiplier of missed packets before the session is down, default 3
+	// (1..255).
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4294967295
+	// +kubebuilder:validation:Format=int64
 	// +optional
 	Multiplier uint32 `json:"multiplier,omitempty"`
 }
