@@ -8,7 +8,11 @@ CMDS    := flock flock-agent flockctl flock-installer flock-policy
 # --version of every binary (cmd/internal/buildinfo), stamped by the linker:
 # the same with -buildvcs=false or without .git (the go command's VCS stamp
 # is the fallback).
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# The release: the file VERSION is the one source of the binaries' version,
+# the image tag `make image` builds and the tag deploy/ installs
+# (deploy_test checks they agree).
+RELEASE := $(shell cat VERSION)
+VERSION ?= $(RELEASE)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 BUILDINFO := code.fritzlab.net/fritzlab/flock/cmd/internal/buildinfo
 LDFLAGS := -s -w -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COMMIT)
@@ -151,7 +155,7 @@ generate-check: generate third-party
 
 # The container image as a docker-archive tarball, built offline (no
 # registry, no Docker engine): `ctr -n k8s.io images import out/flock-image.tar`.
-IMAGE ?= docker.io/fritzlab/flock:dev
+IMAGE ?= docker.io/fritzlab/flock:$(RELEASE)
 image:
 	$(GO) run ./deploy/imagetar/mkimage -tag $(IMAGE) -out out/flock-image.tar
 

@@ -158,8 +158,12 @@ func applyPatches(t *testing.T, dir string, k *kustFile, objs []object) []object
 					if err := pointerAdd(o.obj, toks, op.Value); err != nil {
 						t.Fatalf("%s: patch on %s: add %s: %v", dir, o.id(), op.Path, err)
 					}
+				case "replace":
+					if err := pointerReplace(o.obj, toks, op.Value); err != nil {
+						t.Fatalf("%s: patch on %s: replace %s: %v", dir, o.id(), op.Path, err)
+					}
 				default:
-					t.Fatalf("%s: patch op %q: the renderer implements test and add", dir, op.Op)
+					t.Fatalf("%s: patch op %q: the renderer implements test, add and replace", dir, op.Op)
 				}
 			}
 			objs[i] = reencode(t, o)
@@ -233,6 +237,23 @@ func pointerGet(v any, toks []string) (any, bool) {
 		}
 	}
 	return v, true
+}
+
+// pointerReplace is RFC 6902's replace: the target must exist.
+func pointerReplace(root map[string]any, toks []string, val any) error {
+	if _, ok := pointerGet(root, toks); !ok {
+		return fmt.Errorf("no /%s", strings.Join(toks, "/"))
+	}
+	parent, _ := pointerGet(root, toks[:len(toks)-1])
+	last := toks[len(toks)-1]
+	switch p := parent.(type) {
+	case map[string]any:
+		p[last] = val
+	case []any:
+		i, _ := strconv.Atoi(last)
+		p[i] = val
+	}
+	return nil
 }
 
 // pointerAdd is RFC 6902's add: set a member, or insert into an array

@@ -181,6 +181,8 @@ func TestEveryDocumentParses(t *testing.T) {
 			strict[v1alpha1.NodeConfigTemplate](t, d)
 		case "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
 			checkAdmissionDoc(t, d) // nodeconfig_policy_test.go
+		case "Service", "PodMonitor":
+			// deploy/monitoring: packaging_test.go.
 		case "Kustomization", "Component", "CustomResourceDefinition":
 			// Checked by their own tests.
 		default:
@@ -214,7 +216,7 @@ func TestKustomization(t *testing.T) {
 		}
 		// Examples are not installed; optional components (kustomize
 		// kind Component) are checked by their own tests.
-		if d.IsDir() && (p == "examples" || p == "admin-network-policy" || p == policyComponent) {
+		if d.IsDir() && (p == "examples" || p == "admin-network-policy" || p == policyComponent || p == "monitoring") {
 			return filepath.SkipDir
 		}
 		if !d.IsDir() && strings.HasSuffix(p, ".yaml") && p != "kustomization.yaml" {

@@ -212,7 +212,7 @@ func crdRefused() []crdCase {
 		{"asn 0", nc("asn: 64512", "asn: 0"), "spec.asn", []string{"greater than or equal to 1"}},
 		{"asn 4294967295 (reserved)", nc("asn: 64512", "asn: 4294967295"), "spec.asn", []string{"less than or equal to 4294967294"}},
 		{"peer asn out of range", nc("asn: 64513", "asn: 4294967296"), "spec.bgp.peers[0].asn", nil},
-		{"routerID IPv6", nc("routerID: 192.0.2.10", `routerID: "fd00::1"`), "spec.routerID", []string{"IPv4"}},
+		{"routerID IPv6", nc("routerID: 192.0.2.10", `routerID: "fd00::1"`), "spec.routerID", []string{"ipv4"}},
 		{"routerID a number", nc("routerID: 192.0.2.10", "routerID: 10"), "spec.routerID", nil},
 		{"pool CIDR garbage", nc("cidr: 2001:db8:100:1::/64", "cidr: 2001:db8:100:1::/129"), "spec.pools[0].cidr", []string{"must be a CIDR"}},
 		{"pool CIDR with host bits", nc("cidr: 2001:db8:100:1::/64", "cidr: 2001:db8:100:1::1/64"), "spec.pools[0].cidr", []string{"no host bits"}},

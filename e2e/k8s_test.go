@@ -29,7 +29,6 @@ import (
 // host by a veth. The node is the host itself, as on a real cluster.
 
 const (
-	k8sImage   = "docker.io/fritzlab/flock:dev"
 	k8sNode    = "vm"
 	hostTorIf  = "flktor0"
 	busybox    = "docker.io/local/busybox:1.35"
@@ -38,6 +37,15 @@ const (
 	cniBinDir  = "/opt/cni/bin"
 	cniConfDir = "/etc/cni/net.d"
 )
+
+// k8sImage is the image deploy/ installs: its tag is the file VERSION.
+var k8sImage = func() string {
+	b, err := os.ReadFile("../VERSION")
+	if err != nil {
+		panic(err)
+	}
+	return "docker.io/fritzlab/flock:" + strings.TrimSpace(string(b))
+}()
 
 var (
 	k8sSummary6 = netip.MustParsePrefix("fd00:10:99::/64")
