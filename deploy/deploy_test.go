@@ -347,7 +347,7 @@ func TestDaemonSet(t *testing.T) {
 	checkImage(t, ic)
 	wantCmd := "/usr/local/bin/flock-installer --plugin /usr/local/bin/flock --cni-bin-dir /host/opt/cni/bin " +
 		"--cni-conf-dir /host/etc/cni/net.d --socket /run/flock/cni.sock --portmap --bandwidth " +
-		"--host-root /host --status-file /run/flock/installer.json --node-name=$(NODE_NAME)"
+		"--host-root /host --status-file /run/flock/installer.json --stage-dir /run/flock --node-name=$(NODE_NAME)"
 	if got := strings.Join(append(slices.Clone(ic.Command), ic.Args...), " "); got != wantCmd {
 		t.Errorf("install-cni runs %q, want %q", got, wantCmd)
 	}
@@ -375,11 +375,13 @@ func TestDaemonSet(t *testing.T) {
 	joined := " " + strings.Join(args, " ") + " "
 	for _, a := range []string{"--kubernetes", "--node-name=$(NODE_NAME)", "--cni-socket /run/flock/cni.sock",
 		"--admin-socket /run/flock/admin.sock", "--state-dir /var/lib/flock", "--metrics-address 127.0.0.1:9476",
-		"--installer-status /run/flock/installer.json"} { // where install-cni writes it
+		"--installer-status /run/flock/installer.json", // where install-cni writes it
+		"--cni-conf-dir /host/etc/cni/net.d"} {         // where it publishes the staged conflist
 		if !strings.Contains(joined, " "+a+" ") {
 			t.Errorf("agent args %v lack %q", args, a)
 		}
 	}
+	checkMount(c, "/host/etc/cni/net.d", "/etc/cni/net.d")
 	env := map[string]string{}
 	for _, e := range c.Env {
 		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {

@@ -343,6 +343,20 @@ func TestKubernetes(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(cniConfDir, "01-flock.conflist")); err != nil {
 		t.Fatalf("flock-installer did not write the conflist: %v", err)
 	}
+	// The installer staged the conflist and the agent published it once
+	// it served: the runtime never saw a conflist whose agent could not
+	// answer.
+	if rep := installerReport(t); !strings.Contains(rep, `"conflist": "staged"`) || !strings.Contains(rep, `"staged": "/run/flock/01-flock.conflist"`) {
+		t.Errorf("the installer did not stage the conflist: %s", rep)
+	}
+	if staged, err := os.ReadFile("/run/flock/01-flock.conflist"); err != nil {
+		t.Errorf("the staged conflist: %v", err)
+	} else if in, err := os.ReadFile(filepath.Join(cniConfDir, "01-flock.conflist")); err != nil || string(in) != string(staged) {
+		t.Errorf("the conflist in %s differs from the staged one (%v)", cniConfDir, err)
+	}
+	if logs := e.kubectl("-n", "flock-system", "logs", "ds/flock", "-c", "agent"); !strings.Contains(logs, "the CNI conflist is published") {
+		t.Errorf("the agent's log does not say it published the conflist:\n%s", tail(logs, 30))
+	}
 
 	t.Run("agent and BGP", func(t *testing.T) {
 		e.t = t

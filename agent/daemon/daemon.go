@@ -58,6 +58,10 @@ type Options struct {
 	// InstallerStatus is the CNI installer's report ("" reads none): a
 	// refusal there keeps the agent from being Ready.
 	InstallerStatus string
+	// CNIConfDir is where the runtime reads network configs: a conflist
+	// the installer staged (its report's Staged) is published there once
+	// the agent serves. "": never.
+	CNIConfDir string
 	// RestartGrace is how long the restart marker a planned stop leaves
 	// keeps the node Ready without an agent (0: none; at most
 	// wire.MaxRestartGrace).
@@ -226,6 +230,8 @@ type daemon struct {
 	components components
 	ready      atomic.Bool
 	installer  string                 // the CNI installer's refusal (set before anything runs)
+	staged     string                 // the conflist the installer staged for publishConflist
+	publishErr atomic.Pointer[string] // why publishConflist failed (read by readiness and status)
 	loaded     []byte                 // standalone: the node-config file as loaded
 	filePools  []v1alpha1.AddressPool // standalone: the file's AddressPools as last loaded (under mu once serving)
 
@@ -405,6 +411,9 @@ func (d *daemon) snapshot() status.Node {
 	d.mu.Lock()
 	n.ConfigError = joinProblems(d.cfgErr, d.kube.templateError())
 	n.Installer = d.installer
+	if e := d.publishErr.Load(); e != nil && n.Installer == "" {
+		n.Installer = *e
+	}
 	for r, c := range d.reaped {
 		n.Reaped[r] = c
 	}

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"strings"
 
+	"code.fritzlab.net/fritzlab/flock/cni/install/conffile"
 	"code.fritzlab.net/fritzlab/flock/cni/install/report"
 )
 
@@ -38,7 +39,27 @@ func (d *daemon) readInstaller(path string) string {
 		plugins = append(plugins, fmt.Sprintf("%s %s [%s]", p.Type, p.Path, strings.Join(p.Versions, ",")))
 	}
 	d.log.Info("CNI installer", "cniVersion", r.CNIVersion, "conflist", r.ConflistPath, "state", r.Conflist, "chained", plugins)
+	d.staged = r.Staged
 	return ""
+}
+
+// publishConflist puts the conflist the installer staged into the
+// runtime's conf dir, once this agent serves: the runtime then never calls
+// a plugin whose agent cannot answer (before that, no flock conflist: the
+// node's network is not ready and kubelet schedules no pod to it). A
+// failure keeps the agent not Ready, naming the file.
+func (d *daemon) publishConflist() {
+	if d.staged == "" || d.o.CNIConfDir == "" || d.installer != "" {
+		return
+	}
+	wrote, err := conffile.Publish(d.staged, d.o.CNIConfDir)
+	if err != nil {
+		d.log.Error("the CNI conflist: not published: not Ready", "err", err, "staged", d.staged, "conf-dir", d.o.CNIConfDir)
+		msg := err.Error()
+		d.publishErr.Store(&msg)
+		return
+	}
+	d.log.Info("the CNI conflist is published", "staged", d.staged, "conf-dir", d.o.CNIConfDir, "changed", wrote)
 }
 
 // readiness is /readyz's answer.
@@ -48,6 +69,9 @@ func (d *daemon) readiness() error {
 	}
 	if d.installer != "" {
 		return fmt.Errorf("cni installer: %s", d.installer)
+	}
+	if e := d.publishErr.Load(); e != nil {
+		return fmt.Errorf("cni conflist: %s", *e)
 	}
 	return nil
 }

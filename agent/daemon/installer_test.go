@@ -97,3 +97,49 @@ func TestInstallerRefusalIsNotReady(t *testing.T) {
 		t.Errorf("garbage report: problem %q, want it named", p)
 	}
 }
+
+// A staged conflist goes into the conf dir when the agent serves, not
+// before; one that cannot be published keeps the agent not Ready, naming
+// it; an installer refusal publishes nothing.
+func TestPublishConflist(t *testing.T) {
+	stage, conf := t.TempDir(), filepath.Join(t.TempDir(), "net.d")
+	staged := filepath.Join(stage, "01-flock.conflist")
+	if err := os.WriteFile(staged, []byte(`{"cniVersion":"1.1.0"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "installer.json")
+	if err := report.Write(path, report.Report{CNIVersion: "1.1.0", Conflist: report.ConflistStaged, Staged: staged, ConflistPath: "/etc/cni/net.d/01-flock.conflist"}); err != nil {
+		t.Fatal(err)
+	}
+	d := runDaemon(t)
+	d.o.CNIConfDir = conf
+	d.installer = d.readInstaller(path)
+	if _, err := os.Stat(filepath.Join(conf, "01-flock.conflist")); err == nil {
+		t.Fatal("published before the agent serves")
+	}
+	d.publishConflist()
+	d.ready.Store(true)
+	if b, err := os.ReadFile(filepath.Join(conf, "01-flock.conflist")); err != nil || string(b) != `{"cniVersion":"1.1.0"}` {
+		t.Fatalf("published %q, %v", b, err)
+	}
+	if err := d.readiness(); err != nil {
+		t.Errorf("readiness after publishing: %v", err)
+	}
+
+	// The staged file gone (a wiped /run): not Ready, the error names it.
+	d2 := runDaemon(t)
+	d2.o.CNIConfDir, d2.staged = filepath.Join(t.TempDir(), "net.d"), filepath.Join(stage, "missing.conflist")
+	d2.publishConflist()
+	d2.ready.Store(true)
+	if err := d2.readiness(); err == nil || !strings.Contains(err.Error(), "missing.conflist") {
+		t.Errorf("readiness with nothing to publish: %v, want an error naming the staged file", err)
+	}
+
+	// A refusal: nothing is published.
+	d3 := runDaemon(t)
+	d3.o.CNIConfDir, d3.staged, d3.installer = filepath.Join(t.TempDir(), "net.d"), staged, "refused"
+	d3.publishConflist()
+	if _, err := os.Stat(filepath.Join(d3.o.CNIConfDir, "01-flock.conflist")); err == nil {
+		t.Error("published despite the installer's refusal")
+	}
+}

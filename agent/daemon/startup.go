@@ -89,6 +89,7 @@ func (s *daemonStartup) originate(ctx context.Context) {
 func (s *daemonStartup) peer() { s.d.reapplyPeers() }
 
 func (s *daemonStartup) serve() {
+	s.d.publishConflist() // before Ready: a failure keeps it not Ready
 	s.d.ready.Store(true)
 	s.d.clearRestart() // this agent answers STATUS now
 	s.d.statusChanged()

@@ -66,6 +66,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (c config, code int, ex
 	fs.DurationVar(&o.LeakGCGrace, "leak-gc-grace", 2*time.Minute, "Kubernetes mode: how long an allocation of a deleted pod waits for kubelet's DEL before it is released")
 	fs.DurationVar(&o.Repair, "repair-interval", 30*time.Second, "period of the full repair: the route reconcilers re-read the speaker and the kernel, and allocations whose network namespace vanished are reaped")
 	fs.StringVar(&o.InstallerStatus, "installer-status", "", "the CNI installer's report (flock-installer --status-file), read at start: a refusal there keeps the agent not Ready; a missing file is no problem (standalone mode) (default "+report.FileName+" next to --cni-socket)")
+	fs.StringVar(&o.CNIConfDir, "cni-conf-dir", "", "publish the conflist the installer staged (its report's staged file, installer --stage-dir) into this directory once the agent serves; empty: never")
 	fs.DurationVar(&o.RestartGrace, "restart-grace", 30*time.Second, "how long a planned stop (SIGTERM) keeps the node Ready without an agent: the CNI plugin's STATUS succeeds while the restart marker next to --cni-socket is fresh; 0 leaves none")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.testHook, "test-hook", "", testingOnly+": 'pause-before-commit' blocks every ADD after the dataplane is programmed, before the commit")

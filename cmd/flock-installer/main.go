@@ -107,6 +107,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (c config, code int, ex
 	fs.StringVar(&o.CNIVersion, "cni-version", "", "cniVersion of the conflist (default: the highest that flock and every chained plugin answer to VERSION); one they do not all support is refused")
 	fs.StringVar(&o.HostRoot, "host-root", "", "where the host's / is mounted (--cni-bin-dir under it): chained plugins are asked VERSION chrooted there, as the runtime runs them; empty runs them in place")
 	fs.StringVar(&c.statusFile, "status-file", report.DefaultPath, "where the outcome goes for the agent (JSON); empty writes none")
+	fs.StringVar(&o.StageDir, "stage-dir", "", "write the conflist here instead of --cni-conf-dir: the agent (its --cni-conf-dir) publishes it once it serves, so the runtime never calls a plugin whose agent cannot answer; empty writes it in place")
 	fs.StringVar(&o.Runtime, "runtime", "", "the node's container runtime as NAME://VERSION (its libcni bounds the cniVersion: containerd 1.x runs up to 1.0.0); default: the node's status.nodeInfo.containerRuntimeVersion, read from the API with --node-name")
 	fs.StringVar(&c.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node, whose container runtime is read from the API (in-cluster); empty: none")
 	version := fs.Bool("version", false, "print the version and exit")

@@ -12,7 +12,6 @@
 package install
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,16 +22,15 @@ import (
 	"slices"
 	"time"
 
+	"code.fritzlab.net/fritzlab/flock/cni/install/conffile"
 	"code.fritzlab.net/fritzlab/flock/cni/install/report"
 )
 
-// ConfName is lexically first so runtimes pick it over other CNIs' files.
-const ConfName = "01-flock.conflist"
-
-// TempDir is the conf dir's subdirectory the conflist is written in before
-// it is renamed into place: runtimes watch the conf dir (not recursively)
-// and try to load whatever appears there, a half-written temp file too.
-const TempDir = ".flock-install"
+// ConfName and TempDir: see package conffile.
+const (
+	ConfName = conffile.ConfName
+	TempDir  = conffile.TempDir
+)
 
 // Options for Install.
 type Options struct {
@@ -54,6 +52,10 @@ type Options struct {
 	// its libcni bounds the conflist's version like a chained plugin
 	// (RuntimeVersions). "": not known, no bound.
 	Runtime string
+	// StageDir, if set, receives the conflist instead of CNIConfDir: the
+	// agent publishes it there once it serves (conffile.Publish). A
+	// refusal still acts on the conflist in CNIConfDir at once.
+	StageDir string
 }
 
 // Versions the plugin supports, oldest first.
@@ -132,7 +134,7 @@ func Install(ctx context.Context, o Options) (Result, error) {
 	// The binary goes in either way: a conflist kept after a refusal runs
 	// it too, and it should match the agent.
 	dst := filepath.Join(o.CNIBinDir, "flock")
-	ok, err := writeAtomic(dst, o.CNIBinDir, bin, 0o755)
+	ok, err := conffile.Write(dst, o.CNIBinDir, bin, 0o755)
 	if err != nil {
 		return fail(err)
 	}
@@ -153,9 +155,21 @@ func Install(ctx context.Context, o Options) (Result, error) {
 	if err != nil {
 		return fail(err)
 	}
-	ok, err = writeAtomic(cdst, filepath.Join(o.CNIConfDir, TempDir), conf, 0o644)
+	if o.StageDir != "" {
+		staged := filepath.Join(o.StageDir, ConfName)
+		ok, err = conffile.Write(staged, o.StageDir, conf, 0o644)
+		if err != nil {
+			return fail(err)
+		}
+		res.Report.Conflist, res.Report.Staged = report.ConflistStaged, staged
+		if ok {
+			res.Changed = append(res.Changed, staged)
+		}
+		return res, nil
+	}
+	ok, err = conffile.Write(cdst, filepath.Join(o.CNIConfDir, TempDir), conf, 0o644)
 	if err == nil && ok {
-		err = nudge(cdst)
+		err = conffile.Nudge(cdst)
 	}
 	if err != nil {
 		return fail(err)
@@ -211,91 +225,5 @@ func (o Options) settle(ctx context.Context, path string, probed map[string]repo
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return "", "", fmt.Errorf("installer: remove %s, which the chain cannot run: %w", path, err)
 	}
-	return report.ConflistRemoved, "", syncDir(filepath.Dir(path))
-}
-
-// writeAtomic puts data at dst unless it is there already: a temp file in
-// tmpDir (on dst's filesystem), fsync, rename, fsync of dst's directory.
-// It reports whether it wrote.
-func writeAtomic(dst, tmpDir string, data []byte, mode os.FileMode) (bool, error) {
-	if old, err := os.ReadFile(dst); err == nil && bytes.Equal(old, data) {
-		return false, nil
-	}
-	dir := filepath.Dir(dst)
-	for _, d := range []string{dir, tmpDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return false, fmt.Errorf("installer: %w", err)
-		}
-	}
-	pattern := "." + filepath.Base(dst) + ".*.tmp"
-	// Left by an installer that died mid-write: only one runs per node.
-	if stale, err := filepath.Glob(filepath.Join(tmpDir, pattern)); err == nil {
-		for _, s := range stale {
-			_ = os.Remove(s)
-		}
-	}
-	tmp, err := os.CreateTemp(tmpDir, pattern)
-	if err != nil {
-		return false, fmt.Errorf("installer: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	_, err = tmp.Write(data)
-	if err == nil {
-		err = tmp.Chmod(mode)
-	}
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return false, fmt.Errorf("installer: write %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), dst); err != nil {
-		return false, fmt.Errorf("installer: install %s: %w", dst, err)
-	}
-	return true, syncDir(dir)
-}
-
-// nudge makes the runtime load the conflist that was just renamed into
-// place. A rename into the watched dir reaches the watcher as a Create,
-// and containerd's conf syncer (1.7 and 2.x) reloads only on Write,
-// Rename or Remove, ignoring Create and Chmod: the conflist would wait for
-// the next unrelated change. Writing the file's first byte over itself
-// raises a Write without ever changing what a reader sees.
-func nudge(path string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
-	if err != nil {
-		return fmt.Errorf("installer: %w", err)
-	}
-	first := make([]byte, 1)
-	r, err := os.Open(path)
-	if err == nil {
-		_, err = r.ReadAt(first, 0)
-		r.Close()
-	}
-	if err == nil {
-		_, err = f.WriteAt(first, 0)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("installer: make the runtime load %s: %w", path, err)
-	}
-	return nil
-}
-
-// syncDir makes a rename or remove in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("installer: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("installer: fsync %s: %w", dir, err)
-	}
-	return nil
+	return report.ConflistRemoved, "", conffile.SyncDir(filepath.Dir(path))
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"code.fritzlab.net/fritzlab/flock/cni/install/conffile"
 	"code.fritzlab.net/fritzlab/flock/cni/install/report"
 	"code.fritzlab.net/fritzlab/flock/cni/plugin"
 )
@@ -163,5 +164,43 @@ func TestConflistVersion(t *testing.T) {
 	}
 	if _, err := Conflist(Options{Socket: "/s", CNIVersion: "2.0"}); err == nil || !strings.Contains(err.Error(), `"2.0"`) {
 		t.Errorf("2.0: %v", err)
+	}
+}
+
+// With a stage dir the conflist waits there for the agent: the conf dir
+// the runtime watches gets nothing, the report says where it is staged,
+// and publishing it gives exactly what an in-place install writes.
+func TestInstallStaged(t *testing.T) {
+	o := node(t)
+	o.StageDir = filepath.Join(t.TempDir(), "run-flock")
+	res, err := Install(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	staged := filepath.Join(o.StageDir, ConfName)
+	if res.Report.Conflist != report.ConflistStaged || res.Report.Staged != staged || res.Report.Error != "" {
+		t.Fatalf("staged install: %+v", res.Report)
+	}
+	if got := names(t, o.CNIConfDir); len(got) != 0 {
+		t.Fatalf("the runtime's conf dir holds %v before the agent serves", got)
+	}
+	if _, err := conffile.Publish(res.Report.Staged, o.CNIConfDir); err != nil {
+		t.Fatal(err)
+	}
+	published, err := os.ReadFile(filepath.Join(o.CNIConfDir, ConfName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inPlace := o
+	inPlace.StageDir, inPlace.CNIConfDir = "", filepath.Join(t.TempDir(), "net.d")
+	if _, err := Install(context.Background(), inPlace); err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile(filepath.Join(inPlace.CNIConfDir, ConfName))
+	if err != nil || string(published) != string(want) {
+		t.Errorf("published %s, in place %s (%v)", published, want, err)
+	}
+	if res, err := Install(context.Background(), o); err != nil || len(res.Changed) != 0 {
+		t.Errorf("second staged install changed %v (%v)", res.Changed, err)
 	}
 }

@@ -27,6 +27,7 @@ const (
 	ConflistUnchanged = "unchanged" // the one in place was already right
 	ConflistKept      = "kept"      // refused, but the one in place runs with the chain
 	ConflistRemoved   = "removed"   // refused, and the one in place did not run with the chain
+	ConflistStaged    = "staged"    // written to Staged: the agent publishes it once it serves
 	ConflistNone      = "none"      // refused, and there was none
 )
 
@@ -46,6 +47,10 @@ type Report struct {
 	// happened to the network config.
 	ConflistPath string `json:"conflistPath,omitempty"`
 	Conflist     string `json:"conflist,omitempty"`
+	// Staged is where the conflist waits for the agent (installer
+	// --stage-dir): the agent copies it to ConflistPath once it serves, so
+	// the runtime never calls a plugin whose agent cannot answer.
+	Staged string `json:"staged,omitempty"`
 	// Error is why the install was refused or failed ("" on success).
 	Error string `json:"error,omitempty"`
 }
