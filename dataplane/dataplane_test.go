@@ -8,12 +8,15 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // inNewNetns runs f on a locked thread inside a fresh network namespace
@@ -250,6 +253,66 @@ func TestWatchLinks(t *testing.T) {
 			if name != "flocka1b2c3d4" {
 				t.Errorf("gone(%q): want reports of the flock veth only (all: %v)", name, reported)
 			}
+		}
+	})
+}
+
+// The link watch's socket filter lets RTM_DELLINK through and nothing
+// else: creating a link, taking it up and down reaches the watch as the
+// one deletion.
+func TestDelLinkFilter(t *testing.T) {
+	inNewNetns(t, func(string) {
+		fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, delLinkFilter()); err != nil {
+			t.Fatalf("attaching the filter: %v", err)
+		}
+		if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1 << (unix.RTNLGRP_LINK - 1)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Usec: 200000}); err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "flocka1b2c3d4"}, PeerName: "peer0"}); err != nil {
+			t.Fatal(err)
+		}
+		l, err := netlink.LinkByName("flocka1b2c3d4")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range []func(netlink.Link) error{netlink.LinkSetUp, netlink.LinkSetDown, netlink.LinkDel} {
+			if err := op(l); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var deleted []string
+		buf := make([]byte, 64<<10)
+		for {
+			n, _, err := unix.Recvfrom(fd, buf, 0)
+			if errors.Is(err, unix.EAGAIN) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range msgs {
+				if msgs[i].Header.Type != unix.RTM_DELLINK {
+					t.Errorf("message of type %d passed the filter", msgs[i].Header.Type)
+					continue
+				}
+				deleted = append(deleted, deletedLinkName(&msgs[i]))
+			}
+		}
+		// Both ends of the veth go; the flock end must be among them.
+		if !slices.Contains(deleted, "flocka1b2c3d4") {
+			t.Errorf("deletions seen: %v, want flocka1b2c3d4 among them", deleted)
 		}
 	})
 }

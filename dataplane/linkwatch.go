@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -53,6 +54,13 @@ func watchDeletedLinks(ctx context.Context, renewed bool, gone func(string)) err
 	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20) != nil {
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
 	}
+	// Only RTM_DELLINK is read: the kernel drops every other notification
+	// before it is queued. Each ADD causes three RTM_NEWLINKs (created,
+	// up, carrier) and each DEL one (down), and every one woke the agent
+	// to read and discard it, beside the ADDs and DELs it was serving.
+	// Without the filter (an old kernel refusing it) they are read and
+	// skipped as before.
+	_ = unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, delLinkFilter())
 	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: 1 << (unix.RTNLGRP_LINK - 1)}); err != nil {
 		return fmt.Errorf("link watch: subscribe: %w", err)
 	}
@@ -86,6 +94,24 @@ func watchDeletedLinks(ctx context.Context, renewed bool, gone func(string)) err
 			}
 		}
 	}
+}
+
+// delLinkFilter is a socket filter that passes a netlink notification
+// only if its (first) message is an RTM_DELLINK: the kernel sends one
+// message per link notification. Classic BPF loads a half-word in network
+// byte order; nlmsg_type is in the host's.
+func delLinkFilter() *unix.SockFprog {
+	var b [2]byte
+	binary.NativeEndian.PutUint16(b[:], unix.RTM_DELLINK)
+	want := uint32(binary.BigEndian.Uint16(b[:]))
+	const typeOffset = 4 // nlmsghdr: len (4 bytes), then type
+	prog := []unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_H | unix.BPF_ABS, K: typeOffset},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 1, K: want},
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0xffffffff}, // the whole message
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0},          // dropped
+	}
+	return &unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
 }
 
 // deletedLinkName is the IFLA_IFNAME of an RTM_DELLINK message.

@@ -376,3 +376,46 @@ func TestCloseWaitsForBackgroundWork(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A directory sync runs on its caller's goroutine when none is running,
+// and Close waits for it like for the store's own goroutines: after
+// Close nothing syncs the directory any more.
+func TestCloseWaitsForDirectorySync(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustLoad(t, s)
+	started, release := make(chan struct{}), make(chan struct{})
+	var syncing atomic.Bool
+	real := s.dirSync.sync
+	s.dirSync.sync = func() error {
+		syncing.Store(true)
+		defer syncing.Store(false)
+		close(started)
+		<-release
+		return real()
+	}
+	put := make(chan error, 1)
+	go func() { put <- s.Put(sample("a", Committed)) }()
+	<-started
+	closed := make(chan struct{})
+	go func() {
+		s.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		t.Fatal("Close returned while a directory sync was running")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	<-closed
+	if syncing.Load() {
+		t.Error("a directory sync still running after Close")
+	}
+	if err := <-put; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -119,8 +119,9 @@ type Store struct {
 	filling   bool     // new spares are being made
 
 	// life tracks every goroutine the store starts (background fsyncs,
-	// spare fills, the directory's group sync), so Close can wait for them:
-	// none may touch the directory after it.
+	// spare fills) and the directory's group syncs (run on their callers'
+	// goroutines), so Close can wait for them: none may touch the
+	// directory after it.
 	life lifecycle
 
 	// fillHook, if set, runs before each spare a fill makes. Tests only.
@@ -141,7 +142,7 @@ func Open(dir string) (*Store, error) {
 	}
 	s := &Store{dir: dir, allocDir: filepath.Join(dir, allocDirName), syncSlots: make(chan struct{}, syncers)}
 	s.dirSync.sync = func() error { return syncDir(s.allocDir) }
-	s.dirSync.start = s.life.goOrRun
+	s.dirSync.run = s.life.run
 	if err := s.ensureDir(); err != nil {
 		return nil, err
 	}

@@ -42,52 +42,67 @@ func (s *Store) Close() error {
 
 // groupSync shares fsyncs among concurrent callers: a caller's changes are
 // durable after the first sync that starts after it asked, so everyone who
-// asks while one runs shares the next.
+// asks while one runs shares the next. A caller that finds no sync running
+// runs one itself, on its own goroutine (an ADD on an idle node waits for
+// no other goroutine to be started and scheduled); one of those that asked
+// meanwhile is handed the next, which covers them all.
 type groupSync struct {
-	sync    func() error
-	start   func(func()) // runs the syncer (the store tracks it)
+	sync func() error
+	// run runs a sync on the caller's goroutine (the store counts it, so
+	// Close waits for it); nil: just run it.
+	run     func(func())
 	mu      sync.Mutex
 	next    *syncBatch // callers waiting for a sync not yet started
-	running bool
+	running bool       // a sync is running; the next batch waits for it
 }
 
 type syncBatch struct {
 	done chan struct{}
+	lead chan struct{} // one of the batch's callers runs its sync (cap 1)
 	err  error
 }
 
 // Sync returns once a sync that started after the call has finished.
 func (g *groupSync) Sync() error {
 	g.mu.Lock()
+	if !g.running {
+		// g.next is nil: a batch is only left waiting while a sync runs.
+		g.running = true
+		g.mu.Unlock()
+		b := &syncBatch{done: make(chan struct{})}
+		g.syncBatch(b)
+		return b.err
+	}
 	if g.next == nil {
-		g.next = &syncBatch{done: make(chan struct{})}
+		g.next = &syncBatch{done: make(chan struct{}), lead: make(chan struct{}, 1)}
 	}
 	b := g.next
-	start := !g.running
-	g.running = true
 	g.mu.Unlock()
-	if start && g.start != nil {
-		g.start(g.run)
-	} else if start {
-		go g.run()
+	select {
+	case <-b.done:
+	case <-b.lead:
+		g.syncBatch(b)
 	}
-	<-b.done
 	return b.err
 }
 
-func (g *groupSync) run() {
-	for {
-		g.mu.Lock()
-		b := g.next
-		g.next = nil
-		if b == nil {
-			g.running = false
-			g.mu.Unlock()
-			return
-		}
-		g.mu.Unlock()
+// syncBatch syncs for batch b, whose callers' changes all came before,
+// then hands the batch that gathered meanwhile, if any, to one of its
+// callers.
+func (g *groupSync) syncBatch(b *syncBatch) {
+	if g.run != nil {
+		g.run(func() { b.err = g.sync() })
+	} else {
 		b.err = g.sync()
-		close(b.done)
+	}
+	g.mu.Lock()
+	next := g.next
+	g.next = nil // later callers gather in a new batch
+	g.running = next != nil
+	g.mu.Unlock()
+	close(b.done)
+	if next != nil {
+		next.lead <- struct{}{}
 	}
 }
 
@@ -125,6 +140,22 @@ func (l *lifecycle) goIfOpen(f func()) bool {
 		f()
 	}()
 	return true
+}
+
+// run runs f on the caller's goroutine, counted like the goroutines
+// started (close waits for it), or uncounted once closed: work a caller
+// waits for, like an fsync, still happens.
+func (l *lifecycle) run(f func()) {
+	l.mu.Lock()
+	counted := !l.closed
+	if counted {
+		l.wg.Add(1)
+	}
+	l.mu.Unlock()
+	if counted {
+		defer l.wg.Done()
+	}
+	f()
 }
 
 // goOrRun starts f on a goroutine, or runs it on the caller's once closed

@@ -8,7 +8,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"runtime"
 
 	"code.fritzlab.net/fritzlab/flock/cmd/internal/buildinfo"
 	"code.fritzlab.net/fritzlab/flock/cni/plugin"
@@ -19,9 +18,9 @@ func main() {
 		fmt.Println(buildinfo.Line("flock"))
 		return
 	}
-	// One request, one goroutine's work: more Ps only start threads that
-	// spin looking for work, which a node starting many pods at once pays
-	// for in every plugin process.
-	runtime.GOMAXPROCS(1)
+	// GOMAXPROCS stays the runtime's: setting it here stops the world
+	// for nothing in a process that lives a few milliseconds (0.1 ms of
+	// CPU and 0.15 ms of every ADD, measured; the threads it was to keep
+	// from spinning cost nothing that showed, 8 ADDs at a time).
 	plugin.Main()
 }
