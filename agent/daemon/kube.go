@@ -450,6 +450,7 @@ func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 	t := time.NewTicker(30 * time.Second)
 	defer t.Stop()
 	var last *v1alpha1.NodeConfigStatus
+	var lastErr string // the last write's error, logged at Warn once per distinct text
 	for {
 		select {
 		case <-ctx.Done():
@@ -463,8 +464,17 @@ func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 		if last == nil || !sameStatus(*last, st) {
 			c, cancel := context.WithTimeout(ctx, 10*time.Second)
 			if err := k.nc.UpdateStatus(c, st); err != nil {
-				d.log.Debug("NodeConfig status", "err", err)
+				if err.Error() != lastErr && ctx.Err() == nil {
+					d.log.Warn("NodeConfig status not written; retrying", "err", err)
+				} else {
+					d.log.Debug("NodeConfig status", "err", err)
+				}
+				lastErr = err.Error()
 			} else {
+				if lastErr != "" {
+					d.log.Info("NodeConfig status written again")
+					lastErr = ""
+				}
 				last = &st
 			}
 			cancel()
