@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
-	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 )
 
@@ -64,30 +63,10 @@ func TestCRDValidation(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	c, err := k8slab.Up(ctx, k8slab.Options{Dir: filepath.Join(t.TempDir(), "k8s"), APIOnly: true, Log: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Down(); err != nil {
-			t.Errorf("k8slab down: %v", err)
-		}
-	})
-	// kubectl, tried again for up to 30 s: a just-created CRD takes a
-	// moment to be served.
+	c := apiOnlyLab(t)
 	kubectl := func(stdin string, args ...string) string {
 		t.Helper()
-		var out string
-		var err error
-		for range 30 {
-			out, err = c.KubectlStdin(ctx, stdin, args...)
-			if err == nil {
-				return out
-			}
-			time.Sleep(time.Second)
-		}
-		t.Fatalf("kubectl %v: %v\n%s", args, err, out)
-		return ""
+		return kubectlRetry(t, c, stdin, args...)
 	}
 	kubectl("", "apply", "-f", filepath.Join(root, "deploy", "crd"))
 	kubectl("", "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")

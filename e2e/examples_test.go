@@ -32,33 +32,10 @@ func TestShippedExamples(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	c, err := k8slab.Up(ctx, k8slab.Options{Dir: filepath.Join(t.TempDir(), "k8s"), APIOnly: true, Log: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Down(); err != nil {
-			t.Errorf("k8slab down: %v", err)
-		}
-	})
+	c := apiOnlyLab(t)
 	kubectl := func(stdin string, args ...string) string {
 		t.Helper()
-		var out string
-		var err error
-		// A just-created CRD takes a moment to be served.
-		for range 30 {
-			if stdin == "" {
-				out, err = c.Kubectl(ctx, args...)
-			} else {
-				out, err = c.KubectlStdin(ctx, stdin, args...)
-			}
-			if err == nil {
-				return out
-			}
-			time.Sleep(time.Second)
-		}
-		t.Fatalf("kubectl %v: %v\n%s", args, err, out)
-		return ""
+		return kubectlRetry(t, c, stdin, args...)
 	}
 	deploy := func(p string) string { return filepath.Join(root, "deploy", p) }
 	kubectl("", "apply", "-f", deploy("namespace.yaml"))

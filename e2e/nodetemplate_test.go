@@ -57,15 +57,7 @@ func TestNodeConfigTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	c, err := k8slab.Up(ctx, k8slab.Options{Dir: filepath.Join(t.TempDir(), "k8s"), APIOnly: true, Log: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Down(); err != nil {
-			t.Errorf("k8slab down: %v", err)
-		}
-	})
+	c := apiOnlyLab(t)
 	k := nctAPI{t: t, c: c}
 	deploy := func(p string) string { return filepath.Join(root, "deploy", p) }
 	k.kubectl("", "apply", "-f", deploy("namespace.yaml"))
@@ -376,26 +368,10 @@ type nctAPI struct {
 	c *k8slab.Cluster
 }
 
-// kubectl runs kubectl (stdin, if any, fed to it), trying again for up to
-// 30 s: a just-created CRD takes a moment to be served.
+// kubectl: see kubectlRetry.
 func (k nctAPI) kubectl(stdin string, args ...string) string {
 	k.t.Helper()
-	ctx := context.Background()
-	var out string
-	var err error
-	for range 30 {
-		if stdin == "" {
-			out, err = k.c.Kubectl(ctx, args...)
-		} else {
-			out, err = k.c.KubectlStdin(ctx, stdin, args...)
-		}
-		if err == nil {
-			return out
-		}
-		time.Sleep(time.Second)
-	}
-	k.t.Fatalf("kubectl %v: %v\n%s", args, err, out)
-	return ""
+	return kubectlRetry(k.t, k.c, stdin, args...)
 }
 
 // nctNodeConfig is what the test reads of a NodeConfig.
