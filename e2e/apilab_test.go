@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
+	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 )
 
 // apiOnlyLab starts the lab's etcd and kube-apiserver alone (no node, no
@@ -46,4 +47,16 @@ func kubectlRetry(t *testing.T, c *k8slab.Cluster, stdin string, args ...string)
 	}
 	t.Fatalf("kubectl %v: %v\n%s", args, err, out)
 	return ""
+}
+
+// apiProxy lets processes in ns reach the lab's loopback-only API server
+// under the same address (so the kubeconfig and its certificate still
+// match) until t ends. It may run inside lab.LabOptions.Setup.
+func apiProxy(t *testing.T, ns *lab.NS) error {
+	stop, err := ns.Proxy(net127(k8slab.APIServerPort), net127(k8slab.APIServerPort))
+	if err != nil {
+		return err
+	}
+	t.Cleanup(stop)
+	return nil
 }

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
@@ -156,11 +155,9 @@ metadata: {name: edge, labels: {tier: edge}}
 			}
 			torName[kind] = torNS.Name
 
-			stop, err := nodeNS.Proxy(net127(k8slab.APIServerPort), net127(k8slab.APIServerPort))
-			if err != nil {
+			if err := apiProxy(t, nodeNS); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(stop)
 			dir := t.TempDir()
 			a, err := lab.NewAgent(nodeNS, filepath.Join(dir, "agent"), "")
 			if err != nil {

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
@@ -116,11 +115,7 @@ spec:
 		nodes = append(nodes, fmt.Sprintf("apiVersion: v1\nkind: Node\nmetadata: {name: node%d}\n", i))
 	}
 	e.apply(strings.Join(nodes, "---\n"))
-	var stops []func()
 	t.Cleanup(func() {
-		for _, s := range stops {
-			s()
-		}
 		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		_, _ = e.c.Kubectl(dctx, "delete", "pods", "-l", "flock-test=two-nodes", "--force", "--grace-period=0", "--wait=false")
@@ -136,12 +131,7 @@ spec:
 			if out, err := e.c.KubectlStdin(ctx, nc, "apply", "-f", "-"); err != nil {
 				return fmt.Errorf("NodeConfig %s: %v: %s", n.Name, err, out)
 			}
-			stop, err := n.NS.Proxy(net127(k8slab.APIServerPort), net127(k8slab.APIServerPort))
-			if err != nil {
-				return err
-			}
-			stops = append(stops, stop)
-			return nil
+			return apiProxy(t, n.NS)
 		}})
 	if err != nil {
 		t.Fatal(err)

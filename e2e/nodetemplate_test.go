@@ -70,12 +70,6 @@ func TestNodeConfigTemplate(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var stops []func()
-	t.Cleanup(func() {
-		for _, s := range stops {
-			s()
-		}
-	})
 	l, err := lab.NewBGPLab(lab.LabOptions{Prefix: randName("fn") + "-", Dir: t.TempDir(), BinDir: binDir, Nodes: 3,
 		Kubeconfig: kubeconfig, AgentArgs: []string{"--metrics-address=", "--leak-gc-grace=5s"},
 		// node3 is the bad input: its agent is started below.
@@ -102,12 +96,7 @@ spec:
 			if out, err := c.Kubectl(ctx, "patch", "node", n.Name, "--subresource=status", "--type=merge", "-p", addrs); err != nil {
 				return fmt.Errorf("Node %s status: %v: %s", n.Name, err, out)
 			}
-			stop, err := n.NS.Proxy(net127(k8slab.APIServerPort), net127(k8slab.APIServerPort))
-			if err != nil {
-				return err
-			}
-			stops = append(stops, stop)
-			return nil
+			return apiProxy(t, n.NS)
 		}})
 	if err != nil {
 		t.Fatal(err)
