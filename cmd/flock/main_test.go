@@ -82,3 +82,23 @@ func TestVersion(t *testing.T) {
 		}
 	}
 }
+
+// The plugin is exec'd once per pod: what it links is start-up time on
+// every ADD (jsonlite's package comment has the figures). These stay out.
+func TestLinksNoHeavyPackages(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command")
+	}
+	out, err := exec.Command(goBin, "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		for _, heavy := range []string{"encoding/json", "net", "log/slog", "regexp", "github.com/containernetworking/cni/", "code.fritzlab.net/fritzlab/flock/cni/wire"} {
+			if dep == heavy || strings.HasSuffix(heavy, "/") && strings.HasPrefix(dep, heavy) || strings.HasPrefix(dep, heavy+"/") {
+				t.Errorf("the plugin links %s", dep)
+			}
+		}
+	}
+}

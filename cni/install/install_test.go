@@ -152,7 +152,7 @@ func TestInstallErrors(t *testing.T) {
 
 // flock's own list is the plugin's.
 func TestVersionsAreThePlugins(t *testing.T) {
-	if got := plugin.Supported.SupportedVersions(); !slices.Equal(got, Versions) {
+	if got := plugin.SupportedVersions; !slices.Equal(got, Versions) {
 		t.Errorf("install.Versions %v, the plugin supports %v", Versions, got)
 	}
 }

@@ -1,9 +1,6 @@
 package plugin
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -11,30 +8,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
 )
 
-func argsFor(sock string) *skel.CmdArgs {
-	return &skel.CmdArgs{ContainerID: "c1", Netns: "/ns", IfName: "eth0",
-		StdinData: []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"n","type":"flock","socket":%q}`, sock))}
-}
-
-// cniError asserts err is a CNI error with code and a message holding want.
-func cniError(t *testing.T, what string, err error, code uint, want string) {
-	t.Helper()
-	var te *types.Error
-	if !errors.As(err, &te) || te.Code != code || !strings.Contains(te.Msg, want) {
-		t.Errorf("%s: %v, want code %d with %q", what, err, code, want)
-	}
-}
-
 func mark(t *testing.T, sock string, until time.Duration) {
 	t.Helper()
 	if err := wire.WriteRestart(sock, wire.Restart{Until: time.Now().Add(until)}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func wantCode(t *testing.T, what string, o outcome, code uint, says string) {
+	t.Helper()
+	e := cniErr(t, what, o)
+	if e.Code != code || !strings.Contains(e.Msg, says) {
+		t.Errorf("%s: %+v, want code %d with %q", what, e, code, says)
 	}
 }
 
@@ -58,15 +48,15 @@ func TestNoAgentWithAndWithoutRestartMarker(t *testing.T) {
 			if tc.marker != 0 {
 				mark(t, sock, tc.marker)
 			}
-			err := Status(argsFor(sock))
-			if tc.statusOK && err != nil {
-				t.Errorf("STATUS: %v, want success", err)
+			o := invoke(cniEnv("STATUS"), confFor(sock, "1.1.0"))
+			if tc.statusOK && o.exit != 0 {
+				t.Errorf("STATUS: %+v, want success", o)
 			}
 			if !tc.statusOK {
-				cniError(t, "STATUS", err, types.ErrPluginNotAvailable, "the flock agent is not running")
+				wantCode(t, "STATUS", o, types.ErrPluginNotAvailable, "the flock agent is not running")
 			}
 			start := time.Now()
-			cniError(t, "ADD", Add(argsFor(sock)), types.ErrTryAgainLater, tc.addMessage)
+			wantCode(t, "ADD", invoke(cniEnv("ADD"), confFor(sock, "1.1.0")), types.ErrTryAgainLater, tc.addMessage)
 			if d := time.Since(start); d > 2*time.Second {
 				t.Errorf("ADD took %v: want it to fail fast", d)
 			}
@@ -76,18 +66,28 @@ func TestNoAgentWithAndWithoutRestartMarker(t *testing.T) {
 
 // A new agent holds calls in its socket's backlog while it recovers:
 // during a planned restart STATUS does not wait its full timeout for it,
-// and succeeds.
-func TestStatusDuringRestartDoesNotWaitForARecoveringAgent(t *testing.T) {
+// and succeeds; without a marker, the wait ends at the timeout in an
+// error naming it.
+func TestAgentThatDoesNotAnswer(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "cni.sock")
 	l, err := net.Listen("unix", sock) // bound, never accepts
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	mark(t, sock, 30*time.Second)
 	start := time.Now()
-	if err := Status(argsFor(sock)); err != nil {
-		t.Errorf("STATUS: %v, want success", err)
+	o := invoke(cniEnv("ADD"), `{"cniVersion":"1.1.0","name":"n","timeoutSeconds":1,"socket":`+quote(sock)+`}`)
+	wantCode(t, "ADD to an agent that does not answer", o, types.ErrIOFailure, "ADD via "+sock+" failed")
+	if d := time.Since(start); d < time.Second || d > 3*time.Second {
+		t.Errorf("ADD gave up after %v, want its 1s timeout", d)
+	}
+	if !strings.Contains(o.stdout, "did not answer within 1s") {
+		t.Errorf("ADD: %s, want the timeout named", o.stdout)
+	}
+	mark(t, sock, 30*time.Second)
+	start = time.Now()
+	if o := invoke(cniEnv("STATUS"), confFor(sock, "1.1.0")); o.exit != 0 {
+		t.Errorf("STATUS: %+v, want success", o)
 	}
 	if d := time.Since(start); d >= statusTimeout {
 		t.Errorf("STATUS took %v, want less than its usual %v", d, statusTimeout)
@@ -96,23 +96,11 @@ func TestStatusDuringRestartDoesNotWaitForARecoveringAgent(t *testing.T) {
 
 // An agent that answers is believed, marker or not.
 func TestStatusBelievesAnAnsweringAgent(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "cni.sock")
-	l, err := wire.Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		s := wire.Server{Listener: l, Handler: wire.HandlerFunc(func(context.Context, wire.Request) wire.Response {
-			return wire.Response{Error: types.NewError(types.ErrPluginNotAvailable, "flock: not ready", "")}
-		})}
-		_ = s.Run(ctx)
-	}()
-	defer func() { cancel(); <-done }()
-	mark(t, sock, 30*time.Second)
-	cniError(t, "STATUS", Status(argsFor(sock)), types.ErrPluginNotAvailable, "flock: not ready")
+	a := newAgent(t, func(wire.Request) wire.Response {
+		return wire.Response{Error: types.NewError(types.ErrPluginNotAvailable, "flock: not ready", "")}
+	})
+	mark(t, a.sock, 30*time.Second)
+	wantCode(t, "STATUS", invoke(cniEnv("STATUS"), confFor(a.sock, "1.1.0")), types.ErrPluginNotAvailable, "flock: not ready")
 }
 
 // With no agent, a DEL of a sandbox whose network namespace is gone (a
@@ -135,14 +123,12 @@ func TestDelWithoutAgent(t *testing.T) {
 		{left, true},
 		{"/proc/self/ns/net", false}, // a live namespace
 	} {
-		a := argsFor(sock)
-		a.Netns = tc.netns
-		err := Del(a)
-		if tc.ok && err != nil {
-			t.Errorf("DEL of netns %q with no agent: %v, want success", tc.netns, err)
+		o := invoke(with(cniEnv("DEL"), "CNI_NETNS", tc.netns, "CNI_NETNS_OVERRIDE", "1"), confFor(sock, "1.1.0"))
+		if tc.ok && o.exit != 0 {
+			t.Errorf("DEL of netns %q with no agent: %+v, want success", tc.netns, o)
 		}
 		if !tc.ok {
-			cniError(t, "DEL of a live netns with no agent", err, types.ErrTryAgainLater, "the flock agent is not running")
+			wantCode(t, "DEL of a live netns with no agent", o, types.ErrTryAgainLater, "the flock agent is not running")
 		}
 	}
 }

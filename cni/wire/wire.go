@@ -19,6 +19,8 @@ import (
 	"io"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"code.fritzlab.net/fritzlab/flock/cni/agentsock"
 )
 
 // Op is a CNI operation forwarded from the plugin to the agent.
@@ -59,7 +61,7 @@ type Response struct {
 const MaxFrameBytes = 1 << 20
 
 // DefaultSocket is where the agent listens and the plugin connects.
-const DefaultSocket = "/run/flock/cni.sock"
+const DefaultSocket = agentsock.DefaultPath
 
 // ErrFrameTooLarge is wrapped by WriteFrame and ReadFrame when a frame
 // exceeds MaxFrameBytes.

@@ -1,6 +1,7 @@
-package wire
+package agentsock
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -50,5 +51,36 @@ func TestRestartMarker(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("left behind: %v", ents)
+	}
+}
+
+// The marker is written and read as encoding/json wrote and read it
+// before this package (an agent and a plugin of different releases meet
+// during a rollout).
+func TestRestartMarkerFormatIsEncodingJSONs(t *testing.T) {
+	type old struct {
+		Until time.Time `json:"until"`
+		PID   int       `json:"pid,omitempty"`
+	}
+	for _, r := range []Restart{
+		{Until: time.Date(2026, 11, 27, 1, 2, 3, 456789, time.UTC), PID: 42},
+		{Until: time.Date(2026, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600))},
+	} {
+		want, err := json.Marshal(old(r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.marshal(); string(got) != string(want) {
+			t.Errorf("marker %s, encoding/json wrote %s", got, want)
+		}
+		back, err := parseRestart(want)
+		if err != nil || !back.Until.Equal(r.Until) || back.PID != r.PID {
+			t.Errorf("read %s as %+v (%v)", want, back, err)
+		}
+	}
+	for _, bad := range []string{`{}`, `{"until":5}`, `{"until":"yesterday"}`, `{"until":"2026-11-27T01:02:03Z","pid":"x"}`, `[]`, `null`} {
+		if r, err := parseRestart([]byte(bad)); err == nil {
+			t.Errorf("marker %s read as %+v, want an error", bad, r)
+		}
 	}
 }
