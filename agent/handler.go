@@ -26,18 +26,20 @@ type netConf struct {
 	} `json:"cni.dev/valid-attachments,omitempty"`
 }
 
-// resultJSON encodes res in the config's spec version when that is 1.0.0
-// or later (the plugin then prints it as it comes, without decoding it:
-// every ADD saves the plugin process that work), else as it is, for the
-// plugin to convert: a plugin from before this could only read results
-// of 1.0.0 and later.
+// resultJSON encodes res in the config's spec version (the plugin prints
+// it as it comes: it links no CNI library, so that its exec on every ADD
+// costs little). A version the CNI library cannot convert to gets the
+// agent's own; the plugin refuses configs in those before asking.
+//
+// Skew: plugins from before 2026-11-24 read only results of 1.0.0 and
+// later, so with such a plugin a 0.x config's ADD fails until the plugin
+// is upgraded (the DaemonSet's installer replaces it before the agent
+// starts).
 func resultJSON(res *current.Result, cniVersion string) (json.RawMessage, error) {
 	var out types.Result = res
-	if cniVersion != res.CNIVersion {
-		if ok, err := version.GreaterThanOrEqualTo(cniVersion, "1.0.0"); err == nil && ok {
-			if r, err := res.GetAsVersion(cniVersion); err == nil {
-				out = r
-			}
+	if cniVersion != "" && cniVersion != res.CNIVersion {
+		if r, err := res.GetAsVersion(cniVersion); err == nil {
+			out = r
 		}
 	}
 	return json.Marshal(out)

@@ -344,12 +344,12 @@ func TestHandleAddResultOrderFromRestoredRecord(t *testing.T) {
 	}
 }
 
-// The result comes in the config's spec version from 1.0.0 on (the plugin
-// prints it as it is); older versions, which a plugin from before could
-// not read, and unknown ones get the agent's own for the plugin to convert.
+// The result comes in the config's spec version (the plugin prints it as
+// it is); unknown ones, which the plugin refuses before asking, get the
+// agent's own.
 func TestHandleAddResultVersion(t *testing.T) {
 	for i, c := range []struct{ conf, want string }{
-		{"1.0.0", "1.0.0"}, {"1.1.0", "1.1.0"}, {"0.4.0", "1.1.0"}, {"0.3.1", "1.1.0"}, {"9.9.9", "1.1.0"}, {"", "1.1.0"},
+		{"1.0.0", "1.0.0"}, {"1.1.0", "1.1.0"}, {"0.4.0", "0.4.0"}, {"0.3.1", "0.3.1"}, {"9.9.9", "1.1.0"}, {"", "1.1.0"},
 	} {
 		t.Run(c.conf, func(t *testing.T) {
 			e := started(t)
