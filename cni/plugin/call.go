@@ -89,9 +89,9 @@ func timeval(d time.Duration) *syscall.Timeval {
 }
 
 // call sends one request frame on a new connection to socket and returns
-// the agent's response frame (its newline dropped). The dial is bounded by
-// dialTimeout, the whole exchange by ioTimeout.
-func call(socket string, frame []byte, dialTimeout, ioTimeout time.Duration) ([]byte, error) {
+// the agent's response frame (its newline dropped). The whole call, dial
+// included, is bounded by timeout; the dial alone by dialTimeout too.
+func call(socket string, frame []byte, dialTimeout, timeout time.Duration) ([]byte, error) {
 	if len(frame)-1 > maxFrameBytes {
 		return nil, errors.New("wire: request of " + strconv.Itoa(len(frame)-1) + " bytes, more than the agent reads (" + strconv.Itoa(maxFrameBytes) + ")")
 	}
@@ -101,6 +101,8 @@ func call(socket string, frame []byte, dialTimeout, ioTimeout time.Duration) ([]
 	}
 	defer syscall.Close(fd)
 
+	deadline := time.Now().Add(timeout)
+	dialTimeout = min(dialTimeout, timeout)
 	// A unix socket's connect waits for room in the listener's backlog
 	// for as long as the send timeout, then fails with EAGAIN.
 	if err := syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_SNDTIMEO, timeval(dialTimeout)); err != nil {
@@ -121,10 +123,8 @@ func call(socket string, frame []byte, dialTimeout, ioTimeout time.Duration) ([]
 		return nil, errors.New("wire: connecting to flock agent at " + socket + ": " + err.Error())
 	}
 
-	start := time.Now()
-	deadline := start.Add(ioTimeout)
 	timedOut := func(what string) error {
-		return errors.New("wire: flock agent did not answer within " + ioTimeout.String() + ": " + what)
+		return errors.New("wire: flock agent did not answer within " + timeout.String() + ": " + what)
 	}
 	for len(frame) > 0 {
 		left := time.Until(deadline)
@@ -173,12 +173,15 @@ func call(socket string, frame []byte, dialTimeout, ioTimeout time.Duration) ([]
 		}
 		for i, c := range buf[len(buf) : len(buf)+n] {
 			if c == '\n' {
+				if len(buf)+i > maxFrameBytes {
+					break // too long, newline or not
+				}
 				return buf[:len(buf)+i], nil
 			}
 		}
 		buf = buf[:len(buf)+n]
 		if len(buf) > maxFrameBytes {
-			return nil, errors.New("wire: reading response: more than " + strconv.Itoa(maxFrameBytes) + " bytes without newline")
+			return nil, errors.New("wire: reading response: a frame of more than " + strconv.Itoa(maxFrameBytes) + " bytes")
 		}
 	}
 }

@@ -168,7 +168,7 @@ func add(conf *netConf, req request) ([]byte, *cniError) {
 		return nil, cerr
 	}
 	if res == nil {
-		return nil, newError(errInternal, "flock: the agent answered ADD without a result", "")
+		return nil, newError(errDecodingFailure, "flock: the agent answered ADD without a result", "")
 	}
 	var got string
 	if members, err := jsonlite.Object(res); err == nil {

@@ -360,3 +360,13 @@ func TestForwards(t *testing.T) {
 		t.Errorf("agent error printed as %+v", e)
 	}
 }
+
+// An agent that answers ADD with no result: a decoding failure, as the
+// skel-based plugin reported it.
+func TestAddWithoutResult(t *testing.T) {
+	a := newAgent(t, func(wire.Request) wire.Response { return wire.Response{} })
+	e := cniErr(t, "no result", invoke(cniEnv("ADD"), confFor(a.sock, "1.1.0")))
+	if e.Code != types.ErrDecodingFailure || !strings.Contains(e.Msg, "without a result") {
+		t.Errorf("%+v, want code 6 saying there was no result", e)
+	}
+}
