@@ -123,49 +123,28 @@ func call(socket string, frame []byte, dialTimeout, timeout time.Duration) ([]by
 		return nil, errors.New("wire: connecting to flock agent at " + socket + ": " + err.Error())
 	}
 
-	timedOut := func(what string) error {
-		return errors.New("wire: flock agent did not answer within " + timeout.String() + ": " + what)
-	}
 	for len(frame) > 0 {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return nil, timedOut("sending request")
-		}
-		if err := syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_SNDTIMEO, timeval(left)); err != nil {
-			return nil, errors.New("wire: sending request: " + err.Error())
-		}
-		n, err := syscall.Write(fd, frame)
-		switch {
-		case err == syscall.EINTR:
+		n, again, err := ioStep(fd, syscall.SO_SNDTIMEO, deadline, timeout, "sending request", func() (int, error) { return syscall.Write(fd, frame) })
+		if again {
 			continue
-		case err == syscall.EAGAIN:
-			return nil, timedOut("sending request")
-		case err != nil:
-			return nil, errors.New("wire: sending request: " + err.Error())
+		}
+		if err != nil {
+			return nil, err
 		}
 		frame = frame[n:]
 	}
 
 	buf := make([]byte, 0, 4<<10)
 	for {
-		left := time.Until(deadline)
-		if left <= 0 {
-			return nil, timedOut("reading response")
-		}
-		if err := syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, timeval(left)); err != nil {
-			return nil, errors.New("wire: reading response: " + err.Error())
-		}
 		if len(buf) == cap(buf) {
 			buf = append(buf, 0)[:len(buf)]
 		}
-		n, err := syscall.Read(fd, buf[len(buf):cap(buf)])
+		n, again, err := ioStep(fd, syscall.SO_RCVTIMEO, deadline, timeout, "reading response", func() (int, error) { return syscall.Read(fd, buf[len(buf):cap(buf)]) })
 		switch {
-		case err == syscall.EINTR:
+		case again:
 			continue
-		case err == syscall.EAGAIN:
-			return nil, timedOut("reading response")
 		case err != nil:
-			return nil, errors.New("wire: reading response: " + err.Error())
+			return nil, err
 		case n == 0 && len(buf) == 0:
 			return nil, errors.New("wire: reading response: the agent closed the connection without answering")
 		case n == 0:
@@ -184,6 +163,33 @@ func call(socket string, frame []byte, dialTimeout, timeout time.Duration) ([]by
 			return nil, errors.New("wire: reading response: a frame of more than " + strconv.Itoa(maxFrameBytes) + " bytes")
 		}
 	}
+}
+
+// ioStep runs one read or write (op) with the time left before deadline
+// as the socket's timeout opt (SO_SNDTIMEO or SO_RCVTIMEO): its count,
+// again after a signal, or the error, a timeout named as the agent not
+// answering within timeout.
+func ioStep(fd, opt int, deadline time.Time, timeout time.Duration, what string, op func() (int, error)) (n int, again bool, err error) {
+	timedOut := func() error {
+		return errors.New("wire: flock agent did not answer within " + timeout.String() + ": " + what)
+	}
+	left := time.Until(deadline)
+	if left <= 0 {
+		return 0, false, timedOut()
+	}
+	if err := syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, opt, timeval(left)); err != nil {
+		return 0, false, errors.New("wire: " + what + ": " + err.Error())
+	}
+	n, err = op()
+	switch {
+	case err == syscall.EINTR:
+		return 0, true, nil
+	case err == syscall.EAGAIN:
+		return 0, false, timedOut()
+	case err != nil:
+		return 0, false, errors.New("wire: " + what + ": " + err.Error())
+	}
+	return n, false, nil
 }
 
 // callError is a failed call of a kind the caller tells apart.

@@ -168,16 +168,44 @@ func (p *parser) nest() error {
 	return nil
 }
 
-func (p *parser) object(top bool) error {
+// open enters an object or array at its opening byte: empty when close
+// follows at once (and is consumed).
+func (p *parser) open(close byte) (empty bool, err error) {
 	if err := p.nest(); err != nil {
-		return err
+		return false, err
 	}
-	p.pos++ // '{'
+	p.pos++
 	p.ws()
-	if p.pos < len(p.data) && p.data[p.pos] == '}' {
+	if p.pos < len(p.data) && p.data[p.pos] == close {
 		p.pos++
 		p.depth--
-		return nil
+		return true, nil
+	}
+	return false, nil
+}
+
+// next reads what follows a member or an element: ',' (more to come) or
+// close (done, consumed).
+func (p *parser) next(close byte, context string) (done bool, err error) {
+	p.ws()
+	if p.pos >= len(p.data) {
+		return false, p.unexpected("")
+	}
+	switch p.data[p.pos] {
+	case ',':
+		p.pos++
+		return false, nil
+	case close:
+		p.pos++
+		p.depth--
+		return true, nil
+	}
+	return false, p.unexpected(context)
+}
+
+func (p *parser) object(top bool) error {
+	if empty, err := p.open('}'); empty || err != nil {
+		return err
 	}
 	for {
 		p.ws()
@@ -203,52 +231,23 @@ func (p *parser) object(top bool) error {
 			key, _ := Unquote(keyRaw) // scanned above: cannot fail
 			p.members = append(p.members, Member{Key: key, Value: p.data[valStart:p.pos]})
 		}
-		p.ws()
-		if p.pos >= len(p.data) {
-			return p.unexpected("")
-		}
-		switch p.data[p.pos] {
-		case ',':
-			p.pos++
-		case '}':
-			p.pos++
-			p.depth--
-			return nil
-		default:
-			return p.unexpected("after object key:value pair")
+		if done, err := p.next('}', "after object key:value pair"); done || err != nil {
+			return err
 		}
 	}
 }
 
 func (p *parser) array() error {
-	if err := p.nest(); err != nil {
+	if empty, err := p.open(']'); empty || err != nil {
 		return err
-	}
-	p.pos++ // '['
-	p.ws()
-	if p.pos < len(p.data) && p.data[p.pos] == ']' {
-		p.pos++
-		p.depth--
-		return nil
 	}
 	for {
 		p.ws()
 		if err := p.value(false); err != nil {
 			return err
 		}
-		p.ws()
-		if p.pos >= len(p.data) {
-			return p.unexpected("")
-		}
-		switch p.data[p.pos] {
-		case ',':
-			p.pos++
-		case ']':
-			p.pos++
-			p.depth--
-			return nil
-		default:
-			return p.unexpected("after array element")
+		if done, err := p.next(']', "after array element"); done || err != nil {
+			return err
 		}
 	}
 }
