@@ -354,16 +354,7 @@ func TestCloseWaitsForBackgroundWork(t *testing.T) {
 		t.Fatal("commit of a deleted pending record succeeded")
 	}
 	<-reached
-	closed := make(chan struct{})
-	go func() {
-		s.Close()
-		close(closed)
-	}()
-	select {
-	case <-closed:
-		t.Fatal("Close returned while a spare fill was running")
-	case <-time.After(50 * time.Millisecond):
-	}
+	closed := closeBlocked(t, s, "a spare fill")
 	close(release)
 	<-closed
 	if n := len(spareFiles(t, s)); n > 3 {
@@ -400,16 +391,7 @@ func TestCloseWaitsForDirectorySync(t *testing.T) {
 	put := make(chan error, 1)
 	go func() { put <- s.Put(sample("a", Committed)) }()
 	<-started
-	closed := make(chan struct{})
-	go func() {
-		s.Close()
-		close(closed)
-	}()
-	select {
-	case <-closed:
-		t.Fatal("Close returned while a directory sync was running")
-	case <-time.After(50 * time.Millisecond):
-	}
+	closed := closeBlocked(t, s, "a directory sync")
 	close(release)
 	<-closed
 	if syncing.Load() {
@@ -418,4 +400,22 @@ func TestCloseWaitsForDirectorySync(t *testing.T) {
 	if err := <-put; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// closeBlocked closes s on another goroutine and fails the test if Close
+// returns within 50 ms, while what is still running; the channel closes
+// once Close has returned.
+func closeBlocked(t *testing.T, s *Store, what string) <-chan struct{} {
+	t.Helper()
+	closed := make(chan struct{})
+	go func() {
+		s.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+		t.Fatalf("Close returned while %s was running", what)
+	case <-time.After(50 * time.Millisecond):
+	}
+	return closed
 }
