@@ -24,17 +24,19 @@ func (s *State) checkClaimsLocked(rec store.Allocation, restoring bool) error {
 		ips []netip.Addr
 	}{{annotations.Anycast, rec.Anycast}, {annotations.Addresses, rec.Addresses}} {
 		for _, ip := range set.ips {
+			// Inside a pod pool is bad input whoever holds the IP now, so
+			// it is named first: the answer must not depend on which
+			// address IPAM happened to hand out.
+			if !restoring {
+				if err := s.NotInPodPool(set.key, ip); err != nil {
+					return err
+				}
+			}
 			if o, ok := s.ipam.Owner(ip); ok && o != id {
 				return &ConflictError{Key: set.key, IP: ip, Reason: fmt.Sprintf("is the pod address of container %s", o)}
 			}
 			if o, ok := s.outside[ip]; ok && o != id {
 				return &ConflictError{Key: set.key, IP: ip, Reason: fmt.Sprintf("is the pod address of container %s", o)}
-			}
-			if restoring {
-				continue
-			}
-			if err := s.NotInPodPool(set.key, ip); err != nil {
-				return err
 			}
 		}
 	}

@@ -173,10 +173,20 @@ func TestReserveIsAllOrNothing(t *testing.T) {
 			}
 		})
 	}
-	var ae *annotations.Error
-	_, err := s.Reserve(store.Allocation{ContainerID: "c3", Anycast: []netip.Addr{netip.MustParseAddr("10.1.1.9")}}, dual())
-	if !errors.As(err, &ae) || ae.Key != annotations.Anycast {
-		t.Errorf("anycast inside a pool: %v, want an annotations.Error for %s", err, annotations.Anycast)
+	// Inside a pool is named whether or not the IP is in use: c1's own
+	// IPv4 address (IPAM picks it at random) and one next to it.
+	c1, _, _ := s.Get("c1")
+	for _, ip := range c1.IPs {
+		if !ip.Is4() {
+			continue
+		}
+		for _, a := range []netip.Addr{ip, ip.Next()} {
+			var ae *annotations.Error
+			_, err := s.Reserve(store.Allocation{ContainerID: "c3", Anycast: []netip.Addr{a}}, dual())
+			if !errors.As(err, &ae) || ae.Key != annotations.Anycast {
+				t.Errorf("anycast %s inside a pool: %v, want an annotations.Error for %s", a, err, annotations.Anycast)
+			}
+		}
 	}
 	if _, err := s.Reserve(store.Allocation{ContainerID: "c1"}, dual()); !errors.Is(err, ErrExists) {
 		t.Errorf("second Reserve of c1: %v", err)
