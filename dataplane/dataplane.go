@@ -67,7 +67,7 @@ type Pod struct {
 	IfName      string
 	IPs         []netip.Addr // /128 and /32 on IfName
 	Addresses   []netip.Addr // extra addresses on IfName
-	Anycast     []netip.Addr // on the pod's eth0 (anycastAddr)
+	Anycast     []netip.Addr // on the pod's eth0 (see podSide)
 	// HostMAC and PodMAC, if set, are the veth ends' MACs (the agent picks
 	// them before the kernel is touched, so the pending record is whole);
 	// unset, the kernel picks them.
@@ -100,6 +100,7 @@ type Netlink struct {
 
 	once    sync.Once
 	handles chan *netlink.Handle // kept sockets of the node's netns, idle
+	rtnls   chan *rtnl           // the same for Setup's batches
 	// routes is how many prefixes the last HostRoutes found: the next
 	// one's map starts at that size instead of growing there.
 	routes atomic.Int64
@@ -115,7 +116,7 @@ const keptHandles = 8
 // request at a time, so concurrent ADDs each get their own: unrelated
 // pods' netlink work never waits on a lock of ours.
 func (d *Netlink) host() *netlink.Handle {
-	d.once.Do(func() { d.handles = make(chan *netlink.Handle, keptHandles) })
+	d.init()
 	select {
 	case h := <-d.handles:
 		return h
@@ -131,6 +132,38 @@ func (d *Netlink) host() *netlink.Handle {
 		return perRequest
 	}
 	return h
+}
+
+func (d *Netlink) init() {
+	d.once.Do(func() {
+		d.handles = make(chan *netlink.Handle, keptHandles)
+		d.rtnls = make(chan *rtnl, keptHandles)
+	})
+}
+
+// rtnl lends a kept batch socket of the agent's namespace (see host);
+// putRtnl gives it back.
+func (d *Netlink) rtnl() (*rtnl, error) {
+	d.init()
+	select {
+	case s := <-d.rtnls:
+		return s, nil
+	default:
+	}
+	return newRtnl()
+}
+
+// putRtnl keeps s unless enough are kept or it broke (a batch that
+// timed out may still be answered on it).
+func (d *Netlink) putRtnl(s *rtnl) {
+	if !s.broken {
+		select {
+		case d.rtnls <- s:
+			return
+		default:
+		}
+	}
+	s.close()
 }
 
 // perRequest opens a socket per request, as the package-level calls do:

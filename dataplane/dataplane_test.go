@@ -21,7 +21,7 @@ import (
 
 // inNewNetns runs f on a locked thread inside a fresh network namespace
 // (the node), with a named one for the pod; both go afterwards.
-func inNewNetns(t *testing.T, f func(podNS string)) {
+func inNewNetns(t testing.TB, f func(podNS string)) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("FLOCK_REQUIRE_ROOT") != "" {

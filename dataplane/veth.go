@@ -3,33 +3,14 @@ package dataplane
 import (
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"net/netip"
 	"strings"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
-
-// anycastAddr is an anycast IP as it sits on the pod's eth0, after the pod
-// IPs: there, not on lo, because the runtime's loopback plugin may run
-// after flock's ADD (containerd attaches networks in parallel) and fails
-// the sandbox when lo holds anything but loopback addresses. The IPv6 one
-// is deprecated (preferred lifetime 0) so the pod never picks it as a
-// source (RFC 6724 rule 3) while it still accepts and binds it; the IPv4
-// one comes after the pod IP, which the kernel picks first.
-func anycastAddr(ip netip.Addr) *netlink.Addr {
-	a := &netlink.Addr{IPNet: ipnet(hostPrefix(ip)), Flags: addrFlags(ip)}
-	if ip.Is6() {
-		a.PreferedLft, a.ValidLft = 0, infiniteLifetime
-	}
-	return a
-}
-
-// infiniteLifetime is the kernel's "forever" for an address lifetime.
-// (netlink.Addr holds it in an int: on 32-bit platforms 68 years.)
-const infiniteLifetime = min(math.MaxInt, 0xffffffff)
 
 // addrFlags: a /128 on a point-to-point veth needs no DAD, and the pod must
 // be able to use its address the moment ADD returns.
@@ -51,178 +32,168 @@ const vethQueues = 1
 // of the same name (a crashed earlier attempt) is removed and the pair
 // created again; an interface of the pod's name in its netns is an error. On error the
 // caller tears down; Setup does not clean up after itself.
+//
+// Three batches of netlink requests, each one system call and its acks
+// (see rtnl): create the pair and look the ends' indexes up; then the
+// host end's settings and the pod end's, at once, on a socket of each
+// namespace. The pod namespace's socket is opened while the pair is
+// created.
 func (d *Netlink) Setup(p Pod) (Link, error) {
 	hostName := p.HostVeth
 	if !strings.HasPrefix(hostName, VethPrefix) || len(hostName) > 15 {
 		return Link{}, fmt.Errorf("host veth name %q: want %s plus at most %d characters", hostName, VethPrefix, 15-len(VethPrefix))
 	}
-	h := d.host()
-	defer d.put(h)
-	nsh, ph, err := openNetns(p.Netns)
+	nsh, err := netns.GetFromPath(p.Netns)
+	if err != nil {
+		return Link{}, &NetnsError{Path: p.Netns, Err: err}
+	}
+	defer nsh.Close()
+	podSock := rtnlIn(nsh)
+	var ps *rtnl
+	podSocket := func() (*rtnl, error) {
+		if ps == nil {
+			r := <-podSock
+			if r.err != nil {
+				return nil, &NetnsError{Path: p.Netns, Err: r.err}
+			}
+			ps = r.s
+		}
+		return ps, nil
+	}
+	defer func() {
+		if _, err := podSocket(); err == nil {
+			ps.close()
+		}
+	}()
+
+	// The agent picks both MACs before the kernel is touched (its record
+	// has them); a caller that did not gets random ones, as the kernel
+	// would pick.
+	link := Link{HostVeth: hostName, HostMAC: p.HostMAC, PodMAC: p.PodMAC}
+	if link.HostMAC == nil {
+		link.HostMAC = RandomMAC()
+	}
+	if link.PodMAC == nil {
+		link.PodMAC = RandomMAC()
+	}
+	hs, err := d.rtnl()
 	if err != nil {
 		return Link{}, err
 	}
-	defer nsh.Close()
-	defer ph.Delete()
+	defer d.putRtnl(hs)
 
 	// One queue each way on both ends, which is what a veth uses anyway
 	// unless XDP or GRO is turned on: with the kernel's default (a queue
 	// per possible CPU) the kernel trims the active queues to one after
 	// registering each end, and that waits for an expedited RCU grace
 	// period — all CPUs interrupted, and most of the creation's time.
-	veth := &netlink.Veth{
-		LinkAttrs:        netlink.LinkAttrs{Name: hostName, HardwareAddr: p.HostMAC, NumTxQueues: vethQueues, NumRxQueues: vethQueues},
-		PeerName:         p.IfName,
-		PeerNamespace:    netlink.NsFd(int(nsh)),
-		PeerHardwareAddr: p.PodMAC,
-		PeerNumTxQueues:  vethQueues,
-		PeerNumRxQueues:  vethQueues,
+	var hostIdx, podIdx int32
+	create := func() error {
+		return hs.run([]request{
+			newVeth(hostName, p.IfName, link.HostMAC, link.PodMAC, int(nsh)),
+			getLink(hostName, func(index, peer int32) { hostIdx, podIdx = index, peer }),
+		})
 	}
 	// Create first and look only when that fails: every netlink call
 	// takes the kernel's rtnl lock, which all concurrent ADDs share.
-	if err := h.LinkAdd(veth); errors.Is(err, unix.EEXIST) {
-		if _, err := ph.LinkByName(p.IfName); err == nil {
+	if err := create(); errors.Is(err, unix.EEXIST) {
+		s, serr := podSocket()
+		if serr != nil {
+			return Link{}, serr
+		}
+		exists := false
+		if err := s.run([]request{getLink(p.IfName, func(int32, int32) { exists = true })}); err == nil && exists {
 			return Link{}, fmt.Errorf("interface %q already exists in netns %s: %w", p.IfName, p.Netns, ErrInterfaceExists)
+		} else if err != nil && !errors.Is(err, unix.ENODEV) {
+			return Link{}, fmt.Errorf("netns %s: %w", p.Netns, err)
 		}
 		// A leftover host veth of this name (a crashed earlier attempt).
 		if err := d.deleteHostVeth(hostName); err != nil {
 			return Link{}, err
 		}
-		err = h.LinkAdd(veth)
-		if err != nil {
-			return Link{}, fmt.Errorf("create veth %s/%s: %w", hostName, p.IfName, err)
+		if err := create(); err != nil {
+			return Link{}, fmt.Errorf("veth %s/%s: %w", hostName, p.IfName, err)
 		}
 	} else if err != nil {
-		return Link{}, fmt.Errorf("create veth %s/%s: %w", hostName, p.IfName, err)
+		return Link{}, fmt.Errorf("veth %s/%s: %w", hostName, p.IfName, err)
 	}
-	// LinkAdd looked the host end's index up already.
-	var host netlink.Link = veth
-	if veth.Index == 0 || p.HostMAC == nil {
-		if host, err = h.LinkByName(hostName); err != nil {
-			return Link{}, fmt.Errorf("veth %s: %w", hostName, err)
-		}
+	if hostIdx == 0 {
+		return Link{}, fmt.Errorf("veth %s: created, but the kernel did not report it", hostName)
 	}
-	link := Link{HostVeth: hostName, HostMAC: host.Attrs().HardwareAddr, PodMAC: p.PodMAC}
-	// The two ends are independent from here: program the pod's while the
-	// host's is done (each request is a round trip to the kernel). The
-	// host end needs the pod's MAC: the one asked for, else the kernel's.
-	podMAC := make(chan net.HardwareAddr, 1)
-	if p.PodMAC != nil {
-		podMAC <- p.PodMAC
-	}
+
+	// The two ends are independent from here.
 	podErr := make(chan error, 1)
 	go func() {
-		defer close(podErr)
-		defer close(podMAC)
-		pod, err := ph.LinkByName(p.IfName)
-		if err != nil {
-			podErr <- fmt.Errorf("netns %s: %s: %w", p.Netns, p.IfName, err)
-			return
+		s, err := podSocket()
+		if err == nil {
+			err = s.run(podSide(p, podIdx, link.HostMAC))
+			if err != nil {
+				err = fmt.Errorf("netns %s: %s: %w", p.Netns, p.IfName, err)
+			}
 		}
-		link.PodMAC = pod.Attrs().HardwareAddr
-		if p.PodMAC == nil {
-			podMAC <- link.PodMAC
-		}
-		if err := d.setupPodSide(ph, pod, p, link.HostMAC); err != nil {
-			podErr <- fmt.Errorf("netns %s: %w", p.Netns, err)
-		}
+		podErr <- err
 	}()
-	if err := d.setupHostSide(h, host, p, podMAC); err != nil {
-		if perr := <-podErr; perr != nil {
-			return Link{}, perr // the cause, when the host end only waited for it
-		}
-		return Link{}, err
+	err = hs.run(hostSide(p, hostIdx, link.PodMAC))
+	if perr := <-podErr; perr != nil {
+		return Link{}, perr
 	}
-	if err := <-podErr; err != nil {
-		return Link{}, err
+	if err != nil {
+		return Link{}, fmt.Errorf("veth %s: %w", hostName, err)
 	}
 	return link, nil
 }
 
-// setupHostSide programs the host end: no kernel link-local, fe80::1,
-// proxy ARP, up, and a host route and pinned neighbour per pod IP (the
-// pod's MAC comes from podMAC; closed empty, the pod end failed).
-func (d *Netlink) setupHostSide(h *netlink.Handle, host netlink.Link, p Pod, podMACs <-chan net.HardwareAddr) error {
-	hostName := p.HostVeth
-	// No kernel link-local on either end: the host end has exactly fe80::1,
-	// the pod end only its /128.
-	if err := h.LinkSetIP6AddrGenMode(host, 1); err != nil {
-		return fmt.Errorf("veth %s: addr_gen_mode: %w", hostName, err)
-	}
-	if err := d.sysctl("net.ipv4.conf."+hostName+".proxy_arp", "1"); err != nil {
-		return err
-	}
-	// The default proxy_delay holds the first ARP answer back up to 0.8 s.
-	if err := d.sysctl("net.ipv4.neigh."+hostName+".proxy_delay", "0"); err != nil {
-		return err
-	}
-	gw6 := &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(GatewayV6, 64)), Flags: unix.IFA_F_NODAD}
-	if err := h.AddrReplace(host, gw6); err != nil {
-		return fmt.Errorf("veth %s: add %s/64: %w", hostName, GatewayV6, err)
-	}
-	if err := h.LinkSetUp(host); err != nil {
-		return fmt.Errorf("veth %s: up: %w", hostName, err)
-	}
-
-	podMAC, ok := <-podMACs
-	if !ok {
-		return fmt.Errorf("veth %s: the pod end failed", hostName)
+// hostSide programs the host end: no kernel link-local, fe80::1, proxy
+// ARP without delay (the default holds the first answer back up to
+// 0.8 s), up, and a host route and pinned neighbour per pod IP (pinning
+// the pod's MAC saves the first packet a neighbour lookup).
+func hostSide(p Pod, index int32, podMAC net.HardwareAddr) []request {
+	b := []request{
+		setAddrGen(index, true),
+		setProxyDelay(index, 0),
+		addAddr(GatewayV6, 64, index, unix.IFA_F_NODAD, false),
+		setUp(index),
 	}
 	for _, ip := range p.IPs {
-		r := &netlink.Route{LinkIndex: host.Attrs().Index, Dst: ipnet(hostPrefix(ip)), Protocol: RouteProtocol}
+		scope := uint8(unix.RT_SCOPE_UNIVERSE)
 		if ip.Is4() {
-			r.Scope = netlink.SCOPE_LINK
+			scope = unix.RT_SCOPE_LINK
 		}
-		if err := h.RouteReplace(r); err != nil {
-			return fmt.Errorf("host route %s dev %s: %w", hostPrefix(ip), hostName, err)
-		}
-		// Pinning the pod's MAC saves the first packet a neighbour lookup.
-		n := &netlink.Neigh{LinkIndex: host.Attrs().Index, Family: family(ip), State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: podMAC}
-		if err := h.NeighSet(n); err != nil {
-			return fmt.Errorf("neighbour %s on %s: %w", ip, hostName, err)
-		}
+		b = append(b, addRoute(hostPrefix(ip), netip.Addr{}, index, uint8(RouteProtocol), scope),
+			pinNeigh(ip, podMAC, index))
 	}
-	return nil
+	return b
 }
 
-func (d *Netlink) setupPodSide(h *netlink.Handle, pod netlink.Link, p Pod, hostMAC net.HardwareAddr) error {
-	if err := h.LinkSetIP6AddrGenMode(pod, 1); err != nil {
-		return fmt.Errorf("%s: addr_gen_mode: %w", p.IfName, err)
-	}
-	if err := h.LinkSetUp(pod); err != nil {
-		return fmt.Errorf("%s: up: %w", p.IfName, err)
-	}
-	idx := pod.Attrs().Index
+// podSide programs the pod end: no kernel link-local, up, its addresses,
+// and per family a pinned gateway neighbour and the default route through
+// it (IPv4's gateway needs an on-link route first).
+//
+// Anycast IPs sit on eth0 too, not on lo, because the runtime's loopback
+// plugin may run after flock's ADD (containerd attaches networks in
+// parallel) and fails the sandbox when lo holds anything but loopback
+// addresses. They come after the pod IPs: the IPv6 ones deprecated
+// (preferred lifetime 0) so the pod never picks one as a source (RFC 6724
+// rule 3) while it still accepts and binds it; the kernel picks the first
+// IPv4 address, the pod's.
+func podSide(p Pod, index int32, hostMAC net.HardwareAddr) []request {
+	b := []request{setAddrGen(index, false), setUp(index)}
 	for _, ip := range append(append([]netip.Addr{}, p.IPs...), p.Addresses...) {
-		a := &netlink.Addr{IPNet: ipnet(hostPrefix(ip)), Flags: addrFlags(ip)}
-		if err := h.AddrReplace(pod, a); err != nil {
-			return fmt.Errorf("%s: add %s: %w", p.IfName, hostPrefix(ip), err)
-		}
+		b = append(b, addAddr(ip, ip.BitLen(), index, uint32(addrFlags(ip)), false))
 	}
 	for _, ip := range p.Anycast {
-		if err := h.AddrReplace(pod, anycastAddr(ip)); err != nil {
-			return fmt.Errorf("%s: add anycast %s: %w", p.IfName, hostPrefix(ip), err)
-		}
+		b = append(b, addAddr(ip, ip.BitLen(), index, uint32(addrFlags(ip)), ip.Is6()))
 	}
 	for _, ip := range p.IPs {
 		gw := GatewayV6
 		if ip.Is4() {
 			gw = GatewayV4
-			onlink := &netlink.Route{LinkIndex: idx, Dst: ipnet(hostPrefix(gw)), Scope: netlink.SCOPE_LINK}
-			if err := h.RouteReplace(onlink); err != nil {
-				return fmt.Errorf("route %s dev %s: %w", hostPrefix(gw), p.IfName, err)
-			}
+			b = append(b, addRoute(hostPrefix(gw), netip.Addr{}, index, routeProtoPodDefault, unix.RT_SCOPE_LINK))
 		}
-		n := &netlink.Neigh{LinkIndex: idx, Family: family(gw), State: netlink.NUD_PERMANENT, IP: gw.AsSlice(), HardwareAddr: hostMAC}
-		if err := h.NeighSet(n); err != nil {
-			return fmt.Errorf("neighbour %s on %s: %w", gw, p.IfName, err)
-		}
-		def := &netlink.Route{LinkIndex: idx, Dst: ipnet(netip.PrefixFrom(zero(ip), 0)), Gw: gw.AsSlice()}
-		if err := h.RouteReplace(def); err != nil {
-			return fmt.Errorf("default route via %s dev %s: %w", gw, p.IfName, err)
-		}
+		b = append(b, pinNeigh(gw, hostMAC, index),
+			addRoute(netip.PrefixFrom(zero(ip), 0), gw, index, routeProtoPodDefault, unix.RT_SCOPE_UNIVERSE))
 	}
-	return nil
+	return b
 }
 
 func zero(ip netip.Addr) netip.Addr {

@@ -357,7 +357,7 @@ func measureRound(ctx context.Context, p plugin, pool podPool, tag string, seqN,
 		return
 	}
 	r.add, r.del = append(r.add, add...), append(r.del, del...)
-	logf("CNI: %s: ADD p50 %.1f ms, DEL p50 %.1f ms; %d ADDs from 8 workers", p.name, pct(add, .5), pct(del, .5), tputN)
+	logf("CNI: %s: ADD p10/p25/p50/p75/p90 %.2f/%.2f/%.2f/%.2f/%.2f ms, DEL p50 %.1f ms; %d ADDs from 8 workers", p.name, pct(add, .1), pct(add, .25), pct(add, .5), pct(add, .75), pct(add, .9), pct(del, .5), tputN)
 	if r.err = p.settle(); r.err != nil {
 		return
 	}
