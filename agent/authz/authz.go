@@ -1,8 +1,8 @@
 // Package authz decides who may use which address for what: the
 // AddressPools (cluster-scoped objects, or extra documents in the
 // standalone node-config file) say which CIDRs may be used as pod
-// addresses (cidr6/cidr4), anycast or `addresses` IPs, and by which
-// namespaces. Every such value a pod asks for must be covered by a pool
+// addresses (cidr6/cidr4), anycast or `addresses` IPs, Service
+// LoadBalancer addresses or external IPs, and by which namespaces. Every such value a pod asks for must be covered by a pool
 // that allows that use to the pod's namespace; the node's own summary pools
 // stay open to every pod and need no AddressPool.
 package authz
@@ -181,23 +181,43 @@ func compile(ap v1alpha1.AddressPool) (Pool, error) {
 }
 
 // overlap: two pools that share a use must not share addresses (one IP,
-// one pool, one answer to "who may use it").
+// one pool, one answer to "who may use it"). Nor may a loadBalancer pool
+// share addresses with an anycast or externalIP one: those uses are not
+// claimed cluster-wide, so a Service's assigned address could not be kept
+// from colliding with them.
 func (s *Set) overlap(p Pool) error {
 	for _, q := range s.pools {
 		for _, u := range p.Use {
-			if !q.Uses(u) {
-				continue
-			}
-			for i, c := range p.CIDRs {
-				for j, d := range q.CIDRs {
-					if c.Overlaps(d) {
-						return fmt.Errorf("addresspool %q: spec.cidrs[%d]: %s overlaps addresspool %q spec.cidrs[%d] %s, both for use %s", p.Name, i, c, q.Name, j, d, u)
+			for _, v := range q.Use {
+				if !usesConflict(u, v) {
+					continue
+				}
+				for i, c := range p.CIDRs {
+					for j, d := range q.CIDRs {
+						if !c.Overlaps(d) {
+							continue
+						}
+						if u == v {
+							return fmt.Errorf("addresspool %q: spec.cidrs[%d]: %s overlaps addresspool %q spec.cidrs[%d] %s, both for use %s", p.Name, i, c, q.Name, j, d, u)
+						}
+						return fmt.Errorf("addresspool %q: spec.cidrs[%d]: %s (use %s) overlaps addresspool %q spec.cidrs[%d] %s (use %s): a loadBalancer address must not be an anycast or external IP", p.Name, i, c, u, q.Name, j, d, v)
 					}
 				}
 			}
 		}
 	}
 	return nil
+}
+
+// usesConflict: pools of these two uses must not share addresses.
+func usesConflict(u, v string) bool {
+	if u == v {
+		return true
+	}
+	if v == v1alpha1.UseLoadBalancer {
+		u, v = v, u
+	}
+	return u == v1alpha1.UseLoadBalancer && (v == v1alpha1.UseAnycast || v == v1alpha1.UseExternalIP)
 }
 
 // Denied is an address a pod may not use.

@@ -68,7 +68,8 @@ func fuzzPools(s string) []v1alpha1.AddressPool {
 // set. Every pool is either valid (it passes Validate; masked, plain CIDRs
 // that do not overlap each other; known uses once each; namespace names) or
 // invalid with an error naming it, never both; the error is nil exactly
-// when none is invalid; valid pools never overlap within a use. Authorize
+// when none is invalid; valid pools never overlap within a use, nor a
+// loadBalancer pool with an anycast or externalIP one. Authorize
 // allows a value only when a valid pool covers it entirely, has the use
 // and allows the namespace, and returns that pool (the only one: they do
 // not overlap); otherwise it denies with a *Denied of that use, value and
@@ -136,13 +137,17 @@ func FuzzCompile(f *testing.F) {
 			}
 			for _, q := range pools[:i] {
 				for _, u := range p.Use {
-					if !q.Uses(u) {
-						continue
-					}
-					for _, c := range p.CIDRs {
-						for _, d := range q.CIDRs {
-							if c.Overlaps(d) {
-								t.Fatalf("valid pools %q and %q overlap for use %s: %s and %s", q.Name, p.Name, u, d, c)
+					for _, v := range q.Use {
+						lb := "loadBalancer"
+						clash := u == v || u == lb && (v == "anycast" || v == "externalIP") || v == lb && (u == "anycast" || u == "externalIP")
+						if !clash {
+							continue
+						}
+						for _, c := range p.CIDRs {
+							for _, d := range q.CIDRs {
+								if c.Overlaps(d) {
+									t.Fatalf("valid pools %q (%s) and %q (%s) overlap: %s and %s", q.Name, v, p.Name, u, d, c)
+								}
 							}
 						}
 					}

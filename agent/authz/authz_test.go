@@ -145,6 +145,48 @@ func TestCompileOverlap(t *testing.T) {
 	}
 }
 
+// A loadBalancer pool must not overlap an anycast or externalIP pool (those
+// addresses are not claimed, so an assigned one could collide); it may
+// overlap a pod or addresses pool (claimed: the claim keeps them apart).
+func TestCompileOverlapLoadBalancer(t *testing.T) {
+	for _, tc := range []struct {
+		other string
+		want  string // "" = both valid
+	}{
+		{"anycast", `addresspool "b": spec.cidrs[0]: 198.51.100.0/25 (use loadBalancer) overlaps addresspool "a" spec.cidrs[0] 198.51.100.0/24 (use anycast): a loadBalancer address must not be an anycast or external IP`},
+		{"externalIP", `(use loadBalancer) overlaps addresspool "a" spec.cidrs[0] 198.51.100.0/24 (use externalIP)`},
+		{"addresses", ""},
+		{"pod", ""},
+	} {
+		set, err := Compile([]v1alpha1.AddressPool{
+			pool("a", []string{"198.51.100.0/24"}, []string{tc.other}, []string{"x"}, nil),
+			pool("b", []string{"198.51.100.0/25"}, []string{"loadBalancer"}, []string{"x"}, nil),
+		})
+		switch {
+		case tc.want == "" && (err != nil || len(set.Pools()) != 2):
+			t.Errorf("loadBalancer over %s: %v, %d valid pools; want both valid", tc.other, err, len(set.Pools()))
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || len(set.Pools()) != 1):
+			t.Errorf("loadBalancer over %s: %v; want %q and only a valid", tc.other, err, tc.want)
+		}
+	}
+	// And the other way round: the loadBalancer pool sorts first.
+	_, err := Compile([]v1alpha1.AddressPool{
+		pool("a", []string{"2001:db8:5::/64"}, []string{"loadBalancer"}, []string{"x"}, nil),
+		pool("b", []string{"2001:db8:5::/48"}, []string{"externalIP"}, []string{"x"}, nil),
+	})
+	if want := `addresspool "b": spec.cidrs[0]: 2001:db8:5::/48 (use externalIP) overlaps addresspool "a" spec.cidrs[0] 2001:db8:5::/64 (use loadBalancer)`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("externalIP over loadBalancer: %v, want %q", err, want)
+	}
+	// The new uses authorize like the others.
+	set, _ := Compile([]v1alpha1.AddressPool{pool("lb", []string{"203.0.113.0/24"}, []string{"loadBalancer"}, []string{"x"}, nil)})
+	if p, err := set.Authorize("loadBalancer", ip("203.0.113.9"), "x", nil); err != nil || p.Name != "lb" {
+		t.Errorf("Authorize loadBalancer: %v, %v", p.Name, err)
+	}
+	if _, err := set.Authorize("externalIP", ip("203.0.113.9"), "x", nil); err == nil || !strings.Contains(err.Error(), "covers it for use loadBalancer only") {
+		t.Errorf("Authorize externalIP from a loadBalancer pool: %v", err)
+	}
+}
+
 func TestSummaryOverlaps(t *testing.T) {
 	mine := []netip.Prefix{netip.MustParsePrefix("fd00:10:1::/64"), netip.MustParsePrefix("10.10.1.0/24")}
 	others := map[string][]netip.Prefix{

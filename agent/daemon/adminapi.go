@@ -154,8 +154,8 @@ func (d *daemon) claimCounts() map[string]int {
 	for _, a := range d.state.Attachments(nodestate.Committed) {
 		for _, ip := range append(slices.Clone(a.IPs), a.Addresses...) {
 			for _, p := range v.set.Pools() {
-				if p.Uses(v1alpha1.UseAnycast) && !p.Uses(v1alpha1.UsePod) && !p.Uses(v1alpha1.UseAddresses) {
-					continue
+				if !p.Uses(v1alpha1.UsePod) && !p.Uses(v1alpha1.UseAddresses) {
+					continue // a pod's addresses are claimed only from these
 				}
 				if slices.ContainsFunc(p.CIDRs, func(c netip.Prefix) bool { return c.Contains(ip) }) {
 					out[p.Name]++

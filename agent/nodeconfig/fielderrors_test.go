@@ -101,7 +101,7 @@ spec:
 			yaml: func(t *testing.T) string {
 				return nc + "---\n" + edit(t, edge, "use: [addresses]", "use: [addresses, loadbalancer]")
 			},
-			want: []string{doc2 + `addresspool "edge": spec.use[1]: "loadbalancer" is not a use; want pod, anycast, addresses`},
+			want: []string{doc2 + `addresspool "edge": spec.use[1]: "loadbalancer" is not a use; want pod, anycast, addresses, loadBalancer, externalIP`},
 		},
 		{
 			name: "bad IPs and CIDRs name the field and the value",

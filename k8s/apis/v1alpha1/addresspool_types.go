@@ -21,13 +21,22 @@ const (
 	UseAnycast = "anycast"
 	// UseAddresses: `addresses` IPs (one pod each, unique cluster-wide).
 	UseAddresses = "addresses"
+	// UseLoadBalancer: addresses assigned to Services of type LoadBalancer
+	// (status.loadBalancer.ingress), claimed cluster-wide like `addresses`
+	// IPs.
+	UseLoadBalancer = "loadBalancer"
+	// UseExternalIP: addresses a Service may list in spec.externalIPs and
+	// have advertised (authorized, not claimed: kube-proxy lets several
+	// Services share one on different ports).
+	UseExternalIP = "externalIP"
 )
 
 // Uses lists every use, in documentation order.
-var Uses = []string{UsePod, UseAnycast, UseAddresses}
+var Uses = []string{UsePod, UseAnycast, UseAddresses, UseLoadBalancer, UseExternalIP}
 
 // AddressPool says which addresses pods may claim beyond their node's own
-// summary pools, for what, and from which namespaces. It is cluster-scoped;
+// summary pools, and Services may be given or advertise, for what, and
+// from which namespaces. It is cluster-scoped;
 // an address no pool allows is refused at ADD.
 //
 // +kubebuilder:object:root=true
@@ -67,10 +76,12 @@ type AddressPoolSpec struct {
 	CIDRs []string `json:"cidrs"`
 
 	// Use is what the addresses may be used for: pod (pod addresses by the
-	// cidr6/cidr4 annotation), anycast, addresses.
+	// cidr6/cidr4 annotation), anycast, addresses, loadBalancer (Service
+	// addresses flock assigns), externalIP (Service spec.externalIPs flock
+	// advertises).
 	// +kubebuilder:validation:MinItems=1
-	// +kubebuilder:validation:MaxItems=3
-	// +kubebuilder:validation:items:Enum=pod;anycast;addresses
+	// +kubebuilder:validation:MaxItems=5
+	// +kubebuilder:validation:items:Enum=pod;anycast;addresses;loadBalancer;externalIP
 	// +listType=set
 	Use []string `json:"use"`
 
