@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -301,7 +300,7 @@ func td(id string) string { return "Teardown " + dataplane.HostVethName(id) }
 // fakeSpeaker is the BGP reconcile target: it holds paths, can fail.
 type fakeSpeaker struct {
 	mu   sync.Mutex
-	held map[netip.Prefix]advert.Kind
+	held map[netip.Prefix]advert.Path
 	// errs fails the next n Sets (after applying half of the diff, like a
 	// partly failed batch); fault, if set, may fail any Set the same way.
 	errs  int
@@ -310,9 +309,9 @@ type fakeSpeaker struct {
 	fulls int
 }
 
-func newFakeSpeaker() *fakeSpeaker { return &fakeSpeaker{held: map[netip.Prefix]advert.Kind{}} }
+func newFakeSpeaker() *fakeSpeaker { return &fakeSpeaker{held: map[netip.Prefix]advert.Path{}} }
 
-func (f *fakeSpeaker) Set(_ context.Context, desired map[netip.Prefix]advert.Kind, full bool) error {
+func (f *fakeSpeaker) Set(_ context.Context, desired map[netip.Prefix]advert.Path, full bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.sets++
@@ -347,10 +346,15 @@ func (f *fakeSpeaker) Set(_ context.Context, desired map[netip.Prefix]advert.Kin
 	return nil
 }
 
+// Held returns the kinds held (pod routes carry nothing else).
 func (f *fakeSpeaker) Held() map[netip.Prefix]advert.Kind {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return maps.Clone(f.held)
+	out := make(map[netip.Prefix]advert.Kind, len(f.held))
+	for p, a := range f.held {
+		out[p] = a.Kind
+	}
+	return out
 }
 
 func (f *fakeSpeaker) set(fn func(f *fakeSpeaker)) {
@@ -447,7 +451,7 @@ type env struct {
 	dp         *fakeDP
 	sp         *fakeSpeaker
 	kernel     *anycast.Routes
-	bgpLoop    *reconcile.Loop[map[netip.Prefix]advert.Kind]
+	bgpLoop    *reconcile.Loop[map[netip.Prefix]advert.Path]
 	kernelLoop *reconcile.Loop[map[netip.Prefix][]dataplane.Nexthop]
 	st         *faultStore
 	dir        string
@@ -495,7 +499,7 @@ func (e *env) build(cfg envConfig) {
 		t.Fatalf("nodestate.New: %v", err)
 	}
 	e.kernel = anycast.New(e.dp)
-	e.bgpLoop = &reconcile.Loop[map[netip.Prefix]advert.Kind]{Name: "bgp", Target: e.sp, Desired: e.state.Adverts, Wake: e.state.Changed(),
+	e.bgpLoop = &reconcile.Loop[map[netip.Prefix]advert.Path]{Name: "bgp", Target: e.sp, Desired: e.state.Adverts, Wake: e.state.Changed(),
 		MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond, Log: discard}
 	e.kernelLoop = &reconcile.Loop[map[netip.Prefix][]dataplane.Nexthop]{Name: "kernel", Target: e.kernel, Desired: e.state.KernelRoutes, Wake: e.state.Changed(),
 		MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond, Log: discard}

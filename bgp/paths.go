@@ -16,13 +16,13 @@ import (
 )
 
 // Set makes the paths the speaker originates equal desired (the full set:
-// prefix → kind). Only the difference is sent, in one AddPath and one
-// DeletePath batch; a path held with the same kind is never re-sent. With
-// full, or when an earlier Set failed, it first re-reads what GoBGP really
-// holds (its global RIB, locally originated paths, kinds from the marker
-// community) and diffs against that. Set only talks to GoBGP, so it works
-// before Run.
-func (s *Speaker) Set(ctx context.Context, desired map[netip.Prefix]advert.Kind, full bool) error {
+// prefix → path). Only the difference is sent, in one AddPath and one
+// DeletePath batch; a path held with the same attributes is never re-sent.
+// With full, or when an earlier Set failed, it first re-reads what GoBGP
+// really holds (its global RIB, locally originated paths, kinds from the
+// marker community, drain and weight from theirs) and diffs against that.
+// Set only talks to GoBGP, so it works before Run.
+func (s *Speaker) Set(ctx context.Context, desired map[netip.Prefix]advert.Path, full bool) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -68,8 +68,8 @@ func (s *Speaker) countMatches() bool {
 	return n == uint64(len(s.held))
 }
 
-// Held returns what the speaker believes it originates (prefix → kind).
-func (s *Speaker) Held() map[netip.Prefix]advert.Kind {
+// Held returns what the speaker believes it originates (prefix → path).
+func (s *Speaker) Held() map[netip.Prefix]advert.Path {
 	s.pathMu.Lock()
 	defer s.pathMu.Unlock()
 	return maps.Clone(s.held)
@@ -78,7 +78,7 @@ func (s *Speaker) Held() map[netip.Prefix]advert.Kind {
 // applyPaths withdraws and announces, updating s.held with what is known
 // to have worked. Withdrawal is by path (NLRI), which also drops GoBGP's
 // UUID entry, so no UUIDs are kept.
-func (s *Speaker) applyPaths(announce map[netip.Prefix]advert.Kind, withdraw []netip.Prefix) error {
+func (s *Speaker) applyPaths(announce map[netip.Prefix]advert.Path, withdraw []netip.Prefix) error {
 	var errs []error
 	if len(withdraw) > 0 {
 		paths := make([]*apiutil.Path, 0, len(withdraw))
@@ -143,10 +143,11 @@ func (s *Speaker) applyPaths(announce map[netip.Prefix]advert.Kind, withdraw []n
 }
 
 // readRIB lists the locally originated paths GoBGP holds, with the kind
-// their marker names ("" for a path without one: not what any desired
-// kind asks for, so Set replaces or withdraws it).
-func (s *Speaker) readRIB() (map[netip.Prefix]advert.Kind, error) {
-	out := map[netip.Prefix]advert.Kind{}
+// their marker names (none for a path without one: not what any desired
+// path asks for, so Set replaces or withdraws it) and the drain and weight
+// they carry.
+func (s *Speaker) readRIB() (map[netip.Prefix]advert.Path, error) {
+	out := map[netip.Prefix]advert.Path{}
 	for _, fam := range []bgp.Family{bgp.RF_IPv4_UC, bgp.RF_IPv6_UC} {
 		var perr error
 		err := s.srv.ListPath(apiutil.ListPathRequest{TableType: api.TableType_TABLE_TYPE_GLOBAL, Family: fam}, func(nlri bgp.NLRI, paths []*apiutil.Path) {
@@ -159,7 +160,7 @@ func (s *Speaker) readRIB() (map[netip.Prefix]advert.Kind, error) {
 					perr = fmt.Errorf("bgp: read RIB: %s: %w", nlri, err)
 					continue
 				}
-				out[pfx] = s.kindOf(p.Attrs)
+				out[pfx] = s.pathOf(p.Attrs)
 			}
 		})
 		if err != nil {
@@ -172,27 +173,74 @@ func (s *Speaker) readRIB() (map[netip.Prefix]advert.Kind, error) {
 	return out, nil
 }
 
-func (s *Speaker) kindOf(attrs []bgp.PathAttributeInterface) advert.Kind {
+// pathOf recovers what path built from the attributes of a path it
+// built.
+func (s *Speaker) pathOf(attrs []bgp.PathAttributeInterface) advert.Path {
+	var out advert.Path
 	for _, a := range attrs {
-		if lc, ok := a.(*bgp.PathAttributeLargeCommunities); ok {
-			for _, v := range lc.Values {
-				if k := markerKind(s.asn, v.ASN, v.LocalData1, v.LocalData2); k != "" {
-					return k
+		switch a := a.(type) {
+		case *bgp.PathAttributeLargeCommunities:
+			for _, v := range a.Values {
+				if k := markerKind(s.asn, v.ASN, v.LocalData1, v.LocalData2); k != "" && out.Kind == "" {
+					out.Kind = k
+				}
+			}
+		case *bgp.PathAttributeCommunities:
+			out.Drain = out.Drain || slices.Contains(a.Value, gracefulShutdown)
+		case *bgp.PathAttributeExtendedCommunities:
+			for _, ec := range a.Value {
+				if lb, ok := ec.(*bgp.LinkBandwidthExtended); ok {
+					out.Weight = weightOf(lb.Bandwidth)
 				}
 			}
 		}
 	}
-	return ""
+	if out.Kind == "" {
+		return advert.Path{} // not ours, whatever else it carries
+	}
+	return out
 }
 
-// path builds a locally originated path with next-hop-self.
-func (s *Speaker) path(p netip.Prefix, k advert.Kind) (*apiutil.Path, error) {
+// gracefulShutdown is the GRACEFUL_SHUTDOWN well-known community (RFC 8326).
+const gracefulShutdown = uint32(bgp.COMMUNITY_PLANNED_SHUT)
+
+// drainPrepend is how many more times a draining path carries the node's
+// AS: an eBGP neighbour cannot be handed a lower LOCAL_PREF, but a longer
+// AS path takes the node out of the ToR's multipath set (equal AS path
+// lengths) wherever another node still delivers, whether or not the ToR
+// acts on GRACEFUL_SHUTDOWN.
+const drainPrepend = 3
+
+// bandwidthPerWeight is the link bandwidth one unit of weight stands for,
+// in bytes per second (1 Mbit/s: what FRR's `set extcommunity bandwidth`
+// counts in), so that the ToR's per-path weights are the endpoint counts.
+const bandwidthPerWeight = 125_000
+
+func weightOf(bw float32) uint32 {
+	if bw <= 0 {
+		return 0
+	}
+	return uint32(float64(bw)/bandwidthPerWeight + 0.5)
+}
+
+// linkBandwidthAS is the AS field of the link-bandwidth community: the
+// node's, or AS_TRANS when it does not fit in two octets (RFC 6793).
+func linkBandwidthAS(asn uint32) uint16 {
+	if asn > 0xffff {
+		return 23456
+	}
+	return uint16(asn)
+}
+
+// path builds a locally originated path with next-hop-self: the marker of
+// its kind and, for a Service route, the drain and weight attributes.
+func (s *Speaker) path(p netip.Prefix, a advert.Path) (*apiutil.Path, error) {
 	nlri, err := bgp.NewIPAddrPrefix(p)
 	if err != nil {
 		return nil, fmt.Errorf("bgp: %s: %w", p, err)
 	}
 	attrs := []bgp.PathAttributeInterface{bgp.NewPathAttributeOrigin(0)}
-	if k != "" {
+	if k := a.Kind; k != "" {
 		if kindIndex(k) == 0 {
 			return nil, fmt.Errorf("bgp: %s: unknown kind %q", p, k)
 		}
@@ -201,6 +249,18 @@ func (s *Speaker) path(p netip.Prefix, k advert.Kind) (*apiutil.Path, error) {
 			return nil, fmt.Errorf("bgp: %s: marker: %w", p, err)
 		}
 		attrs = append(attrs, bgp.NewPathAttributeLargeCommunities([]*bgp.LargeCommunity{lc}))
+	}
+	if a.Drain {
+		asns := make([]uint32, drainPrepend)
+		for i := range asns {
+			asns[i] = s.asn
+		}
+		attrs = append(attrs, bgp.NewPathAttributeCommunities([]uint32{gracefulShutdown}),
+			bgp.NewPathAttributeAsPath([]bgp.AsPathParamInterface{bgp.NewAs4PathParam(bgp.BGP_ASPATH_ATTR_TYPE_SEQ, asns)}))
+	}
+	if a.Weight > 0 {
+		lb := bgp.NewLinkBandwidthExtended(linkBandwidthAS(s.asn), float32(a.Weight)*bandwidthPerWeight)
+		attrs = append(attrs, bgp.NewPathAttributeExtendedCommunities([]bgp.ExtendedCommunityInterface{lb}))
 	}
 	fam := bgp.RF_IPv4_UC
 	if p.Addr().Is4() {

@@ -99,18 +99,30 @@ func countAnnounces(sp *Speaker) func() int {
 }
 
 // gobgpRIB is what the speaker's GoBGP server really originates.
+// (as kinds: the pod routes these tests set carry nothing else).
 func gobgpRIB(t *testing.T, sp *Speaker) map[netip.Prefix]advert.Kind {
 	t.Helper()
 	got, err := sp.readRIB()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return got
+	return kinds(got)
 }
+
+func kinds(paths map[netip.Prefix]advert.Path) map[netip.Prefix]advert.Kind {
+	out := make(map[netip.Prefix]advert.Kind, len(paths))
+	for p, a := range paths {
+		out[p] = a.Kind
+	}
+	return out
+}
+
+// heldKinds is what the speaker believes it holds, as kinds.
+func heldKinds(sp *Speaker) map[netip.Prefix]advert.Kind { return kinds(sp.Held()) }
 
 func set(t *testing.T, sp *Speaker, desired map[netip.Prefix]advert.Kind, full bool) {
 	t.Helper()
-	if err := sp.Set(context.Background(), desired, full); err != nil {
+	if err := sp.Set(context.Background(), advert.Paths(desired), full); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -131,7 +143,7 @@ func TestSpeakerSet(t *testing.T) {
 	// Paths set before there is any session go out once it is up.
 	first := map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod6: advert.Pod, pod4: advert.Pod}
 	set(t, sp, first, true)
-	if got := sp.Held(); !maps.Equal(got, first) {
+	if got := heldKinds(sp); !maps.Equal(got, first) {
 		t.Fatalf("Held = %v, want %v", got, first)
 	}
 	if got := gobgpRIB(t, sp); !maps.Equal(got, first) {
@@ -191,7 +203,7 @@ func TestSpeakerSet(t *testing.T) {
 	// What the set no longer has is withdrawn.
 	set(t, sp, map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod4: advert.Pod}, false)
 	r.waitRIB(t, summary6, pod4)
-	if got := sp.Held(); !maps.Equal(got, map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod4: advert.Pod}) {
+	if got := heldKinds(sp); !maps.Equal(got, map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod4: advert.Pod}) {
 		t.Errorf("Held = %v", got)
 	}
 
@@ -199,7 +211,7 @@ func TestSpeakerSet(t *testing.T) {
 	want := map[netip.Prefix]advert.Kind{summary6: advert.Summary, any6: advert.Anycast}
 	set(t, sp, want, false)
 	r.waitRIB(t, summary6, any6)
-	if got := sp.Held(); !maps.Equal(got, want) {
+	if got := heldKinds(sp); !maps.Equal(got, want) {
 		t.Errorf("Held = %v", got)
 	}
 	if got := gobgpRIB(t, sp); !maps.Equal(got, want) {
@@ -217,7 +229,7 @@ func TestSpeakerSet(t *testing.T) {
 	// Everything gone.
 	set(t, sp, nil, false)
 	r.waitRIB(t)
-	if got := sp.Held(); len(got) != 0 {
+	if got := heldKinds(sp); len(got) != 0 {
 		t.Errorf("Held = %v", got)
 	}
 	if got := gobgpRIB(t, sp); len(got) != 0 {
@@ -234,14 +246,14 @@ func TestSetFullRereadsGoBGP(t *testing.T) {
 
 	// Behind the speaker's back: pod6 withdrawn, any6 added, pod4 turned
 	// into an anycast path, and a path without a marker.
-	del, _ := sp.path(pod6, advert.Pod)
+	del, _ := sp.path(pod6, advert.Path{Kind: advert.Pod})
 	if err := sp.srv.DeletePath(apiutil.DeletePathRequest{Paths: []*apiutil.Path{del}}); err != nil {
 		t.Fatal(err)
 	}
 	stray := netip.MustParsePrefix("fd00:77::/64")
 	var add []*apiutil.Path
 	for pfx, k := range map[netip.Prefix]advert.Kind{any6: advert.Anycast, pod4: advert.Anycast, stray: ""} {
-		p, err := sp.path(pfx, k)
+		p, err := sp.path(pfx, advert.Path{Kind: k})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -263,7 +275,7 @@ func TestSetFullRereadsGoBGP(t *testing.T) {
 	if got := gobgpRIB(t, sp); !maps.Equal(got, want) {
 		t.Errorf("after a full Set GoBGP holds %v, want %v", got, want)
 	}
-	if got := sp.Held(); !maps.Equal(got, want) {
+	if got := heldKinds(sp); !maps.Equal(got, want) {
 		t.Errorf("Held = %v, want %v", got, want)
 	}
 
@@ -273,7 +285,7 @@ func TestSetFullRereadsGoBGP(t *testing.T) {
 	if err := sp.srv.DeletePath(apiutil.DeletePathRequest{Paths: []*apiutil.Path{del}}); err != nil {
 		t.Fatal(err)
 	}
-	swap, _ := sp.path(stray, "")
+	swap, _ := sp.path(stray, advert.Path{})
 	if _, err := sp.srv.AddPath(apiutil.AddPathRequest{Paths: []*apiutil.Path{swap}}); err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +321,7 @@ func TestSetPartialBatchFailure(t *testing.T) {
 		return &apiutil.Path{Family: p.Family, Nlri: p.Nlri, Attrs: p.Attrs[:1]}
 	}
 	sp.pathMu.Unlock()
-	err := sp.Set(context.Background(), map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod6: advert.Pod, bad: advert.Pod}, false)
+	err := sp.Set(context.Background(), advert.Paths(map[netip.Prefix]advert.Kind{summary6: advert.Summary, pod6: advert.Pod, bad: advert.Pod}), false)
 	if err == nil {
 		t.Fatal("Set with a bad path: no error")
 	}
@@ -329,7 +341,7 @@ func TestSetPartialBatchFailure(t *testing.T) {
 	if got := gobgpRIB(t, sp); !maps.Equal(got, want) {
 		t.Errorf("GoBGP holds %v, want %v", got, want)
 	}
-	if got := sp.Held(); !maps.Equal(got, want) {
+	if got := heldKinds(sp); !maps.Equal(got, want) {
 		t.Errorf("Held = %v, want %v", got, want)
 	}
 	r.waitRIB(t, summary6, bad, any6)
@@ -339,7 +351,7 @@ func TestSetPartialBatchFailure(t *testing.T) {
 	if got := gobgpRIB(t, sp); len(got) != 0 {
 		t.Errorf("GoBGP holds %v", got)
 	}
-	if got := sp.Held(); len(got) != 0 {
+	if got := heldKinds(sp); len(got) != 0 {
 		t.Errorf("Held = %v", got)
 	}
 	r.waitRIB(t)
@@ -443,7 +455,7 @@ func TestSpeakerCommunities(t *testing.T) {
 		t.Errorf("Neighbors = %+v", n)
 	}
 	// The paths stay held for when a peer comes back.
-	if got := len(sp.Held()); got != 4 {
+	if got := len(heldKinds(sp)); got != 4 {
 		t.Errorf("Held has %d paths, want 4", got)
 	}
 }
@@ -466,7 +478,7 @@ func TestSpeakerConcurrentUse(t *testing.T) {
 	pass := func(full bool, change func()) {
 		mu.Lock()
 		change()
-		snap := maps.Clone(desired)
+		snap := advert.Paths(desired)
 		mu.Unlock()
 		if err := sp.Set(context.Background(), snap, full); err != nil {
 			t.Error(err)
@@ -496,7 +508,7 @@ func TestSpeakerConcurrentUse(t *testing.T) {
 	wg.Go(func() {
 		for range 50 {
 			sp.Neighbors(context.Background())
-			sp.Held()
+			heldKinds(sp)
 		}
 	})
 	wg.Wait()
@@ -504,7 +516,7 @@ func TestSpeakerConcurrentUse(t *testing.T) {
 	// converges.
 	pass(false, func() {})
 	// 4 workers × 25 prefixes kept.
-	if got := len(sp.Held()); got != 100 {
+	if got := len(heldKinds(sp)); got != 100 {
 		t.Fatalf("Held has %d paths, want 100", got)
 	}
 	testutil.EventuallyWithin(t, waitFor, "ToR has the 100 kept prefixes with the last communities", func() (bool, string) {
@@ -595,7 +607,7 @@ func TestSpeakerNoTransit(t *testing.T) {
 	// Learned paths are not the speaker's: a full Set neither claims nor
 	// withdraws them.
 	set(t, sp, own, true)
-	if got := sp.Held(); !maps.Equal(got, own) {
+	if got := heldKinds(sp); !maps.Equal(got, own) {
 		t.Errorf("Held = %v, want %v", got, own)
 	}
 	node.waitRIB(t, pod6, pod4, fromA6, fromA4, fromB4)

@@ -61,6 +61,8 @@ func communitiesFor(c v1alpha1.KindCommunities, k advert.Kind) []string {
 		return c.Anycast
 	case advert.Address:
 		return c.Address
+	case advert.Service:
+		return c.Service
 	}
 	return nil
 }

@@ -82,7 +82,7 @@ type Speaker struct {
 
 	// Paths (Set, Held).
 	pathMu sync.Mutex
-	held   map[netip.Prefix]advert.Kind
+	held   map[netip.Prefix]advert.Path
 	// reread: an earlier Set failed, so GoBGP may hold paths held does not
 	// know about (AddPath reports nothing per path when one of a batch
 	// fails); the next Set re-reads the RIB first.
@@ -187,7 +187,7 @@ func New(cfg Config) (*Speaker, error) {
 		log: log, asn: cfg.ASN, passwords: cfg.Passwords, stateFile: cfg.StateFile, changed: make(chan struct{}, 1),
 		srv:  server.NewBgpServer(server.LoggerOption(slog.New(levelFilter{log.With("component", "gobgp").Handler(), lvl}), lvl)),
 		wake: make(chan struct{}, 1),
-		held: map[netip.Prefix]advert.Kind{},
+		held: map[netip.Prefix]advert.Path{},
 		want: map[string]wantPeer{}, peers: map[string]*peer{}, knownGood: map[string]bool{},
 	}
 	if s.passwords == nil {

@@ -80,9 +80,13 @@ type Route struct {
 
 // BGPRoute is one path the node originates (or wants to).
 type BGPRoute struct {
-	Prefix     string   `json:"prefix"`
-	Kind       string   `json:"kind"`
-	Owners     []string `json:"owners"` // "node" or namespace/name of the pods
+	Prefix string `json:"prefix"`
+	Kind   string `json:"kind"`
+	// Drain: sent with GRACEFUL_SHUTDOWN (a Service whose endpoints here
+	// are all terminating); Weight: the link-bandwidth weight sent.
+	Drain      bool     `json:"drain,omitempty"`
+	Weight     uint32   `json:"weight,omitempty"`
+	Owners     []string `json:"owners"` // "node", namespace/name of the pods or Services
 	Advertised bool     `json:"advertised"`
 }
 

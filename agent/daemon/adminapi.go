@@ -209,7 +209,7 @@ func (d *daemon) BGPRoutes() []admin.BGPRoute {
 	routes, _ := d.state.AdvertRoutes()
 	out := []admin.BGPRoute{}
 	for _, r := range routes {
-		br := admin.BGPRoute{Prefix: r.Prefix.String(), Kind: string(r.Kind), Advertised: held[r.Prefix] == r.Kind}
+		br := admin.BGPRoute{Prefix: r.Prefix.String(), Kind: string(r.Kind), Drain: r.Drain, Weight: r.Weight, Advertised: held[r.Prefix] == r.Path()}
 		for _, o := range r.Owners {
 			if n, ok := names[o]; ok {
 				o = n

@@ -223,7 +223,7 @@ type daemon struct {
 	speaker    *bgp.Speaker
 	kernel     *anycast.Routes
 	dp         *dataplane.Netlink
-	bgpLoop    *reconcile.Loop[map[netip.Prefix]advert.Kind]
+	bgpLoop    *reconcile.Loop[map[netip.Prefix]advert.Path]
 	kernelLoop *reconcile.Loop[map[netip.Prefix][]dataplane.Nexthop]
 	metrics    *metrics.Metrics
 	kube       *kubeMode // nil in standalone mode
@@ -309,7 +309,7 @@ func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 		return nil, err
 	}
 	d.metrics = metrics.New(d.snapshot, d.speaker.Collector())
-	d.bgpLoop = &reconcile.Loop[map[netip.Prefix]advert.Kind]{
+	d.bgpLoop = &reconcile.Loop[map[netip.Prefix]advert.Path]{
 		Name: "bgp", Target: d.speaker, Desired: d.state.Adverts, Wake: d.state.Changed(),
 		Repair: o.Repair, Log: d.log, Observe: d.observeReconcile,
 	}
@@ -398,8 +398,8 @@ func (d *daemon) snapshot() status.Node {
 		Reconcilers: []reconcile.Status{d.bgpLoop.Status(), d.kernelLoop.Status()},
 		Reaped:      map[string]uint64{},
 	}
-	for _, k := range d.speaker.Held() {
-		n.Advertised[k]++
+	for _, p := range d.speaker.Held() {
+		n.Advertised[p.Kind]++
 	}
 	for _, a := range d.state.Attachments(nodestate.Stuck) {
 		n.Stuck = append(n.Stuck, a.ContainerID+": "+a.Reason)

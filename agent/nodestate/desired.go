@@ -50,7 +50,8 @@ func (s *State) routedLocked(f func(rec *entry, ready bool)) {
 }
 
 // AdvertRoutes is the desired BGP set with the owners of each path (the
-// node for summaries, container IDs otherwise), sorted by prefix. When an
+// node for summaries, Services as namespace/name for their routes,
+// container IDs otherwise), sorted by prefix. When an
 // IP is claimed as several kinds, the first of advert.Kinds wins.
 func (s *State) AdvertRoutes() ([]advert.Route, uint64) {
 	s.mu.Lock()
@@ -92,10 +93,15 @@ func (s *State) AdvertRoutes() ([]advert.Route, uint64) {
 			add(hostPrefix(ip), advert.Address, r.ContainerID)
 		}
 	})
-	out := make([]advert.Route, 0, len(m))
+	out := make([]advert.Route, 0, len(m)+len(s.services))
 	for p, a := range m {
 		slices.Sort(a.owners)
 		out = append(out, advert.Route{Prefix: p, Kind: a.kind, Owners: slices.Compact(a.owners)})
+	}
+	for p, r := range s.services {
+		if m[p] == nil { // a pod's route outranks it
+			out = append(out, advert.Route{Prefix: p, Kind: r.Path.Kind, Drain: r.Path.Drain, Weight: r.Path.Weight, Owners: slices.Clone(r.Owners)})
+		}
 	}
 	slices.SortFunc(out, func(a, b advert.Route) int { return advert.ComparePrefixes(a.Prefix, b.Prefix) })
 	return out, s.gen

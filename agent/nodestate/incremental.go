@@ -22,7 +22,7 @@ import (
 
 // desiredSets is the incremental form of the two desired sets.
 type desiredSets struct {
-	adverts map[netip.Prefix]advert.Kind         // the BGP set
+	adverts map[netip.Prefix]advert.Path         // the BGP set
 	kernel  map[netip.Prefix][]dataplane.Nexthop // the kernel set
 	// dirty prefixes to recompute before a read; summaries: all of them
 	dirty     map[netip.Prefix]struct{}
@@ -34,7 +34,7 @@ type desiredSets struct {
 }
 
 func newDesiredSets() desiredSets {
-	return desiredSets{adverts: map[netip.Prefix]advert.Kind{},
+	return desiredSets{adverts: map[netip.Prefix]advert.Path{},
 		kernel: map[netip.Prefix][]dataplane.Nexthop{}, dirty: map[netip.Prefix]struct{}{}, summaries: true}
 }
 
@@ -149,10 +149,13 @@ func (s *State) flushLocked() {
 				}
 			}
 		})
-		if kind == "" {
+		switch sr, ok := s.services[p]; {
+		case kind != "":
+			d.adverts[p] = advert.Path{Kind: kind}
+		case ok:
+			d.adverts[p] = sr.Path
+		default:
 			delete(d.adverts, p)
-		} else {
-			d.adverts[p] = kind
 		}
 		if len(nhs) == 0 {
 			delete(d.kernel, p)
@@ -164,10 +167,10 @@ func (s *State) flushLocked() {
 	clear(d.dirty)
 }
 
-// Adverts is the desired BGP set: prefix → kind. It is the state's own
+// Adverts is the desired BGP set: prefix → path. It is the state's own
 // map, never changed after it is handed out (a later change works on a
 // copy): the caller must not change it either.
-func (s *State) Adverts() (map[netip.Prefix]advert.Kind, uint64) {
+func (s *State) Adverts() (map[netip.Prefix]advert.Path, uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.flushLocked()

@@ -19,12 +19,12 @@ import (
 var incSeed = flag.Uint64("incremental.seed", 0, "seed for TestIncrementalDesiredSets (0: from the clock)")
 
 // scratch computes both desired sets from scratch (desired.go): the oracle.
-func scratch(s *State) (map[netip.Prefix]advert.Kind, map[netip.Prefix][]dataplane.Nexthop) {
+func scratch(s *State) (map[netip.Prefix]advert.Path, map[netip.Prefix][]dataplane.Nexthop) {
 	adv, _ := s.AdvertRoutes()
 	host, _ := s.HostRoutes()
-	a := map[netip.Prefix]advert.Kind{}
+	a := map[netip.Prefix]advert.Path{}
 	for _, r := range adv {
-		a[r.Prefix] = r.Kind
+		a[r.Prefix] = r.Path()
 	}
 	h := map[netip.Prefix][]dataplane.Nexthop{}
 	for _, r := range host {
@@ -37,7 +37,8 @@ func scratch(s *State) (map[netip.Prefix]advert.Kind, map[netip.Prefix][]datapla
 // every operation of a seeded random sequence: ADDs (pods in and outside
 // the summaries, overlapping anycast and `addresses` IPs of replicas),
 // deletes, stuck and quarantined attachments, releases, readiness reports
-// and forgotten pods, suppressed summaries. Replay a failure with
+// and forgotten pods, suppressed summaries, Service routes (one of them on
+// an anycast IP, where the pod's route wins). Replay a failure with
 // -incremental.seed.
 func TestIncrementalDesiredSets(t *testing.T) {
 	seed := *incSeed
@@ -52,7 +53,7 @@ func TestIncrementalDesiredSets(t *testing.T) {
 		pods := []podmeta.ID{pod("a"), pod("b"), pod("c"), pod("d")}
 		anycast := []netip.Addr{netip.MustParseAddr("2001:db8:a::1"), netip.MustParseAddr("2001:db8:a::2"), netip.MustParseAddr("203.0.113.1")}
 		type handout struct {
-			adv, advWas   map[netip.Prefix]advert.Kind
+			adv, advWas   map[netip.Prefix]advert.Path
 			host, hostWas map[netip.Prefix][]dataplane.Nexthop
 		}
 		var handed []handout
@@ -110,6 +111,19 @@ func TestIncrementalDesiredSets(t *testing.T) {
 					sup[sum6] = "test"
 				}
 				s.SetSuppressed(sup)
+			case n < 94:
+				op = "services"
+				svc := map[netip.Prefix]ServiceRoute{}
+				for j, ip := range []netip.Addr{netip.MustParseAddr("2001:db8:5e::1"), netip.MustParseAddr("198.51.100.1"), anycast[0]} {
+					if rnd.IntN(2) == 0 {
+						continue
+					}
+					svc[hostPrefix(ip)] = ServiceRoute{
+						Path:   advert.Path{Kind: advert.Service, Drain: rnd.IntN(3) == 0, Weight: uint32(rnd.IntN(3))},
+						Owners: []string{fmt.Sprintf("ns/svc%d", j)},
+					}
+				}
+				s.SetServiceRoutes(svc)
 			case n < 95:
 				op = "quarantine"
 				id := fmt.Sprintf("q%d", i)

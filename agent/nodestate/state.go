@@ -115,6 +115,8 @@ type State struct {
 	pods    map[podKey]map[string]bool // pod incarnation → its container IDs
 	gen     uint64
 	subs    []chan struct{}
+	// services are the Service routes this node delivers (services.go).
+	services map[netip.Prefix]ServiceRoute
 	// des are the desired sets, kept incrementally (incremental.go).
 	des desiredSets
 }

@@ -203,7 +203,7 @@ func TestDesiredFollowsPhaseAndReadiness(t *testing.T) {
 		ipam.Request{Family: 6, Range: shared}, ipam.Request{Family: 4})
 	adv, _ := s.Adverts()
 	want := map[netip.Prefix]advert.Kind{sum6: advert.Summary, sum4: advert.Summary, hostPrefix(r2.IPs[0]): advert.Pod}
-	if !mapsEqual(adv, want) {
+	if !mapsEqual(adv, advert.Paths(want)) {
 		t.Fatalf("Adverts = %v, want %v (nothing Ready yet)", adv, want)
 	}
 	if hr, _ := s.KernelRoutes(); len(hr) != 0 {
@@ -218,7 +218,7 @@ func TestDesiredFollowsPhaseAndReadiness(t *testing.T) {
 	s.SetReady(pod("db"), true)
 	adv, _ = s.Adverts()
 	want[hostPrefix(any6)], want[hostPrefix(addr4)] = advert.Anycast, advert.Address
-	if !mapsEqual(adv, want) {
+	if !mapsEqual(adv, advert.Paths(want)) {
 		t.Fatalf("Adverts = %v, want %v", adv, want)
 	}
 	hr, _ := s.KernelRoutes()
@@ -236,7 +236,7 @@ func TestDesiredFollowsPhaseAndReadiness(t *testing.T) {
 	adv, _ = s.Adverts()
 	delete(want, hostPrefix(addr4))
 	delete(want, hostPrefix(r2.IPs[0]))
-	if !mapsEqual(adv, want) {
+	if !mapsEqual(adv, advert.Paths(want)) {
 		t.Errorf("Adverts while c2 is deleting = %v, want %v", adv, want)
 	}
 	if hr, _ := s.KernelRoutes(); hr[hostPrefix(addr4)] != nil {

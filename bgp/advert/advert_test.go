@@ -88,3 +88,37 @@ func TestRank(t *testing.T) {
 		t.Errorf("Rank of an unknown kind = %d, want %d", Rank("bogus"), len(Kinds))
 	}
 }
+
+// A Service route's drain and weight are part of what was sent: a change
+// of either re-announces, the same Path never does.
+func TestDiffPaths(t *testing.T) {
+	a := netip.MustParsePrefix("2001:db8:1b::1/128")
+	b := netip.MustParsePrefix("198.51.100.7/32")
+	held := map[netip.Prefix]Path{a: {Kind: Service, Weight: 2}, b: {Kind: Service}}
+	for _, tc := range []struct {
+		name     string
+		desired  map[netip.Prefix]Path
+		announce map[netip.Prefix]Path
+		withdraw []netip.Prefix
+	}{
+		{"unchanged", map[netip.Prefix]Path{a: {Kind: Service, Weight: 2}, b: {Kind: Service}}, map[netip.Prefix]Path{}, nil},
+		{"weight changes", map[netip.Prefix]Path{a: {Kind: Service, Weight: 3}, b: {Kind: Service}}, map[netip.Prefix]Path{a: {Kind: Service, Weight: 3}}, nil},
+		{"starts draining", map[netip.Prefix]Path{a: {Kind: Service, Weight: 2}, b: {Kind: Service, Drain: true}}, map[netip.Prefix]Path{b: {Kind: Service, Drain: true}}, nil},
+		{"zero Path withdraws", map[netip.Prefix]Path{a: {Kind: Service, Weight: 2}, b: {}}, map[netip.Prefix]Path{}, []netip.Prefix{b}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ann, wd := Diff(tc.desired, held)
+			if !maps.Equal(ann, tc.announce) || !slices.Equal(wd, tc.withdraw) {
+				t.Errorf("Diff = %v, %v; want %v, %v", ann, wd, tc.announce, tc.withdraw)
+			}
+		})
+	}
+	if got := Paths(map[netip.Prefix]Kind{a: Pod}); !maps.Equal(got, map[netip.Prefix]Path{a: {Kind: Pod}}) {
+		t.Errorf("Paths = %v", got)
+	}
+	// Marker numbers are positions in Kinds: the kinds before Service keep
+	// theirs (paths a running agent holds are recovered by them).
+	if !slices.Equal(Kinds[:4], []Kind{Summary, Pod, Address, Anycast}) || Kinds[4] != Service {
+		t.Errorf("Kinds = %v: an existing kind moved", Kinds)
+	}
+}

@@ -213,7 +213,14 @@ var neighborsCmd = view("/v1/bgp/neighbors", func(w *tabwriter.Writer, v []sessi
 var bgpRoutesCmd = view("/v1/bgp/routes", func(w *tabwriter.Writer, v []admin.BGPRoute, _ bool) {
 	fmt.Fprintln(w, "PREFIX\tKIND\tOWNERS\tADVERTISED")
 	for _, r := range v {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%v\n", r.Prefix, r.Kind, list(r.Owners), r.Advertised)
+		kind := r.Kind
+		if r.Drain {
+			kind += " (draining)" // sent with GRACEFUL_SHUTDOWN
+		}
+		if r.Weight > 0 {
+			kind += fmt.Sprintf(" weight %d", r.Weight)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%v\n", r.Prefix, kind, list(r.Owners), r.Advertised)
 	}
 })
 

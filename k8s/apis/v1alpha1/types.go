@@ -251,6 +251,10 @@ type KindCommunities struct {
 	// Address: `addresses` IPs of Ready pods.
 	// +optional
 	Address []string `json:"address,omitempty"`
+	// Service: LoadBalancer and external IPs of Services this node
+	// delivers (a draining one carries GRACEFUL_SHUTDOWN besides).
+	// +optional
+	Service []string `json:"service,omitempty"`
 }
 
 // Pool is one CIDR pod addresses come from.
