@@ -61,8 +61,8 @@ const NodeOwner = "node"
 type Route struct {
 	Prefix netip.Prefix
 	Kind   Kind
-	Drain  bool   `json:",omitempty"` // see Path
-	Weight uint32 `json:",omitempty"` // see Path
+	Drain  bool     `json:",omitempty"` // see Path
+	Weight uint32   `json:",omitempty"` // see Path
 	Owners []string // sorted; several for anycast replicas or shared Service addresses
 }
 
