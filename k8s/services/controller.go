@@ -1,0 +1,251 @@
+package services
+
+import (
+	"context"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
+)
+
+// Clients are the typed clients the informers list and watch with (all
+// namespaces).
+type Clients struct {
+	Services       kubeclient.ListerWatcher[*corev1.ServiceList]
+	EndpointSlices kubeclient.ListerWatcher[*discoveryv1.EndpointSliceList]
+}
+
+// byService indexes EndpointSlices by the Service they belong to.
+const byService = "service"
+
+// Controller follows Services and EndpointSlices and keeps this node's
+// Service routes: an event marks its Service, and Run recomputes only the
+// marked ones (a flip of one EndpointSlice costs one Service's decision,
+// however many Services there are). Use: New, run the factory, go Run,
+// then Routes/Addresses after each Changed.
+type Controller struct {
+	svcs, eps cache.SharedIndexInformer
+	log       *slog.Logger
+
+	mu      sync.Mutex
+	opts    Options
+	dirty   map[string]struct{} // Service keys to recompute
+	all     bool                // recompute every Service (options changed)
+	rows    map[string][]Address
+	routes  map[netip.Prefix]Route
+	wake    chan struct{}
+	changed chan struct{}
+}
+
+// New takes the informers from f and registers the handlers (before f
+// runs).
+func New(f *kubeclient.Factory, c Clients, o Options, log *slog.Logger) *Controller {
+	if log == nil {
+		log = slog.Default()
+	}
+	k := &Controller{
+		log: log, opts: o, dirty: map[string]struct{}{}, rows: map[string][]Address{}, routes: map[netip.Prefix]Route{},
+		wake: make(chan struct{}, 1), changed: make(chan struct{}, 1),
+	}
+	k.svcs = f.Informer("services", func() cache.SharedIndexInformer {
+		return kubeclient.NewInformer(c.Services, &corev1.Service{}, nil)
+	})
+	k.eps = f.Informer("endpointslices", func() cache.SharedIndexInformer {
+		inf := kubeclient.NewInformer(c.EndpointSlices, &discoveryv1.EndpointSlice{}, nil)
+		_ = inf.AddIndexers(cache.Indexers{byService: func(obj any) ([]string, error) {
+			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
+				if n := s.Labels[discoveryv1.LabelServiceName]; n != "" {
+					return []string{s.Namespace + "/" + n}, nil
+				}
+			}
+			return nil, nil
+		}})
+		return inf
+	})
+	_, _ = k.svcs.AddEventHandler(k.handler(func(obj any) string {
+		if s, ok := obj.(*corev1.Service); ok {
+			return Key(s)
+		}
+		return ""
+	}))
+	_, _ = k.eps.AddEventHandler(k.handler(func(obj any) string {
+		if s, ok := obj.(*discoveryv1.EndpointSlice); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
+			return s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]
+		}
+		return ""
+	}))
+	return k
+}
+
+func (k *Controller) handler(key func(any) string) cache.ResourceEventHandlerFuncs {
+	mark := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		if s := key(obj); s != "" {
+			k.mark(s)
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    mark,
+		UpdateFunc: func(o, n any) { mark(o); mark(n) }, // a slice may change Service
+		DeleteFunc: mark,
+	}
+}
+
+func (k *Controller) mark(key string) {
+	k.mu.Lock()
+	k.dirty[key] = struct{}{}
+	k.mu.Unlock()
+	k.poke()
+}
+
+func (k *Controller) poke() {
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
+}
+
+// SetOptions replaces the options (the AddressPools changed, so Authorize
+// answers differently; the node's config changed) and recomputes every
+// Service.
+func (k *Controller) SetOptions(o Options) {
+	k.mu.Lock()
+	k.opts, k.all = o, true
+	k.mu.Unlock()
+	k.poke()
+}
+
+// Refresh recomputes every Service with the same options (Authorize's
+// answers changed behind it).
+func (k *Controller) Refresh() {
+	k.mu.Lock()
+	k.all = true
+	k.mu.Unlock()
+	k.poke()
+}
+
+// Changed is the coalesced signal that Routes or Addresses changed.
+func (k *Controller) Changed() <-chan struct{} { return k.changed }
+
+// Routes returns the node's Service routes (a copy).
+func (k *Controller) Routes() map[netip.Prefix]Route {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	out := make(map[netip.Prefix]Route, len(k.routes))
+	for p, r := range k.routes {
+		r.Owners = slices.Clone(r.Owners)
+		out[p] = r
+	}
+	return out
+}
+
+// Addresses returns every Service address and what this node does with
+// it, sorted by Service and IP.
+func (k *Controller) Addresses() []Address {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []Address
+	for _, rows := range k.rows {
+		out = append(out, rows...)
+	}
+	SortAddresses(out)
+	return out
+}
+
+// Run recomputes what events marked until ctx ends.
+func (k *Controller) Run(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-k.wake:
+		}
+		if !k.svcs.HasSynced() || !k.eps.HasSynced() {
+			// Nothing is decided from a half-listed cache (it would
+			// withdraw what the rest of the list still holds); the
+			// informers' sync replays every object as an add, so the
+			// marks are there once it is done.
+			if !cache.WaitForCacheSync(ctx.Done(), k.svcs.HasSynced, k.eps.HasSynced) {
+				return nil
+			}
+		}
+		k.recompute()
+	}
+}
+
+// recompute decides the marked Services again and publishes the routes
+// when they changed.
+func (k *Controller) recompute() {
+	k.mu.Lock()
+	o, all := k.opts, k.all
+	keys := slices.Collect(maps.Keys(k.dirty))
+	clear(k.dirty)
+	k.all = false
+	k.mu.Unlock()
+	if all {
+		keys = keys[:0]
+		for _, obj := range k.svcs.GetStore().List() {
+			if s, ok := obj.(*corev1.Service); ok {
+				keys = append(keys, Key(s))
+			}
+		}
+	}
+	rows := make(map[string][]Address, len(keys))
+	for _, key := range keys {
+		obj, ok, err := k.svcs.GetStore().GetByKey(key)
+		if err != nil || !ok {
+			rows[key] = nil // gone
+			continue
+		}
+		s := obj.(*corev1.Service)
+		rows[key] = ForService(o, s, k.slices(key))
+	}
+	k.mu.Lock()
+	if all {
+		clear(k.rows)
+	}
+	for key, r := range rows {
+		if len(r) == 0 {
+			delete(k.rows, key)
+		} else {
+			k.rows[key] = r
+		}
+	}
+	var flat []Address
+	for _, r := range k.rows {
+		flat = append(flat, r...)
+	}
+	routes := Routes(k.opts, flat)
+	same := maps.EqualFunc(routes, k.routes, func(a, b Route) bool { return a.Path == b.Path && slices.Equal(a.Owners, b.Owners) })
+	k.routes = routes
+	k.mu.Unlock()
+	if !same {
+		select {
+		case k.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (k *Controller) slices(key string) []*discoveryv1.EndpointSlice {
+	objs, err := k.eps.GetIndexer().ByIndex(byService, key)
+	if err != nil {
+		return nil
+	}
+	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	for _, o := range objs {
+		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
