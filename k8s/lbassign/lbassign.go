@@ -1,0 +1,779 @@
+// Package lbassign is the pure core of LoadBalancer address assignment: it
+// decides which addresses of the loadBalancer AddressPools a Service of
+// type LoadBalancer gets (status.loadBalancer.ingress). It holds no client,
+// does no I/O and starts no goroutines; it is not safe for concurrent use
+// (the leader-elected controller that feeds it serializes its calls).
+//
+// Modelled on MetalLB's allocator (internal/allocator) and on Kubernetes'
+// rules for spec.ipFamilies and spec.ipFamilyPolicy:
+//
+//   - Families. SingleStack (or empty) gets the first family of
+//     spec.ipFamilies; RequireDualStack both, or an error; PreferDualStack
+//     both when it can: a family is given when a pool of that family is
+//     allowed to the namespace and has a free address (Kubernetes gives
+//     PreferDualStack a second family only when the cluster has one; here
+//     the pools are the cluster). Empty spec.ipFamilies means
+//     Allocator.DefaultFamily (IPv6 unless set), plus the other family
+//     for the dual-stack policies. Addresses come back primary family
+//     first.
+//   - Stability. A family's address is kept while it is still valid —
+//     the Service's status (Service.Current) first, then what the
+//     allocator recorded — so an unrelated edit, a restart or a new leader
+//     never moves it. Valid: of a family the Service gets, in a pool
+//     allowed to its namespace (and named by its address-pool annotation,
+//     if any), equal to what it requests for that family (if it does),
+//     not reserved, and shareable with every other holder.
+//   - Requests. An address in loadBalancerIPs (or spec.loadBalancerIP)
+//     pins its family; the families it does not name are kept or
+//     allocated as above (like spec.clusterIPs, where Kubernetes fills in
+//     a missing secondary; MetalLB instead refuses a request that does not
+//     cover every family).
+//   - Allocation. The first usable address in pool name order, then
+//     address order. Usable: not reserved and free, or held only by
+//     Services it may be shared with (MetalLB's getIPFromCIDR does the
+//     same: first fit over free and shareable alike). Every address of a
+//     prefix is handed out, network and broadcast-like ones included:
+//     MetalLB only skips IPv4 addresses ending in .0 and .255 in pools
+//     with avoidBuggyIPs (an opt-in for buggy CPE firmware), and flock
+//     advertises each address as a host route, where they are not
+//     special.
+//   - Sharing (MetalLB's allow-shared-ip). Services may hold one address
+//     only if all have the same non-empty sharing key, no two use the
+//     same port (number and protocol), all have the same
+//     externalTrafficPolicy and, when Local, the same selector. MetalLB's
+//     backend key lets a Local Service with an empty selector share with
+//     Cluster ones; here the policies must match. A sole holder may
+//     change its key in place (as in MetalLB).
+//   - Errors. A bad input (see Code) returns an *Error naming the field,
+//     the value and why, and changes nothing: the Service keeps what it
+//     had and nothing new is recorded. MetalLB instead clears a Service's
+//     address before trying again, so a typo in an annotation takes it
+//     away.
+//
+// A new leader calls Restore for every Service that has addresses before
+// its first Assign, so that a Service assigned early cannot take the
+// address of one not seen yet.
+package lbassign
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"math"
+	"math/bits"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Annotations a Service may carry, and the fields errors name.
+const (
+	AnnotationLoadBalancerIPs = "flock.fritzlab.net/loadBalancerIPs"
+	AnnotationAddressPool     = "flock.fritzlab.net/address-pool"
+	AnnotationAllowSharedIP   = "flock.fritzlab.net/allow-shared-ip"
+
+	FieldLoadBalancerIPs = "metadata.annotations[" + AnnotationLoadBalancerIPs + "]"
+	FieldLoadBalancerIP  = "spec.loadBalancerIP" // deprecated
+	FieldAddressPool     = "metadata.annotations[" + AnnotationAddressPool + "]"
+	FieldIPFamilies      = "spec.ipFamilies"
+	FieldIPFamilyPolicy  = "spec.ipFamilyPolicy"
+)
+
+// Pool is an AddressPool with use loadBalancer.
+type Pool struct {
+	Name string
+	// Prefixes, IPv6 and/or IPv4. Overlapping ones count once.
+	Prefixes []netip.Prefix
+	// Allows says whether a namespace may use the pool; nil: none may
+	// (an AddressPool with neither namespaces nor a selector).
+	Allows func(namespace string) bool
+}
+
+// Port is one port of a Service.
+type Port struct {
+	Port     int32
+	Protocol corev1.Protocol // empty: TCP, as in the API
+}
+
+func (p Port) String() string { return fmt.Sprintf("%s/%d", p.Protocol, p.Port) }
+
+// Service is what the allocator needs of a Service of type LoadBalancer.
+type Service struct {
+	Key       string // namespace/name
+	Namespace string
+	// Families is spec.ipFamilies, in order; empty: the cluster default
+	// (Allocator.DefaultFamily).
+	Families []corev1.IPFamily
+	// Policy is spec.ipFamilyPolicy; empty: SingleStack.
+	Policy corev1.IPFamilyPolicy
+	// Requested are the raw addresses asked for, at most one per family.
+	Requested []string
+	// RequestedField is where Requested came from, for errors:
+	// FieldLoadBalancerIPs (when empty) or FieldLoadBalancerIP.
+	RequestedField string
+	// Pools are the raw pool names of the address-pool annotation; empty:
+	// any pool allowed to the namespace.
+	Pools      []string
+	SharingKey string // the allow-shared-ip annotation
+	Ports      []Port
+	Local      bool // externalTrafficPolicy Local
+	Selector   map[string]string
+	// Current is what status.loadBalancer.ingress holds now.
+	Current []netip.Addr
+}
+
+// Code classifies an Error, e.g. for an Event's reason.
+type Code string
+
+// Codes of Error.
+const (
+	CodeInvalid        Code = "Invalid"        // malformed value
+	CodeWrongFamily    Code = "WrongFamily"    // requested address of a family the Service does not get, or two of one
+	CodeNotInPool      Code = "NotInPool"      // requested address outside every usable pool
+	CodeInUse          Code = "InUse"          // requested address held by a Service it may not be shared with
+	CodeReserved       Code = "Reserved"       // requested address reserved by something else
+	CodeUnknownPool    Code = "UnknownPool"    // address-pool names no loadBalancer pool
+	CodePoolNotAllowed Code = "PoolNotAllowed" // address-pool names a pool the namespace may not use
+	CodeNoPool         Code = "NoPool"         // no usable pool has a family the Service needs
+	CodeExhausted      Code = "Exhausted"      // the usable pools of a family have no free address
+)
+
+// Error is a bad input: the field, its value, and why.
+type Error struct {
+	Code   Code
+	Field  string
+	Value  string
+	Reason string
+	Err    error // the underlying error, if any
+}
+
+func (e *Error) Error() string {
+	s := fmt.Sprintf("%s %q: %s", e.Field, e.Value, e.Reason)
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Allocator tracks the pools, the Services' addresses and the reserved
+// addresses. The zero value is not usable: call New.
+type Allocator struct {
+	// DefaultFamily is the cluster's primary family, for Services with no
+	// spec.ipFamilies; empty: IPv6.
+	DefaultFamily corev1.IPFamily
+
+	pools    []pool // by name
+	byName   map[string]*pool
+	svcs     map[string]*record
+	holders  map[netip.Addr]map[string]struct{} // address → Service keys
+	reserved map[netip.Addr]string              // address → holder
+	used     map[string]uint64                  // pool → held addresses in it
+}
+
+type pool struct {
+	name     string
+	prefixes []netip.Prefix // disjoint, by address
+	allows   func(string) bool
+	size     uint64
+}
+
+// record is a Service's assignment and the attributes sharing depends on,
+// as of its last successful Assign or Restore.
+type record struct {
+	ns       string
+	addrs    []netip.Addr
+	sharing  string
+	ports    []Port
+	local    bool
+	selector map[string]string
+	pools    []string // address-pool annotation; nil: any allowed
+}
+
+// New returns an Allocator of pools with no assignments.
+func New(pools []Pool) *Allocator {
+	a := &Allocator{
+		svcs:     map[string]*record{},
+		holders:  map[netip.Addr]map[string]struct{}{},
+		reserved: map[netip.Addr]string{},
+	}
+	a.SetPools(pools)
+	return a
+}
+
+// SetPools replaces the pools. Assignments stay: a Service whose address
+// is no longer in a pool it may use is reported by Stale.
+func (a *Allocator) SetPools(pools []Pool) {
+	a.pools = make([]pool, 0, len(pools)) // byName points into it: never reuse the old one
+	a.byName = map[string]*pool{}
+	for _, p := range pools {
+		if _, dup := a.byName[p.Name]; dup {
+			continue // names are unique in the API; keep the first
+		}
+		a.pools = append(a.pools, pool{name: p.Name, prefixes: normalize(p.Prefixes), allows: p.Allows})
+	}
+	slices.SortFunc(a.pools, func(x, y pool) int { return strings.Compare(x.name, y.name) })
+	for i := range a.pools {
+		p := &a.pools[i]
+		for _, pf := range p.prefixes {
+			p.size = addSat(p.size, prefixSize(pf))
+		}
+		a.byName[p.name] = p
+	}
+	a.used = map[string]uint64{}
+	for addr := range a.holders {
+		a.count(addr, 1)
+	}
+}
+
+// normalize masks the prefixes, drops invalid ones and those inside
+// another, and sorts them by address, so that sizes count each address
+// once and allocation walks addresses in order.
+func normalize(in []netip.Prefix) []netip.Prefix {
+	var ps []netip.Prefix
+	for _, p := range in {
+		if p.IsValid() {
+			ps = append(ps, p.Masked())
+		}
+	}
+	// Shorter first among equal addresses, so a covering prefix precedes
+	// what it covers.
+	slices.SortFunc(ps, func(x, y netip.Prefix) int {
+		if c := x.Addr().Compare(y.Addr()); c != 0 {
+			return c
+		}
+		return cmp.Compare(x.Bits(), y.Bits())
+	})
+	var out []netip.Prefix
+	for _, p := range ps {
+		covered := false
+		for _, q := range out {
+			if q.Addr().Is4() == p.Addr().Is4() && q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func prefixSize(p netip.Prefix) uint64 {
+	n := p.Addr().BitLen() - p.Bits()
+	if n >= 64 {
+		return math.MaxUint64
+	}
+	return 1 << n
+}
+
+func addSat(x, y uint64) uint64 {
+	s, carry := bits.Add64(x, y, 0)
+	if carry != 0 {
+		return math.MaxUint64
+	}
+	return s
+}
+
+// count adds d (±1) to the used count of every pool holding addr.
+func (a *Allocator) count(addr netip.Addr, d int) {
+	for i := range a.pools {
+		if a.pools[i].contains(addr) {
+			if d > 0 {
+				a.used[a.pools[i].name]++
+			} else {
+				a.used[a.pools[i].name]--
+			}
+		}
+	}
+}
+
+func (p *pool) contains(addr netip.Addr) bool {
+	for _, pf := range p.prefixes {
+		if pf.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *pool) hasFamily(f corev1.IPFamily) bool {
+	for _, pf := range p.prefixes {
+		if family(pf.Addr()) == f {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *pool) allowed(ns string) bool { return p.allows != nil && p.allows(ns) }
+
+func family(addr netip.Addr) corev1.IPFamily {
+	if addr.Is4() {
+		return corev1.IPv4Protocol
+	}
+	return corev1.IPv6Protocol
+}
+
+func other(f corev1.IPFamily) corev1.IPFamily {
+	if f == corev1.IPv4Protocol {
+		return corev1.IPv6Protocol
+	}
+	return corev1.IPv4Protocol
+}
+
+// InUse returns how many addresses of pool Services hold (an address in
+// two pools counts in both; reserved ones do not count) and the pool's
+// size, saturating at MaxUint64. An unknown pool: 0, 0.
+func (a *Allocator) InUse(pool string) (used, size uint64) {
+	p := a.byName[pool]
+	if p == nil {
+		return 0, 0
+	}
+	return a.used[pool], p.size
+}
+
+// Owners returns the keys of the Services holding ip, sorted.
+func (a *Allocator) Owners(ip netip.Addr) []string {
+	return slices.Sorted(maps.Keys(a.holders[ip]))
+}
+
+// Addrs returns what the allocator recorded for the Service key.
+func (a *Allocator) Addrs(key string) []netip.Addr {
+	if r := a.svcs[key]; r != nil {
+		return slices.Clone(r.addrs)
+	}
+	return nil
+}
+
+// Reserve marks ip as taken by something other than a Service of this
+// allocator (a pod's claim, another cluster object), named by: Assign
+// never hands it out. Services holding it are reported by Stale.
+func (a *Allocator) Reserve(ip netip.Addr, by string) { a.reserved[ip] = by }
+
+// Unreserve undoes Reserve.
+func (a *Allocator) Unreserve(ip netip.Addr) { delete(a.reserved, ip) }
+
+// Release forgets the Service key (deleted, or no longer a LoadBalancer)
+// and frees its addresses that no other Service shares.
+func (a *Allocator) Release(key string) {
+	r := a.svcs[key]
+	if r == nil {
+		return
+	}
+	delete(a.svcs, key)
+	for _, addr := range r.addrs {
+		h := a.holders[addr]
+		delete(h, key)
+		if len(h) == 0 {
+			delete(a.holders, addr)
+			a.count(addr, -1)
+		}
+	}
+}
+
+func (a *Allocator) record(key string, r *record) {
+	a.Release(key)
+	a.svcs[key] = r
+	for _, addr := range r.addrs {
+		h := a.holders[addr]
+		if h == nil {
+			h = map[string]struct{}{}
+			a.holders[addr] = h
+			a.count(addr, 1)
+		}
+		h[key] = struct{}{}
+	}
+}
+
+// Stale returns the keys, sorted, of the Services holding an address that
+// is reserved, or no longer in a pool they may use (SetPools changed the
+// pools or who may use them): the controller Assigns them again, and
+// decides what to do (e.g. Release and clear the status) when that fails.
+func (a *Allocator) Stale() []string {
+	var out []string
+	for key, r := range a.svcs {
+		for _, addr := range r.addrs {
+			if _, ok := a.reserved[addr]; ok || !a.inPools(addr, r.ns, r.pools) {
+				out = append(out, key)
+				break
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// inPools says whether addr is in a pool allowed to ns and, when names is
+// not empty, named in it.
+func (a *Allocator) inPools(addr netip.Addr, ns string, names []string) bool {
+	for i := range a.pools {
+		p := &a.pools[i]
+		if p.allowed(ns) && (len(names) == 0 || slices.Contains(names, p.name)) && p.contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// spec is a Service's input, checked.
+type spec struct {
+	Service
+	fams     []corev1.IPFamily // candidates, primary first
+	required int               // how many of fams must be given
+	rec      *record           // the attributes to record
+	reqField string
+	// Filled by request:
+	req    map[corev1.IPFamily]netip.Addr
+	reqRaw map[corev1.IPFamily]string // as written, for errors
+	pools  []*pool                    // usable pools, by name
+}
+
+// shape checks the families, the policy and the sharing attributes.
+func (a *Allocator) shape(s Service) (*spec, error) {
+	sp := &spec{Service: s, reqField: s.RequestedField}
+	if sp.reqField == "" {
+		sp.reqField = FieldLoadBalancerIPs
+	}
+	seen := map[corev1.IPFamily]bool{}
+	for _, f := range s.Families {
+		if f != corev1.IPv4Protocol && f != corev1.IPv6Protocol {
+			return nil, &Error{Code: CodeInvalid, Field: FieldIPFamilies, Value: string(f), Reason: "not IPv4 or IPv6"}
+		}
+		if seen[f] {
+			return nil, &Error{Code: CodeInvalid, Field: FieldIPFamilies, Value: string(f), Reason: "listed twice"}
+		}
+		seen[f] = true
+	}
+	fams := slices.Clone(s.Families)
+	if len(fams) == 0 {
+		def := corev1.IPv6Protocol
+		if a.DefaultFamily == corev1.IPv4Protocol {
+			def = corev1.IPv4Protocol
+		}
+		fams = []corev1.IPFamily{def}
+	}
+	switch s.Policy {
+	case "", corev1.IPFamilyPolicySingleStack:
+		sp.fams, sp.required = fams[:1], 1
+	case corev1.IPFamilyPolicyPreferDualStack, corev1.IPFamilyPolicyRequireDualStack:
+		if len(fams) == 1 {
+			fams = append(fams, other(fams[0]))
+		}
+		sp.fams = fams
+		if s.Policy == corev1.IPFamilyPolicyRequireDualStack {
+			sp.required = 2
+		}
+	default:
+		return nil, &Error{Code: CodeInvalid, Field: FieldIPFamilyPolicy, Value: string(s.Policy),
+			Reason: "not SingleStack, PreferDualStack or RequireDualStack"}
+	}
+	ports := make([]Port, 0, len(s.Ports))
+	for _, p := range s.Ports {
+		if p.Protocol == "" {
+			p.Protocol = corev1.ProtocolTCP
+		}
+		ports = append(ports, p)
+	}
+	var pools []string
+	for _, n := range s.Pools {
+		if n = strings.TrimSpace(n); n != "" && !slices.Contains(pools, n) {
+			pools = append(pools, n)
+		}
+	}
+	sp.rec = &record{ns: s.Namespace, sharing: s.SharingKey, ports: ports, local: s.Local,
+		selector: maps.Clone(s.Selector), pools: pools}
+	return sp, nil
+}
+
+func (sp *spec) wants(f corev1.IPFamily) bool { return slices.Contains(sp.fams, f) }
+
+func (sp *spec) famList() string {
+	var ss []string
+	for _, f := range sp.fams {
+		ss = append(ss, string(f))
+	}
+	return strings.Join(ss, ",")
+}
+
+// request checks the address-pool annotation and the requested addresses
+// (their syntax and family; usability is checked later).
+func (a *Allocator) request(sp *spec) error {
+	for _, n := range sp.rec.pools {
+		p := a.byName[n]
+		if p == nil {
+			return &Error{Code: CodeUnknownPool, Field: FieldAddressPool, Value: n, Reason: "no loadBalancer AddressPool has that name"}
+		}
+		if !p.allowed(sp.Namespace) {
+			return &Error{Code: CodePoolNotAllowed, Field: FieldAddressPool, Value: n,
+				Reason: fmt.Sprintf("namespace %s may not use the pool", sp.Namespace)}
+		}
+	}
+	for i := range a.pools {
+		p := &a.pools[i]
+		if p.allowed(sp.Namespace) && (len(sp.rec.pools) == 0 || slices.Contains(sp.rec.pools, p.name)) {
+			sp.pools = append(sp.pools, p)
+		}
+	}
+	sp.req = map[corev1.IPFamily]netip.Addr{}
+	sp.reqRaw = map[corev1.IPFamily]string{}
+	for _, raw := range sp.Requested {
+		v := strings.TrimSpace(raw)
+		if v == "" {
+			continue
+		}
+		addr, err := netip.ParseAddr(v)
+		switch {
+		case err != nil:
+			return &Error{Code: CodeInvalid, Field: sp.reqField, Value: v, Reason: "not an IP address", Err: err}
+		case addr.Zone() != "":
+			return &Error{Code: CodeInvalid, Field: sp.reqField, Value: v, Reason: "an address with a zone"}
+		case addr.Is4In6():
+			return &Error{Code: CodeInvalid, Field: sp.reqField, Value: v, Reason: "an IPv4-mapped IPv6 address; write it as IPv4"}
+		}
+		f := family(addr)
+		if !sp.wants(f) {
+			return &Error{Code: CodeWrongFamily, Field: sp.reqField, Value: v,
+				Reason: fmt.Sprintf("an %s address, but the Service gets only %s (%s %s)", f, sp.famList(), FieldIPFamilyPolicy, policyName(sp.Policy))}
+		}
+		if prev, ok := sp.req[f]; ok {
+			return &Error{Code: CodeWrongFamily, Field: sp.reqField, Value: v,
+				Reason: fmt.Sprintf("a second %s address (%s is one); at most one per family", f, prev)}
+		}
+		sp.req[f], sp.reqRaw[f] = addr, v
+	}
+	return nil
+}
+
+func policyName(p corev1.IPFamilyPolicy) corev1.IPFamilyPolicy {
+	if p == "" {
+		return corev1.IPFamilyPolicySingleStack
+	}
+	return p
+}
+
+// usable says why addr (written value) may not be given to sp, or nil.
+// The errors are for a requested address: an address kept silently moves.
+func (a *Allocator) usable(sp *spec, addr netip.Addr, value string) error {
+	if !slices.ContainsFunc(sp.pools, func(p *pool) bool { return p.contains(addr) }) {
+		return &Error{Code: CodeNotInPool, Field: sp.reqField, Value: value, Reason: a.whyNotInPool(sp, addr)}
+	}
+	if by, ok := a.reserved[addr]; ok {
+		return &Error{Code: CodeReserved, Field: sp.reqField, Value: value, Reason: "reserved by " + by}
+	}
+	if why := a.conflict(sp, addr); why != "" {
+		return &Error{Code: CodeInUse, Field: sp.reqField, Value: value, Reason: why}
+	}
+	return nil
+}
+
+func (a *Allocator) whyNotInPool(sp *spec, addr netip.Addr) string {
+	var in, allowed []string
+	for i := range a.pools {
+		if p := &a.pools[i]; p.contains(addr) {
+			in = append(in, p.name)
+			if p.allowed(sp.Namespace) {
+				allowed = append(allowed, p.name)
+			}
+		}
+	}
+	switch {
+	case len(in) == 0:
+		return "in no loadBalancer AddressPool"
+	case len(allowed) == 0:
+		return fmt.Sprintf("in pool %s, which namespace %s may not use", strings.Join(in, ", "), sp.Namespace)
+	default:
+		return fmt.Sprintf("in pool %s, not in the pool(s) %s names (%s)", strings.Join(allowed, ", "),
+			FieldAddressPool, strings.Join(sp.rec.pools, ", "))
+	}
+}
+
+// conflict says why addr, held by other Services, may not be shared with
+// sp, naming the first such Service in key order; "" if it may.
+func (a *Allocator) conflict(sp *spec, addr netip.Addr) string {
+	for _, key := range a.Owners(addr) {
+		if key == sp.Key {
+			continue
+		}
+		o := a.svcs[key]
+		switch {
+		case o.sharing == "":
+			return fmt.Sprintf("in use by Service %s, which does not allow sharing (%s)", key, AnnotationAllowSharedIP)
+		case sp.rec.sharing == "":
+			return fmt.Sprintf("in use by Service %s; sharing needs %s on both", key, AnnotationAllowSharedIP)
+		case o.sharing != sp.rec.sharing:
+			return fmt.Sprintf("in use by Service %s with %s %q, not %q", key, AnnotationAllowSharedIP, o.sharing, sp.rec.sharing)
+		case o.local != sp.rec.local:
+			return fmt.Sprintf("in use by Service %s with externalTrafficPolicy %s, not %s", key, etp(o.local), etp(sp.rec.local))
+		case sp.rec.local && !maps.Equal(o.selector, sp.rec.selector):
+			return fmt.Sprintf("in use by Service %s with selector %s, not %s; Local Services share an address only with the same selector",
+				key, selectorString(o.selector), selectorString(sp.rec.selector))
+		}
+		for _, p := range sp.rec.ports {
+			if slices.Contains(o.ports, p) {
+				return fmt.Sprintf("port %s is also used by Service %s", p, key)
+			}
+		}
+	}
+	return ""
+}
+
+func etp(local bool) corev1.ServiceExternalTrafficPolicy {
+	if local {
+		return corev1.ServiceExternalTrafficPolicyLocal
+	}
+	return corev1.ServiceExternalTrafficPolicyCluster
+}
+
+func selectorString(m map[string]string) string {
+	if len(m) == 0 {
+		return "{}"
+	}
+	var kv []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		kv = append(kv, k+"="+m[k])
+	}
+	return strings.Join(kv, ",")
+}
+
+// Assign returns the Service's addresses, one per family it gets, primary
+// family first, and records them. Per family: the requested address if
+// any; else the address it has (Current, then what the allocator recorded)
+// while still valid; else the first usable address of its pools. On error
+// (an *Error) nothing changes.
+func (a *Allocator) Assign(s Service) ([]netip.Addr, error) {
+	sp, err := a.shape(s)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.request(sp); err != nil {
+		return nil, err
+	}
+	// Every request first, so that its error wins over exhaustion.
+	for _, f := range sp.fams {
+		if addr, ok := sp.req[f]; ok {
+			if err := a.usable(sp, addr, sp.reqRaw[f]); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var had []netip.Addr
+	had = append(had, s.Current...)
+	if r := a.svcs[s.Key]; r != nil {
+		had = append(had, r.addrs...)
+	}
+	var out []netip.Addr
+	var missing []corev1.IPFamily // families with no address and no error yet
+	for i, f := range sp.fams {
+		if addr, ok := sp.req[f]; ok {
+			out = append(out, addr)
+			continue
+		}
+		if j := slices.IndexFunc(had, func(h netip.Addr) bool { return family(h) == f && a.usable(sp, h, "") == nil }); j >= 0 {
+			out = append(out, had[j])
+			continue
+		}
+		if addr, ok := a.free(sp, f); ok {
+			out = append(out, addr)
+			continue
+		}
+		if i < sp.required {
+			return nil, a.noFree(sp, []corev1.IPFamily{f})
+		}
+		missing = append(missing, f)
+	}
+	if len(out) == 0 {
+		return nil, a.noFree(sp, missing)
+	}
+	sp.rec.addrs = out
+	a.record(s.Key, sp.rec)
+	return slices.Clone(out), nil
+}
+
+// free returns the first address of family f that sp may use.
+func (a *Allocator) free(sp *spec, f corev1.IPFamily) (netip.Addr, bool) {
+	for _, p := range sp.pools {
+		for _, pf := range p.prefixes {
+			if family(pf.Addr()) != f {
+				continue
+			}
+			for addr := pf.Addr(); addr.IsValid() && pf.Contains(addr); addr = addr.Next() {
+				if _, ok := a.reserved[addr]; !ok && a.conflict(sp, addr) == "" {
+					return addr, true
+				}
+			}
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// noFree is the error for families that got no address: no pool has them
+// (NoPool) or every pool that has them is full (Exhausted).
+func (a *Allocator) noFree(sp *spec, fams []corev1.IPFamily) error {
+	var names, fs []string
+	for _, f := range fams {
+		fs = append(fs, string(f))
+		for _, p := range sp.pools {
+			if p.hasFamily(f) && !slices.Contains(names, p.name) {
+				names = append(names, p.name)
+			}
+		}
+	}
+	famStr := strings.Join(fs, ",")
+	where := fmt.Sprintf("allowed to namespace %s", sp.Namespace)
+	if len(sp.rec.pools) > 0 {
+		where += fmt.Sprintf(" and named by %s (%s)", FieldAddressPool, strings.Join(sp.rec.pools, ", "))
+	}
+	field, value := FieldIPFamilies, famStr
+	if sp.required == 2 {
+		field, value = FieldIPFamilyPolicy, string(corev1.IPFamilyPolicyRequireDualStack)
+	}
+	if len(names) == 0 {
+		return &Error{Code: CodeNoPool, Field: field, Value: value,
+			Reason: fmt.Sprintf("no loadBalancer pool with %s addresses is %s", famStr, where)}
+	}
+	return &Error{Code: CodeExhausted, Field: field, Value: value,
+		Reason: fmt.Sprintf("no free %s address in pool %s (%s)", famStr, strings.Join(names, ", "), where)}
+}
+
+// Restore records the Service's Current addresses that are still valid —
+// of a family it gets, in a pool its namespace may use, not reserved and
+// shareable with the Services restored before it — allocating nothing,
+// and returns them. A new leader restores every Service before its first
+// Assign. The address-pool annotation and the requests are left to
+// Assign (Stale reports a Service whose address its annotation excludes).
+// A Service the allocator already knows is left as it is.
+//
+// Restore sees the spec as it is now. A Service whose edit failed (say a
+// port that now clashes with a sharer, and no other address free) kept
+// its address with its old ports; restored, it conflicts with the sharer,
+// and whichever of the two is restored first keeps the address.
+func (a *Allocator) Restore(s Service) []netip.Addr {
+	if r := a.svcs[s.Key]; r != nil {
+		return slices.Clone(r.addrs)
+	}
+	sp, err := a.shape(s)
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, f := range sp.fams {
+		j := slices.IndexFunc(s.Current, func(h netip.Addr) bool {
+			_, reserved := a.reserved[h]
+			return family(h) == f && !reserved && a.inPools(h, s.Namespace, nil) && a.conflict(sp, h) == ""
+		})
+		if j >= 0 {
+			out = append(out, s.Current[j])
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	sp.rec.addrs = out
+	a.record(s.Key, sp.rec)
+	return slices.Clone(out)
+}
