@@ -109,6 +109,9 @@ func TestRBAC(t *testing.T) {
 		"/nodes: list watch",          // the agent's own Node (a field selector), templates render from it
 		"/events: create patch",
 		"events.k8s.io/events: create patch",
+		// Service routes: read-only.
+		"/services: get list watch",
+		"discovery.k8s.io/endpointslices: get list watch",
 		// The policy container: what it enforces, and the nodes an
 		// AdminNetworkPolicy's node peers select.
 		"networking.k8s.io/networkpolicies: get list watch",

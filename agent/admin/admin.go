@@ -23,6 +23,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/bgp/session"
 	"code.fritzlab.net/fritzlab/flock/cni/wire/unixsock"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
+	"code.fritzlab.net/fritzlab/flock/k8s/services"
 )
 
 // DefaultSocket is the admin socket path.
@@ -119,6 +120,8 @@ type Source interface {
 	Routes() []Route
 	Neighbors() []session.Neighbor
 	BGPRoutes() []BGPRoute
+	// Services: every Service address and what this node does with it.
+	Services() []services.Address
 	// SetReadiness records a pod's readiness and returns how many pod
 	// incarnations it applied to.
 	SetReadiness(r Readiness) (int, error)
@@ -141,6 +144,7 @@ func Handler(src Source) http.Handler {
 	get("/v1/routes", func() any { return src.Routes() })
 	get("/v1/bgp/neighbors", func() any { return src.Neighbors() })
 	get("/v1/bgp/routes", func() any { return src.BGPRoutes() })
+	get("/v1/services", func() any { return src.Services() })
 	mux.HandleFunc("POST /v1/pods/readiness", func(w http.ResponseWriter, r *http.Request) {
 		var req Readiness
 		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&req); err != nil {

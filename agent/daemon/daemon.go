@@ -436,8 +436,9 @@ func (d *daemon) applySpec(spec *v1alpha1.NodeConfigSpec) error {
 	oldRest, newRest := d.spec, *spec
 	d.mu.Unlock()
 	oldRest.BGP.Peers, newRest.BGP.Peers = nil, nil
+	oldRest.Services, newRest.Services = v1alpha1.Services{}, v1alpha1.Services{}
 	if !reflect.DeepEqual(oldRest, newRest) {
-		d.log.Warn("reload: changes outside spec.bgp.peers (pools, defaults, asn, routerID, listen port, import policy) take effect at the next agent restart")
+		d.log.Warn("reload: changes outside spec.bgp.peers and spec.services (pools, defaults, asn, routerID, listen port, import policy) take effect at the next agent restart")
 	}
 	if err := d.speaker.ApplyPeers(spec.BGP.Peers); err != nil {
 		d.metrics.ReloadsTotal.WithLabelValues("error").Inc()
@@ -446,7 +447,11 @@ func (d *daemon) applySpec(spec *v1alpha1.NodeConfigSpec) error {
 	}
 	d.mu.Lock()
 	d.spec.BGP.Peers = spec.BGP.Peers
+	d.spec.Services = spec.Services
 	d.mu.Unlock()
+	if d.kube != nil && d.kube.services != nil {
+		d.kube.services.SetOptions(d.serviceOptions())
+	}
 	d.metrics.ReloadsTotal.WithLabelValues("success").Inc()
 	d.setConfigError(nil)
 	d.log.Info("reload: node config applied", "peers", len(spec.BGP.Peers))

@@ -40,6 +40,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 	"code.fritzlab.net/fritzlab/flock/k8s/secrets"
+	"code.fritzlab.net/fritzlab/flock/k8s/services"
 )
 
 // kubeMode holds what Kubernetes mode adds: clients, informers, leak GC
@@ -65,6 +66,8 @@ type kubeMode struct {
 	// templates renders this node's NodeConfig from the NodeConfigTemplate
 	// selecting it (nodetemplate.go).
 	templates *templates
+	// services decides the Service routes (LoadBalancer and external IPs).
+	services *services.Controller
 }
 
 // podEvents fans informer events out to the agent and the leak GC. Both
@@ -117,6 +120,10 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	if err != nil {
 		return nil, err
 	}
+	disc, err := kubeclient.NewDiscovery(cfg)
+	if err != nil {
+		return nil, err
+	}
 	f := kubeclient.NewFactory()
 	k := &kubeMode{o: o, core: core, factory: f, nc: nodeconfigs.New(f, dyn, o.NodeName), allNC: nodeconfigs.NewAll(f, dyn), events: &podEvents{},
 		kick: make(chan struct{}, 1), poolKick: make(chan struct{}, 1),
@@ -138,6 +145,9 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	k.gen.Store(gen)
 	k.secrets = secrets.New(f, core.Secrets(o.Namespace), o.Namespace, secrets.DefaultName)
 	k.pods = pods.New(f, func(ns string) pods.Client { return core.Pods(ns) }, o.NodeName, k.events)
+	// Nothing is authorized until wire hands it the daemon's AddressPools.
+	k.services = services.New(f, services.Clients{Services: core.Services(""), EndpointSlices: disc.EndpointSlices("")},
+		services.Options{Node: o.NodeName}, o.Log.With("component", "services"))
 	return k, nil
 }
 
@@ -284,6 +294,7 @@ func (waitingSource) Pools() []admin.Pool           { return []admin.Pool{} }
 func (waitingSource) Routes() []admin.Route         { return []admin.Route{} }
 func (waitingSource) Neighbors() []session.Neighbor { return []session.Neighbor{} }
 func (waitingSource) BGPRoutes() []admin.BGPRoute   { return []admin.BGPRoute{} }
+func (waitingSource) Services() []services.Address  { return []services.Address{} }
 func (s waitingSource) SetReadiness(admin.Readiness) (int, error) {
 	return 0, s.w.readiness()
 }
@@ -296,6 +307,7 @@ func (k *kubeMode) wire(d *daemon) {
 	}
 	k.gc = &leakgc.GC{Allocs: gcAllocs{d.agent}, API: k.pods, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc}
 	k.events.agent, k.events.gc = d.agent, k.gc
+	k.services.SetOptions(d.serviceOptions())
 	k.claimGC = &claims.GC{
 		Claims: k.claims, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc,
 		Holds: d.state.Holds,
@@ -326,6 +338,8 @@ func (k *kubeMode) register(d *daemon, c *components) {
 	c.register("nodeconfig status", whenServing, RunFunc(func(ctx context.Context) error { return k.writeStatus(ctx, d) }))
 	c.register("nodeconfig templates", duringRecovery, k.templates)
 	c.register("nodeconfig template errors", whenServing, follow(d.statusChanged, k.templateChanged()))
+	c.register("services", whenServing, k.services)
+	c.register("service routes", whenServing, follow(d.applyServiceRoutes, k.services.Changed()))
 }
 
 // followNodeConfig applies a new generation of this node's NodeConfig.

@@ -88,6 +88,7 @@ func (d *daemon) applyPools() {
 	d.statusChanged()
 	if d.kube != nil {
 		d.kube.poolStatusChanged()
+		d.kube.services.Refresh() // authorizations may have changed
 	}
 }
 

@@ -168,6 +168,7 @@ func TestOutputFormats(t *testing.T) {
 		{[]string{"bgp", "neighbors"}, []string{"ADDRESS", "fe80::1", "SINCE", "2026-01-02T03:04:05Z", "Up (C-bit)", "2/1",
 			"neighbor signaled session down", "holding IPv4 back", "LAST ERROR", "hold timer expired"}, []string{"C-bit", "hold timer expired", "SINCE"}},
 		{[]string{"bgp", "routes"}, []string{"PREFIX"}, nil},
+		{[]string{"services"}, []string{"ENDPOINTS", "POLICY", "Local"}, []string{"ENDPOINTS", "Local"}},
 		{[]string{"policy"}, []string{"NODE", "n1"}, []string{"NODE"}},
 		{[]string{"ready", "ns/p", "true"}, []string{"ns/p: Ready (1 incarnation(s))"}, nil},
 	} {

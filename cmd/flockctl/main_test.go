@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/bgp/session"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/policyapi"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
+	"code.fritzlab.net/fritzlab/flock/k8s/services"
 )
 
 func TestNotRunning(t *testing.T) {
@@ -75,6 +77,10 @@ func (f *fakeSource) Pools() []admin.Pool {
 		Used: 3, Held: 1, Free: "10", Note: "in use here as anycast/addresses, never handed out: 2001:db8:300::5 (anycast: dns/coredns-1)"}}
 }
 func (f *fakeSource) BGPRoutes() []admin.BGPRoute { return nil }
+func (f *fakeSource) Services() []services.Address {
+	return []services.Address{{Service: "shop/web", IP: netip.MustParseAddr("2001:db8:1b::1"), Source: services.SourceLoadBalancer,
+		State: services.StateDraining, Reason: "local endpoints terminating", Endpoints: 1, Local: true}}
+}
 func (f *fakeSource) Routes() []admin.Route {
 	return []admin.Route{
 		{Prefix: "2001:db8:ff::1/128", Kind: "anycast", Nexthops: []string{"fd00::1%flock1"}, Desired: []string{"fd00::1%flock1"}, Owners: []string{"abc"}, Synced: true},
@@ -113,6 +119,8 @@ func TestStatusRoutesReady(t *testing.T) {
 		{[]string{"status"}, []string{"serving", "1/2 established", "netns-gone=2", "kernel", "FAILING", "no such device", "bgp"}},
 		{[]string{"routes"}, []string{"2001:db8:ff::1/128", "anycast", "true", "2001:db8:ee::1/128", "stale"}},
 		{[]string{"pods"}, []string{"committed", "ns/p"}},
+		{[]string{"services"}, []string{"SERVICE", "shop/web", "2001:db8:1b::1", "loadBalancer", "draining", "local endpoints terminating"}},
+		{[]string{"-o", "json", "svc"}, []string{`"state": "draining"`, `"ip": "2001:db8:1b::1"`, `"endpoints": 1`}},
 		{[]string{"ipam"}, []string{"HELD", "2001:db8:300::/124", " 3 ", " 1 ", " 10 ", "never handed out: 2001:db8:300::5 (anycast: dns/coredns-1)"}},
 		{[]string{"-o", "json", "ipam"}, []string{`"held": 1`}},
 		{[]string{"ready", "ns/p", "false"}, []string{"ns/p: NotReady"}},

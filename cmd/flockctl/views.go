@@ -19,6 +19,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/bgp/session"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/policyapi"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
+	"code.fritzlab.net/fritzlab/flock/k8s/services"
 )
 
 // view is a command that reads one admin API path from the agent and
@@ -221,6 +222,29 @@ var bgpRoutesCmd = view("/v1/bgp/routes", func(w *tabwriter.Writer, v []admin.BG
 			kind += fmt.Sprintf(" weight %d", r.Weight)
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%v\n", r.Prefix, kind, list(r.Owners), r.Advertised)
+	}
+})
+
+var servicesCmd = view("/v1/services", func(w *tabwriter.Writer, v []services.Address, wide bool) {
+	if wide {
+		fmt.Fprintln(w, "SERVICE\tADDRESS\tSOURCE\tSTATE\tREASON\tENDPOINTS\tPOLICY")
+	} else {
+		fmt.Fprintln(w, "SERVICE\tADDRESS\tSOURCE\tSTATE\tREASON")
+	}
+	for _, a := range v {
+		ip := a.IP.String()
+		if a.Raw != "" {
+			ip = a.Raw
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s", a.Service, ip, a.Source, a.State, dash(a.Reason))
+		if wide {
+			policy := "Cluster"
+			if a.Local {
+				policy = "Local"
+			}
+			fmt.Fprintf(w, "\t%d\t%s", a.Endpoints, policy)
+		}
+		fmt.Fprintln(w)
 	}
 })
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -27,24 +28,50 @@ type Client struct {
 // New builds a client from cfg (its QPS, Burst and UserAgent apply), as
 // client-go's typed core/v1 client configures itself.
 func New(cfg *rest.Config) (*Client, error) {
+	return newClient(cfg, "/api", corev1.SchemeGroupVersion, corev1.AddToScheme)
+}
+
+// Discovery reads discovery.k8s.io/v1 (EndpointSlices).
+type Discovery struct{ c *Client }
+
+// NewDiscovery builds a discovery.k8s.io/v1 client from cfg.
+func NewDiscovery(cfg *rest.Config) (*Discovery, error) {
+	c, err := newClient(cfg, "/apis", discoveryv1.SchemeGroupVersion, discoveryv1.AddToScheme)
+	return &Discovery{c: c}, err
+}
+
+// EndpointSlices of namespace ("": all namespaces, to list and watch).
+func (d *Discovery) EndpointSlices(namespace string) *Resource[*discoveryv1.EndpointSlice, *discoveryv1.EndpointSliceList] {
+	return &Resource[*discoveryv1.EndpointSlice, *discoveryv1.EndpointSliceList]{c: d.c, resource: "endpointslices", namespace: namespace,
+		newObj:  func() *discoveryv1.EndpointSlice { return &discoveryv1.EndpointSlice{} },
+		newList: func() *discoveryv1.EndpointSliceList { return &discoveryv1.EndpointSliceList{} }}
+}
+
+func newClient(cfg *rest.Config, apiPath string, gv schema.GroupVersion, add func(*runtime.Scheme) error) (*Client, error) {
 	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		return nil, fmt.Errorf("core/v1 scheme: %w", err)
+	if err := add(scheme); err != nil {
+		return nil, fmt.Errorf("%s scheme: %w", gv, err)
 	}
 	// ListOptions, GetOptions and Status for the parameter codec and errors.
 	metav1.AddToGroupVersion(scheme, schema.GroupVersion{Version: "v1"})
 	c := rest.CopyConfig(cfg)
-	c.APIPath = "/api"
-	c.GroupVersion = &corev1.SchemeGroupVersion
+	c.APIPath = apiPath
+	c.GroupVersion = &gv
 	c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
 	if c.UserAgent == "" {
 		c.UserAgent = rest.DefaultKubernetesUserAgent()
 	}
 	rc, err := rest.RESTClientFor(c)
 	if err != nil {
-		return nil, fmt.Errorf("core/v1 client: %w", err)
+		return nil, fmt.Errorf("%s client: %w", gv, err)
 	}
 	return &Client{rest: rc, params: runtime.NewParameterCodec(scheme)}, nil
+}
+
+// Services of namespace ("": all namespaces, to list and watch).
+func (c *Client) Services(namespace string) *Resource[*corev1.Service, *corev1.ServiceList] {
+	return &Resource[*corev1.Service, *corev1.ServiceList]{c: c, resource: "services", namespace: namespace,
+		newObj: func() *corev1.Service { return &corev1.Service{} }, newList: func() *corev1.ServiceList { return &corev1.ServiceList{} }}
 }
 
 // Pods of namespace ("": all namespaces, to list and watch).

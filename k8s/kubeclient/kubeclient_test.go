@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -50,6 +51,11 @@ func (a *apiServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		w.(http.Flusher).Flush()
 		<-r.Context().Done() // nothing changes
+	case r.URL.Path == "/apis/discovery.k8s.io/v1/namespaces/shop/endpointslices/web-abc":
+		_ = enc.Encode(discoveryv1.EndpointSlice{TypeMeta: metav1.TypeMeta{APIVersion: "discovery.k8s.io/v1", Kind: "EndpointSlice"},
+			ObjectMeta: metav1.ObjectMeta{Name: "web-abc", Namespace: "shop"}, AddressType: discoveryv1.AddressTypeIPv6})
+	case r.URL.Path == "/api/v1/namespaces/shop/services/web":
+		_ = enc.Encode(corev1.Service{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}, ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop"}})
 	case r.URL.Path == "/api/v1/pods":
 		_ = enc.Encode(corev1.PodList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PodList"}, ListMeta: metav1.ListMeta{ResourceVersion: "7"}, Items: []corev1.Pod{pod}})
 	default:
@@ -81,6 +87,16 @@ func TestClient(t *testing.T) {
 	}
 	if _, err := c.Nodes().Get(ctx, "gone", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("missing node: want NotFound, got %v", err)
+	}
+	if s, err := c.Services("shop").Get(ctx, "web", metav1.GetOptions{}); err != nil || s.Name != "web" {
+		t.Errorf("service: %+v, %v", s, err)
+	}
+	d, err := NewDiscovery(&rest.Config{Host: srv.URL, UserAgent: "flock-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if es, err := d.EndpointSlices("shop").Get(ctx, "web-abc", metav1.GetOptions{}); err != nil || es.Name != "web-abc" || es.AddressType != discoveryv1.AddressTypeIPv6 {
+		t.Errorf("endpointslice from /apis/discovery.k8s.io/v1: %+v, %v", es, err)
 	}
 
 	inf := NewInformer(c.Pods(""), &corev1.Pod{}, func(o *metav1.ListOptions) { o.FieldSelector = "spec.nodeName=vm" })

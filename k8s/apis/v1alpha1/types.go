@@ -39,6 +39,28 @@ type NodeConfigSpec struct {
 	// BGP configures the embedded speaker and its peers.
 	// +optional
 	BGP BGP `json:"bgp,omitempty"`
+
+	// Services configures how this node advertises Service addresses
+	// (LoadBalancer ingress IPs and external IPs; Kubernetes mode).
+	// +optional
+	Services Services `json:"services,omitempty"`
+}
+
+// Services configures the advertisement of Service addresses.
+type Services struct {
+	// DefaultLoadBalancerClass makes LoadBalancer Services without a
+	// spec.loadBalancerClass flock's too. Only one implementation in a
+	// cluster may take them; by default flock takes only its class,
+	// flock.fritzlab.net/bgp.
+	// +optional
+	DefaultLoadBalancerClass bool `json:"defaultLoadBalancerClass,omitempty"`
+
+	// LinkBandwidth sends, with the address of an externalTrafficPolicy:
+	// Local Service, the number of its endpoints on this node as the
+	// link-bandwidth extended community, so a ToR with weighted ECMP
+	// spreads per endpoint rather than per node.
+	// +optional
+	LinkBandwidth bool `json:"linkBandwidth,omitempty"`
 }
 
 // BGP is the speaker's node-wide configuration.

@@ -1,0 +1,49 @@
+package daemon
+
+import (
+	"net/netip"
+
+	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
+	"code.fritzlab.net/fritzlab/flock/k8s/services"
+)
+
+// serviceOptions are the Services controller's options from the running
+// config and the current AddressPools.
+func (d *daemon) serviceOptions() services.Options {
+	d.mu.Lock()
+	sv := d.spec.Services
+	d.mu.Unlock()
+	return services.Options{
+		Node:         d.nodeName,
+		DefaultClass: sv.DefaultLoadBalancerClass,
+		Weights:      sv.LinkBandwidth,
+		Authorize: func(use string, ip netip.Addr, namespace string) error {
+			_, err := d.Authorize(use, netip.PrefixFrom(ip, ip.BitLen()), namespace)
+			return err
+		},
+	}
+}
+
+// applyServiceRoutes hands the controller's routes to the node state,
+// whose one desired set the BGP reconciler follows.
+func (d *daemon) applyServiceRoutes() {
+	routes := d.kube.services.Routes()
+	out := make(map[netip.Prefix]nodestate.ServiceRoute, len(routes))
+	for p, r := range routes {
+		out[p] = nodestate.ServiceRoute{Path: r.Path, Owners: r.Owners}
+	}
+	d.state.SetServiceRoutes(out)
+}
+
+// Services is what `flockctl services` shows: every Service address and
+// what this node does with it (none in standalone mode).
+func (d *daemon) Services() []services.Address {
+	if d.kube == nil || d.kube.services == nil {
+		return []services.Address{}
+	}
+	out := d.kube.services.Addresses()
+	if out == nil {
+		out = []services.Address{}
+	}
+	return out
+}
