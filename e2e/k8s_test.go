@@ -447,6 +447,8 @@ func TestKubernetes(t *testing.T) {
 	t.Run("NetworkPolicy covers anycast and addresses IPs", func(t *testing.T) { testNetworkPolicyExtraIPs(t, e) })
 	t.Run("AdminNetworkPolicy and BaselineAdminNetworkPolicy", func(t *testing.T) { e.t = t; testAdminNetworkPolicy(t, e) })
 
+	t.Run("Service addresses follow their endpoints", func(t *testing.T) { testServices(t, e) })
+
 	t.Run("hostPort through the chained portmap plugin", func(t *testing.T) {
 		e.t = t
 		e.waitPods("hp", "hp")

@@ -228,7 +228,9 @@ func (k *Controller) recompute() {
 	same := maps.EqualFunc(routes, k.routes, func(a, b Route) bool { return a.Path == b.Path && slices.Equal(a.Owners, b.Owners) })
 	k.routes = routes
 	k.mu.Unlock()
+	k.log.Debug("services: recomputed", "services", len(keys), "all", all, "routes", len(routes))
 	if !same {
+		k.log.Info("services: routes changed", "routes", len(routes))
 		select {
 		case k.changed <- struct{}{}:
 		default:

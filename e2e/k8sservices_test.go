@@ -1,0 +1,206 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
+)
+
+// Issue 21, the node's side: which Service addresses the agent advertises
+// to the ToR (BIRD), from the Services and EndpointSlices the API holds.
+// No address assignment here: the LoadBalancer's status is written as the
+// (future) assigner would.
+const k8sServicePools = `apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata: {name: k8s-loadbalancers}
+spec:
+  cidrs: [2001:db8:1b::/64, 198.51.100.240/28]
+  use: [loadBalancer]
+  namespaces: [default]
+---
+apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata: {name: k8s-external-ips}
+spec:
+  cidrs: [2001:db8:e5::/64, 198.51.100.224/28]
+  use: [externalIP]
+  namespaces: [default]
+`
+
+// Two replicas Ready only while /tmp/ready exists; on delete a pod keeps
+// serving for 20 s (preStop), as a rolling update's old pods do.
+const k8sServiceWorkload = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: svcweb, namespace: default}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: svcweb}}
+  template:
+    metadata: {labels: {app: svcweb}}
+    spec:
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 30
+      containers:
+      - name: bb
+        image: docker.io/local/busybox:1.35
+        imagePullPolicy: Never
+        command: ["sleep", "3600"]
+        ports: [{containerPort: 8080, name: http}]
+        readinessProbe:
+          exec: {command: ["test", "-f", "/tmp/ready"]}
+          periodSeconds: 1
+          failureThreshold: 1
+        lifecycle:
+          preStop: {exec: {command: ["sleep", "20"]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svcweb-ext, namespace: default}
+spec:
+  selector: {app: svcweb}
+  ipFamilyPolicy: PreferDualStack
+  ports: [{name: http, port: 80, targetPort: http}]
+  externalIPs: ["2001:db8:e5::5", "198.51.100.225", "2001:db8:99::5"]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svcweb-lb, namespace: default}
+spec:
+  type: LoadBalancer
+  loadBalancerClass: flock.fritzlab.net/bgp
+  externalTrafficPolicy: Local
+  selector: {app: svcweb}
+  ipFamilyPolicy: PreferDualStack
+  ports: [{name: http, port: 80, targetPort: http}]
+`
+
+func testServices(t *testing.T, e *k8sEnv) {
+	e.t = t
+	ext6, ext4 := netip.MustParsePrefix("2001:db8:e5::5/128"), netip.MustParsePrefix("198.51.100.225/32")
+	denied := netip.MustParsePrefix("2001:db8:99::5/128")
+	// This lab's Services are IPv4-only (no IPv6 Service range without
+	// kube-proxy): an IPv6 external IP has no IPv6 endpoints, so
+	// kube-proxy would not deliver it and it is never advertised.
+	lb4 := netip.MustParsePrefix("198.51.100.241/32")
+	e.apply(k8sServicePools)
+	e.apply(k8sServiceWorkload)
+	t.Cleanup(func() {
+		_, _ = e.c.Kubectl(context.Background(), "delete", "deployment/svcweb", "service/svcweb-ext", "service/svcweb-lb", "--wait=false")
+	})
+	// The assigner's part, by hand: the address in the Service's status.
+	testutil.EventuallyWithin(t, 60*time.Second, "the LoadBalancer's status written", func() (bool, string) {
+		out, err := e.c.Kubectl(t.Context(), "patch", "service", "svcweb-lb", "--subresource=status", "--type=merge",
+			"-p", `{"status":{"loadBalancer":{"ingress":[{"ip":"198.51.100.241","ipMode":"VIP"}]}}}`)
+		return err == nil, out
+	})
+	pods := func() []string {
+		var names []string
+		testutil.EventuallyWithin(t, 90*time.Second, "two svcweb pods Running", func() (bool, string) {
+			out, _ := e.c.Kubectl(t.Context(), "get", "pods", "-l", "app=svcweb", "--field-selector=status.phase=Running", "-o", "jsonpath={.items[*].metadata.name}")
+			names = strings.Fields(out)
+			return len(names) == 2, out
+		})
+		return names
+	}()
+	// flockctl services -o json, as IP → "state: reason".
+	services := func() map[string]string {
+		out := e.kubectl("-n", "flock-system", "exec", "ds/flock", "-c", "agent", "--", "flockctl", "-o", "json", "services")
+		var rows []struct{ IP, Raw, State, Reason string }
+		if err := json.Unmarshal([]byte(out), &rows); err != nil {
+			t.Fatalf("flockctl -o json services: %v\n%s", err, out)
+		}
+		m := map[string]string{}
+		for _, r := range rows {
+			m[r.IP] = r.State + ": " + r.Reason
+		}
+		return m
+	}
+	ready := func(pod string, on bool) {
+		cmd := []string{"exec", pod, "--", "rm", "-f", "/tmp/ready"}
+		if on {
+			cmd = []string{"exec", pod, "--", "touch", "/tmp/ready"}
+		}
+		e.kubectl(cmd...)
+	}
+
+	// waitBird, saying what the agent and the API think when it fails.
+	wait := func(p netip.Prefix, n int) {
+		t.Helper()
+		testutil.EventuallyWithin(t, 30*time.Second, fmt.Sprintf("the ToR to hold %d path(s) for %s", n, p), func() (bool, string) {
+			got := e.birdPaths(p)
+			if got == n {
+				return true, ""
+			}
+			eps, _ := e.c.Kubectl(context.Background(), "get", "endpointslices", "-l", "kubernetes.io/service-name in (svcweb-ext,svcweb-lb)", "-o", "yaml")
+			return false, fmt.Sprintf("%d paths; flockctl services: %v\nbgp routes:\n%s\nEndpointSlices:\n%s", got, services(),
+				e.kubectl("-n", "flock-system", "exec", "ds/flock", "-c", "agent", "--", "flockctl", "bgp", "routes"), tail(eps, 60))
+		})
+	}
+
+	// Nothing ready: nothing advertised, and flockctl says why.
+	testutil.EventuallyWithin(t, 30*time.Second, "flockctl services to list the addresses, none advertised", func() (bool, string) {
+		m := services()
+		return m["198.51.100.225"] == "not advertised: no usable endpoint in the cluster" &&
+			m["198.51.100.241"] == "not advertised: no usable endpoint in the cluster" &&
+			strings.HasPrefix(m["2001:db8:99::5"], "not advertised: address not authorized"), fmt.Sprint(m)
+	})
+	for _, p := range []netip.Prefix{ext6, ext4, lb4, denied} {
+		if n := e.birdPaths(p); n != 0 {
+			t.Errorf("%s at the ToR with no ready endpoint (%d paths)", p, n)
+		}
+	}
+
+	// One replica ready: the IPv4 external IP (Cluster) and the
+	// LoadBalancer address (Local: the endpoint is on this node) go out;
+	// the IPv6 one (no IPv6 endpoints) and the one no pool allows never
+	// do, and flockctl says why.
+	ready(pods[0], true)
+	wait(ext4, 1)
+	wait(lb4, 1)
+	if m := services(); m["198.51.100.225"] != "advertised: ready endpoint in the cluster" || m["198.51.100.241"] != "advertised: local ready endpoint" ||
+		m["2001:db8:e5::5"] != "not advertised: no usable endpoint in the cluster" ||
+		!strings.Contains(m["2001:db8:99::5"], "no AddressPool allows namespace default to use 2001:db8:99::5 as externalIP") {
+		t.Errorf("flockctl services: %v", m)
+	}
+	for _, p := range []netip.Prefix{denied, ext6} {
+		if n := e.birdPaths(p); n != 0 {
+			t.Errorf("%s reached the ToR (%d paths)", p, n)
+		}
+	}
+	if routes, _ := e.bird.Cmd("show route " + lb4.String() + " all"); strings.Contains(routes, "(65535,0)") {
+		t.Errorf("a ready address carries GRACEFUL_SHUTDOWN:\n%s", routes)
+	}
+
+	// Readiness lost everywhere: withdrawn.
+	ready(pods[0], false)
+	wait(ext4, 0)
+	wait(lb4, 0)
+
+	// Both ready, then one deleted: it keeps serving while terminating,
+	// the other still ready: advertised as before (no drain while a
+	// ready endpoint is local). Then the last ready one is deleted too:
+	// drain (GRACEFUL_SHUTDOWN and the AS prepended) while it serves,
+	// withdrawn when it is gone.
+	ready(pods[0], true)
+	ready(pods[1], true)
+	wait(lb4, 1)
+	e.kubectl("scale", "deployment/svcweb", "--replicas=0")
+	testutil.EventuallyWithin(t, 30*time.Second, "the LoadBalancer address to drain at the ToR", func() (bool, string) {
+		out, _ := e.bird.Cmd("show route " + lb4.String() + " all")
+		return strings.Contains(out, "(65535,0)") && strings.Contains(out, "64512 64512 64512 64512"), out
+	})
+	if m := services(); m["198.51.100.241"] != "draining: local endpoints terminating" {
+		t.Errorf("flockctl services does not show the drain: %v", m)
+	}
+	wait(ext4, 1) // Cluster: the terminating endpoints still serve
+	testutil.EventuallyWithin(t, 60*time.Second, "the addresses withdrawn once nothing serves", func() (bool, string) {
+		n := e.birdPaths(lb4) + e.birdPaths(ext4)
+		return n == 0, fmt.Sprintf("%d paths", n)
+	})
+}
