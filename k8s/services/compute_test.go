@@ -59,7 +59,9 @@ func ingress(ips ...string) svcOpt {
 	}
 }
 
-func local(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal }
+func local(s *corev1.Service) {
+	s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+}
 
 // ep is an endpoint on a node: "ready", "terminating" (serving) or
 // "down" (neither).
@@ -160,7 +162,10 @@ func TestForService(t *testing.T) {
 				"shop/ext externalIP 2001:db8:e::5: advertised (ready endpoint in the cluster, 1)",
 			}},
 		{"external IPs of a Service of another namespace are refused", o, func() *corev1.Service {
-			s := svc("ext", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeClusterIP; s.Spec.ExternalIPs = []string{"2001:db8:e::5"} })
+			s := svc("ext", func(s *corev1.Service) {
+				s.Spec.Type = corev1.ServiceTypeClusterIP
+				s.Spec.ExternalIPs = []string{"2001:db8:e::5"}
+			})
 			s.Namespace = "evil"
 			return s
 		}(), []ep{{node, "fd00:10::1", "ready"}},
