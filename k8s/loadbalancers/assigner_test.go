@@ -1,0 +1,297 @@
+package loadbalancers
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
+	"code.fritzlab.net/fritzlab/flock/k8s/lbassign"
+	"code.fritzlab.net/fritzlab/flock/k8s/services"
+)
+
+// fakeClaims is the cluster-wide claims: Services' and pods'.
+type fakeClaims struct {
+	mu     sync.Mutex
+	svc    map[netip.Addr]ServiceRef
+	pods   map[netip.Addr]string
+	failOn netip.Addr // a pod takes it between reserve and claim
+}
+
+func (f *fakeClaims) Claim(_ context.Context, ip netip.Addr, _ string, s ServiceRef) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ip == f.failOn {
+		f.pods[ip] = "pod shop/racer"
+		f.failOn = netip.Addr{}
+	}
+	if h, ok := f.pods[ip]; ok {
+		return &HeldError{IP: ip, Holder: h}
+	}
+	if h, ok := f.svc[ip]; ok && h != s {
+		return &HeldError{IP: ip, Holder: "Service " + h.String()}
+	}
+	f.svc[ip] = s
+	return nil
+}
+
+func (f *fakeClaims) Release(_ context.Context, ip netip.Addr, s ServiceRef) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.svc[ip] == s {
+		delete(f.svc, ip)
+	}
+	return nil
+}
+
+func (f *fakeClaims) Services() map[netip.Addr]ServiceRef {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.svc)
+}
+
+func (f *fakeClaims) Others() map[netip.Addr]string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.pods)
+}
+
+// fakeStatus writes the status through the fake API (so the informer sees
+// it, as with a real API server) and counts the writes.
+type fakeStatus struct {
+	cs     *fake.Clientset
+	mu     sync.Mutex
+	writes int
+}
+
+func (f *fakeStatus) SetIngress(ctx context.Context, r ServiceRef, ips []netip.Addr) error {
+	s, err := f.cs.CoreV1().Services(r.Namespace).Get(ctx, r.Name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	s.Status.LoadBalancer.Ingress = nil
+	for _, ip := range ips {
+		s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip.String(), IPMode: ptr.To(corev1.LoadBalancerIPModeVIP)})
+	}
+	_, err = f.cs.CoreV1().Services(r.Namespace).UpdateStatus(ctx, s, metav1.UpdateOptions{})
+	f.mu.Lock()
+	f.writes++
+	f.mu.Unlock()
+	return err
+}
+
+func (f *fakeStatus) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.writes
+}
+
+type events struct {
+	mu  sync.Mutex
+	got []string
+}
+
+func (e *events) Event(s ServiceRef, warning bool, reason, msg string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.got = append(e.got, fmt.Sprintf("%s %v %s: %s", s, warning, reason, msg))
+}
+
+func (e *events) list() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.Clone(e.got)
+}
+
+func (e *events) has(sub string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return slices.ContainsFunc(e.got, func(s string) bool { return strings.Contains(s, sub) })
+}
+
+type fakeSvcs struct {
+	kubeclient.ListerWatcher[*corev1.ServiceList]
+}
+
+func (fakeSvcs) IsWatchListSemanticsUnSupported() bool { return true }
+
+func lb(name string, edit ...func(*corev1.Service)) *corev1.Service {
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, UID: types.UID("uid-" + name)},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: ptr.To(services.Class),
+			IPFamilies: []corev1.IPFamily{corev1.IPv6Protocol, corev1.IPv4Protocol}, IPFamilyPolicy: ptr.To(corev1.IPFamilyPolicyPreferDualStack),
+			Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}},
+	}
+	for _, e := range edit {
+		e(s)
+	}
+	return s
+}
+
+var pools = []lbassign.Pool{{Name: "lb", Prefixes: []netip.Prefix{netip.MustParsePrefix("2001:db8:1b::/126"), netip.MustParsePrefix("203.0.113.128/30")},
+	Allows: func(ns string) bool { return ns == "shop" }}}
+
+type env struct {
+	cs     *fake.Clientset
+	inf    cache.SharedIndexInformer
+	claims *fakeClaims
+	status *fakeStatus
+	ev     *events
+}
+
+func newEnv(t *testing.T, objs ...*corev1.Service) *env {
+	cs := fake.NewClientset()
+	for _, o := range objs {
+		if _, err := cs.CoreV1().Services(o.Namespace).Create(context.Background(), o, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := &env{cs: cs, claims: &fakeClaims{svc: map[netip.Addr]ServiceRef{}, pods: map[netip.Addr]string{}}, status: &fakeStatus{cs: cs}, ev: &events{}}
+	return e
+}
+
+// start runs an assigner (one leadership term) until the returned stop.
+func (e *env) start(t *testing.T) (stop func()) {
+	t.Helper()
+	f := kubeclient.NewFactory()
+	inf := f.Informer("services", func() cache.SharedIndexInformer {
+		return kubeclient.NewInformer(fakeSvcs{e.cs.CoreV1().Services("")}, &corev1.Service{}, nil)
+	})
+	a := New(Config{Services: inf, Claims: e.claims, Status: e.status, Events: e.ev,
+		Pools: func() []lbassign.Pool { return pools },
+		Ours:  (services.Options{}).Ours,
+	})
+	_, stopF := testutil.Run(t, f.Run)
+	_, stopA := testutil.Run(t, a.Run)
+	testutil.WaitWatching(t, e.cs, "services")
+	return func() { stopA(); stopF() }
+}
+
+func (e *env) ingress(t *testing.T, name string) []string {
+	t.Helper()
+	s, err := e.cs.CoreV1().Services("shop").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, i := range s.Status.LoadBalancer.Ingress {
+		out = append(out, i.IP)
+	}
+	return out
+}
+
+func (e *env) waitIngress(t *testing.T, name string, want ...string) {
+	t.Helper()
+	testutil.Eventually(t, fmt.Sprintf("%s ingress %v", name, want), func() (bool, string) {
+		got := e.ingress(t, name)
+		return slices.Equal(got, want), fmt.Sprint(got)
+	})
+}
+
+// Assignment end to end through the fake API: addresses claimed, then
+// written; another class and a ClusterIP Service untouched; an address a
+// pod holds never handed out; a claim lost to a racing pod re-assigned;
+// the Service's deletion releases; a new leader keeps every address and
+// writes nothing.
+func TestAssigner(t *testing.T) {
+	e := newEnv(t,
+		lb("web"),
+		lb("other", func(s *corev1.Service) { s.Spec.LoadBalancerClass = ptr.To("metallb.io/metallb") }),
+		lb("plain", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeClusterIP }),
+	)
+	e.claims.pods[netip.MustParseAddr("2001:db8:1b::")] = "pod shop/holder" // first of the pool
+	stop := e.start(t)
+	e.waitIngress(t, "web", "2001:db8:1b::1", "203.0.113.128")
+	if got := e.claims.Services(); len(got) != 2 || got[netip.MustParseAddr("2001:db8:1b::1")].Name != "web" {
+		t.Errorf("claims %v", got)
+	}
+	if ing := e.ingress(t, "other"); len(ing) != 0 {
+		t.Errorf("another class's Service got %v", ing)
+	}
+	if !e.ev.has("shop/web false AddressAssigned: assigned 2001:db8:1b::1, 203.0.113.128") {
+		t.Errorf("events %v", e.ev.list())
+	}
+
+	// A requested address a pod holds: a Warning naming it, nothing else.
+	api := e.cs.CoreV1().Services("shop")
+	req := lb("req", func(s *corev1.Service) {
+		s.Annotations = map[string]string{lbassign.AnnotationLoadBalancerIPs: "2001:db8:1b::"}
+		s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack)
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+	})
+	if _, err := api.Create(context.Background(), req, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "a Warning for the held address", func() (bool, string) {
+		return e.ev.has("shop/req true Reserved"), fmt.Sprint(e.ev.list())
+	})
+	if ing := e.ingress(t, "req"); len(ing) != 0 {
+		t.Errorf("req got %v", ing)
+	}
+
+	// A pod claims the next free address just before the Service does:
+	// the Service gets another.
+	e.claims.mu.Lock()
+	e.claims.failOn = netip.MustParseAddr("2001:db8:1b::2")
+	e.claims.mu.Unlock()
+	if _, err := api.Create(context.Background(), lb("race", func(s *corev1.Service) {
+		s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack)
+		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+	}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitIngress(t, "race", "2001:db8:1b::3")
+
+	// A new leader: same addresses, no status written.
+	stop()
+	writes := e.status.count()
+	stop = e.start(t)
+	testutil.Consistently(t, "a new leader writes nothing", 2*time.Second, func() (bool, string) {
+		return e.status.count() == writes, fmt.Sprint(e.status.count() - writes)
+	})
+	e.waitIngress(t, "web", "2001:db8:1b::1", "203.0.113.128")
+
+	// Deleting the Service releases its claims.
+	if err := api.Delete(context.Background(), "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "web's claims released", func() (bool, string) {
+		for _, r := range e.claims.Services() {
+			if r.Name == "web" {
+				return false, fmt.Sprint(e.claims.Services())
+			}
+		}
+		return true, ""
+	})
+	stop()
+}
+
+// A claim left by a Service that is gone (a leader crashed between claim
+// and status, or the Service went while nobody led) is collected by the
+// next leader's full pass.
+func TestAssignerCollectsOrphanClaims(t *testing.T) {
+	e := newEnv(t, lb("web"))
+	orphan := netip.MustParseAddr("203.0.113.131")
+	e.claims.svc[orphan] = ServiceRef{Namespace: "shop", Name: "gone", UID: "uid-gone"}
+	stop := e.start(t)
+	defer stop()
+	e.waitIngress(t, "web", "2001:db8:1b::", "203.0.113.128")
+	testutil.Eventually(t, "the orphan claim collected", func() (bool, string) {
+		_, ok := e.claims.Services()[orphan]
+		return !ok, fmt.Sprint(e.claims.Services())
+	})
+}
