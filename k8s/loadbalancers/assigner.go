@@ -69,7 +69,7 @@ const (
 	ReasonAssigned = "AddressAssigned"
 	ReasonReleased = "AddressReleased"
 	// A bad request is reported with the allocator's code (lbassign.Code).
-	ReasonClaimFailed = "AddressClaimFailed"
+	ReasonClaimFailed  = "AddressClaimFailed"
 	ReasonStatusFailed = "StatusUpdateFailed"
 )
 
