@@ -71,6 +71,8 @@ const (
 	// A bad request is reported with the allocator's code (lbassign.Code).
 	ReasonClaimFailed  = "AddressClaimFailed"
 	ReasonStatusFailed = "StatusUpdateFailed"
+	// ReasonExternalIPNotAllowed: an external IP no AddressPool allows.
+	ReasonExternalIPNotAllowed = "ExternalIPNotAllowed"
 )
 
 // Config is the assigner's wiring.
@@ -87,6 +89,10 @@ type Config struct {
 	// DefaultFamily is the cluster's primary family (Services without
 	// spec.ipFamilies); empty: IPv6.
 	DefaultFamily corev1.IPFamily
+	// AuthorizeExternalIP answers whether the namespace may have ip
+	// advertised as an external IP; a refused one gets a Warning Event
+	// (the nodes do not advertise it either). Nil: not checked.
+	AuthorizeExternalIP func(ip netip.Addr, namespace string) error
 	// Resync is the period of a full pass (pools and claims changes are
 	// also picked up then); 0: 30 s.
 	Resync time.Duration
@@ -283,6 +289,9 @@ func splitList(v string) []string {
 func (st *state) sync(ctx context.Context, key string) {
 	obj, exists, _ := st.cfg.Services.GetStore().GetByKey(key)
 	s, _ := obj.(*corev1.Service)
+	if exists && s != nil {
+		st.checkExternalIPs(s)
+	}
 	if !exists || s == nil || !st.ours(s) {
 		st.release(ctx, key)
 		return
@@ -331,6 +340,24 @@ func (st *state) sync(ctx context.Context, key string) {
 	for _, ip := range before {
 		if !slices.Contains(addrs, ip) && len(st.alloc.Owners(ip)) == 0 {
 			st.releaseIP(ctx, ip, ref(s))
+		}
+	}
+}
+
+// checkExternalIPs warns, on the Service, of every external IP no
+// AddressPool allows to its namespace (CVE-2020-8554: no node advertises
+// it).
+func (st *state) checkExternalIPs(s *corev1.Service) {
+	if st.cfg.AuthorizeExternalIP == nil {
+		return
+	}
+	for _, raw := range s.Spec.ExternalIPs {
+		ip, err := netip.ParseAddr(raw)
+		if err == nil {
+			err = st.cfg.AuthorizeExternalIP(ip.Unmap(), s.Namespace)
+		}
+		if err != nil {
+			st.cfg.Events.Event(ref(s), true, ReasonExternalIPNotAllowed, fmt.Sprintf("spec.externalIPs %q is not advertised: %v", raw, err))
 		}
 	}
 }

@@ -174,6 +174,12 @@ func (e *env) start(t *testing.T) (stop func()) {
 	a := New(Config{Services: inf, Claims: e.claims, Status: e.status, Events: e.ev,
 		Pools: func() []lbassign.Pool { return pools },
 		Ours:  (services.Options{}).Ours,
+		AuthorizeExternalIP: func(ip netip.Addr, ns string) error {
+			if netip.MustParsePrefix("2001:db8:e5::/64").Contains(ip) {
+				return nil
+			}
+			return fmt.Errorf("no AddressPool allows namespace %s to use %s as externalIP", ns, ip)
+		},
 	})
 	_, stopF := testutil.Run(t, f.Run)
 	_, stopA := testutil.Run(t, a.Run)
@@ -211,7 +217,10 @@ func TestAssigner(t *testing.T) {
 	e := newEnv(t,
 		lb("web"),
 		lb("other", func(s *corev1.Service) { s.Spec.LoadBalancerClass = ptr.To("metallb.io/metallb") }),
-		lb("plain", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeClusterIP }),
+		lb("plain", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeClusterIP
+			s.Spec.ExternalIPs = []string{"2001:db8:e5::5", "192.0.2.99"}
+		}),
 	)
 	e.claims.pods[netip.MustParseAddr("2001:db8:1b::")] = "pod shop/holder" // first of the pool
 	stop := e.start(t)
@@ -225,6 +234,12 @@ func TestAssigner(t *testing.T) {
 	if !e.ev.has("shop/web false AddressAssigned: assigned 2001:db8:1b::1, 203.0.113.128") {
 		t.Errorf("events %v", e.ev.list())
 	}
+	// The external IP no pool allows is warned about on its Service; the
+	// allowed one is not.
+	testutil.Eventually(t, "a Warning for the external IP", func() (bool, string) {
+		return e.ev.has(`shop/plain true ExternalIPNotAllowed: spec.externalIPs "192.0.2.99" is not advertised: no AddressPool allows namespace shop to use 192.0.2.99 as externalIP`) &&
+			!e.ev.has(`"2001:db8:e5::5"`), fmt.Sprint(e.ev.list())
+	})
 
 	// A requested address a pod holds: a Warning naming it, nothing else.
 	api := e.cs.CoreV1().Services("shop")
