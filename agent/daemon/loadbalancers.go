@@ -1,0 +1,139 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/lbassign"
+	"code.fritzlab.net/fritzlab/flock/k8s/loadbalancers"
+	"code.fritzlab.net/fritzlab/flock/k8s/services"
+)
+
+var (
+	servicesGVR = schema.GroupVersionResource{Version: "v1", Resource: "services"}
+	eventsGVR   = schema.GroupVersionResource{Version: "v1", Resource: "events"}
+)
+
+// lbPools are the AddressPools of use loadBalancer, for the assigner.
+func (d *daemon) lbPools() []lbassign.Pool {
+	v := d.authority.Load()
+	if v == nil {
+		return nil
+	}
+	var out []lbassign.Pool
+	for _, p := range v.set.Pools() {
+		if !p.Uses(v1alpha1.UseLoadBalancer) {
+			continue
+		}
+		out = append(out, lbassign.Pool{Name: p.Name, Prefixes: p.CIDRs, Allows: func(ns string) bool {
+			if v.labels == nil {
+				return p.Allows(ns, nil)
+			}
+			return p.Allows(ns, v.labels(ns))
+		}})
+	}
+	return out
+}
+
+// lbOurs tells whether flock serves a LoadBalancer Service's class, by
+// the running config.
+func (d *daemon) lbOurs(s *corev1.Service) bool {
+	d.mu.Lock()
+	def := d.spec.Services.DefaultLoadBalancerClass
+	d.mu.Unlock()
+	return services.Options{DefaultClass: def}.Ours(s)
+}
+
+// lbStatus writes status.loadBalancer.ingress through the status
+// subresource: a merge patch carrying the Service's UID, so a Service
+// re-created under the name is never given its predecessor's address.
+type lbStatus struct{ dyn dynamic.Interface }
+
+func (s lbStatus) SetIngress(ctx context.Context, r loadbalancers.ServiceRef, ips []netip.Addr) error {
+	ingress := make([]map[string]string, 0, len(ips))
+	for _, ip := range ips {
+		ingress = append(ingress, map[string]string{"ip": ip.String(), "ipMode": string(corev1.LoadBalancerIPModeVIP)})
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": r.UID},
+		"status":   map[string]any{"loadBalancer": map[string]any{"ingress": ingress}},
+	})
+	if err != nil {
+		return err
+	}
+	_, err = s.dyn.Resource(servicesGVR).Namespace(r.Namespace).Patch(ctx, r.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
+	if err != nil {
+		return fmt.Errorf("Service %s: status.loadBalancer.ingress: %w", r, err)
+	}
+	return nil
+}
+
+// lbEvents records Events on Services, each (Service, reason, message)
+// at most once per repeatEvery: the assigner re-decides every pass and
+// must not flood the namespace with the same Warning.
+type lbEvents struct {
+	dyn  dynamic.Interface
+	node string
+	log  func(msg string, args ...any)
+
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+const repeatEvery = 10 * time.Minute
+
+func (e *lbEvents) Event(r loadbalancers.ServiceRef, warning bool, reason, msg string) {
+	key := r.String() + "\x00" + r.UID + "\x00" + reason + "\x00" + msg
+	now := time.Now()
+	e.mu.Lock()
+	if e.last == nil {
+		e.last = map[string]time.Time{}
+	}
+	if t, ok := e.last[key]; ok && now.Sub(t) < repeatEvery {
+		e.mu.Unlock()
+		return
+	}
+	e.last[key] = now
+	for k, t := range e.last {
+		if now.Sub(t) >= repeatEvery {
+			delete(e.last, k)
+		}
+	}
+	e.mu.Unlock()
+	typ := corev1.EventTypeNormal
+	if warning {
+		typ = corev1.EventTypeWarning
+	}
+	ts := metav1.NewTime(now)
+	ev := &corev1.Event{
+		TypeMeta:       metav1.TypeMeta{APIVersion: "v1", Kind: "Event"},
+		ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", r.Name, now.UnixNano()), Namespace: r.Namespace},
+		InvolvedObject: corev1.ObjectReference{APIVersion: "v1", Kind: "Service", Namespace: r.Namespace, Name: r.Name, UID: types.UID(r.UID)},
+		Reason:         reason, Message: msg, Type: typ,
+		Source:         corev1.EventSource{Component: "flock-loadbalancers", Host: e.node},
+		FirstTimestamp: ts, LastTimestamp: ts, Count: 1,
+		ReportingController: "flock.fritzlab.net/loadbalancers", ReportingInstance: e.node,
+	}
+	raw, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ev)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := e.dyn.Resource(eventsGVR).Namespace(r.Namespace).Create(ctx, &unstructured.Unstructured{Object: raw}, metav1.CreateOptions{}); err != nil && e.log != nil {
+		e.log("no Event on the Service", "service", r.String(), "reason", reason, "err", err)
+	}
+}
