@@ -112,6 +112,8 @@ func TestRBAC(t *testing.T) {
 		// Service routes: read-only.
 		"/services: get list watch",
 		"discovery.k8s.io/endpointslices: get list watch",
+		// The LoadBalancer assigner (the Lease's holder) writes status only.
+		"/services/status: patch",
 		// The policy container: what it enforces, and the nodes an
 		// AdminNetworkPolicy's node peers select.
 		"networking.k8s.io/networkpolicies: get list watch",
@@ -185,8 +187,11 @@ func TestRBAC(t *testing.T) {
 	}
 	sort.Strings(roleGrants)
 	wantRole := []string{
+		"create coordination.k8s.io/leases",
 		"get /secrets [" + secretName + "]",
+		"get coordination.k8s.io/leases [flock-loadbalancers]",
 		"list /secrets [" + secretName + "]",
+		"update coordination.k8s.io/leases [flock-loadbalancers]",
 		"watch /secrets [" + secretName + "]",
 	}
 	if !slices.Equal(roleGrants, wantRole) {
