@@ -30,7 +30,8 @@ type Claim struct {
 }
 
 // ErrClaimed is wrapped by a Claims error when another attachment holds
-// the IP (as opposed to the API being unreachable).
+// the IP, or a Service does (its LoadBalancer address), as opposed to the
+// API being unreachable.
 var ErrClaimed = errors.New("claimed by another pod")
 
 // Claims makes IPs that are not node-local unique across the cluster (in

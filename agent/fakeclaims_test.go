@@ -48,7 +48,17 @@ type claimRec struct {
 	agent.Claim
 	node string
 	seq  int
+	// service, if set, holds the IP (a LoadBalancer address): no node, no
+	// container.
+	service string
 }
+
+// heldError is a refusal worded as the daemon's adapter words
+// k8s/claims' ClaimedError: the holder's message, wrapping ErrClaimed.
+type heldError string
+
+func (e heldError) Error() string { return string(e) }
+func (heldError) Unwrap() error   { return agent.ErrClaimed }
 
 func newClaimStore() *claimStore { return &claimStore{claims: map[netip.Addr]claimRec{}} }
 
@@ -99,6 +109,9 @@ func (n *nodeClaims) Claim(ctx context.Context, c agent.Claim) error {
 		return err
 	}
 	if h, ok := s.claims[c.IP]; ok {
+		if h.service != "" {
+			return heldError(fmt.Sprintf("%s is claimed by Service %s", c.IP, h.service))
+		}
 		if h.ContainerID == c.ContainerID && h.node == n.name {
 			return nil
 		}
@@ -159,6 +172,15 @@ func (s *claimStore) gc(node string, holds func(containerID string, ip netip.Add
 	}
 }
 
+// holdForService claims ip for a Service, as the LoadBalancer assigner
+// does (k8s/claims.ClaimService).
+func (s *claimStore) holdForService(ip netip.Addr, svc string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	s.claims[ip] = claimRec{Claim: agent.Claim{IP: ip, Use: "loadBalancer"}, seq: s.seq, service: svc}
+}
+
 // drop deletes a claim behind the agent's back (kubectl delete).
 func (s *claimStore) drop(ip netip.Addr) {
 	s.mu.Lock()
@@ -183,6 +205,9 @@ func (s *claimStore) holders() map[netip.Addr]string {
 	out := map[netip.Addr]string{}
 	for ip, h := range s.claims {
 		out[ip] = h.node + "/" + h.ContainerID
+		if h.service != "" {
+			out[ip] = "Service " + h.service
+		}
 	}
 	return out
 }

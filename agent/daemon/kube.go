@@ -420,7 +420,7 @@ func (c kubeClaims) Claim(ctx context.Context, cl agent.Claim) error {
 		return err
 	}
 	h := held.Holder
-	if h.Node == c.k.o.NodeName && h.Pod.Same(cl.Pod) && h.Pod.Incarnation() != "" {
+	if h.Service == nil && h.Node == c.k.o.NodeName && h.Pod.Same(cl.Pod) && h.Pod.Incarnation() != "" {
 		if _, _, live := c.d.state.Get(h.ContainerID); !live {
 			// An earlier sandbox of the same pod on this node, gone
 			// without giving its claim back: the pod's own to reuse.
@@ -431,8 +431,16 @@ func (c kubeClaims) Claim(ctx context.Context, cl agent.Claim) error {
 			}
 		}
 	}
-	return fmt.Errorf("%w: %v", agent.ErrClaimed, held)
+	return claimedError{held}
 }
+
+// claimedError is the API's refusal as the agent's ErrClaimed. Its message
+// is the holder's: "192.0.2.1 is claimed by pod ns/name (uid …) on node
+// …, container …", or "… is claimed by Service ns/name (uid …)" for a
+// LoadBalancer address.
+type claimedError struct{ *claims.ClaimedError }
+
+func (e claimedError) Unwrap() []error { return []error{agent.ErrClaimed, e.ClaimedError} }
 
 func (c kubeClaims) Release(ctx context.Context, ip netip.Addr, containerID string) error {
 	return c.k.claims.Release(ctx, ip, containerID)

@@ -99,7 +99,7 @@ func (w *world) step(t *testing.T, r *rand.Rand) {
 			w.claimSeq++
 			c := v1alpha1.AddressClaim{ObjectMeta: metav1.ObjectMeta{Name: "c" + strconv.Itoa(w.claimSeq)},
 				Spec: v1alpha1.AddressClaimSpec{IP: addrIPs[r.IntN(len(addrIPs))], Use: v1alpha1.UseAddresses, Node: p.Spec.NodeName,
-					Pod: v1alpha1.ClaimPod{Namespace: p.Namespace, Name: p.Name, UID: uid}}}
+					Pod: &v1alpha1.ClaimPod{Namespace: p.Namespace, Name: p.Name, UID: uid}}}
 			if _, err := w.dyn.Resource(claims.GVR).Create(ctx, toUnstructured(t, &c, v1alpha1.GroupVersion.WithKind("AddressClaim")), metav1.CreateOptions{}); err != nil {
 				t.Error(err)
 			}
@@ -239,7 +239,7 @@ func checkInvariants(t *testing.T, in Inputs, o *Owners) {
 				}
 			} else {
 				for _, c := range in.Claims {
-					ok = ok || c.Spec.IP == ip && c.Spec.Pod.Namespace == p.Namespace && c.Spec.Pod.Name == p.Name && c.Spec.Pod.UID == string(p.UID) && c.Spec.Node == p.Spec.NodeName
+					ok = ok || c.Spec.IP == ip && c.Spec.Pod != nil && c.Spec.Pod.Namespace == p.Namespace && c.Spec.Pod.Name == p.Name && c.Spec.Pod.UID == string(p.UID) && c.Spec.Node == p.Spec.NodeName
 				}
 				if p.Status.Phase == corev1.PodRunning && p.Annotations[annotations.Anycast] == ip && in.Namespaces[p.Namespace]["anycast"] == "yes" && len(in.Pools.Pools()) > 0 {
 					ok = true

@@ -131,7 +131,7 @@ func Compute(in Inputs) *Owners {
 
 	// `addresses`: the incarnation each claim names.
 	for _, c := range in.Claims {
-		if c.Spec.Use != v1alpha1.UseAddresses {
+		if c.Spec.Use != v1alpha1.UseAddresses || c.Spec.Pod == nil {
 			continue
 		}
 		p := byKey[c.Spec.Pod.Namespace+"/"+c.Spec.Pod.Name]

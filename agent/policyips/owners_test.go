@@ -30,7 +30,7 @@ func pod(ns, name, uid, nodeName string, phase corev1.PodPhase, anycast string) 
 
 func claim(ip, ns, name, uid, nodeName string) v1alpha1.AddressClaim {
 	return v1alpha1.AddressClaim{Spec: v1alpha1.AddressClaimSpec{IP: ip, Use: v1alpha1.UseAddresses, Node: nodeName,
-		Pod: v1alpha1.ClaimPod{Namespace: ns, Name: name, UID: uid}}}
+		Pod: &v1alpha1.ClaimPod{Namespace: ns, Name: name, UID: uid}}}
 }
 
 func anycastPool(t *testing.T, namespaces ...string) *authz.Set {
@@ -79,6 +79,11 @@ func TestCompute(t *testing.T) {
 			Pods:   []*corev1.Pod{web, pod("prod", "grab", "u10", "n2", corev1.PodRunning, "2001:db8:a::99")},
 			Claims: []v1alpha1.AddressClaim{claim("2001:db8:a::99", "prod", "web", "u1", "n2")}, Pools: anycastPool(t, "prod")},
 			want: map[string][]string{"2001:db8:a::99": {"prod/web"}}},
+		// A Service's claim (a LoadBalancer address) names no pod: no pod
+		// holds its IP through it, whatever pod shares the Service's name.
+		{name: "a Service's claim holds nothing for pods", in: Inputs{Pods: []*corev1.Pod{web}, Claims: []v1alpha1.AddressClaim{{Spec: v1alpha1.AddressClaimSpec{
+			IP: "2001:db8:b::50", Use: v1alpha1.UseLoadBalancer, Service: &v1alpha1.ClaimService{Namespace: "prod", Name: "web", UID: "s1"}}}}},
+			want: map[string][]string{}},
 		{name: "anycast without a pool holds nothing", in: Inputs{Pods: []*corev1.Pod{dns}}, want: map[string][]string{}},
 		{name: "anycast of a namespace the pool does not allow", in: Inputs{Pods: []*corev1.Pod{dns}, Pools: anycastPool(t, "other")}, want: map[string][]string{}},
 		{name: "anycast by namespace label", in: Inputs{Pods: []*corev1.Pod{evil}, Namespaces: map[string]labels.Set{"dev": {"anycast": "yes"}},

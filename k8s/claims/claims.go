@@ -2,11 +2,15 @@
 // cluster-scoped AddressClaim per IP, named after the IP (ClaimName), so
 // that creating it is the atomic test-and-set and etcd is the consensus.
 // An `addresses` IP, or a pod address from an AddressPool that is not a
-// node summary, is claimed before the dataplane is touched and released on
-// DEL; GC removes the claims whose pod is gone and that nobody released.
+// node summary, is claimed by its pod before the dataplane is touched and
+// released on DEL; GC removes the claims whose pod is gone and that nobody
+// released. A LoadBalancer address is claimed by its Service (use
+// loadBalancer: ClaimService, ReleaseService), written by the
+// leader-elected assigner alone; the GC never touches those.
 //
-// Use: New, go Run, WaitSynced, then Claim, Release and the cache readers
-// (Taken, Node, CountByPool).
+// Use: New, go Run, WaitSynced, then Claim, Release (ClaimService,
+// ReleaseService) and the cache readers (Taken, Node, ServiceClaims,
+// CountByPool).
 package claims
 
 import (
@@ -91,15 +95,20 @@ func ParseClaimName(name string) (netip.Addr, error) {
 	return ip, nil
 }
 
-// Claim is one IP held by one pod.
+// Claim is one IP held by one pod, or by one Service.
 type Claim struct {
 	IP netip.Addr
-	// Use is v1alpha1.UsePod or v1alpha1.UseAddresses.
+	// Use is v1alpha1.UsePod or v1alpha1.UseAddresses (held by Pod), or
+	// v1alpha1.UseLoadBalancer (held by Service).
 	Use string
 	// Pool is the AddressPool that authorized the IP.
 	Pool string
-	Pod  podmeta.ID
-	// Node the pod runs on; Claim fills in the Claims' node when empty.
+	// Pod holds a pod's claim; zero in a Service's.
+	Pod podmeta.ID
+	// Service holds a LoadBalancer address; nil in a pod's claim.
+	Service *ServiceRef
+	// Node the pod runs on; Claim fills in the Claims' node when empty
+	// (a pod's claim only: a Service's has none).
 	Node        string
 	ContainerID string
 	// Created is the object's creationTimestamp (set by the API server;
@@ -107,22 +116,51 @@ type Claim struct {
 	Created time.Time
 }
 
-// ClaimedError is an IP another pod (or another sandbox of the same pod)
-// holds.
+// isService tells whether a Service holds the claim (use loadBalancer).
+func (cl Claim) isService() bool { return cl.Use == v1alpha1.UseLoadBalancer }
+
+// who names the holder briefly: "pod ns/name" or "Service ns/name".
+func (cl Claim) who() string {
+	switch {
+	case cl.isService() && cl.Service == nil:
+		return "a Service"
+	case cl.isService():
+		return "Service " + cl.Service.String()
+	}
+	return "pod " + cl.Pod.String()
+}
+
+// Describe names the holder for people: "Service ns/name (uid …)", or
+// "pod ns/name (uid …) on node …, container …".
+func (cl Claim) Describe() string {
+	var b strings.Builder
+	switch {
+	case cl.isService() && cl.Service == nil:
+		return "a Service (use loadBalancer, none named)"
+	case cl.isService():
+		fmt.Fprintf(&b, "Service %s", cl.Service)
+		if cl.Service.UID != "" {
+			fmt.Fprintf(&b, " (uid %s)", cl.Service.UID)
+		}
+		return b.String()
+	}
+	fmt.Fprintf(&b, "pod %s", cl.Pod)
+	if cl.Pod.UID != "" {
+		fmt.Fprintf(&b, " (uid %s)", cl.Pod.UID)
+	}
+	fmt.Fprintf(&b, " on node %s, container %s", cl.Node, shortID(cl.ContainerID))
+	return b.String()
+}
+
+// ClaimedError is an IP another holder has: another pod (or another
+// sandbox of the same pod), or a Service.
 type ClaimedError struct {
 	IP     netip.Addr
 	Holder Claim
 }
 
 func (e *ClaimedError) Error() string {
-	h := e.Holder
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s is claimed by pod %s", e.IP, h.Pod)
-	if h.Pod.UID != "" {
-		fmt.Fprintf(&b, " (uid %s)", h.Pod.UID)
-	}
-	fmt.Fprintf(&b, " on node %s, container %s", h.Node, shortID(h.ContainerID))
-	return b.String()
+	return fmt.Sprintf("%s is claimed by %s", e.IP, e.Holder.Describe())
 }
 
 func shortID(id string) string {
@@ -132,8 +170,12 @@ func shortID(id string) string {
 	return id
 }
 
-// nodeIndex indexes the cache by spec.node.
-const nodeIndex = "node"
+// Indexes of the cache: nodeIndex by spec.node (pods' claims only: a
+// Service's claim belongs to no node), useIndex by spec.use.
+const (
+	nodeIndex = "node"
+	useIndex  = "use"
+)
 
 // Claims creates, deletes and caches AddressClaims.
 type Claims struct {
@@ -153,14 +195,23 @@ func New(f *kubeclient.Factory, dyn dynamic.Interface, node string, log *slog.Lo
 	inf := f.Informer(GVR.String(), func() cache.SharedIndexInformer {
 		inf := kubeclient.NewDynamicInformer(dyn, GVR, nil)
 		// Before it runs, so it cannot fail.
-		_ = inf.AddIndexers(cache.Indexers{nodeIndex: func(obj any) ([]string, error) {
-			u, ok := obj.(*unstructured.Unstructured)
-			if !ok {
-				return nil, nil
-			}
-			n, _, _ := unstructured.NestedString(u.Object, "spec", "node")
-			return []string{n}, nil
-		}})
+		_ = inf.AddIndexers(cache.Indexers{
+			nodeIndex: func(obj any) ([]string, error) {
+				n, ok := podNode(obj)
+				if !ok {
+					return nil, nil
+				}
+				return []string{n}, nil
+			},
+			useIndex: func(obj any) ([]string, error) {
+				u, ok := obj.(*unstructured.Unstructured)
+				if !ok {
+					return nil, nil
+				}
+				use, _, _ := unstructured.NestedString(u.Object, "spec", "use")
+				return []string{use}, nil
+			},
+		})
 		return inf
 	})
 	c := &Claims{dyn: dyn, node: node, log: log, informer: inf, gone: make(chan struct{}, 1)}
@@ -168,16 +219,26 @@ func New(f *kubeclient.Factory, dyn dynamic.Interface, node string, log *slog.Lo
 	return c
 }
 
+// podNode is the spec.node of a pod's claim object; ok false for anything
+// else (a Service's claim: it belongs to no node).
+func podNode(obj any) (string, bool) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return "", false
+	}
+	if use, _, _ := unstructured.NestedString(u.Object, "spec", "use"); use == v1alpha1.UseLoadBalancer {
+		return "", false
+	}
+	n, _, _ := unstructured.NestedString(u.Object, "spec", "node")
+	return n, true
+}
+
 // deleted signals Changed for this node's claims that leave the API.
 func (c *Claims) deleted(obj any) {
 	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 		obj = t.Obj
 	}
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return
-	}
-	if n, _, _ := unstructured.NestedString(u.Object, "spec", "node"); n != c.node {
+	if n, ok := podNode(obj); !ok || n != c.node {
 		return
 	}
 	select {
@@ -202,8 +263,15 @@ func (c *Claims) check(cl Claim) (Claim, error) {
 		return cl, fmt.Errorf("address claim %s: an IP with a zone cannot be claimed", cl.IP)
 	}
 	cl.IP = cl.IP.Unmap()
-	if cl.Use != v1alpha1.UsePod && cl.Use != v1alpha1.UseAddresses {
-		return cl, fmt.Errorf("address claim %s: use %q: want %q or %q", cl.IP, cl.Use, v1alpha1.UsePod, v1alpha1.UseAddresses)
+	switch cl.Use {
+	case v1alpha1.UseLoadBalancer:
+		return cl, checkService(cl)
+	case v1alpha1.UsePod, v1alpha1.UseAddresses:
+	default:
+		return cl, fmt.Errorf("address claim %s: use %q: want %q, %q or %q", cl.IP, cl.Use, v1alpha1.UsePod, v1alpha1.UseAddresses, v1alpha1.UseLoadBalancer)
+	}
+	if cl.Service != nil {
+		return cl, fmt.Errorf("address claim %s for pod %s: service %q: a claim of use %q is a pod's, not a Service's", cl.IP, cl.Pod, cl.Service, cl.Use)
 	}
 	if cl.Pod.Namespace == "" || cl.Pod.Name == "" {
 		return cl, fmt.Errorf("address claim %s: pod %q: namespace and name are required", cl.IP, cl.Pod)
@@ -232,10 +300,15 @@ func object(cl Claim) (*unstructured.Unstructured, error) {
 			IP:          cl.IP.String(),
 			Use:         cl.Use,
 			Pool:        cl.Pool,
-			Pod:         v1alpha1.ClaimPod{Namespace: cl.Pod.Namespace, Name: cl.Pod.Name, UID: cl.Pod.UID, StaticUID: cl.Pod.StaticUID},
 			Node:        cl.Node,
 			ContainerID: cl.ContainerID,
 		},
+	}
+	if cl.Pod != (podmeta.ID{}) {
+		ac.Spec.Pod = &v1alpha1.ClaimPod{Namespace: cl.Pod.Namespace, Name: cl.Pod.Name, UID: cl.Pod.UID, StaticUID: cl.Pod.StaticUID}
+	}
+	if s := cl.Service; s != nil {
+		ac.Spec.Service = &v1alpha1.ClaimService{Namespace: s.Namespace, Name: s.Name, UID: s.UID}
 	}
 	for k, v := range map[string]string{LabelNode: cl.Node, LabelPool: cl.Pool} {
 		if v != "" && len(validation.IsValidLabelValue(v)) == 0 {
@@ -263,10 +336,15 @@ func ClaimOf(u *unstructured.Unstructured) (Claim, error) {
 	cl := Claim{
 		Use:         ac.Spec.Use,
 		Pool:        ac.Spec.Pool,
-		Pod:         podmeta.ID{Namespace: ac.Spec.Pod.Namespace, Name: ac.Spec.Pod.Name, UID: ac.Spec.Pod.UID, StaticUID: ac.Spec.Pod.StaticUID},
 		Node:        ac.Spec.Node,
 		ContainerID: ac.Spec.ContainerID,
 		Created:     ac.CreationTimestamp.Time,
+	}
+	if p := ac.Spec.Pod; p != nil {
+		cl.Pod = podmeta.ID{Namespace: p.Namespace, Name: p.Name, UID: p.UID, StaticUID: p.StaticUID}
+	}
+	if s := ac.Spec.Service; s != nil {
+		cl.Service = &ServiceRef{Namespace: s.Namespace, Name: s.Name, UID: s.UID}
 	}
 	ip, err := netip.ParseAddr(ac.Spec.IP)
 	if err != nil {
@@ -282,10 +360,21 @@ func ClaimOf(u *unstructured.Unstructured) (Claim, error) {
 // failed because the object changed).
 const maxAttempts = 3
 
-// Claim claims c.IP for the pod: it creates the AddressClaim, which fails
-// if the IP is held. A claim that already exists with the same container
-// ID and node is ours (a retried ADD, or a crash between create and
-// commit) and Claim returns nil; any other holder is a *ClaimedError.
+// sameHolder tells whether holder, an existing claim, is cl's own: for a
+// pod, the same container ID on the same node (a retried ADD, or a crash
+// between create and commit); for a Service, the same Service (see
+// ServiceRef.Same). A pod never holds a Service's claim, nor the reverse.
+func sameHolder(holder, cl Claim) bool {
+	if cl.isService() {
+		return holder.isService() && holder.Service != nil && holder.Service.Same(*cl.Service)
+	}
+	return !holder.isService() && holder.ContainerID == cl.ContainerID && holder.Node == cl.Node
+}
+
+// Claim claims c.IP for the pod (or, use loadBalancer, the Service: see
+// ClaimService): it creates the AddressClaim, which fails if the IP is
+// held. A claim that already exists for the same holder is ours (see
+// sameHolder) and Claim returns nil; any other holder is a *ClaimedError.
 func (c *Claims) Claim(ctx context.Context, cl Claim) error {
 	cl, err := c.check(cl)
 	if err != nil {
@@ -299,30 +388,30 @@ func (c *Claims) Claim(ctx context.Context, cl Claim) error {
 	for range maxAttempts {
 		_, err := c.res().Create(ctx, obj, metav1.CreateOptions{})
 		if err == nil {
-			c.log.Debug("address claimed", "ip", cl.IP, "claim", name, "pod", cl.Pod, "uid", cl.Pod.UID, "container", shortID(cl.ContainerID), "pool", cl.Pool, "use", cl.Use)
+			c.log.Debug("address claimed", "ip", cl.IP, "claim", name, "holder", cl.Describe(), "pool", cl.Pool, "use", cl.Use)
 			return nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			return c.readBack(ctx, cl, name, fmt.Errorf("claim %s for pod %s: create AddressClaim %s: %w", cl.IP, cl.Pod, name, err))
+			return c.readBack(ctx, cl, name, fmt.Errorf("claim %s for %s: create AddressClaim %s: %w", cl.IP, cl.who(), name, err))
 		}
 		u, err := c.res().Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			continue // released since our create: try again
 		}
 		if err != nil {
-			return fmt.Errorf("claim %s for pod %s: AddressClaim %s exists, reading it: %w", cl.IP, cl.Pod, name, err)
+			return fmt.Errorf("claim %s for %s: AddressClaim %s exists, reading it: %w", cl.IP, cl.who(), name, err)
 		}
 		holder, err := ClaimOf(u)
 		if err != nil {
-			return fmt.Errorf("claim %s for pod %s: it is held by an unreadable claim: %w", cl.IP, cl.Pod, err)
+			return fmt.Errorf("claim %s for %s: it is held by an unreadable claim: %w", cl.IP, cl.who(), err)
 		}
-		if holder.ContainerID == cl.ContainerID && holder.Node == cl.Node {
-			c.log.Debug("address already claimed by this container", "ip", cl.IP, "claim", name, "pod", cl.Pod, "container", shortID(cl.ContainerID))
+		if sameHolder(holder, cl) {
+			c.log.Debug("address already claimed by this holder", "ip", cl.IP, "claim", name, "holder", cl.Describe())
 			return nil
 		}
 		return &ClaimedError{IP: cl.IP, Holder: holder}
 	}
-	return fmt.Errorf("claim %s for pod %s: AddressClaim %s was released and re-created %d times while we tried; giving up", cl.IP, cl.Pod, name, maxAttempts)
+	return fmt.Errorf("claim %s for %s: AddressClaim %s was released and re-created %d times while we tried; giving up", cl.IP, cl.who(), name, maxAttempts)
 }
 
 // readBackTimeout bounds reading a claim back after a create whose answer
@@ -335,9 +424,10 @@ var ErrAmbiguous = errors.New("the API server may have created the claim")
 
 // readBack decides a create that failed without a definite answer: the
 // API server may have committed it and the answer got lost (a timeout, a
-// reset connection, a 5xx). A claim that names this container and node is
-// ours: the create went through. One that names someone else is theirs.
-// None: the create failed. No answer: ErrAmbiguous.
+// reset connection, a 5xx). A claim of the same holder (sameHolder: this
+// container on this node, or this Service) is ours: the create went
+// through. One that names someone else is theirs. None: the create
+// failed. No answer: ErrAmbiguous.
 func (c *Claims) readBack(ctx context.Context, cl Claim, name string, createErr error) error {
 	if definite(createErr) {
 		return createErr
@@ -355,8 +445,8 @@ func (c *Claims) readBack(ctx context.Context, cl Claim, name string, createErr 
 	if err != nil {
 		return fmt.Errorf("%w; it is held by an unreadable claim: %v", createErr, err)
 	}
-	if holder.ContainerID == cl.ContainerID && holder.Node == cl.Node {
-		c.log.Info("address claim created despite the error (read back)", "ip", cl.IP, "claim", name, "pod", cl.Pod, "container", shortID(cl.ContainerID), "err", createErr)
+	if sameHolder(holder, cl) {
+		c.log.Info("address claim created despite the error (read back)", "ip", cl.IP, "claim", name, "holder", cl.Describe(), "err", createErr)
 		return nil
 	}
 	return &ClaimedError{IP: cl.IP, Holder: holder}
@@ -378,11 +468,19 @@ func definite(err error) bool {
 // Release returns nil. The delete carries the UID and resourceVersion it
 // read as preconditions, so a claim re-created meanwhile survives.
 func (c *Claims) Release(ctx context.Context, ip netip.Addr, containerID string) error {
-	if !ip.IsValid() {
-		return errors.New("release address claim: no IP")
-	}
 	if containerID == "" {
 		return fmt.Errorf("release address claim %s: no container ID", ip)
+	}
+	return c.release(ctx, ip, "container "+shortID(containerID), func(h Claim) bool {
+		return !h.isService() && h.ContainerID == containerID
+	})
+}
+
+// release deletes the claim of ip if ours says it is the releaser's (who,
+// for the logs), as Release describes.
+func (c *Claims) release(ctx context.Context, ip netip.Addr, who string, ours func(holder Claim) bool) error {
+	if !ip.IsValid() {
+		return errors.New("release address claim: no IP")
 	}
 	name := ClaimName(ip)
 	for range maxAttempts {
@@ -394,14 +492,14 @@ func (c *Claims) Release(ctx context.Context, ip netip.Addr, containerID string)
 			return fmt.Errorf("release %s: get AddressClaim %s: %w", ip, name, err)
 		}
 		holder, _ := ClaimOf(u) // lenient: a broken claim is not ours
-		if holder.ContainerID != containerID {
-			c.log.Debug("address claim held by another container; not releasing", "ip", ip, "claim", name, "container", shortID(containerID), "holder", holder.Pod, "holderContainer", shortID(holder.ContainerID), "holderNode", holder.Node)
+		if !ours(holder) {
+			c.log.Debug("address claim held by someone else; not releasing", "ip", ip, "claim", name, "releaser", who, "holder", holder.Describe())
 			return nil
 		}
 		err = c.deleteExact(ctx, u)
 		switch {
 		case err == nil:
-			c.log.Debug("address claim released", "ip", ip, "claim", name, "pod", holder.Pod, "container", shortID(containerID))
+			c.log.Debug("address claim released", "ip", ip, "claim", name, "holder", holder.Describe())
 			return nil
 		case apierrors.IsNotFound(err):
 			return nil
@@ -443,9 +541,13 @@ func (c *Claims) Taken(ip netip.Addr) (Claim, bool) {
 	return cl, true
 }
 
-// Node returns this node's claims from the cache, sorted by IP.
-func (c *Claims) Node() []Claim {
-	objs, err := c.informer.GetIndexer().ByIndex(nodeIndex, c.node)
+// Node returns this node's claims from the cache, sorted by IP: its pods'
+// claims (a Service's claim belongs to no node).
+func (c *Claims) Node() []Claim { return c.indexed(nodeIndex, c.node) }
+
+// indexed returns the cached claims whose index has value, sorted by IP.
+func (c *Claims) indexed(index, value string) []Claim {
+	objs, err := c.informer.GetIndexer().ByIndex(index, value)
 	if err != nil {
 		return nil
 	}
@@ -479,8 +581,8 @@ func (c *Claims) all() []*unstructured.Unstructured {
 	return out
 }
 
-// CountByPool counts the cached claims by spec.pool (claims without a pool
-// are not counted).
+// CountByPool counts the cached claims by spec.pool, pods' and Services'
+// alike (claims without a pool are not counted).
 func (c *Claims) CountByPool() map[string]int {
 	out := map[string]int{}
 	for _, u := range c.all() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -127,8 +128,8 @@ func TestClaimCreatesTheObject(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := v1alpha1.AddressClaimSpec{IP: "198.51.100.7", Use: "addresses", Pool: "tenant-a-addrs",
-		Pod: v1alpha1.ClaimPod{Namespace: "tenant-a", Name: "web-1", UID: web.UID}, Node: "node-a", ContainerID: "0123456789abcdef"}
-	if ac.Spec != want {
+		Pod: &v1alpha1.ClaimPod{Namespace: "tenant-a", Name: "web-1", UID: web.UID}, Node: "node-a", ContainerID: "0123456789abcdef"}
+	if !reflect.DeepEqual(ac.Spec, want) {
 		t.Fatalf("spec = %+v, want %+v", ac.Spec, want)
 	}
 	if ac.Labels[LabelNode] != "node-a" || ac.Labels[LabelPool] != "tenant-a-addrs" {

@@ -34,6 +34,10 @@ const checkTimeout = 30 * time.Second
 //   - other nodes' claims whose Node object no longer exists and whose pod
 //     is gone — the node was removed with its agent.
 //
+// Never a Service's claim (use loadBalancer, a LoadBalancer address): the
+// leader-elected assigner that created it owns it and alone deletes it;
+// it names no pod, container or node to judge it by.
+//
 // Only claims older than Grace are considered (a claim that exists but
 // whose pod is gone is reclaimed after the grace, not at once): a fresh
 // claim may belong to an ADD still in flight. Age is the claim's
@@ -119,6 +123,9 @@ func (g *GC) sweep(ctx context.Context, log *slog.Logger, grace time.Duration, s
 		if err != nil {
 			log.Warn("address claim GC: claim does not convert; leaving it", "claim", name, "err", err)
 			continue
+		}
+		if cl.isService() {
+			continue // the assigner's
 		}
 		created := cl.Created
 		if created.IsZero() {

@@ -358,3 +358,68 @@ func TestGCRun(t *testing.T) {
 		t.Fatalf("Run with an ended ctx: %v", err)
 	}
 }
+
+// A Service's claim (use loadBalancer) is the assigner's: no GC round
+// deletes it, however old and whatever the world says — nothing live, no
+// pods, no nodes — nor asks the API about its empty pod or node. Also on a
+// GC whose Claims has no node, where a claim naming no node would
+// otherwise look like its own. A pod's claim in the same rounds is
+// collected: the GC did run.
+func TestGCNeverDeletesServiceClaims(t *testing.T) {
+	for _, node := range []string{"node-a", ""} {
+		t.Run("node "+node, func(t *testing.T) {
+			a := newFakeAPI()
+			lb := svcClaim("2001:db8:1b::1", "lb", web)
+			for _, cl := range []Claim{lb, mine()} {
+				if err := New(kubeclient.NewFactory(), a, cl.Node, quiet()).Claim(context.Background(), cl); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// One without a creationTimestamp, pool or UID.
+			bare, err := object(svcClaim("203.0.113.1", "", ServiceRef{Namespace: "shop", Name: "api"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			bare.SetUID("uid-bare")
+			bare.SetResourceVersion("99")
+			if err := a.Tracker().Create(GVR, bare, ""); err != nil {
+				t.Fatal(err)
+			}
+			c := New(kubeclient.NewFactory(), a, node, quiet())
+			start(t, a, c)
+			testutil.WaitFor(t, "the cache holds 3 claims", func() bool { return len(c.all()) == 3 })
+			w := newWorld()
+			now := t0
+			g := w.gc(c, &now)
+			pods := g.Pods
+			g.Pods = func(ctx context.Context, id podmeta.ID) (bool, error) {
+				if id == (podmeta.ID{}) {
+					t.Error("the GC asked the API about a Service claim's empty pod")
+				}
+				return pods(ctx, id)
+			}
+			seen := map[string]time.Time{}
+			for _, at := range []time.Duration{0, grace, 10 * grace, 1000 * grace, 365 * 24 * time.Hour} {
+				now = t0.Add(at)
+				sweep(g, seen)
+			}
+			for _, ip := range []string{"2001:db8:1b::1", "203.0.113.1"} {
+				if _, ok := a.get(t, ip); !ok {
+					t.Errorf("%s: the GC deleted a Service's claim", ip)
+				}
+			}
+			if _, ok := a.get(t, mineIP); ok {
+				t.Error("the pod's claim survived: did the GC run?")
+			}
+			if n := w.collected.Load(); n != 1 {
+				t.Errorf("OnCollect called %d times, want 1 (the pod's claim)", n)
+			}
+			if n := w.nodeAsks[""]; n != 0 {
+				t.Errorf("asked the API %d times about node \"\"", n)
+			}
+			if _, ok := seen[bare.GetName()]; ok {
+				t.Error("the GC ages a Service's claim")
+			}
+		})
+	}
+}

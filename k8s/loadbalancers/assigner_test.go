@@ -231,9 +231,10 @@ func TestAssigner(t *testing.T) {
 	if ing := e.ingress(t, "other"); len(ing) != 0 {
 		t.Errorf("another class's Service got %v", ing)
 	}
-	if !e.ev.has("shop/web false AddressAssigned: assigned 2001:db8:1b::1, 203.0.113.128") {
-		t.Errorf("events %v", e.ev.list())
-	}
+	// The Event follows the status write.
+	testutil.Eventually(t, "the AddressAssigned Event", func() (bool, string) {
+		return e.ev.has("shop/web false AddressAssigned: assigned 2001:db8:1b::1, 203.0.113.128"), fmt.Sprint(e.ev.list())
+	})
 	// The external IP no pool allows is warned about on its Service; the
 	// allowed one is not.
 	testutil.Eventually(t, "a Warning for the external IP", func() (bool, string) {

@@ -103,7 +103,8 @@ type AddressPoolSpec struct {
 // AddressPoolStatus is written by the agents.
 type AddressPoolStatus struct {
 	// Claims counts the addresses claimed from the pool cluster-wide
-	// (AddressClaims; anycast IPs are shared and never claimed).
+	// (AddressClaims: pods' and Services' LoadBalancer addresses; anycast
+	// and external IPs are shared and never claimed).
 	// +optional
 	Claims int32 `json:"claims,omitempty"`
 
@@ -180,20 +181,25 @@ type AddressPoolList struct {
 	Items           []AddressPool `json:"items"`
 }
 
-// AddressClaim records that one pod holds one IP cluster-wide: an
-// `addresses` IP, or a pod address from an AddressPool. Its name is derived
-// from the IP (ClaimName), so creating it is the atomic test-and-set that
-// keeps two nodes from handing the IP out twice. Agents create it before
-// the dataplane is touched and delete it on DEL; the leak GC removes the
-// claims of pods that are gone.
+// AddressClaim records that one pod, or one Service, holds one IP
+// cluster-wide: an `addresses` IP or a pod address from an AddressPool
+// (held by a pod), or a LoadBalancer address (held by a Service). Its name
+// is derived from the IP (ClaimName), so creating it is the atomic
+// test-and-set that keeps two nodes — or a node and the LoadBalancer
+// assigner — from handing the IP out twice. Agents create a pod's claim
+// before the dataplane is touched and delete it on DEL; the leak GC
+// removes the claims of pods that are gone. A Service's claim is created
+// and deleted by the (leader-elected) LoadBalancer assigner alone: the
+// agents' GC never touches it.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Cluster,shortName=aclaim
 // +kubebuilder:printcolumn:name="IP",type=string,JSONPath=`.spec.ip`
 // +kubebuilder:printcolumn:name="Use",type=string,JSONPath=`.spec.use`
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.pool`
-// +kubebuilder:printcolumn:name="Namespace",type=string,JSONPath=`.spec.pod.namespace`
+// +kubebuilder:printcolumn:name="Namespace",type=string,JSONPath=`.spec['pod','service'].namespace`,description="The namespace of the pod or the Service holding the IP"
 // +kubebuilder:printcolumn:name="Pod",type=string,JSONPath=`.spec.pod.name`
+// +kubebuilder:printcolumn:name="Service",type=string,JSONPath=`.spec.service.name`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type AddressClaim struct {
@@ -204,28 +210,42 @@ type AddressClaim struct {
 	Spec AddressClaimSpec `json:"spec"`
 }
 
-// AddressClaimSpec says who holds the IP.
+// AddressClaimSpec says who holds the IP: a pod (use pod or addresses:
+// pod, node and containerID are set) or a Service (use loadBalancer:
+// service is set, and none of the pod's fields).
+//
+// +kubebuilder:validation:XValidation:rule="(self.use == 'loadBalancer') == has(self.service)",fieldPath=".service",message="spec.service is set exactly when spec.use is loadBalancer (a LoadBalancer address is held by a Service, any other by a pod)"
+// +kubebuilder:validation:XValidation:rule="self.use != 'loadBalancer' || (!has(self.pod) && !has(self.node) && !has(self.containerID))",message="a loadBalancer claim is held by a Service: spec.pod, spec.node and spec.containerID must be unset"
+// +kubebuilder:validation:XValidation:rule="self.use == 'loadBalancer' || (has(self.pod) && has(self.node) && has(self.containerID))",message="a pod or addresses claim needs spec.pod, spec.node and spec.containerID"
 type AddressClaimSpec struct {
 	// IP is the claimed address.
 	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IP address"
 	IP string `json:"ip"`
 
-	// Use is pod (a pod address) or addresses.
-	// +kubebuilder:validation:Enum=pod;addresses
+	// Use is pod (a pod address), addresses, or loadBalancer (a Service's
+	// LoadBalancer address).
+	// +kubebuilder:validation:Enum=pod;addresses;loadBalancer
 	Use string `json:"use"`
 
 	// Pool is the AddressPool the IP was authorized by.
 	// +optional
 	Pool string `json:"pool,omitempty"`
 
-	// Pod holds the IP.
-	Pod ClaimPod `json:"pod"`
+	// Pod holds the IP (use pod or addresses).
+	// +optional
+	Pod *ClaimPod `json:"pod,omitempty"`
 
-	// Node is where the pod runs.
-	Node string `json:"node"`
+	// Service holds the IP (use loadBalancer).
+	// +optional
+	Service *ClaimService `json:"service,omitempty"`
 
-	// ContainerID of the pod's sandbox.
-	ContainerID string `json:"containerID"`
+	// Node is where the pod runs (use pod or addresses).
+	// +optional
+	Node string `json:"node,omitempty"`
+
+	// ContainerID of the pod's sandbox (use pod or addresses).
+	// +optional
+	ContainerID string `json:"containerID,omitempty"`
 }
 
 // ClaimPod names the pod holding a claim.
@@ -238,6 +258,17 @@ type ClaimPod struct {
 	// annotation): the same across re-created mirrors.
 	// +optional
 	StaticUID string `json:"staticUID,omitempty"`
+}
+
+// ClaimService names the Service holding a claim (its LoadBalancer
+// address).
+type ClaimService struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// UID of the Service: a Service re-created under the same name is
+	// another holder.
+	// +optional
+	UID string `json:"uid,omitempty"`
 }
 
 // AddressClaimList is a list of AddressClaims.

@@ -289,8 +289,9 @@ func TestAddressClaimCRD(t *testing.T) {
 		{"IP", "string", ".spec.ip", 0},
 		{"Use", "string", ".spec.use", 0},
 		{"Pool", "string", ".spec.pool", 0},
-		{"Namespace", "string", ".spec.pod.namespace", 0},
+		{"Namespace", "string", ".spec['pod','service'].namespace", 0},
 		{"Pod", "string", ".spec.pod.name", 0},
+		{"Service", "string", ".spec.service.name", 0},
 		{"Node", "string", ".spec.node", 0},
 		{"Age", "date", ".metadata.creationTimestamp", 0},
 	})
@@ -299,26 +300,54 @@ func TestAddressClaimCRD(t *testing.T) {
 		t.Error("AddressClaim has a status in its schema")
 	}
 	spec := root.Properties["spec"]
-	for _, f := range []string{"ip", "use", "pod", "node", "containerID"} {
-		if !slices.Contains(spec.Required, f) {
-			t.Errorf("spec.%s not required (required: %v)", f, spec.Required)
-		}
-	}
-	if slices.Contains(spec.Required, "pool") {
-		t.Error("spec.pool required")
+	// A claim is held by a pod or by a Service: the holder's fields are
+	// optional in the schema, the rules below say which go together.
+	if want := []string{"ip", "use"}; !reflect.DeepEqual(spec.Required, want) {
+		t.Errorf("spec required %v, want %v", spec.Required, want)
 	}
 	if !hasRule(spec.Properties["ip"], "isIP(self)") {
 		t.Errorf("spec.ip rules %+v lack isIP(self)", spec.Properties["ip"].Validations)
 	}
-	// Anycast is shared by design and never claimed.
-	if e := spec.Properties["use"].Enum; !reflect.DeepEqual(e, []any{v1alpha1.UsePod, v1alpha1.UseAddresses}) {
-		t.Errorf("spec.use enum %v, want [pod addresses]", e)
+	// Anycast is shared by design and never claimed; externalIP is shared
+	// between Services.
+	if e := spec.Properties["use"].Enum; !reflect.DeepEqual(e, []any{v1alpha1.UsePod, v1alpha1.UseAddresses, v1alpha1.UseLoadBalancer}) {
+		t.Errorf("spec.use enum %v, want [pod addresses loadBalancer]", e)
 	}
-	pod := spec.Properties["pod"]
-	for _, f := range []string{"namespace", "name"} {
-		if !slices.Contains(pod.Required, f) {
-			t.Errorf("spec.pod.%s not required (required: %v)", f, pod.Required)
+	for _, holder := range []string{"pod", "service"} {
+		s := spec.Properties[holder]
+		for _, f := range []string{"namespace", "name"} {
+			if !slices.Contains(s.Required, f) {
+				t.Errorf("spec.%s.%s not required (required: %v)", holder, f, s.Required)
+			}
 		}
+		if slices.Contains(s.Required, "uid") {
+			t.Errorf("spec.%s.uid required", holder)
+		}
+	}
+	// The holder rules (evaluated against the API server's CEL validator
+	// when they were written: a pod's claim with service, or without pod,
+	// node or containerID, is refused; a loadBalancer claim without
+	// service, or with pod, node or containerID, is refused).
+	for _, r := range []struct{ rule, fieldPath string }{
+		{"(self.use == 'loadBalancer') == has(self.service)", ".service"},
+		{"self.use != 'loadBalancer' || (!has(self.pod) && !has(self.node) && !has(self.containerID))", ""},
+		{"self.use == 'loadBalancer' || (has(self.pod) && has(self.node) && has(self.containerID))", ""},
+	} {
+		found := false
+		for _, v := range spec.Validations {
+			if v.Rule == r.rule {
+				found = true
+				if v.FieldPath != r.fieldPath || v.Message == "" {
+					t.Errorf("spec rule %q: fieldPath %q, message %q; want fieldPath %q and a message", r.rule, v.FieldPath, v.Message, r.fieldPath)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("spec rules %+v lack %q", spec.Validations, r.rule)
+		}
+	}
+	if len(spec.Validations) != 3 {
+		t.Errorf("%d spec rules, want 3", len(spec.Validations))
 	}
 }
 
@@ -593,12 +622,21 @@ func TestAddressPoolDeepCopy(t *testing.T) {
 	}
 	claim := &v1alpha1.AddressClaim{ObjectMeta: metav1.ObjectMeta{Name: "ip-x"}, Spec: v1alpha1.AddressClaimSpec{
 		IP: "2001:db8:100::1", Use: v1alpha1.UsePod, Pool: "pods", Node: "node-a", ContainerID: "c1",
-		Pod: v1alpha1.ClaimPod{Namespace: "prod", Name: "web-0", UID: "u1"},
+		Pod: &v1alpha1.ClaimPod{Namespace: "prod", Name: "web-0", UID: "u1"},
 	}}
-	for _, obj := range []runtime.Object{claim, &v1alpha1.AddressPoolList{Items: []v1alpha1.AddressPool{*ap}},
-		&v1alpha1.AddressClaimList{Items: []v1alpha1.AddressClaim{*claim}}} {
+	lb := &v1alpha1.AddressClaim{ObjectMeta: metav1.ObjectMeta{Name: "ip-y"}, Spec: v1alpha1.AddressClaimSpec{
+		IP: "2001:db8:200::1", Use: v1alpha1.UseLoadBalancer, Pool: "lb",
+		Service: &v1alpha1.ClaimService{Namespace: "prod", Name: "web", UID: "u2"},
+	}}
+	for _, obj := range []runtime.Object{claim, lb, &v1alpha1.AddressPoolList{Items: []v1alpha1.AddressPool{*ap}},
+		&v1alpha1.AddressClaimList{Items: []v1alpha1.AddressClaim{*claim, *lb}}} {
 		if !reflect.DeepEqual(obj, obj.DeepCopyObject()) {
 			t.Errorf("%T copy differs", obj)
 		}
+	}
+	cc, lc := claim.DeepCopy(), lb.DeepCopy()
+	cc.Spec.Pod.Name, lc.Spec.Service.Name = "other", "other"
+	if claim.Spec.Pod.Name != "web-0" || lb.Spec.Service.Name != "web" {
+		t.Error("the claim's copy shares its holder with the original")
 	}
 }
