@@ -12,10 +12,9 @@ import (
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
-// Issue 21, the node's side: which Service addresses the agent advertises
-// to the ToR (BIRD), from the Services and EndpointSlices the API holds.
-// No address assignment here: the LoadBalancer's status is written as the
-// (future) assigner would.
+// Issue 21: the address a LoadBalancer Service is assigned (by the agent
+// holding the Lease) and which Service addresses the node advertises to
+// the ToR (BIRD), from the Services and EndpointSlices the API holds.
 const k8sServicePools = `apiVersion: flock.fritzlab.net/v1alpha1
 kind: AddressPool
 metadata: {name: k8s-loadbalancers}
@@ -87,17 +86,28 @@ func testServices(t *testing.T, e *k8sEnv) {
 	// This lab's Services are IPv4-only (no IPv6 Service range without
 	// kube-proxy): an IPv6 external IP has no IPv6 endpoints, so
 	// kube-proxy would not deliver it and it is never advertised.
-	lb4 := netip.MustParsePrefix("198.51.100.241/32")
 	e.apply(k8sServicePools)
 	e.apply(k8sServiceWorkload)
 	t.Cleanup(func() {
 		_, _ = e.c.Kubectl(context.Background(), "delete", "deployment/svcweb", "service/svcweb-ext", "service/svcweb-lb", "--wait=false")
 	})
-	// The assigner's part, by hand: the address in the Service's status.
-	testutil.EventuallyWithin(t, 60*time.Second, "the LoadBalancer's status written", func() (bool, string) {
-		out, err := e.c.Kubectl(t.Context(), "patch", "service", "svcweb-lb", "--subresource=status", "--type=merge",
-			"-p", `{"status":{"loadBalancer":{"ingress":[{"ip":"198.51.100.241","ipMode":"VIP"}]}}}`)
-		return err == nil, out
+	// The agent holding the Lease assigns the LoadBalancer's address: the
+	// first of the IPv4 pool (the Service is IPv4-only here), claimed for
+	// the Service, written with ipMode VIP.
+	lb4 := netip.MustParsePrefix("198.51.100.240/32")
+	testutil.EventuallyWithin(t, 60*time.Second, "the LoadBalancer's address assigned", func() (bool, string) {
+		out, _ := e.c.Kubectl(t.Context(), "get", "service", "svcweb-lb", "-o", "jsonpath={.status.loadBalancer.ingress[*].ip} {.status.loadBalancer.ingress[*].ipMode}")
+		return out == "198.51.100.240 VIP", out
+	})
+	if out := e.kubectl("get", "addressclaim", "ipv4-198.51.100.240", "-o", "jsonpath={.spec.use} {.spec.service.namespace}/{.spec.service.name} {.spec.pool}"); out != "loadBalancer default/svcweb-lb k8s-loadbalancers" {
+		t.Errorf("the address's claim: %q", out)
+	}
+	if out := e.kubectl("get", "lease", "-n", "flock-system", "flock-loadbalancers", "-o", "jsonpath={.spec.holderIdentity}"); out != k8sNode {
+		t.Errorf("Lease holder %q, want the node %s", out, k8sNode)
+	}
+	testutil.EventuallyWithin(t, 30*time.Second, "a Warning Event for the external IP no pool allows", func() (bool, string) {
+		out, _ := e.c.Kubectl(t.Context(), "get", "events", "--field-selector", "involvedObject.name=svcweb-ext,reason=ExternalIPNotAllowed", "-o", "jsonpath={.items[*].message}")
+		return strings.Contains(out, `spec.externalIPs "2001:db8:99::5" is not advertised`), out
 	})
 	pods := func() []string {
 		var names []string
@@ -147,7 +157,7 @@ func testServices(t *testing.T, e *k8sEnv) {
 	testutil.EventuallyWithin(t, 30*time.Second, "flockctl services to list the addresses, none advertised", func() (bool, string) {
 		m := services()
 		return m["198.51.100.225"] == "not advertised: no usable endpoint in the cluster" &&
-			m["198.51.100.241"] == "not advertised: no usable endpoint in the cluster" &&
+			m["198.51.100.240"] == "not advertised: no usable endpoint in the cluster" &&
 			strings.HasPrefix(m["2001:db8:99::5"], "not advertised: address not authorized"), fmt.Sprint(m)
 	})
 	for _, p := range []netip.Prefix{ext6, ext4, lb4, denied} {
@@ -163,7 +173,7 @@ func testServices(t *testing.T, e *k8sEnv) {
 	ready(pods[0], true)
 	wait(ext4, 1)
 	wait(lb4, 1)
-	if m := services(); m["198.51.100.225"] != "advertised: ready endpoint in the cluster" || m["198.51.100.241"] != "advertised: local ready endpoint" ||
+	if m := services(); m["198.51.100.225"] != "advertised: ready endpoint in the cluster" || m["198.51.100.240"] != "advertised: local ready endpoint" ||
 		m["2001:db8:e5::5"] != "not advertised: no usable endpoint in the cluster" ||
 		!strings.Contains(m["2001:db8:99::5"], "no AddressPool allows namespace default to use 2001:db8:99::5 as externalIP") {
 		t.Errorf("flockctl services: %v", m)
@@ -195,7 +205,7 @@ func testServices(t *testing.T, e *k8sEnv) {
 		out, _ := e.bird.Cmd("show route " + lb4.String() + " all")
 		return strings.Contains(out, "(65535,0)") && strings.Contains(out, "64512 64512 64512 64512"), out
 	})
-	if m := services(); m["198.51.100.241"] != "draining: local endpoints terminating" {
+	if m := services(); m["198.51.100.240"] != "draining: local endpoints terminating" {
 		t.Errorf("flockctl services does not show the drain: %v", m)
 	}
 	wait(ext4, 1) // Cluster: the terminating endpoints still serve

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/claims"
 	"code.fritzlab.net/fritzlab/flock/k8s/lbassign"
 	"code.fritzlab.net/fritzlab/flock/k8s/loadbalancers"
 	"code.fritzlab.net/fritzlab/flock/k8s/services"
@@ -136,4 +138,46 @@ func (e *lbEvents) Event(r loadbalancers.ServiceRef, warning bool, reason, msg s
 	if _, err := e.dyn.Resource(eventsGVR).Namespace(r.Namespace).Create(ctx, &unstructured.Unstructured{Object: raw}, metav1.CreateOptions{}); err != nil && e.log != nil {
 		e.log("no Event on the Service", "service", r.String(), "reason", reason, "err", err)
 	}
+}
+
+// lbClaims are the cluster-wide claims as the assigner sees them.
+type lbClaims struct{ c *claims.Claims }
+
+func (l lbClaims) Claim(ctx context.Context, ip netip.Addr, pool string, svc loadbalancers.ServiceRef) error {
+	err := l.c.ClaimService(ctx, ip, pool, claims.ServiceRef(svc))
+	var held *claims.ClaimedError
+	if errors.As(err, &held) {
+		return &loadbalancers.HeldError{IP: ip, Holder: holder(held.Holder)}
+	}
+	return err
+}
+
+func (l lbClaims) Release(ctx context.Context, ip netip.Addr, svc loadbalancers.ServiceRef) error {
+	return l.c.ReleaseService(ctx, ip, claims.ServiceRef(svc))
+}
+
+func (l lbClaims) Services() map[netip.Addr]loadbalancers.ServiceRef {
+	out := map[netip.Addr]loadbalancers.ServiceRef{}
+	for _, cl := range l.c.ServiceClaims() {
+		if cl.Service != nil {
+			out[cl.IP] = loadbalancers.ServiceRef(*cl.Service)
+		}
+	}
+	return out
+}
+
+func (l lbClaims) Others() map[netip.Addr]string {
+	out := map[netip.Addr]string{}
+	for _, cl := range l.c.PodClaims() {
+		out[cl.IP] = holder(cl)
+	}
+	return out
+}
+
+// holder names a claim's holder for an Event.
+func holder(cl claims.Claim) string {
+	if cl.Service != nil {
+		return "Service " + cl.Service.String()
+	}
+	return "pod " + cl.Pod.String()
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
@@ -77,3 +78,11 @@ func (c *Claims) ReleaseService(ctx context.Context, ip netip.Addr, svc ServiceR
 // ServiceClaims returns every Service's claim (use loadBalancer) from the
 // cache, sorted by IP.
 func (c *Claims) ServiceClaims() []Claim { return c.indexed(useIndex, v1alpha1.UseLoadBalancer) }
+
+// PodClaims are every pod's claims in the cache (uses pod and addresses),
+// sorted by IP: what the assigner must never hand a Service.
+func (c *Claims) PodClaims() []Claim {
+	out := append(c.indexed(useIndex, v1alpha1.UsePod), c.indexed(useIndex, v1alpha1.UseAddresses)...)
+	slices.SortFunc(out, func(a, b Claim) int { return a.IP.Compare(b.IP) })
+	return out
+}

@@ -317,6 +317,13 @@ func TestServiceClaimsInTheCache(t *testing.T) {
 		if want := "203.0.113.128=shop/web 2001:db8:1b::1=shop/web 2001:db8:1b::2=shop/api"; strings.Join(got, " ") != want {
 			t.Errorf("ServiceClaims() = %v, want %s", got, want)
 		}
+		var pods []string
+		for _, cl := range c.PodClaims() {
+			pods = append(pods, cl.IP.String()+"="+cl.Pod.String())
+		}
+		if want := "198.51.100.1=ns/a1 2001:db8:100::1=ns/a1"; strings.Join(pods, " ") != want {
+			t.Errorf("PodClaims() = %v, want %s", pods, want)
+		}
 		if got := c.CountByPool(); !reflect.DeepEqual(got, map[string]int{"lb": 4, "shared": 1}) {
 			t.Errorf("CountByPool() = %v, want lb 4 (3 Services' and a pod's), shared 1", got)
 		}

@@ -51,7 +51,11 @@ func (a *Allocator) shape(s Service) (*spec, error) {
 	case "", corev1.IPFamilyPolicySingleStack:
 		sp.fams, sp.required = fams[:1], 1
 	case corev1.IPFamilyPolicyPreferDualStack, corev1.IPFamilyPolicyRequireDualStack:
-		if len(fams) == 1 {
+		// spec.ipFamilies, once the API server has filled it in, is what
+		// the cluster gave the Service: PreferDualStack on a single-stack
+		// cluster is one family, and kube-proxy serves no other (an
+		// address of the other family would lead nowhere).
+		if len(fams) == 1 && (len(s.Families) == 0 || s.Policy == corev1.IPFamilyPolicyRequireDualStack) {
 			fams = append(fams, other(fams[0]))
 		}
 		sp.fams = fams

@@ -9,10 +9,10 @@
 //
 //   - Families. SingleStack (or empty) gets the first family of
 //     spec.ipFamilies; RequireDualStack both, or an error; PreferDualStack
-//     both when it can: a family is given when a pool of that family is
-//     allowed to the namespace and has a free address (Kubernetes gives
-//     PreferDualStack a second family only when the cluster has one; here
-//     the pools are the cluster). Empty spec.ipFamilies means
+//     the families of spec.ipFamilies (what the API server gave it: one
+//     on a single-stack cluster, where kube-proxy serves no other), each
+//     when a pool of that family is allowed to the namespace and has a
+//     free address. Empty spec.ipFamilies (not yet filled in) means
 //     Allocator.DefaultFamily (IPv6 unless set), plus the other family
 //     for the dual-stack policies. Addresses come back primary family
 //     first.

@@ -408,7 +408,9 @@ func (m *model) fams(s Service) (fs []corev1.IPFamily, required int, ok bool) {
 	case "", single:
 		return fs[:1], 1, true
 	case prefer, require:
-		if len(fs) == 1 {
+		// PreferDualStack keeps the families the API server gave it; only
+		// unresolved (empty) ones, or RequireDualStack, get both.
+		if len(fs) == 1 && (len(s.Families) == 0 || s.Policy == require) {
 			fs = append(fs, other(fs[0]))
 		}
 		if s.Policy == require {

@@ -133,6 +133,10 @@ func (k *Controller) Refresh() {
 	k.poke()
 }
 
+// Informer is the Services informer (shared with the LoadBalancer
+// assigner).
+func (k *Controller) Informer() cache.SharedIndexInformer { return k.svcs }
+
 // Changed is the coalesced signal that Routes or Addresses changed.
 func (k *Controller) Changed() <-chan struct{} { return k.changed }
 
