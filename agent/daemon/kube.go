@@ -366,6 +366,7 @@ func (k *kubeMode) register(d *daemon, c *components) {
 	c.register("services", whenServing, k.services)
 	c.register("loadbalancer assigner", whenServing, k.lbElect)
 	c.register("service routes", whenServing, follow(d.applyServiceRoutes, k.services.Changed()))
+	c.register("service claims", whenServing, follow(k.services.Refresh, k.claims.ServicesChanged()))
 }
 
 // followNodeConfig applies a new generation of this node's NodeConfig.

@@ -13,7 +13,7 @@ func (d *daemon) serviceOptions() services.Options {
 	d.mu.Lock()
 	sv := d.spec.Services
 	d.mu.Unlock()
-	return services.Options{
+	o := services.Options{
 		Node:         d.nodeName,
 		DefaultClass: sv.DefaultLoadBalancerClass,
 		Weights:      sv.LinkBandwidth,
@@ -22,6 +22,16 @@ func (d *daemon) serviceOptions() services.Options {
 			return err
 		},
 	}
+	if d.kube != nil {
+		o.Holder = func(ip netip.Addr) (string, string, string, bool) {
+			cl, ok := d.kube.claims.Taken(ip)
+			if !ok || cl.Service == nil {
+				return "", "", "", false
+			}
+			return cl.Service.Namespace, cl.Service.Name, cl.Service.UID, true
+		}
+	}
+	return o
 }
 
 // applyServiceRoutes hands the controller's routes to the node state,

@@ -184,6 +184,7 @@ type Claims struct {
 	log      *slog.Logger
 	informer cache.SharedIndexInformer
 	gone     chan struct{}
+	services chan struct{} // a Service's claim came, changed or went
 }
 
 // New builds the client and takes the (cluster-wide) informer of
@@ -214,8 +215,12 @@ func New(f *kubeclient.Factory, dyn dynamic.Interface, node string, log *slog.Lo
 		})
 		return inf
 	})
-	c := &Claims{dyn: dyn, node: node, log: log, informer: inf, gone: make(chan struct{}, 1)}
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: c.deleted})
+	c := &Claims{dyn: dyn, node: node, log: log, informer: inf, gone: make(chan struct{}, 1), services: make(chan struct{}, 1)}
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.serviceEvent,
+		UpdateFunc: func(_, n any) { c.serviceEvent(n) },
+		DeleteFunc: func(obj any) { c.deleted(obj); c.serviceEvent(obj) },
+	})
 	return c
 }
 
@@ -246,6 +251,25 @@ func (c *Claims) deleted(obj any) {
 	default:
 	}
 }
+
+// serviceEvent signals ServicesChanged for a Service's claim.
+func (c *Claims) serviceEvent(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	if _, pod := podNode(obj); pod {
+		return
+	}
+	select {
+	case c.services <- struct{}{}:
+	default:
+	}
+}
+
+// ServicesChanged receives a value (coalesced) after a Service's claim
+// came, changed or went: the nodes advertise a LoadBalancer address only
+// while the Service in whose status it stands holds its claim.
+func (c *Claims) ServicesChanged() <-chan struct{} { return c.services }
 
 // Changed receives a value (coalesced) after a claim of this node left the
 // API, released or deleted by someone else: the agent claims again what

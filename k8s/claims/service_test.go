@@ -433,3 +433,50 @@ func TestClaimedErrorNamesAService(t *testing.T) {
 		}
 	}
 }
+
+// ServicesChanged fires when a Service's claim comes or goes, never for a
+// pod's (those have Changed, for this node's).
+func TestServicesChanged(t *testing.T) {
+	a := newFakeAPI()
+	ctx := context.Background()
+	c := New(kubeclient.NewFactory(), a, "node-a", quiet())
+	start(t, a, c)
+	drain := func() {
+		select {
+		case <-c.ServicesChanged():
+		default:
+		}
+	}
+	drain()
+	if err := New(kubeclient.NewFactory(), a, "node-a", quiet()).Claim(ctx, claim("2001:db8:100::1", v1alpha1.UsePod, "shared", pod("ns", "a1"), "node-a", "ca1")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "the pod claim cached", func() bool { return len(c.all()) == 1 })
+	select {
+	case <-c.ServicesChanged():
+		t.Error("a pod's claim signalled ServicesChanged")
+	default:
+	}
+	if err := c.ClaimService(ctx, lbIP, "lb", web); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "ServicesChanged after a Service's claim", func() bool {
+		select {
+		case <-c.ServicesChanged():
+			return true
+		default:
+			return false
+		}
+	})
+	if err := c.ReleaseService(ctx, lbIP, web); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "ServicesChanged after its release", func() bool {
+		select {
+		case <-c.ServicesChanged():
+			return true
+		default:
+			return false
+		}
+	})
+}

@@ -39,6 +39,12 @@ type Options struct {
 	// use (v1alpha1.UseLoadBalancer or UseExternalIP), from the
 	// AddressPools; the error says why not.
 	Authorize func(use string, ip netip.Addr, namespace string) error
+	// Holder names the Service holding ip's AddressClaim (ok false: none
+	// does). A LoadBalancer address goes out only while the Service in
+	// whose status it stands holds it: a status written by anyone else
+	// (services/status is all it takes) does not move a route. Nil: not
+	// checked.
+	Holder func(ip netip.Addr) (namespace, name, uid string, ok bool)
 }
 
 // Source of an address.
@@ -60,6 +66,7 @@ const (
 	ReasonClassNotOurs  = "class not ours"
 	ReasonIPModeProxy   = "ipMode Proxy (the load balancer proxies to node ports; kube-proxy does not take the VIP)"
 	ReasonMalformed     = "not an IP address"
+	ReasonNotClaimed    = "address not claimed by this Service"
 )
 
 // Address is one Service address and what this node does with it.
@@ -114,6 +121,17 @@ func ForService(o Options, s *corev1.Service, slices []*discoveryv1.EndpointSlic
 			a.State, a.Reason = StateNotAdvertised, fmt.Sprintf("%s: %v", ReasonNotAuthorized, err)
 			out = append(out, a)
 			return
+		}
+		if src == SourceLoadBalancer && o.Holder != nil {
+			ns, name, uid, ok := o.Holder(a.IP)
+			if !ok || ns != s.Namespace || name != s.Name || uid != "" && s.UID != "" && uid != string(s.UID) {
+				a.State, a.Reason = StateNotAdvertised, ReasonNotClaimed
+				if ok {
+					a.Reason += fmt.Sprintf(" (Service %s/%s holds it)", ns, name)
+				}
+				out = append(out, a)
+				return
+			}
 		}
 		fam := corev1.IPv6Protocol
 		if a.IP.Is4() {

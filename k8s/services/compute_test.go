@@ -37,6 +37,12 @@ func authorize(use string, ip netip.Addr, ns string) error {
 	return fmt.Errorf("no AddressPool allows namespace %s to use %s as %s (none covers it)", ns, ip, use)
 }
 
+// holder is a claims answer: every address held by ns/name (uid), or by
+// nobody when ns is "".
+func holder(ns, name, uid string) func(netip.Addr) (string, string, string, bool) {
+	return func(netip.Addr) (string, string, string, bool) { return ns, name, uid, ns != "" }
+}
+
 type svcOpt func(*corev1.Service)
 
 func svc(name string, opts ...svcOpt) *corev1.Service {
@@ -170,6 +176,25 @@ func TestForService(t *testing.T) {
 			return s
 		}(), []ep{{node, "fd00:10::1", "ready"}},
 			[]string{"evil/ext externalIP 2001:db8:e::5: not advertised (address not authorized: no AddressPool allows namespace evil to use 2001:db8:e::5 as externalIP, 0)"}},
+		{"a LoadBalancer address claimed by this Service", Options{Node: node, Authorize: authorize, Holder: holder("shop", "web", "")},
+			svc("web", ingress("2001:db8:1b::1")), []ep{{node, "fd00:10::1", "ready"}},
+			[]string{"shop/web loadBalancer 2001:db8:1b::1: advertised (ready endpoint in the cluster, 1)"}},
+		{"a LoadBalancer address nobody claimed (a status written by hand)", Options{Node: node, Authorize: authorize, Holder: holder("", "", "")},
+			svc("web", ingress("2001:db8:1b::1")), []ep{{node, "fd00:10::1", "ready"}},
+			[]string{"shop/web loadBalancer 2001:db8:1b::1: not advertised (address not claimed by this Service, 0)"}},
+		{"a LoadBalancer address another Service holds", Options{Node: node, Authorize: authorize, Holder: holder("shop", "api", "")},
+			svc("web", ingress("2001:db8:1b::1")), []ep{{node, "fd00:10::1", "ready"}},
+			[]string{"shop/web loadBalancer 2001:db8:1b::1: not advertised (address not claimed by this Service (Service shop/api holds it), 0)"}},
+		{"a LoadBalancer address an earlier incarnation holds", Options{Node: node, Authorize: authorize, Holder: holder("shop", "web", "old-uid")},
+			func() *corev1.Service { s := svc("web", ingress("2001:db8:1b::1")); s.UID = "new-uid"; return s }(), []ep{{node, "fd00:10::1", "ready"}},
+			[]string{"shop/web loadBalancer 2001:db8:1b::1: not advertised (address not claimed by this Service (Service shop/web holds it), 0)"}},
+		{"the claim check is not asked of external IPs", Options{Node: node, Authorize: authorize, Holder: holder("", "", "")},
+			svc("ext", func(s *corev1.Service) {
+				s.Spec.Type = corev1.ServiceTypeClusterIP
+				s.Spec.ExternalIPs = []string{"2001:db8:e::5"}
+			}),
+			[]ep{{node, "fd00:10::1", "ready"}},
+			[]string{"shop/ext externalIP 2001:db8:e::5: advertised (ready endpoint in the cluster, 1)"}},
 		{"no AddressPools loaded: nothing advertised", Options{Node: node}, svc("web", ingress("2001:db8:1b::1")),
 			[]ep{{node, "fd00:10::1", "ready"}},
 			[]string{"shop/web loadBalancer 2001:db8:1b::1: not advertised (address not authorized: no AddressPools loaded, 0)"}},
