@@ -401,6 +401,20 @@ func (d *daemon) snapshot() status.Node {
 	for _, p := range d.speaker.Held() {
 		n.Advertised[p.Kind]++
 	}
+	if k := d.kube; k != nil && k.services != nil {
+		n.Services = map[string]int{}
+		for _, a := range k.services.Addresses() {
+			n.Services[a.State]++
+		}
+		n.ServiceRouteChanges = k.services.Changes()
+		if k.lb != nil {
+			lb := &status.LoadBalancer{Leader: k.lbElect.Leading(), Failures: k.lb.Failures()}
+			for _, u := range k.lb.Usage() {
+				lb.Pools = append(lb.Pools, status.LoadBalancerPool{Name: u.Name, Used: u.Used, Size: u.Size})
+			}
+			n.LoadBalancer = lb
+		}
+	}
 	for _, a := range d.state.Attachments(nodestate.Stuck) {
 		n.Stuck = append(n.Stuck, a.ContainerID+": "+a.Reason)
 	}

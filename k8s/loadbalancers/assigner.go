@@ -107,6 +107,43 @@ type Assigner struct {
 	dirty map[string]struct{}
 	all   bool
 	wake  chan struct{}
+
+	statsMu  sync.Mutex
+	usage    []PoolUsage       // the last pass's, while leading
+	failures map[string]uint64 // by Event reason
+}
+
+// PoolUsage is one loadBalancer pool's addresses used and in all.
+type PoolUsage struct {
+	Name       string
+	Used, Size uint64
+}
+
+// Usage is each pool's use as of the last pass (none unless leading).
+func (a *Assigner) Usage() []PoolUsage {
+	a.statsMu.Lock()
+	defer a.statsMu.Unlock()
+	return slices.Clone(a.usage)
+}
+
+// Failures counts refused or failed assignments, by reason.
+func (a *Assigner) Failures() map[string]uint64 {
+	a.statsMu.Lock()
+	defer a.statsMu.Unlock()
+	out := make(map[string]uint64, len(a.failures))
+	for k, v := range a.failures {
+		out[k] = v
+	}
+	return out
+}
+
+func (a *Assigner) failed(reason string) {
+	a.statsMu.Lock()
+	if a.failures == nil {
+		a.failures = map[string]uint64{}
+	}
+	a.failures[reason]++
+	a.statsMu.Unlock()
 }
 
 // New builds the assigner and registers its handler on the Services
@@ -174,6 +211,11 @@ func (a *Assigner) Run(ctx context.Context) error {
 	a.Refresh()
 	t := time.NewTicker(a.cfg.Resync)
 	defer t.Stop()
+	defer func() {
+		a.statsMu.Lock()
+		a.usage = nil // another agent counts now
+		a.statsMu.Unlock()
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -207,6 +249,14 @@ func (a *Assigner) Run(ctx context.Context) error {
 		if all {
 			st.collect(ctx)
 		}
+		var usage []PoolUsage
+		for _, p := range a.cfg.Pools() {
+			used, size := st.alloc.InUse(p.Name)
+			usage = append(usage, PoolUsage{Name: p.Name, Used: used, Size: size})
+		}
+		a.statsMu.Lock()
+		a.usage = usage
+		a.statsMu.Unlock()
 	}
 }
 
@@ -307,6 +357,7 @@ func (st *state) sync(ctx context.Context, key string) {
 		}
 		st.cfg.Events.Event(ref(s), true, reason, err.Error())
 		st.cfg.Log.Warn("LoadBalancer address not assigned", "service", key, "err", err)
+		st.failed(reason)
 		return
 	}
 	// Claim first: the claim is the cluster-wide test-and-set. An address
@@ -317,11 +368,13 @@ func (st *state) sync(ctx context.Context, key string) {
 		if errors.As(err, &held) {
 			st.alloc.Reserve(ip, held.Holder)
 			st.cfg.Events.Event(ref(s), true, ReasonClaimFailed, err.Error())
+			st.failed(ReasonClaimFailed)
 			st.mark(key)
 			return
 		}
 		if err != nil {
 			st.cfg.Events.Event(ref(s), true, ReasonClaimFailed, err.Error())
+			st.failed(ReasonClaimFailed)
 			st.mark(key) // retried on the next pass
 			return
 		}
@@ -330,6 +383,7 @@ func (st *state) sync(ctx context.Context, key string) {
 	if !slices.Equal(addrs, in.Current) {
 		if err := st.cfg.Status.SetIngress(ctx, ref(s), addrs); err != nil {
 			st.cfg.Events.Event(ref(s), true, ReasonStatusFailed, err.Error())
+			st.failed(ReasonStatusFailed)
 			st.cfg.Log.Warn("LoadBalancer status not written", "service", key, "err", err)
 			return
 		}

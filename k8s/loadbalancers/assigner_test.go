@@ -146,6 +146,7 @@ var pools = []lbassign.Pool{{Name: "lb", Prefixes: []netip.Prefix{netip.MustPars
 	Allows: func(ns string) bool { return ns == "shop" }}}
 
 type env struct {
+	a      *Assigner // the last started
 	cs     *fake.Clientset
 	inf    cache.SharedIndexInformer
 	claims *fakeClaims
@@ -181,6 +182,7 @@ func (e *env) start(t *testing.T) (stop func()) {
 			return fmt.Errorf("no AddressPool allows namespace %s to use %s as externalIP", ns, ip)
 		},
 	})
+	e.a = a
 	_, stopF := testutil.Run(t, f.Run)
 	_, stopA := testutil.Run(t, a.Run)
 	testutil.WaitWatching(t, e.cs, "services")
@@ -272,8 +274,20 @@ func TestAssigner(t *testing.T) {
 	}
 	e.waitIngress(t, "race", "2001:db8:1b::3")
 
+	// The leader's counts: the pool's use, and the refusals by reason.
+	testutil.Eventually(t, "the pool's use counted", func() (bool, string) {
+		u := e.a.Usage()
+		return len(u) == 1 && u[0].Name == "lb" && u[0].Used == 3 && u[0].Size == 8, fmt.Sprint(u)
+	})
+	if f := e.a.Failures(); f["Reserved"] == 0 || f[ReasonClaimFailed] == 0 {
+		t.Errorf("failures %v: want Reserved and AddressClaimFailed counted", f)
+	}
+
 	// A new leader: same addresses, no status written.
 	stop()
+	if u := e.a.Usage(); len(u) != 0 {
+		t.Errorf("a former leader still reports %v", u)
+	}
 	writes := e.status.count()
 	stop = e.start(t)
 	testutil.Consistently(t, "a new leader writes nothing", 2*time.Second, func() (bool, string) {

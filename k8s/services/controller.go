@@ -42,6 +42,7 @@ type Controller struct {
 	routes  map[netip.Prefix]Route
 	wake    chan struct{}
 	changed chan struct{}
+	changes uint64 // route set changes published
 }
 
 // New takes the informers from f and registers the handlers (before f
@@ -165,6 +166,13 @@ func (k *Controller) Addresses() []Address {
 	return out
 }
 
+// Changes counts the route set changes published since start.
+func (k *Controller) Changes() uint64 {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.changes
+}
+
 // Run recomputes what events marked until ctx ends.
 func (k *Controller) Run(ctx context.Context) error {
 	for {
@@ -231,6 +239,9 @@ func (k *Controller) recompute() {
 	routes := Routes(k.opts, flat)
 	same := maps.EqualFunc(routes, k.routes, func(a, b Route) bool { return a.Path == b.Path && slices.Equal(a.Owners, b.Owners) })
 	k.routes = routes
+	if !same {
+		k.changes++
+	}
 	k.mu.Unlock()
 	k.log.Debug("services: recomputed", "services", len(keys), "all", all, "routes", len(routes))
 	if !same {

@@ -100,6 +100,9 @@ func TestController(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitRoutes(t, c, "Service deleted", map[netip.Prefix]Route{})
+	if n := c.Changes(); n < 6 {
+		t.Errorf("Changes() = %d, want at least the 6 route changes made here", n)
+	}
 	if rows := c.Addresses(); len(rows) != 0 {
 		t.Errorf("Addresses after the Service went: %v", rows)
 	}
