@@ -101,6 +101,9 @@ func Run(outer context.Context, o Options) error {
 	ctx, cancel := plannedStop(outer, func() {
 		if d := running.Load(); d != nil {
 			d.markRestart()
+			if d.ready.Load() {
+				d.drainServices(time.Sleep)
+			}
 		}
 	})
 	defer cancel()
@@ -229,6 +232,7 @@ type daemon struct {
 	kube       *kubeMode // nil in standalone mode
 	components components
 	ready      atomic.Bool
+	draining   atomic.Bool // a planned stop drains the Service routes
 	installer  string                 // the CNI installer's refusal (set before anything runs)
 	staged     string                 // the conflist the installer staged for publishConflist
 	publishErr atomic.Pointer[string] // why publishConflist failed (read by readiness and status)

@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"context"
 	"net/netip"
+	"time"
 
 	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
 	"code.fritzlab.net/fritzlab/flock/k8s/services"
@@ -35,8 +37,12 @@ func (d *daemon) serviceOptions() services.Options {
 }
 
 // applyServiceRoutes hands the controller's routes to the node state,
-// whose one desired set the BGP reconciler follows.
+// whose one desired set the BGP reconciler follows (not once a planned
+// stop drains them).
 func (d *daemon) applyServiceRoutes() {
+	if d.draining.Load() {
+		return
+	}
 	routes := d.kube.services.Routes()
 	out := make(map[netip.Prefix]nodestate.ServiceRoute, len(routes))
 	for p, r := range routes {
@@ -56,4 +62,33 @@ func (d *daemon) Services() []services.Address {
 		out = []services.Address{}
 	}
 	return out
+}
+
+// drainServices is a planned stop's first step when the config asks for
+// it (spec.services.drainOnStopSeconds): every Service route goes out
+// again with GRACEFUL_SHUTDOWN, and the stop waits that long, so the
+// fabric moves new flows to other nodes before this one stops. wait is
+// time.Sleep but for tests.
+func (d *daemon) drainServices(wait func(time.Duration)) {
+	d.mu.Lock()
+	secs := d.spec.Services.DrainOnStopSeconds
+	d.mu.Unlock()
+	if secs <= 0 {
+		return
+	}
+	d.draining.Store(true)
+	routes := d.state.ServiceRoutes()
+	if len(routes) == 0 {
+		return
+	}
+	for p, r := range routes {
+		r.Path.Drain = true
+		routes[p] = r
+	}
+	gen := d.state.SetServiceRoutes(routes)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err := d.bgpLoop.Wait(ctx, gen)
+	cancel()
+	d.log.Info("planned stop: Service routes draining (GRACEFUL_SHUTDOWN)", "routes", len(routes), "wait", time.Duration(secs)*time.Second, "sent", err == nil)
+	wait(time.Duration(secs) * time.Second)
 }

@@ -61,6 +61,17 @@ type Services struct {
 	// spreads per endpoint rather than per node.
 	// +optional
 	LinkBandwidth bool `json:"linkBandwidth,omitempty"`
+
+	// DrainOnStopSeconds: on a planned stop of the agent (SIGTERM: a
+	// rollout, a node shutting down), re-advertise this node's Service
+	// addresses with GRACEFUL_SHUTDOWN and wait this long before stopping,
+	// so the fabric moves new flows to other nodes first. 0 (the default)
+	// does not: kube-proxy keeps delivering while the agent restarts, and
+	// graceful restart keeps the routes.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=300
+	// +optional
+	DrainOnStopSeconds int32 `json:"drainOnStopSeconds,omitempty"`
 }
 
 // BGP is the speaker's node-wide configuration.
