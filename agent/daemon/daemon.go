@@ -232,7 +232,7 @@ type daemon struct {
 	kube       *kubeMode // nil in standalone mode
 	components components
 	ready      atomic.Bool
-	draining   atomic.Bool // a planned stop drains the Service routes
+	draining   atomic.Bool            // a planned stop drains the Service routes
 	installer  string                 // the CNI installer's refusal (set before anything runs)
 	staged     string                 // the conflist the installer staged for publishConflist
 	publishErr atomic.Pointer[string] // why publishConflist failed (read by readiness and status)
