@@ -67,6 +67,7 @@ const (
 	ReasonIPModeProxy   = "ipMode Proxy (the load balancer proxies to node ports; kube-proxy does not take the VIP)"
 	ReasonMalformed     = "not an IP address"
 	ReasonNotClaimed    = "address not claimed by this Service"
+	ReasonWrongFamily   = "no kube-proxy of this family serves the Service"
 )
 
 // Address is one Service address and what this node does with it.
@@ -100,7 +101,7 @@ func (o Options) Ours(s *corev1.Service) bool {
 
 // ForService decides every address of one Service: its rows, in order
 // (LoadBalancer ingress first, then external IPs, as written).
-func ForService(o Options, s *corev1.Service, slices []*discoveryv1.EndpointSlice) []Address {
+func ForService(o Options, s *corev1.Service, eps []*discoveryv1.EndpointSlice) []Address {
 	var out []Address
 	local := externalPolicyLocal(s)
 	add := func(src, raw string, use string) {
@@ -137,12 +138,20 @@ func ForService(o Options, s *corev1.Service, slices []*discoveryv1.EndpointSlic
 		if a.IP.Is4() {
 			fam = corev1.IPv4Protocol
 		}
+		// kube-proxy's proxier of a family takes only Services of that
+		// family: an address of another leads nowhere, whatever
+		// EndpointSlices exist.
+		if len(s.Spec.IPFamilies) > 0 && !slices.Contains(s.Spec.IPFamilies, fam) {
+			a.State, a.Reason = StateNotAdvertised, fmt.Sprintf("%s: the Service is not %s (spec.ipFamilies %v)", ReasonWrongFamily, fam, s.Spec.IPFamilies)
+			out = append(out, a)
+			return
+		}
 		d := delivery.Decide(delivery.Input{
 			Local:                    local,
 			PublishNotReadyAddresses: s.Spec.PublishNotReadyAddresses,
 			Family:                   fam,
 			Node:                     o.Node,
-			Slices:                   slices,
+			Slices:                   eps,
 		})
 		a.Reason, a.Endpoints = string(d.Reason), d.Endpoints
 		switch d.State {

@@ -195,6 +195,15 @@ func TestForService(t *testing.T) {
 			}),
 			[]ep{{node, "fd00:10::1", "ready"}},
 			[]string{"shop/ext externalIP 2001:db8:e::5: advertised (ready endpoint in the cluster, 1)"}},
+		{"an external IP of a family the Service is not", o, svc("ext", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeClusterIP
+			s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol}
+			s.Spec.ExternalIPs = []string{"2001:db8:e::5", "198.51.100.5"}
+		}), []ep{{node, "fd00:10::1", "ready"}, {node, "10.1.0.1", "ready"}},
+			[]string{
+				"shop/ext externalIP 198.51.100.5: advertised (ready endpoint in the cluster, 1)",
+				"shop/ext externalIP 2001:db8:e::5: not advertised (no kube-proxy of this family serves the Service: the Service is not IPv6 (spec.ipFamilies [IPv4]), 0)",
+			}},
 		{"no AddressPools loaded: nothing advertised", Options{Node: node}, svc("web", ingress("2001:db8:1b::1")),
 			[]ep{{node, "fd00:10::1", "ready"}},
 			[]string{"shop/web loadBalancer 2001:db8:1b::1: not advertised (address not authorized: no AddressPools loaded, 0)"}},
