@@ -37,6 +37,10 @@ type options struct {
 	claimN               int
 	idle, settle         time.Duration
 	claims               bool
+	services             bool
+	svcFlips             int
+	svcServices          int
+	svcEndpoints         int
 	profiles             string
 	agentLog             string
 	cniOnly              bool
@@ -67,6 +71,10 @@ func main() {
 	flag.StringVar(&o.agentLog, "agent-log", "", "copy the agent's log here at the end")
 	flag.StringVar(&o.profiles, "profiles", "", "save the agent's heap profiles (empty, loaded) and memory split into this directory")
 	flag.BoolVar(&o.claims, "claims", true, "measure the AddressPool claim cost against a kube-apiserver (the e2e lab's; built once into /var/cache/flock-e2e)")
+	flag.BoolVar(&o.services, "services", true, "measure Services: an EndpointSlice change to the UPDATE on the ToR's wire, and the agent's RSS with many Services (against the same kube-apiserver as -claims)")
+	flag.IntVar(&o.svcFlips, "svc-flips", 200, "endpoint readiness flips timed in the Services figures")
+	flag.IntVar(&o.svcServices, "svc-services", 1000, "Services (each with an EndpointSlice) for the agent's RSS")
+	flag.IntVar(&o.svcEndpoints, "svc-endpoints", 10, "endpoints per Service for the agent's RSS")
 	flag.BoolVar(&o.cniOnly, "cni-only", false, "measure the CNI figures only and print them (BENCHMARKS.md is left alone): for quick comparisons while optimizing")
 	flag.BoolVar(&o.cnitool, "cnitool", true, "also measure ADD and DEL through an exec of cnitool per call (built from the module proxy at go.mod's CNI version), flock and ptp alike")
 	flag.BoolVar(&o.netpol, "netpol", true, "measure NetworkPolicy: what flock-policy adds to new connections of a pod policies select, and its RSS (against the same kube-apiserver as -claims)")
@@ -74,9 +82,9 @@ func main() {
 	flag.IntVar(&o.npPolicies, "netpol-policies", 100, "NetworkPolicies selecting the server pod")
 	flag.IntVar(&o.npPods, "netpol-pods", 1000, "further Pod objects in the API for flock-policy's loaded RSS")
 	flag.DurationVar(&o.npRateTime, "netpol-rate-time", 5*time.Second, "how long the connection rate is measured, per server")
-	flag.StringVar(&o.only, "only", "", "measure only these sections, comma-separated (claims, netpol), and print them (BENCHMARKS.md is left alone)")
+	flag.StringVar(&o.only, "only", "", "measure only these sections, comma-separated (claims, netpol, services), and print them (BENCHMARKS.md is left alone)")
 	flag.Parse()
-	if _, _, err := o.apiSections(); err != nil {
+	if _, _, _, err := o.apiSections(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
 	}
@@ -96,12 +104,12 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	claims, netpol, err := o.apiSections()
+	claims, netpol, svcs, err := o.apiSections()
 	if err != nil {
 		return err
 	}
 	var need []string
-	if o.only == "" || claims {
+	if o.only == "" || claims || svcs {
 		need = append(need, "flock", "flock-agent")
 	}
 	if netpol && (o.only != "" || !o.cniOnly) {
@@ -119,7 +127,7 @@ func run(ctx context.Context, o options) error {
 	defer os.RemoveAll(dir)
 	prefix := randPrefix()
 	if o.only != "" {
-		figs := apiFigures(ctx, o, dir, bin, prefix, claims, netpol)
+		figs := apiFigures(ctx, o, dir, bin, prefix, claims, netpol, svcs)
 		var n []string
 		if netpol {
 			n = append(n, netpolNote(o))
@@ -407,7 +415,7 @@ func run(ctx context.Context, o options) error {
 	}
 	nl.Close()
 
-	figs = append(figs, apiFigures(ctx, o, dir, bin, prefix, claims, netpol)...)
+	figs = append(figs, apiFigures(ctx, o, dir, bin, prefix, claims, netpol, svcs)...)
 
 	rep.notes = notes(o, mem)
 	doc := render(figs, rep)
@@ -462,10 +470,10 @@ func cniFigures(sec string, fd, f4, p4 cniResult, p6 *cniResult) []figure {
 }
 
 // apiSections says which of the sections that need a Kubernetes API
-// (claims, netpol) run: those -only names, else those enabled.
-func (o options) apiSections() (claims, netpol bool, err error) {
+// (claims, netpol, services) run: those -only names, else those enabled.
+func (o options) apiSections() (claims, netpol, services bool, err error) {
 	if o.only == "" {
-		return o.claims, o.netpol, nil
+		return o.claims, o.netpol, o.services, nil
 	}
 	for _, s := range strings.Split(o.only, ",") {
 		switch strings.TrimSpace(s) {
@@ -473,18 +481,20 @@ func (o options) apiSections() (claims, netpol bool, err error) {
 			claims = true
 		case "netpol":
 			netpol = true
+		case "services":
+			services = true
 		default:
-			return false, false, fmt.Errorf("-only %q: the sections are claims and netpol", o.only)
+			return false, false, false, fmt.Errorf("-only %q: the sections are claims, netpol and services", o.only)
 		}
 	}
-	return claims, netpol, nil
+	return claims, netpol, services, nil
 }
 
 // apiFigures measures the sections that need a Kubernetes API against
 // one API-only lab (etcd and kube-apiserver, built once into
 // /var/cache/flock-e2e), torn down before it returns.
-func apiFigures(ctx context.Context, o options, dir, bin, prefix string, claims, netpol bool) []figure {
-	if !claims && !netpol {
+func apiFigures(ctx context.Context, o options, dir, bin, prefix string, claims, netpol, svcs bool) []figure {
+	if !claims && !netpol && !svcs {
 		return nil
 	}
 	logf("k8s: API-only lab (etcd, kube-apiserver)")
@@ -500,6 +510,17 @@ func apiFigures(ctx context.Context, o options, dir, bin, prefix string, claims,
 			logf("claims: %v", err)
 		}
 		figs = append(figs, claimFigures(cc, err)...)
+	}
+	if svcs {
+		r := svcResult{err: err, services: o.svcServices, endpoints: o.svcEndpoints, rssEmpty: nan(), rssLoaded: nan()}
+		if a != nil {
+			logf("services: EndpointSlice flips and Services against the kube-apiserver")
+			r = measureServices(ctx, a, dir, bin, prefix+"s", o.svcFlips, o.svcServices, o.svcEndpoints, o.settle)
+		}
+		if r.err != nil {
+			logf("services: %v", r.err)
+		}
+		figs = append(figs, svcFigures(r)...)
 	}
 	if netpol {
 		r := newNetpolResult()
@@ -608,7 +629,11 @@ func notes(o options, m memFigures) []string {
 		fmt.Sprintf("RSS is VmRSS read %s after the load (the Go scavenger returns freed memory in the background), and CPU from /proc/PID/stat, each only of a process verified to be the same one (its start time) and not a zombie before and after the reading: a dead agent is an error, not 0 %% CPU. The baseline is a bare embedded GoBGP %s (its binary's build info; e2e/cmd/gobgp-baseline, built like the agent) with the same session to the ToR, originating the same number of routes, run with %s. The agent raises its GOGC to 100 while CNI requests come in bursts and hands freed heap back after them; the baseline does neither.", o.settle, gobgp, gc),
 		"Restart: the agent is stopped (SIGTERM) or killed (SIGKILL) and started again at once; ready is from exec to the first answered CNI STATUS. Withdrawals are counted on the wire from the stop until 3 s after the new End-of-RIB.",
 	}
-	if _, netpol, _ := o.apiSections(); netpol {
+	_, netpol, svcs, _ := o.apiSections()
+	if svcs {
+		n = append(n, fmt.Sprintf("Services: a Kubernetes-mode agent against the API lab, peered with a BIRD ToR. One selectorless Service with an external IP (an AddressPool of use externalIP allows it) and an EndpointSlice written by the bench; its one endpoint's ready condition is flipped %d times, each timed from the EndpointSlice update until the UPDATE announcing (ready) or withdrawing (not ready) the external IP is captured on the ToR's port. Then %d Services with %d endpoints each are created and the agent's RSS read %s later.", o.svcFlips, o.svcServices, o.svcEndpoints, o.settle))
+	}
+	if netpol {
 		n = append(n, netpolNote(o))
 	}
 	return n

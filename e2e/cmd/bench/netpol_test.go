@@ -239,20 +239,21 @@ func TestNetpolFailRest(t *testing.T) {
 
 func TestAPISections(t *testing.T) {
 	for _, tc := range []struct {
-		o              options
-		claims, netpol bool
-		err            bool
+		o                        options
+		claims, netpol, services bool
+		err                      bool
 	}{
-		{options{claims: true, netpol: true}, true, true, false},
-		{options{claims: true, netpol: false}, true, false, false},
-		{options{claims: true, netpol: true, only: "netpol"}, false, true, false},
-		{options{claims: false, netpol: false, only: "netpol"}, false, true, false},
-		{options{only: "claims, netpol"}, true, true, false},
-		{options{only: "cni"}, false, false, true},
+		{options{claims: true, netpol: true, services: true}, true, true, true, false},
+		{options{claims: true, netpol: false}, true, false, false, false},
+		{options{claims: true, netpol: true, only: "netpol"}, false, true, false, false},
+		{options{claims: false, netpol: false, only: "netpol"}, false, true, false, false},
+		{options{only: "claims, netpol"}, true, true, false, false},
+		{options{claims: true, only: "services"}, false, false, true, false},
+		{options{only: "cni"}, false, false, false, true},
 	} {
-		c, n, err := tc.o.apiSections()
-		if c != tc.claims || n != tc.netpol || (err != nil) != tc.err {
-			t.Errorf("%+v: %v %v %v", tc.o, c, n, err)
+		c, n, s, err := tc.o.apiSections()
+		if c != tc.claims || n != tc.netpol || s != tc.services || (err != nil) != tc.err {
+			t.Errorf("%+v: %v %v %v %v", tc.o, c, n, s, err)
 		}
 	}
 }
