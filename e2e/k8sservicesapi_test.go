@@ -1,15 +1,20 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/netip"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/tools/clientcmd"
 
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/services"
@@ -81,4 +86,106 @@ endpoints:
 	wantPath("terminating, serving: draining", advert.Path{Kind: advert.Service, Drain: true})
 	kubectlRetry(t, c, "", "delete", "endpointslice", "web-1")
 	wantPath("slice deleted: withdrawn", advert.Path{})
+}
+
+// Weighted ECMP with FRR (issue 21): two Kubernetes-mode agents against a
+// real kube-apiserver, both delivering one external IP of an
+// externalTrafficPolicy: Local Service with spec.services.linkBandwidth;
+// FRR, the ToR, installs the route with next-hop weights in the ratio of
+// the endpoints on each node (3:1), and equal ones once they are equal.
+func TestServicesWeightedECMP(t *testing.T) {
+	c := apiOnlyLab(t)
+	root, err := lab.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubectlRetry(t, c, "", "apply", "-f", filepath.Join(root, "deploy", "crd"))
+	kubectlRetry(t, c, "", "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+	l, err := lab.NewBGPLab(lab.LabOptions{Prefix: "flkwe", Dir: t.TempDir(), BinDir: binDir, Nodes: 2, Kubeconfig: c.Kubeconfig,
+		AgentArgs: []string{"--metrics-address="},
+		Setup: func(n *lab.LabNode) error {
+			nc, _, _ := strings.Cut(lab.DefaultNodeConfig(n), "\n---")
+			nc = strings.Replace(nc, "  bgp:\n", "  services: {linkBandwidth: true}\n  bgp:\n", 1)
+			kubectlRetry(t, c, nc, "apply", "-f", "-")
+			return apiProxy(t, n.NS)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	if err := l.StartFRR(nil); err != nil {
+		t.Fatal(err)
+	}
+	kubectlRetry(t, c, `apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata: {name: external-ips}
+spec: {cidrs: ["198.51.100.224/27"], use: [externalIP], namespaces: [default]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  externalIPs: ["198.51.100.225"]
+  externalTrafficPolicy: Local
+  ports: [{name: http, port: 80}]
+`, "apply", "-f", "-")
+	slice := func(n1, n2 int) string {
+		var b strings.Builder
+		b.WriteString(`apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web, endpointslice.kubernetes.io/managed-by: flock-e2e}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+`)
+		for i := range n1 + n2 {
+			node := l.Nodes[0].Name
+			if i >= n1 {
+				node = l.Nodes[1].Name
+			}
+			fmt.Fprintf(&b, "- {addresses: [\"10.9.0.%d\"], nodeName: %s, conditions: {ready: true}}\n", i+1, node)
+		}
+		return b.String()
+	}
+	// weights reads FRR's next hops of the route: node address → weight.
+	weights := func() (map[string]int, string) {
+		out, _ := l.FRR.Vtysh("show ip route 198.51.100.225/32 json")
+		var r map[string][]struct {
+			Nexthops []struct {
+				IP     string `json:"ip"`
+				Weight int    `json:"weight"`
+				Active bool   `json:"active"`
+			} `json:"nexthops"`
+		}
+		_ = json.Unmarshal([]byte(out), &r)
+		w := map[string]int{}
+		for _, route := range r["198.51.100.225/32"] {
+			for _, nh := range route.Nexthops {
+				if nh.Active {
+					w[nh.IP] += nh.Weight
+				}
+			}
+		}
+		return w, out
+	}
+	ratio := func(want float64) {
+		t.Helper()
+		testutil.EventuallyWithin(t, 60*time.Second, fmt.Sprintf("FRR's next-hop weights in the ratio %.0f:1", want), func() (bool, string) {
+			w, out := weights()
+			if len(w) != 2 {
+				return false, out
+			}
+			var ws []int
+			for _, v := range w {
+				ws = append(ws, v)
+			}
+			hi, lo := max(ws[0], ws[1]), min(ws[0], ws[1])
+			got := float64(hi) / float64(max(lo, 1))
+			return math.Abs(got-want) <= 0.25*want, fmt.Sprintf("weights %v (ratio %.2f)\n%s", w, got, out)
+		})
+	}
+	kubectlRetry(t, c, slice(3, 1), "apply", "-f", "-")
+	ratio(3)
+	kubectlRetry(t, c, slice(2, 2), "apply", "-f", "-")
+	ratio(1)
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -45,21 +46,16 @@ func measureServices(ctx context.Context, a *apiLab, dir, binDir, prefix string,
 	l, err := lab.NewBGPLab(lab.LabOptions{Prefix: prefix, Dir: filepath.Join(dir, "services"), BinDir: binDir, Nodes: 1,
 		Kubeconfig: a.kubeconfig(), AgentArgs: []string{"--metrics-address=", "--log-level=info"},
 		Setup: func(n *lab.LabNode) error {
-			if err := kubectl(fmt.Sprintf(`apiVersion: flock.fritzlab.net/v1alpha1
-kind: NodeConfig
-metadata: {name: %s}
-spec:
-  asn: %d
-  routerID: 192.0.2.1
-  pools: [{cidr: "%s"}]
-  bgp:
-    peers: [{address: "%s", asn: %d}]
+			// The lab's NodeConfig (its peering with the ToR), without the
+			// standalone AddressPools that follow it.
+			nc, _, _ := strings.Cut(lab.DefaultNodeConfig(n), "\n---")
+			if err := kubectl(nc+`
 ---
 apiVersion: flock.fritzlab.net/v1alpha1
 kind: AddressPool
 metadata: {name: bench-external-ips}
 spec: {cidrs: ["198.51.100.224/27"], use: [externalIP], namespaces: [default]}
-`, n.Name, lab.NodeASN, n.Summary6, n.TorV6, lab.TorASN), "apply", "-f", "-"); err != nil {
+`, "apply", "-f", "-"); err != nil {
 				return err
 			}
 			var err error
