@@ -39,7 +39,7 @@ func TestServicesControllerAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := kubeclient.NewFactory()
-	allow := netip.MustParsePrefix("2001:db8:e5::/64")
+	allow := netip.MustParsePrefix("198.51.100.224/27") // the lab's Services are IPv4
 	ctl := services.New(f, services.Clients{Services: core.Services(""), EndpointSlices: disc.EndpointSlices("")}, services.Options{
 		Node: "n1",
 		Authorize: func(use string, ip netip.Addr, ns string) error {
@@ -57,21 +57,21 @@ kind: Service
 metadata: {name: web, namespace: default}
 spec:
   ports: [{name: http, port: 80}]
-  externalIPs: ["2001:db8:e5::5"]
+  externalIPs: ["198.51.100.225"]
 `, "apply", "-f", "-")
 	slice := func(ready, terminating bool) string {
 		return fmt.Sprintf(`apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
-addressType: IPv6
+addressType: IPv4
 ports: [{name: http, port: 8080, protocol: TCP}]
 endpoints:
-- addresses: ["fd00:10::1"]
+- addresses: ["10.9.0.1"]
   nodeName: n1
   conditions: {ready: %v, serving: true, terminating: %v}
 `, ready, terminating)
 	}
-	p := netip.MustParsePrefix("2001:db8:e5::5/128")
+	p := netip.MustParsePrefix("198.51.100.225/32")
 	wantPath := func(what string, want advert.Path) {
 		t.Helper()
 		testutil.EventuallyWithin(t, 20*time.Second, what, func() (bool, string) {
