@@ -411,13 +411,6 @@ func (d *daemon) snapshot() status.Node {
 			n.Services[a.State]++
 		}
 		n.ServiceRouteChanges = k.services.Changes()
-		if k.lb != nil {
-			lb := &status.LoadBalancer{Leader: k.lbElect.Leading(), Failures: k.lb.Failures()}
-			for _, u := range k.lb.Usage() {
-				lb.Pools = append(lb.Pools, status.LoadBalancerPool{Name: u.Name, Used: u.Used, Size: u.Size})
-			}
-			n.LoadBalancer = lb
-		}
 	}
 	for _, a := range d.state.Attachments(nodestate.Stuck) {
 		n.Stuck = append(n.Stuck, a.ContainerID+": "+a.Reason)

@@ -20,7 +20,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
-	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -37,7 +36,6 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/claims"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/leakgc"
-	"code.fritzlab.net/fritzlab/flock/k8s/loadbalancers"
 	"code.fritzlab.net/fritzlab/flock/k8s/nodeconfigs"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
@@ -70,11 +68,7 @@ type kubeMode struct {
 	templates *templates
 	// services decides the Service routes (LoadBalancer and external IPs).
 	services *services.Controller
-	// lb assigns LoadBalancer addresses while this agent holds the Lease.
-	lb      *loadbalancers.Assigner
-	lbElect *loadbalancers.Elect
-	dyn     dynamic.Interface
-	leases  coordinationv1.LeasesGetter
+	dyn dynamic.Interface
 }
 
 // podEvents fans informer events out to the agent and the leak GC. Both
@@ -131,12 +125,8 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	if err != nil {
 		return nil, err
 	}
-	leases, err := coordinationv1.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
 	f := kubeclient.NewFactory()
-	k := &kubeMode{o: o, core: core, factory: f, dyn: dyn, leases: leases, nc: nodeconfigs.New(f, dyn, o.NodeName), allNC: nodeconfigs.NewAll(f, dyn), events: &podEvents{},
+	k := &kubeMode{o: o, core: core, factory: f, dyn: dyn, nc: nodeconfigs.New(f, dyn, o.NodeName), allNC: nodeconfigs.NewAll(f, dyn), events: &podEvents{},
 		kick: make(chan struct{}, 1), poolKick: make(chan struct{}, 1),
 		pools: addresspools.New(f, dyn, core.Namespaces(), o.Log), claims: claims.New(f, dyn, o.NodeName, o.Log)}
 	wait := o.NodeConfigWait
@@ -319,20 +309,6 @@ func (k *kubeMode) wire(d *daemon) {
 	k.gc = &leakgc.GC{Allocs: gcAllocs{d.agent}, API: k.pods, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc}
 	k.events.agent, k.events.gc = d.agent, k.gc
 	k.services.SetOptions(d.serviceOptions())
-	k.lb = loadbalancers.New(loadbalancers.Config{
-		Services: k.services.Informer(),
-		Claims:   lbClaims{k.claims},
-		Status:   lbStatus{k.dyn},
-		Events:   &lbEvents{dyn: k.dyn, node: k.o.NodeName, log: d.log.Debug},
-		Pools:    d.lbPools,
-		Ours:     d.lbOurs,
-		AuthorizeExternalIP: func(ip netip.Addr, ns string) error {
-			_, err := d.Authorize(v1alpha1.UseExternalIP, netip.PrefixFrom(ip, ip.BitLen()), ns)
-			return err
-		},
-		Log: d.log.With("component", "loadbalancers"),
-	})
-	k.lbElect = &loadbalancers.Elect{Leases: k.leases, Namespace: k.o.Namespace, Identity: k.o.NodeName, Assigner: k.lb, Log: d.log.With("component", "loadbalancers")}
 	k.claimGC = &claims.GC{
 		Claims: k.claims, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc,
 		Holds: d.state.Holds,
@@ -364,7 +340,6 @@ func (k *kubeMode) register(d *daemon, c *components) {
 	c.register("nodeconfig templates", duringRecovery, k.templates)
 	c.register("nodeconfig template errors", whenServing, follow(d.statusChanged, k.templateChanged()))
 	c.register("services", whenServing, k.services)
-	c.register("loadbalancer assigner", whenServing, k.lbElect)
 	c.register("service routes", whenServing, follow(d.applyServiceRoutes, k.services.Changed()))
 	c.register("service claims", whenServing, follow(k.services.Refresh, k.claims.ServicesChanged()))
 }

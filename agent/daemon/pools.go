@@ -89,9 +89,6 @@ func (d *daemon) applyPools() {
 	if d.kube != nil {
 		d.kube.poolStatusChanged()
 		d.kube.services.Refresh() // authorizations may have changed
-		if d.kube.lb != nil {
-			d.kube.lb.Refresh()
-		}
 	}
 }
 

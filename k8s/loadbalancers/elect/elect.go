@@ -1,4 +1,10 @@
-package loadbalancers
+// Package elect runs the LoadBalancer assigner on the one process holding
+// a Lease (client-go leader election). It is apart from package
+// loadbalancers because client-go's leader election links the whole typed
+// clientset and registers every API group at start (+17 MB binary, +10 MB
+// RSS): a process that runs it pays that, one that only shares the
+// assigner's types does not.
+package elect
 
 import (
 	"context"
@@ -11,9 +17,11 @@ import (
 	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/loadbalancers"
 )
 
-// LeaseName is the Lease the agents compete for (in flock's namespace):
+// LeaseName is the Lease the candidates compete for (in flock's namespace):
 // its holder is the one writer of LoadBalancer addresses.
 const LeaseName = "flock-loadbalancers"
 
@@ -25,7 +33,7 @@ type Elect struct {
 	Leases    coordinationv1.LeasesGetter
 	Namespace string
 	Identity  string // the node's name
-	Assigner  *Assigner
+	Assigner  *loadbalancers.Assigner
 	Log       *slog.Logger
 	// Timings; zero: client-go's defaults for core components (15 s, 10 s,
 	// 2 s).

@@ -1,6 +1,7 @@
-package loadbalancers
+package elect
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -13,8 +14,29 @@ import (
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/lbassign"
+	"code.fritzlab.net/fritzlab/flock/k8s/loadbalancers"
 	"code.fritzlab.net/fritzlab/flock/k8s/services"
 )
+
+// The assigner's ports, unused here (no Services).
+type (
+	noClaims struct{}
+	noStatus struct{}
+	noEvents struct{}
+	lbSvcs   struct {
+		kubeclient.ListerWatcher[*corev1.ServiceList]
+	}
+)
+
+func (noClaims) Claim(context.Context, netip.Addr, string, loadbalancers.ServiceRef) error {
+	return nil
+}
+func (noClaims) Release(context.Context, netip.Addr, loadbalancers.ServiceRef) error      { return nil }
+func (noClaims) Services() map[netip.Addr]loadbalancers.ServiceRef                        { return nil }
+func (noClaims) Others() map[netip.Addr]string                                            { return nil }
+func (noStatus) SetIngress(context.Context, loadbalancers.ServiceRef, []netip.Addr) error { return nil }
+func (noEvents) Event(loadbalancers.ServiceRef, bool, string, string)                     {}
+func (lbSvcs) IsWatchListSemanticsUnSupported() bool                                      { return true }
 
 // Two agents compete for the Lease: exactly one leads at a time (sampled
 // throughout), and when it stops the other takes over.
@@ -23,10 +45,10 @@ func TestElectOneLeader(t *testing.T) {
 	elect := func(node string) *Elect {
 		f := kubeclient.NewFactory()
 		inf := f.Informer("services", func() cache.SharedIndexInformer {
-			return kubeclient.NewInformer(fakeSvcs{cs.CoreV1().Services("")}, &corev1.Service{}, nil)
+			return kubeclient.NewInformer(lbSvcs{cs.CoreV1().Services("")}, &corev1.Service{}, nil)
 		})
-		a := New(Config{Services: inf, Claims: &fakeClaims{svc: map[netip.Addr]ServiceRef{}, pods: map[netip.Addr]string{}},
-			Status: &fakeStatus{cs: cs}, Events: &events{}, Pools: func() []lbassign.Pool { return nil }, Ours: (services.Options{}).Ours})
+		a := loadbalancers.New(loadbalancers.Config{Services: inf, Claims: noClaims{}, Status: noStatus{}, Events: noEvents{},
+			Pools: func() []lbassign.Pool { return nil }, Ours: (services.Options{}).Ours})
 		testutil.Run(t, f.Run)
 		return &Elect{Leases: cs.CoordinationV1(), Namespace: "flock-system", Identity: node, Assigner: a,
 			LeaseDuration: 1500 * time.Millisecond, RenewDeadline: 1 * time.Second, RetryPeriod: 200 * time.Millisecond}
