@@ -106,7 +106,9 @@ spec:
   pool: k8s-loadbalancers
   service: {namespace: default, name: svcweb-lb, uid: %s}
 `, uid))
-	t.Cleanup(func() { _, _ = e.c.Kubectl(context.Background(), "delete", "addressclaim", "ipv4-198.51.100.240", "--wait=false") })
+	t.Cleanup(func() {
+		_, _ = e.c.Kubectl(context.Background(), "delete", "addressclaim", "ipv4-198.51.100.240", "--wait=false")
+	})
 	testutil.EventuallyWithin(t, 60*time.Second, "the LoadBalancer's status written", func() (bool, string) {
 		out, err := e.c.Kubectl(t.Context(), "patch", "service", "svcweb-lb", "--subresource=status", "--type=merge",
 			"-p", `{"status":{"loadBalancer":{"ingress":[{"ip":"198.51.100.240","ipMode":"VIP"}]}}}`)

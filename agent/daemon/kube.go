@@ -68,7 +68,7 @@ type kubeMode struct {
 	templates *templates
 	// services decides the Service routes (LoadBalancer and external IPs).
 	services *services.Controller
-	dyn dynamic.Interface
+	dyn      dynamic.Interface
 }
 
 // podEvents fans informer events out to the agent and the leak GC. Both
