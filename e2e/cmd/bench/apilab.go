@@ -94,3 +94,32 @@ func (a *apiLab) kubectl(ctx context.Context, stdin string, args ...string) erro
 	}
 	return fmt.Errorf("kubectl %v: %w\n%s", args, err, out)
 }
+
+// nodeLab is a one-node BGP lab whose agent runs in Kubernetes mode
+// against this API: before the agent starts, objects(node) is applied
+// (its NodeConfig, AddressPools) and the node's namespace gets a proxy to
+// the API. close stops the lab, then the proxy.
+func (a *apiLab) nodeLab(ctx context.Context, prefix, dir, binDir string, objects func(n *lab.LabNode) string) (l *lab.BGPLab, close func(), err error) {
+	api := a.addr()
+	var stopProxy func()
+	l, err = lab.NewBGPLab(lab.LabOptions{Prefix: prefix, Dir: dir, BinDir: binDir, Nodes: 1,
+		Kubeconfig: a.kubeconfig(), AgentArgs: []string{"--metrics-address=", "--log-level=info"},
+		Setup: func(n *lab.LabNode) error {
+			if err := a.kubectl(ctx, objects(n), "apply", "-f", "-"); err != nil {
+				return err
+			}
+			var err error
+			stopProxy, err = n.NS.Proxy(api, api)
+			return err
+		}})
+	stop := func() {
+		if stopProxy != nil {
+			stopProxy()
+		}
+	}
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return l, func() { l.Close(); stop() }, nil
+}

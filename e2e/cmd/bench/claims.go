@@ -24,18 +24,8 @@ type claimCost struct {
 }
 
 func measureClaims(ctx context.Context, a *apiLab, dir, binDir, prefix string, n int) ([]claimCost, error) {
-	kubectl := func(stdin string, args ...string) error { return a.kubectl(ctx, stdin, args...) }
-	api := a.addr()
-	var stopProxy func()
-	defer func() {
-		if stopProxy != nil {
-			stopProxy()
-		}
-	}()
-	l, err := lab.NewBGPLab(lab.LabOptions{Prefix: prefix, Dir: filepath.Join(dir, "claims"), BinDir: binDir, Nodes: 1,
-		Kubeconfig: a.kubeconfig(), AgentArgs: []string{"--metrics-address=", "--log-level=info"},
-		Setup: func(n *lab.LabNode) error {
-			if err := kubectl(fmt.Sprintf(`apiVersion: flock.fritzlab.net/v1alpha1
+	l, closeLab, err := a.nodeLab(ctx, prefix, filepath.Join(dir, "claims"), binDir, func(n *lab.LabNode) string {
+		return fmt.Sprintf(`apiVersion: flock.fritzlab.net/v1alpha1
 kind: NodeConfig
 metadata: {name: %s}
 spec:
@@ -52,17 +42,12 @@ apiVersion: flock.fritzlab.net/v1alpha1
 kind: AddressPool
 metadata: {name: bench-addresses}
 spec: {cidrs: ["2001:db8:ab::/112"], use: [addresses], namespaces: [default]}
-`, n.Name, n.Summary6), "apply", "-f", "-"); err != nil {
-				return err
-			}
-			var err error
-			stopProxy, err = n.NS.Proxy(api, api)
-			return err
-		}})
+`, n.Name, n.Summary6)
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer l.Close()
+	defer closeLab()
 	node := l.Nodes[0]
 	cs := a.cs
 	ns, err := lab.NewNS(prefix + "claimpod")

@@ -35,38 +35,23 @@ const svcExternalIP = "198.51.100.225"
 // EndpointSlice write to the UPDATE captured on the ToR's port.
 func measureServices(ctx context.Context, a *apiLab, dir, binDir, prefix string, flips, nsvc, neps int, settle time.Duration) (r svcResult) {
 	r.services, r.endpoints = nsvc, neps
-	kubectl := func(stdin string, args ...string) error { return a.kubectl(ctx, stdin, args...) }
-	api := a.addr()
-	var stopProxy func()
-	defer func() {
-		if stopProxy != nil {
-			stopProxy()
-		}
-	}()
-	l, err := lab.NewBGPLab(lab.LabOptions{Prefix: prefix, Dir: filepath.Join(dir, "services"), BinDir: binDir, Nodes: 1,
-		Kubeconfig: a.kubeconfig(), AgentArgs: []string{"--metrics-address=", "--log-level=info"},
-		Setup: func(n *lab.LabNode) error {
-			// The lab's NodeConfig (its peering with the ToR), without the
-			// standalone AddressPools that follow it.
-			nc, _, _ := strings.Cut(lab.DefaultNodeConfig(n), "\n---")
-			if err := kubectl(nc+`
+	l, closeLab, err := a.nodeLab(ctx, prefix, filepath.Join(dir, "services"), binDir, func(n *lab.LabNode) string {
+		// The lab's NodeConfig (its peering with the ToR), without the
+		// standalone AddressPools that follow it.
+		nc, _, _ := strings.Cut(lab.DefaultNodeConfig(n), "\n---")
+		return nc + `
 ---
 apiVersion: flock.fritzlab.net/v1alpha1
 kind: AddressPool
 metadata: {name: bench-external-ips}
 spec: {cidrs: ["198.51.100.224/27"], use: [externalIP], namespaces: [default]}
-`, "apply", "-f", "-"); err != nil {
-				return err
-			}
-			var err error
-			stopProxy, err = n.NS.Proxy(api, api)
-			return err
-		}})
+`
+	})
 	if err != nil {
 		r.err = err
 		return r
 	}
-	defer l.Close()
+	defer closeLab()
 	node := l.Nodes[0]
 	capture, err := lab.CaptureBGP(l.Tor, node.TorIf)
 	if err != nil {
