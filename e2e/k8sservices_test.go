@@ -12,9 +12,10 @@ import (
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
-// Issue 21, the node's side: which Service addresses the agent advertises
-// to the ToR (BIRD), from the Services, EndpointSlices and AddressClaims
-// the API holds.
+// Issue 21: the address a LoadBalancer Service is assigned (by the
+// flock-policy holding the Lease) and which Service addresses the node
+// advertises to the ToR (BIRD), from the Services, EndpointSlices and
+// AddressClaims the API holds.
 const k8sServicePools = `apiVersion: flock.fritzlab.net/v1alpha1
 kind: AddressPool
 metadata: {name: k8s-loadbalancers}
@@ -91,28 +92,23 @@ func testServices(t *testing.T, e *k8sEnv) {
 	t.Cleanup(func() {
 		_, _ = e.c.Kubectl(context.Background(), "delete", "deployment/svcweb", "service/svcweb-ext", "service/svcweb-lb", "--wait=false")
 	})
-	// The assigner's part, by hand until it runs in a shipped process
-	// (k8s/loadbalancers, tested on its own): the address claimed for the
-	// Service, then written to its status. The nodes advertise it only
-	// while the Service holds the claim.
+	// The flock-policy holding the Lease assigns the LoadBalancer's
+	// address: the first of the IPv4 pool (the Service is IPv4-only here),
+	// claimed for the Service, written with ipMode VIP.
 	lb4 := netip.MustParsePrefix("198.51.100.240/32")
-	uid := e.kubectl("get", "service", "svcweb-lb", "-o", "jsonpath={.metadata.uid}")
-	e.apply(fmt.Sprintf(`apiVersion: flock.fritzlab.net/v1alpha1
-kind: AddressClaim
-metadata: {name: ipv4-198.51.100.240}
-spec:
-  ip: 198.51.100.240
-  use: loadBalancer
-  pool: k8s-loadbalancers
-  service: {namespace: default, name: svcweb-lb, uid: %s}
-`, uid))
-	t.Cleanup(func() {
-		_, _ = e.c.Kubectl(context.Background(), "delete", "addressclaim", "ipv4-198.51.100.240", "--wait=false")
+	testutil.EventuallyWithin(t, 60*time.Second, "the LoadBalancer's address assigned", func() (bool, string) {
+		out, _ := e.c.Kubectl(t.Context(), "get", "service", "svcweb-lb", "-o", "jsonpath={.status.loadBalancer.ingress[*].ip} {.status.loadBalancer.ingress[*].ipMode}")
+		return out == "198.51.100.240 VIP", out
 	})
-	testutil.EventuallyWithin(t, 60*time.Second, "the LoadBalancer's status written", func() (bool, string) {
-		out, err := e.c.Kubectl(t.Context(), "patch", "service", "svcweb-lb", "--subresource=status", "--type=merge",
-			"-p", `{"status":{"loadBalancer":{"ingress":[{"ip":"198.51.100.240","ipMode":"VIP"}]}}}`)
-		return err == nil, out
+	if out := e.kubectl("get", "addressclaim", "ipv4-198.51.100.240", "-o", "jsonpath={.spec.use} {.spec.service.namespace}/{.spec.service.name} {.spec.pool}"); out != "loadBalancer default/svcweb-lb k8s-loadbalancers" {
+		t.Errorf("the address's claim: %q", out)
+	}
+	if out := e.kubectl("get", "lease", "-n", "flock-system", "flock-loadbalancers", "-o", "jsonpath={.spec.holderIdentity}"); out != k8sNode {
+		t.Errorf("Lease holder %q, want the node %s", out, k8sNode)
+	}
+	testutil.EventuallyWithin(t, 30*time.Second, "a Warning Event for the external IP no pool allows", func() (bool, string) {
+		out, _ := e.c.Kubectl(t.Context(), "get", "events", "--field-selector", "involvedObject.name=svcweb-ext,reason=ExternalIPNotAllowed", "-o", "jsonpath={.items[*].message}")
+		return strings.Contains(out, `spec.externalIPs "2001:db8:99::5" is not advertised`), out
 	})
 	pods := func() []string {
 		var names []string
@@ -217,5 +213,13 @@ spec:
 	testutil.EventuallyWithin(t, 60*time.Second, "the addresses withdrawn once nothing serves", func() (bool, string) {
 		n := e.birdPaths(lb4) + e.birdPaths(ext4)
 		return n == 0, fmt.Sprintf("%d paths", n)
+	})
+
+	// Switched to ClusterIP: the address released (its claim deleted) and
+	// never advertised again.
+	e.kubectl("patch", "service", "svcweb-lb", "--type=merge", "-p", `{"spec":{"type":"ClusterIP"}}`)
+	testutil.EventuallyWithin(t, 30*time.Second, "the claim of the released address gone", func() (bool, string) {
+		out, err := e.c.Kubectl(t.Context(), "get", "addressclaim", "ipv4-198.51.100.240", "-o", "name")
+		return err != nil && strings.Contains(out, "NotFound"), out
 	})
 }

@@ -223,4 +223,8 @@ spec:
 			t.Errorf("flockctl policy on vm2 does not show tn-ingress and %s:\n%s", srvAddr, out)
 		}
 	})
+
+	t.Run("LoadBalancer addresses survive their leader", func(t *testing.T) {
+		testLoadBalancerLeader(t, e, [2]string{k8sNode, node2})
+	})
 }

@@ -92,9 +92,6 @@ var (
 	descAllocations     = prometheus.NewDesc("flock_allocations", "Committed pod attachments on this node.", nil, nil)
 	descServiceAddrs    = prometheus.NewDesc("flock_service_addresses", "Service addresses (LoadBalancer and external IPs) by what this node does with them: advertised, draining, not advertised.", []string{"state"}, nil)
 	descServiceChanges  = prometheus.NewDesc("flock_service_route_changes_total", "Changes of this node's Service routes (advertised, drained, withdrawn).", nil, nil)
-	descLBLeader        = prometheus.NewDesc("flock_loadbalancer_leader", "1 while this agent holds the Lease and assigns LoadBalancer addresses.", nil, nil)
-	descLBPool          = prometheus.NewDesc("flock_loadbalancer_pool_addresses", "Addresses of a loadBalancer AddressPool, by state (used, size); reported by the leader.", []string{"pool", "state"}, nil)
-	descLBFailures      = prometheus.NewDesc("flock_loadbalancer_assignment_failures_total", "LoadBalancer assignments refused or failed on this agent while it led, by reason (e.g. Exhausted, InUse, NotInPool).", []string{"reason"}, nil)
 )
 
 // scrape renders the status snapshot at scrape time, so nothing polls.
@@ -102,7 +99,7 @@ type scrape struct{ snapshot func() status.Node }
 
 func (s *scrape) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPool, descAdvertised, descSession, descMismatch, descReconcileErrors, descReconcileFail, descReaped, descReapFailures, descAllocations,
-		descServiceAddrs, descServiceChanges, descLBLeader, descLBPool, descLBFailures} {
+		descServiceAddrs, descServiceChanges} {
 		ch <- d
 	}
 }
@@ -142,16 +139,8 @@ func (s *scrape) Collect(ch chan<- prometheus.Metric) {
 	for state, c := range n.Services {
 		ch <- prometheus.MustNewConstMetric(descServiceAddrs, prometheus.GaugeValue, float64(c), state)
 	}
-	if lb := n.LoadBalancer; lb != nil {
+	if n.Services != nil { // Kubernetes mode
 		ch <- prometheus.MustNewConstMetric(descServiceChanges, prometheus.CounterValue, float64(n.ServiceRouteChanges))
-		ch <- prometheus.MustNewConstMetric(descLBLeader, prometheus.GaugeValue, b2f(lb.Leader))
-		for _, p := range lb.Pools {
-			ch <- prometheus.MustNewConstMetric(descLBPool, prometheus.GaugeValue, float64(p.Used), p.Name, "used")
-			ch <- prometheus.MustNewConstMetric(descLBPool, prometheus.GaugeValue, float64(p.Size), p.Name, "size")
-		}
-		for reason, c := range lb.Failures {
-			ch <- prometheus.MustNewConstMetric(descLBFailures, prometheus.CounterValue, float64(c), reason)
-		}
 	}
 }
 

@@ -49,25 +49,6 @@ type Node struct {
 	// its Service routes since start.
 	Services            map[string]int
 	ServiceRouteChanges uint64
-	// LoadBalancer is the address assigner's view; nil in standalone mode.
-	LoadBalancer *LoadBalancer
-}
-
-// LoadBalancer is the LoadBalancer address assigner on this agent.
-type LoadBalancer struct {
-	Leader bool // this agent holds the Lease and assigns
-	// Pools: addresses used and in all, per pool of use loadBalancer (the
-	// leader's count; empty elsewhere).
-	Pools []LoadBalancerPool
-	// Failures counts assignments refused since start, by reason (the
-	// allocator's code, AddressClaimFailed, StatusUpdateFailed).
-	Failures map[string]uint64
-}
-
-// LoadBalancerPool is one pool's use.
-type LoadBalancerPool struct {
-	Name       string
-	Used, Size uint64
 }
 
 // Peers counts established and configured sessions.

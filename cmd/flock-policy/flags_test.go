@@ -11,6 +11,7 @@ import (
 )
 
 func TestFlags(t *testing.T) {
+	t.Setenv("POD_NAMESPACE", "")
 	for _, tc := range []struct {
 		args           []string
 		code           int
@@ -18,7 +19,7 @@ func TestFlags(t *testing.T) {
 		stdout, stderr []string
 		check          func(config) bool
 	}{
-		{args: []string{"--help"}, exit: true, stdout: []string{"usage: flock-policy", "-nfqueue-id int", "-admin-socket", "-fail-open", "-version"}},
+		{args: []string{"--help"}, exit: true, stdout: []string{"usage: flock-policy", "-nfqueue-id int", "-admin-socket", "-fail-open", "-loadbalancers", "-namespace", "-version"}},
 		{args: []string{"-h"}, exit: true, stdout: []string{"usage: flock-policy"}},
 		{args: []string{"--version"}, exit: true, stdout: []string{"flock-policy ", "(commit ", runtime.Version() + ")\n"}},
 		{args: []string{"--bogus"}, code: 2, exit: true, stderr: []string{"flock-policy: flag provided but not defined: -bogus", "flock-policy --help"}},
@@ -29,7 +30,11 @@ func TestFlags(t *testing.T) {
 				return c.cfg.NodeName == "n1" && c.cfg.QueueID == 7 && c.cfg.FailOpen && c.kubeconfig == "k" && c.ep == endpoints{metrics: ":1", agent: admin.DefaultSocket}
 			}},
 		{args: nil, check: func(c config) bool {
-			return c.cfg.QueueID == 100 && c.ep == endpoints{metrics: defaultMetricsAddress, admin: policyapi.DefaultSocket, agent: admin.DefaultSocket}
+			return c.cfg.QueueID == 100 && c.ep == endpoints{metrics: defaultMetricsAddress, admin: policyapi.DefaultSocket, agent: admin.DefaultSocket} &&
+				c.lb == lbConfig{on: true, namespace: "flock-system"}
+		}},
+		{args: []string{"--loadbalancers=false", "--namespace", "kube-flock"}, check: func(c config) bool {
+			return c.lb == lbConfig{on: false, namespace: "kube-flock"}
 		}},
 	} {
 		var stdout, stderr bytes.Buffer

@@ -1,8 +1,9 @@
-// Command flock-policy enforces NetworkPolicy on its node: the second
-// container of flock's DaemonSet (hostNetwork, NET_ADMIN), running the
-// engine of sigs.k8s.io/kube-network-policies (k8s/netpol). It is a
-// process of its own so that the agent stays small: the engine needs
-// client-go's typed clientset and informers, which the agent does without
+// Command flock-policy is the second container of flock's DaemonSet
+// (hostNetwork, NET_ADMIN): it enforces NetworkPolicy on its node with the
+// engine of sigs.k8s.io/kube-network-policies (k8s/netpol), and is a
+// candidate for the Lease whose holder assigns LoadBalancer addresses
+// cluster-wide (k8s/lbcontroller). Both need client-go's typed clientset,
+// which the agent does without: a process of its own keeps the agent small
 // (BENCHMARKS.md has both processes' memory).
 package main
 
@@ -20,6 +21,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/dynamic"
@@ -30,6 +32,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/policyips"
 	"code.fritzlab.net/fritzlab/flock/cmd/internal/buildinfo"
+	"code.fritzlab.net/fritzlab/flock/k8s/lbcontroller"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/policyapi"
 )
@@ -45,6 +48,12 @@ type endpoints struct {
 	agent   string // this node's agent's admin socket; "" for none
 }
 
+// lbConfig is the LoadBalancer assigner's part of the command line.
+type lbConfig struct {
+	on        bool
+	namespace string // the Lease's
+}
+
 func main() {
 	c, code, exit := parseFlags(os.Args[1:], os.Stdout, os.Stderr)
 	if exit {
@@ -57,7 +66,7 @@ func main() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(50)
 	}
-	if err := run(c.cfg, c.kubeconfig, c.ep, log); err != nil {
+	if err := run(c.cfg, c.kubeconfig, c.ep, c.lb, log); err != nil {
 		log.Error("flock-policy failed", "err", err)
 		os.Exit(1)
 	}
@@ -68,6 +77,7 @@ type config struct {
 	cfg        netpol.Config
 	kubeconfig string
 	ep         endpoints
+	lb         lbConfig
 }
 
 // parseFlags reads the command line. exit says the process is done, with
@@ -86,6 +96,8 @@ func parseFlags(args []string, stdout, stderr io.Writer) (c config, code int, ex
 	fs.StringVar(&ep.metrics, "metrics-address", defaultMetricsAddress, "address for /metrics, /healthz and /readyz; empty disables")
 	fs.StringVar(&ep.admin, "admin-socket", policyapi.DefaultSocket, "unix socket of the admin API (flockctl policy); empty disables")
 	fs.StringVar(&ep.agent, "agent-socket", admin.DefaultSocket, "the node agent's admin socket: what it bound for this node's pods (anycast, addresses); empty: judge them by their claims and AddressPools only")
+	fs.BoolVar(&c.lb.on, "loadbalancers", true, "be a candidate for the Lease flock-loadbalancers, whose holder assigns LoadBalancer addresses from AddressPools of use loadBalancer")
+	fs.StringVar(&c.lb.namespace, "namespace", envOr("POD_NAMESPACE", "flock-system"), "flock's namespace: where the Lease is (default $POD_NAMESPACE, else flock-system)")
 	version := fs.Bool("version", false, "print the version and exit")
 	err := fs.Parse(args)
 	switch {
@@ -93,7 +105,9 @@ func parseFlags(args []string, stdout, stderr io.Writer) (c config, code int, ex
 		fmt.Fprint(stdout, `usage: flock-policy [flags]
 
 Enforces NetworkPolicy on its node (the second container of flock's
-DaemonSet), with the engine of sigs.k8s.io/kube-network-policies.
+DaemonSet), with the engine of sigs.k8s.io/kube-network-policies, and
+assigns LoadBalancer addresses while it holds the Lease flock-loadbalancers
+(one process of the cluster at a time).
 
 flags:
 `)
@@ -113,7 +127,7 @@ flags:
 	return c, 0, false
 }
 
-func run(cfg netpol.Config, kubeconfig string, ep endpoints, log *slog.Logger) error {
+func run(cfg netpol.Config, kubeconfig string, ep endpoints, lbc lbConfig, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -142,6 +156,15 @@ func run(cfg netpol.Config, kubeconfig string, ep endpoints, log *slog.Logger) e
 	if err != nil {
 		return fmt.Errorf("dynamic client: %w", err)
 	}
+	var lb *lbcontroller.Controller
+	if lbc.on {
+		if lb, err = lbcontroller.New(rc, lbcontroller.Config{Node: cfg.NodeName, Namespace: lbc.namespace, Log: log.With("component", "loadbalancers")}); err != nil {
+			return err
+		}
+		if err := prometheus.Register(lb.Collector()); err != nil {
+			return fmt.Errorf("loadbalancer metrics: %w", err)
+		}
+	}
 	// A pod's anycast and `addresses` IPs obey its policies too.
 	cfg.ExtraIPs = policyips.NewTracker(cfg.NodeName, dyn, ep.agent, log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -157,6 +180,9 @@ func run(cfg netpol.Config, kubeconfig string, ep endpoints, log *slog.Logger) e
 		g.Go(func() error { return admin.ServeHTTP(ctx, adminL, cfg.View.Handler()) })
 	}
 	log.Info("serving", "metrics", ep.metrics, "admin-socket", ep.admin)
+	if lb != nil {
+		g.Go(func() error { return lb.Run(ctx) })
+	}
 	g.Go(func() error {
 		// The engine ending (an error, or ctx) ends the servers too.
 		defer stop()
@@ -221,4 +247,11 @@ func removeOnUninstall(rc *rest.Config, log *slog.Logger) {
 		return
 	}
 	log.Info("uninstall: rules removed", "table", netpol.Table, "why", why)
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }

@@ -80,7 +80,7 @@ current-context: c
 		{endpoints{admin: notSocket}, notSocket + " exists and is not a socket"},
 		{endpoints{metrics: "127.0.0.1:0", admin: notSocket}, "not a socket"},
 	} {
-		if err := run(cfg, kubeconfig, tc.ep, log); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if err := run(cfg, kubeconfig, tc.ep, lbConfig{}, log); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want an error containing %q", tc.ep, err, tc.want)
 		}
 	}

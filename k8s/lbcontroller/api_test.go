@@ -1,4 +1,4 @@
-package daemon
+package lbcontroller
 
 import (
 	"context"
@@ -28,7 +28,7 @@ func TestLoadBalancerStatusAndEvents(t *testing.T) {
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{servicesGVR: "ServiceList", eventsGVR: "EventList"}, &unstructured.Unstructured{Object: raw})
 	ref := loadbalancers.ServiceRef{Namespace: "shop", Name: "web", UID: "uid-web"}
 	ctx := context.Background()
-	if err := (lbStatus{dyn}).SetIngress(ctx, ref, []netip.Addr{netip.MustParseAddr("2001:db8:1b::1"), netip.MustParseAddr("203.0.113.128")}); err != nil {
+	if err := (apiStatus{dyn}).SetIngress(ctx, ref, []netip.Addr{netip.MustParseAddr("2001:db8:1b::1"), netip.MustParseAddr("203.0.113.128")}); err != nil {
 		t.Fatal(err)
 	}
 	got, err := dyn.Resource(servicesGVR).Namespace("shop").Get(ctx, "web", metav1.GetOptions{})
@@ -40,7 +40,7 @@ func TestLoadBalancerStatusAndEvents(t *testing.T) {
 		t.Errorf("ingress %v", ing)
 	}
 
-	ev := &lbEvents{dyn: dyn, node: "n1"}
+	ev := &apiEvents{dyn: dyn, node: "n1"}
 	for range 3 {
 		ev.Event(ref, true, "Exhausted", "pool lb: no free IPv6 address")
 	}

@@ -1,4 +1,4 @@
-package daemon
+package lbcontroller
 
 import (
 	"context"
@@ -17,11 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 
-	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/claims"
-	"code.fritzlab.net/fritzlab/flock/k8s/lbassign"
 	"code.fritzlab.net/fritzlab/flock/k8s/loadbalancers"
-	"code.fritzlab.net/fritzlab/flock/k8s/services"
 )
 
 var (
@@ -29,42 +26,12 @@ var (
 	eventsGVR   = schema.GroupVersionResource{Version: "v1", Resource: "events"}
 )
 
-// lbPools are the AddressPools of use loadBalancer, for the assigner.
-func (d *daemon) lbPools() []lbassign.Pool {
-	v := d.authority.Load()
-	if v == nil {
-		return nil
-	}
-	var out []lbassign.Pool
-	for _, p := range v.set.Pools() {
-		if !p.Uses(v1alpha1.UseLoadBalancer) {
-			continue
-		}
-		out = append(out, lbassign.Pool{Name: p.Name, Prefixes: p.CIDRs, Allows: func(ns string) bool {
-			if v.labels == nil {
-				return p.Allows(ns, nil)
-			}
-			return p.Allows(ns, v.labels(ns))
-		}})
-	}
-	return out
-}
-
-// lbOurs tells whether flock serves a LoadBalancer Service's class, by
-// the running config.
-func (d *daemon) lbOurs(s *corev1.Service) bool {
-	d.mu.Lock()
-	def := d.spec.Services.DefaultLoadBalancerClass
-	d.mu.Unlock()
-	return services.Options{DefaultClass: def}.Ours(s)
-}
-
-// lbStatus writes status.loadBalancer.ingress through the status
+// apiStatus writes status.loadBalancer.ingress through the status
 // subresource: a merge patch carrying the Service's UID, so a Service
 // re-created under the name is never given its predecessor's address.
-type lbStatus struct{ dyn dynamic.Interface }
+type apiStatus struct{ dyn dynamic.Interface }
 
-func (s lbStatus) SetIngress(ctx context.Context, r loadbalancers.ServiceRef, ips []netip.Addr) error {
+func (s apiStatus) SetIngress(ctx context.Context, r loadbalancers.ServiceRef, ips []netip.Addr) error {
 	ingress := make([]map[string]string, 0, len(ips))
 	for _, ip := range ips {
 		ingress = append(ingress, map[string]string{"ip": ip.String(), "ipMode": string(corev1.LoadBalancerIPModeVIP)})
@@ -83,10 +50,10 @@ func (s lbStatus) SetIngress(ctx context.Context, r loadbalancers.ServiceRef, ip
 	return nil
 }
 
-// lbEvents records Events on Services, each (Service, reason, message)
+// apiEvents records Events on Services, each (Service, reason, message)
 // at most once per repeatEvery: the assigner re-decides every pass and
 // must not flood the namespace with the same Warning.
-type lbEvents struct {
+type apiEvents struct {
 	dyn  dynamic.Interface
 	node string
 	log  func(msg string, args ...any)
@@ -97,7 +64,7 @@ type lbEvents struct {
 
 const repeatEvery = 10 * time.Minute
 
-func (e *lbEvents) Event(r loadbalancers.ServiceRef, warning bool, reason, msg string) {
+func (e *apiEvents) Event(r loadbalancers.ServiceRef, warning bool, reason, msg string) {
 	key := r.String() + "\x00" + r.UID + "\x00" + reason + "\x00" + msg
 	now := time.Now()
 	e.mu.Lock()
@@ -140,10 +107,10 @@ func (e *lbEvents) Event(r loadbalancers.ServiceRef, warning bool, reason, msg s
 	}
 }
 
-// lbClaims are the cluster-wide claims as the assigner sees them.
-type lbClaims struct{ c *claims.Claims }
+// apiClaims are the cluster-wide claims as the assigner sees them.
+type apiClaims struct{ c *claims.Claims }
 
-func (l lbClaims) Claim(ctx context.Context, ip netip.Addr, pool string, svc loadbalancers.ServiceRef) error {
+func (l apiClaims) Claim(ctx context.Context, ip netip.Addr, pool string, svc loadbalancers.ServiceRef) error {
 	err := l.c.ClaimService(ctx, ip, pool, claims.ServiceRef(svc))
 	var held *claims.ClaimedError
 	if errors.As(err, &held) {
@@ -152,11 +119,11 @@ func (l lbClaims) Claim(ctx context.Context, ip netip.Addr, pool string, svc loa
 	return err
 }
 
-func (l lbClaims) Release(ctx context.Context, ip netip.Addr, svc loadbalancers.ServiceRef) error {
+func (l apiClaims) Release(ctx context.Context, ip netip.Addr, svc loadbalancers.ServiceRef) error {
 	return l.c.ReleaseService(ctx, ip, claims.ServiceRef(svc))
 }
 
-func (l lbClaims) Services() map[netip.Addr]loadbalancers.ServiceRef {
+func (l apiClaims) Services() map[netip.Addr]loadbalancers.ServiceRef {
 	out := map[netip.Addr]loadbalancers.ServiceRef{}
 	for _, cl := range l.c.ServiceClaims() {
 		if cl.Service != nil {
@@ -166,7 +133,7 @@ func (l lbClaims) Services() map[netip.Addr]loadbalancers.ServiceRef {
 	return out
 }
 
-func (l lbClaims) Others() map[netip.Addr]string {
+func (l apiClaims) Others() map[netip.Addr]string {
 	out := map[netip.Addr]string{}
 	for _, cl := range l.c.PodClaims() {
 		out[cl.IP] = holder(cl)
