@@ -19,7 +19,7 @@ func TestToRConfigs(t *testing.T) {
 		check []string // the parser
 		need  []string
 	}{
-		{"tor/bird.conf", []string{"bird", "-p", "-c"}, []string{"graceful restart on;", "bfd graceful;", "extended next hop on;", "min rx interval 300 ms; min tx interval 300 ms; multiplier 3;"}},
+		{"tor/bird.conf", []string{"bird", "-p", "-c"}, []string{"graceful restart on;", "bfd graceful;", "extended next hop on;", "if (65535, 0) ~ bgp_community then bgp_local_pref = 0;", "min rx interval 300 ms; min tx interval 300 ms; multiplier 3;"}},
 		{"tor/frr.conf", []string{"vtysh", "-C", "-f"}, []string{"bgp graceful-restart", "neighbor NODES bfd check-control-plane-failure", "neighbor NODES capability extended-nexthop", "bgp listen range", "update-source", "detect-multiplier 3", "receive-interval 300", "transmit-interval 300"}},
 	} {
 		t.Run(c.file, func(t *testing.T) {

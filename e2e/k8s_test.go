@@ -87,7 +87,7 @@ protocol bgp vm {
   neighbor fd00:0:99::1 as 64512;
   hold time 9; keepalive time 3; connect retry time 1;
   ipv6 { import all; export none; };
-  ipv4 { import all; export none; extended next hop on; };
+  ipv4 { import filter { flock_drain(); accept; }; export none; extended next hop on; };
 }
 `
 
@@ -561,12 +561,32 @@ func (e *k8sEnv) startBird(dir, conf string) {
 	if err := os.MkdirAll(birdDir, 0o755); err != nil {
 		e.t.Fatal(err)
 	}
-	bird, err := lab.StartBird(e.tor, birdDir, fmt.Sprintf(conf, birdDir))
+	bird, err := lab.StartBird(e.tor, birdDir, shippedBirdDrain(e.t)+fmt.Sprintf(conf, birdDir))
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	e.bird = bird
 	e.t.Cleanup(bird.Stop)
+}
+
+// shippedBirdDrain is deploy/tor/bird.conf's function flock_drain (the
+// GRACEFUL_SHUTDOWN import policy), as shipped, for the lab's ToR.
+func shippedBirdDrain(t *testing.T) string {
+	t.Helper()
+	root, err := lab.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "deploy", "tor", "bird.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, fn, ok := strings.Cut(string(b), "\nfunction flock_drain()")
+	end := strings.Index(fn, "\n}\n")
+	if !ok || end < 0 {
+		t.Fatal("deploy/tor/bird.conf has no function flock_drain()")
+	}
+	return "function flock_drain()" + fn[:end+3]
 }
 
 func podNames(e *k8sEnv, selector string) []string {

@@ -204,7 +204,8 @@ func testServices(t *testing.T, e *k8sEnv) {
 	e.kubectl("scale", "deployment/svcweb", "--replicas=0")
 	testutil.EventuallyWithin(t, 30*time.Second, "the LoadBalancer address to drain at the ToR", func() (bool, string) {
 		out, _ := e.bird.Cmd("show route " + lb4.String() + " all")
-		return strings.Contains(out, "(65535,0)") && strings.Contains(out, "64512 64512 64512 64512"), out
+		// LOCAL_PREF 0: the shipped ToR config's policy (flock_drain).
+		return strings.Contains(out, "(65535,0)") && strings.Contains(out, "64512 64512 64512 64512") && strings.Contains(out, "BGP.local_pref: 0"), out
 	})
 	if m := services(); m["198.51.100.240"] != "draining: local endpoints terminating" {
 		t.Errorf("flockctl services does not show the drain: %v", m)

@@ -188,4 +188,39 @@ endpoints:
 	ratio(3)
 	kubectlRetry(t, c, slice(2, 2), "apply", "-f", "-")
 	ratio(1)
+
+	// A node whose endpoints all terminate (still serving) drains: FRR
+	// (8.3+, as deploy/tor/frr.conf says) gives its GRACEFUL_SHUTDOWN path
+	// LOCAL_PREF 0 by itself, and it leaves the multipath.
+	terminating := strings.Replace(slice(2, 2), "conditions: {ready: true}", "conditions: {ready: false, serving: true, terminating: true}", 2)
+	kubectlRetry(t, c, terminating, "apply", "-f", "-")
+	drained, ready := l.Nodes[0].V6.String(), l.Nodes[1].V6.String()
+	testutil.EventuallyWithin(t, 60*time.Second, "the draining node's path at LOCAL_PREF 0, out of the multipath", func() (bool, string) {
+		out, _ := l.FRR.Vtysh("show bgp ipv4 unicast 198.51.100.225/32 json")
+		var r struct {
+			Paths []struct {
+				LocPrf    *int `json:"locPrf"`
+				Community struct {
+					String string `json:"string"`
+				} `json:"community"`
+				Peer struct {
+					PeerID string `json:"peerId"`
+				} `json:"peer"`
+			} `json:"paths"`
+		}
+		if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Paths) != 2 {
+			return false, out
+		}
+		for _, p := range r.Paths {
+			gshut := strings.Contains(p.Community.String, "graceful-shutdown") || strings.Contains(p.Community.String, "65535:0")
+			if gshut != (p.Peer.PeerID == drained) || gshut && (p.LocPrf == nil || *p.LocPrf != 0) {
+				return false, out
+			}
+		}
+		w, rib := weights()
+		if len(w) != 1 || w[ready] == 0 {
+			return false, rib
+		}
+		return true, ""
+	})
 }
