@@ -46,14 +46,15 @@ fuzz:
 
 # RELIABILITY.md, generated: the fault tests (BFD, ToR failures, agent
 # restarts under traffic, the crash storm, NetworkPolicy and node faults
-# in TestKubernetes) and the fuzz targets record
+# in TestKubernetes, Services under load in TestServicesTraffic) and the
+# fuzz targets record
 # their figures as JSON lines, e2e/cmd/reliability renders them. `make
 # soak` is the same with the 10-minute BFD soak per ToR (CI runs 10 s).
 # Each fault test runs RELIABILITY_REPEATS times (go test -count): the
 # document gives n and min / median / max per fault, and marks a fault
 # run fewer than 3 times. It records the commit (-dirty), the date and
 # the machine, stamped before the tests run.
-RELIABILITY_TESTS   ?= TestBFD$$|TestToRFailures|TestUnnumberedToRReplaced|TestAgentRestartUnderTraffic|TestCrashStorm|TestKubernetes$$
+RELIABILITY_TESTS   ?= TestBFD$$|TestToRFailures|TestUnnumberedToRReplaced|TestAgentRestartUnderTraffic|TestCrashStorm|TestKubernetes$$|TestServicesTraffic$$
 RELIABILITY_REPEATS ?= 3
 RELIABILITY_OUT     := $(CURDIR)/out/reliability.jsonl
 RELIABILITY_META    := $(CURDIR)/out/reliability.meta.json

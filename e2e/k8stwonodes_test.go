@@ -227,4 +227,7 @@ spec:
 	t.Run("LoadBalancer addresses survive their leader", func(t *testing.T) {
 		testLoadBalancerLeader(t, e, [2]string{k8sNode, node2})
 	})
+	t.Run("Service next hops: Local only where endpoints are, Cluster everywhere, a node drained", func(t *testing.T) {
+		testServiceNextHops(t, e, [2]string{k8sNode, node2})
+	})
 }

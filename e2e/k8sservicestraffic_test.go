@@ -1,0 +1,384 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
+	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
+)
+
+// Issue 21, with traffic: a cluster with the Service plumbing of a real
+// one (kube-proxy in nftables mode, CoreDNS; k8slab Services), flock as
+// its CNI peering with a BIRD ToR. Requests come from the ToR's own
+// namespace, as a client beyond the fabric's edge would send them: to a
+// LoadBalancer Service's IPv6 and IPv4 addresses that flock assigned and
+// the node advertises, through kube-proxy to the pods.
+
+const trafficPools = `apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata: {name: traffic-loadbalancers}
+spec:
+  cidrs: [2001:db8:1b::/120, 203.0.113.128/28]
+  use: [loadBalancer]
+  namespaces: [default]
+`
+
+// trafficWorkload answers GET /cgi-bin/ip with the client's address as
+// the pod saw it and the pod's name (busybox httpd with a CGI script). A
+// pod deleted keeps serving for 5 s (preStop), as a rolling update's old
+// pods do, before httpd gets SIGTERM.
+const trafficWorkload = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: echo, namespace: default}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: echo}}
+  strategy: {rollingUpdate: {maxSurge: 1, maxUnavailable: 0}}
+  template:
+    metadata: {labels: {app: echo}}
+    spec:
+      automountServiceAccountToken: false
+      terminationGracePeriodSeconds: 30
+      containers:
+      - name: httpd
+        image: docker.io/local/busybox:1.35
+        imagePullPolicy: Never
+        command:
+        - sh
+        - -c
+        - |
+          mkdir -p /www/cgi-bin
+          printf '#!/bin/sh\necho Content-Type: text/plain\necho\necho "$REMOTE_ADDR $HOSTNAME"\n' > /www/cgi-bin/ip
+          chmod +x /www/cgi-bin/ip
+          exec httpd -f -p 8080 -h /www
+        ports: [{containerPort: 8080, name: http}]
+        readinessProbe:
+          tcpSocket: {port: 8080}
+          periodSeconds: 1
+        lifecycle:
+          preStop: {exec: {command: ["sleep", "5"]}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo-local, namespace: default}
+spec:
+  type: LoadBalancer
+  loadBalancerClass: flock.fritzlab.net/bgp
+  externalTrafficPolicy: Local
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv6, IPv4]
+  selector: {app: echo}
+  ports: [{name: http, port: 80, targetPort: http}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo-cluster, namespace: default}
+spec:
+  type: LoadBalancer
+  loadBalancerClass: flock.fritzlab.net/bgp
+  externalTrafficPolicy: Cluster
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv6, IPv4]
+  selector: {app: echo}
+  ports: [{name: http, port: 80, targetPort: http}]
+`
+
+// echoGet sends one request from ns to addr on a new connection and
+// returns the client address and the pod the answer names.
+func echoGet(ns *lab.NS, addr netip.Addr, timeout time.Duration) (client netip.Addr, pod string, err error) {
+	err = ns.InNS(func() error {
+		// Dialled on this goroutine: the socket is made in ns.
+		c, err := (&net.Dialer{Timeout: timeout}).Dial("tcp", netip.AddrPortFrom(addr, 80).String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(timeout))
+		if _, err := io.WriteString(c, "GET /cgi-bin/ip HTTP/1.0\r\nHost: echo\r\n\r\n"); err != nil {
+			return err
+		}
+		b, err := io.ReadAll(c)
+		if err != nil {
+			return err
+		}
+		// busybox httpd ends its own header lines with CRLF, the CGI
+		// script's with LF.
+		resp := strings.ReplaceAll(string(b), "\r\n", "\n")
+		status, _, _ := strings.Cut(resp, "\n")
+		if !strings.Contains(status, " 200 ") {
+			return fmt.Errorf("answer %q", status)
+		}
+		_, body, ok := strings.Cut(resp, "\n\n")
+		f := strings.Fields(body)
+		if !ok || len(f) != 2 {
+			return fmt.Errorf("answer %q", resp)
+		}
+		a, err := netip.ParseAddr(strings.Trim(f[0], "[]")) // httpd brackets IPv6
+		if err != nil {
+			return fmt.Errorf("client address %q: %w", f[0], err)
+		}
+		client, pod = a.Unmap(), f[1]
+		return nil
+	})
+	return client, pod, err
+}
+
+// load sends requests from the ToR to each address in turn, each on a new
+// connection (every one a new flow through kube-proxy), until stop.
+type load struct {
+	mu       sync.Mutex
+	sent     int
+	failures []string
+	stop     chan struct{}
+	done     chan struct{}
+}
+
+func startLoad(ns *lab.NS, addrs ...netip.Addr) *load {
+	l := &load{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		for i := 0; ; i++ {
+			select {
+			case <-l.stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			a := addrs[i%len(addrs)]
+			_, _, err := echoGet(ns, a, 2*time.Second)
+			l.mu.Lock()
+			l.sent++
+			if err != nil {
+				l.failures = append(l.failures, fmt.Sprintf("%s %s: %v", time.Now().Format("15:04:05.000"), a, err))
+			}
+			l.mu.Unlock()
+		}
+	}()
+	return l
+}
+
+// end stops the load and returns what it counted.
+func (l *load) end() (sent int, failures []string) {
+	close(l.stop)
+	<-l.done
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.sent, l.failures
+}
+
+func TestServicesTraffic(t *testing.T) {
+	ctx := context.Background()
+	root, err := lab.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	prepareK8sHost(t)
+	imageTar := buildFlockImage(t, root, dir)
+	tor := newNS(t, "k8stor-")
+	c, err := k8slab.Up(ctx, k8slab.Options{Dir: filepath.Join(dir, "k8s"), NodeName: k8sNode, NodeIP: "fd00:0:5::2,198.19.0.2",
+		CNIBinDir: cniBinDir, CNIConfDir: cniConfDir, Services: true, PodCIDRs: []string{k8sSummary6.String(), k8sSummary4.String()}, Log: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &k8sEnv{t: t, c: c}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := c.Kubectl(context.Background(), "-n", "flock-system", "logs", "ds/flock", "-c", "agent", "--tail=40")
+			t.Logf("agent log:\n%s", out)
+			out, _ = c.Kubectl(context.Background(), "-n", "flock-system", "logs", "ds/flock", "-c", "policy", "--tail=20")
+			t.Logf("flock-policy log:\n%s", out)
+		}
+		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_, _ = c.Kubectl(dctx, "delete", "deployment,service", "--all", "-n", "default", "--wait=true", "--timeout=90s")
+		_, _ = c.Kubectl(dctx, "delete", "-k", filepath.Join(root, "deploy"), "--wait=true", "--timeout=60s")
+		if err := c.Down(); err != nil {
+			t.Errorf("cluster teardown: %v", err)
+		}
+	})
+	if err := c.ImportImage(ctx, imageTar); err != nil {
+		t.Fatal(err)
+	}
+	e.tor = tor
+	self := &lab.NS{Name: "host", Path: "/proc/self/ns/net"}
+	wireLink(t, self, hostTorIf, tor, "to-host", []netip.Prefix{netip.PrefixFrom(hostV6, 64), netip.PrefixFrom(hostV4, 30)},
+		[]netip.Prefix{netip.PrefixFrom(torV6, 64), netip.PrefixFrom(torV4, 30)})
+	forwarding(t, tor)
+	e.startBird(dir, k8sBird)
+
+	e.kubectl("apply", "-k", filepath.Join(root, "deploy"))
+	e.apply(k8sNodeConfig)
+	e.apply(trafficPools)
+	e.waitPods("the flock agent", "-n", "flock-system", "-l", agentSelector)
+	if err := c.WaitNodeReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.waitBird(k8sSummary6, 1)
+	e.apply(trafficWorkload)
+	e.waitPods("echo", "-l", "app=echo")
+
+	addrs := map[string][]netip.Addr{}
+	for _, svc := range []string{"echo-local", "echo-cluster"} {
+		testutil.EventuallyWithin(t, 60*time.Second, svc+"'s IPv6 and IPv4 addresses assigned", func() (bool, string) {
+			out, _ := c.Kubectl(ctx, "get", "service", svc, "-o", "jsonpath={.status.loadBalancer.ingress[*].ip}")
+			addrs[svc] = nil
+			for _, f := range strings.Fields(out) {
+				if a, err := netip.ParseAddr(f); err == nil {
+					addrs[svc] = append(addrs[svc], a)
+				}
+			}
+			return len(addrs[svc]) == 2 && addrs[svc][0].Is6() && addrs[svc][1].Is4(), out
+		})
+		for _, a := range addrs[svc] {
+			e.waitBird(netip.PrefixFrom(a, a.BitLen()), 1)
+		}
+	}
+	local, cluster := addrs["echo-local"], addrs["echo-cluster"]
+
+	t.Run("curl from the ToR, both families, Local keeps the client address", func(t *testing.T) {
+		e.t = t
+		for _, tc := range []struct {
+			addr       netip.Addr
+			client     netip.Addr
+			preserving bool
+		}{{local[0], torV6, true}, {local[1], torV4, true}, {cluster[0], torV6, false}, {cluster[1], torV4, false}} {
+			var got netip.Addr
+			var pod string
+			testutil.EventuallyWithin(t, 30*time.Second, "an answer from "+tc.addr.String(), func() (bool, string) {
+				var err error
+				got, pod, err = echoGet(tor, tc.addr, 3*time.Second)
+				return err == nil, fmt.Sprint(err)
+			})
+			if !strings.HasPrefix(pod, "echo-") {
+				t.Errorf("%s answered by %q, want an echo pod", tc.addr, pod)
+			}
+			// Local: kube-proxy delivers without SNAT, the pod sees the
+			// ToR. Cluster: kube-proxy masquerades external traffic.
+			if tc.preserving && got != tc.client {
+				t.Errorf("%s (externalTrafficPolicy Local): the pod saw %s, want the ToR's %s", tc.addr, got, tc.client)
+			}
+			if !tc.preserving && got == tc.client {
+				t.Errorf("%s (externalTrafficPolicy Cluster): the pod saw the client %s unmasqueraded", tc.addr, got)
+			}
+		}
+	})
+
+	// Each disruption under a request loop from the ToR (both families of
+	// the Local Service, a new connection every 20 ms): no request fails,
+	// the ToR never loses the path, no address changes.
+	underLoad := func(t *testing.T, what string, disrupt func(t *testing.T)) {
+		t.Helper()
+		e.t = t
+		withdrawn := watchWithdrawals(e, local)
+		l := startLoad(tor, local...)
+		time.Sleep(time.Second)
+		disrupt(t)
+		time.Sleep(2 * time.Second)
+		sent, failures := l.end()
+		lost := withdrawn()
+		if len(failures) > 0 {
+			t.Errorf("%s: %d of %d requests failed; first: %s", what, len(failures), sent, strings.Join(failures[:min(5, len(failures))], "; "))
+		}
+		if sent < 50 {
+			t.Errorf("%s: only %d requests sent", what, sent)
+		}
+		if lost != "" {
+			t.Errorf("%s: the ToR lost a path: %s", what, lost)
+		}
+		out, _ := c.Kubectl(ctx, "get", "service", "echo-local", "-o", "jsonpath={.status.loadBalancer.ingress[*].ip}")
+		if out != local[0].String()+" "+local[1].String() {
+			t.Errorf("%s: echo-local's addresses changed: %v → %q", what, local, out)
+		}
+		t.Logf("%s: %d requests, %d failed", what, sent, len(failures))
+		survived := "every request answered, the ToR kept both paths, the addresses stayed"
+		if len(failures) > 0 || lost != "" {
+			survived = "NO"
+		}
+		record(t, reliabilityRow{Section: "Services under load", Fault: what, ToR: "BIRD; kube-proxy (nftables), containerd " + c.Opts.Release.Containerd,
+			Done: "a LoadBalancer Service (externalTrafficPolicy Local, IPv6 and IPv4), a new connection from the ToR every 20 ms, both families in turn", Times: 1, Survived: survived,
+			Figures: map[string]string{"requests": fmt.Sprint(sent), "failed": fmt.Sprint(len(failures)), "paths lost at the ToR": fmt.Sprint(lost != "")}})
+	}
+
+	t.Run("rolling update under load, externalTrafficPolicy Local", func(t *testing.T) {
+		underLoad(t, "rolling update (kubectl rollout restart; preStop 5 s)", func(t *testing.T) {
+			e.t = t
+			e.kubectl("rollout", "restart", "deployment/echo")
+			e.kubectl("rollout", "status", "deployment/echo", "--timeout=120s")
+			// Until the old pods are gone: their preStop and SIGTERM are
+			// where a drain done wrong would lose requests.
+			testutil.EventuallyWithin(t, 60*time.Second, "the old pods gone", func() (bool, string) {
+				out, _ := c.Kubectl(ctx, "get", "pods", "-l", "app=echo", "-o", "name")
+				return len(strings.Fields(out)) == 2, out
+			})
+		})
+	})
+	t.Run("agent restart under load", func(t *testing.T) {
+		for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+			underLoad(t, "flock agent "+sig.String()+" (kubelet restarts it)", func(t *testing.T) {
+				restartContainer(t, e, "agent", "/usr/local/bin/flock-agent", sig)
+			})
+		}
+	})
+	t.Run("assigner (flock-policy) restart under load", func(t *testing.T) {
+		underLoad(t, "LoadBalancer assigner (flock-policy) killed (kubelet restarts it)", func(t *testing.T) {
+			restartContainer(t, e, "policy", "/usr/local/bin/flock-policy", syscall.SIGKILL)
+		})
+	})
+}
+
+// restartContainer signals the container's process and waits until
+// kubelet has it running again.
+func restartContainer(t *testing.T, e *k8sEnv, container, binary string, sig syscall.Signal) {
+	t.Helper()
+	count := func() string {
+		out, _ := e.c.Kubectl(t.Context(), "-n", "flock-system", "get", "pods", "-l", agentSelector, "-o",
+			fmt.Sprintf(`jsonpath={.items[0].status.containerStatuses[?(@.name=="%s")].restartCount}`, container))
+		return out
+	}
+	before := count()
+	if err := syscall.Kill(hostPID(t, binary), sig); err != nil {
+		t.Fatal(err)
+	}
+	testutil.EventuallyWithin(t, 90*time.Second, container+" restarted and ready", func() (bool, string) {
+		out, _ := e.c.Kubectl(t.Context(), "-n", "flock-system", "get", "pods", "-l", agentSelector, "-o",
+			fmt.Sprintf(`jsonpath={.items[0].status.containerStatuses[?(@.name=="%s")].ready}`, container))
+		return count() != before && out == "true", "restarts " + count() + ", ready " + out
+	})
+}
+
+// watchWithdrawals polls the ToR for each address's path until the
+// returned function is called; it says which went missing, and when.
+func watchWithdrawals(e *k8sEnv, addrs []netip.Addr) func() string {
+	stop, done := make(chan struct{}), make(chan string, 1)
+	go func() {
+		var lost []string
+		for {
+			for _, a := range addrs {
+				// Not e.birdPaths: this goroutine must not end the test.
+				out, _ := e.bird.Cmd("show route " + netip.PrefixFrom(a, a.BitLen()).String() + " all")
+				if !strings.Contains(out, "BGP.as_path") {
+					lost = append(lost, a.String()+" at "+time.Now().Format("15:04:05.000"))
+				}
+			}
+			select {
+			case <-stop:
+				done <- strings.Join(lost, ", ")
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	return func() string { close(stop); return <-done }
+}
+
