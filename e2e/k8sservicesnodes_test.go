@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"regexp"
@@ -88,8 +89,9 @@ func testServiceNextHops(t *testing.T, e *k8sEnv, nodes [2]string) {
 	e.apply(k8sServicePools)
 	e.apply(nextHopWorkload)
 	t.Cleanup(func() {
-		_, _ = e.c.Kubectl(t.Context(), "uncordon", nodes[1])
-		_, _ = e.c.Kubectl(t.Context(), "delete", "deployment/hops", "service/hops-local", "service/hops-cluster", "--wait=false")
+		_, _ = e.c.Kubectl(context.Background(), "uncordon", nodes[1])
+		_, _ = e.c.Kubectl(context.Background(), "delete", "deployment/hops", "service/hops-local", "service/hops-cluster", "--wait=true", "--timeout=60s")
+		_, _ = e.c.Kubectl(context.Background(), "delete", "pods", "-l", "app=hops", "--wait=true", "--timeout=60s")
 	})
 	e.waitPods("hops on both nodes", "-l", "app=hops")
 	addr := map[string]netip.Prefix{}
@@ -135,7 +137,9 @@ func testServiceNextHops(t *testing.T, e *k8sEnv, nodes [2]string) {
 			}
 		}
 	}()
-	e.kubectl("drain", nodes[1], "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=90s")
+	// Only this workload's pods: the lab's other tests left bare pods
+	// there, which drain refuses to evict.
+	e.kubectl("drain", nodes[1], "--ignore-daemonsets", "--delete-emptydir-data", "--pod-selector=app=hops", "--timeout=90s")
 	// Local: the evicted pod's node withdraws once it is gone.
 	hopsAre("Local: only the node with a ready endpoint left", local, nodes[0])
 	// Cluster: every node still delivers (the other node's endpoint).

@@ -201,7 +201,8 @@ func TestServicesTraffic(t *testing.T) {
 		}
 		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		_, _ = c.Kubectl(dctx, "delete", "deployment,service", "--all", "-n", "default", "--wait=true", "--timeout=90s")
+		// Pods too: their DELs must reach a running agent before flock goes.
+		_, _ = c.Kubectl(dctx, "delete", "deployment,pod,service", "--all", "-n", "default", "--wait=true", "--timeout=90s")
 		_, _ = c.Kubectl(dctx, "delete", "-k", filepath.Join(root, "deploy"), "--wait=true", "--timeout=60s")
 		if err := c.Down(); err != nil {
 			t.Errorf("cluster teardown: %v", err)
@@ -381,4 +382,3 @@ func watchWithdrawals(e *k8sEnv, addrs []netip.Addr) func() string {
 	}()
 	return func() string { close(stop); return <-done }
 }
-
