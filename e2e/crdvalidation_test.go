@@ -225,6 +225,7 @@ func crdRefused() []crdCase {
 		{"namespace not a namespace name", ap("namespaces: [edge]", "namespaces: [Edge]"), "spec.namespaces[0]", nil},
 		{"nobody said who may use it", ap("  namespaces: [edge]\n", ""), "spec", []string{"say who may use the pool"}},
 		{"unknown field in an AddressPool", ap("namespaces: [edge]", "namespace: [edge]"), "spec.namespace", []string{"unknown field"}},
+		{"aggregate on a pool not of Service addresses", ap("use: [addresses]", "use: [addresses]\n  aggregate: true"), "spec", []string{"aggregate is for pools of use loadBalancer and externalIP only"}},
 	}
 }
 
@@ -243,6 +244,7 @@ func crdAccepted() []crdCase {
 		{name: "unnumbered", yaml: nc("    - address: 2001:db8:0:1::2\n      asn: 64513\n      localAddress: 2001:db8:0:1::1\n", "    - interface: eth1\n      asn: 64513\n")},
 		{name: "an AddressPool nobody may use", yaml: ap("namespaces: [edge]", "namespaces: []")},
 		{name: "an AddressPool for every namespace", yaml: ap("namespaces: [edge]", "namespaceSelector: {}")},
+		{name: "an aggregating pool of Service addresses", yaml: ap("use: [addresses]", "use: [loadBalancer, externalIP]\n  aggregate: true")},
 	}
 }
 

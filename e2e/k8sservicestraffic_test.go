@@ -275,6 +275,15 @@ func TestServicesTraffic(t *testing.T) {
 		}
 	})
 
+	// What an operator sees (README's worked example).
+	if out, err := c.Kubectl(ctx, "-n", "flock-system", "exec", "ds/flock", "-c", "agent", "--", "flockctl", "services"); err == nil {
+		t.Logf("flockctl services:\n%s", out)
+	}
+	for _, a := range append(append([]netip.Addr{}, local...), cluster...) {
+		out, _ := e.bird.Cmd("show route " + netip.PrefixFrom(a, a.BitLen()).String() + " all")
+		t.Logf("birdc show route %s all:\n%s", a, out)
+	}
+
 	// Each disruption under a request loop from the ToR (both families of
 	// the Local Service, a new connection every 20 ms): no request fails,
 	// the ToR never loses the path, no address changes.
@@ -329,6 +338,32 @@ func TestServicesTraffic(t *testing.T) {
 			underLoad(t, "flock agent "+sig.String()+" (kubelet restarts it)", func(t *testing.T) {
 				restartContainer(t, e, "agent", "/usr/local/bin/flock-agent", sig)
 			})
+		}
+	})
+	t.Run("an aggregating pool: Cluster addresses as the pool's CIDR, Local ones on their own", func(t *testing.T) {
+		e.t = t
+		e.apply(strings.Replace(trafficPools, "  namespaces: [default]\n", "  namespaces: [default]\n  aggregate: true\n", 1))
+		agg6, agg4 := netip.MustParsePrefix("2001:db8:1b::/120"), netip.MustParsePrefix("203.0.113.128/28")
+		e.waitBird(agg6, 1)
+		e.waitBird(agg4, 1)
+		for _, a := range cluster {
+			e.waitBird(netip.PrefixFrom(a, a.BitLen()), 0)
+		}
+		for _, a := range local {
+			if n := e.birdPaths(netip.PrefixFrom(a, a.BitLen())); n != 1 {
+				t.Errorf("%s (Local) not on its own at the ToR: %d paths", a, n)
+			}
+		}
+		for _, a := range append(append([]netip.Addr{}, cluster...), local...) {
+			if _, _, err := echoGet(tor, a, 3*time.Second); err != nil {
+				t.Errorf("%s through the aggregate: %v", a, err)
+			}
+		}
+		e.apply(trafficPools)
+		e.waitBird(agg6, 0)
+		e.waitBird(agg4, 0)
+		for _, a := range cluster {
+			e.waitBird(netip.PrefixFrom(a, a.BitLen()), 1)
 		}
 	})
 	t.Run("assigner (flock-policy) restart under load", func(t *testing.T) {

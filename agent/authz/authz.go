@@ -30,6 +30,18 @@ type Pool struct {
 	Namespaces []string
 	// Selector matches more namespaces by label; nil matches none.
 	Selector labels.Selector
+	// Aggregate: Service addresses go out as the pool's CIDR.
+	Aggregate bool
+}
+
+// CIDROf is the pool's CIDR holding ip (invalid if none does).
+func (p Pool) CIDROf(ip netip.Addr) netip.Prefix {
+	for _, c := range p.CIDRs {
+		if c.Contains(ip) {
+			return c
+		}
+	}
+	return netip.Prefix{}
 }
 
 // Uses reports whether the pool allows use.
@@ -173,6 +185,14 @@ func compile(ap v1alpha1.AddressPool) (Pool, error) {
 			bad("spec.namespaceSelector: %v", err)
 		}
 		p.Selector = sel
+	}
+	if ap.Spec.Aggregate {
+		for i, u := range p.Use {
+			if u != v1alpha1.UseLoadBalancer && u != v1alpha1.UseExternalIP {
+				bad("spec.aggregate: true with spec.use[%d] %q; aggregate is for pools of use %s and %s only", i, u, v1alpha1.UseLoadBalancer, v1alpha1.UseExternalIP)
+			}
+		}
+		p.Aggregate = true
 	}
 	if len(errs) > 0 {
 		return Pool{}, errors.Join(errs...)

@@ -103,6 +103,7 @@ func TestCompileRejects(t *testing.T) {
 		{"use twice", pool("p", []string{"10.0.0.0/24"}, []string{"pod", "pod"}, []string{"a"}, nil), `spec.use[1]: "pod" is listed twice`},
 		{"bad namespace", pool("p", []string{"10.0.0.0/24"}, []string{"pod"}, []string{"Prod"}, nil), `spec.namespaces[0]: "Prod" is not a namespace name`},
 		{"bad selector", pool("p", []string{"10.0.0.0/24"}, []string{"pod"}, nil, &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "a", Operator: "Bogus"}}}), "spec.namespaceSelector"},
+		{"aggregate a pod pool", aggregated(pool("p", []string{"10.0.0.0/24"}, []string{"loadBalancer", "pod"}, []string{"a"}, nil)), `spec.aggregate: true with spec.use[1] "pod"; aggregate is for pools of use loadBalancer and externalIP only`},
 	}
 	good := pool("good", []string{"2001:db8:1::/64"}, []string{"anycast"}, []string{"a"}, nil)
 	for _, tc := range tests {
@@ -206,5 +207,25 @@ func TestSummaryOverlaps(t *testing.T) {
 	}
 	if got := SummaryOverlaps("me", mine, map[string][]netip.Prefix{"me": mine}, nil); len(got) != 0 {
 		t.Errorf("a node overlaps itself: %v", got)
+	}
+}
+
+func aggregated(p v1alpha1.AddressPool) v1alpha1.AddressPool {
+	p.Spec.Aggregate = true
+	return p
+}
+
+// An aggregating pool of Service addresses compiles, and names the CIDR
+// each of its addresses goes out as.
+func TestCompileAggregate(t *testing.T) {
+	set, err := Compile([]v1alpha1.AddressPool{aggregated(pool("lb", []string{"2001:db8:1b::/64", "203.0.113.128/27"}, []string{"loadBalancer", "externalIP"}, []string{"a"}, nil))})
+	if err != nil || len(set.Pools()) != 1 || !set.Pools()[0].Aggregate {
+		t.Fatalf("pools %v: %v", set.Pools(), err)
+	}
+	p := set.Pools()[0]
+	for addr, want := range map[string]string{"2001:db8:1b::7": "2001:db8:1b::/64", "203.0.113.130": "203.0.113.128/27", "203.0.113.200": "invalid Prefix"} {
+		if got := p.CIDROf(netip.MustParseAddr(addr)); got.String() != want {
+			t.Errorf("CIDROf(%s) = %s, want %s", addr, got, want)
+		}
 	}
 }

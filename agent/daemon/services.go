@@ -23,6 +23,7 @@ func (d *daemon) serviceOptions() services.Options {
 			_, err := d.Authorize(use, netip.PrefixFrom(ip, ip.BitLen()), namespace)
 			return err
 		},
+		Aggregate: d.serviceAggregate,
 	}
 	if d.kube != nil {
 		o.Holder = func(ip netip.Addr) (string, string, string, bool) {
@@ -34,6 +35,23 @@ func (d *daemon) serviceOptions() services.Options {
 		}
 	}
 	return o
+}
+
+// serviceAggregate is the CIDR of the aggregating AddressPool of use that
+// holds ip (invalid: none aggregates it).
+func (d *daemon) serviceAggregate(use string, ip netip.Addr) netip.Prefix {
+	v := d.authority.Load()
+	if v == nil {
+		return netip.Prefix{}
+	}
+	for _, p := range v.set.Pools() {
+		if p.Aggregate && p.Uses(use) {
+			if c := p.CIDROf(ip); c.IsValid() {
+				return c
+			}
+		}
+	}
+	return netip.Prefix{}
 }
 
 // applyServiceRoutes hands the controller's routes to the node state,

@@ -79,7 +79,7 @@ func (f *fakeSource) Pools() []admin.Pool {
 func (f *fakeSource) BGPRoutes() []admin.BGPRoute { return nil }
 func (f *fakeSource) Services() []services.Address {
 	return []services.Address{{Service: "shop/web", IP: netip.MustParseAddr("2001:db8:1b::1"), Source: services.SourceLoadBalancer,
-		State: services.StateDraining, Reason: "local endpoints terminating", Endpoints: 1, Local: true}}
+		State: services.StateDraining, Reason: "local endpoints terminating", Endpoints: 1, Local: true, Route: netip.MustParsePrefix("2001:db8:1b::1/128")}}
 }
 func (f *fakeSource) Routes() []admin.Route {
 	return []admin.Route{
@@ -120,7 +120,8 @@ func TestStatusRoutesReady(t *testing.T) {
 		{[]string{"routes"}, []string{"2001:db8:ff::1/128", "anycast", "true", "2001:db8:ee::1/128", "stale"}},
 		{[]string{"pods"}, []string{"committed", "ns/p"}},
 		{[]string{"services"}, []string{"SERVICE", "shop/web", "2001:db8:1b::1", "loadBalancer", "draining", "local endpoints terminating"}},
-		{[]string{"-o", "json", "svc"}, []string{`"state": "draining"`, `"ip": "2001:db8:1b::1"`, `"endpoints": 1`}},
+		{[]string{"-o", "json", "svc"}, []string{`"state": "draining"`, `"ip": "2001:db8:1b::1"`, `"endpoints": 1`, `"route": "2001:db8:1b::1/128"`}},
+		{[]string{"svc", "-o", "wide"}, []string{"ROUTE", "2001:db8:1b::1/128", "Local"}},
 		{[]string{"ipam"}, []string{"HELD", "2001:db8:300::/124", " 3 ", " 1 ", " 10 ", "never handed out: 2001:db8:300::5 (anycast: dns/coredns-1)"}},
 		{[]string{"-o", "json", "ipam"}, []string{`"held": 1`}},
 		{[]string{"ready", "ns/p", "false"}, []string{"ns/p: NotReady"}},

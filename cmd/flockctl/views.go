@@ -227,7 +227,7 @@ var bgpRoutesCmd = view("/v1/bgp/routes", func(w *tabwriter.Writer, v []admin.BG
 
 var servicesCmd = view("/v1/services", func(w *tabwriter.Writer, v []services.Address, wide bool) {
 	if wide {
-		fmt.Fprintln(w, "SERVICE\tADDRESS\tSOURCE\tSTATE\tREASON\tENDPOINTS\tPOLICY")
+		fmt.Fprintln(w, "SERVICE\tADDRESS\tSOURCE\tSTATE\tREASON\tENDPOINTS\tPOLICY\tROUTE")
 	} else {
 		fmt.Fprintln(w, "SERVICE\tADDRESS\tSOURCE\tSTATE\tREASON")
 	}
@@ -242,7 +242,11 @@ var servicesCmd = view("/v1/services", func(w *tabwriter.Writer, v []services.Ad
 			if a.Local {
 				policy = "Local"
 			}
-			fmt.Fprintf(w, "\t%d\t%s", a.Endpoints, policy)
+			route := "-"
+			if a.Route.IsValid() {
+				route = a.Route.String() // the address, or its pool's CIDR (aggregate)
+			}
+			fmt.Fprintf(w, "\t%d\t%s\t%s", a.Endpoints, policy, route)
 		}
 		fmt.Fprintln(w)
 	}

@@ -45,6 +45,12 @@ type Options struct {
 	// (services/status is all it takes) does not move a route. Nil: not
 	// checked.
 	Holder func(ip netip.Addr) (namespace, name, uid string, ok bool)
+	// Aggregate is the CIDR an authorized address of use goes out as when
+	// its AddressPool aggregates (invalid: on its own). Only addresses of
+	// externalTrafficPolicy: Cluster Services that this node advertises
+	// are aggregated (Local ones must steer to the nodes with endpoints,
+	// draining ones carry their own attributes). Nil: never.
+	Aggregate func(use string, ip netip.Addr) netip.Prefix
 }
 
 // Source of an address.
@@ -82,6 +88,9 @@ type Address struct {
 	Local bool `json:"local,omitempty"`
 	// Raw is the value as written when it is not an IP.
 	Raw string `json:"raw,omitempty"`
+	// Route is the prefix it goes out as while advertised or draining:
+	// the address itself, or its AddressPool's CIDR (aggregate).
+	Route netip.Prefix `json:"route,omitzero"`
 }
 
 // Route is one Service route: its path and the Services it is for.
@@ -156,9 +165,14 @@ func ForService(o Options, s *corev1.Service, eps []*discoveryv1.EndpointSlice) 
 		a.Reason, a.Endpoints = string(d.Reason), d.Endpoints
 		switch d.State {
 		case delivery.Advertise:
-			a.State = StateAdvertised
+			a.State, a.Route = StateAdvertised, netip.PrefixFrom(a.IP, a.IP.BitLen())
+			if o.Aggregate != nil && !local {
+				if agg := o.Aggregate(use, a.IP); agg.IsValid() && agg.Contains(a.IP) {
+					a.Route = agg
+				}
+			}
 		case delivery.Drain:
-			a.State = StateDraining
+			a.State, a.Route = StateDraining, netip.PrefixFrom(a.IP, a.IP.BitLen())
 		default:
 			a.State = StateNotAdvertised
 		}
@@ -212,7 +226,9 @@ func externalPolicyLocal(s *corev1.Service) bool {
 // routes. An address several Services share (MetalLB-style sharing, or
 // one external IP on different ports) is one route: advertised if any of
 // them delivers it, draining only if every one that delivers drains, its
-// weight the sum of theirs; owners are the Services that deliver it.
+// weight the sum of theirs; owners are the Services that deliver it. An
+// aggregate (Address.Route, the pool's CIDR) is one route for every
+// address that goes out as it.
 func Routes(o Options, addrs []Address) map[netip.Prefix]Route {
 	type acc struct {
 		advertise, drain bool
@@ -224,7 +240,10 @@ func Routes(o Options, addrs []Address) map[netip.Prefix]Route {
 		if a.State != StateAdvertised && a.State != StateDraining {
 			continue
 		}
-		p := netip.PrefixFrom(a.IP, a.IP.BitLen())
+		p := a.Route
+		if !p.IsValid() {
+			p = netip.PrefixFrom(a.IP, a.IP.BitLen())
+		}
 		x := m[p]
 		if x == nil {
 			x = &acc{}

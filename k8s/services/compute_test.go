@@ -285,3 +285,59 @@ func TestCompute(t *testing.T) {
 		t.Errorf("denied: %v %v", addrs, routes)
 	}
 }
+
+// An aggregating pool: the addresses of Cluster Services this node
+// advertises go out as the pool's CIDR, one route for all of them; Local
+// ones and draining ones still go out on their own, and so does an address
+// whose pool does not aggregate.
+func TestAggregate(t *testing.T) {
+	aggregate := func(use string, ip netip.Addr) netip.Prefix {
+		for _, p := range []netip.Prefix{netip.MustParsePrefix("2001:db8:1b::/64"), netip.MustParsePrefix("203.0.113.128/27")} {
+			if use == v1alpha1.UseLoadBalancer && p.Contains(ip) {
+				return p
+			}
+		}
+		return netip.Prefix{}
+	}
+	ext := func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeClusterIP
+		s.Spec.ExternalIPs = []string{"2001:db8:e::5"}
+	}
+	svcs := []*corev1.Service{
+		svc("web", ingress("2001:db8:1b::1")), svc("api", ingress("2001:db8:1b::2", "203.0.113.129")),
+		svc("loc", ingress("2001:db8:1b::3"), local), svc("old", ingress("203.0.113.130")), svc("ext", ext), svc("none", ingress("2001:db8:1b::4")),
+	}
+	eps := map[string][]*discoveryv1.EndpointSlice{
+		"shop/web":  slicesFor("web", ep{"node-b", "fd00:10::1", "ready"}),
+		"shop/api":  slicesFor("api", ep{"node-b", "fd00:10::2", "ready"}, ep{"node-b", "10.1.0.2", "ready"}),
+		"shop/loc":  slicesFor("loc", ep{node, "fd00:10::3", "ready"}),
+		"shop/old":  slicesFor("old", ep{"node-b", "10.1.0.4", "terminating"}),
+		"shop/ext":  slicesFor("ext", ep{"node-b", "fd00:10::5", "ready"}),
+		"shop/none": nil,
+	}
+	o := Options{Node: node, Authorize: authorize, Aggregate: aggregate}
+	addrs, routes := Compute(o, svcs, func(k string) []*discoveryv1.EndpointSlice { return eps[k] })
+	want := map[netip.Prefix]Route{
+		netip.MustParsePrefix("2001:db8:1b::/64"):   {Path: advert.Path{Kind: advert.Service}, Owners: []string{"shop/api", "shop/web"}},
+		netip.MustParsePrefix("203.0.113.128/27"):   {Path: advert.Path{Kind: advert.Service}, Owners: []string{"shop/api"}},
+		netip.MustParsePrefix("2001:db8:1b::3/128"): {Path: advert.Path{Kind: advert.Service}, Owners: []string{"shop/loc"}},
+		netip.MustParsePrefix("203.0.113.130/32"):   {Path: advert.Path{Kind: advert.Service, Drain: true}, Owners: []string{"shop/old"}},
+		netip.MustParsePrefix("2001:db8:e::5/128"):  {Path: advert.Path{Kind: advert.Service}, Owners: []string{"shop/ext"}},
+	}
+	if fmt.Sprint(routes) != fmt.Sprint(want) {
+		t.Errorf("routes\n %v\nwant\n %v", routes, want)
+	}
+	for _, a := range addrs {
+		if a.Service == "shop/none" && (a.State != StateNotAdvertised || a.Route.IsValid()) {
+			t.Errorf("an address with no endpoint: %+v", a)
+		}
+		if a.Service == "shop/web" && a.Route != netip.MustParsePrefix("2001:db8:1b::/64") {
+			t.Errorf("web's row does not say it goes out as the aggregate: %+v", a)
+		}
+	}
+	// Without the option nothing is aggregated.
+	o.Aggregate = nil
+	if _, routes := Compute(o, svcs, func(k string) []*discoveryv1.EndpointSlice { return eps[k] }); len(routes) != 6 {
+		t.Errorf("no aggregation: %d routes, want one per address (6): %v", len(routes), routes)
+	}
+}

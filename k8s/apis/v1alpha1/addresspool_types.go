@@ -66,6 +66,7 @@ type AddressPool struct {
 // AddressPoolSpec is one pool of addresses and who may use it.
 //
 // +kubebuilder:validation:XValidation:rule="has(self.namespaces) || has(self.namespaceSelector)",message="say who may use the pool: namespaces and/or namespaceSelector ({} selects every namespace)"
+// +kubebuilder:validation:XValidation:rule="!has(self.aggregate) || !self.aggregate || self.use.all(u, u == 'loadBalancer' || u == 'externalIP')",message="aggregate is for pools of use loadBalancer and externalIP only"
 type AddressPoolSpec struct {
 	// CIDRs of the pool, IPv6 and/or IPv4, canonical (no host bits set).
 	// +kubebuilder:validation:MinItems=1
@@ -98,6 +99,17 @@ type AddressPoolSpec struct {
 	// use the pool.
 	// +optional
 	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+
+	// Aggregate (uses loadBalancer and externalIP only): a node advertises
+	// the pool's CIDR (the one holding the address) instead of each
+	// address of an externalTrafficPolicy: Cluster Service it delivers,
+	// one route for many Services, as Calico does with its Service ranges.
+	// Addresses of Local Services still go out one by one from the nodes
+	// with a ready endpoint (the longer prefix wins at the ToR), and so do
+	// draining ones. The ToR then sends a node traffic for every address of
+	// the CIDR, assigned or not; kube-proxy rejects what no Service has.
+	// +optional
+	Aggregate bool `json:"aggregate,omitempty"`
 }
 
 // AddressPoolStatus is written by the agents.
