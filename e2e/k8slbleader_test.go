@@ -27,15 +27,15 @@ spec:
 `, name, name)
 }
 
-// policyPIDOn is the flock-policy process of node's flock pod (every
-// node's containers share the host's PID namespace here): the one whose
+// nodePID is the process of binary in node's flock pod (every node's
+// containers share the host's PID namespace here): the one whose
 // NODE_NAME is node.
-func policyPIDOn(t *testing.T, node string) int {
+func nodePID(t *testing.T, binary, node string) int {
 	t.Helper()
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
 		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
-		if err != nil || !strings.HasPrefix(string(b), "/usr/local/bin/flock-policy\x00") {
+		if err != nil || !strings.HasPrefix(string(b), binary+"\x00") {
 			continue
 		}
 		env, err := os.ReadFile(filepath.Join(d, "environ"))
@@ -46,8 +46,12 @@ func policyPIDOn(t *testing.T, node string) int {
 			return pid
 		}
 	}
-	t.Fatalf("no flock-policy process of node %s", node)
+	t.Fatalf("no %s process of node %s", binary, node)
 	return 0
+}
+
+func policyPIDOn(t *testing.T, node string) int {
+	return nodePID(t, "/usr/local/bin/flock-policy", node)
 }
 
 // The LoadBalancer assigner runs in every node's flock-policy; the one

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
+	"code.fritzlab.net/fritzlab/flock/k8s/claims"
 )
 
 // Issue 21, with traffic: a cluster with the Service plumbing of a real
@@ -24,6 +26,12 @@ import (
 // namespace, as a client beyond the fabric's edge would send them: to a
 // LoadBalancer Service's IPv6 and IPv4 addresses that flock assigned and
 // the node advertises, through kube-proxy to the pods.
+
+// The first node's addresses, on the lab's link (k8slab Services).
+var (
+	trafficNodeV6 = netip.MustParseAddr("fd00:0:5::2")
+	trafficNodeV4 = netip.MustParseAddr("198.19.0.2")
+)
 
 const trafficPools = `apiVersion: flock.fritzlab.net/v1alpha1
 kind: AddressPool
@@ -50,6 +58,11 @@ spec:
     spec:
       automountServiceAccountToken: false
       terminationGracePeriodSeconds: 30
+      affinity:
+        podAntiAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+          - weight: 100
+            podAffinityTerm: {labelSelector: {matchLabels: {app: echo}}, topologyKey: kubernetes.io/hostname}
       containers:
       - name: httpd
         image: docker.io/local/busybox:1.35
@@ -186,12 +199,16 @@ func TestServicesTraffic(t *testing.T) {
 	prepareK8sHost(t)
 	imageTar := buildFlockImage(t, root, dir)
 	tor := newNS(t, "k8stor-")
-	c, err := k8slab.Up(ctx, k8slab.Options{Dir: filepath.Join(dir, "k8s"), NodeName: k8sNode, NodeIP: "fd00:0:5::2,198.19.0.2",
-		CNIBinDir: cniBinDir, CNIConfDir: cniConfDir, Services: true, PodCIDRs: []string{k8sSummary6.String(), k8sSummary4.String()}, Log: t.Logf})
+	vm2 := newNS(t, "k8svm2-")
+	// kube-proxy's --cluster-cidr (one range per family) covers both
+	// nodes' pools.
+	c, err := k8slab.Up(ctx, k8slab.Options{Dir: filepath.Join(dir, "k8s"), NodeName: k8sNode, NodeIP: trafficNodeV6.String() + "," + trafficNodeV4.String(),
+		CNIBinDir: cniBinDir, CNIConfDir: cniConfDir, Services: true, PodCIDRs: []string{"fd00:10::/32", "198.51.100.0/24"}, Log: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := &k8sEnv{t: t, c: c}
+	var n2 *k8slab.Node
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, _ := c.Kubectl(context.Background(), "-n", "flock-system", "logs", "ds/flock", "-c", "agent", "--tail=40")
@@ -204,6 +221,11 @@ func TestServicesTraffic(t *testing.T) {
 		// Pods too: their DELs must reach a running agent before flock goes.
 		_, _ = c.Kubectl(dctx, "delete", "deployment,pod,service", "--all", "-n", "default", "--wait=true", "--timeout=90s")
 		_, _ = c.Kubectl(dctx, "delete", "-k", filepath.Join(root, "deploy"), "--wait=true", "--timeout=60s")
+		if n2 != nil {
+			if err := n2.Down(); err != nil {
+				t.Errorf("node vm2 teardown: %v", err)
+			}
+		}
 		if err := c.Down(); err != nil {
 			t.Errorf("cluster teardown: %v", err)
 		}
@@ -215,17 +237,54 @@ func TestServicesTraffic(t *testing.T) {
 	self := &lab.NS{Name: "host", Path: "/proc/self/ns/net"}
 	wireLink(t, self, hostTorIf, tor, "to-host", []netip.Prefix{netip.PrefixFrom(hostV6, 64), netip.PrefixFrom(hostV4, 30)},
 		[]netip.Prefix{netip.PrefixFrom(torV6, 64), netip.PrefixFrom(torV4, 30)})
-	forwarding(t, tor)
-	e.startBird(dir, k8sBird)
+	wireLink(t, vm2, "to-tor", tor, "to-vm2", []netip.Prefix{netip.PrefixFrom(node2V6, 64), netip.PrefixFrom(node2V4, 30)},
+		[]netip.Prefix{netip.PrefixFrom(torNode2V6, 64), netip.PrefixFrom(torNode2V4, 30)})
+	forwarding(t, tor, vm2)
+	// The ToR spreads flows over its equal paths by port too (as a
+	// fabric does), so both nodes get requests.
+	for _, k := range []string{"net.ipv6.fib_multipath_hash_policy", "net.ipv4.fib_multipath_hash_policy"} {
+		if err := tor.Sysctl(k, "1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// vm2 sends everything to its ToR; the host routes vm2's link and
+	// pods through it; the ToR reaches the first node's addresses (the
+	// apiserver's, CoreDNS's) through the host.
+	for _, r := range []struct {
+		ns  *lab.NS
+		dst netip.Prefix
+		via netip.Addr
+	}{{vm2, netip.MustParsePrefix("::/0"), torNode2V6}, {vm2, netip.MustParsePrefix("0.0.0.0/0"), torNode2V4},
+		{self, netip.MustParsePrefix("fd00:0:98::/64"), torV6}, {self, netip.MustParsePrefix("192.0.2.104/30"), torV4},
+		{self, node2Summary6, torV6}, {self, node2Summary4, torV4},
+		{tor, netip.PrefixFrom(trafficNodeV6, 128), hostV6}, {tor, netip.PrefixFrom(trafficNodeV4, 32), hostV4}} {
+		if err := r.ns.RouteAdd(r.dst, r.via); err != nil {
+			t.Fatalf("route %s via %s in %s: %v", r.dst, r.via, r.ns.Name, err)
+		}
+	}
+	e.startBird(dir, k8sBirdTwo)
+	t.Log("adding node vm2 (its own netns, mounts, containerd, kubelet, kube-proxy)")
+	n2, err = c.AddNode(ctx, k8slab.NodeOptions{Name: node2, Netns: vm2.Path, NodeIP: node2V6.String() + "," + node2V4.String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n2.ImportImage(ctx, imageTar); err != nil {
+		t.Fatal(err)
+	}
 
 	e.kubectl("apply", "-k", filepath.Join(root, "deploy"))
 	e.apply(k8sNodeConfig)
+	e.apply(node2Config)
 	e.apply(trafficPools)
-	e.waitPods("the flock agent", "-n", "flock-system", "-l", agentSelector)
+	e.waitPods("flock on both nodes", "-n", "flock-system", "-l", agentSelector)
 	if err := c.WaitNodeReady(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if err := n2.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
 	e.waitBird(k8sSummary6, 1)
+	e.waitBird(node2Summary6, 1)
 	e.apply(trafficWorkload)
 	e.waitPods("echo", "-l", "app=echo")
 
@@ -241,36 +300,68 @@ func TestServicesTraffic(t *testing.T) {
 			}
 			return len(addrs[svc]) == 2 && addrs[svc][0].Is6() && addrs[svc][1].Is4(), out
 		})
-		for _, a := range addrs[svc] {
-			e.waitBird(netip.PrefixFrom(a, a.BitLen()), 1)
-		}
 	}
 	local, cluster := addrs["echo-local"], addrs["echo-cluster"]
+	nodes := [2]string{k8sNode, node2}
+	hopsAre := func(t *testing.T, what string, addrs []netip.Addr, want ...string) {
+		t.Helper()
+		for _, a := range addrs {
+			p := netip.PrefixFrom(a, a.BitLen())
+			testutil.EventuallyWithin(t, 60*time.Second, fmt.Sprintf("%s: %s through %v", what, p, want), func() (bool, string) {
+				h := torHops(e, p)
+				ok := len(h) == len(want)
+				for _, w := range want {
+					_, in := h[w]
+					ok = ok && in
+				}
+				return ok, fmt.Sprint(h)
+			})
+		}
+	}
+	t.Run("next hops at the ToR: Local the nodes with a ready endpoint, Cluster every node", func(t *testing.T) {
+		e.t = t
+		// One pod on each node (the scheduler spreads them).
+		out := e.kubectl("get", "pods", "-l", "app=echo", "-o", "jsonpath={.items[*].spec.nodeName}")
+		if f := strings.Fields(out); len(f) != 2 || f[0] == f[1] {
+			t.Fatalf("echo pods on nodes %q, want one on each", out)
+		}
+		hopsAre(t, "Local", local, nodes[0], nodes[1])
+		hopsAre(t, "Cluster", cluster, nodes[0], nodes[1])
+	})
 
 	t.Run("curl from the ToR, both families, Local keeps the client address", func(t *testing.T) {
 		e.t = t
+		// The ToR's source is its address on the link the flow leaves by.
+		tors := map[bool][]netip.Addr{true: {torV6, torNode2V6}, false: {torV4, torNode2V4}}
 		for _, tc := range []struct {
 			addr       netip.Addr
-			client     netip.Addr
 			preserving bool
-		}{{local[0], torV6, true}, {local[1], torV4, true}, {cluster[0], torV6, false}, {cluster[1], torV4, false}} {
-			var got netip.Addr
-			var pod string
+		}{{local[0], true}, {local[1], true}, {cluster[0], false}, {cluster[1], false}} {
 			testutil.EventuallyWithin(t, 30*time.Second, "an answer from "+tc.addr.String(), func() (bool, string) {
-				var err error
-				got, pod, err = echoGet(tor, tc.addr, 3*time.Second)
+				_, _, err := echoGet(tor, tc.addr, 3*time.Second)
 				return err == nil, fmt.Sprint(err)
 			})
-			if !strings.HasPrefix(pod, "echo-") {
-				t.Errorf("%s answered by %q, want an echo pod", tc.addr, pod)
+			// 20 flows, spread over both nodes by the ToR.
+			pods := map[string]bool{}
+			for range 20 {
+				got, pod, err := echoGet(tor, tc.addr, 3*time.Second)
+				if err != nil {
+					t.Errorf("%s: %v", tc.addr, err)
+					continue
+				}
+				pods[pod] = true
+				fromToR := slices.Contains(tors[tc.addr.Is6()], got)
+				// Local: kube-proxy delivers without SNAT, the pod sees the
+				// ToR. Cluster: kube-proxy masquerades external traffic.
+				if tc.preserving && !fromToR {
+					t.Errorf("%s (externalTrafficPolicy Local): the pod saw %s, want one of the ToR's %v", tc.addr, got, tors[tc.addr.Is6()])
+				}
+				if !tc.preserving && fromToR {
+					t.Errorf("%s (externalTrafficPolicy Cluster): the pod saw the client %s unmasqueraded", tc.addr, got)
+				}
 			}
-			// Local: kube-proxy delivers without SNAT, the pod sees the
-			// ToR. Cluster: kube-proxy masquerades external traffic.
-			if tc.preserving && got != tc.client {
-				t.Errorf("%s (externalTrafficPolicy Local): the pod saw %s, want the ToR's %s", tc.addr, got, tc.client)
-			}
-			if !tc.preserving && got == tc.client {
-				t.Errorf("%s (externalTrafficPolicy Cluster): the pod saw the client %s unmasqueraded", tc.addr, got)
+			if len(pods) != 2 {
+				t.Errorf("%s: 20 flows reached pods %v, want both (one on each node)", tc.addr, pods)
 			}
 		}
 	})
@@ -316,7 +407,7 @@ func TestServicesTraffic(t *testing.T) {
 			survived = "NO"
 		}
 		record(t, reliabilityRow{Section: "Services under load", Fault: what, ToR: "BIRD; kube-proxy (nftables), containerd " + c.Opts.Release.Containerd,
-			Done: "a LoadBalancer Service (externalTrafficPolicy Local, IPv6 and IPv4), a new connection from the ToR every 20 ms, both families in turn", Times: 1, Survived: survived,
+			Done: "two nodes, a LoadBalancer Service (externalTrafficPolicy Local, IPv6 and IPv4) with a pod on each, a new connection from the ToR every 20 ms, both families in turn, spread over both nodes", Times: 1, Survived: survived,
 			Figures: map[string]string{"requests": fmt.Sprint(sent), "failed": fmt.Sprint(len(failures)), "paths lost at the ToR": fmt.Sprint(lost != "")}})
 	}
 
@@ -336,22 +427,34 @@ func TestServicesTraffic(t *testing.T) {
 	t.Run("agent restart under load", func(t *testing.T) {
 		for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
 			underLoad(t, "flock agent "+sig.String()+" (kubelet restarts it)", func(t *testing.T) {
-				restartContainer(t, e, "agent", "/usr/local/bin/flock-agent", sig)
+				restartContainer(t, e, k8sNode, "agent", "/usr/local/bin/flock-agent", sig)
 			})
 		}
 	})
+	t.Run("node drain under load, externalTrafficPolicy Local", func(t *testing.T) {
+		underLoad(t, "node drained (kubectl drain; preStop 5 s)", func(t *testing.T) {
+			e.kubectl("drain", node2, "--ignore-daemonsets", "--delete-emptydir-data", "--pod-selector=app=echo", "--timeout=120s")
+			hopsAre(t, "Local after the drain", local, nodes[0])
+			hopsAre(t, "Cluster after the drain", cluster, nodes[0], nodes[1])
+		})
+		e.kubectl("uncordon", node2)
+	})
 	t.Run("an aggregating pool: Cluster addresses as the pool's CIDR, Local ones on their own", func(t *testing.T) {
 		e.t = t
+		localPaths := map[netip.Addr]int{}
+		for _, a := range local {
+			localPaths[a] = e.birdPaths(netip.PrefixFrom(a, a.BitLen()))
+		}
 		e.apply(strings.Replace(trafficPools, "  namespaces: [default]\n", "  namespaces: [default]\n  aggregate: true\n", 1))
 		agg6, agg4 := netip.MustParsePrefix("2001:db8:1b::/120"), netip.MustParsePrefix("203.0.113.128/28")
-		e.waitBird(agg6, 1)
-		e.waitBird(agg4, 1)
+		e.waitBird(agg6, 2) // both nodes deliver the Cluster Service
+		e.waitBird(agg4, 2)
 		for _, a := range cluster {
 			e.waitBird(netip.PrefixFrom(a, a.BitLen()), 0)
 		}
 		for _, a := range local {
-			if n := e.birdPaths(netip.PrefixFrom(a, a.BitLen())); n != 1 {
-				t.Errorf("%s (Local) not on its own at the ToR: %d paths", a, n)
+			if n := e.birdPaths(netip.PrefixFrom(a, a.BitLen())); n != localPaths[a] || n == 0 {
+				t.Errorf("%s (Local) not on its own at the ToR: %d paths, %d before", a, n, localPaths[a])
 			}
 		}
 		for _, a := range append(append([]netip.Addr{}, cluster...), local...) {
@@ -363,32 +466,50 @@ func TestServicesTraffic(t *testing.T) {
 		e.waitBird(agg6, 0)
 		e.waitBird(agg4, 0)
 		for _, a := range cluster {
-			e.waitBird(netip.PrefixFrom(a, a.BitLen()), 1)
+			e.waitBird(netip.PrefixFrom(a, a.BitLen()), 2)
 		}
 	})
 	t.Run("assigner (flock-policy) restart under load", func(t *testing.T) {
 		underLoad(t, "LoadBalancer assigner (flock-policy) killed (kubelet restarts it)", func(t *testing.T) {
-			restartContainer(t, e, "policy", "/usr/local/bin/flock-policy", syscall.SIGKILL)
+			leader := e.kubectl("get", "lease", "-n", "flock-system", "flock-loadbalancers", "-o", "jsonpath={.spec.holderIdentity}")
+			restartContainer(t, e, leader, "policy", "/usr/local/bin/flock-policy", syscall.SIGKILL)
 		})
+	})
+	t.Run("switched to ClusterIP: address released, claim gone, route withdrawn", func(t *testing.T) {
+		e.t = t
+		e.kubectl("patch", "service", "echo-cluster", "--type=merge", "-p", `{"spec":{"type":"ClusterIP"}}`)
+		for _, a := range cluster {
+			e.waitBird(netip.PrefixFrom(a, a.BitLen()), 0)
+			name := claims.ClaimName(a)
+			testutil.EventuallyWithin(t, 30*time.Second, "the claim of "+a.String()+" gone", func() (bool, string) {
+				out, err := c.Kubectl(ctx, "get", "addressclaim", name, "-o", "name")
+				return err != nil && strings.Contains(out, "NotFound"), out
+			})
+		}
+		for _, a := range local {
+			if n := e.birdPaths(netip.PrefixFrom(a, a.BitLen())); n == 0 {
+				t.Errorf("%s (the other Service) left the ToR", a)
+			}
+		}
 	})
 }
 
-// restartContainer signals the container's process and waits until
-// kubelet has it running again.
-func restartContainer(t *testing.T, e *k8sEnv, container, binary string, sig syscall.Signal) {
+// restartContainer signals the container's process on node and waits
+// until kubelet has it running again.
+func restartContainer(t *testing.T, e *k8sEnv, node, container, binary string, sig syscall.Signal) {
 	t.Helper()
-	count := func() string {
-		out, _ := e.c.Kubectl(t.Context(), "-n", "flock-system", "get", "pods", "-l", agentSelector, "-o",
-			fmt.Sprintf(`jsonpath={.items[0].status.containerStatuses[?(@.name=="%s")].restartCount}`, container))
+	get := func(field string) string {
+		out, _ := e.c.Kubectl(t.Context(), "-n", "flock-system", "get", "pods", "-l", agentSelector, "--field-selector", "spec.nodeName="+node, "-o",
+			fmt.Sprintf(`jsonpath={.items[0].status.containerStatuses[?(@.name=="%s")].%s}`, container, field))
 		return out
 	}
+	count := func() string { return get("restartCount") }
 	before := count()
-	if err := syscall.Kill(hostPID(t, binary), sig); err != nil {
+	if err := syscall.Kill(nodePID(t, binary, node), sig); err != nil {
 		t.Fatal(err)
 	}
 	testutil.EventuallyWithin(t, 90*time.Second, container+" restarted and ready", func() (bool, string) {
-		out, _ := e.c.Kubectl(t.Context(), "-n", "flock-system", "get", "pods", "-l", agentSelector, "-o",
-			fmt.Sprintf(`jsonpath={.items[0].status.containerStatuses[?(@.name=="%s")].ready}`, container))
+		out := get("ready")
 		return count() != before && out == "true", "restarts " + count() + ", ready " + out
 	})
 }

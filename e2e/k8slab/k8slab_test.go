@@ -256,10 +256,10 @@ func TestAddNodeBadInput(t *testing.T) {
 	}
 	c := &k8slab.Cluster{Opts: k8slab.Options{Dir: dir, NodeName: "vm"}}
 	for _, tc := range []struct {
-		name string
-		o    k8slab.NodeOptions
-		svc  bool
-		want string
+		name    string
+		o       k8slab.NodeOptions
+		apiOnly bool
+		want    string
 	}{
 		{"empty name", k8slab.NodeOptions{Netns: netnsFile, NodeIP: "fd00:0:98::1"}, false, `node name ""`},
 		{"the first node's name", k8slab.NodeOptions{Name: "vm", Netns: netnsFile, NodeIP: "fd00:0:98::1"}, false, `node name "vm"`},
@@ -267,10 +267,10 @@ func TestAddNodeBadInput(t *testing.T) {
 		{"no netns", k8slab.NodeOptions{Name: "vm2", Netns: filepath.Join(dir, "missing"), NodeIP: "fd00:0:98::1"}, false, "Netns"},
 		{"loopback IP", k8slab.NodeOptions{Name: "vm2", Netns: netnsFile, NodeIP: "::1"}, false, `NodeIP "::1"`},
 		{"bad IP", k8slab.NodeOptions{Name: "vm2", Netns: netnsFile, NodeIP: "fd00:0:98::1,nope"}, false, `NodeIP "fd00:0:98::1,nope"`},
-		{"a Services lab", k8slab.NodeOptions{Name: "vm2", Netns: netnsFile, NodeIP: "fd00:0:98::1"}, true, "without Services"},
+		{"an API-only lab", k8slab.NodeOptions{Name: "vm2", Netns: netnsFile, NodeIP: "fd00:0:98::1"}, true, "a lab with a node"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c.Opts.Services = tc.svc
+			c.Opts.APIOnly = tc.apiOnly
 			_, err := c.AddNode(context.Background(), tc.o)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("AddNode(%+v) = %v, want an error naming %s", tc.o, err, tc.want)

@@ -73,8 +73,8 @@ func (n *Node) validate() error {
 			return fmt.Errorf("k8slab: node %s: NodeIP %q must be non-loopback IP addresses", o.Name, o.NodeIP)
 		}
 	}
-	if n.c.Opts.Services || n.c.Opts.APIOnly {
-		return fmt.Errorf("k8slab: node %s: a second node needs a lab without Services and with a node", o.Name)
+	if n.c.Opts.APIOnly {
+		return fmt.Errorf("k8slab: node %s: a second node needs a lab with a node", o.Name)
 	}
 	return nil
 }
@@ -108,6 +108,9 @@ func (n *Node) start(ctx context.Context) error {
 	if err := n.writeKubeletCert(); err != nil {
 		return err
 	}
+	if err := n.writeAdminKubeconfig(); err != nil {
+		return err
+	}
 	if err := n.privateMounts(); err != nil {
 		return err
 	}
@@ -117,15 +120,19 @@ func (n *Node) start(ctx context.Context) error {
 	if err := n.makeCgroupRoot(); err != nil {
 		return err
 	}
-	// The apiserver listens on the host's loopback: the node reaches it on
-	// its own loopback through a proxy, and the kubernetes Service address
-	// (its pods, hostNetwork ones included) through a DNAT to that.
+	// The node's kubelet reaches the apiserver on its own loopback through
+	// a proxy. Without Services, the kubernetes Service address (its pods,
+	// hostNetwork ones included) is a DNAT to that; with Services the
+	// node runs its own kube-proxy, which sends it to the apiserver on the
+	// first node's primary address (the test routes that address there).
 	if err := n.startProxy(); err != nil {
 		return err
 	}
-	if err := n.inNetns("iptables", "-w", "-t", "nat", "-A", "OUTPUT", "-d", KubernetesServiceIP+"/32", "-p", "tcp", "--dport", "443",
-		"-j", "DNAT", "--to-destination", "127.0.0.1:"+strconv.Itoa(APIServerPort)); err != nil {
-		return err
+	if !c.Opts.Services {
+		if err := n.inNetns("iptables", "-w", "-t", "nat", "-A", "OUTPUT", "-d", KubernetesServiceIP+"/32", "-p", "tcp", "--dport", "443",
+			"-j", "DNAT", "--to-destination", "127.0.0.1:"+strconv.Itoa(APIServerPort)); err != nil {
+			return err
+		}
 	}
 	if err := n.addHostsEntry(); err != nil {
 		return err
@@ -151,6 +158,11 @@ func (n *Node) start(ctx context.Context) error {
 	args, err := n.kubeletArgs()
 	if err != nil {
 		return err
+	}
+	if c.Opts.Services {
+		if err := n.startProc(KubeProxy, filepath.Join(c.BinDir, KubeProxy), c.kubeProxyArgs(n.kubeconfig(), o.Name)...); err != nil {
+			return err
+		}
 	}
 	if err := n.startProc(Kubelet, filepath.Join(c.BinDir, Kubelet), args...); err != nil {
 		return err
@@ -356,7 +368,7 @@ func (n *Node) startProxy() error {
 		return fmt.Errorf("node %s apiserver proxy: %w", n.Opts.Name, err)
 	}
 	n.proxy = l
-	target := "127.0.0.1:" + strconv.Itoa(APIServerPort)
+	target := net.JoinHostPort(n.c.apiServerHost(), strconv.Itoa(APIServerPort))
 	go func() {
 		for {
 			conn, err := l.Accept()
@@ -488,6 +500,9 @@ func (n *Node) kubeletArgs() ([]string, error) {
 	cfg := filepath.Join(d, "config.yaml")
 	body := kubeletConfig(kubeletConfigParams{address: "::", cgroupRoot: n.cgroupRoot(), socket: n.Socket,
 		clientCA: filepath.Join(c.pkiDir(), "ca.crt"), dir: d})
+	if c.Opts.Services {
+		body += fmt.Sprintf("clusterDNS: [%q]\nclusterDomain: %s\n", c.DNSServiceIP(), ClusterDomain)
+	}
 	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 		return nil, err
 	}
@@ -504,7 +519,7 @@ contexts:
 - name: kubelet@k8slab
   context: {cluster: k8slab, user: kubelet}
 current-context: kubelet@k8slab
-`, c.APIServerURL(), filepath.Join(c.pkiDir(), "ca.crt"), filepath.Join(d, "kubelet.crt"), filepath.Join(d, "kubelet.key"))
+`, n.localAPIServerURL(), filepath.Join(c.pkiDir(), "ca.crt"), filepath.Join(d, "kubelet.crt"), filepath.Join(d, "kubelet.key"))
 	if err := os.WriteFile(kc, []byte(kcBody), 0o600); err != nil {
 		return nil, err
 	}
@@ -513,13 +528,31 @@ current-context: kubelet@k8slab
 		"--hostname-override=" + n.Opts.Name, "--node-ip=" + n.Opts.NodeIP, "--v=2"}, nil
 }
 
-// Down stops the node: kubelet, containerd and its shims by PID, whatever
+// localAPIServerURL is the apiserver through the node's loopback proxy.
+func (n *Node) localAPIServerURL() string {
+	return "https://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(APIServerPort))
+}
+
+// kubeconfig is an admin kubeconfig for the node's own components
+// (kube-proxy), through its loopback proxy.
+func (n *Node) kubeconfig() string { return filepath.Join(n.Dir, "admin.kubeconfig") }
+
+func (n *Node) writeAdminKubeconfig() error {
+	b, err := os.ReadFile(n.c.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	body := strings.ReplaceAll(string(b), n.c.APIServerURL(), n.localAPIServerURL())
+	return os.WriteFile(n.kubeconfig(), []byte(body), 0o600)
+}
+
+// Down stops the node: kube-proxy, kubelet, containerd and its shims by PID, whatever
 // still runs in its cgroups, the mount namespace, the proxy, the hosts
 // line; its Node object is deleted. Safe to call more than once.
 func (n *Node) Down() error {
 	n.downOnce.Do(func() {
 		var errs []error
-		for _, name := range []string{Kubelet, Containerd} {
+		for _, name := range []string{Kubelet, KubeProxy, Containerd} {
 			if p := n.proc(name); p != nil {
 				p.stop(10 * time.Second)
 			}

@@ -160,7 +160,16 @@ func (c *Cluster) clusterCIDR() string { return strings.Join(c.Opts.PodCIDRs, ",
 // startKubeProxy runs kube-proxy in nftables mode, NodePorts on the node's
 // primary addresses only (never on the machine's own uplink).
 func (c *Cluster) startKubeProxy(ctx context.Context) error {
-	args := []string{"--kubeconfig=" + c.Kubeconfig, "--hostname-override=" + c.Opts.NodeName,
+	if _, err := c.startProc(KubeProxy, filepath.Join(c.BinDir, KubeProxy), c.kubeProxyArgs(c.Kubeconfig, c.Opts.NodeName)...); err != nil {
+		return err
+	}
+	return c.waitHTTPOK(ctx, KubeProxy, "http://127.0.0.1:"+strconv.Itoa(kubeProxyHealthzPort)+"/healthz")
+}
+
+// kubeProxyArgs are a node's kube-proxy's (each node's in its own network
+// namespace: the same loopback ports).
+func (c *Cluster) kubeProxyArgs(kubeconfig, node string) []string {
+	args := []string{"--kubeconfig=" + kubeconfig, "--hostname-override=" + node,
 		"--proxy-mode=nftables", "--nodeport-addresses=primary",
 		"--metrics-bind-address=127.0.0.1:" + strconv.Itoa(kubeProxyMetricsPort),
 		"--healthz-bind-address=127.0.0.1:" + strconv.Itoa(kubeProxyHealthzPort),
@@ -170,10 +179,7 @@ func (c *Cluster) startKubeProxy(ctx context.Context) error {
 	if cc := c.clusterCIDR(); cc != "" {
 		args = append(args, "--cluster-cidr="+cc)
 	}
-	if _, err := c.startProc(KubeProxy, filepath.Join(c.BinDir, KubeProxy), args...); err != nil {
-		return err
-	}
-	return c.waitHTTPOK(ctx, KubeProxy, "http://127.0.0.1:"+strconv.Itoa(kubeProxyHealthzPort)+"/healthz")
+	return args
 }
 
 // removeKubeProxyTables deletes the nftables tables kube-proxy made; it
