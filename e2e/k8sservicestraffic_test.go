@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
 	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
@@ -152,9 +155,20 @@ func echoGet(ns *lab.NS, addr netip.Addr, timeout time.Duration) (client netip.A
 type load struct {
 	mu       sync.Mutex
 	sent     int
-	failures []string
+	failures []failure
 	stop     chan struct{}
 	done     chan struct{}
+}
+
+// failure is one request that failed, and when it was in flight.
+type failure struct {
+	addr       netip.Addr
+	start, end time.Time
+	err        error
+}
+
+func (f failure) String() string {
+	return fmt.Sprintf("%s–%s %s: %v", f.start.Format("15:04:05.000"), f.end.Format("15:04:05.000"), f.addr, f.err)
 }
 
 func startLoad(ns *lab.NS, addrs ...netip.Addr) *load {
@@ -168,11 +182,12 @@ func startLoad(ns *lab.NS, addrs ...netip.Addr) *load {
 			case <-time.After(20 * time.Millisecond):
 			}
 			a := addrs[i%len(addrs)]
+			start := time.Now()
 			_, _, err := echoGet(ns, a, 2*time.Second)
 			l.mu.Lock()
 			l.sent++
 			if err != nil {
-				l.failures = append(l.failures, fmt.Sprintf("%s %s: %v", time.Now().Format("15:04:05.000"), a, err))
+				l.failures = append(l.failures, failure{a, start, time.Now(), err})
 			}
 			l.mu.Unlock()
 		}
@@ -181,12 +196,78 @@ func startLoad(ns *lab.NS, addrs ...netip.Addr) *load {
 }
 
 // end stops the load and returns what it counted.
-func (l *load) end() (sent int, failures []string) {
+func (l *load) end() (sent int, failures []failure) {
 	close(l.stop)
 	<-l.done
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.sent, l.failures
+}
+
+// routeChanges records when the ToR's kernel changed its route to each of
+// the prefixes (BIRD moving the next hops), from the ToR's own netlink.
+type routeChanges struct {
+	mu   sync.Mutex
+	at   map[netip.Prefix][]time.Time
+	stop chan struct{}
+}
+
+func watchRoutes(t *testing.T, ns *lab.NS, prefixes []netip.Prefix) *routeChanges {
+	t.Helper()
+	h, err := netns.GetFromPath(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	rc := &routeChanges{at: map[netip.Prefix][]time.Time{}, stop: make(chan struct{})}
+	ch := make(chan netlink.RouteUpdate, 256)
+	if err := netlink.RouteSubscribeWithOptions(ch, rc.stop, netlink.RouteSubscribeOptions{Namespace: &h}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for u := range ch {
+			if u.Dst == nil {
+				continue
+			}
+			p, ok := netip.AddrFromSlice(u.Dst.IP)
+			if !ok {
+				continue
+			}
+			bits, _ := u.Dst.Mask.Size()
+			dst := netip.PrefixFrom(p.Unmap(), bits)
+			if slices.Contains(prefixes, dst) {
+				rc.mu.Lock()
+				rc.at[dst] = append(rc.at[dst], time.Now())
+				rc.mu.Unlock()
+			}
+		}
+	}()
+	return rc
+}
+
+// during tells whether the route to p changed while f was in flight.
+func (rc *routeChanges) during(f failure) bool {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	for _, at := range rc.at[netip.PrefixFrom(f.addr, f.addr.BitLen())] {
+		if !at.Before(f.start) && !at.After(f.end) {
+			return true
+		}
+	}
+	return false
+}
+
+func (rc *routeChanges) end() { close(rc.stop) }
+
+// count is the number of changes seen, all prefixes.
+func (rc *routeChanges) count() int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	n := 0
+	for _, at := range rc.at {
+		n += len(at)
+	}
+	return n
 }
 
 func TestServicesTraffic(t *testing.T) {
@@ -378,21 +459,47 @@ func TestServicesTraffic(t *testing.T) {
 	// Each disruption under a request loop from the ToR (both families of
 	// the Local Service, a new connection every 20 ms): no request fails,
 	// the ToR never loses the path, no address changes.
-	underLoad := func(t *testing.T, what string, disrupt func(t *testing.T)) {
+	// A request in flight at the instant the ToR moves its route (the
+	// drained node leaves its ECMP set) goes on to the other node, which
+	// has no connection state for it, and is reset: a stateless ECMP
+	// fabric moves the flows of a path it stops using, whatever the node
+	// does. Those are counted apart (from the ToR's netlink, to the
+	// millisecond) where the disruption moves pods between nodes (moves
+	// is set); every other request must succeed: no new request ever
+	// meets a blackhole. Where nothing should move (restarts), a route
+	// change at all is a failure.
+	underLoad := func(t *testing.T, what string, moves bool, disrupt func(t *testing.T)) (routeMoves int) {
 		t.Helper()
 		e.t = t
+		var prefixes []netip.Prefix
+		for _, a := range local {
+			prefixes = append(prefixes, netip.PrefixFrom(a, a.BitLen()))
+		}
+		routes := watchRoutes(t, tor, prefixes)
 		withdrawn := watchWithdrawals(e, local)
 		l := startLoad(tor, local...)
 		time.Sleep(time.Second)
 		disrupt(t)
 		time.Sleep(2 * time.Second)
-		sent, failures := l.end()
+		sent, all := l.end()
+		routes.end()
 		lost := withdrawn()
-		if len(failures) > 0 {
-			t.Errorf("%s: %d of %d requests failed; first: %s", what, len(failures), sent, strings.Join(failures[:min(5, len(failures))], "; "))
+		var failed, moved []string
+		for _, f := range all {
+			if moves && routes.during(f) {
+				moved = append(moved, f.String())
+			} else {
+				failed = append(failed, f.String())
+			}
+		}
+		if len(failed) > 0 {
+			t.Errorf("%s: %d of %d requests failed; first: %s", what, len(failed), sent, strings.Join(failed[:min(5, len(failed))], "; "))
 		}
 		if sent < 50 {
 			t.Errorf("%s: only %d requests sent", what, sent)
+		}
+		if n := routes.count(); !moves && n > 0 {
+			t.Errorf("%s: the ToR's route to the Service changed %d times; a restart must move nothing", what, n)
 		}
 		if lost != "" {
 			t.Errorf("%s: the ToR lost a path: %s", what, lost)
@@ -401,18 +508,19 @@ func TestServicesTraffic(t *testing.T) {
 		if out != local[0].String()+" "+local[1].String() {
 			t.Errorf("%s: echo-local's addresses changed: %v → %q", what, local, out)
 		}
-		t.Logf("%s: %d requests, %d failed", what, sent, len(failures))
-		survived := "every request answered, the ToR kept both paths, the addresses stayed"
-		if len(failures) > 0 || lost != "" {
+		t.Logf("%s: %d requests, %d failed, %d in flight while the ToR moved the route %v (%d route changes at the ToR)", what, sent, len(failed), len(moved), moved, routes.count())
+		survived := "no request failed, the ToR kept a path, the addresses stayed"
+		if len(failed) > 0 || lost != "" {
 			survived = "NO"
 		}
 		record(t, reliabilityRow{Section: "Services under load", Fault: what, ToR: "BIRD; kube-proxy (nftables), containerd " + c.Opts.Release.Containerd,
 			Done: "two nodes, a LoadBalancer Service (externalTrafficPolicy Local, IPv6 and IPv4) with a pod on each, a new connection from the ToR every 20 ms, both families in turn, spread over both nodes", Times: 1, Survived: survived,
-			Figures: map[string]string{"requests": fmt.Sprint(sent), "failed": fmt.Sprint(len(failures)), "paths lost at the ToR": fmt.Sprint(lost != "")}})
+			Figures: map[string]string{"requests": fmt.Sprint(sent), "failed": fmt.Sprint(len(failed)), "reset in flight as the ToR moved the route": fmt.Sprint(len(moved)), "paths lost at the ToR": fmt.Sprint(lost != "")}})
+		return routes.count()
 	}
 
 	t.Run("rolling update under load, externalTrafficPolicy Local", func(t *testing.T) {
-		underLoad(t, "rolling update (kubectl rollout restart; preStop 5 s)", func(t *testing.T) {
+		underLoad(t, "rolling update (kubectl rollout restart; preStop 5 s)", true, func(t *testing.T) {
 			e.t = t
 			e.kubectl("rollout", "restart", "deployment/echo")
 			e.kubectl("rollout", "status", "deployment/echo", "--timeout=120s")
@@ -426,17 +534,20 @@ func TestServicesTraffic(t *testing.T) {
 	})
 	t.Run("agent restart under load", func(t *testing.T) {
 		for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
-			underLoad(t, "flock agent "+sig.String()+" (kubelet restarts it)", func(t *testing.T) {
+			underLoad(t, "flock agent "+sig.String()+" (kubelet restarts it)", false, func(t *testing.T) {
 				restartContainer(t, e, k8sNode, "agent", "/usr/local/bin/flock-agent", sig)
 			})
 		}
 	})
 	t.Run("node drain under load, externalTrafficPolicy Local", func(t *testing.T) {
-		underLoad(t, "node drained (kubectl drain; preStop 5 s)", func(t *testing.T) {
+		n := underLoad(t, "node drained (kubectl drain; preStop 5 s)", true, func(t *testing.T) {
 			e.kubectl("drain", node2, "--ignore-daemonsets", "--delete-emptydir-data", "--pod-selector=app=echo", "--timeout=120s")
 			hopsAre(t, "Local after the drain", local, nodes[0])
 			hopsAre(t, "Cluster after the drain", cluster, nodes[0], nodes[1])
 		})
+		if n == 0 {
+			t.Error("the drain never moved the ToR's route (nor did the route watch see it)")
+		}
 		e.kubectl("uncordon", node2)
 	})
 	t.Run("an aggregating pool: Cluster addresses as the pool's CIDR, Local ones on their own", func(t *testing.T) {
@@ -470,7 +581,7 @@ func TestServicesTraffic(t *testing.T) {
 		}
 	})
 	t.Run("assigner (flock-policy) restart under load", func(t *testing.T) {
-		underLoad(t, "LoadBalancer assigner (flock-policy) killed (kubelet restarts it)", func(t *testing.T) {
+		underLoad(t, "LoadBalancer assigner (flock-policy) killed (kubelet restarts it)", false, func(t *testing.T) {
 			leader := e.kubectl("get", "lease", "-n", "flock-system", "flock-loadbalancers", "-o", "jsonpath={.spec.holderIdentity}")
 			restartContainer(t, e, leader, "policy", "/usr/local/bin/flock-policy", syscall.SIGKILL)
 		})
