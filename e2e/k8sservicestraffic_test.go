@@ -314,33 +314,14 @@ func TestServicesTraffic(t *testing.T) {
 	if err := c.ImportImage(ctx, imageTar); err != nil {
 		t.Fatal(err)
 	}
-	e.tor = tor
-	self := &lab.NS{Name: "host", Path: "/proc/self/ns/net"}
-	wireLink(t, self, hostTorIf, tor, "to-host", []netip.Prefix{netip.PrefixFrom(hostV6, 64), netip.PrefixFrom(hostV4, 30)},
-		[]netip.Prefix{netip.PrefixFrom(torV6, 64), netip.PrefixFrom(torV4, 30)})
-	wireLink(t, vm2, "to-tor", tor, "to-vm2", []netip.Prefix{netip.PrefixFrom(node2V6, 64), netip.PrefixFrom(node2V4, 30)},
-		[]netip.Prefix{netip.PrefixFrom(torNode2V6, 64), netip.PrefixFrom(torNode2V4, 30)})
-	forwarding(t, tor, vm2)
+	// The fabric; the ToR also reaches the first node's addresses (the
+	// apiserver's, CoreDNS's) through the host.
+	wireTwoNodes(t, e, tor, vm2, route{tor, netip.PrefixFrom(trafficNodeV6, 128), hostV6}, route{tor, netip.PrefixFrom(trafficNodeV4, 32), hostV4})
 	// The ToR spreads flows over its equal paths by port too (as a
 	// fabric does), so both nodes get requests.
 	for _, k := range []string{"net.ipv6.fib_multipath_hash_policy", "net.ipv4.fib_multipath_hash_policy"} {
 		if err := tor.Sysctl(k, "1"); err != nil {
 			t.Fatal(err)
-		}
-	}
-	// vm2 sends everything to its ToR; the host routes vm2's link and
-	// pods through it; the ToR reaches the first node's addresses (the
-	// apiserver's, CoreDNS's) through the host.
-	for _, r := range []struct {
-		ns  *lab.NS
-		dst netip.Prefix
-		via netip.Addr
-	}{{vm2, netip.MustParsePrefix("::/0"), torNode2V6}, {vm2, netip.MustParsePrefix("0.0.0.0/0"), torNode2V4},
-		{self, netip.MustParsePrefix("fd00:0:98::/64"), torV6}, {self, netip.MustParsePrefix("192.0.2.104/30"), torV4},
-		{self, node2Summary6, torV6}, {self, node2Summary4, torV4},
-		{tor, netip.PrefixFrom(trafficNodeV6, 128), hostV6}, {tor, netip.PrefixFrom(trafficNodeV4, 32), hostV4}} {
-		if err := r.ns.RouteAdd(r.dst, r.via); err != nil {
-			t.Fatalf("route %s via %s in %s: %v", r.dst, r.via, r.ns.Name, err)
 		}
 	}
 	e.startBird(dir, k8sBirdTwo)

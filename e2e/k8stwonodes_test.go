@@ -56,6 +56,39 @@ const k8sBirdTwo = k8sBird + `protocol bgp vm2 {
 }
 `
 
+// route is a static route a lab adds.
+type route struct {
+	ns  *lab.NS
+	dst netip.Prefix
+	via netip.Addr
+}
+
+// hostNS is the host's network namespace: node vm's.
+var hostNS = &lab.NS{Name: "host", Path: "/proc/self/ns/net"}
+
+// wireTwoNodes wires a two-node lab's fabric: the host (node vm) and vm2's
+// namespace each linked to the ToR, forwarding on; vm2 sends everything to
+// its ToR, as a node in a rack does; the host (whose default route is the
+// machine's own uplink) routes only vm2's link and pools through it; plus
+// extra routes.
+func wireTwoNodes(t *testing.T, e *k8sEnv, tor, vm2 *lab.NS, extra ...route) {
+	t.Helper()
+	e.tor = tor
+	wireLink(t, hostNS, hostTorIf, tor, "to-host", []netip.Prefix{netip.PrefixFrom(hostV6, 64), netip.PrefixFrom(hostV4, 30)},
+		[]netip.Prefix{netip.PrefixFrom(torV6, 64), netip.PrefixFrom(torV4, 30)})
+	wireLink(t, vm2, "to-tor", tor, "to-vm2", []netip.Prefix{netip.PrefixFrom(node2V6, 64), netip.PrefixFrom(node2V4, 30)},
+		[]netip.Prefix{netip.PrefixFrom(torNode2V6, 64), netip.PrefixFrom(torNode2V4, 30)})
+	forwarding(t, tor, vm2)
+	routes := append([]route{{vm2, netip.MustParsePrefix("::/0"), torNode2V6}, {vm2, netip.MustParsePrefix("0.0.0.0/0"), torNode2V4},
+		{hostNS, netip.MustParsePrefix("fd00:0:98::/64"), torV6}, {hostNS, netip.MustParsePrefix("192.0.2.104/30"), torV4},
+		{hostNS, node2Summary6, torV6}, {hostNS, node2Summary4, torV4}}, extra...)
+	for _, r := range routes {
+		if err := r.ns.RouteAdd(r.dst, r.via); err != nil {
+			t.Fatalf("route %s via %s in %s: %v", r.dst, r.via, r.ns.Name, err)
+		}
+	}
+}
+
 // tnPod is a pod pinned to a node.
 func tnPod(name, node, role string, server bool, addresses string) string {
 	y := npPod(name, role, "", addresses, server)
@@ -106,28 +139,8 @@ func TestKubernetesTwoNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The fabric: the ToR, the host (node vm) and node vm2's namespace.
-	e.tor = tor
-	self := &lab.NS{Name: "host", Path: "/proc/self/ns/net"}
-	wireLink(t, self, hostTorIf, tor, "to-host", []netip.Prefix{netip.PrefixFrom(hostV6, 64), netip.PrefixFrom(hostV4, 30)},
-		[]netip.Prefix{netip.PrefixFrom(torV6, 64), netip.PrefixFrom(torV4, 30)})
-	wireLink(t, vm2, "to-tor", tor, "to-vm2", []netip.Prefix{netip.PrefixFrom(node2V6, 64), netip.PrefixFrom(node2V4, 30)},
-		[]netip.Prefix{netip.PrefixFrom(torNode2V6, 64), netip.PrefixFrom(torNode2V4, 30)})
-	forwarding(t, tor, vm2)
-	// vm2 sends everything to its ToR, as a node in a rack does; the host
-	// (whose default route is the machine's own uplink) routes only what
-	// the lab needs through the ToR: vm2's link and pods, and `addresses`.
-	for _, r := range []struct {
-		ns  *lab.NS
-		dst netip.Prefix
-		via netip.Addr
-	}{{vm2, netip.MustParsePrefix("::/0"), torNode2V6}, {vm2, netip.MustParsePrefix("0.0.0.0/0"), torNode2V4},
-		{self, netip.MustParsePrefix("fd00:0:98::/64"), torV6}, {self, netip.MustParsePrefix("192.0.2.104/30"), torV4},
-		{self, node2Summary6, torV6}, {self, node2Summary4, torV4}, {self, netip.MustParsePrefix("2001:db8:b::/64"), torV6}} {
-		if err := r.ns.RouteAdd(r.dst, r.via); err != nil {
-			t.Fatalf("route %s via %s in %s: %v", r.dst, r.via, r.ns.Name, err)
-		}
-	}
+	// The fabric; the host also routes the test's `addresses` IP there.
+	wireTwoNodes(t, e, tor, vm2, route{hostNS, netip.MustParsePrefix("2001:db8:b::/64"), torV6})
 	// The host's routes through the ToR go with its link (flktor0).
 	e.startBird(dir, k8sBirdTwo)
 
