@@ -2,10 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -27,27 +23,10 @@ spec:
 `, name, name)
 }
 
-// nodePID is the process of binary in node's flock pod (every node's
-// containers share the host's PID namespace here): the one whose
-// NODE_NAME is node.
+// nodePID is the process of binary in node's flock pod.
 func nodePID(t *testing.T, binary, node string) int {
 	t.Helper()
-	dirs, _ := filepath.Glob("/proc/[0-9]*")
-	for _, d := range dirs {
-		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
-		if err != nil || !strings.HasPrefix(string(b), binary+"\x00") {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join(d, "environ"))
-		if err != nil || !strings.Contains("\x00"+string(env), "\x00NODE_NAME="+node+"\x00") {
-			continue
-		}
-		if pid, err := strconv.Atoi(filepath.Base(d)); err == nil {
-			return pid
-		}
-	}
-	t.Fatalf("no %s process of node %s", binary, node)
-	return 0
+	return findPID(t, binary, node)
 }
 
 func policyPIDOn(t *testing.T, node string) int {

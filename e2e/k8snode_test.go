@@ -145,16 +145,32 @@ func agentPID(t *testing.T) int { return hostPID(t, "/usr/local/bin/flock-agent"
 // hostPID is the host PID of the running process of binary (a container's).
 func hostPID(t *testing.T, binary string) int {
 	t.Helper()
+	return findPID(t, binary, "")
+}
+
+// findPID is the host PID of a running process of binary; with node set,
+// the one whose environment has NODE_NAME=node (every lab node's
+// containers share the host's PID namespace).
+func findPID(t *testing.T, binary, node string) int {
+	t.Helper()
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
 		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
 		if err != nil || !strings.HasPrefix(string(b), binary+"\x00") {
 			continue
 		}
-		pid, err := strconv.Atoi(filepath.Base(d))
-		if err == nil {
+		if node != "" {
+			env, err := os.ReadFile(filepath.Join(d, "environ"))
+			if err != nil || !strings.Contains("\x00"+string(env), "\x00NODE_NAME="+node+"\x00") {
+				continue
+			}
+		}
+		if pid, err := strconv.Atoi(filepath.Base(d)); err == nil {
 			return pid
 		}
+	}
+	if node != "" {
+		t.Fatalf("no %s process of node %s", binary, node)
 	}
 	t.Fatalf("no %s process on the host", binary)
 	return 0
