@@ -7,6 +7,12 @@
 // The rules mirror these Kubernetes sources (read on master after
 // kubernetes/kubernetes#135593, which went into v1.36):
 //
+//   - pkg/proxy/util/utils.go, ShouldSkipService (called by
+//     ServiceChangeTracker.serviceToServiceMap before any rule is written):
+//     a Service whose spec.clusterIP is "None" (headless) or empty
+//     (helper.IsServiceIPSet), or of type ExternalName, is not proxied at
+//     all, so none of its addresses (external IPs included) is delivered
+//     on any node: Skipped.
 //   - pkg/proxy/endpointschangetracker.go, EndpointsChangeTracker.EndpointSliceUpdate:
 //     a per-family proxier only reads EndpointSlices of its own AddressType.
 //   - pkg/proxy/endpointslicecache.go, endpointInfoByServicePort and
@@ -120,6 +126,16 @@ type Input struct {
 	// of another family and FQDN ones are ignored. Decide does not modify
 	// them.
 	Slices []*discoveryv1.EndpointSlice
+}
+
+// ReasonNotProxied: kube-proxy does not serve the Service at all (Skipped).
+const ReasonNotProxied Reason = "kube-proxy does not proxy headless or ExternalName Services"
+
+// Skipped is kube-proxy's ShouldSkipService: a headless Service (clusterIP
+// None or empty) or one of type ExternalName gets no rules, so its external
+// IPs and LoadBalancer addresses lead nowhere on any node.
+func Skipped(s *corev1.Service) bool {
+	return s.Spec.ClusterIP == corev1.ClusterIPNone || s.Spec.ClusterIP == "" || s.Spec.Type == corev1.ServiceTypeExternalName
 }
 
 // controllerName is the managed-by value of the EndpointSlice controller,

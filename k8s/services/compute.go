@@ -155,6 +155,13 @@ func ForService(o Options, s *corev1.Service, eps []*discoveryv1.EndpointSlice) 
 			out = append(out, a)
 			return
 		}
+		// kube-proxy proxies no headless or ExternalName Service, whatever
+		// its endpoints: its addresses would draw traffic that is dropped.
+		if delivery.Skipped(s) {
+			a.State, a.Reason = StateNotAdvertised, string(delivery.ReasonNotProxied)
+			out = append(out, a)
+			return
+		}
 		d := delivery.Decide(delivery.Input{
 			Local:                    local,
 			PublishNotReadyAddresses: s.Spec.PublishNotReadyAddresses,

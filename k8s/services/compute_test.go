@@ -14,6 +14,7 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/delivery"
 )
 
 const node = "node-a"
@@ -49,7 +50,7 @@ func svc(name string, opts ...svcOpt) *corev1.Service {
 	s := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: ptr.To(Class),
-			ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyCluster},
+			ClusterIP: "fd00:96::10", ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyCluster},
 	}
 	for _, o := range opts {
 		o(s)
@@ -203,6 +204,29 @@ func TestForService(t *testing.T) {
 			[]string{
 				"shop/ext externalIP 198.51.100.5: advertised (ready endpoint in the cluster, 1)",
 				"shop/ext externalIP 2001:db8:e::5: not advertised (no kube-proxy of this family serves the Service: the Service is not IPv6 (spec.ipFamilies [IPv4]), 0)",
+			}},
+		// kube-proxy's ShouldSkipService: no rules for these, so their
+		// addresses would lead nowhere on any node.
+		{"external IPs of a headless Service", o, svc("hl", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeClusterIP
+			s.Spec.ClusterIP = corev1.ClusterIPNone
+			s.Spec.ExternalIPs = []string{"2001:db8:e::5"}
+		}), []ep{{node, "fd00:10::1", "ready"}},
+			[]string{"shop/hl externalIP 2001:db8:e::5: not advertised (" + string(delivery.ReasonNotProxied) + ", 0)"}},
+		{"external IPs of a Service without a cluster IP", o, svc("noip", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeClusterIP
+			s.Spec.ClusterIP = ""
+			s.Spec.ExternalIPs = []string{"2001:db8:e::5"}
+		}), []ep{{node, "fd00:10::1", "ready"}},
+			[]string{"shop/noip externalIP 2001:db8:e::5: not advertised (" + string(delivery.ReasonNotProxied) + ", 0)"}},
+		{"external IPs of an ExternalName Service (even with a cluster IP)", o, svc("en", func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeExternalName
+			s.Spec.ExternalName = "db.example.com"
+			s.Spec.ExternalIPs = []string{"2001:db8:e::5", "198.51.100.5"}
+		}), []ep{{node, "fd00:10::1", "ready"}, {node, "10.1.0.1", "ready"}},
+			[]string{
+				"shop/en externalIP 198.51.100.5: not advertised (" + string(delivery.ReasonNotProxied) + ", 0)",
+				"shop/en externalIP 2001:db8:e::5: not advertised (" + string(delivery.ReasonNotProxied) + ", 0)",
 			}},
 		{"no AddressPools loaded: nothing advertised", Options{Node: node}, svc("web", ingress("2001:db8:1b::1")),
 			[]ep{{node, "fd00:10::1", "ready"}},
