@@ -127,11 +127,32 @@ type Source interface {
 	SetReadiness(r Readiness) (int, error)
 }
 
+// NotServing is implemented by a Source that does not know the node's
+// state yet (an agent waiting for its NodeConfig, before it has read its
+// store): while NotServing returns an error, every view but the status
+// answers 503 with it. An empty list would be an answer, and a reader
+// (flock-policy's tracker of extra pod IPs) would take it for "no pods".
+type NotServing interface {
+	NotServing() error
+}
+
 // Handler serves the API.
 func Handler(src Source) http.Handler {
 	mux := http.NewServeMux()
+	notServing := func() error {
+		if ns, ok := src.(NotServing); ok {
+			return ns.NotServing()
+		}
+		return nil
+	}
 	get := func(path string, f func() any) {
 		mux.HandleFunc("GET "+path, func(w http.ResponseWriter, _ *http.Request) {
+			if path != "/v1/status" {
+				if err := notServing(); err != nil {
+					http.Error(w, err.Error(), http.StatusServiceUnavailable)
+					return
+				}
+			}
 			w.Header().Set("Content-Type", "application/json")
 			if err := json.NewEncoder(w).Encode(f()); err != nil {
 				slog.Warn("admin: write response", "path", path, "err", err)

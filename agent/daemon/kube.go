@@ -275,8 +275,17 @@ func (w *nodeConfigWait) serve(ctx context.Context, o Options) (stop func()) {
 }
 
 // waitingSource is the admin API while waiting for the NodeConfig:
-// nothing is served yet but the status.
+// nothing is served yet but the status. The store is not read yet, so
+// the agent does not know its pods: every other view answers 503
+// (NotServing), never an empty list that a reader would take for "no
+// pods here" (flock-policy's tracker would drop their extra IPs from
+// NetworkPolicy).
 type waitingSource struct{ w *nodeConfigWait }
+
+// NotServing says why the views are unavailable.
+func (s waitingSource) NotServing() error {
+	return fmt.Errorf("the agent does not know this node's pods yet: %w", s.w.readiness())
+}
 
 func (s waitingSource) Status() admin.Status {
 	n := status.Node{}

@@ -144,6 +144,15 @@ func TestWaitNodeConfigShowsAPIErrors(t *testing.T) {
 	if st.Ready || !strings.HasPrefix(st.ConfigError, want) || len(st.Problems) != 1 || st.Problems[0] != "config: "+st.ConfigError {
 		t.Errorf("admin status while RBAC denies: %+v", st)
 	}
+	// The store is not read yet: no view may answer as if the node had no
+	// pods (flock-policy would drop their extra IPs from NetworkPolicy).
+	for _, path := range []string{"/v1/pods", "/v1/ipam", "/v1/routes", "/v1/bgp/neighbors", "/v1/bgp/routes", "/v1/services"} {
+		var out []any
+		err := client.Get(context.Background(), path, &out)
+		if err == nil || !strings.Contains(err.Error(), "503") || !strings.Contains(err.Error(), "does not know this node's pods yet") || !strings.Contains(err.Error(), want) {
+			t.Errorf("GET %s while waiting: %v %v, want 503 saying the pods are not known and why", path, out, err)
+		}
+	}
 	if n := strings.Count(logs.String(), "level=ERROR"); n != 1 || !strings.Contains(logs.String(), "cannot read this node's NodeConfig; still waiting") {
 		t.Errorf("%d Error lines for one error read again and again, want 1:\n%s", n, logs.String())
 	}

@@ -2,7 +2,7 @@ package policyips
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -40,12 +40,17 @@ import (
 // world is the model: what the API and the agent hold, changed by many
 // goroutines at once and mirrored into the fakes the tracker reads.
 type world struct {
-	mu       sync.Mutex
-	dyn      *dynfake.FakeDynamicClient
-	pods     cache.Indexer
-	ns       cache.Indexer
-	local    []admin.Pod // the agent's records
-	agentUp  bool
+	mu      sync.Mutex
+	dyn     *dynfake.FakeDynamicClient
+	pods    cache.Indexer
+	ns      cache.Indexer
+	local   []admin.Pod // the agent's records
+	agentUp bool
+	// served is the last answer the agent gave the running tracker (nil:
+	// none yet): what the tracker must keep covering while the agent is
+	// down or waiting.
+	served   []admin.Pod
+	waiting  bool // down because it waits for its NodeConfig (admin.NotServing)
 	handler  cache.ResourceEventHandler
 	claimSeq int
 }
@@ -130,23 +135,32 @@ func (w *world) step(t *testing.T, r *rand.Rand) {
 		w.handler.OnUpdate(n, n)
 	case 7: // the agent binds (or forgets) what this node's pods hold; or it goes away
 		if r.IntN(5) == 0 {
-			w.agentUp = !w.agentUp
+			// Down: crashed (nothing answers) or restarted and waiting for
+			// its NodeConfig (503 from the real admin handler).
+			w.agentUp, w.waiting = !w.agentUp, r.IntN(2) == 0
 			return
 		}
-		w.local = nil
-		for _, obj := range w.pods.List() {
-			p := obj.(*corev1.Pod)
-			if p.Spec.NodeName != node || r.IntN(3) == 0 {
-				continue
-			}
-			rec := admin.Pod{ID: pods.ID(p), Phase: "committed"}
-			if r.IntN(5) == 0 {
-				rec.UID = "old"
-			}
-			rec.Addresses = []string{addrIPs[r.IntN(len(addrIPs))]}
-			rec.Anycast = []string{anyIPs[r.IntN(len(anyIPs))]}
-			w.local = append(w.local, rec)
+		w.bind(r)
+	}
+}
+
+// bind makes the agent's records anew: most of this node's pods bound an
+// `addresses` and an anycast IP (whatever their claims and annotations
+// say: the agent is the truth for what it bound). Under w.mu.
+func (w *world) bind(r *rand.Rand) {
+	w.local = nil
+	for _, obj := range w.pods.List() {
+		p := obj.(*corev1.Pod)
+		if p.Spec.NodeName != node || r.IntN(3) == 0 {
+			continue
 		}
+		rec := admin.Pod{ID: pods.ID(p), Phase: "committed"}
+		if r.IntN(5) == 0 {
+			rec.UID = "old"
+		}
+		rec.Addresses = []string{addrIPs[r.IntN(len(addrIPs))]}
+		rec.Anycast = []string{anyIPs[r.IntN(len(anyIPs))]}
+		w.local = append(w.local, rec)
 	}
 }
 
@@ -167,6 +181,8 @@ func (w *world) inputs(t *testing.T) Inputs {
 		if in.Local == nil {
 			in.Local = []admin.Pod{}
 		}
+	} else {
+		in.Stale = slices.Clone(w.served)
 	}
 	ctx := context.Background()
 	cl, _ := w.dyn.Resource(claims.GVR).List(ctx, metav1.ListOptions{})
@@ -190,21 +206,57 @@ func (w *world) inputs(t *testing.T) Inputs {
 	return in
 }
 
-// serveAgent answers /v1/pods from the model, or fails while it is down.
+// modelAgent is the agent as the admin API serves it: the model's
+// records, or (waiting for its NodeConfig) NotServing.
+type modelAgent struct {
+	admin.Source // only Pods is asked
+	w            *world
+}
+
+func (a modelAgent) Pods() []admin.Pod {
+	w := a.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.served = slices.Clone(w.local)
+	if w.served == nil {
+		w.served = []admin.Pod{}
+	}
+	return w.served
+}
+
+func (a modelAgent) NotServing() error {
+	a.w.mu.Lock()
+	defer a.w.mu.Unlock()
+	if !a.w.agentUp {
+		return errors.New("waiting for NodeConfig")
+	}
+	return nil
+}
+
+// serveAgent answers /v1/pods from the model through the real admin
+// handler; while the agent is down nothing answers, or (waiting) 503.
 func (w *world) serveAgent(t *testing.T, socket string) {
 	l, err := net.Listen("unix", socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+	h := admin.Handler(modelAgent{w: w})
+	srv := &http.Server{Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		w.mu.Lock()
-		up, local := w.agentUp, slices.Clone(w.local)
+		up, waiting := w.agentUp, w.waiting
 		w.mu.Unlock()
-		if !up {
+		if !up && !waiting {
+			// Crashed: the connection dies without an answer.
+			if hj, ok := rw.(http.Hijacker); ok {
+				if c, _, err := hj.Hijack(); err == nil {
+					_ = c.Close()
+					return
+				}
+			}
 			http.Error(rw, "agent restarting", http.StatusServiceUnavailable)
 			return
 		}
-		_ = json.NewEncoder(rw).Encode(local)
+		h.ServeHTTP(rw, r)
 	})}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { _ = srv.Close() })
@@ -231,13 +283,19 @@ func checkInvariants(t *testing.T, in Inputs, o *Owners) {
 			}
 			viaAgent := in.Local != nil && p.Spec.NodeName == in.Node
 			ok := false
-			if viaAgent {
-				for _, r := range in.Local {
+			bound := func(recs []admin.Pod) {
+				for _, r := range recs {
 					if r.ID.Same(pods.ID(p)) && (slices.Contains(r.Addresses, ip) || slices.Contains(r.Anycast, ip)) {
 						ok = true
 					}
 				}
+			}
+			if viaAgent {
+				bound(in.Local)
 			} else {
+				if p.Spec.NodeName == in.Node {
+					bound(in.Stale) // what the agent said it bound before it went away
+				}
 				for _, c := range in.Claims {
 					ok = ok || c.Spec.IP == ip && c.Spec.Pod != nil && c.Spec.Pod.Namespace == p.Namespace && c.Spec.Pod.Name == p.Name && c.Spec.Pod.UID == string(p.UID) && c.Spec.Node == p.Spec.NodeName
 				}
@@ -254,6 +312,23 @@ func checkInvariants(t *testing.T, in Inputs, o *Owners) {
 		for _, ip := range ips {
 			if !slices.Contains(o.byIP[ip], k) {
 				t.Fatalf("%s holds %s in one index, not the other", k, ip)
+			}
+		}
+	}
+	// An agent that went away (crashed, or waiting for its NodeConfig)
+	// shrinks nothing: what it last said it bound for a live pod of this
+	// node stays covered.
+	if in.Local == nil {
+		for _, r := range in.Stale {
+			p := podByKey[r.Namespace+"/"+r.Name]
+			if p == nil || p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
+				p.Spec.NodeName != in.Node || !pods.ID(p).Same(r.ID) || r.Phase == "deleting" {
+				continue
+			}
+			for _, ip := range append(slices.Clone(r.Addresses), r.Anycast...) {
+				if !slices.Contains(o.byPod[r.Namespace+"/"+r.Name], ip) {
+					t.Fatalf("%s bound %s before the agent went away; no longer covered", r.Namespace+"/"+r.Name, ip)
+				}
 			}
 		}
 	}
@@ -341,19 +416,41 @@ func TestTrackerModel(t *testing.T) {
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}
+			w.mu.Lock()
+			w.served = nil // a new tracker has heard nothing yet
+			w.mu.Unlock()
 			tr, cancel, done = start()
 		}
 		// Quiescent: the tracker reaches Compute of the truth.
-		in := w.inputs(t)
-		want := Compute(in)
-		deadline := time.Now().Add(10 * time.Second)
-		for !tr.HasSynced() || !tr.current.Load().Equal(want) {
-			if time.Now().After(deadline) {
-				t.Fatalf("round %d (seed %d): tracker did not converge:\n got %v\nwant %v", round, seed, tr.current.Load().byPod, want.byPod)
+		converge := func(what string) {
+			t.Helper()
+			in := w.inputs(t)
+			want := Compute(in)
+			deadline := time.Now().Add(10 * time.Second)
+			for !tr.HasSynced() || !tr.current.Load().Equal(want) {
+				if time.Now().After(deadline) {
+					t.Fatalf("round %d (seed %d, %s): tracker did not converge:\n got %v\nwant %v", round, seed, what, tr.current.Load().byPod, want.byPod)
+				}
+				time.Sleep(20 * time.Millisecond)
 			}
-			time.Sleep(20 * time.Millisecond)
+			checkInvariants(t, in, tr.current.Load())
 		}
-		checkInvariants(t, in, tr.current.Load())
+		converge("after the changes")
+		// Every other round, the agent restarts right after it bound and
+		// was read: it crashes, or comes back waiting for its NodeConfig
+		// (the API unreachable). What it bound must stay covered.
+		if round%2 == 0 {
+			r := rand.New(rand.NewPCG(seed, uint64(round*100+99)))
+			w.mu.Lock()
+			w.agentUp = true
+			w.bind(r)
+			w.mu.Unlock()
+			converge("the agent bound")
+			w.mu.Lock()
+			w.agentUp, w.waiting = false, r.IntN(2) == 0
+			w.mu.Unlock()
+			converge("the agent went away")
+		}
 	}
 }
 

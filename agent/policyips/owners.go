@@ -40,6 +40,12 @@ type Inputs struct {
 	// Local is what this node's agent bound, per pod; nil when the agent
 	// did not answer (then this node's pods are judged like any other).
 	Local []admin.Pod
+	// Stale is the last answer of an agent that does not answer now
+	// (restarting, or waiting for its NodeConfig), read only while Local
+	// is nil. What it bound stays bound in the kernel until the agent
+	// serves again, so it stays covered beside what claims and pools say:
+	// an agent that goes away must never shrink what policy protects.
+	Stale []admin.Pod
 }
 
 // Owners maps extra IPs to the pods holding them. The zero value holds
@@ -114,9 +120,14 @@ func Compute(in Inputs) *Owners {
 	}
 
 	// This node's pods: what the agent bound, for the incarnation it
-	// bound it for.
+	// bound it for (while it does not answer: what it last said it bound,
+	// and below, what claims and pools allow).
 	agentAnswered := in.Local != nil
-	for _, r := range in.Local {
+	bound := in.Local
+	if !agentAnswered {
+		bound = in.Stale
+	}
+	for _, r := range bound {
 		p := byKey[r.Namespace+"/"+r.Name]
 		if !live(p) || p.Spec.NodeName != in.Node || !pods.ID(p).Same(r.ID) || r.Phase == "deleting" {
 			continue

@@ -102,6 +102,19 @@ func TestCompute(t *testing.T) {
 		{name: "local pod, agent silent: judged by claims and pools", in: Inputs{Node: node, Pods: []*corev1.Pod{local}, Pools: anycastPool(t, "prod"),
 			Claims: []v1alpha1.AddressClaim{claim("2001:db8:b::30", "prod", "local", "u7", node)}},
 			want: map[string][]string{"2001:db8:b::30": {"prod/local"}, "2001:db8:a::53": {"prod/local"}}},
+		// The agent restarted and waits (or crashed): what it last said it
+		// bound stays covered, with what claims and pools allow, even
+		// where the annotation asks for something else now.
+		{name: "local pod, agent gone: its last answer and claims and pools", in: Inputs{Node: node, Pods: []*corev1.Pod{local}, Pools: anycastPool(t, "prod"),
+			Claims: []v1alpha1.AddressClaim{claim("2001:db8:b::30", "prod", "local", "u7", node)},
+			Stale:  []admin.Pod{record(local, []string{"2001:db8:b::20"}, []string{"203.0.113.77"})}},
+			want: map[string][]string{"2001:db8:b::20": {"prod/local"}, "203.0.113.77": {"prod/local"}, "2001:db8:b::30": {"prod/local"}, "2001:db8:a::53": {"prod/local"}}},
+		{name: "the last answer is not read while the agent answers", in: Inputs{Node: node, Pods: []*corev1.Pod{local},
+			Local: []admin.Pod{}, Stale: []admin.Pod{record(local, []string{"2001:db8:b::20"}, nil)}},
+			want: map[string][]string{}},
+		{name: "the last answer for an old incarnation holds nothing", in: Inputs{Node: node, Pods: []*corev1.Pod{local},
+			Stale: []admin.Pod{{ID: podmeta.ID{Namespace: "prod", Name: "local", UID: "old"}, Phase: "committed", Addresses: []string{"2001:db8:b::20"}}}},
+			want: map[string][]string{}},
 		{name: "agent record of an old incarnation", in: Inputs{Node: node, Pods: []*corev1.Pod{local},
 			Local: []admin.Pod{{ID: podmeta.ID{Namespace: "prod", Name: "local", UID: "old"}, Phase: "committed", Addresses: []string{"2001:db8:b::20"}}}},
 			want: map[string][]string{}},

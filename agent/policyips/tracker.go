@@ -38,9 +38,12 @@ type Tracker struct {
 	claims  cache.SharedIndexInformer
 	pools   cache.SharedIndexInformer
 	current atomic.Pointer[Owners]
-	synced  atomic.Bool // the first answer is computed
-	local   atomic.Pointer[[]admin.Pod]
-	kick    chan struct{}
+	synced  atomic.Bool                 // the first answer is computed
+	local   atomic.Pointer[[]admin.Pod] // the agent's answer; nil while it does not answer
+	// lastGood is the agent's last answer, kept while it does not answer
+	// (Inputs.Stale).
+	lastGood atomic.Pointer[[]admin.Pod]
+	kick     chan struct{}
 }
 
 // NewTracker watches AddressClaims and AddressPools through dyn; agentSocket
@@ -91,14 +94,20 @@ func (t *Tracker) Run(ctx context.Context, podLister corelisters.PodLister, nsLi
 	// The agent is read on its own: a slow or restarting agent must not
 	// hold back a recompute for a claim, a pool or a pod.
 	first := make(chan struct{})
-	go t.pollAgent(ctx, first)
+	polling := make(chan struct{})
+	go func() {
+		defer close(polling)
+		t.pollAgent(ctx, first)
+	}()
+	defer func() { <-polling }() // ctx has ended: no poll outlives Run
 	select {
 	case <-first:
 	case <-ctx.Done():
 		return nil
 	}
 	for {
-		o := t.compute(podLister, nsLister, t.localPods())
+		local, stale := t.localPods()
+		o := t.compute(podLister, nsLister, local, stale)
 		if !t.synced.Load() || !o.Equal(t.current.Load()) {
 			t.current.Store(o)
 			t.synced.Store(true)
@@ -113,12 +122,16 @@ func (t *Tracker) Run(ctx context.Context, podLister corelisters.PodLister, nsLi
 	}
 }
 
-// localPods is the agent's last answer; nil when it did not answer.
-func (t *Tracker) localPods() []admin.Pod {
+// localPods is the agent's answer (nil when it did not answer) and,
+// while it does not, its last answer (nil if it never answered).
+func (t *Tracker) localPods() (local, stale []admin.Pod) {
 	if p := t.local.Load(); p != nil {
-		return *p
+		return *p, nil
 	}
-	return nil
+	if p := t.lastGood.Load(); p != nil {
+		return nil, *p
+	}
+	return nil, nil
 }
 
 // pollAgent reads the agent's bindings every AgentPollInterval and kicks a
@@ -130,15 +143,16 @@ func (t *Tracker) pollAgent(ctx context.Context, first chan struct{}) {
 	for {
 		local, err := t.readAgent(ctx)
 		if err != nil && err.Error() != lastErr {
-			t.log.Warn("cannot read the agent's bindings; this node's pods are judged by their claims and AddressPools", "err", err)
+			t.log.Warn("cannot read the agent's bindings; this node's pods keep what it last said it bound, and what their claims and AddressPools allow", "err", err)
 		}
 		lastErr = ""
 		if err != nil {
 			lastErr = err.Error()
 		}
 		var p *[]admin.Pod
-		if local != nil {
+		if err == nil && local != nil {
 			p = &local
+			t.lastGood.Store(p)
 		}
 		if old := t.local.Swap(p); !samePods(old, p) {
 			select {
@@ -184,8 +198,8 @@ func (t *Tracker) readAgent(ctx context.Context) ([]admin.Pod, error) {
 	return out, nil
 }
 
-func (t *Tracker) compute(podLister corelisters.PodLister, nsLister corelisters.NamespaceLister, local []admin.Pod) *Owners {
-	in := Inputs{Node: t.node, Local: local, Namespaces: map[string]labels.Set{}}
+func (t *Tracker) compute(podLister corelisters.PodLister, nsLister corelisters.NamespaceLister, local, stale []admin.Pod) *Owners {
+	in := Inputs{Node: t.node, Local: local, Stale: stale, Namespaces: map[string]labels.Set{}}
 	in.Pods, _ = podLister.List(labels.Everything())
 	nss, _ := nsLister.List(labels.Everything())
 	for _, ns := range nss {
