@@ -2,16 +2,20 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"code.fritzlab.net/fritzlab/flock/agent/policyips"
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
@@ -45,8 +49,10 @@ func npPod(name, role, anycast, addresses string, server bool) string {
 	cmd := `["sleep", "3600"]`
 	if server {
 		// httpd serves each connection on its own: no gap between
-		// connections reads as a refusal.
-		cmd = `["sh", "-c", "mkdir -p /www && echo np-ok > /www/index.html && exec httpd -f -p 8080 -h /www"]`
+		// connections reads as a refusal. -vv logs each request's source
+		// ("[2001:db8::1]:port: url:/", IPv4 as ::ffff:a.b.c.d) to the
+		// container's log: what the policy judged (serverSaw).
+		cmd = `["sh", "-c", "mkdir -p /www && echo np-ok > /www/index.html && exec httpd -f -vv -p 8080 -h /www"]`
 	}
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
@@ -143,8 +149,33 @@ func (e *k8sEnv) torConnect(ip netip.Addr) (verdict, string) {
 	return v, detail
 }
 
+// serverSaw counts the requests pod's httpd logged from src.
+func (e *k8sEnv) serverSaw(pod string, src netip.Addr) int {
+	as := src.String()
+	if src.Is4() {
+		as = "::ffff:" + as
+	}
+	return strings.Count(e.kubectl("logs", pod), "["+as+"]:")
+}
+
+// routeSource is the source address pod from's kernel picks for dst.
+func (e *k8sEnv) routeSource(from string, dst netip.Addr) string {
+	fam := "-4"
+	if dst.Is6() {
+		fam = "-6"
+	}
+	f := strings.Fields(e.kubectl("exec", from, "--", "ip", fam, "route", "get", dst.String()))
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "src" {
+			return f[i+1]
+		}
+	}
+	return ""
+}
+
 // routeVia makes pod from reach dst with src as its source address (a
-// route with a source hint through the pod's default gateway).
+// route with a source hint through the pod's default gateway) and checks
+// that the kernel now picks src for dst.
 func (e *k8sEnv) routeVia(t *testing.T, from string, dst, src netip.Addr) {
 	t.Helper()
 	fam := "-4"
@@ -156,6 +187,20 @@ func (e *k8sEnv) routeVia(t *testing.T, from string, dst, src netip.Addr) {
 		t.Fatalf("%s: default route %v", from, def)
 	}
 	e.kubectl("exec", from, "--", "ip", fam, "route", "replace", netip.PrefixFrom(dst, dst.BitLen()).String(), "via", def[2], "dev", def[4], "src", src.String())
+	if got := e.routeSource(from, dst); got != src.String() {
+		t.Fatalf("%s → %s: the kernel picks source %q, want %s", from, dst, got, src)
+	}
+}
+
+// unrouteVia removes the routes routeVia set in pod from.
+func (e *k8sEnv) unrouteVia(from string, dsts ...netip.Addr) {
+	for _, dst := range dsts {
+		fam := "-4"
+		if dst.Is6() {
+			fam = "-6"
+		}
+		e.kubectl("exec", from, "--", "ip", fam, "route", "del", netip.PrefixFrom(dst, dst.BitLen()).String())
+	}
 }
 
 func testNetworkPolicyExtraIPs(t *testing.T, e *k8sEnv) {
@@ -280,6 +325,9 @@ spec:
 			e.expect(t, "np-cli", allowed, srv)
 		}
 	})
+	t.Run("extra IPs stay under policy while the agent waits for its NodeConfig", func(t *testing.T) {
+		testPolicyWhileAgentWaits(t, e, srvIPs, srvAny6, srvAddr6, srvAny4, srvAddr4)
+	})
 	restartsBefore = policyRestarts()
 
 	t.Run("bad input breaks nothing", func(t *testing.T) {
@@ -342,15 +390,35 @@ spec:
 `, k8sSummary6, ipOf(st, true), k8sSummary4, ipOf(st, false)))
 		e.expect(t, "np-stranger", blocked, all...)
 		// From the client's pod IPs (the hints of the egress test gone).
+		e.unrouteVia("np-cli", srvIPs...)
 		for _, ip := range srvIPs {
-			fam := "-4"
-			if ip.Is6() {
-				fam = "-6"
+			if src := e.routeSource("np-cli", ip); src != ipOf(cli, ip.Is6()).String() {
+				t.Fatalf("np-cli → %s: source %s, want its pod IP %s", ip, src, ipOf(cli, ip.Is6()))
 			}
-			e.kubectl("exec", "np-cli", "--", "ip", fam, "route", "del", netip.PrefixFrom(ip, ip.BitLen()).String())
 		}
 		e.expect(t, "np-cli", allowed, srvIPs...)
-		_ = cli
+		// From the client's extra IPs, each as the source the kernel
+		// picks (checked) and the server logs: the ipBlocks judge the
+		// source as sent. The anycast IPs and 2001:db8:b::21 are inside
+		// an allowed block; 198.51.100.194 (the client's `addresses` IPv4)
+		// is in none, so it is blocked whatever pod holds it.
+		for _, c := range []struct {
+			src  netip.Addr
+			want verdict
+		}{{cliAny6, allowed}, {cliAddr6, allowed}, {cliAny4, allowed}, {cliAddr4, blocked}} {
+			srv := ipOf(srvIPs, c.src.Is6())
+			e.routeVia(t, "np-cli", srv, c.src)
+			before := e.serverSaw("np-srv", c.src)
+			e.expect(t, "np-cli", c.want, srv)
+			saw := e.serverSaw("np-srv", c.src) - before
+			if c.want == allowed && saw < 3 {
+				t.Errorf("source %s: allowed, but np-srv logged %d requests from it (want ≥ 3): the source was not what the policy judged", c.src, saw)
+			}
+			if c.want == blocked && saw != 0 {
+				t.Errorf("source %s: blocked, but np-srv logged %d requests from it", c.src, saw)
+			}
+		}
+		e.unrouteVia("np-cli", srvIPs...)
 		e.kubectl("delete", "networkpolicy", "np-block", "np-nothing")
 	})
 
@@ -430,5 +498,123 @@ func testPolicyRestarts(t *testing.T, e *k8sEnv, target netip.Addr) {
 		if okA == 0 || noB == 0 {
 			t.Errorf("%s: the loops did not run (allowed ok %d, blocked no %d)", f.fault, okA, noB)
 		}
+	}
+}
+
+// testPolicyWhileAgentWaits: the agent is SIGKILLed with its NodeConfig
+// deleted, so the new one waits for it (as it does, for as long, while the
+// API server is unreachable) and does not know its pods. np-srv's anycast
+// and `addresses` IPs, in both families, must stay under its policies all
+// that time: np-ingress keeps np-stranger out of them, and a deny-all
+// egress policy keeps connections sourced from them in. An agent that
+// answered "no pods" let all of them through (16 of 16 probes).
+func testPolicyWhileAgentWaits(t *testing.T, e *k8sEnv, srvIPs []netip.Addr, any6, addr6, any4, addr4 netip.Addr) {
+	e.t = t
+	e.apply(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: np-srv-egress, namespace: default}
+spec:
+  podSelector: {matchLabels: {role: np-server}}
+  policyTypes: [Egress]
+`)
+	other, cli := e.podIPs("default", "np-other"), e.podIPs("default", "np-cli")
+	// One destination per source (a route per destination): np-other
+	// answers, np-cli refuses; either is a connection let through, only
+	// a timeout is a block.
+	type probe struct {
+		from    string
+		src, to netip.Addr
+	}
+	egress := []probe{{"np-srv", any6, ipOf(other, true)}, {"np-srv", addr6, ipOf(cli, true)},
+		{"np-srv", any4, ipOf(other, false)}, {"np-srv", addr4, ipOf(cli, false)}}
+	probes := slices.Clone(egress)
+	for _, ip := range []netip.Addr{any6, addr6, any4, addr4} {
+		probes = append(probes, probe{from: "np-stranger", to: ip})
+	}
+	for _, p := range egress {
+		e.routeVia(t, "np-srv", p.to, p.src)
+	}
+	t.Cleanup(func() {
+		e.t = t
+		e.unrouteVia("np-srv", other[0], other[1], cli[0], cli[1])
+		e.kubectl("delete", "networkpolicy", "np-srv-egress", "--ignore-not-found")
+	})
+	// With the agent serving, every probe is blocked.
+	for _, p := range probes {
+		e.expect(t, p.from, blocked, p.to)
+	}
+
+	// The NodeConfig, to create again.
+	var nc map[string]any
+	if err := json.Unmarshal([]byte(e.kubectl("get", "nodeconfig", k8sNode, "-o", "json")), &nc); err != nil {
+		t.Fatal(err)
+	}
+	meta := nc["metadata"].(map[string]any)
+	keep := map[string]any{"name": meta["name"]}
+	for _, k := range []string{"labels", "annotations"} {
+		if v, ok := meta[k]; ok && v != nil {
+			keep[k] = v
+		}
+	}
+	nc["metadata"] = keep
+	delete(nc, "status")
+	saved, _ := json.Marshal(nc)
+	restored := false
+	restore := func() {
+		if restored {
+			return
+		}
+		restored = true
+		e.apply(string(saved))
+		e.waitPods("the agent with its NodeConfig back", "-n", "flock-system", "-l", agentSelector)
+	}
+	t.Cleanup(restore)
+	e.kubectl("delete", "nodeconfig", k8sNode)
+	if err := unix.Kill(agentPID(t), unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// The new agent waits: its admin API says it does not know its pods
+	// (503), where it used to answer an empty list.
+	waiting := func() (bool, string) {
+		out, err := e.c.Kubectl(context.Background(), "-n", "flock-system", "exec", "ds/flock", "-c", "agent", "--", "flockctl", "pods")
+		return err != nil && strings.Contains(out, "does not know this node's pods yet") && strings.Contains(out, "waiting for NodeConfig"), out
+	}
+	testutil.EventuallyWithin(t, 120*time.Second, "the restarted agent to wait for its NodeConfig", waiting)
+	// flock-policy polls the agent every second: give it a few.
+	time.Sleep(3 * policyips.AgentPollInterval)
+	var through []string
+	n := 0
+	for sweep := range 3 {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, p := range probes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				v, out := e.connect(p.from, p.to)
+				mu.Lock()
+				defer mu.Unlock()
+				n++
+				if v != blocked {
+					through = append(through, fmt.Sprintf("sweep %d: %s (source %v) → %s: %s %s", sweep, p.from, p.src, p.to, v, strings.TrimSpace(out)))
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	if ok, out := waiting(); !ok {
+		t.Errorf("the agent stopped waiting during the probes; they prove nothing: %s", out)
+	}
+	record(t, reliabilityRow{Section: "NetworkPolicy", Fault: "agent crash (SIGKILL) with its NodeConfig deleted: the new agent waits",
+		ToR:   "containerd " + e.c.Opts.Release.Containerd,
+		Done:  "kill -KILL the flock-agent process after deleting its NodeConfig; while it waits, connections to a pod's anycast and `addresses` IPs (both families) from a pod its ingress policy blocks, and from them to other pods under a deny-all egress policy",
+		Times: 1, Survived: fmt.Sprintf("blocked connections let through: %d of %d", len(through), n)})
+	if len(through) > 0 {
+		t.Errorf("%d of %d blocked connections to or from extra IPs were let through while the agent waited:\n%s", len(through), n, strings.Join(through, "\n"))
+	}
+	restore()
+	// Back: the same probes are still blocked.
+	for _, p := range probes {
+		e.expect(t, p.from, blocked, p.to)
 	}
 }
