@@ -2,7 +2,12 @@ package policyips
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -44,6 +49,77 @@ type Tracker struct {
 	// (Inputs.Stale).
 	lastGood atomic.Pointer[[]admin.Pod]
 	kick     chan struct{}
+
+	// BindingsFile, if set before Run, keeps lastGood across restarts of
+	// this process: flock-policy and the agent are restarted together (a
+	// rollout), and until the agent serves again only this file knows
+	// what it bound. Set by flock-policy to DefaultBindingsFile.
+	BindingsFile string
+}
+
+// DefaultBindingsFile is where flock-policy keeps the agent's last answer
+// (tmpfs: a reboot starts every pod anew, and the file with them).
+const DefaultBindingsFile = "/run/flock/policy-bindings.json"
+
+// bindingsVersion is the format of BindingsFile; a file of another
+// version is not read (its bindings are judged by claims and pools).
+const bindingsVersion = 1
+
+type bindingsFile struct {
+	Version int         `json:"version"`
+	Node    string      `json:"node"`
+	Pods    []admin.Pod `json:"pods"`
+}
+
+// loadBindings reads BindingsFile into lastGood, if it is this node's and
+// of this format.
+func (t *Tracker) loadBindings() {
+	if t.BindingsFile == "" {
+		return
+	}
+	b, err := os.ReadFile(t.BindingsFile)
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	var f bindingsFile
+	if err == nil {
+		err = json.Unmarshal(b, &f)
+	}
+	switch {
+	case err != nil:
+		t.log.Warn("cannot read the agent's last bindings; until it answers, this node's pods are judged by their claims and AddressPools", "file", t.BindingsFile, "err", err)
+	case f.Version != bindingsVersion:
+		t.log.Warn("the agent's last bindings are of another format; until it answers, this node's pods are judged by their claims and AddressPools", "file", t.BindingsFile, "version", f.Version, "supported", bindingsVersion)
+	case f.Node != t.node:
+		t.log.Warn("the agent's last bindings are another node's; ignored", "file", t.BindingsFile, "node", f.Node, "this node", t.node)
+	default:
+		pods := f.Pods
+		if pods == nil {
+			pods = []admin.Pod{}
+		}
+		t.lastGood.Store(&pods)
+		t.log.Info("until the agent answers, this node's pods keep what it last said they bound", "file", t.BindingsFile, "pods", len(pods))
+	}
+}
+
+// saveBindings writes the agent's answer to BindingsFile (atomically: a
+// crash leaves the old one or the new one).
+func (t *Tracker) saveBindings(pods []admin.Pod) error {
+	if t.BindingsFile == "" {
+		return nil
+	}
+	b, err := json.Marshal(bindingsFile{Version: bindingsVersion, Node: t.node, Pods: pods})
+	if err != nil {
+		return err
+	}
+	tmp := t.BindingsFile + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("agent bindings: %w", err)
+	}
+	if err := os.Rename(tmp, t.BindingsFile); err != nil {
+		return fmt.Errorf("agent bindings: %w", err)
+	}
+	return nil
 }
 
 // NewTracker watches AddressClaims and AddressPools through dyn; agentSocket
@@ -86,6 +162,7 @@ func (t *Tracker) Handler() cache.ResourceEventHandler {
 // Run keeps the owners current from the informers and the agent until ctx
 // ends, calling changed after every change of the answer.
 func (t *Tracker) Run(ctx context.Context, podLister corelisters.PodLister, nsLister corelisters.NamespaceLister, synced []cache.InformerSynced, changed func()) error {
+	t.loadBindings()
 	go t.claims.Run(ctx.Done())
 	go t.pools.Run(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), append(synced, t.claims.HasSynced, t.pools.HasSynced)...) {
@@ -139,7 +216,7 @@ func (t *Tracker) localPods() (local, stale []admin.Pod) {
 func (t *Tracker) pollAgent(ctx context.Context, first chan struct{}) {
 	tick := time.NewTicker(AgentPollInterval)
 	defer tick.Stop()
-	var lastErr string
+	var lastErr, lastSaveErr string
 	for {
 		local, err := t.readAgent(ctx)
 		if err != nil && err.Error() != lastErr {
@@ -152,7 +229,16 @@ func (t *Tracker) pollAgent(ctx context.Context, first chan struct{}) {
 		var p *[]admin.Pod
 		if err == nil && local != nil {
 			p = &local
-			t.lastGood.Store(p)
+			if old := t.lastGood.Swap(p); !samePods(old, p) {
+				serr := t.saveBindings(local)
+				if serr != nil && serr.Error() != lastSaveErr {
+					t.log.Warn("cannot keep the agent's bindings on disk; a restart of flock-policy while the agent is down judges them by claims and AddressPools", "err", serr)
+				}
+				lastSaveErr = ""
+				if serr != nil {
+					lastSaveErr = serr.Error()
+				}
+			}
 		}
 		if old := t.local.Swap(p); !samePods(old, p) {
 			select {

@@ -10,6 +10,7 @@ package main
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"flag"
 	"fmt"
 	"io"
@@ -46,6 +47,8 @@ type endpoints struct {
 	metrics string // /metrics, /healthz, /readyz; "" disables
 	admin   string // the admin API's unix socket; "" disables
 	agent   string // this node's agent's admin socket; "" for none
+	// bindings is the file keeping the agent's last answer ("" for none).
+	bindings string
 }
 
 // lbConfig is the LoadBalancer assigner's part of the command line.
@@ -95,6 +98,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (c config, code int, ex
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file (default: the pod's service account)")
 	fs.StringVar(&ep.metrics, "metrics-address", defaultMetricsAddress, "address for /metrics, /healthz and /readyz; empty disables")
 	fs.StringVar(&ep.admin, "admin-socket", policyapi.DefaultSocket, "unix socket of the admin API (flockctl policy); empty disables")
+	fs.StringVar(&ep.bindings, "agent-bindings-file", policyips.DefaultBindingsFile, "where the agent's last answer is kept, so that a restart of flock-policy while the agent does not answer keeps its pods' anycast and `addresses` IPs under policy; empty: not kept")
 	fs.StringVar(&ep.agent, "agent-socket", admin.DefaultSocket, "the node agent's admin socket: what it bound for this node's pods (anycast, addresses); empty: judge them by their claims and AddressPools only")
 	fs.BoolVar(&c.lb.on, "loadbalancers", true, "be a candidate for the Lease flock-loadbalancers, whose holder assigns LoadBalancer addresses from AddressPools of use loadBalancer")
 	fs.StringVar(&c.lb.namespace, "namespace", envOr("POD_NAMESPACE", "flock-system"), "flock's namespace: where the Lease is (default $POD_NAMESPACE, else flock-system)")
@@ -166,10 +170,14 @@ func run(cfg netpol.Config, kubeconfig string, ep endpoints, lbc lbConfig, log *
 		}
 	}
 	// A pod's anycast and `addresses` IPs obey its policies too.
-	cfg.ExtraIPs = policyips.NewTracker(cfg.NodeName, dyn, ep.agent, log)
+	tracker := policyips.NewTracker(cfg.NodeName, dyn, ep.agent, log)
+	if ep.agent != "" {
+		tracker.BindingsFile = ep.bindings
+	}
+	cfg.ExtraIPs = tracker
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	defer removeOnUninstall(rc, log)
+	defer removeOnUninstall(rc, log, tracker.BindingsFile)
 	g, ctx := errgroup.WithContext(ctx)
 	if metricsL != nil {
 		g.Go(func() error {
@@ -226,7 +234,7 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 // removeOnUninstall removes the engine's rules when flock is leaving the
 // node (uninstalling); any other stop leaves them (fail closed across
 // restarts). It needs POD_NAME and POD_NAMESPACE (the downward API).
-func removeOnUninstall(rc *rest.Config, log *slog.Logger) {
+func removeOnUninstall(rc *rest.Config, log *slog.Logger, bindings string) {
 	ns, name := os.Getenv("POD_NAMESPACE"), os.Getenv("POD_NAME")
 	if ns == "" || name == "" {
 		log.Info("the rules stay: POD_NAMESPACE or POD_NAME unset, uninstall cannot be told", "table", netpol.Table)
@@ -241,6 +249,11 @@ func removeOnUninstall(rc *rest.Config, log *slog.Logger) {
 	if !gone {
 		log.Info("the rules stay for the next engine", "table", netpol.Table, "why", why)
 		return
+	}
+	if bindings != "" {
+		if err := os.Remove(bindings); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			log.Error("uninstall: removing the agent's bindings file failed", "file", bindings, "err", err)
+		}
 	}
 	if err := netpol.DeleteTable(); err != nil {
 		log.Error("uninstall: removing the rules failed", "why", why, "err", err)
