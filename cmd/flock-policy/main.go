@@ -10,10 +10,10 @@ package main
 import (
 	"context"
 	"errors"
-	"io/fs"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
