@@ -13,6 +13,9 @@
 //     (helper.IsServiceIPSet), or of type ExternalName, is not proxied at
 //     all, so none of its addresses (external IPs included) is delivered
 //     on any node: Skipped.
+//   - cmd/kube-proxy/app/server.go, the informer factory's label selector
+//     (noProxyName): a Service labelled service.kubernetes.io/service-proxy-name
+//     belongs to another proxy, and kube-proxy never sees it: Skipped too.
 //   - pkg/proxy/endpointschangetracker.go, EndpointsChangeTracker.EndpointSliceUpdate:
 //     a per-family proxier only reads EndpointSlices of its own AddressType.
 //   - pkg/proxy/endpointslicecache.go, endpointInfoByServicePort and
@@ -129,12 +132,20 @@ type Input struct {
 }
 
 // ReasonNotProxied: kube-proxy does not serve the Service at all (Skipped).
-const ReasonNotProxied Reason = "kube-proxy does not proxy headless or ExternalName Services"
+const ReasonNotProxied Reason = "kube-proxy does not proxy headless or ExternalName Services, nor those of another service proxy"
 
-// Skipped is kube-proxy's ShouldSkipService: a headless Service (clusterIP
-// None or empty) or one of type ExternalName gets no rules, so its external
-// IPs and LoadBalancer addresses lead nowhere on any node.
+// LabelServiceProxyName names the proxy that serves a Service instead of
+// kube-proxy (k8s.io/kubernetes pkg/proxy/apis.LabelServiceProxyName).
+const LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+
+// Skipped is kube-proxy's ShouldSkipService plus its informers' label
+// selector: a headless Service (clusterIP None or empty), one of type
+// ExternalName, or one labelled for another proxy gets no rules, so its
+// external IPs and LoadBalancer addresses lead nowhere on any node.
 func Skipped(s *corev1.Service) bool {
+	if _, other := s.Labels[LabelServiceProxyName]; other {
+		return true
+	}
 	return s.Spec.ClusterIP == corev1.ClusterIPNone || s.Spec.ClusterIP == "" || s.Spec.Type == corev1.ServiceTypeExternalName
 }
 

@@ -228,6 +228,10 @@ func TestForService(t *testing.T) {
 				"shop/en externalIP 198.51.100.5: not advertised (" + string(delivery.ReasonNotProxied) + ", 0)",
 				"shop/en externalIP 2001:db8:e::5: not advertised (" + string(delivery.ReasonNotProxied) + ", 0)",
 			}},
+		{"a Service of another service proxy (kube-proxy never sees it)", o, svc("other", ingress("2001:db8:1b::1"), func(s *corev1.Service) {
+			s.Labels = map[string]string{delivery.LabelServiceProxyName: "my-proxy"}
+		}), []ep{{node, "fd00:10::1", "ready"}},
+			[]string{"shop/other loadBalancer 2001:db8:1b::1: not advertised (" + string(delivery.ReasonNotProxied) + ", 0)"}},
 		{"no AddressPools loaded: nothing advertised", Options{Node: node}, svc("web", ingress("2001:db8:1b::1")),
 			[]ep{{node, "fd00:10::1", "ready"}},
 			[]string{"shop/web loadBalancer 2001:db8:1b::1: not advertised (address not authorized: no AddressPools loaded, 0)"}},
