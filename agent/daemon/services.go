@@ -3,9 +3,11 @@ package daemon
 import (
 	"context"
 	"net/netip"
+	"strings"
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
+	"code.fritzlab.net/fritzlab/flock/k8s/claims"
 	"code.fritzlab.net/fritzlab/flock/k8s/services"
 )
 
@@ -26,15 +28,36 @@ func (d *daemon) serviceOptions() services.Options {
 		Aggregate: d.serviceAggregate,
 	}
 	if d.kube != nil {
-		o.Holder = func(ip netip.Addr) (string, string, string, bool) {
+		o.Holder = func(ip netip.Addr, namespace, name, uid string) (bool, string) {
 			cl, ok := d.kube.claims.Taken(ip)
-			if !ok || cl.Service == nil {
-				return "", "", "", false
+			if !ok {
+				return false, ""
 			}
-			return cl.Service.Namespace, cl.Service.Name, cl.Service.UID, true
+			return serviceHolds(cl, claims.ServiceRef{Namespace: namespace, Name: name, UID: uid})
 		}
 	}
 	return o
+}
+
+// serviceHolds is services.Options.Holder's answer from ip's claim: held
+// when svc is among its holders (every sharer of a shared address holds
+// it), else who does ("" for a claim no Service holds: a pod's).
+func serviceHolds(cl claims.Claim, svc claims.ServiceRef) (bool, string) {
+	hs := cl.Holders()
+	if len(hs) == 0 {
+		return false, ""
+	}
+	if cl.HeldBy(svc) {
+		return true, ""
+	}
+	names := make([]string, len(hs))
+	for i, h := range hs {
+		names[i] = h.String()
+	}
+	if len(names) == 1 {
+		return false, "Service " + names[0]
+	}
+	return false, "Services " + strings.Join(names, ", ")
 }
 
 // serviceAggregate is the CIDR of the aggregating AddressPool of use that

@@ -6,7 +6,10 @@
 // released on DEL; GC removes the claims whose pod is gone and that nobody
 // released. A LoadBalancer address is claimed by its Service (use
 // loadBalancer: ClaimService, ReleaseService), written by the
-// leader-elected assigner alone; the GC never touches those.
+// leader-elected assigner alone; the GC never touches those. Services
+// sharing an address (MetalLB's allow-shared-ip) share its one claim: it
+// names the sharing key and every sharer, a Service joins it only under
+// the same key, and it is deleted when its last holder releases it.
 //
 // Use: New, go Run, WaitSynced, then Claim, Release (ClaimService,
 // ReleaseService) and the cache readers (Taken, Node, ServiceClaims,
@@ -95,7 +98,8 @@ func ParseClaimName(name string) (netip.Addr, error) {
 	return ip, nil
 }
 
-// Claim is one IP held by one pod, or by one Service.
+// Claim is one IP held by one pod, or by one or more Services (a shared
+// LoadBalancer address).
 type Claim struct {
 	IP netip.Addr
 	// Use is v1alpha1.UsePod or v1alpha1.UseAddresses (held by Pod), or
@@ -107,6 +111,12 @@ type Claim struct {
 	Pod podmeta.ID
 	// Service holds a LoadBalancer address; nil in a pod's claim.
 	Service *ServiceRef
+	// SharingKey is the allow-shared-ip key the Services hold the address
+	// under ("" not shareable); a Service joins only with the same key.
+	SharingKey string
+	// Sharers hold the address besides Service, under SharingKey. Claim
+	// takes none: a Service joins by claiming under the key.
+	Sharers []ServiceRef
 	// Node the pod runs on; Claim fills in the Claims' node when empty
 	// (a pod's claim only: a Service's has none).
 	Node        string
@@ -118,6 +128,21 @@ type Claim struct {
 
 // isService tells whether a Service holds the claim (use loadBalancer).
 func (cl Claim) isService() bool { return cl.Use == v1alpha1.UseLoadBalancer }
+
+// Holders are the Services holding a LoadBalancer address: Service, then
+// the sharers; none for a pod's claim.
+func (cl Claim) Holders() []ServiceRef {
+	if !cl.isService() || cl.Service == nil {
+		return nil
+	}
+	return append([]ServiceRef{*cl.Service}, cl.Sharers...)
+}
+
+// HeldBy tells whether the Service holds the claim, alone or as one of
+// its sharers (ServiceRef.Same).
+func (cl Claim) HeldBy(svc ServiceRef) bool {
+	return slices.ContainsFunc(cl.Holders(), svc.Same)
+}
 
 // who names the holder briefly: "pod ns/name" or "Service ns/name".
 func (cl Claim) who() string {
@@ -138,9 +163,17 @@ func (cl Claim) Describe() string {
 	case cl.isService() && cl.Service == nil:
 		return "a Service (use loadBalancer, none named)"
 	case cl.isService():
-		fmt.Fprintf(&b, "Service %s", cl.Service)
-		if cl.Service.UID != "" {
-			fmt.Fprintf(&b, " (uid %s)", cl.Service.UID)
+		for i, h := range cl.Holders() {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			fmt.Fprintf(&b, "Service %s", h)
+			if h.UID != "" {
+				fmt.Fprintf(&b, " (uid %s)", h.UID)
+			}
+		}
+		if cl.SharingKey != "" {
+			fmt.Fprintf(&b, " (sharing key %q)", cl.SharingKey)
 		}
 		return b.String()
 	}
@@ -297,6 +330,9 @@ func (c *Claims) check(cl Claim) (Claim, error) {
 	if cl.Service != nil {
 		return cl, fmt.Errorf("address claim %s for pod %s: service %q: a claim of use %q is a pod's, not a Service's", cl.IP, cl.Pod, cl.Service, cl.Use)
 	}
+	if cl.SharingKey != "" || len(cl.Sharers) > 0 {
+		return cl, fmt.Errorf("address claim %s for pod %s: sharing key %q: a pod's claim is never shared", cl.IP, cl.Pod, cl.SharingKey)
+	}
 	if cl.Pod.Namespace == "" || cl.Pod.Name == "" {
 		return cl, fmt.Errorf("address claim %s: pod %q: namespace and name are required", cl.IP, cl.Pod)
 	}
@@ -332,7 +368,11 @@ func object(cl Claim) (*unstructured.Unstructured, error) {
 		ac.Spec.Pod = &v1alpha1.ClaimPod{Namespace: cl.Pod.Namespace, Name: cl.Pod.Name, UID: cl.Pod.UID, StaticUID: cl.Pod.StaticUID}
 	}
 	if s := cl.Service; s != nil {
-		ac.Spec.Service = &v1alpha1.ClaimService{Namespace: s.Namespace, Name: s.Name, UID: s.UID}
+		ac.Spec.Service = &v1alpha1.ClaimService{Namespace: s.Namespace, Name: s.Name, UID: s.UID, Terms: s.Terms}
+	}
+	ac.Spec.SharingKey = cl.SharingKey
+	for _, s := range cl.Sharers {
+		ac.Spec.Sharers = append(ac.Spec.Sharers, v1alpha1.ClaimService{Namespace: s.Namespace, Name: s.Name, UID: s.UID, Terms: s.Terms})
 	}
 	for k, v := range map[string]string{LabelNode: cl.Node, LabelPool: cl.Pool} {
 		if v != "" && len(validation.IsValidLabelValue(v)) == 0 {
@@ -360,15 +400,19 @@ func ClaimOf(u *unstructured.Unstructured) (Claim, error) {
 	cl := Claim{
 		Use:         ac.Spec.Use,
 		Pool:        ac.Spec.Pool,
+		SharingKey:  ac.Spec.SharingKey,
 		Node:        ac.Spec.Node,
 		ContainerID: ac.Spec.ContainerID,
 		Created:     ac.CreationTimestamp.Time,
+	}
+	for _, s := range ac.Spec.Sharers {
+		cl.Sharers = append(cl.Sharers, ServiceRef{Namespace: s.Namespace, Name: s.Name, UID: s.UID, Terms: s.Terms})
 	}
 	if p := ac.Spec.Pod; p != nil {
 		cl.Pod = podmeta.ID{Namespace: p.Namespace, Name: p.Name, UID: p.UID, StaticUID: p.StaticUID}
 	}
 	if s := ac.Spec.Service; s != nil {
-		cl.Service = &ServiceRef{Namespace: s.Namespace, Name: s.Name, UID: s.UID}
+		cl.Service = &ServiceRef{Namespace: s.Namespace, Name: s.Name, UID: s.UID, Terms: s.Terms}
 	}
 	ip, err := netip.ParseAddr(ac.Spec.IP)
 	if err != nil {
@@ -386,11 +430,12 @@ const maxAttempts = 3
 
 // sameHolder tells whether holder, an existing claim, is cl's own: for a
 // pod, the same container ID on the same node (a retried ADD, or a crash
-// between create and commit); for a Service, the same Service (see
-// ServiceRef.Same). A pod never holds a Service's claim, nor the reverse.
+// between create and commit); for a Service, the same Service among its
+// holders (see ServiceRef.Same). A pod never holds a Service's claim, nor
+// the reverse.
 func sameHolder(holder, cl Claim) bool {
 	if cl.isService() {
-		return holder.isService() && holder.Service != nil && holder.Service.Same(*cl.Service)
+		return holder.HeldBy(*cl.Service)
 	}
 	return !holder.isService() && holder.ContainerID == cl.ContainerID && holder.Node == cl.Node
 }
@@ -429,13 +474,19 @@ func (c *Claims) Claim(ctx context.Context, cl Claim) error {
 		if err != nil {
 			return fmt.Errorf("claim %s for %s: it is held by an unreadable claim: %w", cl.IP, cl.who(), err)
 		}
+		if cl.isService() {
+			if again, err := c.joinService(ctx, u, holder, cl); !again {
+				return err
+			}
+			continue
+		}
 		if sameHolder(holder, cl) {
 			c.log.Debug("address already claimed by this holder", "ip", cl.IP, "claim", name, "holder", cl.Describe())
 			return nil
 		}
 		return &ClaimedError{IP: cl.IP, Holder: holder}
 	}
-	return fmt.Errorf("claim %s for %s: AddressClaim %s was released and re-created %d times while we tried; giving up", cl.IP, cl.who(), name, maxAttempts)
+	return fmt.Errorf("claim %s for %s: AddressClaim %s kept changing (released, re-created or updated) while we tried (%d attempts); giving up", cl.IP, cl.who(), name, maxAttempts)
 }
 
 // readBackTimeout bounds reading a claim back after a create whose answer

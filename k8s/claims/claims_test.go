@@ -144,7 +144,7 @@ func TestClaimCreatesTheObject(t *testing.T) {
 		t.Fatalf("Created = %s, want %s", got.Created, t0)
 	}
 	got.Created = time.Time{}
-	if got != cl {
+	if !reflect.DeepEqual(got, cl) {
 		t.Fatalf("ClaimOf = %+v, want %+v", got, cl)
 	}
 }
@@ -218,7 +218,7 @@ func TestClaimConflictNamesTheHolder(t *testing.T) {
 		t.Fatalf("holder created %s, want %s", ce.Holder.Created, t0)
 	}
 	ce.Holder.Created = time.Time{}
-	if ce.Holder != holder || ce.IP != holder.IP {
+	if !reflect.DeepEqual(ce.Holder, holder) || ce.IP != holder.IP {
 		t.Fatalf("holder = %+v, want %+v", ce.Holder, holder)
 	}
 	// Without a UID the message leaves it out.

@@ -58,6 +58,34 @@ func newFakeAPI() *fakeAPI {
 		}
 		return true, u.DeepCopy(), nil
 	})
+	// An update must carry the resourceVersion stored (optimistic
+	// concurrency), and gets a new one.
+	dyn.PrependReactor("update", GVR.Resource, func(action clienttesting.Action) (bool, runtime.Object, error) {
+		u, ok := action.(clienttesting.UpdateAction).GetObject().(*unstructured.Unstructured)
+		if !ok {
+			return false, nil, nil
+		}
+		u = u.DeepCopy()
+		obj, err := tr.Get(GVR, "", u.GetName())
+		if err != nil {
+			return true, nil, err
+		}
+		m, err := meta.Accessor(obj)
+		if err != nil {
+			return true, nil, err
+		}
+		if u.GetResourceVersion() != m.GetResourceVersion() {
+			return true, nil, apierrors.NewConflict(GVR.GroupResource(), u.GetName(),
+				fmt.Errorf("the object has been modified: resourceVersion %s, stored %s", u.GetResourceVersion(), m.GetResourceVersion()))
+		}
+		u.SetUID(m.GetUID())
+		u.SetCreationTimestamp(m.GetCreationTimestamp())
+		u.SetResourceVersion(strconv.FormatInt(a.seq.Add(1), 10))
+		if err := tr.Update(GVR, u, ""); err != nil {
+			return true, nil, err
+		}
+		return true, u.DeepCopy(), nil
+	})
 	dyn.PrependReactor("delete", GVR.Resource, func(action clienttesting.Action) (bool, runtime.Object, error) {
 		d := action.(clienttesting.DeleteAction)
 		obj, err := tr.Get(GVR, "", d.GetName())

@@ -1,14 +1,31 @@
 package claims
 
-// A Service's claims: LoadBalancer addresses (use loadBalancer), created
-// and deleted by the leader-elected assigner alone. They name no pod, node
-// or container; the GC and the node's view (Node, Changed) leave them out.
+// A Service's claims: LoadBalancer addresses (use loadBalancer), created,
+// updated and deleted by the leader-elected assigner alone. They name no
+// pod, node or container; the GC and the node's view (Node, Changed) leave
+// them out.
+//
+// A shared address (MetalLB's allow-shared-ip) is still one claim: it
+// names the sharing key, its first holder (spec.service, what older
+// readers see) and the other holders (spec.sharers), each with the terms
+// the assigner holds it under (ServiceRef.Terms). A Service joins it by
+// claiming under the same non-empty key — an update carrying the
+// resourceVersion it read, so two joins cannot lose one another — and
+// leaves it by releasing: the claim is deleted only with its last holder.
+// The assigner decides who may share (ports, traffic policy, selector);
+// the key in the claim keeps anyone else out even if two assigners ran
+// at once. A claim written before sharing existed has neither key nor
+// sharers and reads as its one Service's.
 
 import (
 	"context"
 	"fmt"
 	"net/netip"
 	"slices"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
@@ -19,6 +36,9 @@ type ServiceRef struct {
 	Namespace, Name string
 	// UID of the Service; "" matches any incarnation (see Same).
 	UID string
+	// Terms are what it shares the address under besides the key, as the
+	// assigner writes them (opaque here; not part of its identity).
+	Terms string
 }
 
 // String is "namespace/name", for people.
@@ -46,33 +66,169 @@ func checkService(cl Claim) error {
 		return fmt.Errorf("address claim %s for Service %s: container ID %q: a Service's claim names no container", cl.IP, s, cl.ContainerID)
 	case cl.Node != "":
 		return fmt.Errorf("address claim %s for Service %s: node %q: a Service's claim names no node", cl.IP, s, cl.Node)
+	case len(cl.Sharers) > 0:
+		return fmt.Errorf("address claim %s for Service %s: sharers %v: a Service joins a shared claim by claiming it under its key", cl.IP, s, cl.Sharers)
 	}
 	return nil
 }
 
 // ClaimService claims ip, authorized by pool, for the Service (use
-// loadBalancer): it creates the AddressClaim, which fails if the IP is
-// held. A claim that already exists for the same Service (ServiceRef.Same)
-// is ours and ClaimService returns nil; any other holder — a pod, another
-// Service — is a *ClaimedError naming it. An answer lost on the way is
-// read back as Claim does (ErrAmbiguous when that fails too).
+// loadBalancer), unshared (ClaimSharedService with no key): it creates the
+// AddressClaim, which fails if the IP is held. A claim that already exists for the same Service
+// (ServiceRef.Same) is ours and ClaimService returns nil; any other holder
+// — a pod, another Service — is a *ClaimedError naming it. An answer lost
+// on the way is read back as Claim does (ErrAmbiguous when that fails
+// too).
 func (c *Claims) ClaimService(ctx context.Context, ip netip.Addr, pool string, svc ServiceRef) error {
-	return c.Claim(ctx, Claim{IP: ip, Use: v1alpha1.UseLoadBalancer, Pool: pool, Service: &svc})
+	return c.ClaimSharedService(ctx, ip, pool, "", svc)
 }
 
-// ReleaseService deletes the claim of ip if the Service holds it
-// (ServiceRef.Same). A claim that does not exist, or that someone else
-// holds (a pod, another Service, another incarnation of this one), is not
-// the Service's to delete: ReleaseService returns nil and leaves it. The
-// delete carries the UID and resourceVersion it read as preconditions, as
-// Release's does.
+// ClaimSharedService is ClaimService under a sharing key (the Service's
+// allow-shared-ip; "" is ClaimService) and terms (svc.Terms, recorded for
+// the assigner): a claim whose Services hold the address under the same
+// non-empty key gains this one as a sharer. The Service's own claim is
+// ours, and takes its key and terms. Anything else — a pod's claim,
+// another key, a claim not shareable — is a *ClaimedError.
+func (c *Claims) ClaimSharedService(ctx context.Context, ip netip.Addr, pool, key string, svc ServiceRef) error {
+	return c.Claim(ctx, Claim{IP: ip, Use: v1alpha1.UseLoadBalancer, Pool: pool, Service: &svc, SharingKey: key})
+}
+
+// joinService settles a Service's claim that found u (holder, as read)
+// in its way: nil when the Service holds it already, or has joined its
+// sharers under the same key (see ClaimSharedService); a *ClaimedError
+// when it may not; again when the claim changed or went since it was
+// read, and Claim must look again.
+func (c *Claims) joinService(ctx context.Context, u *unstructured.Unstructured, holder, cl Claim) (again bool, err error) {
+	next, write, ok := join(holder, cl)
+	if !ok {
+		return false, &ClaimedError{IP: cl.IP, Holder: holder}
+	}
+	if !write {
+		c.log.Debug("address already claimed by this Service", "ip", cl.IP, "claim", u.GetName(), "holder", holder.Describe())
+		return false, nil
+	}
+	err = c.updateHolders(ctx, u, next)
+	switch {
+	case err == nil:
+		c.log.Debug("address claim shared", "ip", cl.IP, "claim", u.GetName(), "holders", next.Describe())
+		return false, nil
+	case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
+		return true, nil
+	default:
+		return false, fmt.Errorf("claim %s for %s: update AddressClaim %s: %w", cl.IP, cl.who(), u.GetName(), err)
+	}
+}
+
+// join decides cl's Service's place in h, an existing claim: ok false
+// when it may not hold it (a pod's claim, another key, not shareable);
+// write when next, h with the Service in it under cl's key and terms,
+// must be written.
+func join(h, cl Claim) (next Claim, write, ok bool) {
+	if !h.isService() || h.Service == nil {
+		return h, false, false
+	}
+	svc := *cl.Service
+	holders := h.Holders()
+	if i := slices.IndexFunc(holders, svc.Same); i >= 0 {
+		if h.SharingKey == cl.SharingKey && holders[i].Terms == svc.Terms {
+			return h, false, true
+		}
+		// A holder's key is the claim's: the assigner moves a sharer
+		// whose key no longer fits the others, so a holder claims under
+		// a new key only when it holds the address alone, or when its
+		// sharers took the same new key.
+		h.SharingKey = cl.SharingKey
+		holders[i].Terms = svc.Terms
+		return h.withHolders(holders), true, true
+	}
+	if cl.SharingKey == "" || h.SharingKey != cl.SharingKey {
+		return h, false, false
+	}
+	return h.withHolders(append(holders, svc)), true, true
+}
+
+// withHolders is the claim held by holders (the first is spec.service),
+// none: Service nil.
+func (cl Claim) withHolders(holders []ServiceRef) Claim {
+	cl.Service, cl.Sharers = nil, nil
+	if len(holders) > 0 {
+		first := holders[0]
+		cl.Service = &first
+		if len(holders) > 1 {
+			cl.Sharers = slices.Clone(holders[1:])
+		}
+	}
+	return cl
+}
+
+// updateHolders writes the holders of next (its service, sharingKey and
+// sharers) into u, the claim as read: an update carrying u's
+// resourceVersion, which fails with a conflict if the claim changed since.
+func (c *Claims) updateHolders(ctx context.Context, u *unstructured.Unstructured, next Claim) error {
+	want, err := object(next)
+	if err != nil {
+		return err
+	}
+	upd := u.DeepCopy()
+	upd.Object["spec"] = want.Object["spec"]
+	_, err = c.res().Update(ctx, upd, metav1.UpdateOptions{})
+	return err
+}
+
+// ReleaseService gives up the Service's hold on ip (ServiceRef.Same): the
+// claim is deleted if the Service is its only holder, or else updated
+// without it (a shared address stays with its other sharers). A claim
+// that does not exist, or that the Service does not hold (a pod, other
+// Services, another incarnation of this one), is left alone and
+// ReleaseService returns nil. The delete carries the UID and
+// resourceVersion it read as preconditions, as Release's does; the update
+// its resourceVersion.
 func (c *Claims) ReleaseService(ctx context.Context, ip netip.Addr, svc ServiceRef) error {
 	if svc.Namespace == "" || svc.Name == "" {
 		return fmt.Errorf("release address claim %s: service %q: namespace and name are required", ip, svc)
 	}
-	return c.release(ctx, ip, "Service "+svc.String(), func(h Claim) bool {
-		return h.isService() && h.Service != nil && h.Service.Same(svc)
-	})
+	if !ip.IsValid() {
+		return fmt.Errorf("release address claim: no IP")
+	}
+	name := ClaimName(ip)
+	for range maxAttempts {
+		u, err := c.res().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("release %s: get AddressClaim %s: %w", ip, name, err)
+		}
+		holder, _ := ClaimOf(u) // lenient: a broken claim is not ours
+		if !holder.HeldBy(svc) {
+			c.log.Debug("address claim not held by the Service; not releasing", "ip", ip, "claim", name, "releaser", svc.String(), "holder", holder.Describe())
+			return nil
+		}
+		rest := holder.without(svc)
+		if rest.Service == nil {
+			err = c.deleteExact(ctx, u)
+		} else {
+			err = c.updateHolders(ctx, u, rest)
+		}
+		switch {
+		case err == nil:
+			c.log.Debug("address claim released", "ip", ip, "claim", name, "releaser", svc.String(), "left", rest.Describe())
+			return nil
+		case apierrors.IsNotFound(err):
+			return nil
+		case apierrors.IsConflict(err):
+			continue // changed since our get: look again
+		default:
+			return fmt.Errorf("release %s for Service %s: AddressClaim %s: %w", ip, svc, name, err)
+		}
+	}
+	return fmt.Errorf("release %s: AddressClaim %s kept changing under us (%d attempts)", ip, name, maxAttempts)
+}
+
+// without is the claim with svc no longer among its holders: the first
+// remaining one becomes spec.service, Service nil when none remains.
+func (cl Claim) without(svc ServiceRef) Claim {
+	return cl.withHolders(slices.DeleteFunc(cl.Holders(), svc.Same))
 }
 
 // ServiceClaims returns every Service's claim (use loadBalancer) from the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +73,11 @@ func TestClaimOfRoundTrip(t *testing.T) {
 	for _, cl := range []Claim{
 		svcClaim("2001:db8:1b::1", "lb", web),
 		svcClaim("203.0.113.1", "", ServiceRef{Namespace: "ns", Name: "no-uid"}),
+		func() Claim {
+			cl := svcClaim("2001:db8:1b::2", "lb", web)
+			cl.SharingKey, cl.Sharers = "k", []ServiceRef{api, {Namespace: "other", Name: "x"}}
+			return cl
+		}(),
 		claim("2001:db8:100::1", v1alpha1.UsePod, "shared", podmeta.ID{Namespace: "kube-system", Name: "dns", UID: "m1", StaticUID: "s1"}, "node-a", "c1"),
 		claim("198.51.100.1", v1alpha1.UseAddresses, "", pod("ns", "x"), "node-b", "c2"),
 	} {
@@ -368,13 +374,18 @@ func TestClaimServiceRejectsBadInput(t *testing.T) {
 		mutate func(*Claim)
 		want   string
 	}{
-		"no service":          {func(c *Claim) { c.Service = nil }, `address claim 2001:db8:1b::1: use "loadBalancer": no service`},
-		"no service name":     {func(c *Claim) { c.Service = &ServiceRef{Namespace: "shop"} }, `address claim 2001:db8:1b::1: service "shop/": namespace and name are required`},
-		"no service ns":       {func(c *Claim) { c.Service = &ServiceRef{Name: "web"} }, `address claim 2001:db8:1b::1: service "/web": namespace and name are required`},
-		"a pod":               {func(c *Claim) { c.Pod = pod("ns", "x") }, `address claim 2001:db8:1b::1 for Service shop/web: pod "ns/x": a Service's claim names no pod`},
-		"a pod UID only":      {func(c *Claim) { c.Pod.UID = "u" }, `pod "/": a Service's claim names no pod`},
-		"a container":         {func(c *Claim) { c.ContainerID = "c1" }, `address claim 2001:db8:1b::1 for Service shop/web: container ID "c1": a Service's claim names no container`},
-		"a node":              {func(c *Claim) { c.Node = "node-b" }, `address claim 2001:db8:1b::1 for Service shop/web: node "node-b": a Service's claim names no node`},
+		"no service":      {func(c *Claim) { c.Service = nil }, `address claim 2001:db8:1b::1: use "loadBalancer": no service`},
+		"no service name": {func(c *Claim) { c.Service = &ServiceRef{Namespace: "shop"} }, `address claim 2001:db8:1b::1: service "shop/": namespace and name are required`},
+		"no service ns":   {func(c *Claim) { c.Service = &ServiceRef{Name: "web"} }, `address claim 2001:db8:1b::1: service "/web": namespace and name are required`},
+		"a pod":           {func(c *Claim) { c.Pod = pod("ns", "x") }, `address claim 2001:db8:1b::1 for Service shop/web: pod "ns/x": a Service's claim names no pod`},
+		"a pod UID only":  {func(c *Claim) { c.Pod.UID = "u" }, `pod "/": a Service's claim names no pod`},
+		"a container":     {func(c *Claim) { c.ContainerID = "c1" }, `address claim 2001:db8:1b::1 for Service shop/web: container ID "c1": a Service's claim names no container`},
+		"a node":          {func(c *Claim) { c.Node = "node-b" }, `address claim 2001:db8:1b::1 for Service shop/web: node "node-b": a Service's claim names no node`},
+		"sharers":         {func(c *Claim) { c.SharingKey, c.Sharers = "k", []ServiceRef{api} }, `a Service joins a shared claim by claiming it under its key`},
+		"a pod's claim with a sharing key": {func(c *Claim) {
+			*c = claim("2001:db8:1b::1", v1alpha1.UsePod, "p", pod("ns", "x"), "", "c1")
+			c.SharingKey = "k"
+		}, `address claim 2001:db8:1b::1 for pod ns/x: sharing key "k": a pod's claim is never shared`},
 		"no IP":               {func(c *Claim) { c.IP = netip.Addr{} }, "no IP"},
 		"zone":                {func(c *Claim) { c.IP = netip.MustParseAddr("fe80::1%eth0") }, "zone"},
 		"externalIP":          {func(c *Claim) { c.Use = v1alpha1.UseExternalIP }, `use "externalIP": want "pod", "addresses" or "loadBalancer"`},
@@ -479,4 +490,225 @@ func TestServicesChanged(t *testing.T) {
 			return false
 		}
 	})
+}
+
+// holdersOf reads the holders of ip's stored claim as "ns/name".
+func holdersOf(t *testing.T, a *fakeAPI, ip netip.Addr) (key string, holders []string) {
+	t.Helper()
+	u, ok := a.get(t, ip.String())
+	if !ok {
+		return "", nil
+	}
+	cl, err := ClaimOf(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range cl.Holders() {
+		holders = append(holders, h.String())
+	}
+	return cl.SharingKey, holders
+}
+
+func updates(a *fakeAPI) int {
+	n := 0
+	for _, act := range a.Actions() {
+		if act.GetVerb() == "update" {
+			n++
+		}
+	}
+	return n
+}
+
+// A shared LoadBalancer address is one claim held by every sharer: a
+// Service joins under the same key (idempotently), anyone else is refused
+// naming them all, a holder's key and terms are the claim's, and the claim
+// is deleted only with its last holder.
+func TestSharedServiceClaim(t *testing.T) {
+	a := newFakeAPI()
+	ctx := context.Background()
+	c := New(kubeclient.NewFactory(), a, "", quiet())
+	if err := c.ClaimSharedService(ctx, lbIP, "lb", "k", web); err != nil {
+		t.Fatal(err)
+	}
+	u, _ := a.get(t, lbIP.String())
+	spec, _, _ := unstructured.NestedMap(u.Object, "spec")
+	want := map[string]any{"ip": lbIP.String(), "use": "loadBalancer", "pool": "lb", "sharingKey": "k",
+		"service": map[string]any{"namespace": "shop", "name": "web", "uid": "uid-web"}}
+	if !reflect.DeepEqual(spec, want) {
+		t.Fatalf("spec = %v, want %v", spec, want)
+	}
+	for range 2 { // the second is a no-op
+		if err := c.ClaimSharedService(ctx, lbIP, "lb", "k", api); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := updates(a); n != 1 {
+		t.Errorf("%d updates, want 1 (joining again writes nothing)", n)
+	}
+	if key, h := holdersOf(t, a, lbIP); key != "k" || strings.Join(h, " ") != "shop/web shop/api" {
+		t.Fatalf("claim: key %q holders %v, want k, web then api", key, h)
+	}
+	if err := c.ClaimSharedService(ctx, lbIP, "lb", "k", web); err != nil {
+		t.Fatalf("a sharer claiming again: %v", err)
+	}
+	held := `2001:db8:1b::1 is claimed by Service shop/web (uid uid-web), Service shop/api (uid uid-api) (sharing key "k")`
+	other := ServiceRef{Namespace: "evil", Name: "x", UID: "uid-x"}
+	for name, claim := range map[string]func() error{
+		"another key": func() error { return c.ClaimSharedService(ctx, lbIP, "lb", "k2", other) },
+		"no key":      func() error { return c.ClaimService(ctx, lbIP, "lb", other) },
+		"another incarnation of web": func() error {
+			return c.ClaimSharedService(ctx, lbIP, "lb", "k2", ServiceRef{Namespace: "shop", Name: "web", UID: "uid-2"})
+		},
+		"a pod": func() error {
+			return c.Claim(ctx, claim(lbIP.String(), v1alpha1.UseAddresses, "lb", pod("shop", "p"), "node-a", "c1"))
+		},
+		"a new Service, key of a pod": func() error { return c.ClaimSharedService(ctx, lbIP, "lb", "", other) },
+	} {
+		var ce *ClaimedError
+		if err := claim(); !errors.As(err, &ce) || err.Error() != held {
+			t.Errorf("%s: %v, want %s", name, err, held)
+		}
+	}
+	if key, h := holdersOf(t, a, lbIP); key != "k" || strings.Join(h, " ") != "shop/web shop/api" {
+		t.Fatalf("after the refusals: key %q holders %v", key, h)
+	}
+	// A holder's key and terms are the claim's (the assigner lets a
+	// sharer change its key only with the others).
+	if err := c.ClaimSharedService(ctx, lbIP, "lb", "k", ServiceRef{Namespace: "shop", Name: "api", UID: "uid-api", Terms: "t2"}); err != nil {
+		t.Fatal(err)
+	}
+	if u, _ := a.get(t, lbIP.String()); func() bool { cl, _ := ClaimOf(u); return cl.Sharers[0].Terms != "t2" }() {
+		t.Fatal("the sharer's terms were not recorded")
+	}
+	for _, k := range []string{"k2", "k"} {
+		if err := c.ClaimSharedService(ctx, lbIP, "lb", k, web); err != nil {
+			t.Fatal(err)
+		}
+		if key, h := holdersOf(t, a, lbIP); key != k || strings.Join(h, " ") != "shop/web shop/api" {
+			t.Fatalf("key %q holders %v after a holder claimed under %q", key, h, k)
+		}
+	}
+	// The first holder leaves: the sharer holds it alone, under the key.
+	if err := c.ReleaseService(ctx, lbIP, web); err != nil {
+		t.Fatal(err)
+	}
+	if key, h := holdersOf(t, a, lbIP); key != "k" || strings.Join(h, " ") != "shop/api" {
+		t.Fatalf("after web left: key %q holders %v", key, h)
+	}
+	if n := len(a.deletes()); n != 0 {
+		t.Fatalf("%d deletes while a sharer holds it", n)
+	}
+	// A sole holder's new key.
+	if err := c.ClaimSharedService(ctx, lbIP, "lb", "k3", api); err != nil {
+		t.Fatal(err)
+	}
+	if key, h := holdersOf(t, a, lbIP); key != "k3" || strings.Join(h, " ") != "shop/api" {
+		t.Fatalf("after api's new key: key %q holders %v", key, h)
+	}
+	if err := c.ReleaseService(ctx, lbIP, api); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.get(t, lbIP.String()); ok {
+		t.Fatal("the last holder's release left the claim")
+	}
+}
+
+// A claim written before sharing existed (no sharingKey, no sharers) reads
+// as its one Service's and is not shareable until that Service claims it
+// under its key.
+func TestLegacyServiceClaimShared(t *testing.T) {
+	a := newFakeAPI()
+	ctx := context.Background()
+	legacy := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.GroupVersion.String(), "kind": v1alpha1.AddressClaimKind,
+		"metadata": map[string]any{"name": ClaimName(lbIP)},
+		"spec": map[string]any{"ip": lbIP.String(), "use": "loadBalancer", "pool": "lb",
+			"service": map[string]any{"namespace": "shop", "name": "web", "uid": "uid-web"}},
+	}}
+	if _, err := a.Resource(GVR).Create(ctx, legacy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	u, _ := a.get(t, lbIP.String())
+	cl, err := ClaimOf(u)
+	if err != nil || !cl.HeldBy(web) || len(cl.Holders()) != 1 || cl.SharingKey != "" {
+		t.Fatalf("ClaimOf(legacy) = %+v, %v", cl, err)
+	}
+	c := New(kubeclient.NewFactory(), a, "", quiet())
+	var ce *ClaimedError
+	if err := c.ClaimSharedService(ctx, lbIP, "lb", "k", api); !errors.As(err, &ce) {
+		t.Fatalf("joining a legacy claim: %v, want a ClaimedError", err)
+	}
+	if err := c.ClaimSharedService(ctx, lbIP, "lb", "k", web); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ClaimSharedService(ctx, lbIP, "lb", "k", api); err != nil {
+		t.Fatal(err)
+	}
+	if key, h := holdersOf(t, a, lbIP); key != "k" || strings.Join(h, " ") != "shop/web shop/api" {
+		t.Fatalf("key %q holders %v", key, h)
+	}
+}
+
+// Joins and leaves that race another writer of the claim (its
+// resourceVersion changed between our read and our write) read it again:
+// no sharer is lost or resurrected.
+func TestSharedServiceClaimRaces(t *testing.T) {
+	a := newFakeAPI()
+	ctx := context.Background()
+	c := New(kubeclient.NewFactory(), a, "", quiet())
+	if err := c.ClaimSharedService(ctx, lbIP, "lb", "k", web); err != nil {
+		t.Fatal(err)
+	}
+	third := ServiceRef{Namespace: "shop", Name: "third", UID: "uid-third"}
+	fourth := ServiceRef{Namespace: "shop", Name: "fourth", UID: "uid-fourth"}
+	// Before our next update lands, another writer adds a sharer.
+	var race *ServiceRef
+	a.PrependReactor("update", GVR.Resource, func(clienttesting.Action) (bool, runtime.Object, error) {
+		if race != nil {
+			r := *race
+			race = nil
+			if err := a.mutate(ClaimName(lbIP), func(cl *Claim) { cl.Sharers = append(cl.Sharers, r) }); err != nil {
+				t.Error(err)
+			}
+		}
+		return false, nil, nil
+	})
+	race = &third
+	if err := c.ClaimSharedService(ctx, lbIP, "lb", "k", api); err != nil {
+		t.Fatal(err)
+	}
+	if _, h := holdersOf(t, a, lbIP); strings.Join(h, " ") != "shop/web shop/third shop/api" {
+		t.Fatalf("after a racing join: holders %v", h)
+	}
+	race = &fourth
+	if err := c.ReleaseService(ctx, lbIP, web); err != nil {
+		t.Fatal(err)
+	}
+	if _, h := holdersOf(t, a, lbIP); strings.Join(h, " ") != "shop/third shop/api shop/fourth" {
+		t.Fatalf("after a racing leave: holders %v", h)
+	}
+}
+
+// mutate rewrites a stored claim as another writer's update would: the
+// same object (UID), a new resourceVersion. Call it only from a reactor
+// (under the fake's lock) or with no reactor running.
+func (a *fakeAPI) mutate(name string, edit func(*Claim)) error {
+	obj, err := a.Tracker().Get(GVR, "", name)
+	if err != nil {
+		return err
+	}
+	u := obj.(*unstructured.Unstructured)
+	cl, err := ClaimOf(u)
+	if err != nil {
+		return err
+	}
+	edit(&cl)
+	next, err := object(cl)
+	if err != nil {
+		return err
+	}
+	v := u.DeepCopy()
+	v.Object["spec"] = next.Object["spec"]
+	v.SetResourceVersion(strconv.FormatInt(a.seq.Add(1), 10))
+	return a.Tracker().Update(GVR, v, "")
 }

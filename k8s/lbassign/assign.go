@@ -79,8 +79,12 @@ func (a *Allocator) shape(s Service) (*spec, error) {
 			pools = append(pools, n)
 		}
 	}
+	in := s
+	in.Current = nil
+	in.Families, in.Requested, in.Pools, in.Ports = slices.Clone(s.Families), slices.Clone(s.Requested), slices.Clone(s.Pools), slices.Clone(s.Ports)
+	in.Selector = maps.Clone(s.Selector)
 	sp.rec = &record{ns: s.Namespace, sharing: s.SharingKey, ports: ports, local: s.Local,
-		selector: maps.Clone(s.Selector), pools: pools}
+		selector: maps.Clone(s.Selector), pools: pools, in: in}
 	return sp, nil
 }
 

@@ -52,7 +52,10 @@
 //
 // A new leader calls Restore for every Service that has addresses before
 // its first Assign, so that a Service assigned early cannot take the
-// address of one not seen yet.
+// address of one not seen yet. Recorded returns a Service as last
+// assigned or restored, for putting it back when what Assign gave it
+// could not be carried out; Terms is what its sharing depends on, in a
+// form a claim can record (ParseTerms reads it back).
 package lbassign
 
 import (
@@ -63,6 +66,7 @@ import (
 	"math/bits"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -122,6 +126,87 @@ type Service struct {
 	Selector   map[string]string
 	// Current is what status.loadBalancer.ingress holds now.
 	Current []netip.Addr
+}
+
+// Terms is everything sharing an address depends on, in a canonical
+// form: the sharing key, the ports (protocol/port, sorted) and, when
+// Local, the selector; "" for a Service that does not share. A Service
+// whose terms changed since it got a shared address may no longer fit
+// its sharers.
+func Terms(s Service) string {
+	if s.SharingKey == "" {
+		return ""
+	}
+	var ports []string
+	for _, p := range s.Ports {
+		if p.Protocol == "" {
+			p.Protocol = corev1.ProtocolTCP
+		}
+		ports = append(ports, p.String())
+	}
+	slices.Sort(ports)
+	t := fmt.Sprintf("%q %s", s.SharingKey, strings.Join(slices.Compact(ports), ","))
+	if s.Local {
+		t += " Local " + selectorString(s.Selector)
+	}
+	return t
+}
+
+// MayShare tells whether two Services may hold one address: the same
+// non-empty sharing key, the same externalTrafficPolicy and, when Local,
+// the same selector, and no port (number and protocol) in common.
+func MayShare(x, y Service) bool {
+	if x.SharingKey == "" || x.SharingKey != y.SharingKey || x.Local != y.Local || x.Local && !maps.Equal(x.Selector, y.Selector) {
+		return false
+	}
+	tcp := func(p Port) Port {
+		if p.Protocol == "" {
+			p.Protocol = corev1.ProtocolTCP
+		}
+		return p
+	}
+	for _, p := range x.Ports {
+		if slices.ContainsFunc(y.Ports, func(q Port) bool { return tcp(p) == tcp(q) }) {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseTerms reads what Terms wrote: a Service with only SharingKey,
+// Ports, Local and Selector set. (Label keys and values hold no ',' or
+// '=', so the selector reads back unambiguously.)
+func ParseTerms(t string) (Service, error) {
+	q, err := strconv.QuotedPrefix(t)
+	if err != nil {
+		return Service{}, fmt.Errorf("sharing terms %q: %w", t, err)
+	}
+	var s Service
+	s.SharingKey, _ = strconv.Unquote(q)
+	ports, sel, local := strings.Cut(strings.TrimPrefix(t[len(q):], " "), " Local ")
+	s.Local = local
+	for p := range strings.SplitSeq(ports, ",") {
+		if p == "" {
+			continue
+		}
+		proto, num, _ := strings.Cut(p, "/")
+		n, err := strconv.ParseInt(num, 10, 32)
+		if err != nil {
+			return Service{}, fmt.Errorf("sharing terms %q: port %q: %w", t, p, err)
+		}
+		s.Ports = append(s.Ports, Port{Port: int32(n), Protocol: corev1.Protocol(proto)})
+	}
+	if local && sel != "{}" {
+		s.Selector = map[string]string{}
+		for kv := range strings.SplitSeq(sel, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				return Service{}, fmt.Errorf("sharing terms %q: selector %q: not key=value", t, kv)
+			}
+			s.Selector[k] = v
+		}
+	}
+	return s, nil
 }
 
 // Code classifies an Error, e.g. for an Event's reason.
@@ -191,6 +276,7 @@ type record struct {
 	local    bool
 	selector map[string]string
 	pools    []string // address-pool annotation; nil: any allowed
+	in       Service  // the input, without Current
 }
 
 // New returns an Allocator of pools with no assignments.
@@ -350,6 +436,22 @@ func (a *Allocator) Addrs(key string) []netip.Addr {
 	return nil
 }
 
+// Recorded returns the Service key as of its last successful Assign or
+// Restore, with its addresses as Current: Restore(Recorded(key)) after a
+// Release puts it back as it was, e.g. when what Assign gave it could not
+// be carried out.
+func (a *Allocator) Recorded(key string) (Service, bool) {
+	r := a.svcs[key]
+	if r == nil {
+		return Service{}, false
+	}
+	s := r.in
+	s.Families, s.Requested, s.Pools, s.Ports = slices.Clone(s.Families), slices.Clone(s.Requested), slices.Clone(s.Pools), slices.Clone(s.Ports)
+	s.Selector = maps.Clone(s.Selector)
+	s.Current = slices.Clone(r.addrs)
+	return s, true
+}
+
 // Reserve marks ip as taken by something other than a Service of this
 // allocator (a pod's claim, another cluster object), named by: Assign
 // never hands it out. Services holding it are reported by Stale.
@@ -357,6 +459,9 @@ func (a *Allocator) Reserve(ip netip.Addr, by string) { a.reserved[ip] = by }
 
 // Unreserve undoes Reserve.
 func (a *Allocator) Unreserve(ip netip.Addr) { delete(a.reserved, ip) }
+
+// Reserved returns the reserved addresses and by whom (a copy).
+func (a *Allocator) Reserved() map[netip.Addr]string { return maps.Clone(a.reserved) }
 
 // Release forgets the Service key (deleted, or no longer a LoadBalancer)
 // and frees its addresses that no other Service shares.

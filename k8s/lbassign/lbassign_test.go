@@ -607,3 +607,37 @@ func TestErrorsAs(t *testing.T) {
 		t.Fatalf("%v wraps nothing", e)
 	}
 }
+
+// Terms is what sharing depends on, canonical (ports sorted, TCP for no
+// protocol, the selector only when Local), and ParseTerms reads it back.
+func TestTerms(t *testing.T) {
+	for _, tc := range []struct {
+		s    Service
+		want string
+	}{
+		{Service{Ports: []Port{tcp(80)}}, ""},
+		{Service{SharingKey: "k", Ports: []Port{udp(53), {Port: 80}, tcp(80)}, Selector: map[string]string{"app": "x"}}, `"k" TCP/80,UDP/53`},
+		{Service{SharingKey: "a b", Local: true, Selector: map[string]string{"app": "x", "tier": "web"}}, `"a b"  Local app=x,tier=web`},
+		{Service{SharingKey: "k", Ports: []Port{tcp(443)}, Local: true}, `"k" TCP/443 Local {}`},
+	} {
+		got := Terms(tc.s)
+		if got != tc.want {
+			t.Errorf("Terms(%+v) = %q, want %q", tc.s, got, tc.want)
+		}
+		if got == "" {
+			continue
+		}
+		back, err := ParseTerms(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if Terms(back) != got {
+			t.Errorf("ParseTerms(%q) = %+v, which reads %q", got, back, Terms(back))
+		}
+	}
+	for _, bad := range []string{"k TCP/80", `"k" TCP/x`, `"k" TCP/80 Local app`} {
+		if _, err := ParseTerms(bad); err == nil {
+			t.Errorf("ParseTerms(%q): no error", bad)
+		}
+	}
+}

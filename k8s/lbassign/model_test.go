@@ -459,6 +459,13 @@ func trimmed(names []string) []string {
 }
 
 func compatible(x, y Service) bool {
+	if got, want := MayShare(x, y), compatibleRule(x, y); got != want {
+		panic(fmt.Sprintf("MayShare(%+v, %+v) = %v, the model says %v", x, y, got, want))
+	}
+	return compatibleRule(x, y)
+}
+
+func compatibleRule(x, y Service) bool {
 	if x.SharingKey == "" || x.SharingKey != y.SharingKey || x.Local != y.Local ||
 		x.Local && !maps.Equal(x.Selector, y.Selector) {
 		return false
@@ -633,6 +640,19 @@ func (m *model) check() {
 		ms := m.svcs[key]
 		if got := a.Addrs(key); !slices.Equal(got, ms.status) {
 			m.fatalf("Addrs(%s) = %v, status %v", key, got, ms.status)
+		}
+		// Recorded is the Service as last assigned, and puts it back.
+		if r, ok := a.Recorded(key); ok != (len(ms.status) > 0) || ok && (!slices.Equal(r.Current, ms.status) || Terms(r) != Terms(ms.eff)) {
+			m.fatalf("Recorded(%s) = %+v, %v; status %v, terms %q", key, r, ok, ms.status, Terms(ms.eff))
+		} else if ok {
+			was := m.snapshot(a)
+			a.Release(key)
+			if got := a.Restore(r); !slices.Equal(got, ms.status) {
+				m.fatalf("Restore(Recorded(%s)) = %v, want %v", key, got, ms.status)
+			}
+			if now := m.snapshot(a); now != was {
+				m.fatalf("Release and Restore(Recorded(%s)) changed the state:\n%s\nwas:\n%s", key, now, was)
+			}
 		}
 		fs, _, _ := m.fams(ms.eff)
 		seen := map[corev1.IPFamily]bool{}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -110,11 +111,15 @@ func (e *apiEvents) Event(r loadbalancers.ServiceRef, warning bool, reason, msg 
 // apiClaims are the cluster-wide claims as the assigner sees them.
 type apiClaims struct{ c *claims.Claims }
 
-func (l apiClaims) Claim(ctx context.Context, ip netip.Addr, pool string, svc loadbalancers.ServiceRef) error {
-	err := l.c.ClaimService(ctx, ip, pool, claims.ServiceRef(svc))
+func (l apiClaims) Claim(ctx context.Context, ip netip.Addr, pool string, svc loadbalancers.ServiceRef, sharingKey string) error {
+	err := l.c.ClaimSharedService(ctx, ip, pool, sharingKey, claims.ServiceRef(svc))
 	var held *claims.ClaimedError
 	if errors.As(err, &held) {
-		return &loadbalancers.HeldError{IP: ip, Holder: holder(held.Holder)}
+		he := &loadbalancers.HeldError{IP: ip, Holder: holder(held.Holder)}
+		for _, h := range held.Holder.Holders() {
+			he.Services = append(he.Services, loadbalancers.ServiceRef(h))
+		}
+		return he
 	}
 	return err
 }
@@ -123,11 +128,11 @@ func (l apiClaims) Release(ctx context.Context, ip netip.Addr, svc loadbalancers
 	return l.c.ReleaseService(ctx, ip, claims.ServiceRef(svc))
 }
 
-func (l apiClaims) Services() map[netip.Addr]loadbalancers.ServiceRef {
-	out := map[netip.Addr]loadbalancers.ServiceRef{}
+func (l apiClaims) Services() map[netip.Addr][]loadbalancers.ServiceRef {
+	out := map[netip.Addr][]loadbalancers.ServiceRef{}
 	for _, cl := range l.c.ServiceClaims() {
-		if cl.Service != nil {
-			out[cl.IP] = loadbalancers.ServiceRef(*cl.Service)
+		for _, h := range cl.Holders() {
+			out[cl.IP] = append(out[cl.IP], loadbalancers.ServiceRef(h))
 		}
 	}
 	return out
@@ -141,8 +146,23 @@ func (l apiClaims) Others() map[netip.Addr]string {
 	return out
 }
 
-// holder names a claim's holder for an Event.
+// holder names a claim's holder for an Event: the pod, or the Services
+// (every sharer of a shared address, and their key).
 func holder(cl claims.Claim) string {
+	if hs := cl.Holders(); len(hs) > 0 {
+		names := make([]string, len(hs))
+		for i, h := range hs {
+			names[i] = h.String()
+		}
+		s := "Service " + strings.Join(names, ", ")
+		if len(hs) > 1 {
+			s = "Services " + strings.Join(names, ", ")
+		}
+		if cl.SharingKey != "" {
+			s += fmt.Sprintf(" (sharing key %q)", cl.SharingKey)
+		}
+		return s
+	}
 	if cl.Service != nil {
 		return "Service " + cl.Service.String()
 	}

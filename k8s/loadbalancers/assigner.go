@@ -5,6 +5,37 @@
 // or another Service's (unless they share it by MetalLB's rules). The
 // decisions are k8s/lbassign's; this package feeds it from the API and
 // carries its answers out: claims, status, Events.
+//
+// The allocator is the leader's truth about which Service holds which
+// address; the claims and the statuses follow it:
+//
+//   - A shared address has one claim, held by all its sharers under their
+//     sharing key, each with the terms it holds it under (lbassign.Terms:
+//     ports, traffic policy, selector). A Service joins it by claiming,
+//     and leaving releases only its own hold: the claim goes with the
+//     last holder. So every sharer holds it, and the nodes advertise it
+//     for each.
+//   - sync carries out what Assign gives a Service in order: claims,
+//     status, then the holds it gives up; a claim or status write that
+//     fails puts the Service back to what it had (rollback). An address
+//     it keeps stays claimed under its former terms until the status is
+//     written. So the allocator holds for a Service what its status says,
+//     but for the sync under way.
+//   - A new term restores each Service's status addresses under the terms
+//     its claims record (granted): an edit the last leader did not carry
+//     out, or refused, changes nothing, and the order in which Services
+//     are restored does not decide who keeps a shared address.
+//   - A Service's hold on a claim that neither the allocator (an
+//     assignment in flight: Assign records it before the claim is made)
+//     nor the Service's status backs is an orphan: a leader that died
+//     between claim and status, a Service deleted or re-created while
+//     nobody led, a sharer that moved on. Every full pass releases those
+//     (collect), and a claim that refuses a Service because of one is
+//     freed on the spot. A pod's claim is never touched.
+//   - Only pods' claims reserve addresses, and a full pass resets the
+//     reservations to exactly those: a claim that failed never keeps an
+//     address from its owners, and a Service's claim never makes the
+//     Services it shares with move.
 package loadbalancers
 
 import (
@@ -28,19 +59,26 @@ import (
 // ServiceRef names a Service (and its incarnation).
 type ServiceRef struct {
 	Namespace, Name, UID string
+	// Terms are what it holds a shared address under besides the key
+	// (lbassign.Terms), recorded in the claim; not part of its identity.
+	Terms string
 }
 
 func (r ServiceRef) String() string { return r.Namespace + "/" + r.Name }
 
 // Claims is what the assigner needs of the cluster-wide AddressClaims.
 type Claims interface {
-	// Claim takes ip for the Service; nil when it already holds it. An
-	// IP someone else holds is a *HeldError.
-	Claim(ctx context.Context, ip netip.Addr, pool string, svc ServiceRef) error
-	// Release gives ip back if the Service holds it (missing is fine).
+	// Claim takes ip for the Service under its sharing key (its
+	// allow-shared-ip annotation; "": not shared): nil when it already
+	// holds it, or joins the Services holding it under the same
+	// non-empty key. An IP someone else holds is a *HeldError.
+	Claim(ctx context.Context, ip netip.Addr, pool string, svc ServiceRef, sharingKey string) error
+	// Release gives up the Service's hold on ip (missing is fine): the
+	// claim goes with its last holder.
 	Release(ctx context.Context, ip netip.Addr, svc ServiceRef) error
-	// Services are the IPs claimed by Services, with their holder.
-	Services() map[netip.Addr]ServiceRef
+	// Services are the IPs claimed by Services, with their holders (every
+	// sharer of a shared one).
+	Services() map[netip.Addr][]ServiceRef
 	// Others are the IPs claimed by anything else (pods), with a
 	// description of the holder.
 	Others() map[netip.Addr]string
@@ -50,6 +88,8 @@ type Claims interface {
 type HeldError struct {
 	IP     netip.Addr
 	Holder string
+	// Services holding it, when a Service's claim refused (none: a pod's).
+	Services []ServiceRef
 }
 
 func (e *HeldError) Error() string { return fmt.Sprintf("%s is claimed by %s", e.IP, e.Holder) }
@@ -198,16 +238,7 @@ func (a *Assigner) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), a.cfg.Services.HasSynced) {
 		return nil
 	}
-	st := &state{Assigner: a, alloc: lbassign.New(a.cfg.Pools()), owned: map[netip.Addr]ServiceRef{}}
-	st.alloc.DefaultFamily = a.cfg.DefaultFamily
-	st.reserve()
-	// Restore every Service before the first Assign: one handled early
-	// must not take the address of one not seen yet.
-	for _, s := range a.services() {
-		if st.ours(s) {
-			st.alloc.Restore(st.input(s))
-		}
-	}
+	st := a.newState()
 	a.Refresh()
 	t := time.NewTicker(a.cfg.Resync)
 	defer t.Stop()
@@ -225,30 +256,8 @@ func (a *Assigner) Run(ctx context.Context) error {
 			a.Refresh()
 			continue
 		}
-		a.mu.Lock()
-		keys, all := make([]string, 0, len(a.dirty)), a.all
-		for k := range a.dirty {
-			keys = append(keys, k)
-		}
-		clear(a.dirty)
-		a.all = false
-		a.mu.Unlock()
-		if all {
-			st.alloc.SetPools(a.cfg.Pools())
-			st.reserve()
-			keys = keys[:0]
-			for _, s := range a.services() {
-				keys = append(keys, services.Key(s))
-			}
-			keys = append(keys, st.alloc.Stale()...)
-		}
-		slices.Sort(keys)
-		for _, k := range slices.Compact(keys) {
-			st.sync(ctx, k)
-		}
-		if all {
-			st.collect(ctx)
-		}
+		keys, all := a.take()
+		st.pass(ctx, keys, all)
 		var usage []PoolUsage
 		for _, p := range a.cfg.Pools() {
 			used, size := st.alloc.InUse(p.Name)
@@ -257,6 +266,134 @@ func (a *Assigner) Run(ctx context.Context) error {
 		a.statsMu.Lock()
 		a.usage = usage
 		a.statsMu.Unlock()
+	}
+}
+
+// take empties the queue: the Services marked, and whether a full pass
+// was asked for.
+func (a *Assigner) take() (keys []string, all bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	keys = make([]string, 0, len(a.dirty))
+	for k := range a.dirty {
+		keys = append(keys, k)
+	}
+	clear(a.dirty)
+	all, a.all = a.all, false
+	return keys, all
+}
+
+// newState starts a leadership term from what the Services' statuses
+// say, so a new leader never moves an address in use.
+func (a *Assigner) newState() *state {
+	st := &state{Assigner: a, alloc: lbassign.New(a.cfg.Pools()), uids: map[string]string{}}
+	st.alloc.DefaultFamily = a.cfg.DefaultFamily
+	st.reserve()
+	// Restore every Service before the first Assign: one handled early
+	// must not take the address of one not seen yet.
+	claimed := st.cfg.Claims.Services()
+	for _, s := range a.services() {
+		if st.ours(s) {
+			st.uids[services.Key(s)] = string(s.UID)
+			st.alloc.Restore(granted(st.input(s), s, claimed))
+		}
+	}
+	return st
+}
+
+// granted is what a new term restores of s (in is its input): its status
+// addresses, as they were given, whatever edit of its spec is not carried
+// out yet (a bad one changes nothing, across terms too). The families
+// are the addresses'; the sharing terms those its claims record (see
+// lbassign.Terms), or none if they record none (it was given them
+// unshared). A status address whose claim names other holders only is
+// left out: a status written by someone else.
+func granted(in lbassign.Service, s *corev1.Service, claimed map[netip.Addr][]ServiceRef) lbassign.Service {
+	in.Current = slices.DeleteFunc(in.Current, func(ip netip.Addr) bool {
+		hs, ok := claimed[ip]
+		return ok && !slices.ContainsFunc(hs, func(h ServiceRef) bool { return names(h, s) })
+	})
+	in.Families, in.Requested, in.Pools = nil, nil, nil
+	for _, ip := range in.Current {
+		f := corev1.IPv6Protocol
+		if ip.Is4() {
+			f = corev1.IPv4Protocol
+		}
+		if !slices.Contains(in.Families, f) {
+			in.Families = append(in.Families, f)
+		}
+	}
+	in.Policy = corev1.IPFamilyPolicySingleStack
+	if len(in.Families) > 1 {
+		in.Policy = corev1.IPFamilyPolicyPreferDualStack
+	}
+	// Its claims may record two terms (a leader died after updating one
+	// claim, before the status): the one that fits every other holder of
+	// its addresses is what it holds them under.
+	var cands []string
+	for _, ip := range in.Current {
+		for _, h := range claimed[ip] {
+			if names(h, s) && !slices.Contains(cands, h.Terms) {
+				cands = append(cands, h.Terms)
+			}
+		}
+	}
+	if len(cands) == 0 {
+		return in // no claim to go by: as the spec says
+	}
+	parse := func(terms string) lbassign.Service {
+		t, err := lbassign.ParseTerms(terms)
+		if terms == "" || err != nil {
+			return lbassign.Service{} // given it unshared
+		}
+		return t
+	}
+	t := parse(cands[0])
+	for _, c := range cands {
+		ct := parse(c)
+		if !slices.ContainsFunc(in.Current, func(ip netip.Addr) bool {
+			return slices.ContainsFunc(claimed[ip], func(h ServiceRef) bool { return !names(h, s) && !lbassign.MayShare(ct, parse(h.Terms)) })
+		}) {
+			t = ct
+			break
+		}
+	}
+	in.SharingKey, in.Ports, in.Local, in.Selector = t.SharingKey, t.Ports, t.Local, t.Selector
+	return in
+}
+
+// names tells whether the claim holder h is s (an empty UID: any
+// incarnation).
+func names(h ServiceRef, s *corev1.Service) bool {
+	return h.Namespace == s.Namespace && h.Name == s.Name && (h.UID == "" || h.UID == string(s.UID))
+}
+
+// pass syncs the Services keys names; a full one (all) first re-reads the
+// pools and the pods' claims, syncs every Service (and the marked ones:
+// a deleted Service is only marked) and then collects the orphan claims.
+func (st *state) pass(ctx context.Context, keys []string, all bool) {
+	if all {
+		st.alloc.SetPools(st.cfg.Pools())
+		st.reserve()
+		for _, s := range st.services() {
+			keys = append(keys, services.Key(s))
+		}
+		keys = append(keys, st.alloc.Stale()...)
+	}
+	slices.Sort(keys)
+	for _, k := range slices.Compact(keys) {
+		st.sync(ctx, k)
+	}
+	// Once more for those their sharers' claim refused: a sharer synced
+	// since may have updated the claim's key (see sync).
+	again := st.refused
+	st.refused = nil
+	for _, k := range again {
+		st.sync(ctx, k)
+	}
+	st.refused = nil // the next full pass tries again
+	if all {
+		st.collect(ctx)
 	}
 }
 
@@ -275,18 +412,28 @@ func (a *Assigner) services() []*corev1.Service {
 type state struct {
 	*Assigner
 	alloc *lbassign.Allocator
-	// owned: the Service each address was claimed for this term (so a
-	// release names the right holder).
-	owned map[netip.Addr]ServiceRef
+	// uids: the incarnation of each Service this term restored or synced,
+	// so that a deleted one's release names the right holder.
+	uids map[string]string
+	// refused: Services whose claim their sharers' refused this pass.
+	refused []string
 }
 
 func (st *state) ours(s *corev1.Service) bool {
 	return s.Spec.Type == corev1.ServiceTypeLoadBalancer && st.cfg.Ours(s)
 }
 
-// reserve keeps the allocator off every IP a pod holds.
+// reserve keeps the allocator off exactly the IPs pods hold: any other
+// reservation (a claim that failed since the last full pass) is dropped,
+// so it cannot keep an address from its owners for good.
 func (st *state) reserve() {
-	for ip, by := range st.cfg.Claims.Others() {
+	pods := st.cfg.Claims.Others()
+	for ip := range st.alloc.Reserved() {
+		if _, ok := pods[ip]; !ok {
+			st.alloc.Unreserve(ip)
+		}
+	}
+	for ip, by := range pods {
 		st.alloc.Reserve(ip, by)
 	}
 }
@@ -335,7 +482,12 @@ func splitList(v string) []string {
 	return out
 }
 
-// sync brings one Service's assignment, claims and status in line.
+// sync brings one Service's assignment, claims and status in line. What
+// the allocator gives it is carried out in order — claims, status, then
+// the claims of what it leaves — and undone (back to what it had, see
+// rollback) if a claim or the status write fails: the allocator never
+// holds for a Service what its status does not say, but for the sync
+// under way.
 func (st *state) sync(ctx context.Context, key string) {
 	obj, exists, _ := st.cfg.Services.GetStore().GetByKey(key)
 	s, _ := obj.(*corev1.Service)
@@ -346,8 +498,15 @@ func (st *state) sync(ctx context.Context, key string) {
 		st.release(ctx, key)
 		return
 	}
+	if uid, ok := st.uids[key]; ok && uid != string(s.UID) {
+		// Re-created under its name (both events seen as one): the
+		// predecessor's addresses and claims are not this one's.
+		st.release(ctx, key)
+	}
+	st.uids[key] = string(s.UID)
 	in := st.input(s)
 	before := st.alloc.Addrs(key)
+	prev, had := st.alloc.Recorded(key)
 	addrs, err := st.alloc.Assign(in)
 	if err != nil {
 		var le *lbassign.Error
@@ -358,44 +517,152 @@ func (st *state) sync(ctx context.Context, key string) {
 		st.cfg.Events.Event(ref(s), true, reason, err.Error())
 		st.cfg.Log.Warn("LoadBalancer address not assigned", "service", key, "err", err)
 		st.failed(reason)
+		if !slices.Equal(before, in.Current) {
+			// It keeps what it has: what of its status a new term
+			// restored (not what someone else's claim holds).
+			st.setIngress(ctx, s, in.Current, before)
+		}
 		return
 	}
 	// Claim first: the claim is the cluster-wide test-and-set. An address
-	// a pod took meanwhile is reserved and the Service assigned again.
-	for _, ip := range addrs {
-		err := st.cfg.Claims.Claim(ctx, ip, st.poolOf(ip, s.Namespace), ref(s))
+	// a pod took meanwhile is reserved and the Service assigned again. An
+	// address it keeps stays claimed under what it had (prev) until the
+	// status is written: a claim records what its status holds it under.
+	kept := func(ip netip.Addr) bool { return had && slices.Contains(prev.Current, ip) }
+	for i, ip := range addrs {
+		under := in
+		if kept(ip) {
+			under = prev
+		}
+		err := st.claim(ctx, ip, s, under)
+		if err == nil {
+			continue
+		}
+		st.cfg.Events.Event(ref(s), true, ReasonClaimFailed, err.Error())
+		st.failed(ReasonClaimFailed)
+		st.rollback(ctx, s, prev, in.Current, addrs[:i])
 		var held *HeldError
-		if errors.As(err, &held) {
-			st.alloc.Reserve(ip, held.Holder)
-			st.cfg.Events.Event(ref(s), true, ReasonClaimFailed, err.Error())
-			st.failed(ReasonClaimFailed)
+		switch {
+		case errors.As(err, &held) && len(held.Services) == 0:
+			st.alloc.Reserve(ip, held.Holder) // until a full pass re-reads the pods' claims
 			st.mark(key)
-			return
-		}
-		if err != nil {
-			st.cfg.Events.Event(ref(s), true, ReasonClaimFailed, err.Error())
-			st.failed(ReasonClaimFailed)
+		case errors.As(err, &held):
+			// Services this term backs hold it under a key their claim
+			// has not caught up with (an older claim, or an update
+			// under way): their own sync updates it; retried once this
+			// pass. Reserving the address would move them.
+			st.cfg.Log.Warn("LoadBalancer address claim refused by its sharers' claim", "service", key, "err", err)
+			st.refused = append(st.refused, key)
+		default:
 			st.mark(key) // retried on the next pass
-			return
 		}
-		st.owned[ip] = ref(s)
+		return
 	}
-	if !slices.Equal(addrs, in.Current) {
+	if !st.setIngress(ctx, s, slices.Concat(before, in.Current), addrs) {
+		// Not its addresses while its status does not say so: the next
+		// full pass assigns it again.
+		st.rollback(ctx, s, prev, in.Current, addrs)
+		return
+	}
+	// Its now: what it kept is held under its new key and terms.
+	if had && (prev.SharingKey != in.SharingKey || lbassign.Terms(prev) != lbassign.Terms(in)) {
+		for _, ip := range addrs {
+			if kept(ip) {
+				if err := st.claim(ctx, ip, s, in); err != nil {
+					st.cfg.Log.Warn("LoadBalancer address claim not updated (the next pass tries again)", "service", key, "ip", ip, "err", err)
+					st.mark(key)
+				}
+			}
+		}
+	}
+}
+
+// setIngress makes addrs s's addresses: it writes the status if it
+// differs, then gives up s's hold on the others it had (its own hold
+// only: a sharer keeps the claim). False: the status write failed, and
+// nothing was given up.
+func (st *state) setIngress(ctx context.Context, s *corev1.Service, had, addrs []netip.Addr) bool {
+	current := st.input(s).Current
+	if !slices.Equal(addrs, current) {
 		if err := st.cfg.Status.SetIngress(ctx, ref(s), addrs); err != nil {
 			st.cfg.Events.Event(ref(s), true, ReasonStatusFailed, err.Error())
 			st.failed(ReasonStatusFailed)
-			st.cfg.Log.Warn("LoadBalancer status not written", "service", key, "err", err)
-			return
+			st.cfg.Log.Warn("LoadBalancer status not written", "service", services.Key(s), "err", err)
+			return false
 		}
-		st.cfg.Events.Event(ref(s), false, ReasonAssigned, fmt.Sprintf("assigned %s", join(addrs)))
-		st.cfg.Log.Info("LoadBalancer address assigned", "service", key, "addresses", addrs)
-	}
-	// Addresses the Service no longer has, unless another holds them.
-	for _, ip := range before {
-		if !slices.Contains(addrs, ip) && len(st.alloc.Owners(ip)) == 0 {
-			st.releaseIP(ctx, ip, ref(s))
+		if len(addrs) > 0 {
+			st.cfg.Events.Event(ref(s), false, ReasonAssigned, fmt.Sprintf("assigned %s", join(addrs)))
+			st.cfg.Log.Info("LoadBalancer address assigned", "service", services.Key(s), "addresses", addrs)
+		} else {
+			st.cfg.Events.Event(ref(s), false, ReasonReleased, fmt.Sprintf("released %s", join(current)))
+			st.cfg.Log.Info("LoadBalancer addresses released", "service", services.Key(s), "addresses", current)
 		}
 	}
+	for _, ip := range had {
+		if !slices.Contains(addrs, ip) {
+			_ = st.releaseIP(ctx, ip, ref(s))
+		}
+	}
+	return true
+}
+
+// rollback puts s back to what it had (prev, as Recorded before the
+// Assign; none: nothing) and gives up its hold on the addresses it
+// claimed that this and its status (current) leave out.
+func (st *state) rollback(ctx context.Context, s *corev1.Service, prev lbassign.Service, current, claimed []netip.Addr) {
+	st.alloc.Release(services.Key(s))
+	if prev.Key != "" {
+		st.alloc.Restore(prev)
+	}
+	for _, ip := range claimed {
+		if !slices.Contains(prev.Current, ip) && !slices.Contains(current, ip) {
+			_ = st.releaseIP(ctx, ip, ref(s))
+		}
+	}
+}
+
+// claim claims ip for s under its sharing key and terms (which a
+// claim it already holds is updated to). A Service's hold that this term
+// does not back (see holds) is an orphan, released so that it does not
+// keep the address from s: otherwise a claim left by a dead leader, or by
+// a Service since re-created, would refuse it for good.
+func (st *state) claim(ctx context.Context, ip netip.Addr, s *corev1.Service, in lbassign.Service) error {
+	pool := st.poolOf(ip, s.Namespace)
+	svc := ref(s)
+	svc.Terms = lbassign.Terms(in)
+	err := st.cfg.Claims.Claim(ctx, ip, pool, svc, in.SharingKey)
+	var held *HeldError
+	if !errors.As(err, &held) || len(held.Services) == 0 {
+		return err
+	}
+	freed := false
+	for _, h := range held.Services {
+		if st.holds(ip, h) {
+			continue
+		}
+		if rerr := st.releaseIP(ctx, ip, h); rerr != nil {
+			return fmt.Errorf("%w; releasing the orphan hold of Service %s: %w", err, h, rerr)
+		}
+		freed = true
+	}
+	if !freed {
+		return err
+	}
+	return st.cfg.Claims.Claim(ctx, ip, pool, svc, in.SharingKey)
+}
+
+// holds tells whether the claim holder h is backed by this term: h is
+// the incarnation of a Service still ours that has ip in its status (the
+// hold goes only once the status no longer says so), or that the
+// allocator lists as an owner of ip (an assignment in flight: Assign
+// records it before the claim is made, and the status follows).
+func (st *state) holds(ip netip.Addr, h ServiceRef) bool {
+	obj, exists, _ := st.cfg.Services.GetStore().GetByKey(h.String())
+	s, ok := obj.(*corev1.Service)
+	if !exists || !ok || !names(h, s) || !st.ours(s) {
+		return false
+	}
+	return slices.Contains(st.alloc.Owners(ip), h.String()) || slices.Contains(st.input(s).Current, ip)
 }
 
 // checkExternalIPs warns, on the Service, of every external IP no
@@ -416,49 +683,43 @@ func (st *state) checkExternalIPs(s *corev1.Service) {
 	}
 }
 
-// release forgets a Service that went or is no longer ours, and gives
-// back the addresses nobody else shares.
+// release forgets a Service that went or is no longer ours, and gives up
+// its hold on its addresses (a shared one stays with its other sharers).
 func (st *state) release(ctx context.Context, key string) {
 	addrs := st.alloc.Addrs(key)
 	if len(addrs) == 0 {
 		return
 	}
 	st.alloc.Release(key)
+	ns, name, _ := strings.Cut(key, "/")
+	holder := ServiceRef{Namespace: ns, Name: name, UID: st.uids[key]}
+	delete(st.uids, key)
 	for _, ip := range addrs {
-		if len(st.alloc.Owners(ip)) > 0 {
-			continue
-		}
-		holder, ok := st.owned[ip]
-		if !ok {
-			holder = st.cfg.Claims.Services()[ip]
-		}
-		st.releaseIP(ctx, ip, holder)
+		_ = st.releaseIP(ctx, ip, holder)
 	}
 	st.cfg.Log.Info("LoadBalancer addresses released", "service", key, "addresses", addrs)
 }
 
-func (st *state) releaseIP(ctx context.Context, ip netip.Addr, holder ServiceRef) {
+func (st *state) releaseIP(ctx context.Context, ip netip.Addr, holder ServiceRef) error {
 	if err := st.cfg.Claims.Release(ctx, ip, holder); err != nil {
-		st.cfg.Log.Warn("LoadBalancer address claim not released (the next pass tries again)", "ip", ip, "service", holder, "err", err)
-		return
+		st.cfg.Log.Warn("LoadBalancer address claim not released (the next full pass tries again)", "ip", ip, "service", holder, "err", err)
+		return err
 	}
-	delete(st.owned, ip)
+	return nil
 }
 
-// collect gives back claims no Service of this term holds (a leader
-// that crashed between claim and status, a Service deleted while nobody
-// led), and reserves what pods hold.
+// collect gives up every Service's hold on a claim that this term does
+// not back (see holds), whether or not the Service still exists: a
+// leader that died between claim and status, a Service deleted or
+// re-created while nobody led, a sharer that moved on and whose release
+// failed. Only Services' claims are looked at, never a pod's.
 func (st *state) collect(ctx context.Context) {
-	for ip, holder := range st.cfg.Claims.Services() {
-		key := holder.String()
-		if slices.Contains(st.alloc.Owners(ip), key) {
-			continue
+	for ip, holders := range st.cfg.Claims.Services() {
+		for _, h := range holders {
+			if !st.holds(ip, h) {
+				_ = st.releaseIP(ctx, ip, h)
+			}
 		}
-		obj, exists, _ := st.cfg.Services.GetStore().GetByKey(key)
-		if s, ok := obj.(*corev1.Service); exists && ok && string(s.UID) == holder.UID && st.ours(s) {
-			continue // its sync claims or releases it
-		}
-		st.releaseIP(ctx, ip, holder)
 	}
 }
 

@@ -3,7 +3,6 @@ package loadbalancers
 import (
 	"context"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -23,52 +22,6 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/lbassign"
 	"code.fritzlab.net/fritzlab/flock/k8s/services"
 )
-
-// fakeClaims is the cluster-wide claims: Services' and pods'.
-type fakeClaims struct {
-	mu     sync.Mutex
-	svc    map[netip.Addr]ServiceRef
-	pods   map[netip.Addr]string
-	failOn netip.Addr // a pod takes it between reserve and claim
-}
-
-func (f *fakeClaims) Claim(_ context.Context, ip netip.Addr, _ string, s ServiceRef) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if ip == f.failOn {
-		f.pods[ip] = "pod shop/racer"
-		f.failOn = netip.Addr{}
-	}
-	if h, ok := f.pods[ip]; ok {
-		return &HeldError{IP: ip, Holder: h}
-	}
-	if h, ok := f.svc[ip]; ok && h != s {
-		return &HeldError{IP: ip, Holder: "Service " + h.String()}
-	}
-	f.svc[ip] = s
-	return nil
-}
-
-func (f *fakeClaims) Release(_ context.Context, ip netip.Addr, s ServiceRef) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.svc[ip] == s {
-		delete(f.svc, ip)
-	}
-	return nil
-}
-
-func (f *fakeClaims) Services() map[netip.Addr]ServiceRef {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return maps.Clone(f.svc)
-}
-
-func (f *fakeClaims) Others() map[netip.Addr]string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return maps.Clone(f.pods)
-}
 
 // fakeStatus writes the status through the fake API (so the informer sees
 // it, as with a real API server) and counts the writes.
@@ -161,7 +114,7 @@ func newEnv(t *testing.T, objs ...*corev1.Service) *env {
 			t.Fatal(err)
 		}
 	}
-	e := &env{cs: cs, claims: &fakeClaims{svc: map[netip.Addr]ServiceRef{}, pods: map[netip.Addr]string{}}, status: &fakeStatus{cs: cs}, ev: &events{}}
+	e := &env{cs: cs, claims: newFakeClaims(), status: &fakeStatus{cs: cs}, ev: &events{}}
 	return e
 }
 
@@ -227,7 +180,7 @@ func TestAssigner(t *testing.T) {
 	e.claims.pods[netip.MustParseAddr("2001:db8:1b::")] = "pod shop/holder" // first of the pool
 	stop := e.start(t)
 	e.waitIngress(t, "web", "2001:db8:1b::1", "203.0.113.128")
-	if got := e.claims.Services(); len(got) != 2 || got[netip.MustParseAddr("2001:db8:1b::1")].Name != "web" {
+	if got := e.claims.Services(); len(got) != 2 || got[netip.MustParseAddr("2001:db8:1b::1")][0].Name != "web" {
 		t.Errorf("claims %v", got)
 	}
 	if ing := e.ingress(t, "other"); len(ing) != 0 {
@@ -300,8 +253,8 @@ func TestAssigner(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, "web's claims released", func() (bool, string) {
-		for _, r := range e.claims.Services() {
-			if r.Name == "web" {
+		for _, hs := range e.claims.Services() {
+			if slices.ContainsFunc(hs, func(r ServiceRef) bool { return r.Name == "web" }) {
 				return false, fmt.Sprint(e.claims.Services())
 			}
 		}
@@ -316,7 +269,7 @@ func TestAssigner(t *testing.T) {
 func TestAssignerCollectsOrphanClaims(t *testing.T) {
 	e := newEnv(t, lb("web"))
 	orphan := netip.MustParseAddr("203.0.113.131")
-	e.claims.svc[orphan] = ServiceRef{Namespace: "shop", Name: "gone", UID: "uid-gone"}
+	e.claims.svc[orphan] = &fakeClaim{holders: []ServiceRef{{Namespace: "shop", Name: "gone", UID: "uid-gone"}}}
 	stop := e.start(t)
 	defer stop()
 	e.waitIngress(t, "web", "2001:db8:1b::", "203.0.113.128")
@@ -324,4 +277,160 @@ func TestAssignerCollectsOrphanClaims(t *testing.T) {
 		_, ok := e.claims.Services()[orphan]
 		return !ok, fmt.Sprint(e.claims.Services())
 	})
+}
+
+// storeStatus writes the status into the Services' store (the informer's,
+// never run: the tests sync by hand).
+type storeStatus struct{ store cache.Store }
+
+func (s storeStatus) SetIngress(_ context.Context, r ServiceRef, ips []netip.Addr) error {
+	obj, ok, _ := s.store.GetByKey(r.String())
+	if !ok {
+		return fmt.Errorf("Service %s not found", r)
+	}
+	svc := obj.(*corev1.Service).DeepCopy()
+	svc.Status.LoadBalancer.Ingress = nil
+	for _, ip := range ips {
+		svc.Status.LoadBalancer.Ingress = append(svc.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip.String()})
+	}
+	return s.store.Update(svc)
+}
+
+// term is a leadership term over a store of objs, synced by hand.
+func term(t *testing.T, claims Claims, objs ...*corev1.Service) (*state, cache.Store) {
+	t.Helper()
+	inf := cache.NewSharedIndexInformer(&cache.ListWatch{ListFunc: noLW{}.List, WatchFunc: noLW{}.Watch}, &corev1.Service{}, 0, cache.Indexers{})
+	for _, o := range objs {
+		if err := inf.GetStore().Add(o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := New(Config{Services: inf, Claims: claims, Status: storeStatus{inf.GetStore()}, Events: &events{},
+		Pools: func() []lbassign.Pool { return pools }, Ours: (services.Options{}).Ours, Log: quietLog()})
+	return a.newState(), inf.GetStore()
+}
+
+func withStatus(ips ...string) func(*corev1.Service) {
+	return func(s *corev1.Service) {
+		for _, ip := range ips {
+			s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip})
+		}
+	}
+}
+
+func shared(key string, port int32) func(*corev1.Service) {
+	return func(s *corev1.Service) {
+		s.Annotations = map[string]string{lbassign.AnnotationAllowSharedIP: key}
+		s.Spec.Ports = []corev1.ServicePort{{Port: port, Protocol: corev1.ProtocolTCP}}
+		s.Spec.IPFamilies, s.Spec.IPFamilyPolicy = []corev1.IPFamily{corev1.IPv6Protocol}, ptr.To(corev1.IPFamilyPolicySingleStack)
+	}
+}
+
+func holdersOf(c *fakeClaims, ip string) []string {
+	var out []string
+	if fc := c.svc[netip.MustParseAddr(ip)]; fc != nil {
+		for _, h := range fc.holders {
+			out = append(out, h.String())
+		}
+	}
+	return out
+}
+
+// Defect (orphan claim of a live Service): a leader claimed X for web and
+// died before writing web's status; web has Y. The collector skipped X
+// because web exists, and only what this term recorded was ever released:
+// X stayed claimed for good. A full pass releases it now, and nothing
+// else.
+func TestCollectReleasesTheOrphanOfALiveService(t *testing.T) {
+	c := newFakeClaims()
+	web := lb("web", shared("", 80), withStatus("2001:db8:1b::1"))
+	webRef := ServiceRef{Namespace: "shop", Name: "web", UID: "uid-web"}
+	c.svc[netip.MustParseAddr("2001:db8:1b::1")] = &fakeClaim{holders: []ServiceRef{webRef}}
+	c.svc[netip.MustParseAddr("2001:db8:1b::3")] = &fakeClaim{holders: []ServiceRef{webRef}} // the dead leader's
+	c.pods[netip.MustParseAddr("2001:db8:1b::2")] = "pod shop/p"
+	st, store := term(t, c, web)
+	st.pass(context.Background(), nil, true)
+	if got := holdersOf(c, "2001:db8:1b::3"); len(got) != 0 {
+		t.Errorf("the orphan claim is held by %v", got)
+	}
+	if got := holdersOf(c, "2001:db8:1b::1"); !slices.Equal(got, []string{"shop/web"}) {
+		t.Errorf("web's own claim is held by %v", got)
+	}
+	if _, ok := c.pods[netip.MustParseAddr("2001:db8:1b::2")]; !ok {
+		t.Error("a pod's claim was released")
+	}
+	obj, _, _ := store.GetByKey("shop/web")
+	if got := statusOf(obj.(*corev1.Service)); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("2001:db8:1b::1")}) {
+		t.Errorf("web moved to %v", got)
+	}
+}
+
+// The collector never releases an assignment in flight in this term: one
+// the allocator gave, claimed, whose status is not written yet.
+func TestCollectKeepsAnAssignmentInFlight(t *testing.T) {
+	c := newFakeClaims()
+	web := lb("web", shared("", 80))
+	st, _ := term(t, c, web)
+	addrs, err := st.alloc.Assign(st.input(web)) // sync's first step
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := ServiceRef{Namespace: "shop", Name: "web", UID: "uid-web"}
+	if err := c.Claim(context.Background(), addrs[0], "lb", ref, ""); err != nil { // its second
+		t.Fatal(err)
+	}
+	st.collect(context.Background()) // as a full pass would, before the status is written
+	if got := holdersOf(c, addrs[0].String()); !slices.Equal(got, []string{"shop/web"}) {
+		t.Fatalf("the claim in flight of %s is held by %v", addrs[0], got)
+	}
+}
+
+// Defect (shared addresses): a second Service sharing an address by
+// MetalLB's rules joins its claim, and neither moves on later full passes;
+// no reservation is left behind.
+func TestSharedAddressStays(t *testing.T) {
+	c := newFakeClaims()
+	st, store := term(t, c, lb("web", shared("k", 80)))
+	ctx := context.Background()
+	st.pass(ctx, nil, true)
+	_ = store.Add(lb("api", shared("k", 443)))
+	st.pass(ctx, []string{"shop/api"}, false)
+	for range 3 {
+		st.pass(ctx, nil, true)
+	}
+	for _, name := range []string{"web", "api"} {
+		obj, _, _ := store.GetByKey("shop/" + name)
+		if got := statusOf(obj.(*corev1.Service)); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("2001:db8:1b::")}) {
+			t.Errorf("%s has %v", name, got)
+		}
+	}
+	if got := holdersOf(c, "2001:db8:1b::"); !slices.Equal(got, []string{"shop/web", "shop/api"}) {
+		t.Errorf("the claim is held by %v", got)
+	}
+	if r := st.alloc.Reserved(); len(r) != 0 {
+		t.Errorf("reserved %v", r)
+	}
+}
+
+// A reservation made because a pod's claim refused a Service is dropped
+// at the next full pass once the pod let it go: it never keeps the
+// address for good.
+func TestReservationsAreThePods(t *testing.T) {
+	c := newFakeClaims()
+	x := netip.MustParseAddr("2001:db8:1b::")
+	ctx := context.Background()
+	st, store := term(t, c, lb("web", shared("", 80), func(s *corev1.Service) {
+		s.Annotations[lbassign.AnnotationLoadBalancerIPs] = x.String()
+	}))
+	c.pods[x] = "pod shop/racer" // after the term read the pods' claims
+	st.pass(ctx, []string{"shop/web"}, false)
+	if by, ok := st.alloc.Reserved()[x]; !ok || by != "pod shop/racer" {
+		t.Fatalf("reserved %v after the pod's claim refused web", st.alloc.Reserved())
+	}
+	delete(c.pods, x)
+	st.pass(ctx, nil, true)
+	obj, _, _ := store.GetByKey("shop/web")
+	if got := statusOf(obj.(*corev1.Service)); !slices.Equal(got, []netip.Addr{x}) || len(st.alloc.Reserved()) != 0 {
+		t.Errorf("web has %v, reserved %v", got, st.alloc.Reserved())
+	}
 }

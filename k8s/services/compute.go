@@ -39,12 +39,13 @@ type Options struct {
 	// use (v1alpha1.UseLoadBalancer or UseExternalIP), from the
 	// AddressPools; the error says why not.
 	Authorize func(use string, ip netip.Addr, namespace string) error
-	// Holder names the Service holding ip's AddressClaim (ok false: none
-	// does). A LoadBalancer address goes out only while the Service in
-	// whose status it stands holds it: a status written by anyone else
-	// (services/status is all it takes) does not move a route. Nil: not
-	// checked.
-	Holder func(ip netip.Addr) (namespace, name, uid string, ok bool)
+	// Holder says whether the Service (namespace, name, uid) holds ip's
+	// AddressClaim, alone or as one of the sharers of a shared address,
+	// and if not, who does ("" nobody). A LoadBalancer address goes out
+	// only for the Services in whose status it stands that hold it: a
+	// status written by anyone else (services/status is all it takes)
+	// does not move a route. Nil: not checked.
+	Holder func(ip netip.Addr, namespace, name, uid string) (held bool, holder string)
 	// Aggregate is the CIDR an authorized address of use goes out as when
 	// its AddressPool aggregates (invalid: on its own). Only addresses of
 	// externalTrafficPolicy: Cluster Services that this node advertises
@@ -133,11 +134,10 @@ func ForService(o Options, s *corev1.Service, eps []*discoveryv1.EndpointSlice) 
 			return
 		}
 		if src == SourceLoadBalancer && o.Holder != nil {
-			ns, name, uid, ok := o.Holder(a.IP)
-			if !ok || ns != s.Namespace || name != s.Name || uid != "" && s.UID != "" && uid != string(s.UID) {
+			if held, by := o.Holder(a.IP, s.Namespace, s.Name, string(s.UID)); !held {
 				a.State, a.Reason = StateNotAdvertised, ReasonNotClaimed
-				if ok {
-					a.Reason += fmt.Sprintf(" (Service %s/%s holds it)", ns, name)
+				if by != "" {
+					a.Reason += fmt.Sprintf(" (%s holds it)", by)
 				}
 				out = append(out, a)
 				return

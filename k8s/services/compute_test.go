@@ -40,8 +40,18 @@ func authorize(use string, ip netip.Addr, ns string) error {
 
 // holder is a claims answer: every address held by ns/name (uid), or by
 // nobody when ns is "".
-func holder(ns, name, uid string) func(netip.Addr) (string, string, string, bool) {
-	return func(netip.Addr) (string, string, string, bool) { return ns, name, uid, ns != "" }
+// holder is a claim held by one Service (none: ns ""), as the node's
+// Holder reads it (an empty UID matches any incarnation).
+func holder(ns, name, uid string) func(netip.Addr, string, string, string) (bool, string) {
+	return func(_ netip.Addr, sns, sname, suid string) (bool, string) {
+		switch {
+		case ns == "":
+			return false, ""
+		case ns == sns && name == sname && (uid == "" || suid == "" || uid == suid):
+			return true, ""
+		}
+		return false, "Service " + ns + "/" + name
+	}
 }
 
 type svcOpt func(*corev1.Service)

@@ -195,7 +195,8 @@ type AddressPoolList struct {
 
 // AddressClaim records that one pod, or one Service, holds one IP
 // cluster-wide: an `addresses` IP or a pod address from an AddressPool
-// (held by a pod), or a LoadBalancer address (held by a Service). Its name
+// (held by a pod), or a LoadBalancer address (held by a Service, or by
+// the Services sharing it under one allow-shared-ip key). Its name
 // is derived from the IP (ClaimName), so creating it is the atomic
 // test-and-set that keeps two nodes — or a node and the LoadBalancer
 // assigner — from handing the IP out twice. Agents create a pod's claim
@@ -224,11 +225,14 @@ type AddressClaim struct {
 
 // AddressClaimSpec says who holds the IP: a pod (use pod or addresses:
 // pod, node and containerID are set) or a Service (use loadBalancer:
-// service is set, and none of the pod's fields).
+// service is set, and none of the pod's fields; a shared address also
+// lists its other holders in sharers, all under sharingKey).
 //
 // +kubebuilder:validation:XValidation:rule="(self.use == 'loadBalancer') == has(self.service)",fieldPath=".service",message="spec.service is set exactly when spec.use is loadBalancer (a LoadBalancer address is held by a Service, any other by a pod)"
 // +kubebuilder:validation:XValidation:rule="self.use != 'loadBalancer' || (!has(self.pod) && !has(self.node) && !has(self.containerID))",message="a loadBalancer claim is held by a Service: spec.pod, spec.node and spec.containerID must be unset"
 // +kubebuilder:validation:XValidation:rule="self.use == 'loadBalancer' || (has(self.pod) && has(self.node) && has(self.containerID))",message="a pod or addresses claim needs spec.pod, spec.node and spec.containerID"
+// +kubebuilder:validation:XValidation:rule="self.use == 'loadBalancer' || (!has(self.sharingKey) && !has(self.sharers))",message="only a loadBalancer claim is shared: spec.sharingKey and spec.sharers must be unset"
+// +kubebuilder:validation:XValidation:rule="!has(self.sharers) || (has(self.sharingKey) && size(self.sharingKey) > 0)",fieldPath=".sharers",message="a claim with sharers names their spec.sharingKey"
 type AddressClaimSpec struct {
 	// IP is the claimed address.
 	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IP address"
@@ -250,6 +254,18 @@ type AddressClaimSpec struct {
 	// Service holds the IP (use loadBalancer).
 	// +optional
 	Service *ClaimService `json:"service,omitempty"`
+
+	// SharingKey is the flock.fritzlab.net/allow-shared-ip key the
+	// Services hold the address under (use loadBalancer): another Service
+	// may join them only with the same key. Empty: not shareable.
+	// +optional
+	SharingKey string `json:"sharingKey,omitempty"`
+
+	// Sharers are the Services holding the address besides service, under
+	// sharingKey (MetalLB-style sharing, use loadBalancer). The claim is
+	// deleted when its last holder releases it.
+	// +optional
+	Sharers []ClaimService `json:"sharers,omitempty"`
 
 	// Node is where the pod runs (use pod or addresses).
 	// +optional
@@ -281,6 +297,13 @@ type ClaimService struct {
 	// another holder.
 	// +optional
 	UID string `json:"uid,omitempty"`
+	// Terms are what the Service holds a shareable address under (its
+	// sharing key, its ports and, with externalTrafficPolicy Local, its
+	// selector), as its status last took them: a new leader restores it
+	// under these, so an edit not carried out does not move its sharers.
+	// Written by the assigner; empty: held unshared.
+	// +optional
+	Terms string `json:"terms,omitempty"`
 }
 
 // AddressClaimList is a list of AddressClaims.

@@ -332,6 +332,10 @@ func TestAddressClaimCRD(t *testing.T) {
 		{"(self.use == 'loadBalancer') == has(self.service)", ".service"},
 		{"self.use != 'loadBalancer' || (!has(self.pod) && !has(self.node) && !has(self.containerID))", ""},
 		{"self.use == 'loadBalancer' || (has(self.pod) && has(self.node) && has(self.containerID))", ""},
+		// Sharing is a Service's: a pod's claim names no key or sharers,
+		// and sharers always name the key they share under.
+		{"self.use == 'loadBalancer' || (!has(self.sharingKey) && !has(self.sharers))", ""},
+		{"!has(self.sharers) || (has(self.sharingKey) && size(self.sharingKey) > 0)", ".sharers"},
 	} {
 		found := false
 		for _, v := range spec.Validations {
@@ -346,8 +350,8 @@ func TestAddressClaimCRD(t *testing.T) {
 			t.Errorf("spec rules %+v lack %q", spec.Validations, r.rule)
 		}
 	}
-	if len(spec.Validations) != 3 {
-		t.Errorf("%d spec rules, want 3", len(spec.Validations))
+	if len(spec.Validations) != 5 {
+		t.Errorf("%d spec rules, want 5", len(spec.Validations))
 	}
 }
 

@@ -28,11 +28,11 @@ type (
 	}
 )
 
-func (noClaims) Claim(context.Context, netip.Addr, string, loadbalancers.ServiceRef) error {
+func (noClaims) Claim(context.Context, netip.Addr, string, loadbalancers.ServiceRef, string) error {
 	return nil
 }
 func (noClaims) Release(context.Context, netip.Addr, loadbalancers.ServiceRef) error      { return nil }
-func (noClaims) Services() map[netip.Addr]loadbalancers.ServiceRef                        { return nil }
+func (noClaims) Services() map[netip.Addr][]loadbalancers.ServiceRef                      { return nil }
 func (noClaims) Others() map[netip.Addr]string                                            { return nil }
 func (noStatus) SetIngress(context.Context, loadbalancers.ServiceRef, []netip.Addr) error { return nil }
 func (noEvents) Event(loadbalancers.ServiceRef, bool, string, string)                     {}
