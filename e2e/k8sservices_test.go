@@ -70,7 +70,10 @@ spec:
 ---
 apiVersion: v1
 kind: Service
-metadata: {name: svcweb-lb, namespace: default}
+metadata:
+  name: svcweb-lb
+  namespace: default
+  annotations: {flock.fritzlab.net/allow-shared-ip: svcweb}
 spec:
   type: LoadBalancer
   loadBalancerClass: flock.fritzlab.net/bgp
@@ -78,6 +81,25 @@ spec:
   selector: {app: svcweb}
   ipFamilyPolicy: PreferDualStack
   ports: [{name: http, port: 80, targetPort: http}]
+`
+
+// A second Service asking to share svcweb-lb's address (MetalLB's rules:
+// the same key, traffic policy and selector, another port).
+const k8sServiceSharer = `apiVersion: v1
+kind: Service
+metadata:
+  name: svcweb-lb2
+  namespace: default
+  annotations:
+    flock.fritzlab.net/allow-shared-ip: svcweb
+    flock.fritzlab.net/loadBalancerIPs: 198.51.100.240
+spec:
+  type: LoadBalancer
+  loadBalancerClass: flock.fritzlab.net/bgp
+  externalTrafficPolicy: Local
+  selector: {app: svcweb}
+  ipFamilyPolicy: PreferDualStack
+  ports: [{name: alt, port: 8443, targetPort: http}]
 `
 
 func testServices(t *testing.T, e *k8sEnv) {
@@ -103,6 +125,29 @@ func testServices(t *testing.T, e *k8sEnv) {
 	if out := e.kubectl("get", "addressclaim", "ipv4-198.51.100.240", "-o", "jsonpath={.spec.use} {.spec.service.namespace}/{.spec.service.name} {.spec.pool}"); out != "loadBalancer default/svcweb-lb k8s-loadbalancers" {
 		t.Errorf("the address's claim: %q", out)
 	}
+	// Issue 30: a second Service shares the address; both hold its one
+	// claim, and neither moves (the claim's update starts a full pass,
+	// where the first Service's address used to move once the second's
+	// refusal had reserved it).
+	e.apply(k8sServiceSharer)
+	t.Cleanup(func() {
+		_, _ = e.c.Kubectl(context.Background(), "delete", "service/svcweb-lb2", "--wait=false")
+	})
+	testutil.EventuallyWithin(t, 60*time.Second, "the second Service given the shared address", func() (bool, string) {
+		out, _ := e.c.Kubectl(t.Context(), "get", "service", "svcweb-lb2", "-o", "jsonpath={.status.loadBalancer.ingress[*].ip}")
+		return out == "198.51.100.240", out
+	})
+	sharedClaim := func() string {
+		out, _ := e.c.Kubectl(t.Context(), "get", "addressclaim", "ipv4-198.51.100.240", "-o", "jsonpath={.spec.sharingKey} {.spec.service.name} {.spec.sharers[*].name}")
+		return strings.TrimSpace(out)
+	}
+	if out := sharedClaim(); out != "svcweb svcweb-lb svcweb-lb2" {
+		t.Errorf("the shared address's claim (key, service, sharers): %q, want both Services under key svcweb", out)
+	}
+	testutil.Consistently(t, "neither Service moves off the shared address", 3*time.Second, func() (bool, string) {
+		out, _ := e.c.Kubectl(t.Context(), "get", "service", "svcweb-lb", "svcweb-lb2", "-o", "jsonpath={.items[*].status.loadBalancer.ingress[*].ip}")
+		return out == "198.51.100.240 198.51.100.240", out
+	})
 	if out := e.kubectl("get", "lease", "-n", "flock-system", "flock-loadbalancers", "-o", "jsonpath={.spec.holderIdentity}"); out != k8sNode {
 		t.Errorf("Lease holder %q, want the node %s", out, k8sNode)
 	}
@@ -119,16 +164,21 @@ func testServices(t *testing.T, e *k8sEnv) {
 		})
 		return names
 	}()
-	// flockctl services -o json, as IP → "state: reason".
+	// flockctl services -o json, as IP → "state: reason" (svcweb-lb2's
+	// rows, of the address it shares, as "svcweb-lb2 IP").
 	services := func() map[string]string {
 		out := e.kubectl("-n", "flock-system", "exec", "ds/flock", "-c", "agent", "--", "flockctl", "-o", "json", "services")
-		var rows []struct{ IP, Raw, State, Reason string }
+		var rows []struct{ Service, IP, Raw, State, Reason string }
 		if err := json.Unmarshal([]byte(out), &rows); err != nil {
 			t.Fatalf("flockctl -o json services: %v\n%s", err, out)
 		}
 		m := map[string]string{}
 		for _, r := range rows {
-			m[r.IP] = r.State + ": " + r.Reason
+			k := r.IP
+			if r.Service == "default/svcweb-lb2" {
+				k = "svcweb-lb2 " + k
+			}
+			m[k] = r.State + ": " + r.Reason
 		}
 		return m
 	}
@@ -175,6 +225,7 @@ func testServices(t *testing.T, e *k8sEnv) {
 	wait(ext4, 1)
 	wait(lb4, 1)
 	if m := services(); m["198.51.100.225"] != "advertised: ready endpoint in the cluster" || m["198.51.100.240"] != "advertised: local ready endpoint" ||
+		m["svcweb-lb2 198.51.100.240"] != "advertised: local ready endpoint" ||
 		!strings.HasPrefix(m["2001:db8:e5::5"], "not advertised: no kube-proxy of this family serves the Service") ||
 		!strings.Contains(m["2001:db8:99::5"], "no AddressPool allows namespace default to use 2001:db8:99::5 as externalIP") {
 		t.Errorf("flockctl services: %v", m)
@@ -216,9 +267,19 @@ func testServices(t *testing.T, e *k8sEnv) {
 		return n == 0, fmt.Sprintf("%d paths", n)
 	})
 
-	// Switched to ClusterIP: the address released (its claim deleted) and
-	// never advertised again.
+	// Switched to ClusterIP: its hold on the address given up, the claim
+	// stays with the Service still sharing it; with that one gone too,
+	// the address released (its claim deleted) and never advertised
+	// again.
 	e.kubectl("patch", "service", "svcweb-lb", "--type=merge", "-p", `{"spec":{"type":"ClusterIP"}}`)
+	testutil.EventuallyWithin(t, 30*time.Second, "the claim held by the remaining sharer alone", func() (bool, string) {
+		out := sharedClaim()
+		return out == "svcweb svcweb-lb2", out
+	})
+	if out, _ := e.c.Kubectl(t.Context(), "get", "service", "svcweb-lb2", "-o", "jsonpath={.status.loadBalancer.ingress[*].ip}"); out != "198.51.100.240" {
+		t.Errorf("svcweb-lb2 moved off the address when svcweb-lb left it: %q", out)
+	}
+	e.kubectl("delete", "service", "svcweb-lb2")
 	testutil.EventuallyWithin(t, 30*time.Second, "the claim of the released address gone", func() (bool, string) {
 		out, err := e.c.Kubectl(t.Context(), "get", "addressclaim", "ipv4-198.51.100.240", "-o", "name")
 		return err != nil && strings.Contains(out, "NotFound"), out

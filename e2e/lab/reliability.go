@@ -5,10 +5,12 @@ package lab
 // write rows as JSON lines (FLOCK_RELIABILITY_OUT); e2e/cmd/reliability
 // renders them.
 type ReliabilityRow struct {
-	Section  string            `json:"section"`
-	Fault    string            `json:"fault"`
-	ToR      string            `json:"tor,omitempty"`
-	Done     string            `json:"done"`
+	Section string `json:"section"`
+	Fault   string `json:"fault"`
+	ToR     string `json:"tor,omitempty"`
+	Done    string `json:"done"`
+	// Times is how often the run applied the fault (a crash storm's
+	// rounds; 1 for a single fault), or the inputs a fuzz run executed.
 	Times    int               `json:"times"`
 	Survived string            `json:"survived"`
 	Figures  map[string]string `json:"figures,omitempty"`

@@ -220,7 +220,7 @@ func render(b *strings.Builder, rows []row, h header) {
 	fmt.Fprintf(b, "- date: %s (rendered %s)\n", h.meta.Started.UTC().Format("2006-01-02 15:04 MST"), h.rendered.UTC().Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(b, "- machine: %s\n", h.machine)
 	fmt.Fprintf(b, "- ToRs: %s. Every fault runs in network namespaces on one machine, against real daemons.\n\n", h.tors)
-	fmt.Fprintf(b, "Each fault is run n times (the same test, `go test -count`); a line gives each figure as min / median / max over the runs (the median of an even n is the lower middle run), and each run's outcome. A line of fewer than %d runs is marked **n<%d**: too few to mean much.\n\n", minRepeats, minRepeats)
+	fmt.Fprintf(b, "Each fault is run n times (the same test, `go test -count`); a line gives each figure as min / median / max over the runs (the median of an even n is the lower middle run), and each run's outcome. Faults per run is how often one run applied the fault (a range where the runs differ: a crash storm's rounds). A line of fewer than %d runs is marked **n<%d**: too few to mean much.\n\n", minRepeats, minRepeats)
 
 	known := map[string]bool{}
 	order := slices.Clone(sections)
@@ -275,7 +275,7 @@ func render(b *strings.Builder, rows []row, h header) {
 			fmt.Fprintln(b)
 			continue
 		}
-		fmt.Fprintf(b, "| Fault | ToR | What was done | n | Times (each run) | What survived (each run) | Figures: min / median / max |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+		fmt.Fprintf(b, "| Fault | ToR | What was done | n | Faults per run | What survived (each run) | Figures: min / median / max |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 		for _, g := range in {
 			tor := g.tor
 			if tor == "" {

@@ -86,6 +86,11 @@ func TestRenderGroupsRuns(t *testing.T) {
 			t.Errorf("restart line lacks %q: %s", want, l)
 		}
 	}
+	// The column says what its cells are: how often a run applied the
+	// fault, not a time.
+	if !strings.Contains(doc, "| n | Faults per run | What survived (each run) |") || strings.Contains(doc, "Times (each run)") {
+		t.Error("the table header does not name the faults-per-run column")
+	}
 	// One run, two runs: marked; a figure only some runs recorded says so;
 	// Times varying per run is a range.
 	if l := lineOf(t, doc, "| link flap | frr |"); !strings.Contains(l, "| **1 (n<3)** |") || !strings.Contains(l, "40ms") {
