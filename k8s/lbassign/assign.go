@@ -251,18 +251,22 @@ func (a *Allocator) Assign(s Service) ([]netip.Addr, error) {
 	if err := a.request(sp); err != nil {
 		return nil, err
 	}
+	var had []netip.Addr
+	had = append(had, s.Current...)
+	if r := a.svcs[s.Key]; r != nil {
+		had = append(had, r.addrs...)
+	}
 	// Every request first, so that its error wins over exhaustion.
 	for _, f := range sp.fams {
 		if addr, ok := sp.req[f]; ok {
 			if err := a.usable(sp, addr, sp.reqRaw[f]); err != nil {
 				return nil, err
 			}
+			if SubnetRouterAnycast(addr) && !slices.Contains(had, addr) {
+				return nil, &Error{Code: CodeReserved, Field: sp.reqField, Value: sp.reqRaw[f],
+					Reason: fmt.Sprintf("the Subnet-Router anycast address of %s (RFC 4291 §2.6.1): routers on that subnet answer it", netip.PrefixFrom(addr, 64))}
+			}
 		}
-	}
-	var had []netip.Addr
-	had = append(had, s.Current...)
-	if r := a.svcs[s.Key]; r != nil {
-		had = append(had, r.addrs...)
 	}
 	var out []netip.Addr
 	var missing []corev1.IPFamily // families with no address and no error yet
@@ -300,6 +304,9 @@ func (a *Allocator) free(sp *spec, f corev1.IPFamily) (netip.Addr, bool) {
 				continue
 			}
 			for addr := pf.Addr(); addr.IsValid() && pf.Contains(addr); addr = addr.Next() {
+				if SubnetRouterAnycast(addr) {
+					continue
+				}
 				if _, ok := a.reserved[addr]; !ok && a.conflict(sp, addr) == "" {
 					return addr, true
 				}

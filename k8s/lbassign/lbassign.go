@@ -32,11 +32,14 @@
 //     address order. Usable: not reserved and free, or held only by
 //     Services it may be shared with (MetalLB's getIPFromCIDR does the
 //     same: first fit over free and shareable alike). Every address of a
-//     prefix is handed out, network and broadcast-like ones included:
-//     MetalLB only skips IPv4 addresses ending in .0 and .255 in pools
-//     with avoidBuggyIPs (an opt-in for buggy CPE firmware), and flock
+//     prefix is handed out, network and broadcast-like ones included
+//     (MetalLB only skips IPv4 addresses ending in .0 and .255 in pools
+//     with avoidBuggyIPs, an opt-in for buggy CPE firmware, and flock
 //     advertises each address as a host route, where they are not
-//     special.
+//     special), but for IPv6 Subnet-Router anycast addresses (interface
+//     identifier zero, RFC 4291 §2.6.1: routers answer them), which are
+//     neither allocated nor granted on request; a Service that holds one
+//     already keeps it.
 //   - Sharing (MetalLB's allow-shared-ip). Services may hold one address
 //     only if all have the same non-empty sharing key, no two use the
 //     same port (number and protocol), all have the same
@@ -60,6 +63,7 @@ package lbassign
 
 import (
 	"cmp"
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"math"
@@ -349,12 +353,31 @@ func normalize(in []netip.Prefix) []netip.Prefix {
 	return out
 }
 
+// prefixSize is how many addresses of p Assign may hand out: all but
+// the Subnet-Router anycast ones (saturating at MaxUint64).
 func prefixSize(p netip.Prefix) uint64 {
 	n := p.Addr().BitLen() - p.Bits()
 	if n >= 64 {
 		return math.MaxUint64
 	}
+	if SubnetRouterAnycast(p.Addr()) {
+		return 1<<n - 1 // longer than /64: its first address only
+	}
 	return 1 << n
+}
+
+// SubnetRouterAnycast tells whether addr is an IPv6 Subnet-Router anycast
+// address: its /64's prefix with an interface identifier of zero (RFC
+// 4291 §2.6.1; unicast interface identifiers are 64 bits, §2.5.1). Every
+// router with an interface on that /64 answers it, so Assign never hands
+// one out (a Service given one by an older release keeps it: an address
+// in use never moves).
+func SubnetRouterAnycast(addr netip.Addr) bool {
+	if !addr.Is6() || addr.Is4In6() {
+		return false
+	}
+	b := addr.As16()
+	return binary.BigEndian.Uint64(b[8:]) == 0
 }
 
 func addSat(x, y uint64) uint64 {

@@ -73,10 +73,10 @@ func udp(n int32) Port { return Port{Port: n, Protocol: corev1.ProtocolUDP} }
 func stdPools() []Pool {
 	return []Pool{
 		mkpool("v4", everyone, "192.0.2.0/30"),
-		mkpool("v6", everyone, "2001:db8:6::/126"),
-		mkpool("v6b", everyone, "2001:db8:7::/127"),
+		mkpool("v6", everyone, "2001:db8:6::100/126"),
+		mkpool("v6b", everyone, "2001:db8:7::100/127"),
 		mkpool("v4b", everyone, "198.51.100.0/31"),
-		mkpool("secret", only("ops"), "2001:db8:5::/126", "203.0.113.0/30"),
+		mkpool("secret", only("ops"), "2001:db8:5::100/126", "203.0.113.0/30"),
 	}
 }
 
@@ -128,30 +128,30 @@ func TestAssign(t *testing.T) {
 		msg   []string
 	}{
 		// Families.
-		{name: "empty families: default IPv6", svc: svc("a/s"), want: []string{"2001:db8:6::"}},
+		{name: "empty families: default IPv6", svc: svc("a/s"), want: []string{"2001:db8:6::100"}},
 		{name: "empty families: default IPv4 when set", def: v4, svc: svc("a/s"), want: []string{"192.0.2.0"}},
 		{name: "SingleStack: first family only", svc: svc("a/s", fams(v4, v6), policy(single)), want: []string{"192.0.2.0"}},
-		{name: "empty policy is SingleStack", svc: svc("a/s", fams(v6, v4)), want: []string{"2001:db8:6::"}},
+		{name: "empty policy is SingleStack", svc: svc("a/s", fams(v6, v4)), want: []string{"2001:db8:6::100"}},
 		{name: "PreferDualStack given one family (a single-stack cluster): that one only", svc: svc("a/s", fams(v4), policy(prefer)),
 			want: []string{"192.0.2.0"}},
 		{name: "PreferDualStack, families not filled in yet: both, the default first", svc: svc("a/s", policy(prefer)),
-			want: []string{"2001:db8:6::", "192.0.2.0"}},
+			want: []string{"2001:db8:6::100", "192.0.2.0"}},
 		{name: "PreferDualStack keeps the families' order", svc: svc("a/s", fams(v6, v4), policy(prefer)),
-			want: []string{"2001:db8:6::", "192.0.2.0"}},
-		{name: "PreferDualStack, no IPv4 pool: IPv6 only", pools: []Pool{mkpool("v6", everyone, "2001:db8:6::/126")},
-			svc: svc("a/s", fams(v6, v4), policy(prefer)), want: []string{"2001:db8:6::"}},
+			want: []string{"2001:db8:6::100", "192.0.2.0"}},
+		{name: "PreferDualStack, no IPv4 pool: IPv6 only", pools: []Pool{mkpool("v6", everyone, "2001:db8:6::100/126")},
+			svc: svc("a/s", fams(v6, v4), policy(prefer)), want: []string{"2001:db8:6::100"}},
 		{name: "PreferDualStack, primary family has no pool: the other", pools: []Pool{mkpool("v4", everyone, "192.0.2.0/30")},
 			svc: svc("a/s", fams(v6, v4), policy(prefer)), want: []string{"192.0.2.0"}},
-		{name: "PreferDualStack, IPv4 exhausted: IPv6 only", pools: []Pool{mkpool("v4", everyone, "192.0.2.0/32"), mkpool("v6", everyone, "2001:db8:6::/126")},
+		{name: "PreferDualStack, IPv4 exhausted: IPv6 only", pools: []Pool{mkpool("v4", everyone, "192.0.2.0/32"), mkpool("v6", everyone, "2001:db8:6::100/126")},
 			before: []Service{svc("a/other", fams(v4))},
-			svc:    svc("a/s", fams(v6, v4), policy(prefer)), want: []string{"2001:db8:6::"}},
-		{name: "RequireDualStack: both", svc: svc("a/s", fams(v6, v4), policy(require)), want: []string{"2001:db8:6::", "192.0.2.0"}},
+			svc:    svc("a/s", fams(v6, v4), policy(prefer)), want: []string{"2001:db8:6::100"}},
+		{name: "RequireDualStack: both", svc: svc("a/s", fams(v6, v4), policy(require)), want: []string{"2001:db8:6::100", "192.0.2.0"}},
 		{name: "RequireDualStack, empty families: default first", def: v4, svc: svc("a/s", policy(require)),
-			want: []string{"192.0.2.0", "2001:db8:6::"}},
-		{name: "RequireDualStack, no IPv4 pool", pools: []Pool{mkpool("v6", everyone, "2001:db8:6::/126"), mkpool("secret", only("ops"), "192.0.2.0/30")},
+			want: []string{"192.0.2.0", "2001:db8:6::100"}},
+		{name: "RequireDualStack, no IPv4 pool", pools: []Pool{mkpool("v6", everyone, "2001:db8:6::100/126"), mkpool("secret", only("ops"), "192.0.2.0/30")},
 			svc: svc("a/s", fams(v6, v4), policy(require)), code: CodeNoPool, field: FieldIPFamilyPolicy,
 			msg: []string{`"RequireDualStack"`, "IPv4", "namespace a"}},
-		{name: "RequireDualStack, IPv4 exhausted", pools: []Pool{mkpool("v4", everyone, "192.0.2.0/32"), mkpool("v6", everyone, "2001:db8:6::/126")},
+		{name: "RequireDualStack, IPv4 exhausted", pools: []Pool{mkpool("v4", everyone, "192.0.2.0/32"), mkpool("v6", everyone, "2001:db8:6::100/126")},
 			before: []Service{svc("a/other", fams(v4))},
 			svc:    svc("a/s", fams(v6, v4), policy(require)), code: CodeExhausted, field: FieldIPFamilyPolicy,
 			msg: []string{`"RequireDualStack"`, "no free IPv4", "pool v4"}},
@@ -162,15 +162,15 @@ func TestAssign(t *testing.T) {
 			msg: []string{`"MaybeDualStack"`}},
 
 		// Requested addresses.
-		{name: "requested", svc: svc("a/s", want("2001:db8:6::3")), want: []string{"2001:db8:6::3"}},
-		{name: "requested, not canonical", svc: svc("a/s", want(" 2001:DB8:6:0::3 ")), want: []string{"2001:db8:6::3"}},
+		{name: "requested", svc: svc("a/s", want("2001:db8:6::103")), want: []string{"2001:db8:6::103"}},
+		{name: "requested, not canonical", svc: svc("a/s", want(" 2001:DB8:6:0::103 ")), want: []string{"2001:db8:6::103"}},
 		{name: "requested one family, RequireDualStack: the other allocated",
-			svc: svc("a/s", fams(v6, v4), policy(require), want("192.0.2.2")), want: []string{"2001:db8:6::", "192.0.2.2"}},
-		{name: "requested both families", svc: svc("a/s", fams(v4, v6), policy(prefer), want("2001:db8:6::1", "192.0.2.1")),
-			want: []string{"192.0.2.1", "2001:db8:6::1"}},
+			svc: svc("a/s", fams(v6, v4), policy(require), want("192.0.2.2")), want: []string{"2001:db8:6::100", "192.0.2.2"}},
+		{name: "requested both families", svc: svc("a/s", fams(v4, v6), policy(prefer), want("2001:db8:6::101", "192.0.2.1")),
+			want: []string{"192.0.2.1", "2001:db8:6::101"}},
 		{name: "requested network and broadcast-like addresses", svc: svc("a/s", fams(v4), want("192.0.2.3")), want: []string{"192.0.2.3"}},
-		{name: "malformed", svc: svc("a/s", want("2001:db8:6::zz")), code: CodeInvalid, field: FieldLoadBalancerIPs,
-			msg: []string{`"2001:db8:6::zz"`, "not an IP address"}},
+		{name: "malformed", svc: svc("a/s", want("2001:db8:6::100zz")), code: CodeInvalid, field: FieldLoadBalancerIPs,
+			msg: []string{`"2001:db8:6::100zz"`, "not an IP address"}},
 		{name: "malformed, from spec.loadBalancerIP", svc: svc("a/s", want("nope"), func(s *Service) { s.RequestedField = FieldLoadBalancerIP }),
 			code: CodeInvalid, field: FieldLoadBalancerIP, msg: []string{`spec.loadBalancerIP "nope"`}},
 		{name: "zone", svc: svc("a/s", want("fe80::1%eth0")), code: CodeInvalid, field: FieldLoadBalancerIPs,
@@ -179,54 +179,54 @@ func TestAssign(t *testing.T) {
 			msg: []string{`"::ffff:192.0.2.1"`, "IPv4-mapped"}},
 		{name: "IPv4 on an IPv6 Service", svc: svc("a/s", fams(v6), want("192.0.2.1")), code: CodeWrongFamily, field: FieldLoadBalancerIPs,
 			msg: []string{`"192.0.2.1"`, "IPv4", "only IPv6", "SingleStack"}},
-		{name: "IPv6 on a SingleStack IPv4 Service with both families listed", svc: svc("a/s", fams(v4, v6), want("2001:db8:6::1")),
-			code: CodeWrongFamily, field: FieldLoadBalancerIPs, msg: []string{`"2001:db8:6::1"`, "only IPv4"}},
-		{name: "two of one family", svc: svc("a/s", fams(v6, v4), policy(prefer), want("2001:db8:6::1", "2001:db8:6::2")),
-			code: CodeWrongFamily, field: FieldLoadBalancerIPs, msg: []string{`"2001:db8:6::2"`, "second IPv6", "2001:db8:6::1"}},
-		{name: "outside every pool", svc: svc("a/s", want("2001:db8:99::1")), code: CodeNotInPool, field: FieldLoadBalancerIPs,
-			msg: []string{`"2001:db8:99::1"`, "in no loadBalancer AddressPool"}},
-		{name: "in a pool the namespace may not use", svc: svc("a/s", want("2001:db8:5::1")), code: CodeNotInPool,
-			field: FieldLoadBalancerIPs, msg: []string{`"2001:db8:5::1"`, "pool secret", "namespace a may not use"}},
-		{name: "in a pool the namespace may use", svc: svc("ops/s", want("2001:db8:5::1")), want: []string{"2001:db8:5::1"}},
-		{name: "not in the annotation's pool", svc: svc("a/s", want("2001:db8:6::1"), inPools("v6b")), code: CodeNotInPool,
-			field: FieldLoadBalancerIPs, msg: []string{`"2001:db8:6::1"`, "pool v6", "v6b"}},
-		{name: "reserved", reserv: map[string]string{"2001:db8:6::1": "pod ns/p"}, svc: svc("a/s", want("2001:db8:6::1")),
-			code: CodeReserved, field: FieldLoadBalancerIPs, msg: []string{`"2001:db8:6::1"`, "reserved by pod ns/p"}},
+		{name: "IPv6 on a SingleStack IPv4 Service with both families listed", svc: svc("a/s", fams(v4, v6), want("2001:db8:6::101")),
+			code: CodeWrongFamily, field: FieldLoadBalancerIPs, msg: []string{`"2001:db8:6::101"`, "only IPv4"}},
+		{name: "two of one family", svc: svc("a/s", fams(v6, v4), policy(prefer), want("2001:db8:6::101", "2001:db8:6::102")),
+			code: CodeWrongFamily, field: FieldLoadBalancerIPs, msg: []string{`"2001:db8:6::102"`, "second IPv6", "2001:db8:6::101"}},
+		{name: "outside every pool", svc: svc("a/s", want("2001:db8:99::101")), code: CodeNotInPool, field: FieldLoadBalancerIPs,
+			msg: []string{`"2001:db8:99::101"`, "in no loadBalancer AddressPool"}},
+		{name: "in a pool the namespace may not use", svc: svc("a/s", want("2001:db8:5::101")), code: CodeNotInPool,
+			field: FieldLoadBalancerIPs, msg: []string{`"2001:db8:5::101"`, "pool secret", "namespace a may not use"}},
+		{name: "in a pool the namespace may use", svc: svc("ops/s", want("2001:db8:5::101")), want: []string{"2001:db8:5::101"}},
+		{name: "not in the annotation's pool", svc: svc("a/s", want("2001:db8:6::101"), inPools("v6b")), code: CodeNotInPool,
+			field: FieldLoadBalancerIPs, msg: []string{`"2001:db8:6::101"`, "pool v6", "v6b"}},
+		{name: "reserved", reserv: map[string]string{"2001:db8:6::101": "pod ns/p"}, svc: svc("a/s", want("2001:db8:6::101")),
+			code: CodeReserved, field: FieldLoadBalancerIPs, msg: []string{`"2001:db8:6::101"`, "reserved by pod ns/p"}},
 
 		// Sharing a requested address.
-		{name: "held, no sharing", before: []Service{svc("a/other", want("2001:db8:6::1"))},
-			svc: svc("a/s", want("2001:db8:6::1"), ports(tcp(443))), code: CodeInUse, field: FieldLoadBalancerIPs,
-			msg: []string{`"2001:db8:6::1"`, "a/other", "does not allow sharing"}},
-		{name: "held, only the other allows sharing", before: []Service{svc("a/other", want("2001:db8:6::1"), share("k"))},
-			svc: svc("a/s", want("2001:db8:6::1"), ports(tcp(443))), code: CodeInUse, field: FieldLoadBalancerIPs,
-			msg: []string{`"2001:db8:6::1"`, "a/other", "needs " + AnnotationAllowSharedIP}},
-		{name: "held, other key", before: []Service{svc("a/other", want("2001:db8:6::1"), share("k"))},
-			svc: svc("a/s", want("2001:db8:6::1"), share("j"), ports(tcp(443))), code: CodeInUse, field: FieldLoadBalancerIPs,
-			msg: []string{`"2001:db8:6::1"`, "a/other", `"k", not "j"`}},
-		{name: "held, port clash", before: []Service{svc("b/other", want("2001:db8:6::1"), share("k"), ports(tcp(80), udp(53)))},
-			svc: svc("a/s", want("2001:db8:6::1"), share("k"), ports(tcp(443), udp(53))), code: CodeInUse, field: FieldLoadBalancerIPs,
-			msg: []string{`"2001:db8:6::1"`, "port UDP/53", "b/other"}},
-		{name: "held, port clash with the default protocol", before: []Service{svc("a/other", want("2001:db8:6::1"), share("k"), ports(tcp(80)))},
-			svc: svc("a/s", want("2001:db8:6::1"), share("k"), ports(Port{Port: 80})), code: CodeInUse, field: FieldLoadBalancerIPs,
+		{name: "held, no sharing", before: []Service{svc("a/other", want("2001:db8:6::101"))},
+			svc: svc("a/s", want("2001:db8:6::101"), ports(tcp(443))), code: CodeInUse, field: FieldLoadBalancerIPs,
+			msg: []string{`"2001:db8:6::101"`, "a/other", "does not allow sharing"}},
+		{name: "held, only the other allows sharing", before: []Service{svc("a/other", want("2001:db8:6::101"), share("k"))},
+			svc: svc("a/s", want("2001:db8:6::101"), ports(tcp(443))), code: CodeInUse, field: FieldLoadBalancerIPs,
+			msg: []string{`"2001:db8:6::101"`, "a/other", "needs " + AnnotationAllowSharedIP}},
+		{name: "held, other key", before: []Service{svc("a/other", want("2001:db8:6::101"), share("k"))},
+			svc: svc("a/s", want("2001:db8:6::101"), share("j"), ports(tcp(443))), code: CodeInUse, field: FieldLoadBalancerIPs,
+			msg: []string{`"2001:db8:6::101"`, "a/other", `"k", not "j"`}},
+		{name: "held, port clash", before: []Service{svc("b/other", want("2001:db8:6::101"), share("k"), ports(tcp(80), udp(53)))},
+			svc: svc("a/s", want("2001:db8:6::101"), share("k"), ports(tcp(443), udp(53))), code: CodeInUse, field: FieldLoadBalancerIPs,
+			msg: []string{`"2001:db8:6::101"`, "port UDP/53", "b/other"}},
+		{name: "held, port clash with the default protocol", before: []Service{svc("a/other", want("2001:db8:6::101"), share("k"), ports(tcp(80)))},
+			svc: svc("a/s", want("2001:db8:6::101"), share("k"), ports(Port{Port: 80})), code: CodeInUse, field: FieldLoadBalancerIPs,
 			msg: []string{"port TCP/80", "a/other"}},
-		{name: "held, same number other protocol: shared", before: []Service{svc("a/other", want("2001:db8:6::1"), share("k"), ports(tcp(53)))},
-			svc: svc("a/s", want("2001:db8:6::1"), share("k"), ports(udp(53))), want: []string{"2001:db8:6::1"}},
-		{name: "held, other traffic policy", before: []Service{svc("a/other", want("2001:db8:6::1"), share("k"))},
-			svc: svc("a/s", want("2001:db8:6::1"), share("k"), ports(tcp(443)), local(nil)), code: CodeInUse, field: FieldLoadBalancerIPs,
-			msg: []string{`"2001:db8:6::1"`, "a/other", "externalTrafficPolicy Cluster, not Local"}},
-		{name: "held, Local, other selector", before: []Service{svc("a/other", want("2001:db8:6::1"), share("k"), local(map[string]string{"app": "x"}))},
-			svc:  svc("a/s", want("2001:db8:6::1"), share("k"), ports(tcp(443)), local(map[string]string{"app": "y"})),
-			code: CodeInUse, field: FieldLoadBalancerIPs, msg: []string{`"2001:db8:6::1"`, "a/other", "selector app=x, not app=y"}},
-		{name: "held, Local, same selector: shared", before: []Service{svc("a/other", want("2001:db8:6::1"), share("k"), local(map[string]string{"app": "x"}))},
-			svc:  svc("a/s", want("2001:db8:6::1"), share("k"), ports(tcp(443)), local(map[string]string{"app": "x"})),
-			want: []string{"2001:db8:6::1"}},
-		{name: "held, Cluster, selectors differ: shared", before: []Service{svc("a/other", want("2001:db8:6::1"), share("k"), func(s *Service) { s.Selector = map[string]string{"app": "x"} })},
-			svc:  svc("a/s", want("2001:db8:6::1"), share("k"), ports(tcp(443))),
-			want: []string{"2001:db8:6::1"}},
+		{name: "held, same number other protocol: shared", before: []Service{svc("a/other", want("2001:db8:6::101"), share("k"), ports(tcp(53)))},
+			svc: svc("a/s", want("2001:db8:6::101"), share("k"), ports(udp(53))), want: []string{"2001:db8:6::101"}},
+		{name: "held, other traffic policy", before: []Service{svc("a/other", want("2001:db8:6::101"), share("k"))},
+			svc: svc("a/s", want("2001:db8:6::101"), share("k"), ports(tcp(443)), local(nil)), code: CodeInUse, field: FieldLoadBalancerIPs,
+			msg: []string{`"2001:db8:6::101"`, "a/other", "externalTrafficPolicy Cluster, not Local"}},
+		{name: "held, Local, other selector", before: []Service{svc("a/other", want("2001:db8:6::101"), share("k"), local(map[string]string{"app": "x"}))},
+			svc:  svc("a/s", want("2001:db8:6::101"), share("k"), ports(tcp(443)), local(map[string]string{"app": "y"})),
+			code: CodeInUse, field: FieldLoadBalancerIPs, msg: []string{`"2001:db8:6::101"`, "a/other", "selector app=x, not app=y"}},
+		{name: "held, Local, same selector: shared", before: []Service{svc("a/other", want("2001:db8:6::101"), share("k"), local(map[string]string{"app": "x"}))},
+			svc:  svc("a/s", want("2001:db8:6::101"), share("k"), ports(tcp(443)), local(map[string]string{"app": "x"})),
+			want: []string{"2001:db8:6::101"}},
+		{name: "held, Cluster, selectors differ: shared", before: []Service{svc("a/other", want("2001:db8:6::101"), share("k"), func(s *Service) { s.Selector = map[string]string{"app": "x"} })},
+			svc:  svc("a/s", want("2001:db8:6::101"), share("k"), ports(tcp(443))),
+			want: []string{"2001:db8:6::101"}},
 		{name: "held by two, clash with the second", before: []Service{
-			svc("a/o1", want("2001:db8:6::1"), share("k"), ports(tcp(1))),
-			svc("a/o2", want("2001:db8:6::1"), share("k"), ports(tcp(2)))},
-			svc: svc("a/s", want("2001:db8:6::1"), share("k"), ports(tcp(2))), code: CodeInUse, field: FieldLoadBalancerIPs,
+			svc("a/o1", want("2001:db8:6::101"), share("k"), ports(tcp(1))),
+			svc("a/o2", want("2001:db8:6::101"), share("k"), ports(tcp(2)))},
+			svc: svc("a/s", want("2001:db8:6::101"), share("k"), ports(tcp(2))), code: CodeInUse, field: FieldLoadBalancerIPs,
 			msg: []string{"port TCP/2", "a/o2"}},
 
 		// The address-pool annotation.
@@ -234,45 +234,63 @@ func TestAssign(t *testing.T) {
 			msg: []string{`"nope"`, "no loadBalancer AddressPool"}},
 		{name: "pool not allowed", svc: svc("a/s", inPools("secret")), code: CodePoolNotAllowed, field: FieldAddressPool,
 			msg: []string{`"secret"`, "namespace a may not use"}},
-		{name: "named pool", svc: svc("a/s", inPools("v6b")), want: []string{"2001:db8:7::"}},
+		{name: "named pool", svc: svc("a/s", inPools("v6b")), want: []string{"2001:db8:7::100"}},
 		{name: "named pools, blanks ignored", svc: svc("a/s", fams(v4), inPools(" ", "v4b ", "v4b")), want: []string{"198.51.100.0"}},
 		{name: "named pool without the family", svc: svc("a/s", fams(v4), inPools("v6b")), code: CodeNoPool, field: FieldIPFamilies,
 			msg: []string{`"IPv4"`, "no loadBalancer pool with IPv4", "v6b"}},
 
 		// Automatic allocation.
 		{name: "pool name order, then address order", pools: []Pool{
-			mkpool("b", everyone, "2001:db8:1::/127"),
-			mkpool("a", everyone, "2001:db8:3::/127", "2001:db8:2::8/127")},
-			svc: svc("a/s"), want: []string{"2001:db8:2::8"}},
-		{name: "overlapping prefixes", pools: []Pool{mkpool("a", everyone, "2001:db8:2::/120", "2001:db8:2::/127")},
-			before: []Service{svc("a/o1"), svc("a/o2")}, svc: svc("a/s"), want: []string{"2001:db8:2::2"}},
+			mkpool("b", everyone, "2001:db8:1::100/127"),
+			mkpool("a", everyone, "2001:db8:3::100/127", "2001:db8:2::108/127")},
+			svc: svc("a/s"), want: []string{"2001:db8:2::108"}},
+		{name: "overlapping prefixes", pools: []Pool{mkpool("a", everyone, "2001:db8:2::100/120", "2001:db8:2::100/127")},
+			before: []Service{svc("a/o1"), svc("a/o2")}, svc: svc("a/s"), want: []string{"2001:db8:2::102"}},
 		{name: "network and broadcast-like addresses are handed out", def: v4, pools: []Pool{mkpool("a", everyone, "10.0.0.0/24")},
 			svc: svc("a/s"), want: []string{"10.0.0.0"}},
-		{name: "reserved skipped", reserv: map[string]string{"2001:db8:6::": "x", "2001:db8:6::1": "y"}, svc: svc("a/s"),
-			want: []string{"2001:db8:6::2"}},
-		{name: "held skipped", before: []Service{svc("a/o")}, svc: svc("a/s"), want: []string{"2001:db8:6::1"}},
+		{name: "reserved skipped", reserv: map[string]string{"2001:db8:6::100": "x", "2001:db8:6::101": "y"}, svc: svc("a/s"),
+			want: []string{"2001:db8:6::102"}},
+		{name: "held skipped", before: []Service{svc("a/o")}, svc: svc("a/s"), want: []string{"2001:db8:6::101"}},
 		{name: "held, compatible: shared (as MetalLB)", before: []Service{svc("a/o", share("k"))},
-			svc: svc("b/s", share("k"), ports(tcp(443))), want: []string{"2001:db8:6::"}},
+			svc: svc("b/s", share("k"), ports(tcp(443))), want: []string{"2001:db8:6::100"}},
 		{name: "held, compatible key but port clash: skipped", before: []Service{svc("a/o", share("k"))},
-			svc: svc("a/s", share("k")), want: []string{"2001:db8:6::1"}},
-		{name: "exhausted", pools: []Pool{mkpool("one", everyone, "2001:db8:6::/128"), mkpool("two", everyone, "2001:db8:7::/128")},
+			svc: svc("a/s", share("k")), want: []string{"2001:db8:6::101"}},
+		{name: "exhausted", pools: []Pool{mkpool("one", everyone, "2001:db8:6::100/128"), mkpool("two", everyone, "2001:db8:7::100/128")},
 			before: []Service{svc("a/o1"), svc("a/o2")}, svc: svc("a/s"), code: CodeExhausted, field: FieldIPFamilies,
 			msg: []string{`"IPv6"`, "no free IPv6 address in pool one, two", "namespace a"}},
 		{name: "exhausted, named pool", before: []Service{svc("a/o1", inPools("v6b")), svc("a/o2", inPools("v6b"))},
 			svc: svc("a/s", inPools("v6b")), code: CodeExhausted, field: FieldIPFamilies,
 			msg: []string{`"IPv6"`, "pool v6b", "named by " + FieldAddressPool}},
-		{name: "exhausted by reservations", pools: []Pool{mkpool("one", everyone, "2001:db8:6::/127")},
-			reserv: map[string]string{"2001:db8:6::": "x", "2001:db8:6::1": "y"},
+		{name: "exhausted by reservations", pools: []Pool{mkpool("one", everyone, "2001:db8:6::100/127")},
+			reserv: map[string]string{"2001:db8:6::100": "x", "2001:db8:6::101": "y"},
 			svc:    svc("a/s"), code: CodeExhausted, msg: []string{"pool one"}},
-		{name: "PreferDualStack, all exhausted", pools: []Pool{mkpool("one", everyone, "2001:db8:6::/128", "192.0.2.0/32")},
+		{name: "PreferDualStack, all exhausted", pools: []Pool{mkpool("one", everyone, "2001:db8:6::100/128", "192.0.2.0/32")},
 			before: []Service{svc("a/o", fams(v6, v4), policy(require))},
 			svc:    svc("a/s", fams(v6, v4), policy(prefer)), code: CodeExhausted, field: FieldIPFamilies,
 			msg: []string{`"IPv6,IPv4"`, "pool one"}},
-		{name: "no pool for the namespace", svc: svc("x/s"), pools: []Pool{mkpool("secret", only("ops"), "2001:db8:5::/126")},
+		{name: "no pool for the namespace", svc: svc("x/s"), pools: []Pool{mkpool("secret", only("ops"), "2001:db8:5::100/126")},
 			code: CodeNoPool, field: FieldIPFamilies, msg: []string{`"IPv6"`, "namespace x"}},
-		{name: "nil Allows: nobody", pools: []Pool{mkpool("p", nil, "2001:db8:5::/126")}, svc: svc("a/s"), code: CodeNoPool},
+		{name: "nil Allows: nobody", pools: []Pool{mkpool("p", nil, "2001:db8:5::100/126")}, svc: svc("a/s"), code: CodeNoPool},
 		{name: "PreferDualStack, no pool at all", pools: []Pool{}, svc: svc("a/s", policy(prefer)), code: CodeNoPool,
 			field: FieldIPFamilies, msg: []string{`"IPv6,IPv4"`}},
+		// RFC 4291 §2.6.1: the Subnet-Router anycast address (interface
+		// identifier zero) is never handed out, nor granted on request;
+		// a Service an older release gave one keeps it.
+		{name: "Subnet-Router anycast skipped", pools: []Pool{mkpool("z", everyone, "2001:db8:9::/126")},
+			svc: svc("a/s"), want: []string{"2001:db8:9::1"}},
+		{name: "Subnet-Router anycast skipped in each /64", pools: []Pool{mkpool("z", everyone, "2001:db8:9::/127", "2001:db8:9:1::/126")},
+			before: []Service{svc("a/o")}, svc: svc("a/s"), want: []string{"2001:db8:9:1::1"}},
+		{name: "Subnet-Router anycast requested: refused", pools: []Pool{mkpool("z", everyone, "2001:db8:9::/126")},
+			svc: svc("a/s", want("2001:db8:9::")), code: CodeReserved, field: FieldLoadBalancerIPs,
+			msg: []string{`"2001:db8:9::"`, "Subnet-Router anycast address of 2001:db8:9::/64", "RFC 4291"}},
+		{name: "Subnet-Router anycast only: exhausted", pools: []Pool{mkpool("z", everyone, "2001:db8:9::/128")},
+			svc: svc("a/s"), code: CodeExhausted},
+		{name: "Subnet-Router anycast held: kept", pools: []Pool{mkpool("z", everyone, "2001:db8:9::/126")},
+			svc: svc("a/s", current("2001:db8:9::")), want: []string{"2001:db8:9::"}},
+		{name: "Subnet-Router anycast held and requested: kept", pools: []Pool{mkpool("z", everyone, "2001:db8:9::/126")},
+			svc: svc("a/s", current("2001:db8:9::"), want("2001:db8:9::")), want: []string{"2001:db8:9::"}},
+		{name: "IPv4 .0 still handed out", pools: []Pool{mkpool("z", everyone, "192.0.2.0/30")},
+			svc: svc("a/s", fams(v4)), want: []string{"192.0.2.0"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -346,7 +364,7 @@ func TestErrorKeeps(t *testing.T) {
 	}
 	keys := []string{"a/s"}
 	was := state(a, stdPools(), keys)
-	for _, bad := range []func(*Service){want("bogus"), inPools("nope"), want("2001:db8:99::1"), fams("IPv5"), policy("X")} {
+	for _, bad := range []func(*Service){want("bogus"), inPools("nope"), want("2001:db8:99::101"), fams("IPv5"), policy("X")} {
 		e := s
 		e.Current = got
 		bad(&e)
@@ -373,12 +391,12 @@ func TestStability(t *testing.T) {
 	})
 	t.Run("Current before what was recorded", func(t *testing.T) {
 		a := New(stdPools())
-		must(t, a, svc("a/s"))                                     // records ::
-		got, err := a.Assign(svc("a/s", current("2001:db8:6::3"))) // status says ::3
-		if err != nil || !slices.Equal(got, ips("2001:db8:6::3")) {
+		must(t, a, svc("a/s"))                                       // records ::
+		got, err := a.Assign(svc("a/s", current("2001:db8:6::103"))) // status says ::3
+		if err != nil || !slices.Equal(got, ips("2001:db8:6::103")) {
 			t.Fatalf("Assign = %v, %v", got, err)
 		}
-		if o := a.Owners(netip.MustParseAddr("2001:db8:6::")); o != nil {
+		if o := a.Owners(netip.MustParseAddr("2001:db8:6::100")); o != nil {
 			t.Fatalf(":: still owned by %v", o)
 		}
 	})
@@ -387,38 +405,38 @@ func TestStability(t *testing.T) {
 		must(t, a, svc("a/o"))
 		must(t, a, svc("a/s")) // ::1, never written
 		a.Release("a/o")
-		if got := must(t, a, svc("a/s")); !slices.Equal(got, ips("2001:db8:6::1")) {
+		if got := must(t, a, svc("a/s")); !slices.Equal(got, ips("2001:db8:6::101")) {
 			t.Fatalf("Assign = %v", got)
 		}
 	})
 	t.Run("Current held incompatibly by another: recorded", func(t *testing.T) {
 		a := New(stdPools())
-		must(t, a, svc("a/s", want("2001:db8:6::2")))
-		must(t, a, svc("a/o", want("2001:db8:6::3")))
-		if got := must(t, a, svc("a/s", current("2001:db8:6::3"))); !slices.Equal(got, ips("2001:db8:6::2")) {
+		must(t, a, svc("a/s", want("2001:db8:6::102")))
+		must(t, a, svc("a/o", want("2001:db8:6::103")))
+		if got := must(t, a, svc("a/s", current("2001:db8:6::103"))); !slices.Equal(got, ips("2001:db8:6::102")) {
 			t.Fatalf("Assign = %v", got)
 		}
 	})
 	t.Run("a new allocator keeps Current", func(t *testing.T) {
 		a := New(stdPools())
-		if got := must(t, a, svc("a/s", current("2001:db8:6::3"))); !slices.Equal(got, ips("2001:db8:6::3")) {
+		if got := must(t, a, svc("a/s", current("2001:db8:6::103"))); !slices.Equal(got, ips("2001:db8:6::103")) {
 			t.Fatalf("Assign = %v", got)
 		}
 	})
 	t.Run("moves when the request changes", func(t *testing.T) {
 		a := New(stdPools())
 		must(t, a, svc("a/s"))
-		if got := must(t, a, svc("a/s", current("2001:db8:6::"), want("2001:db8:6::2"))); !slices.Equal(got, ips("2001:db8:6::2")) {
+		if got := must(t, a, svc("a/s", current("2001:db8:6::100"), want("2001:db8:6::102"))); !slices.Equal(got, ips("2001:db8:6::102")) {
 			t.Fatalf("Assign = %v", got)
 		}
-		if got := must(t, a, svc("a/s", current("2001:db8:6::2"))); !slices.Equal(got, ips("2001:db8:6::2")) {
+		if got := must(t, a, svc("a/s", current("2001:db8:6::102"))); !slices.Equal(got, ips("2001:db8:6::102")) {
 			t.Fatalf("request dropped: Assign = %v, want it kept", got)
 		}
 	})
 	t.Run("moves when the annotation names another pool", func(t *testing.T) {
 		a := New(stdPools())
 		must(t, a, svc("a/s"))
-		if got := must(t, a, svc("a/s", current("2001:db8:6::"), inPools("v6b"))); !slices.Equal(got, ips("2001:db8:7::")) {
+		if got := must(t, a, svc("a/s", current("2001:db8:6::100"), inPools("v6b"))); !slices.Equal(got, ips("2001:db8:7::100")) {
 			t.Fatalf("Assign = %v", got)
 		}
 	})
@@ -426,32 +444,32 @@ func TestStability(t *testing.T) {
 		a := New(stdPools())
 		must(t, a, svc("a/o", share("k"), ports(tcp(443))))
 		got := must(t, a, svc("a/s", share("k")))
-		if !slices.Equal(got, ips("2001:db8:6::")) {
+		if !slices.Equal(got, ips("2001:db8:6::100")) {
 			t.Fatalf("not shared: %v", got)
 		}
-		if got := must(t, a, svc("a/s", share("k"), current("2001:db8:6::"), ports(tcp(443)))); !slices.Equal(got, ips("2001:db8:6::1")) {
+		if got := must(t, a, svc("a/s", share("k"), current("2001:db8:6::100"), ports(tcp(443)))); !slices.Equal(got, ips("2001:db8:6::101")) {
 			t.Fatalf("Assign = %v", got)
 		}
 	})
 	t.Run("sole holder changes its key in place", func(t *testing.T) {
 		a := New(stdPools())
 		must(t, a, svc("a/s", share("k")))
-		if got := must(t, a, svc("a/s", share("j"), current("2001:db8:6::"))); !slices.Equal(got, ips("2001:db8:6::")) {
+		if got := must(t, a, svc("a/s", share("j"), current("2001:db8:6::100"))); !slices.Equal(got, ips("2001:db8:6::100")) {
 			t.Fatalf("Assign = %v", got)
 		}
 	})
 	t.Run("PreferDualStack gains the missing family, keeps the other", func(t *testing.T) {
-		pools := []Pool{mkpool("v4", everyone, "192.0.2.0/32"), mkpool("v6", everyone, "2001:db8:6::/126")}
+		pools := []Pool{mkpool("v4", everyone, "192.0.2.0/32"), mkpool("v6", everyone, "2001:db8:6::100/126")}
 		a := New(pools)
 		must(t, a, svc("a/o", fams(v4)))
 		s := svc("a/s", fams(v4, v6), policy(prefer))
 		got := must(t, a, s)
-		if !slices.Equal(got, ips("2001:db8:6::")) {
+		if !slices.Equal(got, ips("2001:db8:6::100")) {
 			t.Fatalf("Assign = %v", got)
 		}
 		a.Release("a/o")
 		s.Current = got
-		if got := must(t, a, s); !slices.Equal(got, ips("192.0.2.0", "2001:db8:6::")) {
+		if got := must(t, a, s); !slices.Equal(got, ips("192.0.2.0", "2001:db8:6::100")) {
 			t.Fatalf("Assign = %v", got)
 		}
 	})
@@ -459,7 +477,7 @@ func TestStability(t *testing.T) {
 
 func TestRelease(t *testing.T) {
 	a := New(stdPools())
-	x := netip.MustParseAddr("2001:db8:6::")
+	x := netip.MustParseAddr("2001:db8:6::100")
 	must(t, a, svc("a/s1", share("k"), ports(tcp(1))))
 	must(t, a, svc("b/s2", share("k"), ports(tcp(2))))
 	if o := a.Owners(x); !slices.Equal(o, []string{"a/s1", "b/s2"}) {
@@ -485,21 +503,23 @@ func TestInUse(t *testing.T) {
 		mkpool("over", everyone, "2001:db8:1::/127"),
 		mkpool("big", everyone, "2001:db8:2::/64"),
 		mkpool("bigger", everyone, "2001:db8:3::/64", "2001:db8:4::/63"),
-		mkpool("edge", everyone, "2001:db8:5::/65", "2001:db8:6::/65"), // 2^64: one too many
-		mkpool("justfits", everyone, "2001:db8:5::/65", "2001:db8:6::/66", "2001:db8:7::/66"),
+		// A prefix's Subnet-Router anycast address (its first, interface
+		// identifier zero) is not counted: Assign never hands it out.
+		mkpool("edge", everyone, "2001:db8:5::/65", "2001:db8:6::/65", "2001:db8:7::/66"),     // over 2^64
+		mkpool("justfits", everyone, "2001:db8:5::/65", "2001:db8:6::/66", "2001:db8:7::/66"), // 2^64 - 3
 	})
 	for _, c := range []struct {
 		pool       string
 		used, size uint64
-	}{{"small", 0, 8}, {"over", 0, 2}, {"big", 0, math.MaxUint64}, {"bigger", 0, math.MaxUint64},
-		{"edge", 0, math.MaxUint64}, {"justfits", 0, math.MaxUint64}, {"nope", 0, 0}} {
+	}{{"small", 0, 7}, {"over", 0, 1}, {"big", 0, math.MaxUint64}, {"bigger", 0, math.MaxUint64},
+		{"edge", 0, math.MaxUint64}, {"justfits", 0, math.MaxUint64 - 2}, {"nope", 0, 0}} {
 		if used, size := a.InUse(c.pool); used != c.used || size != c.size {
 			t.Errorf("InUse(%s) = %d, %d; want %d, %d", c.pool, used, size, c.used, c.size)
 		}
 	}
-	// 2^63 + 2^62 + 2^62 = 2^64 saturates; 2^63 + 2^62 does not.
+	// 2^63-1 + 2^62-1 does not saturate.
 	a.SetPools([]Pool{mkpool("p", everyone, "2001:db8:5::/65", "2001:db8:6::/66")})
-	if _, size := a.InUse("p"); size != 1<<63+1<<62 {
+	if _, size := a.InUse("p"); size != 1<<63+1<<62-2 {
 		t.Errorf("size %d", size)
 	}
 	a.SetPools([]Pool{mkpool("small", everyone, "2001:db8:1::/126"), mkpool("over", everyone, "2001:db8:1::/127")})
@@ -534,7 +554,7 @@ func TestStale(t *testing.T) {
 	if s := a.Stale(); s != nil {
 		t.Fatalf("Stale = %v", s)
 	}
-	a.Reserve(netip.MustParseAddr("2001:db8:6::"), "pod")
+	a.Reserve(netip.MustParseAddr("2001:db8:6::100"), "pod")
 	pools := stdPools()
 	pools[4].Allows = only("dev")      // secret: ops may not any more
 	pools = slices.Delete(pools, 2, 3) // v6b gone
@@ -542,16 +562,16 @@ func TestStale(t *testing.T) {
 	if s := a.Stale(); !slices.Equal(s, []string{"a/s1", "a/s4", "ops/s3"}) {
 		t.Fatalf("Stale = %v", s)
 	}
-	a.Unreserve(netip.MustParseAddr("2001:db8:6::"))
+	a.Unreserve(netip.MustParseAddr("2001:db8:6::100"))
 	if s := a.Stale(); !slices.Equal(s, []string{"a/s4", "ops/s3"}) {
 		t.Fatalf("Stale = %v", s)
 	}
 	// Assign moves a stale Service it can; the one it cannot keeps its
 	// address (the controller decides).
-	if got, err := a.Assign(svc("ops/s3", current("2001:db8:5::"))); err != nil || !slices.Equal(got, ips("2001:db8:6::1")) {
+	if got, err := a.Assign(svc("ops/s3", current("2001:db8:5::100"))); err != nil || !slices.Equal(got, ips("2001:db8:6::101")) {
 		t.Fatalf("Assign = %v, %v", got, err)
 	}
-	if _, err := a.Assign(svc("a/s4", inPools("v6b"), current("2001:db8:7::"))); err == nil {
+	if _, err := a.Assign(svc("a/s4", inPools("v6b"), current("2001:db8:7::100"))); err == nil {
 		t.Fatal("no error for a gone pool")
 	}
 	if s := a.Stale(); !slices.Equal(s, []string{"a/s4"}) {
@@ -561,21 +581,21 @@ func TestStale(t *testing.T) {
 
 func TestRestore(t *testing.T) {
 	a := New(stdPools())
-	a.Reserve(netip.MustParseAddr("2001:db8:6::2"), "pod")
+	a.Reserve(netip.MustParseAddr("2001:db8:6::102"), "pod")
 	cases := []struct {
 		s    Service
 		want []string
 	}{
-		{svc("a/s1", current("2001:db8:6::3")), []string{"2001:db8:6::3"}},
-		{svc("a/s2", current("2001:db8:6::3")), nil},                                                                      // held, no sharing
-		{svc("a/s3", current("2001:db8:6::2")), nil},                                                                      // reserved
-		{svc("a/s4", current("2001:db8:99::1")), nil},                                                                     // in no pool
-		{svc("a/s5", current("2001:db8:5::1")), nil},                                                                      // pool not allowed
-		{svc("a/s6", current("192.0.2.1")), nil},                                                                          // not its family
-		{svc("a/s7", current("192.0.2.1", "2001:db8:99::1", "2001:db8:6::1", "2001:db8:6::")), []string{"2001:db8:6::1"}}, // first valid of its family
-		{svc("a/s8", fams(v4, v6), policy(prefer), current("2001:db8:6::", "192.0.2.1")), []string{"192.0.2.1", "2001:db8:6::"}},
-		{svc("a/s9", current("2001:db8:7::1"), inPools("v6"), want("2001:db8:6::3")), []string{"2001:db8:7::1"}}, // left to Assign
-		{svc("a/s10", fams("bogus"), current("2001:db8:7::")), nil},
+		{svc("a/s1", current("2001:db8:6::103")), []string{"2001:db8:6::103"}},
+		{svc("a/s2", current("2001:db8:6::103")), nil},  // held, no sharing
+		{svc("a/s3", current("2001:db8:6::102")), nil},  // reserved
+		{svc("a/s4", current("2001:db8:99::101")), nil}, // in no pool
+		{svc("a/s5", current("2001:db8:5::101")), nil},  // pool not allowed
+		{svc("a/s6", current("192.0.2.1")), nil},        // not its family
+		{svc("a/s7", current("192.0.2.1", "2001:db8:99::101", "2001:db8:6::101", "2001:db8:6::100")), []string{"2001:db8:6::101"}}, // first valid of its family
+		{svc("a/s8", fams(v4, v6), policy(prefer), current("2001:db8:6::100", "192.0.2.1")), []string{"192.0.2.1", "2001:db8:6::100"}},
+		{svc("a/s9", current("2001:db8:7::101"), inPools("v6"), want("2001:db8:6::103")), []string{"2001:db8:7::101"}}, // left to Assign
+		{svc("a/s10", fams("bogus"), current("2001:db8:7::100")), nil},
 		{svc("a/s11"), nil}, // allocates nothing
 	}
 	for _, c := range cases {
@@ -587,7 +607,7 @@ func TestRestore(t *testing.T) {
 		}
 	}
 	// Known: left alone.
-	if got := a.Restore(svc("a/s1", current("2001:db8:6::1"))); !slices.Equal(got, ips("2001:db8:6::3")) {
+	if got := a.Restore(svc("a/s1", current("2001:db8:6::101"))); !slices.Equal(got, ips("2001:db8:6::103")) {
 		t.Errorf("Restore again = %v", got)
 	}
 	if s := a.Stale(); !slices.Equal(s, []string{"a/s9"}) {

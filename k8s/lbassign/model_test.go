@@ -558,6 +558,9 @@ func (m *model) expect(key string, s Service) ([]netip.Addr, string) {
 		if !m.shareable(key, s, x) {
 			return nil, string(CodeInUse)
 		}
+		if routerAnycast(x) && !slices.Contains(append(slices.Clone(s.Current), m.svcs[key].status...), x) {
+			return nil, string(CodeReserved)
+		}
 	}
 	var out []netip.Addr
 	for i, f := range fs {
@@ -585,7 +588,7 @@ func (m *model) expect(key string, s Service) ([]netip.Addr, string) {
 				}
 			}
 			slices.SortFunc(xs, netip.Addr.Compare)
-			if j := slices.IndexFunc(xs, func(x netip.Addr) bool { return m.free(key, s, x, pools) }); j >= 0 {
+			if j := slices.IndexFunc(xs, func(x netip.Addr) bool { return !routerAnycast(x) && m.free(key, s, x, pools) }); j >= 0 {
 				out, got = append(out, xs[j]), true
 				break
 			}
@@ -715,8 +718,21 @@ func modelSize(cidrs []string) uint64 {
 			return math.MaxUint64
 		}
 		for x := pf.Addr(); pf.Contains(x); x = x.Next() {
-			seen[x] = true
+			seen[x] = !routerAnycast(x)
 		}
 	}
-	return uint64(len(seen))
+	n := uint64(0)
+	for _, ok := range seen {
+		if ok {
+			n++
+		}
+	}
+	return n
+}
+
+// routerAnycast: an IPv6 address whose last 64 bits are zero (RFC 4291
+// §2.6.1's Subnet-Router anycast), never handed out.
+func routerAnycast(x netip.Addr) bool {
+	b := x.As16()
+	return x.Is6() && !x.Is4In6() && string(b[8:]) == string(make([]byte, 8))
 }

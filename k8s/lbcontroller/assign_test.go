@@ -135,7 +135,7 @@ type lab struct {
 	ev     *noEvents
 }
 
-var labPools = []lbassign.Pool{{Name: "lb", Prefixes: []netip.Prefix{netip.MustParsePrefix("2001:db8:1b::/124")},
+var labPools = []lbassign.Pool{{Name: "lb", Prefixes: []netip.Prefix{netip.MustParsePrefix("2001:db8:1b::100/124")},
 	Allows: func(string) bool { return true }}}
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -246,7 +246,7 @@ func TestSharedAddressHeldByEverySharer(t *testing.T) {
 	l := newLab(t, lbService("web", sharing("k", 80)))
 	stop := l.start(t)
 	defer stop()
-	const x = "2001:db8:1b::"
+	const x = "2001:db8:1b::100"
 	l.waitIngress(t, "web", x)
 	if _, err := l.cs.CoreV1().Services("shop").Create(context.Background(), lbService("api", sharing("k", 443)), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -284,7 +284,7 @@ func TestSharedAddressHeldByEverySharer(t *testing.T) {
 	testutil.Eventually(t, "clash refused", func() (bool, string) {
 		return slices.ContainsFunc(l.events(), func(e string) bool {
 			return e == "shop/clash true InUse: "+
-				`metadata.annotations[flock.fritzlab.net/loadBalancerIPs] "2001:db8:1b::": port TCP/80 is also used by Service shop/web`
+				`metadata.annotations[flock.fritzlab.net/loadBalancerIPs] "2001:db8:1b::100": port TCP/80 is also used by Service shop/web`
 		}), fmt.Sprint(l.events())
 	})
 	l.fullPass(t)
@@ -320,7 +320,7 @@ func TestSharedAddressHeldByEverySharer(t *testing.T) {
 // collector skipped X's claim because the Service still exists, so X
 // stayed claimed for good. Now a full pass releases it, and nothing else.
 func TestOrphanClaimOfALiveServiceReleased(t *testing.T) {
-	const y, orphan = "2001:db8:1b::5", "2001:db8:1b::9"
+	const y, orphan = "2001:db8:1b::105", "2001:db8:1b::109"
 	web := lbService("web", func(s *corev1.Service) {
 		s.Annotations = map[string]string{lbassign.AnnotationLoadBalancerIPs: y}
 	})

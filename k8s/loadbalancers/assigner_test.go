@@ -95,7 +95,7 @@ func lb(name string, edit ...func(*corev1.Service)) *corev1.Service {
 	return s
 }
 
-var pools = []lbassign.Pool{{Name: "lb", Prefixes: []netip.Prefix{netip.MustParsePrefix("2001:db8:1b::/126"), netip.MustParsePrefix("203.0.113.128/30")},
+var pools = []lbassign.Pool{{Name: "lb", Prefixes: []netip.Prefix{netip.MustParsePrefix("2001:db8:1b::100/126"), netip.MustParsePrefix("203.0.113.128/30")},
 	Allows: func(ns string) bool { return ns == "shop" }}}
 
 type env struct {
@@ -177,10 +177,10 @@ func TestAssigner(t *testing.T) {
 			s.Spec.ExternalIPs = []string{"2001:db8:e5::5", "192.0.2.99"}
 		}),
 	)
-	e.claims.pods[netip.MustParseAddr("2001:db8:1b::")] = "pod shop/holder" // first of the pool
+	e.claims.pods[netip.MustParseAddr("2001:db8:1b::100")] = "pod shop/holder" // first of the pool
 	stop := e.start(t)
-	e.waitIngress(t, "web", "2001:db8:1b::1", "203.0.113.128")
-	if got := e.claims.Services(); len(got) != 2 || got[netip.MustParseAddr("2001:db8:1b::1")][0].Name != "web" {
+	e.waitIngress(t, "web", "2001:db8:1b::101", "203.0.113.128")
+	if got := e.claims.Services(); len(got) != 2 || got[netip.MustParseAddr("2001:db8:1b::101")][0].Name != "web" {
 		t.Errorf("claims %v", got)
 	}
 	if ing := e.ingress(t, "other"); len(ing) != 0 {
@@ -188,7 +188,7 @@ func TestAssigner(t *testing.T) {
 	}
 	// The Event follows the status write.
 	testutil.Eventually(t, "the AddressAssigned Event", func() (bool, string) {
-		return e.ev.has("shop/web false AddressAssigned: assigned 2001:db8:1b::1, 203.0.113.128"), fmt.Sprint(e.ev.list())
+		return e.ev.has("shop/web false AddressAssigned: assigned 2001:db8:1b::101, 203.0.113.128"), fmt.Sprint(e.ev.list())
 	})
 	// The external IP no pool allows is warned about on its Service; the
 	// allowed one is not.
@@ -200,7 +200,7 @@ func TestAssigner(t *testing.T) {
 	// A requested address a pod holds: a Warning naming it, nothing else.
 	api := e.cs.CoreV1().Services("shop")
 	req := lb("req", func(s *corev1.Service) {
-		s.Annotations = map[string]string{lbassign.AnnotationLoadBalancerIPs: "2001:db8:1b::"}
+		s.Annotations = map[string]string{lbassign.AnnotationLoadBalancerIPs: "2001:db8:1b::100"}
 		s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack)
 		s.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
 	})
@@ -217,7 +217,7 @@ func TestAssigner(t *testing.T) {
 	// A pod claims the next free address just before the Service does:
 	// the Service gets another.
 	e.claims.mu.Lock()
-	e.claims.failOn = netip.MustParseAddr("2001:db8:1b::2")
+	e.claims.failOn = netip.MustParseAddr("2001:db8:1b::102")
 	e.claims.mu.Unlock()
 	if _, err := api.Create(context.Background(), lb("race", func(s *corev1.Service) {
 		s.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack)
@@ -225,7 +225,7 @@ func TestAssigner(t *testing.T) {
 	}), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.waitIngress(t, "race", "2001:db8:1b::3")
+	e.waitIngress(t, "race", "2001:db8:1b::103")
 
 	// The leader's counts: the pool's use, and the refusals by reason.
 	testutil.Eventually(t, "the pool's use counted", func() (bool, string) {
@@ -246,7 +246,7 @@ func TestAssigner(t *testing.T) {
 	testutil.Consistently(t, "a new leader writes nothing", 2*time.Second, func() (bool, string) {
 		return e.status.count() == writes, fmt.Sprint(e.status.count() - writes)
 	})
-	e.waitIngress(t, "web", "2001:db8:1b::1", "203.0.113.128")
+	e.waitIngress(t, "web", "2001:db8:1b::101", "203.0.113.128")
 
 	// Deleting the Service releases its claims.
 	if err := api.Delete(context.Background(), "web", metav1.DeleteOptions{}); err != nil {
@@ -272,7 +272,7 @@ func TestAssignerCollectsOrphanClaims(t *testing.T) {
 	e.claims.svc[orphan] = &fakeClaim{holders: []ServiceRef{{Namespace: "shop", Name: "gone", UID: "uid-gone"}}}
 	stop := e.start(t)
 	defer stop()
-	e.waitIngress(t, "web", "2001:db8:1b::", "203.0.113.128")
+	e.waitIngress(t, "web", "2001:db8:1b::100", "203.0.113.128")
 	testutil.Eventually(t, "the orphan claim collected", func() (bool, string) {
 		_, ok := e.claims.Services()[orphan]
 		return !ok, fmt.Sprint(e.claims.Services())
@@ -343,24 +343,24 @@ func holdersOf(c *fakeClaims, ip string) []string {
 // else.
 func TestCollectReleasesTheOrphanOfALiveService(t *testing.T) {
 	c := newFakeClaims()
-	web := lb("web", shared("", 80), withStatus("2001:db8:1b::1"))
+	web := lb("web", shared("", 80), withStatus("2001:db8:1b::101"))
 	webRef := ServiceRef{Namespace: "shop", Name: "web", UID: "uid-web"}
-	c.svc[netip.MustParseAddr("2001:db8:1b::1")] = &fakeClaim{holders: []ServiceRef{webRef}}
-	c.svc[netip.MustParseAddr("2001:db8:1b::3")] = &fakeClaim{holders: []ServiceRef{webRef}} // the dead leader's
-	c.pods[netip.MustParseAddr("2001:db8:1b::2")] = "pod shop/p"
+	c.svc[netip.MustParseAddr("2001:db8:1b::101")] = &fakeClaim{holders: []ServiceRef{webRef}}
+	c.svc[netip.MustParseAddr("2001:db8:1b::103")] = &fakeClaim{holders: []ServiceRef{webRef}} // the dead leader's
+	c.pods[netip.MustParseAddr("2001:db8:1b::102")] = "pod shop/p"
 	st, store := term(t, c, web)
 	st.pass(context.Background(), nil, true)
-	if got := holdersOf(c, "2001:db8:1b::3"); len(got) != 0 {
+	if got := holdersOf(c, "2001:db8:1b::103"); len(got) != 0 {
 		t.Errorf("the orphan claim is held by %v", got)
 	}
-	if got := holdersOf(c, "2001:db8:1b::1"); !slices.Equal(got, []string{"shop/web"}) {
+	if got := holdersOf(c, "2001:db8:1b::101"); !slices.Equal(got, []string{"shop/web"}) {
 		t.Errorf("web's own claim is held by %v", got)
 	}
-	if _, ok := c.pods[netip.MustParseAddr("2001:db8:1b::2")]; !ok {
+	if _, ok := c.pods[netip.MustParseAddr("2001:db8:1b::102")]; !ok {
 		t.Error("a pod's claim was released")
 	}
 	obj, _, _ := store.GetByKey("shop/web")
-	if got := statusOf(obj.(*corev1.Service)); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("2001:db8:1b::1")}) {
+	if got := statusOf(obj.(*corev1.Service)); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("2001:db8:1b::101")}) {
 		t.Errorf("web moved to %v", got)
 	}
 }
@@ -400,11 +400,11 @@ func TestSharedAddressStays(t *testing.T) {
 	}
 	for _, name := range []string{"web", "api"} {
 		obj, _, _ := store.GetByKey("shop/" + name)
-		if got := statusOf(obj.(*corev1.Service)); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("2001:db8:1b::")}) {
+		if got := statusOf(obj.(*corev1.Service)); !slices.Equal(got, []netip.Addr{netip.MustParseAddr("2001:db8:1b::100")}) {
 			t.Errorf("%s has %v", name, got)
 		}
 	}
-	if got := holdersOf(c, "2001:db8:1b::"); !slices.Equal(got, []string{"shop/web", "shop/api"}) {
+	if got := holdersOf(c, "2001:db8:1b::100"); !slices.Equal(got, []string{"shop/web", "shop/api"}) {
 		t.Errorf("the claim is held by %v", got)
 	}
 	if r := st.alloc.Reserved(); len(r) != 0 {
@@ -417,7 +417,7 @@ func TestSharedAddressStays(t *testing.T) {
 // address for good.
 func TestReservationsAreThePods(t *testing.T) {
 	c := newFakeClaims()
-	x := netip.MustParseAddr("2001:db8:1b::")
+	x := netip.MustParseAddr("2001:db8:1b::100")
 	ctx := context.Background()
 	st, store := term(t, c, lb("web", shared("", 80), func(s *corev1.Service) {
 		s.Annotations[lbassign.AnnotationLoadBalancerIPs] = x.String()

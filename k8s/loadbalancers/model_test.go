@@ -89,7 +89,7 @@ func TestAssignerModel(t *testing.T) {
 }
 
 var aModelPools = []lbassign.Pool{
-	{Name: "lb", Prefixes: []netip.Prefix{netip.MustParsePrefix("2001:db8:1b::/125"), netip.MustParsePrefix("203.0.113.128/30")},
+	{Name: "lb", Prefixes: []netip.Prefix{netip.MustParsePrefix("2001:db8:1b::100/125"), netip.MustParsePrefix("203.0.113.128/30")},
 		Allows: func(string) bool { return true }},
 	{Name: "only-a", Prefixes: []netip.Prefix{netip.MustParsePrefix("2001:db8:2b::/127")},
 		Allows: func(ns string) bool { return ns == "a" }},
