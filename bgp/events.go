@@ -107,9 +107,16 @@ func (s *Speaker) handlePeerEvent(ctx context.Context, wg *sync.WaitGroup, ev *a
 	}
 }
 
+// stateFile is bgp-state.json. Format 1 (absent in files written before
+// it was stamped); a newer format is ignored with a warning: it only
+// saves a re-check of RFC 5549 after a restart.
 type stateFile struct {
+	Format  int             `json:"format,omitempty"`
 	RFC5549 map[string]bool `json:"rfc5549"`
 }
+
+// stateFormat is the format of bgp-state.json this speaker writes.
+const stateFormat = 1
 
 func (s *Speaker) loadState() {
 	if s.stateFile == "" {
@@ -124,6 +131,10 @@ func (s *Speaker) loadState() {
 		s.log.Warn("bgp: ignoring unreadable state file", "file", s.stateFile, "err", err)
 		return
 	}
+	if st.Format > stateFormat {
+		s.log.Warn("bgp: ignoring a state file of a newer format (RFC 5549 peers are checked again)", "file", s.stateFile, "format", st.Format, "reads", stateFormat)
+		return
+	}
 	for k, v := range st.RFC5549 {
 		if v {
 			s.knownGood[k] = true
@@ -135,7 +146,7 @@ func (s *Speaker) saveStateLocked() {
 	if s.stateFile == "" {
 		return
 	}
-	b, _ := json.Marshal(stateFile{RFC5549: s.knownGood})
+	b, _ := json.Marshal(stateFile{Format: stateFormat, RFC5549: s.knownGood})
 	tmp := s.stateFile + ".tmp"
 	if err := os.MkdirAll(filepath.Dir(s.stateFile), 0o700); err == nil {
 		if err := os.WriteFile(tmp, b, 0o600); err == nil {

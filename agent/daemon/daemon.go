@@ -58,6 +58,9 @@ type Options struct {
 	// InstallerStatus is the CNI installer's report ("" reads none): a
 	// refusal there keeps the agent from being Ready.
 	InstallerStatus string
+	// Release is this flock's version (VERSION), stamped on the state
+	// directory it adopts and named when it refuses a newer one's.
+	Release string
 	// CNIConfDir is where the runtime reads network configs: a conflist
 	// the installer staged (its report's Staged) is published there once
 	// the agent serves. "": never.
@@ -295,6 +298,18 @@ func newDaemon(ctx context.Context, o Options) (*daemon, error) {
 	st, err := store.Open(o.StateDir)
 	if err != nil {
 		return nil, err
+	}
+	// Before anything reads the state: a directory a newer release wrote
+	// is refused, naming both, and left as it is.
+	release := o.Release
+	if release == "" {
+		release = "dev"
+	}
+	if was, err := st.Adopt(release); err != nil {
+		d.reportStartError(ctx, err)
+		return nil, err
+	} else if was.Release != "" && was.Release != release {
+		d.log.Info("state directory adopted", "dir", o.StateDir, "from", was.Release, "release", release, "format", store.StateFormat)
 	}
 	st.KeepSpares(spareRecords)
 	d.store = st

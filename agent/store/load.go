@@ -130,7 +130,7 @@ func readRecord(path, idFromName string) (Allocation, error) {
 		return bad("invalid JSON: %v", err)
 	}
 	if a.Version != CurrentVersion {
-		return bad("unsupported version %d (want %d)", a.Version, CurrentVersion)
+		return bad("record format %d; this flock reads record format %d (state format %d; %s names the release that wrote the directory)", a.Version, CurrentVersion, StateFormat, FormatFile)
 	}
 	if !a.State.valid() {
 		return bad("unknown state %q", a.State)

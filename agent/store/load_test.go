@@ -100,8 +100,8 @@ func TestLoadRejectsInvalidRecords(t *testing.T) {
 	}{
 		{"unknown state", "s1.json", `{"version":1,"containerID":"s1","state":"deleting"}`, "unknown state"},
 		{"empty state", "s2.json", `{"version":1,"containerID":"s2"}`, "unknown state"},
-		{"version 2", "v2.json", `{"version":2,"containerID":"v2","state":"pending"}`, "unsupported version 2"},
-		{"version missing", "v0.json", `{"containerID":"v0","state":"pending"}`, "unsupported version 0"},
+		{"version 2", "v2.json", `{"version":2,"containerID":"v2","state":"pending"}`, "record format 2; this flock reads record format 1"},
+		{"version missing", "v0.json", `{"containerID":"v0","state":"pending"}`, "record format 0; this flock reads record format 1"},
 		{"id mismatch", "m1.json", `{"version":1,"containerID":"other","state":"committed"}`, "does not match file name"},
 		{"dot file", ".hidden.json", `{"version":1,"containerID":".hidden","state":"committed"}`, "must not start with"},
 	}
@@ -293,7 +293,7 @@ func TestLoadPendingRecords(t *testing.T) {
 	// there, so the start stops, naming the file (which stays).
 	for _, c := range []struct{ name, content, want string }{
 		{"a b.pending", "{}", "a b"},
-		{"v9.pending", `{"version":9,"containerID":"v9","state":"committed"}`, "unsupported version 9"},
+		{"v9.pending", `{"version":9,"containerID":"v9","state":"committed"}`, "record format 9; this flock reads record format 1"},
 		{"mine.pending", `{"version":1,"containerID":"theirs","state":"committed"}`, "does not match file name"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

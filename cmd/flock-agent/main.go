@@ -142,6 +142,7 @@ func run(c config) error {
 	default:
 		return fmt.Errorf("--test-hook: unknown hook %q", c.testHook)
 	}
+	o.Release = buildinfo.Get().Version
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	err := daemon.Run(ctx, o)

@@ -31,9 +31,15 @@ const (
 	ConflistNone      = "none"      // refused, and there was none
 )
 
+// Format is the report's format: written by Write, and the newest Read
+// accepts (a report without one is format 1, as v0.20.0 wrote it).
+const Format = 1
+
 // Report is the installer's outcome.
 type Report struct {
-	Time time.Time `json:"time"`
+	// Format of the report (Write sets it).
+	Format int       `json:"format,omitempty"`
+	Time   time.Time `json:"time"`
 	// CNIVersion is the conflist's cniVersion: the one written, or the
 	// one of the conflist kept after a refusal.
 	CNIVersion string `json:"cniVersion,omitempty"`
@@ -69,6 +75,7 @@ type Plugin struct {
 // Write puts r at path atomically (temp file in the same directory,
 // fsync, rename), so the agent never reads half a report.
 func Write(path string, r Report) error {
+	r.Format = Format
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return fmt.Errorf("report: %w", err)
@@ -111,6 +118,9 @@ func Read(path string) (Report, error) {
 	}
 	if err := json.Unmarshal(b, &r); err != nil {
 		return r, fmt.Errorf("installer report %s: %w", path, err)
+	}
+	if r.Format > Format {
+		return r, fmt.Errorf("installer report %s: format %d; this agent reads format %d at most (the installer is of a newer release than the agent)", path, r.Format, Format)
 	}
 	return r, nil
 }
