@@ -7,6 +7,7 @@ package agentsock
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -92,10 +93,17 @@ func Restarting(socket string, now time.Time) (Restart, bool) {
 	return r, now.Before(r.Until) && !r.Until.After(now.Add(MaxRestartGrace))
 }
 
-// marshal writes the marker as encoding/json wrote it before this
-// package: {"until":"<RFC 3339>","pid":N}.
+// RestartFormat is the marker's format: written, and the newest read (a
+// marker without one, as v0.20.0 wrote it, is format 1). The plugin that
+// reads a marker may be of the release before or after the agent that
+// wrote it (a rollout replaces both), so readers ignore members they do
+// not know, and a marker of a newer format counts as none.
+const RestartFormat = 1
+
+// marshal writes the marker as encoding/json would:
+// {"format":1,"until":"<RFC 3339>","pid":N}.
 func (r Restart) marshal() []byte {
-	b := append([]byte(`{"until":`), jsonlite.AppendQuote(nil, r.Until.Format(time.RFC3339Nano))...)
+	b := append([]byte(`{"format":`+strconv.Itoa(RestartFormat)+`,"until":`), jsonlite.AppendQuote(nil, r.Until.Format(time.RFC3339Nano))...)
 	if r.PID != 0 {
 		b = append(append(b, `,"pid":`...), strconv.Itoa(r.PID)...)
 	}
@@ -123,6 +131,14 @@ func parseRestart(b []byte) (Restart, error) {
 		case "pid":
 			if r.PID, err = strconv.Atoi(string(m.Value)); err != nil {
 				return r, err
+			}
+		case "format":
+			f, err := strconv.Atoi(string(m.Value))
+			if err != nil {
+				return r, err
+			}
+			if f > RestartFormat {
+				return r, fmt.Errorf("restart marker: format %d; this flock reads format %d", f, RestartFormat)
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -62,21 +63,40 @@ func TestRestartMarkerFormatIsEncodingJSONs(t *testing.T) {
 		Until time.Time `json:"until"`
 		PID   int       `json:"pid,omitempty"`
 	}
+	type stamped struct {
+		Format int       `json:"format"`
+		Until  time.Time `json:"until"`
+		PID    int       `json:"pid,omitempty"`
+	}
 	for _, r := range []Restart{
 		{Until: time.Date(2026, 11, 27, 1, 2, 3, 456789, time.UTC), PID: 42},
 		{Until: time.Date(2026, 1, 2, 3, 4, 5, 0, time.FixedZone("x", 3600))},
 	} {
-		want, err := json.Marshal(old(r))
+		want, err := json.Marshal(stamped{Format: RestartFormat, Until: r.Until, PID: r.PID})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if got := r.marshal(); string(got) != string(want) {
 			t.Errorf("marker %s, encoding/json wrote %s", got, want)
 		}
-		back, err := parseRestart(want)
-		if err != nil || !back.Until.Equal(r.Until) || back.PID != r.PID {
-			t.Errorf("read %s as %+v (%v)", want, back, err)
+		// What v0.20.0 wrote (no format) and what this one writes are
+		// read alike; encoding/json (v0.20.0's reader) reads this one's.
+		was, _ := json.Marshal(old(r))
+		for _, b := range [][]byte{want, was} {
+			back, err := parseRestart(b)
+			if err != nil || !back.Until.Equal(r.Until) || back.PID != r.PID {
+				t.Errorf("read %s as %+v (%v)", b, back, err)
+			}
 		}
+		var o old
+		if err := json.Unmarshal(want, &o); err != nil || !o.Until.Equal(r.Until) || o.PID != r.PID {
+			t.Errorf("encoding/json read %s as %+v (%v)", want, o, err)
+		}
+	}
+	// A marker of a newer format counts as none: its until may not mean
+	// what this reader thinks.
+	if r, err := parseRestart([]byte(`{"format":2,"until":"2026-11-27T01:02:03Z"}`)); err == nil || !strings.Contains(err.Error(), "format 2; this flock reads format 1") {
+		t.Errorf("a format 2 marker read as %+v (%v)", r, err)
 	}
 	for _, bad := range []string{`{}`, `{"until":5}`, `{"until":"yesterday"}`, `{"until":"2026-11-27T01:02:03Z","pid":"x"}`, `[]`, `null`} {
 		if r, err := parseRestart([]byte(bad)); err == nil {
