@@ -15,10 +15,10 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
-	"code.fritzlab.net/fritzlab/flock/agent/authz"
 	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/authz"
 )
 
 var (

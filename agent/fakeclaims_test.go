@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/agent"
-	"code.fritzlab.net/fritzlab/flock/agent/authz"
+	"code.fritzlab.net/fritzlab/flock/k8s/authz"
 )
 
 // authority adapts an authz.Set (no namespace labels) to agent.Authority.

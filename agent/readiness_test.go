@@ -4,7 +4,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/advert"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
 

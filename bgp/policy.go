@@ -9,7 +9,7 @@ import (
 
 	api "github.com/osrg/gobgp/v4/api"
 
-	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/advert"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 

@@ -22,7 +22,7 @@ import (
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 	"github.com/osrg/gobgp/v4/pkg/server"
 
-	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/advert"
 	"code.fritzlab.net/fritzlab/flock/bgp/bfd"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )

@@ -25,7 +25,6 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/agent"
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
-	"code.fritzlab.net/fritzlab/flock/agent/authz"
 	"code.fritzlab.net/fritzlab/flock/agent/metrics"
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
 	"code.fritzlab.net/fritzlab/flock/agent/status"
@@ -33,6 +32,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/bgp/session"
 	"code.fritzlab.net/fritzlab/flock/k8s/addresspools"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/authz"
 	"code.fritzlab.net/fritzlab/flock/k8s/claims"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/leakgc"

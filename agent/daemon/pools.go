@@ -8,9 +8,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 
-	"code.fritzlab.net/fritzlab/flock/agent/authz"
 	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/authz"
 )
 
 // authorityView is one AddressPool decision: the compiled pools and the

@@ -27,10 +27,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
-	"code.fritzlab.net/fritzlab/flock/agent/authz"
-	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig/decode"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/authz"
+	"code.fritzlab.net/fritzlab/flock/k8s/decode"
 )
 
 // APIVersion of every document of a node-config file, and Kind of the one

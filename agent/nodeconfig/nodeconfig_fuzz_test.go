@@ -12,9 +12,9 @@ import (
 
 	"sigs.k8s.io/yaml"
 
-	"code.fritzlab.net/fritzlab/flock/agent/authz"
 	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/authz"
 )
 
 // FuzzParse feeds arbitrary node-config files (a NodeConfig and AddressPool

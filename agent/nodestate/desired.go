@@ -4,7 +4,7 @@ import (
 	"net/netip"
 	"slices"
 
-	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/advert"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 )
 

@@ -5,7 +5,7 @@ import (
 	"net/netip"
 	"slices"
 
-	"code.fritzlab.net/fritzlab/flock/bgp/advert"
+	"code.fritzlab.net/fritzlab/flock/advert"
 )
 
 // ServiceRoute is a Service address this node delivers (see k8s/delivery):

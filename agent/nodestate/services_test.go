@@ -4,8 +4,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"code.fritzlab.net/fritzlab/flock/advert"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
-	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 )
 
 // Service routes join the BGP set with their drain and weight, bump the

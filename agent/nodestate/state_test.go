@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"code.fritzlab.net/fritzlab/flock/advert"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/agent/store"
-	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"

@@ -11,8 +11,8 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
-	"code.fritzlab.net/fritzlab/flock/agent/authz"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/authz"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 )

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"code.fritzlab.net/fritzlab/flock/advert"
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
-	"code.fritzlab.net/fritzlab/flock/bgp/advert"
 	"code.fritzlab.net/fritzlab/flock/bgp/session"
 	"code.fritzlab.net/fritzlab/flock/ipam"
 )

@@ -1,6 +1,6 @@
 // Package addresspools watches the AddressPools (cluster-scoped) and the
 // namespaces' labels (for the pools' namespaceSelector), the inputs of the
-// agent's authorization decision (agent/authz), and writes the pools'
+// authorization decision (k8s/authz), and writes the pools'
 // status.claims and the node's entry of status.inUse.
 //
 // Use: New, go Run(ctx, onChange), WaitSynced, then Pools and
@@ -29,8 +29,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/cache"
 
-	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig/decode"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/decode"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
 

@@ -10,6 +10,10 @@
 // is accepted does not change; when they refuse, Explain walks the decoded
 // tree (the generic JSON value) against the Go type, by reflection on the
 // json tags, and names every problem.
+//
+// Its users decode the API types (k8s/apis): the node-config file
+// (agent/nodeconfig), the NodeConfig and AddressPool objects
+// (k8s/nodeconfigs, k8s/addresspools).
 package decode
 
 import (

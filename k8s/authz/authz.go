@@ -5,6 +5,8 @@
 // LoadBalancer addresses or external IPs, and by which namespaces. Every such value a pod asks for must be covered by a pool
 // that allows that use to the pod's namespace; the node's own summary pools
 // stay open to every pod and need no AddressPool.
+//
+// The agent asks it for pods' addresses, k8s/lbcontroller for Services'.
 package authz
 
 import (

@@ -2,7 +2,9 @@
 // advertisement (each can carry its own communities), a desired route with
 // its owners, and the diff between a desired set and what the speaker
 // holds. The desired set itself is a pure function of the node state
-// (agent/nodestate); the speaker applies the diff.
+// (agent/nodestate), which takes the Service routes from k8s/services; the
+// speaker (bgp) applies the diff. It imports nothing of flock's, so all of
+// them can import it.
 package advert
 
 import (
