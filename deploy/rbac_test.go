@@ -101,8 +101,9 @@ func TestRBAC(t *testing.T) {
 		"flock.fritzlab.net/addresspools: get list watch",
 		"flock.fritzlab.net/addresspools/status: get update patch",
 		// A claim is created whole (the atomic test-and-set on its name)
-		// and deleted; never updated or patched.
-		"flock.fritzlab.net/addressclaims: create get list watch delete",
+		// and deleted; a shared LoadBalancer address's claim is updated
+		// (with its resourceVersion) as its Services join and leave.
+		"flock.fritzlab.net/addressclaims: create get list watch update delete",
 		"/pods: get list watch",
 		"/namespaces: get list watch", // namespaceSelector
 		"/nodes: get",                 // the claim GC: does the claim's node still exist?
@@ -146,9 +147,9 @@ func TestRBAC(t *testing.T) {
 			t.Errorf("ClusterRole allows %s on addresspools: they are read-only to the agent", verb)
 		}
 	}
-	for _, verb := range []string{"update", "patch", "deletecollection"} {
+	for _, verb := range []string{"patch", "deletecollection"} {
 		if allows(cr.Rules, "flock.fritzlab.net", "addressclaims", verb) != nil {
-			t.Errorf("ClusterRole allows %s on addressclaims: a claim is created and deleted, never changed", verb)
+			t.Errorf("ClusterRole allows %s on addressclaims: a claim is created, updated whole (its sharers) and deleted, never patched", verb)
 		}
 	}
 	for _, r := range cr.Rules {
