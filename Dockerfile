@@ -11,7 +11,7 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 ARG TARGETOS
 ARG TARGETARCH
-# --version: docker build --build-arg VERSION=$(git describe --tags --always --dirty)
+# --version: docker build --build-arg VERSION=$(cat VERSION)
 # --build-arg COMMIT=$(git rev-parse --short HEAD); empty: what the go command
 # stamps (nothing without .git: "dev", "unknown").
 ARG VERSION=

@@ -21,7 +21,7 @@ LDFLAGS := -s -w -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COM
 CONTROLLER_GEN_VERSION ?= v0.19.0
 CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
-.PHONY: bench image build test unit fuzz reliability soak demo demo-down deps vet clean generate generate-check e2e e2e-window conformance third-party
+.PHONY: bench image release build test unit fuzz reliability soak demo demo-down deps vet clean generate generate-check e2e e2e-window conformance third-party
 
 build:
 	@mkdir -p $(BIN)
@@ -159,6 +159,19 @@ generate-check: generate third-party
 IMAGE ?= docker.io/fritzlab/flock:$(RELEASE)
 image:
 	$(GO) run ./deploy/imagetar/mkimage -tag $(IMAGE) -out out/flock-image.tar
+
+# The release, from the file VERSION (a VERSION=... here changes nothing),
+# into out/release/<VERSION>/: bin/linux-<arch>/ (every binary, stamped as
+# `make build` stamps them), flock-image-<VERSION>.tar (tagged
+# docker.io/fritzlab/flock:<VERSION>), deploy/ (the manifests, pinned to
+# that tag), RELEASE-NOTES.md (CHANGELOG.md's section) and SHA256SUMS.
+# It refuses a VERSION that is not vMAJOR.MINOR.PATCH unless
+# RELEASE_ALLOW_DEV=1, a CHANGELOG.md without the version's section (a -dev
+# version's is Unreleased) and manifests pinned to another tag
+# (deploy/release/release_test.go checks what it writes).
+RELEASE_ALLOW_DEV ?=
+release:
+	$(GO) run ./deploy/release/mkrelease -out out/release -commit $(COMMIT) $(if $(filter 1,$(RELEASE_ALLOW_DEV)),-allow-dev)
 
 clean:
 	rm -rf $(BIN)
