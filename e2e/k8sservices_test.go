@@ -144,6 +144,24 @@ func testServices(t *testing.T, e *k8sEnv) {
 	if out := sharedClaim(); out != "svcweb svcweb-lb svcweb-lb2" {
 		t.Errorf("the shared address's claim (key, service, sharers): %q, want both Services under key svcweb", out)
 	}
+	// The agents may update claims (a shared address's holders), so the
+	// API server keeps the rest: a claim's IP never changes, a pod's
+	// claim not at all.
+	e.apply(`apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressClaim
+metadata: {name: ipv6-2001-0db8-0099-0000-0000-0000-0000-0077}
+spec: {ip: "2001:db8:99::77", use: addresses, pod: {namespace: default, name: ghost}, node: vm, containerID: c0ffee}
+`)
+	for _, tc := range []struct{ claim, patch, want string }{
+		{"ipv6-2001-0db8-0099-0000-0000-0000-0000-0077", `{"spec":{"node":"elsewhere"}}`, "a pod's claim never changes"},
+		{"ipv4-198.51.100.240", `{"spec":{"ip":"198.51.100.241"}}`, "spec.ip and spec.use never change"},
+	} {
+		out, err := e.c.Kubectl(t.Context(), "patch", "addressclaim", tc.claim, "--type=merge", "-p", tc.patch)
+		if err == nil || !strings.Contains(out, tc.want) {
+			t.Errorf("patch %s %s: %v %q, want refused with %q", tc.claim, tc.patch, err, out, tc.want)
+		}
+	}
+	e.kubectl("delete", "addressclaim", "ipv6-2001-0db8-0099-0000-0000-0000-0000-0077")
 	testutil.Consistently(t, "neither Service moves off the shared address", 3*time.Second, func() (bool, string) {
 		out, _ := e.c.Kubectl(t.Context(), "get", "service", "svcweb-lb", "svcweb-lb2", "-o", "jsonpath={.items[*].status.loadBalancer.ingress[*].ip}")
 		return out == "198.51.100.240 198.51.100.240", out

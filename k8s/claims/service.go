@@ -133,15 +133,20 @@ func join(h, cl Claim) (next Claim, write, ok bool) {
 		if h.SharingKey == cl.SharingKey && holders[i].Terms == svc.Terms {
 			return h, false, true
 		}
-		// A holder's key is the claim's: the assigner moves a sharer
-		// whose key no longer fits the others, so a holder claims under
-		// a new key only when it holds the address alone, or when its
-		// sharers took the same new key.
+		// A holder's key is the claim's: it takes a new one (or none)
+		// only while it holds the address alone. The assigner moves a
+		// sharer whose key no longer fits the others, so another holder
+		// still there is an orphan it frees first (and a claim with
+		// sharers but no key is one the API refuses).
+		if h.SharingKey != cl.SharingKey && len(holders) > 1 {
+			return h, false, false
+		}
 		h.SharingKey = cl.SharingKey
 		holders[i].Terms = svc.Terms
 		return h.withHolders(holders), true, true
 	}
-	if cl.SharingKey == "" || h.SharingKey != cl.SharingKey {
+	// Sharing stays within a namespace: a key is anyone's to read.
+	if cl.SharingKey == "" || h.SharingKey != cl.SharingKey || holders[0].Namespace != svc.Namespace {
 		return h, false, false
 	}
 	return h.withHolders(append(holders, svc)), true, true

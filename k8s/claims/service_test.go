@@ -580,13 +580,24 @@ func TestSharedServiceClaim(t *testing.T) {
 	if u, _ := a.get(t, lbIP.String()); func() bool { cl, _ := ClaimOf(u); return cl.Sharers[0].Terms != "t2" }() {
 		t.Fatal("the sharer's terms were not recorded")
 	}
-	for _, k := range []string{"k2", "k"} {
-		if err := c.ClaimSharedService(ctx, lbIP, "lb", k, web); err != nil {
-			t.Fatal(err)
+	// A holder takes another key (or none) only while it holds the
+	// address alone: with sharers, the claim would have sharers and no
+	// key (which the API refuses) or a key they do not hold it under. A
+	// Service of another namespace never joins, whatever its key.
+	for _, tc := range []struct {
+		key string
+		svc ServiceRef
+	}{{"k2", web}, {"", web}, {"k", ServiceRef{Namespace: "other", Name: "web", UID: "uid-o"}}} {
+		var ce *ClaimedError
+		if err := c.ClaimSharedService(ctx, lbIP, "lb", tc.key, tc.svc); !errors.As(err, &ce) {
+			t.Fatalf("%s under key %q while shop/api shares it: %v, want refused", tc.svc, tc.key, err)
 		}
-		if key, h := holdersOf(t, a, lbIP); key != k || strings.Join(h, " ") != "shop/web shop/api" {
-			t.Fatalf("key %q holders %v after a holder claimed under %q", key, h, k)
+		if key, h := holdersOf(t, a, lbIP); key != "k" || strings.Join(h, " ") != "shop/web shop/api" {
+			t.Fatalf("key %q holders %v after %s claimed under %q", key, h, tc.svc, tc.key)
 		}
+	}
+	if err := c.ClaimSharedService(ctx, lbIP, "lb", "k", web); err != nil {
+		t.Fatal(err)
 	}
 	// The first holder leaves: the sharer holds it alone, under the key.
 	if err := c.ReleaseService(ctx, lbIP, web); err != nil {
@@ -597,6 +608,18 @@ func TestSharedServiceClaim(t *testing.T) {
 	}
 	if n := len(a.deletes()); n != 0 {
 		t.Fatalf("%d deletes while a sharer holds it", n)
+	}
+	// Alone, it may drop its key (MetalLB: a sole holder changes it in
+	// place).
+	api := ServiceRef{Namespace: "shop", Name: "api", UID: "uid-api"}
+	if err := c.ClaimSharedService(ctx, lbIP, "lb", "", api); err != nil {
+		t.Fatal(err)
+	}
+	if key, h := holdersOf(t, a, lbIP); key != "" || strings.Join(h, " ") != "shop/api" {
+		t.Fatalf("the sole holder dropped its key: key %q holders %v", key, h)
+	}
+	if err := c.ClaimSharedService(ctx, lbIP, "lb", "k", api); err != nil {
+		t.Fatal(err)
 	}
 	// A sole holder's new key.
 	if err := c.ClaimSharedService(ctx, lbIP, "lb", "k3", api); err != nil {

@@ -199,6 +199,10 @@ func (a *Allocator) conflict(sp *spec, addr netip.Addr) string {
 		}
 		o := a.svcs[key]
 		switch {
+		case o.ns != sp.Namespace:
+			// A sharing key is anyone's to read: across namespaces it would
+			// let one namespace join, and then pin, another's address.
+			return fmt.Sprintf("in use by Service %s of another namespace; an address is shared only within one namespace", key)
 		case o.sharing == "":
 			return fmt.Sprintf("in use by Service %s, which does not allow sharing (%s)", key, AnnotationAllowSharedIP)
 		case sp.rec.sharing == "":

@@ -41,12 +41,15 @@
 //     neither allocated nor granted on request; a Service that holds one
 //     already keeps it.
 //   - Sharing (MetalLB's allow-shared-ip). Services may hold one address
-//     only if all have the same non-empty sharing key, no two use the
-//     same port (number and protocol), all have the same
-//     externalTrafficPolicy and, when Local, the same selector. MetalLB's
-//     backend key lets a Local Service with an empty selector share with
-//     Cluster ones; here the policies must match. A sole holder may
-//     change its key in place (as in MetalLB).
+//     only if all are in one namespace, have the same non-empty sharing
+//     key, no two use the same port (number and protocol), all have the
+//     same externalTrafficPolicy and, when Local, the same selector.
+//     MetalLB shares across namespaces; here a key, which anyone who can
+//     read Services can copy, does not let another namespace join (and
+//     then pin) an address. MetalLB's backend key lets a Local Service
+//     with an empty selector share with Cluster ones; here the policies
+//     must match. A sole holder may change its key in place (as in
+//     MetalLB).
 //   - Errors. A bad input (see Code) returns an *Error naming the field,
 //     the value and why, and changes nothing: the Service keeps what it
 //     had and nothing new is recorded. MetalLB instead clears a Service's
@@ -157,10 +160,10 @@ func Terms(s Service) string {
 }
 
 // MayShare tells whether two Services may hold one address: the same
-// non-empty sharing key, the same externalTrafficPolicy and, when Local,
+// namespace, the same non-empty sharing key, the same externalTrafficPolicy and, when Local,
 // the same selector, and no port (number and protocol) in common.
 func MayShare(x, y Service) bool {
-	if x.SharingKey == "" || x.SharingKey != y.SharingKey || x.Local != y.Local || x.Local && !maps.Equal(x.Selector, y.Selector) {
+	if x.Namespace != y.Namespace || x.SharingKey == "" || x.SharingKey != y.SharingKey || x.Local != y.Local || x.Local && !maps.Equal(x.Selector, y.Selector) {
 		return false
 	}
 	tcp := func(p Port) Port {

@@ -203,9 +203,9 @@ func TestAssign(t *testing.T) {
 		{name: "held, other key", before: []Service{svc("a/other", want("2001:db8:6::101"), share("k"))},
 			svc: svc("a/s", want("2001:db8:6::101"), share("j"), ports(tcp(443))), code: CodeInUse, field: FieldLoadBalancerIPs,
 			msg: []string{`"2001:db8:6::101"`, "a/other", `"k", not "j"`}},
-		{name: "held, port clash", before: []Service{svc("b/other", want("2001:db8:6::101"), share("k"), ports(tcp(80), udp(53)))},
+		{name: "held, port clash", before: []Service{svc("a/other", want("2001:db8:6::101"), share("k"), ports(tcp(80), udp(53)))},
 			svc: svc("a/s", want("2001:db8:6::101"), share("k"), ports(tcp(443), udp(53))), code: CodeInUse, field: FieldLoadBalancerIPs,
-			msg: []string{`"2001:db8:6::101"`, "port UDP/53", "b/other"}},
+			msg: []string{`"2001:db8:6::101"`, "port UDP/53", "a/other"}},
 		{name: "held, port clash with the default protocol", before: []Service{svc("a/other", want("2001:db8:6::101"), share("k"), ports(tcp(80)))},
 			svc: svc("a/s", want("2001:db8:6::101"), share("k"), ports(Port{Port: 80})), code: CodeInUse, field: FieldLoadBalancerIPs,
 			msg: []string{"port TCP/80", "a/other"}},
@@ -252,7 +252,14 @@ func TestAssign(t *testing.T) {
 			want: []string{"2001:db8:6::102"}},
 		{name: "held skipped", before: []Service{svc("a/o")}, svc: svc("a/s"), want: []string{"2001:db8:6::101"}},
 		{name: "held, compatible: shared (as MetalLB)", before: []Service{svc("a/o", share("k"))},
-			svc: svc("b/s", share("k"), ports(tcp(443))), want: []string{"2001:db8:6::100"}},
+			svc: svc("a/s", share("k"), ports(tcp(443))), want: []string{"2001:db8:6::100"}},
+		// Unlike MetalLB: a key does not cross namespaces (anyone who reads
+		// Services can copy it).
+		{name: "held by another namespace, same key: not shared", before: []Service{svc("a/o", share("k"))},
+			svc: svc("b/s", share("k"), ports(tcp(443))), want: []string{"2001:db8:6::101"}},
+		{name: "held by another namespace, same key: requested, refused", before: []Service{svc("a/o", share("k"))},
+			svc: svc("b/s", share("k"), ports(tcp(443)), want("2001:db8:6::100")), code: CodeInUse, field: FieldLoadBalancerIPs,
+			msg: []string{`"2001:db8:6::100"`, "Service a/o of another namespace", "shared only within one namespace"}},
 		{name: "held, compatible key but port clash: skipped", before: []Service{svc("a/o", share("k"))},
 			svc: svc("a/s", share("k")), want: []string{"2001:db8:6::101"}},
 		{name: "exhausted", pools: []Pool{mkpool("one", everyone, "2001:db8:6::100/128"), mkpool("two", everyone, "2001:db8:7::100/128")},
@@ -479,11 +486,11 @@ func TestRelease(t *testing.T) {
 	a := New(stdPools())
 	x := netip.MustParseAddr("2001:db8:6::100")
 	must(t, a, svc("a/s1", share("k"), ports(tcp(1))))
-	must(t, a, svc("b/s2", share("k"), ports(tcp(2))))
-	if o := a.Owners(x); !slices.Equal(o, []string{"a/s1", "b/s2"}) {
+	must(t, a, svc("a/s2", share("k"), ports(tcp(2))))
+	if o := a.Owners(x); !slices.Equal(o, []string{"a/s1", "a/s2"}) {
 		t.Fatalf("Owners = %v", o)
 	}
-	a.Release("b/s2")
+	a.Release("a/s2")
 	if o := a.Owners(x); !slices.Equal(o, []string{"a/s1"}) {
 		t.Fatalf("Owners = %v", o)
 	}

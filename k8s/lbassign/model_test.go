@@ -466,7 +466,7 @@ func compatible(x, y Service) bool {
 }
 
 func compatibleRule(x, y Service) bool {
-	if x.SharingKey == "" || x.SharingKey != y.SharingKey || x.Local != y.Local ||
+	if x.Namespace != y.Namespace || x.SharingKey == "" || x.SharingKey != y.SharingKey || x.Local != y.Local ||
 		x.Local && !maps.Equal(x.Selector, y.Selector) {
 		return false
 	}

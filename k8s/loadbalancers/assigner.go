@@ -341,18 +341,21 @@ func granted(in lbassign.Service, s *corev1.Service, claimed map[netip.Addr][]Se
 	if len(cands) == 0 {
 		return in // no claim to go by: as the spec says
 	}
-	parse := func(terms string) lbassign.Service {
+	parse := func(terms, namespace string) lbassign.Service {
 		t, err := lbassign.ParseTerms(terms)
 		if terms == "" || err != nil {
 			return lbassign.Service{} // given it unshared
 		}
+		t.Namespace = namespace
 		return t
 	}
-	t := parse(cands[0])
+	t := parse(cands[0], s.Namespace)
 	for _, c := range cands {
-		ct := parse(c)
+		ct := parse(c, s.Namespace)
 		if !slices.ContainsFunc(in.Current, func(ip netip.Addr) bool {
-			return slices.ContainsFunc(claimed[ip], func(h ServiceRef) bool { return !names(h, s) && !lbassign.MayShare(ct, parse(h.Terms)) })
+			return slices.ContainsFunc(claimed[ip], func(h ServiceRef) bool {
+				return !names(h, s) && !lbassign.MayShare(ct, parse(h.Terms, h.Namespace))
+			})
 		}) {
 			t = ct
 			break

@@ -434,3 +434,76 @@ func TestReservationsAreThePods(t *testing.T) {
 		t.Errorf("web has %v, reserved %v", got, st.alloc.Reserved())
 	}
 }
+
+// Review of the sharing change: a Service of another namespace that
+// copies a Service's sharing key (anyone who reads Services can) does not
+// join its address, so it can neither be advertised there nor pin it;
+// the owner keeps its address when it later adds the intruder's port.
+func TestSharingStaysInANamespace(t *testing.T) {
+	both := []lbassign.Pool{{Name: "lb", Prefixes: []netip.Prefix{netip.MustParsePrefix("2001:db8:1b::100/126")},
+		Allows: func(ns string) bool { return ns == "shop" || ns == "evil" }}}
+	c := newFakeClaims()
+	inf := cache.NewSharedIndexInformer(&cache.ListWatch{ListFunc: noLW{}.List, WatchFunc: noLW{}.Watch}, &corev1.Service{}, 0, cache.Indexers{})
+	store := inf.GetStore()
+	_ = store.Add(lb("web", shared("team-a", 80)))
+	ev := &events{}
+	a := New(Config{Services: inf, Claims: c, Status: storeStatus{store}, Events: ev,
+		Pools: func() []lbassign.Pool { return both }, Ours: (services.Options{}).Ours, Log: quietLog()})
+	st := a.newState()
+	ctx := context.Background()
+	st.pass(ctx, nil, true)
+	x := netip.MustParseAddr("2001:db8:1b::100")
+	_ = store.Add(lb("x", shared("team-a", 443), func(s *corev1.Service) {
+		s.Namespace, s.UID = "evil", "uid-x"
+		s.Annotations[lbassign.AnnotationLoadBalancerIPs] = x.String()
+	}))
+	st.pass(ctx, nil, true)
+	if h := holdersOf(c, x.String()); !slices.Equal(h, []string{"shop/web"}) {
+		t.Errorf("%s held by %v, want shop/web alone", x, h)
+	}
+	obj, _, _ := store.GetByKey("evil/x")
+	if got := statusOf(obj.(*corev1.Service)); len(got) != 0 {
+		t.Errorf("evil/x given %v", got)
+	}
+	if !ev.has("evil/x true InUse: ") || !ev.has("Service shop/web of another namespace") {
+		t.Errorf("no Warning naming the namespace rule: %v", ev.list())
+	}
+	// shop/web adds port 443: it keeps its address.
+	obj, _, _ = store.GetByKey("shop/web")
+	w := obj.(*corev1.Service).DeepCopy()
+	w.Spec.Ports = append(w.Spec.Ports, corev1.ServicePort{Port: 443, Protocol: corev1.ProtocolTCP})
+	_ = store.Update(w)
+	st.pass(ctx, nil, true)
+	obj, _, _ = store.GetByKey("shop/web")
+	if got := statusOf(obj.(*corev1.Service)); !slices.Equal(got, []netip.Addr{x}) {
+		t.Errorf("shop/web moved to %v", got)
+	}
+}
+
+// Review of the sharing change: a sharer that drops its key while an
+// orphan hold (a dead leader's join) is still on the claim would write a
+// claim with sharers and no key, which the API refuses, again and again.
+// The claim refuses the holder's new key while another holds it; the
+// assigner frees the orphan and takes the address alone, at once.
+func TestDroppedKeyWithAnOrphanSharer(t *testing.T) {
+	c := newFakeClaims()
+	x := netip.MustParseAddr("2001:db8:1b::100")
+	webRef := ServiceRef{Namespace: "shop", Name: "web", UID: "uid-web"}
+	c.svc[x] = &fakeClaim{key: "k", holders: []ServiceRef{webRef, {Namespace: "shop", Name: "gone", UID: "uid-gone"}}}
+	st, store := term(t, c, lb("web", shared("k", 80), withStatus(x.String())))
+	ctx := context.Background()
+	st.pass(ctx, []string{"shop/web"}, false) // before any full pass: the orphan is there
+	obj, _, _ := store.GetByKey("shop/web")
+	w := obj.(*corev1.Service).DeepCopy()
+	delete(w.Annotations, lbassign.AnnotationAllowSharedIP)
+	_ = store.Update(w)
+	st.pass(ctx, []string{"shop/web"}, false)
+	cl := c.svc[x]
+	if cl == nil || cl.key != "" || len(cl.holders) != 1 || cl.holders[0].Name != "web" {
+		t.Fatalf("claim %+v, want web alone under no key", cl)
+	}
+	obj, _, _ = store.GetByKey("shop/web")
+	if got := statusOf(obj.(*corev1.Service)); !slices.Equal(got, []netip.Addr{x}) {
+		t.Errorf("web moved to %v", got)
+	}
+}

@@ -10,9 +10,10 @@ import (
 
 // fakeClaims is the cluster-wide claims, Services' and pods', with the
 // rules of k8s/claims: one claim per IP; a Service's claim held by its
-// holders under a sharing key, which another Service joins only with the
-// same non-empty key; a holder's key and terms are the claim's; the claim
-// goes with its last holder; a pod's claim is never shared.
+// holders under a sharing key, which another Service of their namespace
+// joins only with the same non-empty key; a holder's key and terms are
+// the claim's, its key changed only while it holds the claim alone; the
+// claim goes with its last holder; a pod's claim is never shared.
 type fakeClaims struct {
 	mu     sync.Mutex
 	svc    map[netip.Addr]*fakeClaim
@@ -64,9 +65,9 @@ func (f *fakeClaims) Claim(_ context.Context, ip netip.Addr, _ string, s Service
 		f.svc[ip] = &fakeClaim{key: key, holders: []ServiceRef{s}}
 	case i >= 0 && c.key == key && c.holders[i].Terms == s.Terms:
 		return nil
-	case i >= 0:
+	case i >= 0 && (c.key == key || len(c.holders) == 1):
 		c.key, c.holders[i].Terms = key, s.Terms
-	case i < 0 && key != "" && c.key == key:
+	case i < 0 && key != "" && c.key == key && c.holders[0].Namespace == s.Namespace:
 		c.holders = append(c.holders, s)
 	default:
 		return &HeldError{IP: ip, Holder: c.describe(), Services: slices.Clone(c.holders)}

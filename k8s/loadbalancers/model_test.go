@@ -690,6 +690,9 @@ func (m *aModel) check(before map[string][]netip.Addr, moving map[string]bool, t
 			j := slices.IndexFunc(c.holders, func(h ServiceRef) bool { return h.String() == services.Key(s) && h.UID == string(s.UID) })
 			terms[i] = c.holders[j].Terms
 			for k := range i {
+				if s.Namespace != ss[k].Namespace {
+					m.fatalf("%s in the status of %s and %s: namespaces share no address", x, services.Key(s), services.Key(ss[k]))
+				}
 				if !mayShare(terms[i], terms[k]) {
 					m.fatalf("%s in the status of %s (%s) and %s (%s), which may not share it", x, services.Key(s), terms[i], services.Key(ss[k]), terms[k])
 				}

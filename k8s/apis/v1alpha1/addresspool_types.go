@@ -233,6 +233,8 @@ type AddressClaim struct {
 // +kubebuilder:validation:XValidation:rule="self.use == 'loadBalancer' || (has(self.pod) && has(self.node) && has(self.containerID))",message="a pod or addresses claim needs spec.pod, spec.node and spec.containerID"
 // +kubebuilder:validation:XValidation:rule="self.use == 'loadBalancer' || (!has(self.sharingKey) && !has(self.sharers))",message="only a loadBalancer claim is shared: spec.sharingKey and spec.sharers must be unset"
 // +kubebuilder:validation:XValidation:rule="!has(self.sharers) || (has(self.sharingKey) && size(self.sharingKey) > 0)",fieldPath=".sharers",message="a claim with sharers names their spec.sharingKey"
+// +kubebuilder:validation:XValidation:rule="self.ip == oldSelf.ip && self.use == oldSelf.use",message="spec.ip and spec.use never change: release the claim and make another"
+// +kubebuilder:validation:XValidation:rule="oldSelf.use == 'loadBalancer' || self == oldSelf",message="a pod's claim never changes (only a LoadBalancer address's holders are updated): release it and make another"
 type AddressClaimSpec struct {
 	// IP is the claimed address.
 	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IP address"
