@@ -311,7 +311,15 @@ func (a *Assigner) newState() *state {
 func granted(in lbassign.Service, s *corev1.Service, claimed map[netip.Addr][]ServiceRef) lbassign.Service {
 	in.Current = slices.DeleteFunc(in.Current, func(ip netip.Addr) bool {
 		hs, ok := claimed[ip]
-		return ok && !slices.ContainsFunc(hs, func(h ServiceRef) bool { return names(h, s) })
+		if !ok {
+			return false
+		}
+		i := slices.IndexFunc(hs, func(h ServiceRef) bool { return names(h, s) })
+		// A claim that names another namespace before s (written before
+		// sharing stayed within one) is the earlier namespace's: s joined
+		// it second, and whatever order the Services are restored in, s
+		// is the one that gives it up.
+		return i < 0 || slices.ContainsFunc(hs[:i], func(h ServiceRef) bool { return h.Namespace != s.Namespace })
 	})
 	in.Families, in.Requested, in.Pools = nil, nil, nil
 	for _, ip := range in.Current {

@@ -507,3 +507,48 @@ func TestDroppedKeyWithAnOrphanSharer(t *testing.T) {
 		t.Errorf("web moved to %v", got)
 	}
 }
+
+// Second review: a claim written before sharing stayed within a
+// namespace, held by shop/web first and then by a Service of another
+// namespace. A new leader keeps the address with the namespace that held
+// it first, whatever the namespaces' order, pinned or not.
+func TestLegacyCrossNamespaceClaim(t *testing.T) {
+	for _, tc := range []struct {
+		other  string
+		pinned bool
+	}{{"aaa", false}, {"zzz", false}, {"aaa", true}} {
+		t.Run(fmt.Sprintf("%s/pinned=%v", tc.other, tc.pinned), func(t *testing.T) {
+			other := tc.other
+			both := []lbassign.Pool{{Name: "lb", Prefixes: []netip.Prefix{netip.MustParsePrefix("2001:db8:1b::100/126")},
+				Allows: func(ns string) bool { return ns == "shop" || ns == other }}}
+			x := netip.MustParseAddr("2001:db8:1b::100")
+			web := lb("web", shared("k", 80), withStatus(x.String()))
+			if tc.pinned {
+				web.Annotations[lbassign.AnnotationLoadBalancerIPs] = x.String()
+			}
+			intruder := lb("x", shared("k", 443), withStatus(x.String()), func(s *corev1.Service) { s.Namespace, s.UID = other, "uid-x" })
+			terms := func(port int32) string {
+				return lbassign.Terms(lbassign.Service{SharingKey: "k", Ports: []lbassign.Port{{Port: port, Protocol: corev1.ProtocolTCP}}})
+			}
+			c := newFakeClaims()
+			c.svc[x] = &fakeClaim{key: "k", holders: []ServiceRef{
+				{Namespace: "shop", Name: "web", UID: "uid-web", Terms: terms(80)},
+				{Namespace: other, Name: "x", UID: "uid-x", Terms: terms(443)}}}
+			inf := cache.NewSharedIndexInformer(&cache.ListWatch{ListFunc: noLW{}.List, WatchFunc: noLW{}.Watch}, &corev1.Service{}, 0, cache.Indexers{})
+			store := inf.GetStore()
+			_ = store.Add(web)
+			_ = store.Add(intruder)
+			a := New(Config{Services: inf, Claims: c, Status: storeStatus{store}, Events: &events{},
+				Pools: func() []lbassign.Pool { return both }, Ours: (services.Options{}).Ours, Log: quietLog()})
+			st := a.newState()
+			st.pass(context.Background(), nil, true)
+			obj, _, _ := store.GetByKey("shop/web")
+			gw := statusOf(obj.(*corev1.Service))
+			obj, _, _ = store.GetByKey(other + "/x")
+			gx := statusOf(obj.(*corev1.Service))
+			if !slices.Equal(gw, []netip.Addr{x}) || slices.Contains(gx, x) || !slices.Equal(holdersOf(c, x.String()), []string{"shop/web"}) {
+				t.Errorf("shop/web %v, %s/x %v, claim of %s held by %v; want shop/web alone on it", gw, other, gx, x, holdersOf(c, x.String()))
+			}
+		})
+	}
+}
