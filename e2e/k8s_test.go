@@ -336,7 +336,14 @@ func TestKubernetes(t *testing.T) {
 		`[{"op":"add","path":"/spec/template/spec/containers/0/command/-","value":"--leak-gc-grace=5s"}]`)
 	e.apply(k8sNodeConfig)
 	e.apply(k8sAnycastPool)
-	e.waitPods("the flock agent", "-n", "flock-system", "-l", "app.kubernetes.io/name=flock")
+	// The patch rolls the DaemonSet when its first pod came before it
+	// (CI saw it): wait for the rollout, not for pods by label, which
+	// would wait on the replaced pod until the timeout.
+	if out, err := c.Kubectl(ctx, "-n", "flock-system", "rollout", "status", "daemonset/flock", "--timeout=180s"); err != nil {
+		t.Logf("rollout status: %v\n%s", err, out)
+		e.waitPods("the flock agent", "-n", "flock-system", "-l", "app.kubernetes.io/name=flock") // its diagnostics
+		t.Fatal("the flock DaemonSet did not roll out")
+	}
 	if err := c.WaitNodeReady(ctx); err != nil {
 		t.Fatalf("node not Ready with flock's CNI config: %v", err)
 	}
