@@ -546,14 +546,19 @@ func (c *Claims) Release(ctx context.Context, ip netip.Addr, containerID string)
 	if containerID == "" {
 		return fmt.Errorf("release address claim %s: no container ID", ip)
 	}
-	return c.release(ctx, ip, "container "+shortID(containerID), func(h Claim) bool {
-		return !h.isService() && h.ContainerID == containerID
+	return c.release(ctx, ip, "container "+shortID(containerID), func(h Claim) (Claim, bool) {
+		return Claim{}, !h.isService() && h.ContainerID == containerID
 	})
 }
 
-// release deletes the claim of ip if ours says it is the releaser's (who,
-// for the logs), as Release describes.
-func (c *Claims) release(ctx context.Context, ip netip.Addr, who string, ours func(holder Claim) bool) error {
+// release gives up the releaser's (who, for the logs) hold on the claim
+// of ip: leave says whether the claim as read is the releaser's (ours)
+// and what is left of it without the releaser (rest; no Service: nobody,
+// the claim is deleted, else updated to rest, as a shared address's is).
+// The delete carries the UID and resourceVersion it read as
+// preconditions, the update its resourceVersion: a claim changed or
+// re-created meanwhile is read again.
+func (c *Claims) release(ctx context.Context, ip netip.Addr, who string, leave func(holder Claim) (rest Claim, ours bool)) error {
 	if !ip.IsValid() {
 		return errors.New("release address claim: no IP")
 	}
@@ -567,21 +572,26 @@ func (c *Claims) release(ctx context.Context, ip netip.Addr, who string, ours fu
 			return fmt.Errorf("release %s: get AddressClaim %s: %w", ip, name, err)
 		}
 		holder, _ := ClaimOf(u) // lenient: a broken claim is not ours
-		if !ours(holder) {
+		rest, ours := leave(holder)
+		if !ours {
 			c.log.Debug("address claim held by someone else; not releasing", "ip", ip, "claim", name, "releaser", who, "holder", holder.Describe())
 			return nil
 		}
-		err = c.deleteExact(ctx, u)
+		if rest.Service == nil {
+			err = c.deleteExact(ctx, u)
+		} else {
+			err = c.updateHolders(ctx, u, rest)
+		}
 		switch {
 		case err == nil:
-			c.log.Debug("address claim released", "ip", ip, "claim", name, "holder", holder.Describe())
+			c.log.Debug("address claim released", "ip", ip, "claim", name, "releaser", who, "holder", holder.Describe())
 			return nil
 		case apierrors.IsNotFound(err):
 			return nil
 		case apierrors.IsConflict(err):
 			continue // changed since our get: look again
 		default:
-			return fmt.Errorf("release %s: delete AddressClaim %s: %w", ip, name, err)
+			return fmt.Errorf("release %s for %s: AddressClaim %s: %w", ip, who, name, err)
 		}
 	}
 	return fmt.Errorf("release %s: AddressClaim %s kept changing under us (%d attempts)", ip, name, maxAttempts)

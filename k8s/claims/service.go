@@ -192,42 +192,9 @@ func (c *Claims) ReleaseService(ctx context.Context, ip netip.Addr, svc ServiceR
 	if svc.Namespace == "" || svc.Name == "" {
 		return fmt.Errorf("release address claim %s: service %q: namespace and name are required", ip, svc)
 	}
-	if !ip.IsValid() {
-		return fmt.Errorf("release address claim: no IP")
-	}
-	name := ClaimName(ip)
-	for range maxAttempts {
-		u, err := c.res().Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("release %s: get AddressClaim %s: %w", ip, name, err)
-		}
-		holder, _ := ClaimOf(u) // lenient: a broken claim is not ours
-		if !holder.HeldBy(svc) {
-			c.log.Debug("address claim not held by the Service; not releasing", "ip", ip, "claim", name, "releaser", svc.String(), "holder", holder.Describe())
-			return nil
-		}
-		rest := holder.without(svc)
-		if rest.Service == nil {
-			err = c.deleteExact(ctx, u)
-		} else {
-			err = c.updateHolders(ctx, u, rest)
-		}
-		switch {
-		case err == nil:
-			c.log.Debug("address claim released", "ip", ip, "claim", name, "releaser", svc.String(), "left", rest.Describe())
-			return nil
-		case apierrors.IsNotFound(err):
-			return nil
-		case apierrors.IsConflict(err):
-			continue // changed since our get: look again
-		default:
-			return fmt.Errorf("release %s for Service %s: AddressClaim %s: %w", ip, svc, name, err)
-		}
-	}
-	return fmt.Errorf("release %s: AddressClaim %s kept changing under us (%d attempts)", ip, name, maxAttempts)
+	return c.release(ctx, ip, "Service "+svc.String(), func(h Claim) (Claim, bool) {
+		return h.without(svc), h.HeldBy(svc)
+	})
 }
 
 // without is the claim with svc no longer among its holders: the first
