@@ -50,8 +50,14 @@ func TestElectOneLeader(t *testing.T) {
 		a := loadbalancers.New(loadbalancers.Config{Services: inf, Claims: noClaims{}, Status: noStatus{}, Events: noEvents{},
 			Pools: func() []lbassign.Pool { return nil }, Ours: (services.Options{}).Ours})
 		testutil.Run(t, f.Run)
+		// A Lease held past a starved renewal is taken over once it is
+		// LeaseDuration old, while the old holder still believes it leads
+		// until its RenewDeadline: leader election is not fencing. A short
+		// LeaseDuration made that happen on a loaded CI machine (a and b
+		// both leading). A long one keeps this test to what it claims,
+		// and the handover it checks comes from the release, not expiry.
 		return &Elect{Leases: cs.CoordinationV1(), Namespace: "flock-system", Identity: node, Assigner: a,
-			LeaseDuration: 1500 * time.Millisecond, RenewDeadline: 1 * time.Second, RetryPeriod: 200 * time.Millisecond}
+			LeaseDuration: 30 * time.Second, RenewDeadline: 20 * time.Second, RetryPeriod: 200 * time.Millisecond}
 	}
 	a, b := elect("node-a"), elect("node-b")
 	_, stopA := testutil.Run(t, a.Run)
