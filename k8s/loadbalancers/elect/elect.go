@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,6 +41,48 @@ type Elect struct {
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 
 	leading atomic.Bool
+	mu      sync.Mutex
+	running *term // the assigner of the current term, or nil
+	// stopped: the current term ended (stop ran) before its assigner
+	// started (client-go starts it on a goroutine of its own).
+	stopped bool
+}
+
+// term is one term's assigner: cancel stops it, done closes once it has.
+type term struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// stop ends the current term's assigner and waits until it has returned:
+// from then on this agent writes nothing.
+func (e *Elect) stop() {
+	e.mu.Lock()
+	r := e.running
+	e.running, e.stopped = nil, true
+	e.mu.Unlock()
+	if r != nil {
+		r.cancel()
+		<-r.done
+	}
+	e.leading.Store(false)
+}
+
+// releaseAfterStop is the Lease lock, except that giving the Lease up
+// (client-go's release: an update naming no holder) first stops the
+// assigner. client-go releases the Lease before it cancels the leader's
+// context, so without this another agent could take the Lease, and write,
+// while this one's assigner still ran.
+type releaseAfterStop struct {
+	resourcelock.Interface
+	stop func()
+}
+
+func (l releaseAfterStop) Update(ctx context.Context, r resourcelock.LeaderElectionRecord) error {
+	if r.HolderIdentity == "" {
+		l.stop()
+	}
+	return l.Interface.Update(ctx, r)
 }
 
 // Leading tells whether this agent writes the addresses now.
@@ -52,11 +95,11 @@ func (e *Elect) Run(ctx context.Context) error {
 		log = slog.Default()
 	}
 	cfg := leaderelection.LeaderElectionConfig{
-		Lock: &resourcelock.LeaseLock{
+		Lock: releaseAfterStop{Interface: &resourcelock.LeaseLock{
 			LeaseMeta:  metav1.ObjectMeta{Namespace: e.Namespace, Name: LeaseName},
 			Client:     e.Leases,
 			LockConfig: resourcelock.ResourceLockConfig{Identity: e.Identity},
-		},
+		}, stop: e.stop},
 		LeaseDuration:   or(e.LeaseDuration, 15*time.Second),
 		RenewDeadline:   or(e.RenewDeadline, 10*time.Second),
 		RetryPeriod:     or(e.RetryPeriod, 2*time.Second),
@@ -64,14 +107,25 @@ func (e *Elect) Run(ctx context.Context) error {
 		Name:            LeaseName,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(ctx context.Context) {
+				ctx, cancel := context.WithCancel(ctx)
+				r := &term{cancel: cancel, done: make(chan struct{})}
+				defer close(r.done)
+				e.mu.Lock()
+				if e.stopped || ctx.Err() != nil {
+					e.mu.Unlock()
+					cancel()
+					return
+				}
+				e.running = r
 				e.leading.Store(true)
+				e.mu.Unlock()
 				log.Info("LoadBalancer addresses: this agent assigns them", "lease", e.Namespace+"/"+LeaseName)
 				if err := e.Assigner.Run(ctx); err != nil {
 					log.Error("LoadBalancer assigner stopped", "err", err)
 				}
 			},
 			OnStoppedLeading: func() {
-				e.leading.Store(false)
+				e.stop()
 				log.Info("LoadBalancer addresses: this agent no longer assigns them")
 			},
 		},
@@ -81,6 +135,9 @@ func (e *Elect) Run(ctx context.Context) error {
 		return fmt.Errorf("leader election for LoadBalancer addresses: %w", err)
 	}
 	for ctx.Err() == nil {
+		e.mu.Lock()
+		e.stopped = false
+		e.mu.Unlock()
 		le.Run(ctx) // returns when leadership is lost or ctx ends
 	}
 	return nil
