@@ -43,26 +43,31 @@ func (noStatus) SetIngress(context.Context, loadbalancers.ServiceRef, []netip.Ad
 func (noEvents) Event(loadbalancers.ServiceRef, bool, string, string)                     {}
 func (lbSvcs) IsWatchListSemanticsUnSupported() bool                                      { return true }
 
+// newElect is an agent's election, with an assigner that has no Services.
+func newElect(t *testing.T, cs *fake.Clientset, node string, lease, renew time.Duration) *Elect {
+	f := kubeclient.NewFactory()
+	inf := f.Informer("services", func() cache.SharedIndexInformer {
+		return kubeclient.NewInformer(lbSvcs{cs.CoreV1().Services("")}, &corev1.Service{}, nil)
+	})
+	as := loadbalancers.New(loadbalancers.Config{Services: inf, Claims: noClaims{}, Status: noStatus{}, Events: noEvents{},
+		Pools: func() []lbassign.Pool { return nil }, Ours: (services.Options{}).Ours})
+	testutil.Run(t, f.Run)
+	return &Elect{Leases: cs.CoordinationV1(), Namespace: "flock-system", Identity: node, Assigner: as,
+		LeaseDuration: lease, RenewDeadline: renew, RetryPeriod: 200 * time.Millisecond}
+}
+
 // Two agents compete for the Lease: exactly one leads at a time (sampled
 // throughout), and when it stops the other takes over.
 func TestElectOneLeader(t *testing.T) {
 	cs := fake.NewClientset()
 	elect := func(node string) *Elect {
-		f := kubeclient.NewFactory()
-		inf := f.Informer("services", func() cache.SharedIndexInformer {
-			return kubeclient.NewInformer(lbSvcs{cs.CoreV1().Services("")}, &corev1.Service{}, nil)
-		})
-		a := loadbalancers.New(loadbalancers.Config{Services: inf, Claims: noClaims{}, Status: noStatus{}, Events: noEvents{},
-			Pools: func() []lbassign.Pool { return nil }, Ours: (services.Options{}).Ours})
-		testutil.Run(t, f.Run)
 		// A Lease held past a starved renewal is taken over once it is
 		// LeaseDuration old, while the old holder still believes it leads
 		// until its RenewDeadline: leader election is not fencing. A short
 		// LeaseDuration made that happen on a loaded CI machine (a and b
 		// both leading). A long one keeps this test to what it claims,
 		// and the handover it checks comes from the release, not expiry.
-		return &Elect{Leases: cs.CoordinationV1(), Namespace: "flock-system", Identity: node, Assigner: a,
-			LeaseDuration: 30 * time.Second, RenewDeadline: 20 * time.Second, RetryPeriod: 200 * time.Millisecond}
+		return newElect(t, cs, node, 30*time.Second, 20*time.Second)
 	}
 	a, b := elect("node-a"), elect("node-b")
 	_, stopA := testutil.Run(t, a.Run)
@@ -103,21 +108,10 @@ func TestElectReleasesAfterItStops(t *testing.T) {
 		}
 		return false, nil, nil
 	})
-	elect := func(node string) *Elect {
-		f := kubeclient.NewFactory()
-		inf := f.Informer("services", func() cache.SharedIndexInformer {
-			return kubeclient.NewInformer(lbSvcs{cs.CoreV1().Services("")}, &corev1.Service{}, nil)
-		})
-		as := loadbalancers.New(loadbalancers.Config{Services: inf, Claims: noClaims{}, Status: noStatus{}, Events: noEvents{},
-			Pools: func() []lbassign.Pool { return nil }, Ours: (services.Options{}).Ours})
-		testutil.Run(t, f.Run)
-		// b could take an unreleased Lease only 10 s after a's last
-		// renewal; a gives up 1 s after it and releases.
-		return &Elect{Leases: cs.CoordinationV1(), Namespace: "flock-system", Identity: node, Assigner: as,
-			LeaseDuration: 10 * time.Second, RenewDeadline: time.Second, RetryPeriod: 200 * time.Millisecond}
-	}
-	a = elect("node-a")
-	b := elect("node-b")
+	// b could take an unreleased Lease only 10 s after a's last renewal;
+	// a gives up 1 s after it and releases.
+	a = newElect(t, cs, "node-a", 10*time.Second, time.Second)
+	b := newElect(t, cs, "node-b", 10*time.Second, time.Second)
 	testutil.Run(t, a.Run)
 	testutil.Eventually(t, "node-a to lead", func() (bool, string) { return a.Leading(), "" })
 	testutil.Run(t, b.Run)
