@@ -16,6 +16,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
@@ -113,9 +114,14 @@ spec:
 // echoGet sends one request from ns to addr on a new connection and
 // returns the client address and the pod the answer names.
 func echoGet(ns *lab.NS, addr netip.Addr, timeout time.Duration) (client netip.Addr, pod string, err error) {
+	return echoGetPort(ns, netip.AddrPortFrom(addr, 80), timeout)
+}
+
+// echoGetPort is echoGet to a port of the caller's choosing (a pod's own).
+func echoGetPort(ns *lab.NS, to netip.AddrPort, timeout time.Duration) (client netip.Addr, pod string, err error) {
 	err = ns.InNS(func() error {
 		// Dialled on this goroutine: the socket is made in ns.
-		c, err := (&net.Dialer{Timeout: timeout}).Dial("tcp", netip.AddrPortFrom(addr, 80).String())
+		c, err := (&net.Dialer{Timeout: timeout}).Dial("tcp", to.String())
 		if err != nil {
 			return err
 		}
@@ -207,9 +213,10 @@ func (l *load) end() (sent int, failures []failure) {
 // routeChanges records when the ToR's kernel changed its route to each of
 // the prefixes (BIRD moving the next hops), from the ToR's own netlink.
 type routeChanges struct {
-	mu   sync.Mutex
-	at   map[netip.Prefix][]time.Time
-	stop chan struct{}
+	mu      sync.Mutex
+	at      map[netip.Prefix][]time.Time
+	deleted map[netip.Prefix][]time.Time // of those, the deletions
+	stop    chan struct{}
 }
 
 func watchRoutes(t *testing.T, ns *lab.NS, prefixes []netip.Prefix) *routeChanges {
@@ -219,7 +226,7 @@ func watchRoutes(t *testing.T, ns *lab.NS, prefixes []netip.Prefix) *routeChange
 		t.Fatal(err)
 	}
 	defer h.Close()
-	rc := &routeChanges{at: map[netip.Prefix][]time.Time{}, stop: make(chan struct{})}
+	rc := &routeChanges{at: map[netip.Prefix][]time.Time{}, deleted: map[netip.Prefix][]time.Time{}, stop: make(chan struct{})}
 	ch := make(chan netlink.RouteUpdate, 256)
 	if err := netlink.RouteSubscribeWithOptions(ch, rc.stop, netlink.RouteSubscribeOptions{Namespace: &h}); err != nil {
 		t.Fatal(err)
@@ -236,8 +243,12 @@ func watchRoutes(t *testing.T, ns *lab.NS, prefixes []netip.Prefix) *routeChange
 			bits, _ := u.Dst.Mask.Size()
 			dst := netip.PrefixFrom(p.Unmap(), bits)
 			if slices.Contains(prefixes, dst) {
+				now := time.Now()
 				rc.mu.Lock()
-				rc.at[dst] = append(rc.at[dst], time.Now())
+				rc.at[dst] = append(rc.at[dst], now)
+				if u.Type == unix.RTM_DELROUTE {
+					rc.deleted[dst] = append(rc.deleted[dst], now)
+				}
 				rc.mu.Unlock()
 			}
 		}
@@ -281,6 +292,21 @@ func (rc *routeChanges) String() string {
 	return strings.Join(out, " ")
 }
 
+// deletions lists the deletions seen, for the log: none means the ToR's
+// kernel never lost a route to any of the prefixes.
+func (rc *routeChanges) deletions() []string {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	var out []string
+	for p, at := range rc.deleted {
+		for _, a := range at {
+			out = append(out, p.String()+"@"+a.Format("15:04:05.000"))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // count is the number of changes seen, all prefixes.
 func (rc *routeChanges) count() int {
 	rc.mu.Lock()
@@ -292,7 +318,23 @@ func (rc *routeChanges) count() int {
 	return n
 }
 
-func TestServicesTraffic(t *testing.T) {
+// servicesLab is a cluster with the Service plumbing of a real one
+// (kube-proxy in nftables mode, CoreDNS; k8slab Services) on two nodes
+// behind a BIRD ToR whose ECMP hashes ports too, flock's image (and
+// images) imported on both, nothing of flock's applied yet. Its cleanup
+// deletes the workloads (their DELs must reach a running agent), then
+// flock, then the nodes.
+type servicesLab struct {
+	e        *k8sEnv
+	c        *k8slab.Cluster
+	n2       *k8slab.Node
+	tor, vm2 *lab.NS
+	root     string
+	dir      string
+}
+
+func upServicesLab(t *testing.T, images func(root, dir string) []string, extra ...route) *servicesLab {
+	t.Helper()
 	ctx := context.Background()
 	root, err := lab.RepoRoot()
 	if err != nil {
@@ -300,7 +342,7 @@ func TestServicesTraffic(t *testing.T) {
 	}
 	dir := t.TempDir()
 	prepareK8sHost(t)
-	imageTar := buildFlockImage(t, root, dir)
+	tars := append([]string{buildFlockImage(t, root, dir)}, images(root, dir)...)
 	tor := newNS(t, "k8stor-")
 	vm2 := newNS(t, "k8svm2-")
 	// kube-proxy's --cluster-cidr (one range per family) covers both
@@ -310,8 +352,8 @@ func TestServicesTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &k8sEnv{t: t, c: c}
-	var n2 *k8slab.Node
+	l := &servicesLab{e: &k8sEnv{t: t, c: c}, c: c, tor: tor, vm2: vm2, root: root, dir: dir}
+	e := l.e
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, _ := c.Kubectl(context.Background(), "-n", "flock-system", "logs", "ds/flock", "-c", "agent", "--tail=40")
@@ -322,10 +364,10 @@ func TestServicesTraffic(t *testing.T) {
 		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		// Pods too: their DELs must reach a running agent before flock goes.
-		_, _ = c.Kubectl(dctx, "delete", "deployment,pod,service", "--all", "-n", "default", "--wait=true", "--timeout=90s")
+		_, _ = c.Kubectl(dctx, "delete", "deployment,pod,service,networkpolicy", "--all", "-n", "default", "--wait=true", "--timeout=90s")
 		_, _ = c.Kubectl(dctx, "delete", "-k", filepath.Join(root, "deploy"), "--wait=true", "--timeout=60s")
-		if n2 != nil {
-			if err := n2.Down(); err != nil {
+		if l.n2 != nil {
+			if err := l.n2.Down(); err != nil {
 				t.Errorf("node vm2 teardown: %v", err)
 			}
 		}
@@ -333,12 +375,14 @@ func TestServicesTraffic(t *testing.T) {
 			t.Errorf("cluster teardown: %v", err)
 		}
 	})
-	if err := c.ImportImage(ctx, imageTar); err != nil {
-		t.Fatal(err)
+	for _, tar := range tars {
+		if err := c.ImportImage(ctx, tar); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// The fabric; the ToR also reaches the first node's addresses (the
 	// apiserver's, CoreDNS's) through the host.
-	wireTwoNodes(t, e, tor, vm2, route{tor, netip.PrefixFrom(trafficNodeV6, 128), hostV6}, route{tor, netip.PrefixFrom(trafficNodeV4, 32), hostV4})
+	wireTwoNodes(t, e, tor, vm2, append([]route{{tor, netip.PrefixFrom(trafficNodeV6, 128), hostV6}, {tor, netip.PrefixFrom(trafficNodeV4, 32), hostV4}}, extra...)...)
 	// The ToR spreads flows over its equal paths by port too (as a
 	// fabric does), so both nodes get requests.
 	for _, k := range []string{"net.ipv6.fib_multipath_hash_policy", "net.ipv4.fib_multipath_hash_policy"} {
@@ -348,27 +392,45 @@ func TestServicesTraffic(t *testing.T) {
 	}
 	e.startBird(dir, k8sBirdTwo)
 	t.Log("adding node vm2 (its own netns, mounts, containerd, kubelet, kube-proxy)")
-	n2, err = c.AddNode(ctx, k8slab.NodeOptions{Name: node2, Netns: vm2.Path, NodeIP: node2V6.String() + "," + node2V4.String()})
+	l.n2, err = c.AddNode(ctx, k8slab.NodeOptions{Name: node2, Netns: vm2.Path, NodeIP: node2V6.String() + "," + node2V4.String()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := n2.ImportImage(ctx, imageTar); err != nil {
-		t.Fatal(err)
+	for _, tar := range tars {
+		if err := l.n2.ImportImage(ctx, tar); err != nil {
+			t.Fatal(err)
+		}
 	}
+	return l
+}
 
-	e.kubectl("apply", "-k", filepath.Join(root, "deploy"))
+// install applies deploy (a deploy/ directory), the two NodeConfigs and
+// more objects, and waits for flock on both nodes and both nodes Ready.
+func (l *servicesLab) install(deploy string, objects ...string) {
+	e := l.e
+	e.t.Helper()
+	e.kubectl("apply", "-k", deploy)
 	e.apply(k8sNodeConfig)
 	e.apply(node2Config)
-	e.apply(trafficPools)
-	e.waitPods("flock on both nodes", "-n", "flock-system", "-l", agentSelector)
-	if err := c.WaitNodeReady(ctx); err != nil {
-		t.Fatal(err)
+	for _, o := range objects {
+		e.apply(o)
 	}
-	if err := n2.WaitReady(ctx); err != nil {
-		t.Fatal(err)
+	e.waitPods("flock on both nodes", "-n", "flock-system", "-l", agentSelector)
+	if err := l.c.WaitNodeReady(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := l.n2.WaitReady(context.Background()); err != nil {
+		e.t.Fatal(err)
 	}
 	e.waitBird(k8sSummary6, 1)
 	e.waitBird(node2Summary6, 1)
+}
+
+func TestServicesTraffic(t *testing.T) {
+	ctx := context.Background()
+	l := upServicesLab(t, func(string, string) []string { return nil })
+	e, c, tor := l.e, l.c, l.tor
+	l.install(filepath.Join(l.root, "deploy"), trafficPools)
 	e.apply(trafficWorkload)
 	e.waitPods("echo", "-l", "app=echo")
 
@@ -631,15 +693,24 @@ func restartContainer(t *testing.T, e *k8sEnv, node, container, binary string, s
 // watchWithdrawals polls the ToR for each address's path until the
 // returned function is called; it says which went missing, and when.
 func watchWithdrawals(e *k8sEnv, addrs []netip.Addr) func() string {
+	var prefixes []netip.Prefix
+	for _, a := range addrs {
+		prefixes = append(prefixes, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return watchPrefixWithdrawals(e, prefixes)
+}
+
+// watchPrefixWithdrawals is watchWithdrawals for prefixes.
+func watchPrefixWithdrawals(e *k8sEnv, prefixes []netip.Prefix) func() string {
 	stop, done := make(chan struct{}), make(chan string, 1)
 	go func() {
 		var lost []string
 		for {
-			for _, a := range addrs {
+			for _, p := range prefixes {
 				// Not e.birdPaths: this goroutine must not end the test.
-				out, _ := e.bird.Cmd("show route " + netip.PrefixFrom(a, a.BitLen()).String() + " all")
+				out, _ := e.bird.Cmd("show route " + p.String() + " all")
 				if !strings.Contains(out, "BGP.as_path") {
-					lost = append(lost, a.String()+" at "+time.Now().Format("15:04:05.000"))
+					lost = append(lost, p.String()+" at "+time.Now().Format("15:04:05.000"))
 				}
 			}
 			select {

@@ -77,6 +77,13 @@ type Options struct {
 	Namespace      string        // flock's namespace (the password Secret lives there)
 	NodeConfigWait time.Duration // how long to wait for this node's NodeConfig
 	LeakGCGrace    time.Duration // how long a deleted pod's allocation waits for kubelet's DEL
+	// PodName is the agent's own pod (in Namespace): at a planned stop the
+	// API tells whether it goes for good (an uninstall: uninstall.go).
+	// "": every stop is a restart.
+	PodName string
+	// UninstallRemove are the paths an uninstall removes last (the plugin
+	// binary, the state and run directories, as mounted).
+	UninstallRemove []string
 
 	// Repair is the period of the reconcilers' full repair and of the
 	// netns check (default 30 s).
@@ -99,17 +106,36 @@ const bfdShutdown = 150 * time.Millisecond
 // Ready until the agent is back.
 func Run(outer context.Context, o Options) error {
 	gc := tuneGC()
-	// A planned stop leaves the restart marker before anything stops.
-	var running atomic.Pointer[daemon]
+	// A planned stop leaves the restart marker before anything stops; an
+	// uninstall (uninstall.go) withdraws every route instead, and BFD's
+	// AdminDown waits for that (decided): the ToR must hear the
+	// withdrawals while the session is up.
+	var (
+		running  atomic.Pointer[daemon]
+		leaving  atomic.Bool
+		decided  = make(chan struct{})
+		decideMu sync.Once
+	)
+	decide := func() { decideMu.Do(func() { close(decided) }) }
 	ctx, cancel := plannedStop(outer, func() {
-		if d := running.Load(); d != nil {
-			d.markRestart()
-			if d.ready.Load() {
-				d.drainServices(time.Sleep)
-			}
+		defer decide()
+		d := running.Load()
+		if d == nil {
+			return
+		}
+		if d.uninstalling() {
+			leaving.Store(true)
+			d.leave()
+			return
+		}
+		decide()
+		d.markRestart()
+		if d.ready.Load() {
+			d.drainServices(time.Sleep)
 		}
 	})
 	defer cancel()
+	stopping := ctx // ends once the planned stop's preparations are done
 	g, ctx := errgroup.WithContext(ctx)
 	// stop ends every component and returns the error that mattered: a
 	// component's own failure cancels ctx, so the start-up step that then
@@ -135,6 +161,13 @@ func Run(outer context.Context, o Options) error {
 	}
 	d.gc = gc
 	running.Store(d)
+	// Last of all (after the store is closed): an uninstall takes the
+	// dataplane and the files away.
+	defer func() {
+		if leaving.Load() {
+			d.removeNode()
+		}
+	}()
 	defer d.store.Close() // after stop: every component is done with it
 	// A planned stop (SIGTERM, a rollout): BFD peers hear AdminDown first,
 	// which RFC 5882 §3.2 says is no failure, so a ToR keeps the routes
@@ -142,6 +175,10 @@ func Run(outer context.Context, o Options) error {
 	bfdDone := make(chan struct{})
 	cancelBFD := context.AfterFunc(outer, func() {
 		defer close(bfdDone)
+		select {
+		case <-decided:
+		case <-stopping.Done(): // the preparations never ran (a failure)
+		}
 		d.speaker.ShutdownBFD(bfdShutdown)
 	})
 	defer func() {

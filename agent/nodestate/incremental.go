@@ -173,6 +173,9 @@ func (s *State) flushLocked() {
 func (s *State) Adverts() (map[netip.Prefix]advert.Path, uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.leaving {
+		return map[netip.Prefix]advert.Path{}, s.gen
+	}
 	s.flushLocked()
 	s.des.advertsOut = true
 	return s.des.adverts, s.gen

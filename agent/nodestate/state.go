@@ -119,6 +119,9 @@ type State struct {
 	services map[netip.Prefix]ServiceRoute
 	// des are the desired sets, kept incrementally (incremental.go).
 	des desiredSets
+	// leaving: flock is being uninstalled from the node, and nothing is to
+	// be advertised any more (Leave).
+	leaving bool
 }
 
 // New builds an empty state for a node config (its pools become the IPAM
@@ -226,6 +229,17 @@ func (s *State) Generation() uint64 {
 }
 
 // changedLocked bumps the generation and wakes the subscribers.
+// Leave makes the advertised set empty for good: flock is leaving the
+// node (an uninstall), and the ToR is to drop every route of it while the
+// sessions are still up. The kernel's routes stay for the pods until the
+// dataplane is removed. It returns the generation that says so.
+func (s *State) Leave() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leaving = true
+	return s.changedLocked()
+}
+
 func (s *State) changedLocked() uint64 {
 	s.gen++
 	for _, ch := range s.subs {

@@ -62,6 +62,18 @@ func parseFlags(args []string, stdout, stderr io.Writer) (c config, code int, ex
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "Kubernetes mode: kubeconfig file (default: in-cluster config)")
 	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "Kubernetes mode: this node's name (default $NODE_NAME)")
 	fs.StringVar(&o.Namespace, "namespace", os.Getenv("POD_NAMESPACE"), "Kubernetes mode: flock's namespace, where the BGP password Secret is (default $POD_NAMESPACE, else flock-system)")
+	fs.StringVar(&o.PodName, "pod-name", os.Getenv("POD_NAME"), "Kubernetes mode: the agent's own pod (default $POD_NAME); at a planned stop, flock leaves the node (routes withdrawn, veths, conflist and --uninstall-remove removed) if the API says the pod's DaemonSet is gone; empty: every stop is a restart")
+	fs.Func("uninstall-remove", "Kubernetes mode: a path an uninstall removes last (repeat, or separate with commas): the plugin binary, the state and run directories as mounted", func(v string) error {
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				if !filepath.IsAbs(p) || filepath.Clean(p) == "/" {
+					return fmt.Errorf("--uninstall-remove %q: want an absolute path other than /", p)
+				}
+				o.UninstallRemove = append(o.UninstallRemove, filepath.Clean(p))
+			}
+		}
+		return nil
+	})
 	fs.DurationVar(&o.NodeConfigWait, "nodeconfig-wait", 5*time.Minute, "Kubernetes mode: how long to wait for this node's NodeConfig to exist")
 	fs.DurationVar(&o.LeakGCGrace, "leak-gc-grace", 2*time.Minute, "Kubernetes mode: how long an allocation of a deleted pod waits for kubelet's DEL before it is released")
 	fs.DurationVar(&o.Repair, "repair-interval", 30*time.Second, "period of the full repair: the route reconcilers re-read the speaker and the kernel, and allocations whose network namespace vanished are reaped")

@@ -26,7 +26,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -36,6 +35,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/lbcontroller"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/policyapi"
+	"code.fritzlab.net/fritzlab/flock/k8s/uninstall"
 )
 
 // defaultMetricsAddress is next to the agent's (127.0.0.1:9476): both
@@ -240,12 +240,12 @@ func removeOnUninstall(rc *rest.Config, log *slog.Logger, bindings string) {
 		log.Info("the rules stay: POD_NAMESPACE or POD_NAME unset, uninstall cannot be told", "table", netpol.Table)
 		return
 	}
-	client, err := kubernetes.NewForConfig(rc)
+	client, err := dynamic.NewForConfig(rc)
 	if err != nil {
 		log.Error("the rules stay", "err", err)
 		return
 	}
-	gone, why := uninstalling(context.Background(), client, ns, name)
+	gone, why := uninstall.Uninstalling(context.Background(), client, ns, name)
 	if !gone {
 		log.Info("the rules stay for the next engine", "table", netpol.Table, "why", why)
 		return

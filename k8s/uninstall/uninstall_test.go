@@ -1,57 +1,52 @@
-package main
+package uninstall
 
 import (
 	"context"
 	"strings"
 	"testing"
 
-	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/fake"
+	dynfake "k8s.io/client-go/dynamic/fake"
 	k8stesting "k8s.io/client-go/testing"
 )
 
 func TestUninstalling(t *testing.T) {
-	yes := true
-	now := metav1.Now()
-	ds := func(uid string, deleting bool) *appsv1.DaemonSet {
-		d := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Namespace: "flock-system", Name: "flock", UID: types.UID("ds-" + uid)}}
+	ds := func(uid string, deleting bool) runtime.Object {
+		o := map[string]any{"namespace": "flock-system", "name": "flock", "uid": "ds-" + uid}
 		if deleting {
-			d.DeletionTimestamp = &now
-			d.Finalizers = []string{"foregroundDeletion"}
+			o["deletionTimestamp"] = "2026-11-29T00:00:00Z"
+			o["finalizers"] = []any{"foregroundDeletion"}
 		}
-		return d
+		return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": o}}
 	}
-	pod := func(deleting bool, owner string) *corev1.Pod {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "flock-system", Name: "flock-abc"}}
+	pod := func(deleting bool, owner string) runtime.Object {
+		o := map[string]any{"namespace": "flock-system", "name": "flock-abc"}
 		if owner != "" {
-			p.OwnerReferences = []metav1.OwnerReference{{Kind: "DaemonSet", Name: "flock", UID: types.UID("ds-" + owner), Controller: &yes}}
+			o["ownerReferences"] = []any{map[string]any{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "flock", "uid": "ds-" + owner, "controller": true}}
 		}
 		if deleting {
-			p.DeletionTimestamp = &now
-			p.Finalizers = []string{"x"}
+			o["deletionTimestamp"] = "2026-11-29T00:00:00Z"
+			o["finalizers"] = []any{"x"}
 		}
-		return p
+		return &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": o}}
 	}
-	refuse := func(resource string, err error) func(*fake.Clientset) {
-		return func(c *fake.Clientset) {
+	refuse := func(resource string, err error) func(*dynfake.FakeDynamicClient) {
+		return func(c *dynfake.FakeDynamicClient) {
 			c.PrependReactor("get", resource, func(k8stesting.Action) (bool, runtime.Object, error) {
 				return true, nil, err
 			})
 		}
 	}
-	forbid := func(resource string) func(*fake.Clientset) {
+	forbid := func(resource string) func(*dynfake.FakeDynamicClient) {
 		return refuse(resource, apierrors.NewForbidden(schema.GroupResource{Resource: resource}, "x", nil))
 	}
 	for _, tc := range []struct {
 		name   string
 		objs   []runtime.Object
-		tweak  func(*fake.Clientset)
+		tweak  func(*dynfake.FakeDynamicClient)
 		want   bool
 		reason string
 	}{
@@ -65,15 +60,16 @@ func TestUninstalling(t *testing.T) {
 		{"own pod not found", nil, nil, false, "not found"},
 		{"no owner left (DaemonSet deleted with --cascade=orphan)", []runtime.Object{pod(true, "")}, nil, true, "no DaemonSet owns it"},
 		{"force-deleted pod: its token is refused (401)", []runtime.Object{pod(true, "1"), ds("1", false)}, refuse("pods", apierrors.NewUnauthorized("token")), false, "force-deleted"},
+		{"the API server fails", []runtime.Object{pod(true, "1"), ds("1", false)}, refuse("pods", apierrors.NewInternalError(context.DeadlineExceeded)), false, "read pod"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := fake.NewClientset(tc.objs...)
+			c := dynfake.NewSimpleDynamicClient(runtime.NewScheme(), tc.objs...)
 			if tc.tweak != nil {
 				tc.tweak(c)
 			}
-			got, reason := uninstalling(context.Background(), c, "flock-system", "flock-abc")
+			got, reason := Uninstalling(context.Background(), c, "flock-system", "flock-abc")
 			if got != tc.want || !strings.Contains(reason, tc.reason) {
-				t.Errorf("uninstalling = %v (%s), want %v (…%s…)", got, reason, tc.want, tc.reason)
+				t.Errorf("Uninstalling = %v (%s), want %v (…%s…)", got, reason, tc.want, tc.reason)
 			}
 		})
 	}

@@ -1,0 +1,102 @@
+package daemon
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"code.fritzlab.net/fritzlab/flock/advert"
+	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
+	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
+	"code.fritzlab.net/fritzlab/flock/cni/install/conffile"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
+)
+
+// speakerSets is a BGP target that remembers what it was told to hold.
+type speakerSets struct {
+	mu   sync.Mutex
+	last map[netip.Prefix]advert.Path
+	sets int
+}
+
+func (s *speakerSets) Set(_ context.Context, desired map[netip.Prefix]advert.Path, _ bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.last, s.sets = desired, s.sets+1
+	return nil
+}
+
+func (s *speakerSets) held() (map[netip.Prefix]advert.Path, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last, s.sets
+}
+
+// An uninstall's first steps: the conflist (and the installer's temp dir
+// beside it) goes, then every route is withdrawn, confirmed by a pass of
+// the BGP loop before leave returns; removePaths takes the files, and
+// paths already gone are no error.
+func TestLeave(t *testing.T) {
+	d := testDaemon(t)
+	conf := t.TempDir()
+	for _, p := range []string{conffile.ConfName, filepath.Join(conffile.TempDir, "x.tmp"), "10-other.conflist"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(conf, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(conf, p), []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.o.CNIConfDir = conf
+	target := &speakerSets{}
+	d.bgpLoop = &reconcile.Loop[map[netip.Prefix]advert.Path]{Name: "bgp", Target: target, Desired: d.state.Adverts, Wake: d.state.Changed()}
+	testutil.Run(t, d.bgpLoop.Run)
+	lb := netip.MustParsePrefix("2001:db8:5e::1/128")
+	gen := d.state.SetServiceRoutes(map[netip.Prefix]nodestate.ServiceRoute{lb: {Path: advert.Path{Kind: advert.Service}, Owners: []string{"shop/web"}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := d.bgpLoop.Wait(ctx, gen); err != nil {
+		t.Fatal(err)
+	}
+	if held, _ := target.held(); len(held) != 2 { // the summary and the Service
+		t.Fatalf("before: the speaker holds %v", held)
+	}
+	d.ready.Store(true)
+	d.leave()
+	if held, _ := target.held(); len(held) != 0 {
+		t.Errorf("after leave the speaker still holds %v", held)
+	}
+	for _, p := range []string{conffile.ConfName, conffile.TempDir} {
+		if _, err := os.Stat(filepath.Join(conf, p)); !os.IsNotExist(err) {
+			t.Errorf("%s left in the conf dir: %v", p, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(conf, "10-other.conflist")); err != nil {
+		t.Errorf("another CNI's conflist went too: %v", err)
+	}
+
+	dir := t.TempDir()
+	state, plugin := filepath.Join(dir, "var-lib-flock"), filepath.Join(dir, "bin", "flock")
+	for _, p := range []string{filepath.Join(state, "records", "a"), plugin, filepath.Join(dir, "bin", "portmap")} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d.o.UninstallRemove = []string{state, plugin, filepath.Join(dir, "never-there")}
+	d.removePaths()
+	for _, p := range []string{state, plugin} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s not removed: %v", p, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "bin", "portmap")); err != nil {
+		t.Errorf("another plugin went too: %v", err)
+	}
+}

@@ -1,0 +1,72 @@
+// Package uninstall tells, as one of flock's DaemonSet pods stops, whether
+// flock is leaving the node (being uninstalled) or only restarting (a
+// container restart, a rollout, an eviction). What stops cleans up after
+// itself only in the first case: the agent takes its routes, veths and
+// files away, flock-policy its nftables table. Anything else must leave
+// them, so that pods keep forwarding and stay under their policies until
+// the next pod of the DaemonSet takes over.
+package uninstall
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+)
+
+var (
+	podsGVR       = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
+	daemonSetsGVR = schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "daemonsets"}
+)
+
+// Uninstalling decides whether flock is leaving this node, for the pod
+// namespace/name that is stopping. Leaving means: the pod is being deleted
+// and the DaemonSet that owns it (by UID) is gone or being deleted (or no
+// DaemonSet owns it any more: nothing will replace it), or flock's service
+// account was refused (403: its RBAC was deleted with it, as `kubectl
+// delete -k deploy/` does first). A 401 tells nothing: a force-deleted
+// pod's token dies with the pod object, and a rollout's pod may be
+// force-deleted. Any other error, or no answer within 5 s, is "not
+// leaving": what stays is safe, what is removed by mistake is an outage.
+// The reason says which, for the log.
+func Uninstalling(ctx context.Context, dyn dynamic.Interface, namespace, name string) (bool, string) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	pod, err := dyn.Resource(podsGVR).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsForbidden(err):
+		return true, fmt.Sprintf("no access to pod %s/%s any more (flock's RBAC is gone): %v", namespace, name, err)
+	case apierrors.IsUnauthorized(err):
+		return false, fmt.Sprintf("pod %s/%s: %v (a force-deleted pod's token)", namespace, name, err)
+	case apierrors.IsNotFound(err):
+		return false, fmt.Sprintf("pod %s/%s not found: its owner cannot be told", namespace, name)
+	case err != nil:
+		return false, fmt.Sprintf("read pod %s/%s: %v", namespace, name, err)
+	case pod.GetDeletionTimestamp() == nil:
+		return false, "the pod is not being deleted (a container restart)"
+	}
+	for _, ref := range pod.GetOwnerReferences() {
+		if ref.Kind != "DaemonSet" || ref.Controller == nil || !*ref.Controller {
+			continue
+		}
+		ds, err := dyn.Resource(daemonSetsGVR).Namespace(namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			return true, fmt.Sprintf("DaemonSet %s/%s is gone", namespace, ref.Name)
+		case apierrors.IsForbidden(err):
+			return true, fmt.Sprintf("no access to DaemonSet %s/%s any more (flock's RBAC is gone): %v", namespace, ref.Name, err)
+		case err != nil:
+			return false, fmt.Sprintf("read DaemonSet %s/%s: %v", namespace, ref.Name, err)
+		case ds.GetUID() != ref.UID:
+			return false, fmt.Sprintf("DaemonSet %s/%s was replaced: its pod takes over", namespace, ref.Name)
+		case ds.GetDeletionTimestamp() != nil:
+			return true, fmt.Sprintf("DaemonSet %s/%s is being deleted", namespace, ref.Name)
+		}
+		return false, fmt.Sprintf("DaemonSet %s/%s stays (a rollout or an eviction)", namespace, ref.Name)
+	}
+	return true, "the pod is being deleted and no DaemonSet owns it: nothing will replace it"
+}
