@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -668,6 +670,43 @@ func TestServicesTraffic(t *testing.T) {
 			}
 		}
 	})
+	t.Run("uninstall: both nodes clean, the ToR's routes withdrawn; installing again works", func(t *testing.T) {
+		e.t = t
+		for _, p := range []netip.Prefix{k8sSummary6, node2Summary6} {
+			e.waitBird(p, 1)
+		}
+		start := time.Now()
+		e.kubectl("delete", "-k", filepath.Join(l.root, "deploy"), "--wait=true", "--timeout=120s")
+		testutil.EventuallyWithin(t, 90*time.Second, "flock's pods gone", func() (bool, string) {
+			out, _ := c.Kubectl(ctx, "get", "pods", "-A", "-l", agentSelector, "-o", "name")
+			return strings.TrimSpace(out) == "", out
+		})
+		// Withdrawn, not left stale for the graceful-restart time (120 s).
+		for _, p := range []netip.Prefix{k8sSummary6, k8sSummary4, node2Summary6, node2Summary4} {
+			e.waitBird(p, 0)
+		}
+		t.Logf("uninstalled, the ToR's routes gone, in %s", time.Since(start).Round(100*time.Millisecond))
+		for _, n := range []struct {
+			name, root string
+			ns         *lab.NS
+			mounted    []string
+		}{{k8sNode, "/", hostNS, nil}, {node2, filepath.Join(l.n2.Dir, "private"), l.vm2, []string{"/var/lib/flock", "/run/flock"}}} {
+			if left := nodeLeftovers(t, n.ns, n.root, n.mounted...); len(left) > 0 {
+				t.Errorf("node %s after the uninstall: %v", n.name, left)
+			}
+		}
+		// The echo pods lost their network; installed again, flock gives
+		// their successors addresses and the Service its address back.
+		l.install(filepath.Join(l.root, "deploy"), trafficPools)
+		e.kubectl("rollout", "restart", "deployment/echo")
+		e.kubectl("rollout", "status", "deployment/echo", "--timeout=180s")
+		for _, a := range local {
+			testutil.EventuallyWithin(t, 60*time.Second, "an answer from "+a.String()+" after the reinstall", func() (bool, string) {
+				_, _, err := echoGet(tor, a, 3*time.Second)
+				return err == nil, fmt.Sprint(err)
+			})
+		}
+	})
 }
 
 // restartContainer signals the container's process on node and waits
@@ -722,4 +761,63 @@ func watchPrefixWithdrawals(e *k8sEnv, prefixes []netip.Prefix) func() string {
 		}
 	}()
 	return func() string { close(stop); return <-done }
+}
+
+// nodeLeftovers lists what flock left in a node: its veths and routes
+// (protocol 70) in the node's network namespace, its nftables table, and
+// its files under root (the node's / as the host sees it). A directory
+// the node mounts privately (vm2's, in the lab) cannot be removed from
+// inside the node, only emptied: mounted says which may stay, empty.
+func nodeLeftovers(t *testing.T, ns *lab.NS, root string, mounted ...string) []string {
+	t.Helper()
+	var left []string
+	err := ns.InNS(func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			if strings.HasPrefix(l.Attrs().Name, "flock") {
+				left = append(left, "link "+l.Attrs().Name)
+			}
+		}
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Protocol: 70}, netlink.RT_FILTER_PROTOCOL)
+			if err != nil {
+				return err
+			}
+			for _, r := range rs {
+				left = append(left, fmt.Sprintf("route %v proto 70", r.Dst))
+			}
+		}
+		out, err := exec.Command("nft", "list", "tables").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("nft list tables: %v: %s", err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, "flock") || strings.Contains(line, "kube-network-policies") {
+				left = append(left, "nftables "+strings.TrimSpace(line))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("%s: %v", ns.Name, err)
+	}
+	for _, p := range []string{"/etc/cni/net.d/01-flock.conflist", "/etc/cni/net.d/.flock-install", "/opt/cni/bin/flock", "/var/lib/flock", "/run/flock"} {
+		entries, err := os.ReadDir(filepath.Join(root, p))
+		switch {
+		case os.IsNotExist(err):
+		case err == nil && len(entries) == 0 && slices.Contains(mounted, p):
+		case err == nil:
+			var names []string
+			for _, en := range entries {
+				names = append(names, en.Name())
+			}
+			left = append(left, fmt.Sprintf("%s %v", p, names))
+		default:
+			left = append(left, p) // a file
+		}
+	}
+	return left
 }

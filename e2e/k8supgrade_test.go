@@ -238,6 +238,51 @@ func (f *flows) perSecond() float64 {
 	return float64(f.sent) / f.took.Seconds()
 }
 
+// listenDrops sums, over the network namespaces of the lab's httpd
+// servers, the SYNs their listen queues dropped (TcpExt ListenDrops):
+// busybox httpd listens with a backlog of 9, so a server starved of CPU
+// drops connections the network delivered. The log tells those apart
+// from the network's.
+func listenDrops() (drops int) {
+	seen := map[string]bool{}
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
+		if err != nil || !strings.HasPrefix(string(b), "httpd\x00") {
+			continue
+		}
+		ns, err := os.Readlink(filepath.Join(d, "ns", "net"))
+		if err != nil || seen[ns] {
+			continue
+		}
+		seen[ns] = true
+		b, err = os.ReadFile(filepath.Join(d, "net", "netstat"))
+		if err != nil {
+			continue
+		}
+		// Two TcpExt lines: the names, then the values.
+		var names []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 0 || f[0] != "TcpExt:" {
+				continue
+			}
+			if names == nil {
+				names = f
+				continue
+			}
+			for i, n := range names {
+				if n == "ListenDrops" && i < len(f) {
+					var v int
+					fmt.Sscan(f[i], &v)
+					drops += v
+				}
+			}
+		}
+	}
+	return drops
+}
+
 // sampleNodesReady samples every node's Ready condition every 250 ms; stop
 // returns the samples that were not Ready ("node=status at time").
 func sampleNodesReady(e *k8sEnv) (stop func() (samples int, notReady []string)) {
@@ -392,6 +437,7 @@ func TestUpgrade(t *testing.T) {
 	rollout := func(t *testing.T, what string, lb []netip.AddrPort, change func()) {
 		e.t = t
 		before := upgradeIdentity(e)
+		dropsBefore := listenDrops()
 		routes := watchRoutes(t, l.tor, watched)
 		withdrawn := watchPrefixWithdrawals(e, watched)
 		ready := sampleNodesReady(e)
@@ -453,8 +499,9 @@ func TestUpgrade(t *testing.T) {
 		samples, notReady := ready()
 		deleted := routes.deletions()
 		after := upgradeIdentity(e)
+		drops := listenDrops() - dropsBefore
 		if len(failed) > 0 {
-			t.Errorf("%s: %d of %d requests failed; first: %s", what, len(failed), sent, strings.Join(failed[:min(30, len(failed))], "; "))
+			t.Errorf("%s: %d of %d requests failed (the servers' listen queues dropped %d SYNs meanwhile); first: %s", what, len(failed), sent, drops, strings.Join(failed[:min(30, len(failed))], "; "))
 			// What the agents and engines did meanwhile.
 			for _, node := range []string{k8sNode, node2} {
 				for _, c := range []string{"agent", "policy"} {
@@ -479,8 +526,8 @@ func TestUpgrade(t *testing.T) {
 		if triedA-len(refusedA) == 0 || triedB == 0 {
 			t.Errorf("%s: the NetworkPolicy loops did not run (allowed %d of %d, blocked tried %d)", what, triedA-len(refusedA), triedA, triedB)
 		}
-		t.Logf("%s: rollout %s; %d requests (%v), %d failed; allowed → guarded refused %d of %d; blocked let through %d of %d; ToR route changes %d (%s); node samples %d",
-			what, took.Round(100*time.Millisecond), sent, rates, len(failed), len(refusedA), triedA, letThrough, triedB, routes.count(), routes, samples)
+		t.Logf("%s: rollout %s; %d requests (%v), %d failed, servers' listen drops %d; allowed → guarded refused %d of %d; blocked let through %d of %d; ToR route changes %d (%s); node samples %d",
+			what, took.Round(100*time.Millisecond), sent, rates, len(failed), drops, len(refusedA), triedA, letThrough, triedB, routes.count(), routes, samples)
 		survived := "no request failed, no prefix lost, no pod IP or claim changed, no node NotReady, no blocked connection let through"
 		if t.Failed() {
 			survived = "NO"

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/cni/install/conffile"
@@ -81,14 +82,26 @@ func (d *daemon) removeNode() {
 	d.removePaths()
 }
 
+// emptyDir tells whether p is a directory with nothing in it.
+func emptyDir(p string) bool {
+	entries, err := os.ReadDir(p)
+	return err == nil && len(entries) == 0
+}
+
 // removePaths removes Options.UninstallRemove; one that is not there is
 // no problem (an uninstall retried).
 func (d *daemon) removePaths() {
 	for _, p := range d.o.UninstallRemove {
-		if err := os.RemoveAll(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		err := os.RemoveAll(p)
+		switch {
+		case err == nil || errors.Is(err, fs.ErrNotExist):
+			d.log.Info("uninstall: removed", "path", p)
+		case errors.Is(err, syscall.EBUSY) && emptyDir(p):
+			// Something mounts it here (not so on a node, where
+			// only the parent is mounted): emptied, it stays.
+			d.log.Info("uninstall: emptied; the directory stays, a mount point", "path", p)
+		default:
 			d.log.Error("uninstall: removing failed", "path", p, "err", err)
-			continue
 		}
-		d.log.Info("uninstall: removed", "path", p)
 	}
 }
