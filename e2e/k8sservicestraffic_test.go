@@ -690,7 +690,13 @@ func TestServicesTraffic(t *testing.T) {
 			name, root string
 			ns         *lab.NS
 			mounted    []string
-		}{{k8sNode, "/", hostNS, nil}, {node2, filepath.Join(l.n2.Dir, "private"), l.vm2, []string{"/var/lib/flock", "/run/flock"}}} {
+		}{
+			// The lab pins both nodes' state and run directories (k8slab:
+			// the second node's stand on the first's), so the agents can
+			// only empty them; agent/daemon's TestLeave removes a plain one.
+			{k8sNode, "/", hostNS, []string{"/var/lib/flock", "/run/flock"}},
+			{node2, filepath.Join(l.n2.Dir, "private"), l.vm2, []string{"/var/lib/flock", "/run/flock"}},
+		} {
 			if left := nodeLeftovers(t, n.ns, n.root, n.mounted...); len(left) > 0 {
 				t.Errorf("node %s after the uninstall: %v", n.name, left)
 			}

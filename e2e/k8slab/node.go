@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,6 +49,7 @@ type Node struct {
 	held     chan struct{} // closed when the holder exits
 	proxy    net.Listener
 	hostLine string
+	pinned   []string // pinnedDirs this node bound onto themselves
 	downOnce sync.Once
 	downErr  error
 }
@@ -55,6 +57,20 @@ type Node struct {
 // The host paths a node keeps private (bind-mounted from its dir in its
 // mount namespace): what flock's DaemonSet and the runtime write there.
 var nodePrivateDirs = []string{"/run/flock", "/var/lib/flock", "/opt/cni/bin", "/etc/cni/net.d", "/run/netns"}
+
+// pinnedDirs are the private dirs an uninstall of flock removes. The
+// node's binds stand on the host's directories of those paths, and the
+// kernel detaches a bind whose mount point is removed in another
+// namespace: the first node's uninstall would take the second node's
+// directories with it. While a second node stands, the host's are bound
+// onto themselves, so no container can remove them (it empties them).
+var pinnedDirs = []string{"/run/flock", "/var/lib/flock"}
+
+// isMountPoint tells whether d is a mount point of this namespace.
+func isMountPoint(d string) bool {
+	mps, err := mountPoints([]string{d})
+	return err == nil && slices.Contains(mps, d)
+}
 
 // cgroupRoot is the node's kubelet --cgroup-root: its pods' cgroups live
 // below it in every hierarchy, apart from the first node's.
@@ -260,6 +276,15 @@ func (n *Node) privateMounts() error {
 			return err
 		}
 		fmt.Fprintf(&script, "mount --bind %q %q\n", src, d)
+	}
+	for _, d := range pinnedDirs {
+		if isMountPoint(d) {
+			continue
+		}
+		if out, err := exec.Command("mount", "--bind", d, d).CombinedOutput(); err != nil {
+			return fmt.Errorf("pin %s: %v: %s", d, err, out)
+		}
+		n.pinned = append(n.pinned, d)
 	}
 	script.WriteString("mount --make-shared /run/netns\nexec sleep infinity\n")
 	cmd := exec.Command("unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", script.String())
@@ -563,6 +588,11 @@ func (n *Node) Down() error {
 		errs = append(errs, n.removeCgroups())
 		if n.holder != nil && n.holder.Process != nil {
 			_ = n.holder.Process.Kill()
+		}
+		for _, d := range n.pinned {
+			if out, err := exec.Command("umount", "-l", d).CombinedOutput(); err != nil {
+				errs = append(errs, fmt.Errorf("unpin %s: %v: %s", d, err, out))
+			}
 		}
 		if n.proxy != nil {
 			_ = n.proxy.Close()
