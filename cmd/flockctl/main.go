@@ -44,6 +44,9 @@ func main() {
 
 // cli runs flockctl and returns its exit status; errors go to stderr.
 func cli(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "check-probe" {
+		return probeMain(args[1:], stderr)
+	}
 	err := run(args, stdout)
 	if err == nil {
 		return exitOK
@@ -82,6 +85,10 @@ type options struct {
 	policySocket string
 	format       string
 	version      bool
+	// check's: the cluster, the probes' image, each wait's bound.
+	kubeconfig   string
+	image        string
+	checkTimeout time.Duration
 }
 
 // wide tells whether -o wide asked for the extra columns.
@@ -96,9 +103,11 @@ type command struct {
 	about   string   // for its help, after the summary
 	wide    string   // what -o wide adds
 	nargs   [2]int   // least and most arguments
-	run     func(ctx context.Context, o *options, args []string, out io.Writer) error
-	subs    []*command
-	parent  *command
+	// long: the command bounds its own time (the others get 10 s).
+	long   bool
+	run    func(ctx context.Context, o *options, args []string, out io.Writer) error
+	subs   []*command
+	parent *command
 }
 
 // tree is flockctl's commands.
@@ -131,6 +140,10 @@ func tree() *command {
 			summary: "standalone mode: report a pod Ready or NotReady (its anycast and addresses\nIPs are advertised and routed only while Ready)",
 			about:   "It prints the outcome as \"NAMESPACE/NAME: Ready (N incarnation(s))\" (table and wide), or\n{pod, ready, incarnations} with -o json or yaml.",
 			wide:    "nothing"},
+		{name: "check", long: true, run: checkCmd,
+			summary: "the cluster end to end (kubeconfig, not a node's sockets): pod to pod across\nnodes in each family, `addresses` and anycast IPs, BGP sessions and routes,\na LoadBalancer address, NetworkPolicy; exits 1 if a check fails",
+			about:   "It runs probe pods (flockctl check-probe, from flock's image of flockctl's own release,\nor --image) on two nodes in a namespace of its own, flock-check-*, labelled\nflock.fritzlab.net/check, and removes it at the end; a check cut short is\ncleaned up by the next. `addresses`, anycast and LoadBalancer addresses are\nchecked where an AddressPool of that use selects namespaces labelled\nflock.fritzlab.net/check=true. It first asks the API for every right it uses\nand names the missing ones.",
+			wide:    "the detail of the checks that passed too"},
 		{name: "policy", args: "[NAMESPACE/NAME]", nargs: [2]int{0, 1}, run: policyCmd,
 			summary: "NetworkPolicy (flock-policy): the node's pods, or the one named, with their IPs\nand the policies isolating their ingress and egress",
 			about:   "It asks flock-policy's admin socket (--policy-socket), not the agent's.",
@@ -179,6 +192,9 @@ func (c *command) flags(o *options) *flag.FlagSet {
 	fs.StringVar(&o.policySocket, "policy-socket", policyapi.DefaultSocket, "flock-policy's admin socket (the policy command)")
 	fs.StringVar(&o.format, "o", "table", "output `format`: "+orList(formats))
 	fs.BoolVar(&o.version, "version", false, "print flockctl's version and exit")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "check: the cluster's kubeconfig (default $KUBECONFIG, ~/.kube/config, in-cluster)")
+	fs.StringVar(&o.image, "image", "", "check: the probe pods' image (default flock's image of this flockctl's release)")
+	fs.DurationVar(&o.checkTimeout, "timeout", 2*time.Minute, "check: how long each wait may take (a pod to run, an address)")
 	return fs
 }
 
@@ -251,7 +267,11 @@ func run(args []string, out io.Writer) error {
 		}
 		return usagef(c, "usage: %s %s", c.path(), c.args)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	timeout := 10 * time.Second
+	if c.long {
+		timeout = 24 * time.Hour
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	err := c.run(ctx, &o, words, out)
 	if ue := (*usageError)(nil); errors.As(err, &ue) && ue.cmd == nil {

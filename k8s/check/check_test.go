@@ -1,0 +1,164 @@
+package check
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
+)
+
+// The probe: a server answers, a closed port is refused, and the outcomes
+// survive the termination message's round trip.
+func TestProbe(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	testutil.Run(t, func(ctx context.Context) error { return Serve(ctx, p) })
+	open := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(p)).String()
+	closed := "127.0.0.1:1"
+	var out []Outcome
+	testutil.Eventually(t, "the server to answer", func() (bool, string) {
+		out = Connect(context.Background(), []string{open, closed}, Answered, time.Second, 2*time.Second)
+		return out[0].OK, out[0].Detail
+	})
+	if out[1].OK || out[1].Got != Refused {
+		t.Errorf("closed port: %+v, want refused, not ok", out[1])
+	}
+	path := t.TempDir() + "/report"
+	if err := WriteOutcomes(path, out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadOutcomes("not json"); err == nil {
+		t.Error("a garbled report parsed")
+	}
+}
+
+// Missing rights are named, every one, before anything is made.
+func TestRightsNamed(t *testing.T) {
+	c := fake.NewClientset()
+	c.PrependReactor("create", "selfsubjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		r := a.(k8stesting.CreateAction).GetObject().(*authorizationv1.SelfSubjectAccessReview)
+		ra := r.Spec.ResourceAttributes
+		r.Status.Allowed = !(ra.Resource == "pods" && ra.Verb == "create") && ra.Resource != "networkpolicies"
+		return true, r, nil
+	})
+	_, err := Run(context.Background(), Options{Client: c, Dynamic: dynfake.NewSimpleDynamicClient(runtime.NewScheme()), Image: "x"})
+	if !errors.Is(err, ErrRights) || !strings.Contains(err.Error(), "create pods in namespace flock-check-") || !strings.Contains(err.Error(), "create networkpolicies.networking.k8s.io") {
+		t.Fatalf("Run without rights: %v", err)
+	}
+	if ns, _ := c.CoreV1().Namespaces().List(context.Background(), metav1.ListOptions{}); len(ns.Items) != 0 {
+		t.Errorf("namespaces made without the rights: %v", ns.Items)
+	}
+}
+
+func allowAll(c *fake.Clientset) {
+	c.PrependReactor("create", "selfsubjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		r := a.(k8stesting.CreateAction).GetObject().(*authorizationv1.SelfSubjectAccessReview)
+		r.Status.Allowed = true
+		return true, r, nil
+	})
+}
+
+func unstr(gvk schema.GroupVersionKind, name string, spec, status map[string]any) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{"metadata": map[string]any{"name": name}}}
+	u.SetGroupVersionKind(gvk)
+	if spec != nil {
+		u.Object["spec"] = spec
+	}
+	if status != nil {
+		u.Object["status"] = status
+	}
+	return u
+}
+
+func dyn(objs ...runtime.Object) *dynfake.FakeDynamicClient {
+	return dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+		nodeConfigs: "NodeConfigList", addressPools: "AddressPoolList", claimsGVR: "AddressClaimList"}, objs...)
+}
+
+// A namespace a check cut short left is removed first; no Ready flock pod
+// is an error that says where to look; sessions and reconcilers are
+// judged from the NodeConfigs' status.
+func TestLeftoversAndSessions(t *testing.T) {
+	c := fake.NewClientset(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flock-check-old", Labels: map[string]string{Label: "true"}}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "other"}})
+	allowAll(c)
+	_, err := Run(context.Background(), Options{Client: c, Dynamic: dyn(), Image: "x", Timeout: 5 * time.Second})
+	if err == nil || !strings.Contains(err.Error(), "no Ready flock pod") {
+		t.Fatalf("Run with no flock: %v", err)
+	}
+	if _, err := c.CoreV1().Namespaces().Get(context.Background(), "flock-check-old", metav1.GetOptions{}); err == nil {
+		t.Error("the leftover namespace is still there")
+	}
+	if _, err := c.CoreV1().Namespaces().Get(context.Background(), "other", metav1.GetOptions{}); err != nil {
+		t.Errorf("another namespace went: %v", err)
+	}
+
+	ncGVK := schema.GroupVersionKind{Group: "flock.fritzlab.net", Version: "v1alpha1", Kind: "NodeConfig"}
+	r := &run{o: Options{Dynamic: dyn(
+		unstr(ncGVK, "good", nil, map[string]any{"peersEstablished": int64(2), "peersConfigured": int64(2)}),
+		unstr(ncGVK, "down", nil, map[string]any{"peersEstablished": int64(1), "peersConfigured": int64(2)}),
+		unstr(ncGVK, "failing", nil, map[string]any{"peersEstablished": int64(1), "peersConfigured": int64(1),
+			"reconcilers": []any{map[string]any{"target": "kernel", "failing": true, "lastError": "route: no such device"}}}),
+	)}}
+	r.sessions(context.Background())
+	got := map[string]Result{}
+	for _, res := range r.results {
+		got[strings.TrimPrefix(res.Check, "BGP sessions and routes: ")] = res
+	}
+	if got["good"].Result != Pass || got["down"].Result != Fail || !strings.Contains(got["down"].Detail, "1 of 2") ||
+		got["failing"].Result != Fail || !strings.Contains(got["failing"].Detail, "no such device") || got["down"].Why == "" {
+		t.Errorf("session results: %+v", got)
+	}
+	if !Failed(r.results) || Failed([]Result{{Result: Pass}, {Result: Skip}}) {
+		t.Error("Failed")
+	}
+}
+
+// Only pools whose namespaceSelector selects the check's namespace
+// count; the address picked is one no claim holds, IPv6 first, never the
+// subnet's own.
+func TestPoolsAndFreeAddress(t *testing.T) {
+	poolGVK := schema.GroupVersionKind{Group: "flock.fritzlab.net", Version: "v1alpha1", Kind: "AddressPool"}
+	claimGVK := schema.GroupVersionKind{Group: "flock.fritzlab.net", Version: "v1alpha1", Kind: "AddressClaim"}
+	d := dyn(
+		unstr(poolGVK, "for-checks", map[string]any{"cidrs": []any{"203.0.113.0/30", "2001:db8:c::/126"}, "use": []any{"addresses"},
+			"namespaceSelector": map[string]any{"matchLabels": map[string]any{Label: "true"}}}, nil),
+		unstr(poolGVK, "named", map[string]any{"cidrs": []any{"2001:db8:d::/64"}, "use": []any{"addresses"}, "namespaces": []any{"shop"}}, nil),
+		unstr(poolGVK, "lb", map[string]any{"cidrs": []any{"2001:db8:e::/64"}, "use": []any{"loadBalancer"}, "namespaceSelector": map[string]any{}}, nil),
+		unstr(claimGVK, "a", map[string]any{"ip": "2001:db8:c::3", "use": "addresses"}, nil),
+	)
+	r := &run{o: Options{Dynamic: d}, ns: "flock-check-abc"}
+	pools, err := r.pools(context.Background(), "addresses")
+	if err != nil || len(pools) != 1 || pools[0].name != "for-checks" {
+		t.Fatalf("pools = %+v, %v", pools, err)
+	}
+	if lb, _ := r.pools(context.Background(), "loadBalancer"); len(lb) != 1 {
+		t.Errorf("an empty selector selects every namespace: %+v", lb)
+	}
+	a, err := r.freeAddress(context.Background(), pools)
+	if err != nil || a != netip.MustParseAddr("2001:db8:c::2") {
+		t.Errorf("freeAddress = %v, %v; want 2001:db8:c::2 (::3 is claimed)", a, err)
+	}
+	if got := lastAddr(netip.MustParsePrefix("198.51.100.64/26")); got.String() != "198.51.100.127" {
+		t.Errorf("lastAddr = %v", got)
+	}
+}
