@@ -56,6 +56,17 @@ const k8sBirdTwo = k8sBird + `protocol bgp vm2 {
 }
 `
 
+// checkPool lets flockctl check give its probe pods `addresses` and
+// anycast IPs (the host routes 2001:db8:c::/64 through the ToR).
+const checkPool = `apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata: {name: flock-check}
+spec:
+  cidrs: [2001:db8:c::/120]
+  use: [addresses, anycast]
+  namespaceSelector: {matchLabels: {flock.fritzlab.net/check: "true"}}
+`
+
 // route is a static route a lab adds.
 type route struct {
 	ns  *lab.NS
@@ -140,7 +151,7 @@ func TestKubernetesTwoNodes(t *testing.T) {
 	}
 
 	// The fabric; the host also routes the test's `addresses` IP there.
-	wireTwoNodes(t, e, tor, vm2, route{hostNS, netip.MustParsePrefix("2001:db8:b::/64"), torV6})
+	wireTwoNodes(t, e, tor, vm2, route{hostNS, netip.MustParsePrefix("2001:db8:b::/64"), torV6}, route{hostNS, netip.MustParsePrefix("2001:db8:c::/64"), torV6})
 	// The host's routes through the ToR go with its link (flktor0).
 	e.startBird(dir, k8sBirdTwo)
 
@@ -237,6 +248,36 @@ spec:
 		}
 	})
 
+	t.Run("flockctl check passes, and cleans up after a check cut short", func(t *testing.T) {
+		e.t = t
+		e.apply(checkPool)
+		// A namespace a check cut short left behind.
+		e.kubectl("create", "namespace", "flock-check-cutshort")
+		e.kubectl("label", "namespace", "flock-check-cutshort", "flock.fritzlab.net/check=true")
+		rs := flockctlCheck(t, c, "two nodes")
+		want := map[string]bool{"earlier check cleaned up": false, "pod → pod across nodes (vm → vm2, IPv6)": false, "pod → pod across nodes (vm → vm2, IPv4)": false,
+			"NetworkPolicy: another pod is blocked (IPv6)": false, "BGP sessions and routes: vm2": false,
+			"pod → addresses IP": false, "pod → anycast IP": false}
+		for _, r := range rs {
+			key := r.Check
+			for _, kind := range []string{"pod → addresses IP", "pod → anycast IP"} {
+				if strings.HasPrefix(key, kind) {
+					key = kind
+				}
+			}
+			if _, ok := want[key]; ok && r.Result == "pass" {
+				want[key] = true
+			}
+		}
+		for k, ok := range want {
+			if !ok {
+				t.Errorf("flockctl check: %q did not pass: %+v", k, rs)
+			}
+		}
+		if out := e.kubectl("get", "namespaces", "-l", "flock.fritzlab.net/check", "-o", "name"); strings.TrimSpace(out) != "" {
+			t.Errorf("flockctl check left namespaces: %s", out)
+		}
+	})
 	t.Run("LoadBalancer addresses survive their leader", func(t *testing.T) {
 		testLoadBalancerLeader(t, e, [2]string{k8sNode, node2})
 	})

@@ -98,6 +98,17 @@ spec:
   namespaces: [default]
 `
 
+// checkLBPool lets flockctl check have a LoadBalancer address (reached
+// from a pod through kube-proxy).
+const checkLBPool = `apiVersion: flock.fritzlab.net/v1alpha1
+kind: AddressPool
+metadata: {name: flock-check-lb}
+spec:
+  cidrs: [2001:db8:1c::/120]
+  use: [loadBalancer]
+  namespaceSelector: {matchLabels: {flock.fritzlab.net/check: "true"}}
+`
+
 const upgradeLBService = `apiVersion: v1
 kind: Service
 metadata: {name: up-lb, namespace: default}
@@ -378,12 +389,12 @@ func TestUpgrade(t *testing.T) {
 		img, deploy := buildRelease(t, root, dir, prev, commit)
 		prevDeploy = deploy
 		return []string{img}
-	}, route{hostNS, netip.MustParsePrefix("2001:db8:b::/64"), torV6})
+	}, route{hostNS, netip.MustParsePrefix("2001:db8:b::/64"), torV6}, route{hostNS, netip.MustParsePrefix("2001:db8:c::/64"), torV6})
 	e := l.e
 	headDeploy := filepath.Join(root, "deploy")
 
 	t.Logf("installing %s", prev)
-	l.install(prevDeploy, k8sAddressesPool)
+	l.install(prevDeploy, k8sAddressesPool, checkPool)
 	if imgs := agentImages(e); strings.Count(imgs, ":"+prev) != 2 {
 		t.Fatalf("flock pods run %q, want %s on both nodes", imgs, prev)
 	}
@@ -431,6 +442,8 @@ func TestUpgrade(t *testing.T) {
 			t.Fatalf("stranger → guarded %s answered: up-guard does not hold on %s", ap, prev)
 		}
 	}
+
+	flockctlCheck(t, l.c, prev+" installed")
 
 	// rollout changes flock's DaemonSet (change), waits for its rollout and
 	// for both BGP sessions and agents, under the load; then checks.
@@ -554,6 +567,7 @@ func TestUpgrade(t *testing.T) {
 		if imgs := agentImages(e); strings.Count(imgs, ":"+head) != 2 {
 			t.Errorf("after the upgrade flock pods run %q, want %s on both nodes", imgs, head)
 		}
+		flockctlCheck(t, l.c, "upgraded to "+head)
 		// The store says which release wrote it last.
 		if b, err := os.ReadFile("/var/lib/flock/format.json"); err != nil || !strings.Contains(string(b), head) {
 			t.Errorf("the store's format after the upgrade: %q, %v; want release %s", b, err, head)
@@ -583,6 +597,9 @@ func TestUpgrade(t *testing.T) {
 		rollout(t, "rollout of "+head+" (kubectl rollout restart) with a LoadBalancer address", lb, func() {
 			e.kubectl("-n", "flock-system", "rollout", "restart", "daemonset/flock")
 		})
+		e.apply(checkLBPool)
+		flockctlCheck(t, l.c, "after a rollout of "+head)
+		e.kubectl("delete", "addresspool", "flock-check-lb", "--wait=true")
 	})
 
 	t.Run("downgrade "+head+" → "+prev+" under load", func(t *testing.T) {
@@ -602,5 +619,6 @@ func TestUpgrade(t *testing.T) {
 		if imgs := agentImages(e); strings.Count(imgs, ":"+prev) != 2 {
 			t.Errorf("after the downgrade flock pods run %q, want %s on both nodes", imgs, prev)
 		}
+		flockctlCheck(t, l.c, "downgraded to "+prev)
 	})
 }

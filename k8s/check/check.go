@@ -95,6 +95,7 @@ type run struct {
 	o       Options
 	ns      string
 	results []Result
+	picked  map[netip.Addr]bool // extra IPs this check gave its pods
 }
 
 func (r *run) say(format string, a ...any) {
@@ -392,7 +393,11 @@ func (r *run) freeAddress(ctx context.Context, pools []pool) (netip.Addr, error)
 					if !c.Contains(a) {
 						break
 					}
-					if !held[a] && a != c.Addr() {
+					if !held[a] && !r.picked[a] && a != c.Addr() {
+						if r.picked == nil {
+							r.picked = map[netip.Addr]bool{}
+						}
+						r.picked[a] = true
 						return a, nil
 					}
 					a = a.Prev()
