@@ -215,7 +215,7 @@ func (e *APIError) Error() string {
 	case CauseUnauthorized:
 		msg = "unauthorized: " + e.Err.Error()
 	case CauseNoCRD:
-		msg = "the NodeConfig CRD is not installed (" + e.Err.Error() + ")"
+		msg = fmt.Sprintf("the API server serves no nodeconfigs.%s/%s: the NodeConfig CRD is not installed, or does not serve the version this agent reads, %s (%s)", GVR.Group, GVR.Version, GVR.Version, e.Err.Error())
 	case CauseUnreachable:
 		msg = "the API server cannot be reached: " + e.Err.Error()
 	default:
@@ -245,7 +245,7 @@ func Explain(err error) error {
 	case apierrors.IsNotFound(err) && !missingResource(err):
 		return nil
 	case apierrors.IsNotFound(err), meta.IsNoMatchError(err):
-		e.Cause, e.hint = CauseNoCRD, "install it: kubectl apply -f deploy/crd"
+		e.Cause, e.hint = CauseNoCRD, fmt.Sprintf("`kubectl get crd nodeconfigs.%s -o jsonpath='{.spec.versions[*].name}'` lists the versions served; apply this release's deploy/ (kubectl apply -k deploy/)", GVR.Group)
 	case apierrors.IsForbidden(err):
 		e.Cause, e.hint = CauseForbidden, fmt.Sprintf("the agent's ServiceAccount needs get, list and watch on nodeconfigs.%s (deploy/rbac.yaml)", GVR.Group)
 	case apierrors.IsUnauthorized(err):

@@ -44,7 +44,7 @@ func TestExplain(t *testing.T) {
 	}{
 		{"the object does not exist", noObject, "", nil},
 		{"RBAC", forbidden, CauseForbidden, []string{"forbidden by RBAC", `cannot get resource "nodeconfigs"`, "deploy/rbac.yaml"}},
-		{"no CRD", noCRD, CauseNoCRD, []string{"the NodeConfig CRD is not installed", "the server could not find the requested resource", "kubectl apply -f deploy/crd"}},
+		{"no CRD, or not this version", noCRD, CauseNoCRD, []string{"serves no nodeconfigs.flock.fritzlab.net/v1alpha1", "does not serve the version this agent reads, v1alpha1", "the server could not find the requested resource", "kubectl apply -k deploy/", "spec.versions"}},
 		{"no kind", noMatch, CauseNoCRD, []string{"the NodeConfig CRD is not installed", "no matches for kind"}},
 		{"credentials", unauthorized, CauseUnauthorized, []string{"unauthorized", "credentials"}},
 		{"connection refused", refused, CauseUnreachable, []string{"the API server cannot be reached", "connection refused"}},
