@@ -40,9 +40,6 @@ func TestUnknownCRDVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	ns := newNS(t, "fcrd-")
-	if err := ns.InNS(func() error { return nil }); err != nil {
-		t.Fatal(err)
-	}
 	if err := apiProxy(t, ns); err != nil {
 		t.Fatal(err)
 	}
