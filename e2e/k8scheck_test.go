@@ -14,11 +14,8 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/check"
 )
 
-// flockctlCheck runs `flockctl check` (built from this tree) against the
-// lab with the admin kubeconfig, the probes from this tree's image, and
-// returns its results; a check that fails is the test's failure (unless
-// wantFail), the table in the log.
-func flockctlCheck(t *testing.T, c *k8slab.Cluster, what string, wantFail ...string) []check.Result {
+// buildFlockctl builds flockctl from this tree.
+func buildFlockctl(t *testing.T) string {
 	t.Helper()
 	root, err := lab.RepoRoot()
 	if err != nil {
@@ -28,6 +25,16 @@ func flockctlCheck(t *testing.T, c *k8slab.Cluster, what string, wantFail ...str
 	if out, err := exec.Command("go", "build", "-C", root, "-o", bin, "./cmd/flockctl").CombinedOutput(); err != nil {
 		t.Fatalf("build flockctl: %v\n%s", err, out)
 	}
+	return bin
+}
+
+// flockctlCheck runs `flockctl check` (built from this tree) against the
+// lab with the admin kubeconfig, the probes from this tree's image, and
+// returns its results; a check that fails is the test's failure (unless
+// wantFail), the table in the log.
+func flockctlCheck(t *testing.T, c *k8slab.Cluster, what string, wantFail ...string) []check.Result {
+	t.Helper()
+	bin := buildFlockctl(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "check", "--kubeconfig", c.Kubeconfig, "--image", k8sImage, "-o", "json")

@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"net/netip"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -276,6 +278,22 @@ spec:
 		}
 		if out := e.kubectl("get", "namespaces", "-l", "flock.fritzlab.net/check", "-o", "name"); strings.TrimSpace(out) != "" {
 			t.Errorf("flockctl check left namespaces: %s", out)
+		}
+		// Without the rights: it says which, makes nothing, exits 1.
+		e.kubectl("create", "serviceaccount", "nobody")
+		token := strings.TrimSpace(e.kubectl("create", "token", "nobody", "--duration=1h"))
+		kubeconfig := filepath.Join(t.TempDir(), "nobody.kubeconfig")
+		if err := c.WriteTokenKubeconfig(kubeconfig, token); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(buildFlockctl(t), "check", "--kubeconfig", kubeconfig, "--image", k8sImage)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 || !strings.Contains(string(out), "lacks rights: create namespaces") || !strings.Contains(string(out), "create pods in namespace flock-check-") {
+			t.Errorf("flockctl check without rights: %v\n%s", err, out)
+		}
+		if out := e.kubectl("get", "namespaces", "-l", "flock.fritzlab.net/check", "-o", "name"); strings.TrimSpace(out) != "" {
+			t.Errorf("flockctl check without rights made namespaces: %s", out)
 		}
 	})
 	t.Run("LoadBalancer addresses survive their leader", func(t *testing.T) {
