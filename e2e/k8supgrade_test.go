@@ -18,6 +18,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/deploy/release"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
+	"code.fritzlab.net/fritzlab/flock/k8s/check"
 )
 
 // Issue 31: flock upgraded from the previous release to this tree, and
@@ -40,25 +41,26 @@ const (
 	upgradeAddr = "2001:db8:b::30" // srv-b's `addresses` IP
 	// New connections per second: from the ToR, and from the pods of each
 	// node to the other's. Together at least 50 per second, as issue 31
-	// asks; more and busybox httpd (a fork per connection) on this
-	// 2-core lab drops SYNs whatever the network does (75 per loop failed
-	// a third of its requests before any rollout began).
+	// asks; each is a goroutine of this test entering a network namespace
+	// (-race), on the 2 cores that run the whole lab.
 	upgradeToRRate, upgradeNodeRate = 40, 20
 	upgradeFloor                    = 50
 )
 
-// upgradePod is a pod pinned to node: a server answering GET / on 8080
-// with "up-ok" and its name (a static file: no CGI fork per request), or
-// a client that sleeps (its marker makes its process findable on the
-// host, whose /proc has every node's pods: the test dials from its netns).
+// upgradePod is a pod pinned to node: a server on 8080 (flockctl's
+// check probe from this tree's image: a Go server with the kernel's full
+// listen backlog, where busybox httpd's backlog of 9 and a fork per
+// connection dropped SYNs whenever a rollout took the CPU), or a client
+// that sleeps (its marker makes its process findable on the host, whose
+// /proc has every node's pods: the test dials from its netns).
 func upgradePod(name, node, role, addresses string, marker int) string {
 	ann := ""
 	if addresses != "" {
 		ann = fmt.Sprintf("\n  annotations: {flock.fritzlab.net/addresses: %q}", addresses)
 	}
-	cmd := fmt.Sprintf(`["sleep", "%d"]`, marker)
+	image, cmd := "docker.io/local/busybox:1.35", fmt.Sprintf(`["sleep", "%d"]`, marker)
 	if marker == 0 {
-		cmd = `["sh", "-c", "mkdir -p /www && echo up-ok $HOSTNAME > /www/index.html && exec httpd -f -p 8080 -h /www"]`
+		image, cmd = k8sImage, `["/usr/local/bin/flockctl", "check-probe", "serve", "--port", "8080"]`
 	}
 	return fmt.Sprintf(`apiVersion: v1
 kind: Pod
@@ -71,11 +73,11 @@ spec:
   automountServiceAccountToken: false
   terminationGracePeriodSeconds: 1
   containers:
-  - name: bb
-    image: docker.io/local/busybox:1.35
+  - name: c
+    image: %s
     imagePullPolicy: Never
     command: %s
-`, name, role, ann, node, cmd)
+`, name, role, ann, node, image, cmd)
 }
 
 const upgradeGuard = `apiVersion: networking.k8s.io/v1
@@ -137,8 +139,8 @@ func podNS(t *testing.T, name string, marker int) *lab.NS {
 	return nil
 }
 
-// upGet sends GET / from ns to a server of upgradePod's on a new
-// connection and wants its answer.
+// upGet opens a connection from ns to a server of upgradePod's and wants
+// its greeting.
 func upGet(ns *lab.NS, to netip.AddrPort, timeout time.Duration) error {
 	return ns.InNS(func() error {
 		// Dialled on this goroutine: the socket is made in ns.
@@ -148,14 +150,11 @@ func upGet(ns *lab.NS, to netip.AddrPort, timeout time.Duration) error {
 		}
 		defer c.Close()
 		_ = c.SetDeadline(time.Now().Add(timeout))
-		if _, err := io.WriteString(c, "GET / HTTP/1.0\r\n\r\n"); err != nil {
-			return err
-		}
 		b, err := io.ReadAll(c)
 		if err != nil {
 			return err
 		}
-		if !strings.Contains(string(b), "up-ok") {
+		if !strings.HasPrefix(string(b), check.Greeting) {
 			return fmt.Errorf("answer %q", b)
 		}
 		return nil
@@ -249,17 +248,16 @@ func (f *flows) perSecond() float64 {
 	return float64(f.sent) / f.took.Seconds()
 }
 
-// listenDrops sums, over the network namespaces of the lab's httpd
-// servers, the SYNs their listen queues dropped (TcpExt ListenDrops):
-// busybox httpd listens with a backlog of 9, so a server starved of CPU
-// drops connections the network delivered. The log tells those apart
-// from the network's.
+// listenDrops sums, over the network namespaces of the test's servers,
+// the SYNs their listen queues dropped (TcpExt ListenDrops): connections
+// the network delivered and a server starved of CPU did not take. The log
+// tells those apart from the network's.
 func listenDrops() (drops int) {
 	seen := map[string]bool{}
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
 		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
-		if err != nil || !strings.HasPrefix(string(b), "httpd\x00") {
+		if err != nil || !strings.HasPrefix(string(b), "/usr/local/bin/flockctl\x00check-probe\x00serve\x00") {
 			continue
 		}
 		ns, err := os.Readlink(filepath.Join(d, "ns", "net"))
