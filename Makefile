@@ -46,7 +46,8 @@ fuzz:
 
 # RELIABILITY.md, generated: the fault tests (BFD, ToR failures, agent
 # restarts under traffic, the crash storm, NetworkPolicy and node faults
-# in TestKubernetes, Services under load in TestServicesTraffic) and the
+# in TestKubernetes, Services under load in TestServicesTraffic, upgrades
+# and downgrades under load in TestUpgrade) and the
 # fuzz targets record
 # their figures as JSON lines, e2e/cmd/reliability renders them. `make
 # soak` is the same with the 10-minute BFD soak per ToR (CI runs 10 s).
@@ -54,7 +55,7 @@ fuzz:
 # document gives n and min / median / max per fault, and marks a fault
 # run fewer than 3 times. It records the commit (-dirty), the date and
 # the machine, stamped before the tests run.
-RELIABILITY_TESTS   ?= TestBFD$$|TestToRFailures|TestUnnumberedToRReplaced|TestAgentRestartUnderTraffic|TestCrashStorm|TestKubernetes$$|TestServicesTraffic$$
+RELIABILITY_TESTS   ?= TestBFD$$|TestToRFailures|TestUnnumberedToRReplaced|TestAgentRestartUnderTraffic|TestCrashStorm|TestKubernetes$$|TestServicesTraffic$$|TestUpgrade$$
 RELIABILITY_REPEATS ?= 3
 RELIABILITY_OUT     := $(CURDIR)/out/reliability.jsonl
 RELIABILITY_META    := $(CURDIR)/out/reliability.meta.json
