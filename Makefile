@@ -57,6 +57,9 @@ fuzz:
 # the machine, stamped before the tests run.
 RELIABILITY_TESTS   ?= TestBFD$$|TestToRFailures|TestUnnumberedToRReplaced|TestAgentRestartUnderTraffic|TestCrashStorm|TestKubernetes$$|TestServicesTraffic$$|TestUpgrade$$
 RELIABILITY_REPEATS ?= 3
+# RELIABILITY_MERGE=1 (with RELIABILITY_TESTS narrowed): replace the
+# sections of the tests run, keep the others' earlier rows (marked).
+RELIABILITY_MERGE   ?=
 RELIABILITY_OUT     := $(CURDIR)/out/reliability.jsonl
 RELIABILITY_META    := $(CURDIR)/out/reliability.meta.json
 FLOCK_BFD_SOAK    ?=
@@ -64,8 +67,8 @@ reliability: deps build
 	@mkdir -p out && rm -f $(RELIABILITY_OUT) $(RELIABILITY_META)
 	$(GO) run ./e2e/cmd/reliability -stamp $(RELIABILITY_META)
 	FLOCK_RELIABILITY_OUT=$(RELIABILITY_OUT) FLOCK_BFD_SOAK=$(FLOCK_BFD_SOAK) $(GO) test -race -count=$(RELIABILITY_REPEATS) -timeout $$((90 * $(RELIABILITY_REPEATS)))m -p 1 -run '$(RELIABILITY_TESTS)' ./e2e/
-	FLOCK_RELIABILITY_OUT=$(RELIABILITY_OUT) FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz
-	$(GO) run ./e2e/cmd/reliability -in $(RELIABILITY_OUT) -meta $(RELIABILITY_META) -out RELIABILITY.md -cmd 'make $(if $(FLOCK_BFD_SOAK),soak,reliability)$(if $(filter-out 3,$(RELIABILITY_REPEATS)), RELIABILITY_REPEATS=$(RELIABILITY_REPEATS))'
+	$(if $(RELIABILITY_MERGE),,FLOCK_RELIABILITY_OUT=$(RELIABILITY_OUT) FUZZTIME=$(FUZZTIME) GO=$(GO) ./.ci/fuzz)
+	$(GO) run ./e2e/cmd/reliability -in $(RELIABILITY_OUT) -meta $(RELIABILITY_META) -out RELIABILITY.md $(if $(RELIABILITY_MERGE),-merge) -cmd 'make $(if $(FLOCK_BFD_SOAK),soak,reliability)$(if $(filter-out 3,$(RELIABILITY_REPEATS)), RELIABILITY_REPEATS=$(RELIABILITY_REPEATS))$(if $(RELIABILITY_MERGE), RELIABILITY_TESTS=$(RELIABILITY_TESTS) RELIABILITY_MERGE=1)'
 
 soak:
 	$(MAKE) reliability FLOCK_BFD_SOAK=10m

@@ -16,6 +16,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
@@ -75,6 +76,7 @@ func main() {
 	cmdline := flag.String("cmd", "make reliability", "the command that produced the rows (named in the document)")
 	stamp := flag.String("stamp", "", "write the commit and the time to this file and exit (before the tests run)")
 	metaIn := flag.String("meta", "", "the file -stamp wrote when the rows' run began (default: the commit and time now)")
+	merge := flag.Bool("merge", false, "keep the sections of the document (-out) that the rows have none of, marked with the commit they were rendered at (a run of some of the tests)")
 	flag.Parse()
 	now := time.Now()
 	if *stamp != "" {
@@ -110,10 +112,74 @@ func main() {
 		tors: version("bird", "--version") + "; " + version("/usr/lib/frr/bgpd", "--version")}
 	var b strings.Builder
 	render(&b, rows, h)
-	if err := os.WriteFile(*out, []byte(b.String()), 0o644); err != nil {
+	doc := b.String()
+	if *merge {
+		old, err := os.ReadFile(*out)
+		if err != nil {
+			fail(fmt.Errorf("-merge: %w", err))
+		}
+		doc = mergeSections(doc, string(old))
+	}
+	if err := os.WriteFile(*out, []byte(doc), 0o644); err != nil {
 		fail(err)
 	}
 	fmt.Printf("%s: %d rows\n", *out, len(rows))
+}
+
+// mergeSections adds to doc (a fresh rendering) the sections of old (the
+// document before) that doc lacks, in the order of sections, each marked
+// with the commit and date old was made from: a run of some of the
+// tests replaces their sections and keeps the others' earlier rows.
+func mergeSections(doc, old string) string {
+	parse := func(s string) (head string, secs map[string]string) {
+		secs = map[string]string{}
+		parts := strings.Split(s, "\n## ")
+		head = parts[0]
+		for _, p := range parts[1:] {
+			name, _, _ := strings.Cut(p, "\n")
+			secs[name] = "## " + p
+		}
+		return head, secs
+	}
+	oldHead, oldSecs := parse(old)
+	newHead, newSecs := parse(doc)
+	from := ""
+	for _, l := range strings.Split(oldHead, "\n") {
+		if strings.HasPrefix(l, "- commit: ") || strings.HasPrefix(l, "- date: ") {
+			from += strings.TrimPrefix(l, "- ") + "; "
+		}
+	}
+	from = strings.TrimSuffix(from, "; ")
+	names := make([]string, 0, len(sections))
+	for _, sec := range sections {
+		names = append(names, sec.name)
+	}
+	for _, n := range slices.Sorted(maps.Keys(oldSecs)) {
+		if !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	var b strings.Builder
+	b.WriteString(strings.TrimRight(newHead, "\n") + "\n")
+	kept := false
+	for _, n := range names {
+		switch {
+		case newSecs[n] != "":
+			b.WriteString("\n" + strings.TrimRight(newSecs[n], "\n") + "\n")
+		case oldSecs[n] != "":
+			kept = true
+			title, rest, _ := strings.Cut(oldSecs[n], "\n")
+			rest = strings.Trim(rest, "\n")
+			if !strings.HasPrefix(rest, "_From an earlier run") { // else it names its own run already
+				rest = fmt.Sprintf("_From an earlier run (%s)._\n\n%s", from, rest)
+			}
+			fmt.Fprintf(&b, "\n%s\n\n%s\n", title, rest)
+		}
+	}
+	if kept {
+		return strings.Replace(b.String(), "\n- date: ", "\n- sections marked \"from an earlier run\" keep that run's rows\n- date: ", 1)
+	}
+	return b.String()
 }
 
 func fail(err error) {

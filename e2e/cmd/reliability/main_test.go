@@ -251,3 +251,24 @@ FAIL
 		}
 	}
 }
+
+// A run of some of the tests replaces their sections and keeps the
+// others, marked with the run they come from; merged again, a kept
+// section still names its own run.
+func TestMergeSections(t *testing.T) {
+	old := "# Reliability\n\n- commit: aaa\n- date: 2026-11-27 01:56 UTC (rendered x)\n\n## BFD\n\nold bfd rows\n\n## Upgrades\n\nold upgrade rows\n"
+	doc := "# Reliability\n\n- commit: bbb\n- date: 2026-11-29 04:00 UTC (rendered y)\n\n## Upgrades\n\nnew upgrade rows\n"
+	got := mergeSections(doc, old)
+	for _, want := range []string{"- commit: bbb", "## BFD\n\n_From an earlier run (commit: aaa; date: 2026-11-27 01:56 UTC (rendered x))._\n\nold bfd rows", "## Upgrades\n\nnew upgrade rows", "keep that run's rows"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("merged document lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "old upgrade rows") || strings.Index(got, "## BFD") > strings.Index(got, "## Upgrades") {
+		t.Errorf("merged document:\n%s", got)
+	}
+	again := mergeSections("# Reliability\n\n- commit: ccc\n- date: d\n\n## Upgrades\n\nnewer\n", got)
+	if !strings.Contains(again, "_From an earlier run (commit: aaa;") || strings.Contains(again, "commit: bbb;") {
+		t.Errorf("merged twice:\n%s", again)
+	}
+}
