@@ -52,6 +52,13 @@ func (d *daemon) publishConflist() {
 	if d.staged == "" || d.o.CNIConfDir == "" || d.installer != "" {
 		return
 	}
+	// Not once an uninstall removed it (leave): start-up may still be
+	// running when the stop comes.
+	d.confMu.Lock()
+	defer d.confMu.Unlock()
+	if d.confGone {
+		return
+	}
 	wrote, err := conffile.Publish(d.staged, d.o.CNIConfDir)
 	if err != nil {
 		d.log.Error("the CNI conflist: not published: not Ready", "err", err, "staged", d.staged, "conf-dir", d.o.CNIConfDir)

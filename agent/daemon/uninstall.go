@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -38,7 +39,17 @@ func (d *daemon) uninstalling() bool {
 	if d.kube == nil || d.o.PodName == "" || d.o.Namespace == "" {
 		return false
 	}
-	gone, why := uninstall.Uninstalling(context.Background(), d.kube.dyn, d.o.Namespace, d.o.PodName)
+	// A 403 alone is no proof (a ClusterRoleBinding replaced during a
+	// rollout refuses for a moment too), and this uninstall takes every
+	// pod's network: it needs flock's namespace seen Terminating, as
+	// `kubectl delete -k deploy/` makes it before it deletes the RBAC.
+	forbidden := func(err error) (bool, string) {
+		if d.kube.pools.Terminating(d.o.Namespace) {
+			return true, fmt.Sprintf("namespace %s is being deleted, and the API refuses flock (its RBAC went with it): %v", d.o.Namespace, err)
+		}
+		return false, fmt.Sprintf("the API refuses flock (%v), but namespace %s was not seen being deleted: a restart", err, d.o.Namespace)
+	}
+	gone, why := uninstall.Uninstalling(context.Background(), d.kube.dyn, d.o.Namespace, d.o.PodName, forbidden)
 	if gone {
 		d.log.Info("uninstall: flock is leaving this node; its routes, veths and files go with it", "why", why)
 	} else {
@@ -47,21 +58,28 @@ func (d *daemon) uninstalling() bool {
 	return gone
 }
 
-// leave is steps 1 and 2, before the components stop.
+// leaveDrain bounds an uninstall's drain (drainOnStopSeconds allows 300
+// s): kubelet kills the agent 30 s after SIGTERM
+// (terminationGracePeriodSeconds), and the withdrawal and the removals
+// must come before that.
+const leaveDrain = 10 * time.Second
+
+// leave is steps 1 and 2, before the components stop. It may come while
+// start-up still runs: the conflist stays removed (publishConflist), and
+// nothing is advertised from then on (state.Leave).
 func (d *daemon) leave() {
-	if d.o.CNIConfDir != "" {
-		conf := filepath.Join(d.o.CNIConfDir, conffile.ConfName)
-		for _, p := range []string{conf, filepath.Join(d.o.CNIConfDir, conffile.TempDir)} {
-			if err := os.RemoveAll(p); err != nil {
-				d.log.Error("uninstall: removing the conflist failed", "path", p, "err", err)
-			}
-		}
-		d.log.Info("uninstall: the conflist is removed", "path", conf)
-	}
+	d.removeConflist()
 	if !d.ready.Load() {
-		return // nothing was advertised for this run
+		d.state.Leave() // nothing is advertised once the loops start
+		return
 	}
-	d.drainServices(time.Sleep)
+	d.drainServices(func(wait time.Duration) {
+		if wait > leaveDrain {
+			d.log.Info("uninstall: the drain is cut short: the agent has 30 s to leave", "drainOnStopSeconds", wait, "drains", leaveDrain)
+			wait = leaveDrain
+		}
+		time.Sleep(wait)
+	})
 	gen := d.state.Leave()
 	ctx, cancel := context.WithTimeout(context.Background(), leaveWithdraw)
 	defer cancel()
@@ -72,8 +90,27 @@ func (d *daemon) leave() {
 	d.log.Info("uninstall: every route withdrawn from the ToR")
 }
 
+// removeConflist takes the conflist away for good (and the installer's
+// temp dir beside it).
+func (d *daemon) removeConflist() {
+	d.confMu.Lock()
+	defer d.confMu.Unlock()
+	d.confGone = true
+	if d.o.CNIConfDir == "" {
+		return
+	}
+	conf := filepath.Join(d.o.CNIConfDir, conffile.ConfName)
+	for _, p := range []string{conf, filepath.Join(d.o.CNIConfDir, conffile.TempDir)} {
+		if err := os.RemoveAll(p); err != nil {
+			d.log.Error("uninstall: removing the conflist failed", "path", p, "err", err)
+		}
+	}
+	d.log.Info("uninstall: the conflist is removed", "path", conf)
+}
+
 // removeNode is step 3, once nothing runs any more.
 func (d *daemon) removeNode() {
+	d.removeConflist() // again: nothing may have put it back
 	veths, routes, err := d.dp.RemoveAll()
 	if err != nil {
 		d.log.Error("uninstall: removing the dataplane", "err", err)

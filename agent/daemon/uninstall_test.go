@@ -100,3 +100,27 @@ func TestLeave(t *testing.T) {
 		t.Errorf("another plugin went too: %v", err)
 	}
 }
+
+// An uninstall that comes while start-up still runs (the stop's
+// preparations run before start-up's context ends): start-up must not
+// publish the conflist again, nor advertise anything.
+func TestLeaveDuringStartup(t *testing.T) {
+	d := testDaemon(t)
+	conf, run := t.TempDir(), t.TempDir()
+	staged := filepath.Join(run, "staged.conflist")
+	if err := os.WriteFile(staged, []byte(`{"name":"flock"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d.o.CNIConfDir, d.staged = conf, staged
+	if _, err := conffile.Publish(staged, conf); err != nil { // the agent before's
+		t.Fatal(err)
+	}
+	d.leave()                      // not ready yet: start-up is past restore
+	(&daemonStartup{d: d}).serve() // start-up goes on
+	if _, err := os.Stat(filepath.Join(conf, conffile.ConfName)); err == nil {
+		t.Error("start-up published the conflist again after the uninstall removed it")
+	}
+	if adv, _ := d.state.Adverts(); len(adv) != 0 {
+		t.Errorf("after the uninstall the node would advertise %v", adv)
+	}
+}

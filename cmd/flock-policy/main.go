@@ -245,7 +245,9 @@ func removeOnUninstall(rc *rest.Config, log *slog.Logger, bindings string) {
 		log.Error("the rules stay", "err", err)
 		return
 	}
-	gone, why := uninstall.Uninstalling(context.Background(), client, ns, name)
+	// A 403 is taken as the RBAC gone with flock: removing the rules
+	// is undone by the next engine's start.
+	gone, why := uninstall.Uninstalling(context.Background(), client, ns, name, nil)
 	if !gone {
 		log.Info("the rules stay for the next engine", "table", netpol.Table, "why", why)
 		return

@@ -30,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -38,6 +39,15 @@ import (
 // Label marks what a check made: its namespace carries it, so the next
 // check removes a namespace a check cut short left behind.
 const Label = "flock.fritzlab.net/check"
+
+// Alive is the annotation a running check renews on its namespace every
+// aliveEvery: a namespace whose mark is older than aliveStale (or has
+// none) belongs to no running check, and the next check removes it.
+const (
+	Alive      = "flock.fritzlab.net/check-alive"
+	aliveEvery = 10 * time.Second
+	aliveStale = time.Minute
+)
 
 const (
 	port          = 8080
@@ -128,10 +138,14 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	}
 	r.sessions(ctx)
 	r.say("namespace %s", r.ns)
-	if _, err := o.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns, Labels: map[string]string{Label: "true"}}}, metav1.CreateOptions{}); err != nil {
+	if _, err := o.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns, Labels: map[string]string{Label: "true"},
+		Annotations: map[string]string{Alive: time.Now().UTC().Format(time.RFC3339)}}}, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("create namespace %s: %w", r.ns, err)
 	}
 	defer r.cleanup()
+	alive, stopAlive := context.WithCancel(ctx)
+	defer stopAlive()
+	go r.keepAlive(alive)
 	r.traffic(ctx, nodes)
 	return r.results, nil
 }
@@ -162,7 +176,8 @@ func (n need) String() string {
 // uses and names the missing ones, with the kubectl that asks the same.
 func (r *run) rights(ctx context.Context) error {
 	needs := []need{
-		{"create", "", "namespaces", ""}, {"delete", "", "namespaces", ""}, {"list", "", "namespaces", ""},
+		{"create", "", "namespaces", ""}, {"delete", "", "namespaces", ""}, {"list", "", "namespaces", ""}, {"get", "", "namespaces", ""},
+		{"patch", "", "namespaces", ""},
 		{"create", "", "pods", r.ns}, {"get", "", "pods", r.ns}, {"list", "", "pods", r.ns},
 		{"create", "", "services", r.ns}, {"get", "", "services", r.ns},
 		{"create", "networking.k8s.io", "networkpolicies", r.ns},
@@ -188,13 +203,31 @@ func (r *run) rights(ctx context.Context) error {
 	return nil
 }
 
-// leftovers removes the namespaces of checks that were cut short.
+// keepAlive renews the check's mark on its namespace until ctx ends.
+func (r *run) keepAlive(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(aliveEvery):
+		}
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, Alive, time.Now().UTC().Format(time.RFC3339))
+		_, _ = r.o.Client.CoreV1().Namespaces().Patch(ctx, r.ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	}
+}
+
+// leftovers removes the namespaces of checks that were cut short: those
+// whose mark is stale; a running check's (another operator's) stays.
 func (r *run) leftovers(ctx context.Context) error {
 	list, err := r.o.Client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: Label})
 	if err != nil {
 		return fmt.Errorf("list namespaces: %w", err)
 	}
 	for _, ns := range list.Items {
+		if at, err := time.Parse(time.RFC3339, ns.Annotations[Alive]); err == nil && time.Since(at) < aliveStale {
+			r.add("another check runs", Skip, "namespace "+ns.Name+" is in use (its check was alive "+time.Since(at).Round(time.Second).String()+" ago)", "")
+			continue
+		}
 		r.say("removing namespace %s, left by a check that was cut short", ns.Name)
 		if err := r.deleteNamespace(ctx, ns.Name); err != nil {
 			return err
@@ -350,6 +383,13 @@ func (r *run) pools(ctx context.Context, use string) ([]pool, error) {
 		}
 		s, err := metav1.LabelSelectorAsSelector(&ls)
 		if err != nil || !s.Matches(nsLabels) {
+			continue
+		}
+		// An `addresses` or anycast IP is picked by the check itself: only
+		// from a pool for checks (one that selects the check's namespace
+		// by its label, not every namespace), never one production pods
+		// may hold (anycast IPs are shared and never claimed).
+		if use != "loadBalancer" && s.Matches(labels.Set{"kubernetes.io/metadata.name": r.ns}) {
 			continue
 		}
 		cidrs, _, _ := unstructured.NestedStringSlice(p.Object, "spec", "cidrs")
@@ -535,7 +575,7 @@ func (r *run) traffic(ctx context.Context, nodes []string) {
 	for _, kind := range []string{"addresses", "anycast"} {
 		pools, err := r.pools(ctx, kind)
 		if err != nil || len(pools) == 0 {
-			r.add("pod → "+kind+" IP", Skip, fmt.Sprintf("no AddressPool of use %s selects namespaces labelled %s=true", kind, Label), "")
+			r.add("pod → "+kind+" IP", Skip, fmt.Sprintf("no AddressPool of use %s for checks (one selecting namespaces labelled %s=true, and not every namespace)", kind, Label), "")
 			continue
 		}
 		ip, err := r.freeAddress(ctx, pools)

@@ -54,14 +54,24 @@ func TestProbe(t *testing.T) {
 // Missing rights are named, every one, before anything is made.
 func TestRightsNamed(t *testing.T) {
 	c := fake.NewClientset()
+	asked := map[string]bool{}
 	c.PrependReactor("create", "selfsubjectaccessreviews", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		r := a.(k8stesting.CreateAction).GetObject().(*authorizationv1.SelfSubjectAccessReview)
 		ra := r.Spec.ResourceAttributes
+		asked[ra.Verb+" "+ra.Resource] = true
 		r.Status.Allowed = !(ra.Resource == "pods" && ra.Verb == "create") && ra.Resource != "networkpolicies"
 		return true, r, nil
 	})
+	defer func() {
+		// What the cleanup and the leftovers use is asked up front too.
+		for _, w := range []string{"get namespaces", "delete namespaces", "patch namespaces", "list addressclaims"} {
+			if !asked[w] {
+				t.Errorf("the check never asks for %s", w)
+			}
+		}
+	}()
 	_, err := Run(context.Background(), Options{Client: c, Dynamic: dynfake.NewSimpleDynamicClient(runtime.NewScheme()), Image: "x"})
-	if !errors.Is(err, ErrRights) || !strings.Contains(err.Error(), "create pods in namespace flock-check-") || !strings.Contains(err.Error(), "create networkpolicies.networking.k8s.io") {
+	if !errors.Is(err, ErrRights) || !strings.Contains(err.Error(), "create pods in namespace flock-check-") || !strings.Contains(err.Error(), "create networkpolicies.networking.k8s.io") || strings.Contains(err.Error(), "get namespaces") {
 		t.Fatalf("Run without rights: %v", err)
 	}
 	if ns, _ := c.CoreV1().Namespaces().List(context.Background(), metav1.ListOptions{}); len(ns.Items) != 0 {
@@ -160,5 +170,56 @@ func TestPoolsAndFreeAddress(t *testing.T) {
 	}
 	if got := lastAddr(netip.MustParsePrefix("198.51.100.64/26")); got.String() != "198.51.100.127" {
 		t.Errorf("lastAddr = %v", got)
+	}
+}
+
+// Each target has its own time: a target that never answers does not
+// fail the one after it.
+func TestConnectEachTargetItsTime(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	testutil.Run(t, func(ctx context.Context) error { return Serve(ctx, p) })
+	open := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(p)).String()
+	testutil.Eventually(t, "the server", func() (bool, string) {
+		return Connect(context.Background(), []string{open}, Answered, time.Second, time.Second)[0].OK, ""
+	})
+	out := Connect(context.Background(), []string{"127.0.0.1:1", open}, Answered, time.Second, 2*time.Second)
+	if out[0].OK || !out[1].OK {
+		t.Errorf("outcomes %+v: want the closed port failed and the server answered", out)
+	}
+}
+
+// A namespace whose check is alive (another operator's) stays; one whose
+// mark is stale, or that has none, goes.
+func TestLeftoversSpareARunningCheck(t *testing.T) {
+	fresh := time.Now().UTC().Format(time.RFC3339)
+	stale := time.Now().Add(-5 * time.Minute).UTC().Format(time.RFC3339)
+	c := fake.NewClientset(
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flock-check-running", Labels: map[string]string{Label: "true"}, Annotations: map[string]string{Alive: fresh}}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flock-check-stale", Labels: map[string]string{Label: "true"}, Annotations: map[string]string{Alive: stale}}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flock-check-unmarked", Labels: map[string]string{Label: "true"}}})
+	r := &run{o: Options{Client: c, Timeout: 5 * time.Second}}
+	if err := r.leftovers(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"flock-check-running": true, "flock-check-stale": false, "flock-check-unmarked": false} {
+		_, err := c.CoreV1().Namespaces().Get(context.Background(), name, metav1.GetOptions{})
+		if (err == nil) != want {
+			t.Errorf("%s: there %v, want %v", name, err == nil, want)
+		}
+	}
+}
+
+// Extra IPs come only from pools for checks: an anycast pool every
+// namespace may use is production's (its IPs are shared and unclaimed).
+func TestExtraIPsOnlyFromCheckPools(t *testing.T) {
+	poolGVK := schema.GroupVersionKind{Group: "flock.fritzlab.net", Version: "v1alpha1", Kind: "AddressPool"}
+	r := &run{o: Options{Dynamic: dyn(unstr(poolGVK, "everyone", map[string]any{"cidrs": []any{"2001:db8:a::/120"}, "use": []any{"anycast"}, "namespaceSelector": map[string]any{}}, nil))}, ns: "flock-check-abc"}
+	if pools, err := r.pools(context.Background(), "anycast"); err != nil || len(pools) != 0 {
+		t.Errorf("pools = %+v, %v: want none (every namespace's pool)", pools, err)
 	}
 }

@@ -69,8 +69,9 @@ type Outcome struct {
 // packet is not a verdict.
 func Connect(ctx context.Context, targets []string, want Verdict, timeout, within time.Duration) []Outcome {
 	out := make([]Outcome, len(targets))
-	deadline := time.Now().Add(within)
 	for i, to := range targets {
+		// Each its own time: one target down must not fail the others.
+		deadline := time.Now().Add(within)
 		o := Outcome{To: to, Want: want}
 		streak := 0
 		for {

@@ -26,20 +26,25 @@ var (
 // Uninstalling decides whether flock is leaving this node, for the pod
 // namespace/name that is stopping. Leaving means: the pod is being deleted
 // and the DaemonSet that owns it (by UID) is gone or being deleted (or no
-// DaemonSet owns it any more: nothing will replace it), or flock's service
-// account was refused (403: its RBAC was deleted with it, as `kubectl
-// delete -k deploy/` does first). A 401 tells nothing: a force-deleted
-// pod's token dies with the pod object, and a rollout's pod may be
-// force-deleted. Any other error, or no answer within 5 s, is "not
-// leaving": what stays is safe, what is removed by mistake is an outage.
-// The reason says which, for the log.
-func Uninstalling(ctx context.Context, dyn dynamic.Interface, namespace, name string) (bool, string) {
+// DaemonSet owns it any more: nothing will replace it). A 403 (flock's
+// RBAC refused: `kubectl delete -k deploy/` deletes it before the
+// DaemonSet) is what forbidden says, with its reason; nil takes it as
+// leaving. A 401 tells nothing: a force-deleted pod's token dies with the
+// pod object, and a rollout's pod may be force-deleted. Any other error,
+// or no answer within 5 s, is "not leaving": what stays is safe, what is
+// removed by mistake is an outage. The reason says which, for the log.
+func Uninstalling(ctx context.Context, dyn dynamic.Interface, namespace, name string, forbidden func(err error) (bool, string)) (bool, string) {
+	if forbidden == nil {
+		forbidden = func(err error) (bool, string) {
+			return true, fmt.Sprintf("no access any more (flock's RBAC is gone): %v", err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	pod, err := dyn.Resource(podsGVR).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsForbidden(err):
-		return true, fmt.Sprintf("no access to pod %s/%s any more (flock's RBAC is gone): %v", namespace, name, err)
+		return forbidden(err)
 	case apierrors.IsUnauthorized(err):
 		return false, fmt.Sprintf("pod %s/%s: %v (a force-deleted pod's token)", namespace, name, err)
 	case apierrors.IsNotFound(err):
@@ -58,7 +63,7 @@ func Uninstalling(ctx context.Context, dyn dynamic.Interface, namespace, name st
 		case apierrors.IsNotFound(err):
 			return true, fmt.Sprintf("DaemonSet %s/%s is gone", namespace, ref.Name)
 		case apierrors.IsForbidden(err):
-			return true, fmt.Sprintf("no access to DaemonSet %s/%s any more (flock's RBAC is gone): %v", namespace, ref.Name, err)
+			return forbidden(err)
 		case err != nil:
 			return false, fmt.Sprintf("read DaemonSet %s/%s: %v", namespace, ref.Name, err)
 		case ds.GetUID() != ref.UID:

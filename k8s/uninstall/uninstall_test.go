@@ -55,8 +55,8 @@ func TestUninstalling(t *testing.T) {
 		{"DaemonSet deleted", []runtime.Object{pod(true, "1")}, nil, true, "is gone"},
 		{"DaemonSet being deleted (foreground)", []runtime.Object{pod(true, "1"), ds("1", true)}, nil, true, "being deleted"},
 		{"DaemonSet replaced", []runtime.Object{pod(true, "1"), ds("2", false)}, nil, false, "replaced"},
-		{"RBAC removed (pods)", []runtime.Object{pod(true, "1")}, forbid("pods"), true, "no access to pod"},
-		{"RBAC removed (daemonsets)", []runtime.Object{pod(true, "1")}, forbid("daemonsets"), true, "no access to DaemonSet"},
+		{"RBAC removed (pods)", []runtime.Object{pod(true, "1")}, forbid("pods"), true, "no access any more"},
+		{"RBAC removed (daemonsets)", []runtime.Object{pod(true, "1")}, forbid("daemonsets"), true, "no access any more"},
 		{"own pod not found", nil, nil, false, "not found"},
 		{"no owner left (DaemonSet deleted with --cascade=orphan)", []runtime.Object{pod(true, "")}, nil, true, "no DaemonSet owns it"},
 		{"force-deleted pod: its token is refused (401)", []runtime.Object{pod(true, "1"), ds("1", false)}, refuse("pods", apierrors.NewUnauthorized("token")), false, "force-deleted"},
@@ -67,10 +67,29 @@ func TestUninstalling(t *testing.T) {
 			if tc.tweak != nil {
 				tc.tweak(c)
 			}
-			got, reason := Uninstalling(context.Background(), c, "flock-system", "flock-abc")
+			got, reason := Uninstalling(context.Background(), c, "flock-system", "flock-abc", nil)
 			if got != tc.want || !strings.Contains(reason, tc.reason) {
 				t.Errorf("Uninstalling = %v (%s), want %v (…%s…)", got, reason, tc.want, tc.reason)
 			}
 		})
+	}
+}
+
+// What a 403 means is the caller's: the agent, whose uninstall removes
+// every pod's network, asks what it saw before the API refused it; a
+// container restart under a 403 is then no uninstall.
+func TestForbiddenIsTheCallers(t *testing.T) {
+	pod := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"namespace": "flock-system", "name": "flock-abc"}}}
+	c := dynfake.NewSimpleDynamicClient(runtime.NewScheme(), pod)
+	c.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "flock-abc", nil)
+	})
+	asked := false
+	gone, why := Uninstalling(context.Background(), c, "flock-system", "flock-abc", func(err error) (bool, string) {
+		asked = apierrors.IsForbidden(err)
+		return false, "nothing seen says flock is leaving"
+	})
+	if gone || !asked || why != "nothing seen says flock is leaving" {
+		t.Errorf("Uninstalling = %v (%s), asked %v", gone, why, asked)
 	}
 }
