@@ -272,11 +272,11 @@ type daemon struct {
 	kube       *kubeMode // nil in standalone mode
 	components components
 	ready      atomic.Bool
-	draining   atomic.Bool            // a planned stop drains the Service routes
+	draining   atomic.Bool // a planned stop drains the Service routes
 	// confMu orders publishing the conflist and an uninstall's removing
 	// it; confGone: removed, never to be published again by this agent.
-	confMu   sync.Mutex
-	confGone bool
+	confMu     sync.Mutex
+	confGone   bool
 	installer  string                 // the CNI installer's refusal (set before anything runs)
 	staged     string                 // the conflist the installer staged for publishConflist
 	publishErr atomic.Pointer[string] // why publishConflist failed (read by readiness and status)
