@@ -275,8 +275,10 @@ type daemon struct {
 	draining   atomic.Bool // a planned stop drains the Service routes
 	// confMu orders publishing the conflist and an uninstall's removing
 	// it; confGone: removed, never to be published again by this agent.
-	confMu     sync.Mutex
-	confGone   bool
+	confMu   sync.Mutex
+	confGone bool
+	// startMu is held from originating routes to serving (startup.go).
+	startMu    sync.Mutex
 	installer  string                 // the CNI installer's refusal (set before anything runs)
 	staged     string                 // the conflist the installer staged for publishConflist
 	publishErr atomic.Pointer[string] // why publishConflist failed (read by readiness and status)

@@ -18,6 +18,10 @@ type recovery interface {
 	authorize()
 	// restore recovers the allocations (agent.Restore).
 	restore(ctx context.Context) error
+	// hold keeps an uninstall's leave out from originating routes to
+	// serving (it would find routes out and no loop to withdraw them);
+	// release lets it in.
+	hold() (release func())
 	// originate hands the speaker the full set before any session is up.
 	originate(ctx context.Context)
 	// peer adds the BGP peers.
@@ -54,9 +58,11 @@ func startup(ctx context.Context, r recovery) error {
 	if err := r.restore(ctx); err != nil {
 		return err
 	}
+	release := r.hold()
 	r.originate(ctx)
 	r.peer()
 	r.serve()
+	release()
 	r.start(ctx, whenServing)
 	return nil
 }
@@ -79,6 +85,11 @@ func (s *daemonStartup) sync(ctx context.Context) error {
 func (s *daemonStartup) authorize() { s.d.applyPools() }
 
 func (s *daemonStartup) restore(ctx context.Context) error { return s.d.agent.Restore(ctx) }
+
+func (s *daemonStartup) hold() func() {
+	s.d.startMu.Lock()
+	return s.d.startMu.Unlock
+}
 
 func (s *daemonStartup) originate(ctx context.Context) {
 	if err := s.d.bgpLoop.Pass(ctx, true); err != nil {

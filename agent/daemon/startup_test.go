@@ -44,6 +44,7 @@ func (f *fakeStartup) restore(context.Context) error {
 func (f *fakeStartup) originate(context.Context) { f.record("originate") }
 func (f *fakeStartup) peer()                     { f.record("peer") }
 func (f *fakeStartup) serve()                    { f.record("serve") }
+func (f *fakeStartup) hold() func()              { return func() {} }
 
 func (f *fakeStartup) snapshot() []string {
 	f.mu.Lock()

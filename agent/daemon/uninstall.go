@@ -69,8 +69,11 @@ const leaveDrain = 10 * time.Second
 // nothing is advertised from then on (state.Leave).
 func (d *daemon) leave() {
 	d.removeConflist()
+	// Not while start-up is between originating routes and serving.
+	d.startMu.Lock()
+	defer d.startMu.Unlock()
 	if !d.ready.Load() {
-		d.state.Leave() // nothing is advertised once the loops start
+		d.state.Leave() // start-up originates nothing now
 		return
 	}
 	d.drainServices(func(wait time.Duration) {

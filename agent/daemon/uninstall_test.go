@@ -124,3 +124,33 @@ func TestLeaveDuringStartup(t *testing.T) {
 		t.Errorf("after the uninstall the node would advertise %v", adv)
 	}
 }
+
+// An uninstall that comes while start-up is between originating routes
+// and serving waits for it, then withdraws what it originated.
+func TestLeaveWaitsForStartup(t *testing.T) {
+	d := testDaemon(t)
+	target := &speakerSets{}
+	d.bgpLoop = &reconcile.Loop[map[netip.Prefix]advert.Path]{Name: "bgp", Target: target, Desired: d.state.Adverts, Wake: d.state.Changed()}
+	lb := netip.MustParsePrefix("2001:db8:5e::1/128")
+	d.state.SetServiceRoutes(map[netip.Prefix]nodestate.ServiceRoute{lb: {Path: advert.Path{Kind: advert.Service}, Owners: []string{"shop/web"}}})
+	s := &daemonStartup{d: d}
+	release := s.hold()
+	s.originate(context.Background()) // routes out, start-up not done
+	left := make(chan struct{})
+	go func() {
+		defer close(left)
+		d.leave()
+	}()
+	select {
+	case <-left:
+		t.Fatal("leave ran between originating and serving")
+	case <-time.After(100 * time.Millisecond):
+	}
+	s.serve()
+	release()
+	testutil.Run(t, d.bgpLoop.Run) // the serving phase's reconciler
+	<-left
+	if held, _ := target.held(); len(held) != 0 {
+		t.Errorf("after the uninstall the speaker still holds %v", held)
+	}
+}

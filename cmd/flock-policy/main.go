@@ -177,7 +177,12 @@ func run(cfg netpol.Config, kubeconfig string, ep endpoints, lbc lbConfig, log *
 	cfg.ExtraIPs = tracker
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	defer removeOnUninstall(rc, log, tracker.BindingsFile)
+	// Its namespace followed from the start: at the stop, a 403 means
+	// uninstall only if it was seen being deleted.
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	forbidden := uninstall.WatchNamespace(watchCtx, dyn, os.Getenv("POD_NAMESPACE"))
+	defer removeOnUninstall(dyn, log, tracker.BindingsFile, forbidden)
 	g, ctx := errgroup.WithContext(ctx)
 	if metricsL != nil {
 		g.Go(func() error {
@@ -234,20 +239,13 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 // removeOnUninstall removes the engine's rules when flock is leaving the
 // node (uninstalling); any other stop leaves them (fail closed across
 // restarts). It needs POD_NAME and POD_NAMESPACE (the downward API).
-func removeOnUninstall(rc *rest.Config, log *slog.Logger, bindings string) {
+func removeOnUninstall(client dynamic.Interface, log *slog.Logger, bindings string, forbidden func(error) (bool, string)) {
 	ns, name := os.Getenv("POD_NAMESPACE"), os.Getenv("POD_NAME")
 	if ns == "" || name == "" {
 		log.Info("the rules stay: POD_NAMESPACE or POD_NAME unset, uninstall cannot be told", "table", netpol.Table)
 		return
 	}
-	client, err := dynamic.NewForConfig(rc)
-	if err != nil {
-		log.Error("the rules stay", "err", err)
-		return
-	}
-	// A 403 is taken as the RBAC gone with flock: removing the rules
-	// is undone by the next engine's start.
-	gone, why := uninstall.Uninstalling(context.Background(), client, ns, name, nil)
+	gone, why := uninstall.Uninstalling(context.Background(), client, ns, name, forbidden)
 	if !gone {
 		log.Info("the rules stay for the next engine", "table", netpol.Table, "why", why)
 		return

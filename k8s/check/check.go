@@ -15,6 +15,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -47,6 +48,8 @@ const (
 	Alive      = "flock.fritzlab.net/check-alive"
 	aliveEvery = 10 * time.Second
 	aliveStale = time.Minute
+	// fieldManager writes the mark: the API server stamps its time.
+	fieldManager = "flockctl-check"
 )
 
 const (
@@ -129,23 +132,29 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	if err := r.rights(ctx); err != nil {
 		return nil, err
 	}
-	if err := r.leftovers(ctx); err != nil {
-		return nil, err
-	}
-	nodes, err := r.flockNodes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	r.sessions(ctx)
 	r.say("namespace %s", r.ns)
-	if _, err := o.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns, Labels: map[string]string{Label: "true"},
-		Annotations: map[string]string{Alive: time.Now().UTC().Format(time.RFC3339)}}}, metav1.CreateOptions{}); err != nil {
+	made, err := o.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: r.ns, Labels: map[string]string{Label: "true"},
+		Annotations: map[string]string{Alive: time.Now().UTC().Format(time.RFC3339)}}}, metav1.CreateOptions{FieldManager: fieldManager})
+	if err != nil {
 		return nil, fmt.Errorf("create namespace %s: %w", r.ns, err)
 	}
 	defer r.cleanup()
 	alive, stopAlive := context.WithCancel(ctx)
 	defer stopAlive()
 	go r.keepAlive(alive)
+	// The API server's clock, not this machine's, judges the others.
+	now := made.CreationTimestamp.Time
+	if now.IsZero() {
+		now = time.Now() // no stamp: only a fake API leaves it out
+	}
+	if err := r.leftovers(ctx, now); err != nil {
+		return nil, err
+	}
+	nodes, err := r.flockNodes(ctx)
+	if err != nil {
+		return r.results, err
+	}
+	r.sessions(ctx)
 	r.traffic(ctx, nodes)
 	return r.results, nil
 }
@@ -212,20 +221,36 @@ func (r *run) keepAlive(ctx context.Context) {
 		case <-time.After(aliveEvery):
 		}
 		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, Alive, time.Now().UTC().Format(time.RFC3339))
-		_, _ = r.o.Client.CoreV1().Namespaces().Patch(ctx, r.ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		_, _ = r.o.Client.CoreV1().Namespaces().Patch(ctx, r.ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{FieldManager: fieldManager})
 	}
 }
 
+// aliveAt is when a check last marked ns alive, by the API server's
+// clock (its managed fields' times); zero if no check ever did.
+func aliveAt(ns *corev1.Namespace) time.Time {
+	var at time.Time
+	for _, m := range ns.ManagedFields {
+		if m.Manager == fieldManager && m.Time != nil && m.Time.After(at) {
+			at = m.Time.Time
+		}
+	}
+	return at
+}
+
 // leftovers removes the namespaces of checks that were cut short: those
-// whose mark is stale; a running check's (another operator's) stays.
-func (r *run) leftovers(ctx context.Context) error {
+// whose mark is stale at now (the API server's time); a running check's
+// (another operator's) stays.
+func (r *run) leftovers(ctx context.Context, now time.Time) error {
 	list, err := r.o.Client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{LabelSelector: Label})
 	if err != nil {
 		return fmt.Errorf("list namespaces: %w", err)
 	}
 	for _, ns := range list.Items {
-		if at, err := time.Parse(time.RFC3339, ns.Annotations[Alive]); err == nil && time.Since(at) < aliveStale {
-			r.add("another check runs", Skip, "namespace "+ns.Name+" is in use (its check was alive "+time.Since(at).Round(time.Second).String()+" ago)", "")
+		if ns.Name == r.ns {
+			continue
+		}
+		if at := aliveAt(&ns); now.Sub(at) < aliveStale {
+			r.add("another check runs", Skip, "namespace "+ns.Name+" is in use (its check was alive "+now.Sub(at).Round(time.Second).String()+" before this one began)", "")
 			continue
 		}
 		r.say("removing namespace %s, left by a check that was cut short", ns.Name)
@@ -428,7 +453,14 @@ func (r *run) freeAddress(ctx context.Context, pools []pool) (netip.Addr, error)
 				if c.Addr().Is6() != v6 {
 					continue
 				}
+				// From a point of this check's own (its namespace's
+				// name): two checks at once do not pick the same.
 				a := lastAddr(c)
+				for range spread(r.ns, c) {
+					if a.Prev().IsValid() && c.Contains(a.Prev()) {
+						a = a.Prev()
+					}
+				}
 				for range 256 {
 					if !c.Contains(a) {
 						break
@@ -446,6 +478,18 @@ func (r *run) freeAddress(ctx context.Context, pools []pool) (netip.Addr, error)
 		}
 	}
 	return netip.Addr{}, errors.New("every address tried is claimed")
+}
+
+// spread is how far below its CIDR's last address a check starts
+// looking: from its namespace's name, at most 64 or a quarter of the CIDR.
+func spread(ns string, c netip.Prefix) int {
+	h := fnv.New32a()
+	h.Write([]byte(ns))
+	size := 64
+	if bits := c.Addr().BitLen() - c.Bits(); bits < 8 {
+		size = max(1, (1<<bits)/4)
+	}
+	return int(h.Sum32() % uint32(size))
 }
 
 func lastAddr(p netip.Prefix) netip.Addr {

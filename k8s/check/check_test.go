@@ -196,14 +196,19 @@ func TestConnectEachTargetItsTime(t *testing.T) {
 // A namespace whose check is alive (another operator's) stays; one whose
 // mark is stale, or that has none, goes.
 func TestLeftoversSpareARunningCheck(t *testing.T) {
-	fresh := time.Now().UTC().Format(time.RFC3339)
-	stale := time.Now().Add(-5 * time.Minute).UTC().Format(time.RFC3339)
+	// The API server's clock: this machine's may be off by anything.
+	server := time.Date(2026, 11, 29, 4, 0, 0, 0, time.UTC)
+	marked := func(name string, at time.Time) *corev1.Namespace {
+		t := metav1.NewTime(at)
+		return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{Label: "true"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl-label", Time: &t}, {Manager: fieldManager, Time: &t}}}}
+	}
 	c := fake.NewClientset(
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flock-check-running", Labels: map[string]string{Label: "true"}, Annotations: map[string]string{Alive: fresh}}},
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flock-check-stale", Labels: map[string]string{Label: "true"}, Annotations: map[string]string{Alive: stale}}},
+		marked("flock-check-running", server.Add(-10*time.Second)),
+		marked("flock-check-stale", server.Add(-5*time.Minute)),
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "flock-check-unmarked", Labels: map[string]string{Label: "true"}}})
 	r := &run{o: Options{Client: c, Timeout: 5 * time.Second}}
-	if err := r.leftovers(context.Background()); err != nil {
+	if err := r.leftovers(context.Background(), server); err != nil {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]bool{"flock-check-running": true, "flock-check-stale": false, "flock-check-unmarked": false} {

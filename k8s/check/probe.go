@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -69,26 +70,31 @@ type Outcome struct {
 // packet is not a verdict.
 func Connect(ctx context.Context, targets []string, want Verdict, timeout, within time.Duration) []Outcome {
 	out := make([]Outcome, len(targets))
+	var wg sync.WaitGroup
 	for i, to := range targets {
-		// Each its own time: one target down must not fail the others.
-		deadline := time.Now().Add(within)
-		o := Outcome{To: to, Want: want}
-		streak := 0
-		for {
-			o.Got, o.Detail = dial(ctx, to, timeout)
-			if o.Got == want {
-				streak++
-			} else {
-				streak = 0
+		// All at once, each its own time: one target down neither fails
+		// the others nor makes the probe outlast the check's wait.
+		wg.Go(func() {
+			deadline := time.Now().Add(within)
+			o := Outcome{To: to, Want: want}
+			streak := 0
+			for {
+				o.Got, o.Detail = dial(ctx, to, timeout)
+				if o.Got == want {
+					streak++
+				} else {
+					streak = 0
+				}
+				if streak == 3 || time.Now().After(deadline) || ctx.Err() != nil {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
 			}
-			if streak == 3 || time.Now().After(deadline) || ctx.Err() != nil {
-				break
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		o.OK = streak == 3
-		out[i] = o
+			o.OK = streak == 3
+			out[i] = o
+		})
 	}
+	wg.Wait()
 	return out
 }
 

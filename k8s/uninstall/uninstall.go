@@ -14,8 +14,12 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
 
 var (
@@ -28,15 +32,16 @@ var (
 // and the DaemonSet that owns it (by UID) is gone or being deleted (or no
 // DaemonSet owns it any more: nothing will replace it). A 403 (flock's
 // RBAC refused: `kubectl delete -k deploy/` deletes it before the
-// DaemonSet) is what forbidden says, with its reason; nil takes it as
-// leaving. A 401 tells nothing: a force-deleted pod's token dies with the
+// DaemonSet) is what forbidden says, with its reason (Terminating is the
+// one both callers use); nil takes it as not leaving: a 403 alone may be a
+// ClusterRoleBinding replaced during a rollout. A 401 tells nothing: a force-deleted pod's token dies with the
 // pod object, and a rollout's pod may be force-deleted. Any other error,
 // or no answer within 5 s, is "not leaving": what stays is safe, what is
 // removed by mistake is an outage. The reason says which, for the log.
 func Uninstalling(ctx context.Context, dyn dynamic.Interface, namespace, name string, forbidden func(err error) (bool, string)) (bool, string) {
 	if forbidden == nil {
 		forbidden = func(err error) (bool, string) {
-			return true, fmt.Sprintf("no access any more (flock's RBAC is gone): %v", err)
+			return false, fmt.Sprintf("the API refuses flock (%v): nothing says it is leaving", err)
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -74,4 +79,24 @@ func Uninstalling(ctx context.Context, dyn dynamic.Interface, namespace, name st
 		return false, fmt.Sprintf("DaemonSet %s/%s stays (a rollout or an eviction)", namespace, ref.Name)
 	}
 	return true, "the pod is being deleted and no DaemonSet owns it: nothing will replace it"
+}
+
+var namespacesGVR = schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
+
+// WatchNamespace follows namespace ns (until ctx ends) and returns what a
+// 403 means to Uninstalling: leaving if ns was seen being deleted, as
+// `kubectl delete -k deploy/` deletes flock's namespace before its RBAC
+// (the watch, started while the API still let it, keeps what it saw).
+func WatchNamespace(ctx context.Context, dyn dynamic.Interface, ns string) func(error) (bool, string) {
+	sel := fields.OneTermEqualSelector("metadata.name", ns).String()
+	inf := kubeclient.NewDynamicInformer(dyn, namespacesGVR, func(o *metav1.ListOptions) { o.FieldSelector = sel })
+	go inf.RunWithContext(ctx)
+	return func(err error) (bool, string) {
+		if obj, ok, _ := inf.GetStore().GetByKey(ns); ok {
+			if u, isU := obj.(*unstructured.Unstructured); isU && u.GetDeletionTimestamp() != nil {
+				return true, fmt.Sprintf("namespace %s is being deleted, and the API refuses flock (its RBAC went with it): %v", ns, err)
+			}
+		}
+		return false, fmt.Sprintf("the API refuses flock (%v), but namespace %s was not seen being deleted: a restart", err, ns)
+	}
 }

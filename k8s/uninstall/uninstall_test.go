@@ -4,8 +4,10 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -55,8 +57,10 @@ func TestUninstalling(t *testing.T) {
 		{"DaemonSet deleted", []runtime.Object{pod(true, "1")}, nil, true, "is gone"},
 		{"DaemonSet being deleted (foreground)", []runtime.Object{pod(true, "1"), ds("1", true)}, nil, true, "being deleted"},
 		{"DaemonSet replaced", []runtime.Object{pod(true, "1"), ds("2", false)}, nil, false, "replaced"},
-		{"RBAC removed (pods)", []runtime.Object{pod(true, "1")}, forbid("pods"), true, "no access any more"},
-		{"RBAC removed (daemonsets)", []runtime.Object{pod(true, "1")}, forbid("daemonsets"), true, "no access any more"},
+		// A 403 alone is no proof (what it means is the caller's: nil
+		// says not leaving; WatchNamespace below).
+		{"a 403 on the pod, nothing else known", []runtime.Object{pod(true, "1")}, forbid("pods"), false, "nothing says it is leaving"},
+		{"a 403 on the DaemonSet, nothing else known", []runtime.Object{pod(true, "1")}, forbid("daemonsets"), false, "nothing says it is leaving"},
 		{"own pod not found", nil, nil, false, "not found"},
 		{"no owner left (DaemonSet deleted with --cascade=orphan)", []runtime.Object{pod(true, "")}, nil, true, "no DaemonSet owns it"},
 		{"force-deleted pod: its token is refused (401)", []runtime.Object{pod(true, "1"), ds("1", false)}, refuse("pods", apierrors.NewUnauthorized("token")), false, "force-deleted"},
@@ -91,5 +95,35 @@ func TestForbiddenIsTheCallers(t *testing.T) {
 	})
 	if gone || !asked || why != "nothing seen says flock is leaving" {
 		t.Errorf("Uninstalling = %v (%s), asked %v", gone, why, asked)
+	}
+}
+
+// WatchNamespace: a 403 means leaving once flock's namespace was seen
+// being deleted, not before.
+func TestWatchNamespace(t *testing.T) {
+	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "flock-system"}}}
+	c := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{namespacesGVR: "NamespaceList"}, ns)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	forbidden := WatchNamespace(ctx, c, "flock-system")
+	refused := apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "flock-abc", nil)
+	time.Sleep(200 * time.Millisecond)
+	if gone, why := forbidden(refused); gone {
+		t.Errorf("leaving before the namespace was deleted: %s", why)
+	}
+	ns.SetDeletionTimestamp(&metav1.Time{Time: time.Now()})
+	if _, err := c.Resource(namespacesGVR).Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		gone, why := forbidden(refused)
+		if gone && strings.Contains(why, "namespace flock-system is being deleted") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the namespace's deletion was not seen: %s", why)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
