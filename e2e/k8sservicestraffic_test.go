@@ -358,10 +358,20 @@ func upServicesLab(t *testing.T, images func(root, dir string) []string, extra .
 	e := l.e
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _ := c.Kubectl(context.Background(), "-n", "flock-system", "logs", "ds/flock", "-c", "agent", "--tail=40")
-			t.Logf("agent log:\n%s", out)
-			out, _ = c.Kubectl(context.Background(), "-n", "flock-system", "logs", "ds/flock", "-c", "policy", "--tail=20")
-			t.Logf("flock-policy log:\n%s", out)
+			// Every flock pod, terminating ones too, and the kubelets.
+			out, _ := c.Kubectl(context.Background(), "-n", "flock-system", "get", "pods", "-o", "wide")
+			t.Logf("flock pods:\n%s", out)
+			names, _ := c.Kubectl(context.Background(), "-n", "flock-system", "get", "pods", "-o", "jsonpath={.items[*].metadata.name}")
+			for _, pod := range strings.Fields(names) {
+				for _, ctr := range []string{"agent", "policy"} {
+					out, _ := c.Kubectl(context.Background(), "-n", "flock-system", "logs", pod, "-c", ctr, "--timestamps", "--tail=40")
+					t.Logf("%s %s log:\n%s", pod, ctr, out)
+				}
+			}
+			if l.n2 != nil {
+				t.Logf("vm2 kubelet:\n%s", l.n2.LogTail(k8slab.Kubelet, 40))
+			}
+			t.Logf("vm kubelet:\n%s", c.LogTail(k8slab.Kubelet, 40))
 		}
 		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
