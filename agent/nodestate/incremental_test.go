@@ -57,6 +57,7 @@ func TestIncrementalDesiredSets(t *testing.T) {
 			host, hostWas map[netip.Prefix][]dataplane.Nexthop
 		}
 		var handed []handout
+		left := false
 		for i := range 3000 {
 			op := "?"
 			switch n := rnd.IntN(100); {
@@ -124,6 +125,12 @@ func TestIncrementalDesiredSets(t *testing.T) {
 					}
 				}
 				s.SetServiceRoutes(svc)
+			case n == 99 && i > 2000 && !left:
+				// An uninstall: nothing advertised from here on, the
+				// kernel's set still kept as before.
+				op = "leave"
+				s.Leave()
+				left = true
 			case n < 95:
 				op = "quarantine"
 				id := fmt.Sprintf("q%d", i)
@@ -138,6 +145,9 @@ func TestIncrementalDesiredSets(t *testing.T) {
 				continue
 			}
 			wantAdv, wantHost := scratch(s)
+			if left {
+				wantAdv = map[netip.Prefix]advert.Path{}
+			}
 			gotAdv, _ := s.Adverts()
 			gotHost, _ := s.KernelRoutes()
 			if !maps.Equal(gotAdv, wantAdv) {

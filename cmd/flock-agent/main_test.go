@@ -23,6 +23,10 @@ func TestFlags(t *testing.T) {
 		{args: []string{"--bogus"}, code: 2, exit: true, stderr: []string{"flock-agent: flag provided but not defined: -bogus", "flock-agent --help"}},
 		{args: []string{"--repair-interval", "soon"}, code: 2, exit: true, stderr: []string{`invalid value "soon" for flag -repair-interval`}},
 		{args: []string{"--kubernetes", "false"}, code: 2, exit: true, stderr: []string{`unexpected argument "false"`}},
+		{args: []string{"--uninstall-remove", "var/lib/flock"}, code: 2, exit: true, stderr: []string{`--uninstall-remove "var/lib/flock": want an absolute path other than /`}},
+		{args: []string{"--uninstall-remove", "/host/opt/cni/bin/flock,/"}, code: 2, exit: true, stderr: []string{`--uninstall-remove "/": want an absolute path other than /`}},
+		{args: []string{"--kubernetes", "--uninstall-remove", "/host/a/, /host/b", "--uninstall-remove=/host/c"},
+			check: func(c config) bool { return strings.Join(c.o.UninstallRemove, " ") == "/host/a /host/b /host/c" }},
 		// Hidden from --help, the test flags still parse.
 		{args: []string{"--node-config", "n.yaml", "--test-hook", "pause-before-commit"},
 			check: func(c config) bool { return c.testHook == "pause-before-commit" && c.o.NodeConfig == "n.yaml" }},

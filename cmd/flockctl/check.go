@@ -89,7 +89,7 @@ func checkTable(w *tabwriter.Writer, rs []check.Result, wide bool) {
 // command for people: it is not in the help).
 func probeMain(args []string, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprintln(stderr, "flockctl check-probe: want serve or connect")
+		fmt.Fprintln(stderr, "flockctl: check-probe: want serve or connect")
 		return exitUsage
 	}
 	fs := flag.NewFlagSet("flockctl check-probe "+args[0], flag.ContinueOnError)
@@ -113,7 +113,7 @@ func probeMain(args []string, stderr io.Writer) int {
 		return exitOK
 	case "connect":
 		if *want != string(check.Answered) && *want != string(check.Blocked) {
-			fmt.Fprintf(stderr, "flockctl check-probe connect: --want %q: want answered or blocked\n", *want)
+			fmt.Fprintf(stderr, "flockctl: check-probe connect: --want %q: want answered or blocked\n", *want)
 			return exitUsage
 		}
 		out := check.Connect(ctx, fs.Args(), check.Verdict(*want), *timeout, *within)
@@ -123,6 +123,6 @@ func probeMain(args []string, stderr io.Writer) int {
 		}
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "flockctl check-probe: %q: want serve or connect\n", args[0])
+	fmt.Fprintf(stderr, "flockctl: check-probe: %q: want serve or connect\n", args[0])
 	return exitUsage
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os/exec"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -100,6 +101,10 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"ready", "ns/p", "maybe"}, 2, []string{`"maybe": want true or false`}},
 		{[]string{"policy", "a", "b"}, 2, []string{"usage: flockctl policy [NAMESPACE/NAME]"}},
 		{[]string{"policy", "web"}, 2, []string{`policy: pod "web": want NAMESPACE/NAME`}},
+		{[]string{"check-probe"}, 2, []string{"check-probe: want serve or connect"}},
+		{[]string{"check-probe", "frob"}, 2, []string{`check-probe: "frob": want serve or connect`}},
+		{[]string{"check-probe", "connect", "--want", "maybe", "[::1]:1"}, 2, []string{`--want "maybe": want answered or blocked`}},
+		{[]string{"check", "--kubeconfig", filepath.Join(t.TempDir(), "missing")}, 1, []string{"check: the cluster"}},
 		{[]string{"--socket", none, "status"}, 1, []string{"flock agent is not running", none}},
 		{[]string{"bgp", "neighbors", "--socket", none}, 1, []string{"flock agent is not running", none}},
 		{[]string{"policy", "--policy-socket", none}, 1, []string{"flock-policy is not running", none}},
@@ -292,5 +297,24 @@ func TestBinary(t *testing.T) {
 			t.Errorf("flockctl %q: exit %d, stdout %q, stderr %q; want %d, stdout with %q, stderr with %q",
 				tc.args, code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
 		}
+	}
+}
+
+// A flockctl built without a release version cannot know which image
+// holds its probe: check says to name it, before it touches the cluster.
+func TestCheckNeedsAnImage(t *testing.T) {
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := cli([]string{"check", "--kubeconfig", kc}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "name the probes' image with --image") {
+		t.Errorf("check without --image from a dev build: exit %d, stderr %q", code, stderr.String())
 	}
 }
