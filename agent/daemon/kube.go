@@ -41,6 +41,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 	"code.fritzlab.net/fritzlab/flock/k8s/secrets"
 	"code.fritzlab.net/fritzlab/flock/k8s/services"
+	"code.fritzlab.net/fritzlab/flock/k8s/uninstall"
 )
 
 // kubeMode holds what Kubernetes mode adds: clients, informers, leak GC
@@ -69,6 +70,9 @@ type kubeMode struct {
 	// services decides the Service routes (LoadBalancer and external IPs).
 	services *services.Controller
 	dyn      dynamic.Interface
+	// leaving says what a 403 at a planned stop means (uninstall.go):
+	// flock's namespace followed from the start.
+	leaving func(error) (bool, string)
 }
 
 // podEvents fans informer events out to the agent and the leak GC. Both
@@ -132,6 +136,9 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	wait := o.NodeConfigWait
 	if wait == 0 {
 		wait = 5 * time.Minute
+	}
+	if o.PodName != "" && o.Namespace != "" {
+		k.leaving = uninstall.WatchNamespace(ctx, dyn, o.Namespace)
 	}
 	k.startTemplates(ctx, dyn, core) // before the wait: it may create the NodeConfig
 	_, spec, gen, err := waitNodeConfigWith(ctx, o, k.nc, wait, 0, func(w *nodeConfigWait) {

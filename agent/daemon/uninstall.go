@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -43,13 +42,7 @@ func (d *daemon) uninstalling() bool {
 	// rollout refuses for a moment too), and this uninstall takes every
 	// pod's network: it needs flock's namespace seen Terminating, as
 	// `kubectl delete -k deploy/` makes it before it deletes the RBAC.
-	forbidden := func(err error) (bool, string) {
-		if d.kube.pools.Terminating(d.o.Namespace) {
-			return true, fmt.Sprintf("namespace %s is being deleted, and the API refuses flock (its RBAC went with it): %v", d.o.Namespace, err)
-		}
-		return false, fmt.Sprintf("the API refuses flock (%v), but namespace %s was not seen being deleted: a restart", err, d.o.Namespace)
-	}
-	gone, why := uninstall.Uninstalling(context.Background(), d.kube.dyn, d.o.Namespace, d.o.PodName, forbidden)
+	gone, why := uninstall.Uninstalling(context.Background(), d.kube.dyn, d.o.Namespace, d.o.PodName, d.kube.leaving)
 	if gone {
 		d.log.Info("uninstall: flock is leaving this node; its routes, veths and files go with it", "why", why)
 	} else {

@@ -76,7 +76,6 @@ func New(f *kubeclient.Factory, dyn dynamic.Interface, namespaces Namespaces, lo
 			}
 			return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 				Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels,
-				DeletionTimestamp: n.DeletionTimestamp, // Terminating
 			}}, nil
 		})
 		return ns
@@ -191,18 +190,6 @@ func (w *Watcher) logBad(u *unstructured.Unstructured, err error) {
 	}
 	w.logged[name] = rv
 	w.log.Error("AddressPool does not convert; ignoring it", "pool", name, "resourceVersion", rv, "err", err)
-}
-
-// Terminating tells whether namespace ns is being deleted, as the
-// informer last saw it (it keeps what it saw when the API starts refusing
-// it).
-func (w *Watcher) Terminating(ns string) bool {
-	obj, ok, err := w.namespaces.GetStore().GetByKey(ns)
-	if err != nil || !ok {
-		return false
-	}
-	n, isNS := obj.(*corev1.Namespace)
-	return isNS && n.DeletionTimestamp != nil
 }
 
 // NamespaceLabels returns the labels of namespace ns (an empty, non-nil

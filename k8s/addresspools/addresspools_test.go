@@ -342,19 +342,3 @@ func TestUpdateClaimsConflict(t *testing.T) {
 type fakeNamespaces struct{ Namespaces }
 
 func (fakeNamespaces) IsWatchListSemanticsUnSupported() bool { return true }
-
-// Terminating: a namespace being deleted, as last seen; an unknown one
-// is not (the agent's uninstall must see it, not guess it).
-func TestTerminating(t *testing.T) {
-	gone := namespace("flock-system", nil)
-	now := metav1.Now()
-	gone.DeletionTimestamp = &now
-	gone.Finalizers = []string{"kubernetes"}
-	dyn := fakeDyn()
-	cs := fake.NewClientset(gone, namespace("shop", nil))
-	w := New(kubeclient.NewFactory(), dyn, fakeNamespaces{cs.CoreV1().Namespaces()}, quiet())
-	run(t, w, dyn, cs)
-	if !w.Terminating("flock-system") || w.Terminating("shop") || w.Terminating("nowhere") {
-		t.Errorf("Terminating: flock-system %v, shop %v, nowhere %v", w.Terminating("flock-system"), w.Terminating("shop"), w.Terminating("nowhere"))
-	}
-}

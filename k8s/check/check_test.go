@@ -22,9 +22,10 @@ import (
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
-// The probe: a server answers, a closed port is refused, and the outcomes
-// survive the termination message's round trip.
-func TestProbe(t *testing.T) {
+// startServer runs a probe server on a free port of the loopback for t
+// and returns its address.
+func startServer(t *testing.T) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -32,7 +33,13 @@ func TestProbe(t *testing.T) {
 	p := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	testutil.Run(t, func(ctx context.Context) error { return Serve(ctx, p) })
-	open := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(p)).String()
+	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(p)).String()
+}
+
+// The probe: a server answers, a closed port is refused, and the outcomes
+// survive the termination message's round trip.
+func TestProbe(t *testing.T) {
+	open := startServer(t)
 	closed := "127.0.0.1:1"
 	var out []Outcome
 	testutil.Eventually(t, "the server to answer", func() (bool, string) {
@@ -176,14 +183,7 @@ func TestPoolsAndFreeAddress(t *testing.T) {
 // Each target has its own time: a target that never answers does not
 // fail the one after it.
 func TestConnectEachTargetItsTime(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	testutil.Run(t, func(ctx context.Context) error { return Serve(ctx, p) })
-	open := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(p)).String()
+	open := startServer(t)
 	testutil.Eventually(t, "the server", func() (bool, string) {
 		return Connect(context.Background(), []string{open}, Answered, time.Second, time.Second)[0].OK, ""
 	})
