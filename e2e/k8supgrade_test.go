@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/deploy/release"
+	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/check"
@@ -464,7 +465,7 @@ func TestUpgrade(t *testing.T) {
 		time.Sleep(2 * time.Second)
 		start := time.Now()
 		change()
-		e.kubectl("-n", "flock-system", "rollout", "status", "daemonset/flock", "--timeout=300s")
+		waitRollout(t, l, 300*time.Second)
 		took := time.Since(start)
 		e.waitPods("flock on both nodes", "-n", "flock-system", "-l", agentSelector)
 		testutil.EventuallyWithin(t, 60*time.Second, "both BGP sessions Established at the ToR", func() (bool, string) {
@@ -600,9 +601,13 @@ func TestUpgrade(t *testing.T) {
 			e.waitBird(netip.PrefixFrom(ap.Addr(), ap.Addr().BitLen()), 2) // a server on each node
 		}
 		reach(t, l.tor, lb...)
-		rollout(t, "rollout of "+head+" (kubectl rollout restart) with a LoadBalancer address", lb, func() {
-			e.kubectl("-n", "flock-system", "rollout", "restart", "daemonset/flock")
-		})
+		stop := lbDebug(t, l.tor, l.vm2, []string{l.c.KubectlPath(), "--kubeconfig", l.c.Kubeconfig})
+		for i := 0; i < lbRepeat(); i++ {
+			rollout(t, "rollout of "+head+" (kubectl rollout restart) with a LoadBalancer address", lb, func() {
+				e.kubectl("-n", "flock-system", "rollout", "restart", "daemonset/flock")
+			})
+		}
+		stop()
 		e.apply(checkLBPool)
 		flockctlCheck(t, l.c, "after a rollout of "+head)
 		e.kubectl("delete", "addresspool", "flock-check-lb", "--wait=true")
@@ -627,4 +632,35 @@ func TestUpgrade(t *testing.T) {
 		}
 		flockctlCheck(t, l.c, "downgraded to "+prev)
 	})
+}
+
+// waitRollout waits for flock's DaemonSet to roll out; if it does not,
+// it logs what each flock pod, its containers and the kubelets said.
+func waitRollout(t *testing.T, l *servicesLab, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), timeout+30*time.Second)
+	defer cancel()
+	out, err := l.c.Kubectl(ctx, "-n", "flock-system", "rollout", "status", "daemonset/flock", fmt.Sprintf("--timeout=%s", timeout))
+	if err == nil {
+		return
+	}
+	dctx, dcancel := context.WithTimeout(context.Background(), time.Minute)
+	defer dcancel()
+	pods, _ := l.c.Kubectl(dctx, "-n", "flock-system", "get", "pods", "-o", "wide")
+	events, _ := l.c.Kubectl(dctx, "-n", "flock-system", "get", "events", "--sort-by=.lastTimestamp")
+	t.Logf("flock pods:\n%s\nevents:\n%s", pods, events)
+	names, _ := l.c.Kubectl(dctx, "-n", "flock-system", "get", "pods", "-o", "jsonpath={.items[*].metadata.name}")
+	for _, pod := range strings.Fields(names) {
+		desc, _ := l.c.Kubectl(dctx, "-n", "flock-system", "describe", "pod", pod)
+		t.Logf("%s:\n%s", pod, desc)
+		for _, c := range []string{"agent", "policy"} {
+			log, _ := l.c.Kubectl(dctx, "-n", "flock-system", "logs", pod, "-c", c, "--timestamps", "--tail=80")
+			t.Logf("%s %s log:\n%s", pod, c, log)
+		}
+	}
+	t.Logf("vm kubelet:\n%s", l.c.LogTail(k8slab.Kubelet, 60))
+	if l.n2 != nil {
+		t.Logf("vm2 kubelet:\n%s", l.n2.LogTail(k8slab.Kubelet, 60))
+	}
+	t.Fatalf("flock's DaemonSet did not roll out in %s: %v\n%s", timeout, err, out)
 }
