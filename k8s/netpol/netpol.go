@@ -143,6 +143,7 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	if ok, err := sctpSupported(); err == nil && !ok {
 		log.Warn("this kernel has no SCTP: no pod can use it, so NetworkPolicy rules for SCTP ports match no traffic")
 	}
+	compiled := !cfg.AdminNetworkPolicy && !cfg.BaselineAdminNetworkPolicy
 	ctrl, err := networkpolicy.NewController(client,
 		factory.Networking().V1().NetworkPolicies(), factory.Core().V1().Namespaces(), factory.Core().V1().Pods(),
 		nodeInformer, npa, anpInformer, banpInformer,
@@ -165,9 +166,12 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 			// FailOpen) rather than pass unchecked. flock-policy removes
 			// the table on uninstall (DeleteTable).
 			KeepRulesOnStop: true,
-			ExtraPodIPs:     extraPodIPs(cfg.ExtraIPs),
-			PodsForIP:       podsForIP(cfg.ExtraIPs),
-			ExtraIPsSynced:  extraSynced(cfg.ExtraIPs),
+			// Without the admin policies every verdict is compiled into
+			// the kernel (kernelVerdicts): the engine writes no rules.
+			NoRules:        compiled,
+			ExtraPodIPs:    extraPodIPs(cfg.ExtraIPs),
+			PodsForIP:      podsForIP(cfg.ExtraIPs),
+			ExtraIPsSynced: extraSynced(cfg.ExtraIPs),
 		})
 	if err != nil {
 		return fmt.Errorf("netpol: create controller: %w", err)
@@ -190,6 +194,17 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 		// Stopped informers no longer follow the API.
 		defer cfg.View.attach(nil)
 	}
+	var kv *kernelVerdicts
+	if compiled {
+		nps := factory.Networking().V1().NetworkPolicies()
+		kv = newKernelVerdicts(cfg.NodeName, podInf.Lister(), nsInf.Lister(), nps.Lister(), cfg.ExtraIPs,
+			[]cache.InformerSynced{podInf.Informer().HasSynced, nsInf.Informer().HasSynced, nps.Informer().HasSynced}, log)
+		for _, inf := range []cache.SharedIndexInformer{podInf.Informer(), nsInf.Informer(), nps.Informer()} {
+			if _, err := inf.AddEventHandler(kv.handler()); err != nil {
+				return fmt.Errorf("netpol: watch for the kernel's verdicts: %w", err)
+			}
+		}
+	}
 	factory.Start(ctx.Done())
 	if npaFactory != nil {
 		npaFactory.Start(ctx.Done())
@@ -199,10 +214,19 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	start := time.Now()
 	runCtx, stopRun := context.WithCancelCause(ctx)
 	defer stopRun(nil)
+	changed := ctrl.Resync
+	kvDone := make(chan struct{})
+	if kv != nil {
+		changed = func() { ctrl.Resync(); kv.changed() }
+		go func() { defer close(kvDone); _ = kv.Run(runCtx) }()
+	} else {
+		close(kvDone)
+	}
+	defer func() { <-kvDone }()
 	if cfg.ExtraIPs != nil {
 		go func() {
 			err := cfg.ExtraIPs.Run(runCtx, podInf.Lister(), nsInf.Lister(),
-				[]cache.InformerSynced{podInf.Informer().HasSynced, nsInf.Informer().HasSynced}, ctrl.Resync)
+				[]cache.InformerSynced{podInf.Informer().HasSynced, nsInf.Informer().HasSynced}, changed)
 			if err != nil && runCtx.Err() == nil {
 				// Without it traffic of extra IPs would go unchecked:
 				// stop the engine (its rules stay; the next one starts).
