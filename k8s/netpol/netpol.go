@@ -1,13 +1,17 @@
 // Package netpol enforces NetworkPolicy (and AdminNetworkPolicy,
-// BaselineAdminNetworkPolicy) on this node by running the controller of
-// sigs.k8s.io/kube-network-policies: nftables sends the first packet of
-// each new connection to or from a selected pod to an NFQUEUE, where the
-// controller decides against the policies it watches. flock does not
+// BaselineAdminNetworkPolicy) on this node with the engine of
+// sigs.k8s.io/kube-network-policies as the judge. Without the admin
+// policies the verdicts are compiled into the kernel (kernelVerdicts,
+// package verdicts): nftables decides every new connection, and the rules
+// outlive a restart. With them, nftables sends the first packet of each
+// new connection to an NFQUEUE, where the engine decides. flock does not
 // write its own policy engine; it embeds that one, as kindnet does, with
-// four patches (third_party/patches, listed in the README): kernels
+// patches (third_party/patches, described in their README): kernels
 // without nftables' queue expression queue through the xtables NFQUEUE
 // target; a pod's extra IPs (anycast, `addresses`) are its own; the rules
-// outlive a restart; selectors are compiled once.
+// outlive a restart; selectors are compiled once; the engine's verdict is
+// exported for the differential tests; the engine can leave the table to
+// flock.
 package netpol
 
 import (
