@@ -32,6 +32,7 @@ type npLab struct {
 	pods    map[string]*npPod
 	order   []*npPod
 	servers []*tcpServer
+	udp     []*udpServer
 }
 
 func newNPLab(prefix string, policies int) (*npLab, error) {
@@ -81,6 +82,11 @@ func newNPLab(prefix string, policies int) (*npLab, error) {
 			return nil, err
 		}
 		l.servers = append(l.servers, s)
+		u, err := udpServeIn(l.pods[name].ns, l.pods[name].addr())
+		if err != nil {
+			return nil, err
+		}
+		l.udp = append(l.udp, u)
 	}
 	ok = true
 	return l, nil
@@ -90,6 +96,9 @@ func newNPLab(prefix string, policies int) (*npLab, error) {
 // table, which outlives the process on purpose, goes with the node's).
 func (l *npLab) Close() {
 	for _, s := range l.servers {
+		s.Close()
+	}
+	for _, s := range l.udp {
 		s.Close()
 	}
 	for _, p := range l.order {
