@@ -42,6 +42,10 @@ type kernelVerdicts struct {
 	// fail, if set, is asked before each transaction (tests inject
 	// errors with it).
 	fail func() error
+	// last is the program in the kernel (for tests).
+	last atomic.Pointer[verdicts.Program]
+	// failed is the last load's error, nil once one succeeds.
+	failed atomic.Pointer[error]
 	// hook is where the table's base chain sits: the engine's place
 	// (postrouting, before SNAT), with its prelude.
 	hook verdicts.Hook
@@ -111,6 +115,7 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 	backoff := 100 * time.Millisecond
 	for {
 		if err := k.load(); err != nil {
+			k.failed.Store(&err)
 			k.log.Error("NetworkPolicy verdicts not loaded into the kernel (the previous ones stay)", "table", Table, "err", err, "retry", backoff)
 			select {
 			case <-ctx.Done():
@@ -146,19 +151,51 @@ func (k *kernelVerdicts) load() error {
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	if err := verdicts.Render(conn, Table, k.hook, prog); err != nil {
+	if err := verdicts.Load(conn, Table, k.hook, prog); err != nil {
 		return err
 	}
-	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("nftables transaction: %w", err)
-	}
+	k.last.Store(prog)
 	k.done.Store(seq)
+	k.failed.Store(nil)
 	select {
 	case <-k.loaded:
 	default:
 		close(k.loaded)
 		k.log.Info("NetworkPolicy verdicts in the kernel", "table", Table, "judged", len(prog.Selected), "groups", len(prog.Groups), "took", time.Since(start).Round(time.Microsecond))
 	}
-	k.log.Debug("NetworkPolicy verdicts loaded", "judged", len(prog.Selected), "groups", len(prog.Groups), "took", time.Since(start))
+	k.log.Debug("NetworkPolicy verdicts loaded", "seq", seq, "judged", len(prog.Selected), "groups", len(prog.Groups), "took", time.Since(start))
+	return nil
+}
+
+// status is nil while the kernel holds the verdicts of the latest
+// change it loaded without error.
+func (k *kernelVerdicts) status() error {
+	select {
+	case <-k.loaded:
+	default:
+		return fmt.Errorf("NetworkPolicy verdicts not in the kernel yet (table inet %s)", Table)
+	}
+	if e := k.failed.Load(); e != nil {
+		return fmt.Errorf("the latest NetworkPolicy verdicts are not in the kernel (the previous ones decide): %w", *e)
+	}
+	return nil
+}
+
+// Verdicts says whether this node's kernel holds the policies' current
+// verdicts: Run attaches it when it compiles them (without the admin
+// policies). Its zero value and nil are ready.
+type Verdicts struct {
+	kv atomic.Pointer[kernelVerdicts]
+}
+
+// Err is nil while the kernel holds the verdicts of the latest change,
+// or while Run does not compile them; else it says what is missing.
+func (v *Verdicts) Err() error {
+	if v == nil {
+		return nil
+	}
+	if k := v.kv.Load(); k != nil {
+		return k.status()
+	}
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
@@ -93,10 +92,11 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	}
 	const npods, npolicies = 10, 4
 
+	var logBuf syncBuffer
 	var failing atomic.Bool
 	var kv atomic.Pointer[kernelVerdicts]
 	start := func() (stop func()) {
-		k := newKernelVerdicts(node, podL, nsL, npL, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		k := newKernelVerdicts(node, podL, nsL, npL, nil, nil, slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug})).With("kv", fmt.Sprintf("%p", &struct{}{})))
 		k.netns = int(lab.NS)
 		k.hook.Prelude = false // the probe sends as root, whom the prelude lets through
 		k.fail = func() error {
@@ -154,6 +154,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 		k := kv.Load()
 		k.changed()
 		want := k.seq.Load()
+		want0 := want
 		deadline := time.Now().Add(20 * time.Second)
 		for k.done.Load() < want {
 			if time.Now().After(deadline) {
@@ -184,7 +185,9 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 			want := prog.Allows(verdicts.Packet(k))
 			seen[want]++
 			if got := lab.Allows(t, k); got != want {
-				t.Fatalf("round %d (FLOCK_SEED=%d): %s → %s port %d: kernel %v, program of the objects now %v", round, seed, k.Src, k.Dst, k.DstPort, got, want)
+				// Stale, or rendered wrong? What the loaded program says.
+				lastSays := kv.Load().last.Load().Allows(verdicts.Packet(k))
+				t.Fatalf("round %d (FLOCK_SEED=%d): %s → %s port %d: kernel %v, program of the objects now %v, program loaded last %v (loaded change %d of %d)\n%s\nlog:\n%s", round, seed, k.Src, k.Dst, k.DstPort, got, want, lastSays, kv.Load().done.Load(), want0, describeIn(in), logBuf.String())
 			}
 		}
 		if checked == 0 {
@@ -195,4 +198,36 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	if seen[true] == 0 || seen[false] == 0 {
 		t.Errorf("packets: %d passed, %d dropped: want both", seen[true], seen[false])
 	}
+}
+
+func describeIn(in verdicts.Input) string {
+	out := ""
+	for _, p := range in.Pods {
+		out += fmt.Sprintf("pod %s/%s node=%s labels=%v ips=%v ports=%v\n", p.Namespace, p.Name, p.Spec.NodeName, p.Labels, p.Status.PodIPs, p.Spec.Containers[0].Ports)
+	}
+	for _, n := range in.Namespaces {
+		out += fmt.Sprintf("namespace %s labels=%v\n", n.Name, n.Labels)
+	}
+	for _, np := range in.Policies {
+		out += fmt.Sprintf("policy %s/%s types=%v select=%v ingress=%+v egress=%+v\n", np.Namespace, np.Name, np.Spec.PolicyTypes, np.Spec.PodSelector.String(), np.Spec.Ingress, np.Spec.Egress)
+	}
+	return out
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.b = append(s.b, p...)
+	return len(p), nil
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return string(s.b)
 }

@@ -2,10 +2,13 @@ package netpol
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -74,9 +77,21 @@ func setElems(t *testing.T, ns netns.NsHandle, set string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := c.GetSetByName(&nftables.Table{Name: Table, Family: nftables.TableFamilyINet}, set)
+	// The program's sets carry their generation, "<name>-v<gen>"; the
+	// previous one stays until the next load.
+	sets, err := c.GetSets(&nftables.Table{Name: Table, Family: nftables.TableFamilyINet})
 	if err != nil {
-		t.Fatalf("set %s: %v", set, err)
+		t.Fatal(err)
+	}
+	var s *nftables.Set
+	newest := -1
+	for _, x := range sets {
+		if g, err := strconv.Atoi(strings.TrimPrefix(x.Name, set+"-v")); err == nil && strings.HasPrefix(x.Name, set+"-v") && g > newest {
+			s, newest = x, g
+		}
+	}
+	if s == nil {
+		t.Fatalf("no set %s", set)
 	}
 	e, err := c.GetSetElements(s)
 	if err != nil {
@@ -148,4 +163,52 @@ func TestKernelVerdictsReplaceNotRebuild(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// Readiness follows the loads: not ready before the first, not ready
+// while the latest failed (the previous program decides), ready again
+// once one succeeds.
+func TestVerdictsReadiness(t *testing.T) {
+	ns := testNS(t)
+	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	kv := newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
+		nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	kv.netns = int(ns)
+	var fail atomic.Bool
+	kv.fail = func() error {
+		if fail.Load() {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	v := &Verdicts{}
+	if err := v.Err(); err != nil {
+		t.Fatalf("not compiling: %v, want ready", err)
+	}
+	v.kv.Store(kv)
+	if err := v.Err(); err == nil || !strings.Contains(err.Error(), "not in the kernel yet") {
+		t.Fatalf("before the first load: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- kv.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor := func(what string, ok func(error) bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !ok(v.Err()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: readiness says %v", what, v.Err())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor("after the first load", func(err error) bool { return err == nil })
+	fail.Store(true)
+	kv.changed()
+	waitFor("after a failed load", func(err error) bool { return err != nil && strings.Contains(err.Error(), "injected") })
+	fail.Store(false)
+	waitFor("after a load succeeds again", func(err error) bool { return err == nil })
 }

@@ -55,6 +55,9 @@ type Config struct {
 	// View, if set, is given the engine's pod and NetworkPolicy caches
 	// while Run runs: flock-policy's admin API answers from it.
 	View *View
+	// Verdicts, if set, reports whether the kernel holds the current
+	// compiled verdicts (flock-policy's readiness).
+	Verdicts *Verdicts
 }
 
 // ExtraIPs is the source of pods' extra IPs.
@@ -208,6 +211,10 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 				return fmt.Errorf("netpol: watch for the kernel's verdicts: %w", err)
 			}
 		}
+		if cfg.Verdicts != nil {
+			cfg.Verdicts.kv.Store(kv)
+			defer cfg.Verdicts.kv.Store(nil)
+		}
 	}
 	factory.Start(ctx.Done())
 	if npaFactory != nil {
@@ -226,7 +233,8 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	} else {
 		close(kvDone)
 	}
-	defer func() { <-kvDone }()
+	// Stop it before waiting for it, also when Run panics.
+	defer func() { stopRun(nil); <-kvDone }()
 	if cfg.ExtraIPs != nil {
 		go func() {
 			err := cfg.ExtraIPs.Run(runCtx, podInf.Lister(), nsInf.Lister(),

@@ -49,6 +49,7 @@ type npPod struct {
 	labels map[string]string
 	ns     *lab.NS
 	ip, gw netip.Addr
+	nodeIf string // the node's end of its link
 }
 
 func (p *npPod) addr() string { return netip.AddrPortFrom(p.ip, npPort).String() }

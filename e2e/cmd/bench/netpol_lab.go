@@ -63,6 +63,7 @@ func newNPLab(prefix string, policies int) (*npLab, error) {
 		l.pods[s.name] = p
 		l.order = append(l.order, p)
 		nodeIf := fmt.Sprintf("np%d", k)
+		p.nodeIf = nodeIf
 		if err := lab.Connect(l.node, nodeIf, p.ns, "eth0"); err != nil {
 			return nil, err
 		}

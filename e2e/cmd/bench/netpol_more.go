@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -36,20 +37,38 @@ func (l *npLab) distinctPrefix() netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom16(c), 112)
 }
 
-// distinctSources puts npDistinct addresses on the client's eth0 (and
-// makes room for their neighbour entries on the node).
+// distinctSources puts npDistinct addresses on the client's eth0, each
+// with a permanent neighbour entry on the node's side of the link (no
+// neighbour discovery in the figure, and no garbage collection: the
+// node's table is bounded by gc_thresh3).
 func (l *npLab) distinctSources() ([]netip.Addr, error) {
-	for k, v := range map[string]string{"net.ipv6.neigh.default.gc_thresh1": "4096", "net.ipv6.neigh.default.gc_thresh2": "8192", "net.ipv6.neigh.default.gc_thresh3": "16384"} {
-		if err := l.node.Sysctl(k, v); err != nil {
-			return nil, err
+	c := l.pods[podClient]
+	var mac net.HardwareAddr
+	if err := c.ns.Do(func(h *netlink.Handle) error {
+		link, err := h.LinkByName("eth0")
+		if err == nil {
+			mac = link.Attrs().HardwareAddr
 		}
+		return err
+	}); err != nil {
+		return nil, err
 	}
 	var out []netip.Addr
 	a := l.distinctPrefix().Addr()
 	for range npDistinct {
 		a = a.Next()
-		if err := l.pods[podClient].ns.AddrAdd("eth0", netip.PrefixFrom(a, 128)); err != nil {
+		if err := c.ns.AddrAdd("eth0", netip.PrefixFrom(a, 128)); err != nil {
 			return nil, err
+		}
+		ip := a
+		if err := l.node.Do(func(h *netlink.Handle) error {
+			link, err := h.LinkByName(c.nodeIf)
+			if err != nil {
+				return err
+			}
+			return h.NeighSet(&netlink.Neigh{LinkIndex: link.Attrs().Index, Family: netlink.FAMILY_V6, State: netlink.NUD_PERMANENT, IP: ip.AsSlice(), HardwareAddr: mac})
+		}); err != nil {
+			return nil, fmt.Errorf("neighbour %s on %s: %w", ip, c.nodeIf, err)
 		}
 		out = append(out, a)
 	}

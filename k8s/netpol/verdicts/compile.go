@@ -39,13 +39,32 @@ type compiler struct {
 	peers    map[string]*Addrs
 	prog     *Program
 	groups   map[string]int
+	// single and several are the held addresses, sorted, by whether one
+	// pod or several hold them.
+	single, several []netip.Addr
+	sels            map[*metav1.LabelSelector]parsed
+}
+
+// parsed is a selector compiled once per Compile.
+type parsed struct {
+	sel labels.Selector
+	err error
+}
+
+func (c *compiler) selector(ls *metav1.LabelSelector) (labels.Selector, error) {
+	if p, ok := c.sels[ls]; ok {
+		return p.sel, p.err
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ls)
+	c.sels[ls] = parsed{sel, err}
+	return sel, err
 }
 
 // Compile builds the program for in.
 func Compile(in Input) *Program {
 	c := &compiler{in: in, pods: map[string]*corev1.Pod{}, byStatus: map[string][]*corev1.Pod{},
 		ns: map[string]labels.Set{}, policies: map[string][]*networkingv1.NetworkPolicy{},
-		holders: map[netip.Addr][]*corev1.Pod{}, peers: map[string]*Addrs{}, groups: map[string]int{},
+		holders: map[netip.Addr][]*corev1.Pod{}, peers: map[string]*Addrs{}, groups: map[string]int{}, sels: map[*metav1.LabelSelector]parsed{},
 		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: map[netip.Addr][]int{}, Ingress: map[netip.Addr][]int{}}}
 	pods := slices.Clone(in.Pods)
 	sort.Slice(pods, func(i, j int) bool { return key(pods[i]) < key(pods[j]) })
@@ -78,7 +97,12 @@ func Compile(in Input) *Program {
 	}
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	for _, a := range addrs {
-		if h := c.podsAt(a); len(h) > 0 {
+		switch h := c.podsAt(a); {
+		case len(h) == 1:
+			c.single = append(c.single, a)
+			c.holders[a] = h
+		case len(h) > 1:
+			c.several = append(c.several, a)
 			c.holders[a] = h
 		}
 	}
@@ -153,7 +177,7 @@ func (c *compiler) selects(np *networkingv1.NetworkPolicy, p *corev1.Pod) bool {
 	if np.Namespace != p.Namespace {
 		return false
 	}
-	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+	sel, err := c.selector(&np.Spec.PodSelector)
 	return err == nil && sel.Matches(labels.Set(p.Labels))
 }
 
@@ -237,10 +261,8 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod) (int, bool) {
 	}
 	// Peers several pods hold: what each pod there lets through,
 	// intersected.
-	for a, hs := range c.holders {
-		if len(hs) < 2 {
-			continue
-		}
+	for _, a := range c.several {
+		hs := c.holders[a]
 		var together Ports
 		for i, h := range hs {
 			var one Ports
@@ -290,9 +312,9 @@ func (c *compiler) terms(g *Group, t networkingv1.PolicyType, policyNS string, r
 	// Egress named ports resolve on the destination pod: one entry per
 	// single-held address whose pod has the port and matches a peer.
 	var named []PeerPort
-	for _, a := range c.sortedHolders() {
+	for _, a := range c.single {
 		hs := c.holders[a]
-		if len(hs) != 1 || !c.peerMatches(policyNS, r, hs[0], a) {
+		if !c.peerMatches(policyNS, r, hs[0], a) {
 			continue
 		}
 		for _, pp := range r.ports {
@@ -307,15 +329,6 @@ func (c *compiler) terms(g *Group, t networkingv1.PolicyType, policyNS string, r
 	if len(named) > 0 {
 		g.Terms = append(g.Terms, Term{Named: named})
 	}
-}
-
-func (c *compiler) sortedHolders() []netip.Addr {
-	out := make([]netip.Addr, 0, len(c.holders))
-	for a := range c.holders {
-		out = append(out, a)
-	}
-	slices.SortFunc(out, netip.Addr.Compare)
-	return out
 }
 
 // peerAddrs is the set of addresses rule r's peers match, for addresses
@@ -334,8 +347,8 @@ func (c *compiler) peerAddrs(policyNS string, r rule) *Addrs {
 			b.r = append(b.r, ipBlockRanges(peer.IPBlock)...)
 		}
 	}
-	for _, a := range c.sortedHolders() {
-		if hs := c.holders[a]; len(hs) == 1 && c.selectorsMatch(policyNS, r, hs[0]) {
+	for _, a := range c.single {
+		if c.selectorsMatch(policyNS, r, c.holders[a][0]) {
 			b.addAddr(a)
 		}
 	}
@@ -380,7 +393,7 @@ func (c *compiler) selectorsMatch(policyNS string, r rule, h *corev1.Pod) bool {
 // not parse matches every pod.
 func (c *compiler) selectorMatch(peer networkingv1.NetworkPolicyPeer, policyNS string, h *corev1.Pod) bool {
 	if peer.PodSelector != nil {
-		sel, err := metav1.LabelSelectorAsSelector(peer.PodSelector)
+		sel, err := c.selector(peer.PodSelector)
 		if err != nil {
 			return true
 		}
@@ -395,7 +408,7 @@ func (c *compiler) selectorMatch(peer networkingv1.NetworkPolicyPeer, policyNS s
 		if len(ns.MatchLabels)+len(ns.MatchExpressions) == 0 {
 			return true
 		}
-		sel, err := metav1.LabelSelectorAsSelector(ns)
+		sel, err := c.selector(ns)
 		if err != nil {
 			return true
 		}

@@ -22,10 +22,7 @@ func TestKernelDifferential(t *testing.T) {
 	}
 	load := func(p *Program) {
 		t.Helper()
-		if err := Render(conn, "flock-verdicts-test", Hook{Num: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter}, p); err != nil {
-			t.Fatal(err)
-		}
-		if err := conn.Flush(); err != nil {
+		if err := Load(conn, "flock-verdicts-test", Hook{Num: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter}, p); err != nil {
 			t.Fatalf("load the program: %v", err)
 		}
 	}

@@ -24,25 +24,154 @@ type Hook struct {
 	Prelude bool
 }
 
-// Render queues, on conn, the transaction that replaces table (family
-// inet) with p: the kernel never sees a half-written program. The
-// caller flushes conn.
-func Render(conn *nftables.Conn, table string, hook Hook, p *Program) error {
-	r := &renderer{conn: conn, p: p, peerSets: map[*Addrs]string{}, chains: map[string]*nftables.Chain{}, defined: map[string]*nftables.Set{}}
+// Existing is what the table holds before a load (Current reads it).
+type Existing struct {
+	Table  bool // it exists
+	Chains []*nftables.Chain
+	Sets   []*nftables.Set
+	// Gen is the highest generation of its objects' names.
+	Gen uint64
+}
+
+// Current reads what table (family inet) holds.
+func Current(conn *nftables.Conn, table string) (*Existing, error) {
+	out := &Existing{}
+	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("list chains: %w", err)
+	}
+	for _, c := range chains {
+		if c.Table.Name == table {
+			out.Table = true
+			out.Chains = append(out.Chains, c)
+			out.Gen = max(out.Gen, genOf(c.Name))
+		}
+	}
+	tables, err := conn.ListTablesOfFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return nil, fmt.Errorf("list tables: %w", err)
+	}
+	for _, t := range tables {
+		if t.Name != table {
+			continue
+		}
+		out.Table = true
+		sets, err := conn.GetSets(t)
+		if err != nil {
+			return nil, fmt.Errorf("list sets: %w", err)
+		}
+		for _, s := range sets {
+			out.Sets = append(out.Sets, s)
+			out.Gen = max(out.Gen, genOf(s.Name))
+		}
+	}
+	return out, nil
+}
+
+// genOf is the generation in an object's name ("…-v<gen>"), 0 if none.
+func genOf(name string) uint64 {
+	i := strings.LastIndex(name, "-v")
+	if i < 0 {
+		return 0
+	}
+	g, err := strconv.ParseUint(name[i+2:], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return g
+}
+
+// Stable chains: the base chains keep their hooks across loads (a base
+// chain deleted and added again unregisters and registers its hook, and
+// packets meanwhile meet neither program), and judge, which they jump to.
+const (
+	chainVerdicts = "verdicts"
+	chainDNS      = "dns"
+	chainJudge    = "judge"
+)
+
+// Load makes table (family inet) hold p, in two transactions on conn.
+// The first adds the program under the next generation's names (every
+// chain and set but the stable chains); the second points the stable
+// chains at it and deletes the generation before the previous one. A
+// packet meets either the previous program or p: a set added in the
+// same transaction as the rules that look it up can seem empty for a
+// moment after the commit (pipapo's lookup structure is swapped in after
+// the generation flips), so the rules only change once their sets are
+// in.
+func Load(conn *nftables.Conn, table string, hook Hook, p *Program) error {
+	cur, err := Current(conn, table)
+	if err != nil {
+		return err
+	}
+	r := &renderer{conn: conn, p: p, peerSets: map[*Addrs]string{}, chains: map[string]*nftables.Chain{}, defined: map[string]*nftables.Set{},
+		all: map[string]string{}, suffix: "-v" + strconv.FormatUint(cur.Gen+1, 10)}
 	r.t = &nftables.Table{Name: table, Family: nftables.TableFamilyINet}
-	conn.AddTable(r.t)
-	conn.DelTable(r.t)
-	conn.AddTable(r.t)
+	if !cur.Table {
+		conn.AddTable(r.t)
+	}
 	for i := range p.Groups {
-		r.chains["g"+strconv.Itoa(i)] = conn.AddChain(&nftables.Chain{Name: "g" + strconv.Itoa(i), Table: r.t})
+		r.chains[r.gname(i)] = conn.AddChain(&nftables.Chain{Name: r.gname(i), Table: r.t})
 	}
 	for i, g := range p.Groups {
 		if err := r.group(i, g); err != nil {
 			return err
 		}
 	}
-	return r.dispatch(hook)
+	if err := r.dispatchSets(); err != nil {
+		return err
+	}
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("nftables transaction (the program): %w", err)
+	}
+	r.dispatch(hook, cur)
+	r.deleteOld(cur)
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("nftables transaction (the switch to it): %w", err)
+	}
+	return nil
 }
+
+func (r *renderer) gname(i int) string { return "g" + strconv.Itoa(i) + r.suffix }
+
+// deleteOld queues the deletion of the generation before the previous
+// one, and of anything else in the table but the stable chains (a
+// previous engine's rules), in an order that leaves nothing referenced:
+// maps (their elements jump to chains), the chains (their rules look
+// sets up), then the sets. The previous generation stays until the next
+// load: a packet whose evaluation began before this transaction's commit
+// still runs its rules, and a set deleted under it would seem empty.
+func (r *renderer) deleteOld(cur *Existing) {
+	old := func(name string) bool {
+		g := genOf(name)
+		return g == 0 || g < cur.Gen
+	}
+	for _, s := range cur.Sets {
+		if s.IsMap && old(s.Name) {
+			r.conn.DelSet(&nftables.Set{Table: r.t, Name: s.Name})
+		}
+	}
+	for _, pass := range []func(string) bool{
+		func(n string) bool { return strings.HasPrefix(n, "all") },
+		func(n string) bool { return !strings.HasPrefix(n, "all") },
+	} {
+		for _, c := range cur.Chains {
+			if c.Name == chainVerdicts || c.Name == chainDNS || c.Name == chainJudge || !pass(c.Name) || !old(c.Name) {
+				continue
+			}
+			r.conn.DelChain(&nftables.Chain{Table: r.t, Name: c.Name})
+		}
+	}
+	for _, s := range cur.Sets {
+		if !s.IsMap && old(s.Name) {
+			r.conn.DelSet(&nftables.Set{Table: r.t, Name: s.Name})
+		}
+	}
+}
+
+// setChunk is how many elements go in one netlink message: a message's
+// elements are one attribute, whose length has 16 bits.
+const setChunk = 256
 
 type renderer struct {
 	conn     *nftables.Conn
@@ -51,12 +180,28 @@ type renderer struct {
 	peerSets map[*Addrs]string
 	chains   map[string]*nftables.Chain
 	defined  map[string]*nftables.Set
+	// all names the chains that AND several groups, by their groups.
+	all    map[string]string
+	suffix string // this generation's, on every name but the stable chains'
+	judged []famSet
+	maps   []famSet
 }
 
+// set queues s (named with this generation's suffix) and its elements,
+// setChunk to a message.
 func (r *renderer) set(s *nftables.Set, elems []nftables.SetElement) error {
 	s.Table = r.t
-	if err := r.conn.AddSet(s, elems); err != nil {
+	s.Name += r.suffix
+	first := elems[:min(len(elems), setChunk)]
+	if err := r.conn.AddSet(s, first); err != nil {
 		return fmt.Errorf("nftables set %s: %w", s.Name, err)
+	}
+	for rest := elems[len(first):]; len(rest) > 0; {
+		n := min(len(rest), setChunk)
+		if err := r.conn.SetAddElements(s, rest[:n]); err != nil {
+			return fmt.Errorf("nftables set %s: %w", s.Name, err)
+		}
+		rest = rest[n:]
 	}
 	return nil
 }
@@ -190,7 +335,7 @@ func (r *renderer) peerSet(a *Addrs, v4 bool) (*nftables.Set, error) {
 // group renders group i as chain g<i>: return if a term lets the packet
 // through, else drop.
 func (r *renderer) group(i int, g *Group) error {
-	chain := r.chains["g"+strconv.Itoa(i)]
+	chain := r.chains[r.gname(i)]
 	src := !g.Egress // the peer's address field
 	gi := "g" + strconv.Itoa(i)
 	for _, v4 := range []bool{true, false} {
@@ -301,16 +446,9 @@ func sortedAddrs[V any](m map[netip.Addr]V) []netip.Addr {
 	return out
 }
 
-// dispatch renders the base chain and the maps from addresses to the
-// groups that judge them.
-func (r *renderer) dispatch(hook Hook) error {
-	judge := r.conn.AddChain(&nftables.Chain{Name: "judge", Table: r.t})
-	policy := nftables.ChainPolicyAccept
-	base := r.conn.AddChain(&nftables.Chain{Name: "verdicts", Table: r.t, Type: nftables.ChainTypeFilter,
-		Hooknum: hook.Num, Priority: hook.Priority, Policy: &policy})
-	if hook.Prelude {
-		r.prelude(base)
-	}
+// dispatchSets adds the sets of judged addresses and the maps from
+// addresses to the groups that judge them.
+func (r *renderer) dispatchSets() error {
 	for _, v4 := range []bool{true, false} {
 		fam, typ := "6", nftables.TypeIP6Addr
 		if v4 {
@@ -326,9 +464,7 @@ func (r *renderer) dispatch(hook Hook) error {
 		if err := r.set(s, judged); err != nil {
 			return err
 		}
-		for _, src := range []bool{true, false} {
-			r.rule(base, append(nfproto(v4), addr(v4, src, reg1), lookup(s), &expr.Verdict{Kind: expr.VerdictJump, Chain: judge.Name})...)
-		}
+		r.judged = append(r.judged, famSet{v4: v4, set: s})
 		for _, dir := range []struct {
 			name string
 			src  bool
@@ -339,42 +475,101 @@ func (r *renderer) dispatch(hook Hook) error {
 				if a.Is4() != v4 || len(dir.by[a]) == 0 {
 					continue
 				}
-				elems = append(elems, nftables.SetElement{Key: a.AsSlice(), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: r.all(dir.by[a])}})
+				elems = append(elems, nftables.SetElement{Key: a.AsSlice(), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: r.allOf(dir.by[a])}})
 			}
 			m := &nftables.Set{Name: dir.name + fam, KeyType: typ, IsMap: true, DataType: nftables.TypeVerdict}
 			if err := r.set(m, elems); err != nil {
 				return err
 			}
-			r.rule(judge, append(nfproto(v4), addr(v4, dir.src, reg1), &expr.Lookup{SourceRegister: reg1, DestRegister: 0, IsDestRegSet: true, SetName: m.Name, SetID: m.ID})...)
+			r.maps = append(r.maps, famSet{v4, m, dir.src})
 		}
 	}
-	r.rule(judge, &expr.Verdict{Kind: expr.VerdictAccept})
 	return nil
 }
 
-// all names a chain that jumps to each group in gs (each drops or
+// famSet is a set of one family; src: looked up by source address.
+type famSet struct {
+	v4  bool
+	set *nftables.Set
+	src bool
+}
+
+// dispatch fills the stable chains (adding them if the table has none):
+// the prelude, then a judged address's packets to judge, which looks
+// their source and destination up in the maps.
+func (r *renderer) dispatch(hook Hook, cur *Existing) {
+	has := map[string]bool{}
+	for _, c := range cur.Chains {
+		has[c.Name] = true
+	}
+	stable := func(c *nftables.Chain) *nftables.Chain {
+		c.Table = r.t
+		if has[c.Name] {
+			r.conn.FlushChain(c)
+			return c
+		}
+		return r.conn.AddChain(c)
+	}
+	judge := stable(&nftables.Chain{Name: chainJudge})
+	policy := nftables.ChainPolicyAccept
+	base := stable(&nftables.Chain{Name: chainVerdicts, Type: nftables.ChainTypeFilter, Hooknum: hook.Num, Priority: hook.Priority, Policy: &policy})
+	var dns *nftables.Chain
+	if hook.Prelude {
+		// The engine's DNS workaround (NetfilterBug1766Fix): UDP to
+		// port 53 is judged after DNAT, every packet, and passes the
+		// postrouting chain.
+		dnsPrio := nftables.ChainPriorityRef(*nftables.ChainPriorityNATDest + 5)
+		dns = stable(&nftables.Chain{Name: chainDNS, Type: nftables.ChainTypeFilter, Hooknum: nftables.ChainHookPrerouting, Priority: dnsPrio, Policy: &policy})
+		r.rule(dns, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1}, &expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: []byte{unix.IPPROTO_UDP}}, &expr.Verdict{Kind: expr.VerdictAccept})
+		r.rule(dns, &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}, &expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(53)},
+			&expr.Verdict{Kind: expr.VerdictAccept})
+		r.prelude(base)
+	}
+	for _, j := range r.judged {
+		for _, c := range []*nftables.Chain{base, dns} {
+			if c == nil {
+				continue
+			}
+			for _, src := range []bool{true, false} {
+				r.rule(c, append(nfproto(j.v4), addr(j.v4, src, reg1), lookup(j.set), &expr.Verdict{Kind: expr.VerdictJump, Chain: judge.Name})...)
+			}
+		}
+	}
+	for _, m := range r.maps {
+		r.rule(judge, append(nfproto(m.v4), addr(m.v4, m.src, reg1), &expr.Lookup{SourceRegister: reg1, DestRegister: 0, IsDestRegSet: true, SetName: m.set.Name, SetID: m.set.ID})...)
+	}
+	r.rule(judge, &expr.Verdict{Kind: expr.VerdictAccept})
+}
+
+// allOf names a chain that jumps to each group in gs (each drops or
 // returns): the groups' verdicts ANDed. One group is its own chain.
-func (r *renderer) all(gs []int) string {
+func (r *renderer) allOf(gs []int) string {
 	if len(gs) == 1 {
-		return "g" + strconv.Itoa(gs[0])
+		return r.gname(gs[0])
 	}
 	var ids []string
 	for _, g := range gs {
 		ids = append(ids, strconv.Itoa(g))
 	}
-	name := "all-" + strings.Join(ids, "-")
-	if _, ok := r.chains[name]; !ok {
-		c := r.conn.AddChain(&nftables.Chain{Name: name, Table: r.t})
-		r.chains[name] = c
-		for _, g := range gs {
-			r.rule(c, &expr.Verdict{Kind: expr.VerdictJump, Chain: "g" + strconv.Itoa(g)})
-		}
+	k := strings.Join(ids, ",")
+	if name, ok := r.all[k]; ok {
+		return name
+	}
+	name := "all" + strconv.Itoa(len(r.all)) + r.suffix
+	r.all[k] = name
+	c := r.conn.AddChain(&nftables.Chain{Name: name, Table: r.t})
+	for _, g := range gs {
+		r.rule(c, &expr.Verdict{Kind: expr.VerdictJump, Chain: r.gname(g)})
 	}
 	return name
 }
 
 // prelude is the engine's rules ahead of its queue.
 func (r *renderer) prelude(base *nftables.Chain) {
+	// UDP to port 53 is the DNS chain's.
+	r.rule(base, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1}, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_UDP}},
+		&expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}, &expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(53)},
+		&expr.Verdict{Kind: expr.VerdictAccept})
 	r.rule(base,
 		&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
 		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED), Xor: []byte{0, 0, 0, 0}},
@@ -404,14 +599,21 @@ func NewConn(netnsFD int) (*nftables.Conn, error) {
 		if err != nil {
 			return err
 		}
-		var serr error
+		// A transaction is one sendmsg: the send buffer must hold it.
+		var rerr, serr error
 		if err := raw.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, ackBuffer)
+			rerr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, ackBuffer)
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, ackBuffer)
 		}); err != nil {
 			return err
 		}
+		if rerr != nil { // without CAP_NET_ADMIN: up to rmem_max
+			if err := c.SetReadBuffer(ackBuffer); err != nil {
+				return err
+			}
+		}
 		if serr != nil {
-			return c.SetReadBuffer(ackBuffer) // without CAP_NET_ADMIN: up to rmem_max
+			return c.SetWriteBuffer(ackBuffer)
 		}
 		return nil
 	})}
