@@ -156,6 +156,8 @@ func run(cfg netpol.Config, kubeconfig string, ep endpoints, lbc lbConfig, log *
 		}
 		cfg.View = &netpol.View{}
 	}
+	// Readiness includes the kernel's verdicts being current.
+	cfg.Verdicts = &netpol.Verdicts{}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("dynamic client: %w", err)
@@ -186,7 +188,12 @@ func run(cfg netpol.Config, kubeconfig string, ep endpoints, lbc lbConfig, log *
 	g, ctx := errgroup.WithContext(ctx)
 	if metricsL != nil {
 		g.Go(func() error {
-			return admin.ServeHTTP(ctx, metricsL, metricsHandler(func() error { return netpol.Ready(cfg.QueueID) }))
+			return admin.ServeHTTP(ctx, metricsL, metricsHandler(func() error {
+				if err := netpol.Ready(cfg.QueueID); err != nil {
+					return err
+				}
+				return cfg.Verdicts.Err()
+			}))
 		})
 	}
 	if adminL != nil {

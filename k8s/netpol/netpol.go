@@ -1,13 +1,17 @@
 // Package netpol enforces NetworkPolicy (and AdminNetworkPolicy,
-// BaselineAdminNetworkPolicy) on this node by running the controller of
-// sigs.k8s.io/kube-network-policies: nftables sends the first packet of
-// each new connection to or from a selected pod to an NFQUEUE, where the
-// controller decides against the policies it watches. flock does not
+// BaselineAdminNetworkPolicy) on this node with the engine of
+// sigs.k8s.io/kube-network-policies as the judge. Without the admin
+// policies the verdicts are compiled into the kernel (kernelVerdicts,
+// package verdicts): nftables decides every new connection, and the rules
+// outlive a restart. With them, nftables sends the first packet of each
+// new connection to an NFQUEUE, where the engine decides. flock does not
 // write its own policy engine; it embeds that one, as kindnet does, with
-// four patches (third_party/patches, listed in the README): kernels
+// patches (third_party/patches, described in their README): kernels
 // without nftables' queue expression queue through the xtables NFQUEUE
 // target; a pod's extra IPs (anycast, `addresses`) are its own; the rules
-// outlive a restart; selectors are compiled once.
+// outlive a restart; selectors are compiled once; the engine's verdict is
+// exported for the differential tests; the engine can leave the table to
+// flock.
 package netpol
 
 import (
@@ -51,6 +55,9 @@ type Config struct {
 	// View, if set, is given the engine's pod and NetworkPolicy caches
 	// while Run runs: flock-policy's admin API answers from it.
 	View *View
+	// Verdicts, if set, reports whether the kernel holds the current
+	// compiled verdicts (flock-policy's readiness).
+	Verdicts *Verdicts
 }
 
 // ExtraIPs is the source of pods' extra IPs.
@@ -143,6 +150,7 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	if ok, err := sctpSupported(); err == nil && !ok {
 		log.Warn("this kernel has no SCTP: no pod can use it, so NetworkPolicy rules for SCTP ports match no traffic")
 	}
+	compiled := !cfg.AdminNetworkPolicy && !cfg.BaselineAdminNetworkPolicy
 	ctrl, err := networkpolicy.NewController(client,
 		factory.Networking().V1().NetworkPolicies(), factory.Core().V1().Namespaces(), factory.Core().V1().Pods(),
 		nodeInformer, npa, anpInformer, banpInformer,
@@ -165,9 +173,12 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 			// FailOpen) rather than pass unchecked. flock-policy removes
 			// the table on uninstall (DeleteTable).
 			KeepRulesOnStop: true,
-			ExtraPodIPs:     extraPodIPs(cfg.ExtraIPs),
-			PodsForIP:       podsForIP(cfg.ExtraIPs),
-			ExtraIPsSynced:  extraSynced(cfg.ExtraIPs),
+			// Without the admin policies every verdict is compiled into
+			// the kernel (kernelVerdicts): the engine writes no rules.
+			NoRules:        compiled,
+			ExtraPodIPs:    extraPodIPs(cfg.ExtraIPs),
+			PodsForIP:      podsForIP(cfg.ExtraIPs),
+			ExtraIPsSynced: extraSynced(cfg.ExtraIPs),
 		})
 	if err != nil {
 		return fmt.Errorf("netpol: create controller: %w", err)
@@ -190,6 +201,21 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 		// Stopped informers no longer follow the API.
 		defer cfg.View.attach(nil)
 	}
+	var kv *kernelVerdicts
+	if compiled {
+		nps := factory.Networking().V1().NetworkPolicies()
+		kv = newKernelVerdicts(cfg.NodeName, podInf.Lister(), nsInf.Lister(), nps.Lister(), cfg.ExtraIPs,
+			[]cache.InformerSynced{podInf.Informer().HasSynced, nsInf.Informer().HasSynced, nps.Informer().HasSynced}, log)
+		for _, inf := range []cache.SharedIndexInformer{podInf.Informer(), nsInf.Informer(), nps.Informer()} {
+			if _, err := inf.AddEventHandler(kv.handler()); err != nil {
+				return fmt.Errorf("netpol: watch for the kernel's verdicts: %w", err)
+			}
+		}
+		if cfg.Verdicts != nil {
+			cfg.Verdicts.kv.Store(kv)
+			defer cfg.Verdicts.kv.Store(nil)
+		}
+	}
 	factory.Start(ctx.Done())
 	if npaFactory != nil {
 		npaFactory.Start(ctx.Done())
@@ -199,10 +225,20 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	start := time.Now()
 	runCtx, stopRun := context.WithCancelCause(ctx)
 	defer stopRun(nil)
+	changed := ctrl.Resync
+	kvDone := make(chan struct{})
+	if kv != nil {
+		changed = func() { ctrl.Resync(); kv.changed() }
+		go func() { defer close(kvDone); _ = kv.Run(runCtx) }()
+	} else {
+		close(kvDone)
+	}
+	// Stop it before waiting for it, also when Run panics.
+	defer func() { stopRun(nil); <-kvDone }()
 	if cfg.ExtraIPs != nil {
 		go func() {
 			err := cfg.ExtraIPs.Run(runCtx, podInf.Lister(), nsInf.Lister(),
-				[]cache.InformerSynced{podInf.Informer().HasSynced, nsInf.Informer().HasSynced}, ctrl.Resync)
+				[]cache.InformerSynced{podInf.Informer().HasSynced, nsInf.Informer().HasSynced}, changed)
 			if err != nil && runCtx.Err() == nil {
 				// Without it traffic of extra IPs would go unchecked:
 				// stop the engine (its rules stay; the next one starts).

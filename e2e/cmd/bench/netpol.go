@@ -49,6 +49,7 @@ type npPod struct {
 	labels map[string]string
 	ns     *lab.NS
 	ip, gw netip.Addr
+	nodeIf string // the node's end of its link
 }
 
 func (p *npPod) addr() string { return netip.AddrPortFrom(p.ip, npPort).String() }
@@ -88,10 +89,13 @@ func npPodSpecs(policies int) []npPodSpec {
 // The engine takes the first policy that allows a packet, so the client's
 // SYN costs the selection of every policy (the server's ingress and the
 // client's egress) and the evaluation of one.
-func npPolicy(i int) *networkingv1.NetworkPolicy {
+//
+// Policy 0 also lets in the client's outside addresses (outside, by
+// ipBlock): the sources of the distinct-source figure.
+func npPolicy(i int, outside netip.Prefix) *networkingv1.NetworkPolicy {
 	tcp := corev1.ProtocolTCP
 	port := intstr.FromInt32(npPort)
-	return &networkingv1.NetworkPolicy{
+	np := &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%03d", i), Namespace: npNamespace},
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}},
@@ -108,6 +112,10 @@ func npPolicy(i int) *networkingv1.NetworkPolicy {
 			},
 		},
 	}
+	if i == 0 {
+		np.Spec.Ingress = append(np.Spec.Ingress, networkingv1.NetworkPolicyIngressRule{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: outside.String()}}}})
+	}
+	return np
 }
 
 // netpolResult is what the section measured; an error per figure group.
@@ -118,10 +126,20 @@ type netpolResult struct {
 	rateErr             error
 	rssEmpty, rssLoaded float64 // MB
 	emptyErr, loadedErr error
+	// From npDistinct sources each once; UDP, a new source port a
+	// request (per second); a policy change to the first connection it
+	// decides, allowing and taking back.
+	distinctSel, distinctUnsel float64
+	distinctErr                error
+	udpSel, udpUnsel           float64
+	udpErr                     error
+	changeAllow, changeDeny    []time.Duration
+	changeErr                  error
 }
 
 func newNetpolResult() netpolResult {
-	return netpolResult{selRate: nan(), unselRate: nan(), rssEmpty: nan(), rssLoaded: nan()}
+	return netpolResult{selRate: nan(), unselRate: nan(), rssEmpty: nan(), rssLoaded: nan(),
+		distinctSel: nan(), distinctUnsel: nan(), udpSel: nan(), udpUnsel: nan()}
 }
 
 // failRest marks every figure not measured yet as failed with err.
@@ -138,6 +156,15 @@ func (r *netpolResult) failRest(err error) {
 	if math.IsNaN(r.rssEmpty) && r.emptyErr == nil {
 		r.emptyErr = err
 	}
+	if math.IsNaN(r.distinctSel) && r.distinctErr == nil {
+		r.distinctErr = err
+	}
+	if math.IsNaN(r.udpSel) && r.udpErr == nil {
+		r.udpErr = err
+	}
+	if len(r.changeAllow) == 0 && r.changeErr == nil {
+		r.changeErr = err
+	}
 	if math.IsNaN(r.rssLoaded) && r.loadedErr == nil {
 		r.loadedErr = err
 	}
@@ -149,7 +176,7 @@ func (r netpolResult) logErrors() {
 	for _, e := range []struct {
 		what string
 		err  error
-	}{{"connect latency", r.latErr}, {"connection rate", r.rateErr}, {"RSS empty", r.emptyErr}, {"RSS loaded", r.loadedErr}} {
+	}{{"connect latency", r.latErr}, {"connection rate", r.rateErr}, {"distinct sources", r.distinctErr}, {"UDP", r.udpErr}, {"policy change", r.changeErr}, {"RSS empty", r.emptyErr}, {"RSS loaded", r.loadedErr}} {
 		if e.err != nil {
 			logf("netpol: %s: %v", e.what, e.err)
 		}
@@ -191,21 +218,39 @@ func netpolFigures(r netpolResult, o options) []figure {
 	if r.loadedErr != nil {
 		loaded = nan()
 	}
+	distinctSel, distinctUnsel, distinctErr := r.distinctSel, r.distinctUnsel, errStr(r.distinctErr)
+	if distinctErr != "" {
+		distinctSel, distinctUnsel = nan(), nan()
+	}
+	udpSel, udpUnsel, udpErr := r.udpSel, r.udpUnsel, errStr(r.udpErr)
+	if udpErr != "" {
+		udpSel, udpUnsel = nan(), nan()
+	}
+	changeAllow, changeDeny, changeErr := nan(), nan(), errStr(r.changeErr)
+	if changeErr == "" && len(r.changeAllow) > 0 && len(r.changeDeny) > 0 {
+		changeAllow, changeDeny = pct(r.changeAllow, .99), pct(r.changeDeny, .99)
+	} else if changeErr == "" {
+		changeErr = "no samples"
+	}
 	const base = "unselected pod"
 	return []figure{
 		{Section: sec, Name: "TCP connect p50, to the pod the policies select", Value: selP50, Base: unP50, BaseName: base, Unit: "ms", Limit: nan(), Err: latErr},
 		{Section: sec, Name: "TCP connect p99, to the pod the policies select", Value: selP99, Base: unP99, BaseName: base, Unit: "ms", Limit: nan(), Err: latErr},
 		{Section: sec, Name: "TCP connect p50 the policies add (selected − unselected)", Value: selP50 - unP50, Base: nan(), Unit: "ms", Limit: nan(), Err: latErr},
-		{Section: sec, Name: "TCP connect p99 the policies add (selected − unselected)", Value: selP99 - unP99, Base: nan(), Unit: "ms", Max: true, Limit: 1, Err: latErr},
-		{Section: sec, Name: fmt.Sprintf("new TCP connections per second, %d concurrent clients, to the pod the policies select", npWorkers), Value: selRate, Base: unselRate, BaseName: base, Unit: "conn/s", Limit: nan(), Err: rateErr},
+		{Section: sec, Name: "TCP connect p99 the policies add (selected − unselected)", Value: selP99 - unP99, Base: nan(), Unit: "ms", Max: true, Limit: 0.1, Err: latErr},
+		{Section: sec, Name: fmt.Sprintf("new TCP connections per second, %d concurrent clients, to the pod the policies select", npWorkers), Value: selRate, Base: unselRate, BaseName: base, Unit: "conn/s", Ratio: true, Limit: 0.95, Err: rateErr},
+		{Section: sec, Name: fmt.Sprintf("new TCP connections per second from %d distinct source addresses, each connecting once, to the pod the policies select", npDistinct), Value: distinctSel, Base: distinctUnsel, BaseName: base, Unit: "conn/s", Ratio: true, Limit: 0.95, Err: distinctErr},
+		{Section: sec, Name: fmt.Sprintf("UDP request/response per second, a new source port each, %d concurrent clients, to the pod the policies select", npWorkers), Value: udpSel, Base: udpUnsel, BaseName: base, Unit: "req/s", Ratio: true, Limit: 0.95, Err: udpErr},
+		{Section: sec, Name: "a policy change holds for new connections, p99 (allowing)", Value: changeAllow, Base: nan(), Unit: "ms", Max: true, Limit: 100, Err: changeErr},
+		{Section: sec, Name: "a policy change holds for new connections, p99 (taking back)", Value: changeDeny, Base: nan(), Unit: "ms", Max: true, Limit: 100, Err: changeErr},
 		{Section: sec, Name: fmt.Sprintf("flock-policy RSS, empty (no policies, %d pods)", len(npPodSpecs(o.npPolicies))), Value: empty, Base: nan(), Unit: "MB", Limit: nan(), Err: errStr(r.emptyErr)},
 		{Section: sec, Name: fmt.Sprintf("flock-policy RSS, loaded (%d policies, %d pods)", o.npPolicies, len(npPodSpecs(o.npPolicies))+o.npPods), Value: loaded, Base: empty, BaseName: "empty", Unit: "MB", Limit: nan(), Err: errStr(r.loadedErr)},
 	}
 }
 
 func netpolNote(o options) string {
-	return fmt.Sprintf("NetworkPolicy: flock-policy (bin/flock-policy, `--kubeconfig` of the API-only lab, metrics on loopback, no admin or agent socket) runs in a node namespace of its own, so its table inet %s and its NFQUEUE hook only that namespace; five pod namespaces hang off it by veth, routed (IPv6, %s). They are Pod objects on the node (status.podIPs set through the status subresource) in a labelled Namespace; the servers are TCP listeners inside the pod namespaces. %d NetworkPolicies select one server (app=server), each allowing the client by its label plus a rule of its own (another peer label, the namespace's label, the port); the other server no policy selects. Timing starts once /readyz answers 200 and the policies are seen in effect: a pod no policy allows cannot connect (its SYN dropped) while the one only the last-created policy allows can. Latency: %d sequential connects from the client to each server, alternating, after a warm-up (each a full handshake, then closed with a reset so that no TIME_WAIT is left). Rate: %d clients connecting as fast as they can for %s per server, in halves ordered selected, unselected, unselected, selected; no target (it is the engine's verdict throughput: one NFQUEUE round trip per new connection). RSS is VmRSS, read %s after the engine is ready with no policies and %s after the timed runs with %d more Pod objects in the API (on ten nodes, a tenth on this one), and only while the process is verified alive.",
-		"flock-netpol", npNet, o.npPolicies, o.npConnects, npWorkers, o.npRateTime, o.settle, o.settle, o.npPods)
+	return fmt.Sprintf("NetworkPolicy: flock-policy (bin/flock-policy, `--kubeconfig` of the API-only lab, metrics on loopback, no admin or agent socket) runs in a node namespace of its own, so its table inet %s holds only in that namespace; five pod namespaces hang off it by veth, routed (IPv6, %s). They are Pod objects on the node (status.podIPs set through the status subresource) in a labelled Namespace; the servers are TCP listeners inside the pod namespaces. %d NetworkPolicies select one server (app=server), each allowing the client by its label plus a rule of its own (another peer label, the namespace's label, the port); the other server no policy selects. Timing starts once /readyz answers 200 and the policies are seen in effect: a pod no policy allows cannot connect (its SYN dropped) while the one only the last-created policy allows can. Latency: %d sequential connects from the client to each server, alternating, after a warm-up (each a full handshake, then closed with a reset so that no TIME_WAIT is left). Rate: %d clients connecting as fast as they can for %s per server, in halves ordered selected, unselected, unselected, selected. Distinct sources: %d addresses on the client's eth0, outside any pod's (the first policy also allows them by ipBlock), each connecting once to each server per run, %d at a time, runs ordered as above. UDP: the same %d clients, each request from a new socket (a new source port, a new flow as each DNS query is) answered by an echo server in the pod, for %s per server. Policy change: a policy letting the intruder in is created (then deleted), and the intruder tries a new connection with a 10 ms timeout after another until the change decides it, %d times each way; the time runs from the API's answer. Targets: the policies' verdicts are the kernel's (flock-policy compiles them into nftables), so a selected pod's rates are at least 0.95× an unselected pod's and they add at most 0.1 ms to a connect's p99. RSS is VmRSS, read %s after the engine is ready with no policies and %s after the timed runs with %d more Pod objects in the API (on ten nodes, a tenth on this one), and only while the process is verified alive.",
+		"flock-netpol", npNet, o.npPolicies, o.npConnects, npWorkers, o.npRateTime, npDistinct, npWorkers, npWorkers, o.npRateTime, npChanges, o.settle, o.settle, o.npPods)
 }
 
 // measureNetpol builds the section's namespaces and API objects, starts
@@ -273,7 +318,7 @@ func measureNetpol(ctx context.Context, a *apiLab, dir, binDir, prefix string, o
 		return r
 	}
 	for i := range o.npPolicies {
-		if _, err := a.cs.NetworkingV1().NetworkPolicies(npNamespace).Create(ctx, npPolicy(i), metav1.CreateOptions{}); err != nil {
+		if _, err := a.cs.NetworkingV1().NetworkPolicies(npNamespace).Create(ctx, npPolicy(i, l.distinctPrefix()), metav1.CreateOptions{}); err != nil {
 			r.failRest(fmt.Errorf("create NetworkPolicy %d: %w", i, err))
 			return r
 		}
@@ -301,6 +346,28 @@ func measureNetpol(ctx context.Context, a *apiLab, dir, binDir, prefix string, o
 	r.selRate, r.unselRate, r.rateErr = l.connRates(p, o.npRateTime)
 	if r.rateErr == nil {
 		logf("netpol: %.0f / %.0f connections/s (selected / unselected)", r.selRate, r.unselRate)
+	}
+
+	logf("netpol: %d distinct sources, each connecting once to each server", npDistinct)
+	if srcs, err := l.distinctSources(); err != nil {
+		r.distinctErr = err
+	} else {
+		r.distinctSel, r.distinctUnsel, r.distinctErr = l.distinctRates(p, srcs)
+	}
+	if r.distinctErr == nil {
+		logf("netpol: %.0f / %.0f connections/s from distinct sources (selected / unselected)", r.distinctSel, r.distinctUnsel)
+	}
+
+	logf("netpol: UDP request/response, a new source port each, %d clients, %s per server", npWorkers, o.npRateTime)
+	r.udpSel, r.udpUnsel, r.udpErr = l.udpRates(p, o.npRateTime)
+	if r.udpErr == nil {
+		logf("netpol: %.0f / %.0f UDP exchanges/s (selected / unselected)", r.udpSel, r.udpUnsel)
+	}
+
+	logf("netpol: %d policy changes each way", npChanges)
+	r.changeAllow, r.changeDeny, r.changeErr = l.changeLatency(ctx, a.cs, p)
+	if r.changeErr == nil {
+		logf("netpol: a change holds after p50 %.1f / p99 %.1f ms (allow), p50 %.1f / p99 %.1f ms (take back)", pct(r.changeAllow, .5), pct(r.changeAllow, .99), pct(r.changeDeny, .5), pct(r.changeDeny, .99))
 	}
 
 	logf("netpol: RSS loaded in %s", o.settle)

@@ -32,6 +32,7 @@ type npLab struct {
 	pods    map[string]*npPod
 	order   []*npPod
 	servers []*tcpServer
+	udp     []*udpServer
 }
 
 func newNPLab(prefix string, policies int) (*npLab, error) {
@@ -62,6 +63,7 @@ func newNPLab(prefix string, policies int) (*npLab, error) {
 		l.pods[s.name] = p
 		l.order = append(l.order, p)
 		nodeIf := fmt.Sprintf("np%d", k)
+		p.nodeIf = nodeIf
 		if err := lab.Connect(l.node, nodeIf, p.ns, "eth0"); err != nil {
 			return nil, err
 		}
@@ -81,6 +83,11 @@ func newNPLab(prefix string, policies int) (*npLab, error) {
 			return nil, err
 		}
 		l.servers = append(l.servers, s)
+		u, err := udpServeIn(l.pods[name].ns, l.pods[name].addr())
+		if err != nil {
+			return nil, err
+		}
+		l.udp = append(l.udp, u)
 	}
 	ok = true
 	return l, nil
@@ -90,6 +97,9 @@ func newNPLab(prefix string, policies int) (*npLab, error) {
 // table, which outlives the process on purpose, goes with the node's).
 func (l *npLab) Close() {
 	for _, s := range l.servers {
+		s.Close()
+	}
+	for _, s := range l.udp {
 		s.Close()
 	}
 	for _, p := range l.order {

@@ -157,16 +157,31 @@ func TestNetpolFigures(t *testing.T) {
 	r.sel, r.unsel = samples(100*time.Microsecond, 1000), samples(50*time.Microsecond, 1000)
 	r.selRate, r.unselRate = 5000, 20000
 	r.rssEmpty, r.rssLoaded = 20, 30
+	r.distinctSel, r.distinctUnsel = 990, 1000
+	r.udpSel, r.udpUnsel = 2000, 2000
+	r.changeAllow, r.changeDeny = samples(20*time.Millisecond, 20), samples(150*time.Millisecond, 20)
 	figs := netpolFigures(r, o)
-	if len(figs) != 7 {
+	if len(figs) != 11 {
 		t.Fatalf("%d figures", len(figs))
 	}
 	f := findFigure(t, figs, added99)
 	if math.Abs(f.Value-0.05) > 1e-9 || verdict(f) != "met" {
 		t.Errorf("added p99 %v, verdict %q", f.Value, verdict(f))
 	}
-	if f := findFigure(t, figs, "new TCP connections"); f.Value != 5000 || f.Base != 20000 || f.cells()[3] != "0.25×" {
-		t.Errorf("rate: %+v", f)
+	if f := findFigure(t, figs, "new TCP connections per second, 8"); f.Value != 5000 || f.Base != 20000 || f.cells()[3] != "0.25×" || verdict(f) == "met" {
+		t.Errorf("rate: %+v, verdict %q (the target is 0.95×)", f, verdict(f))
+	}
+	if f := findFigure(t, figs, "new TCP connections per second from"); verdict(f) != "met" {
+		t.Errorf("distinct sources at 0.99×: verdict %q", verdict(f))
+	}
+	if f := findFigure(t, figs, "UDP request/response"); verdict(f) != "met" {
+		t.Errorf("UDP at 1×: verdict %q", verdict(f))
+	}
+	if f := findFigure(t, figs, "a policy change holds for new connections, p99 (allowing)"); verdict(f) != "met" {
+		t.Errorf("a change allowing in 20 ms: verdict %q", verdict(f))
+	}
+	if f := findFigure(t, figs, "a policy change holds for new connections, p99 (taking back)"); verdict(f) == "met" {
+		t.Errorf("a change taken back in 150 ms: verdict %q, want not met (100 ms)", verdict(f))
 	}
 	if f := findFigure(t, figs, "flock-policy RSS, loaded"); f.Value != 30 || f.Base != 20 || !strings.Contains(f.Name, "1005 pods") {
 		t.Errorf("loaded RSS: %+v", f)

@@ -92,6 +92,10 @@ type Config struct {
 	// until the next engine reads the queue: a restart never lets them
 	// through unchecked. DeleteTable removes it on uninstall.
 	KeepRulesOnStop bool
+	// NoRules leaves the nftables table to the embedder, which decides
+	// packets in the kernel: the engine writes no rules (and removes
+	// none), and judges only what the embedder's rules queue to it.
+	NoRules bool
 	// ExtraIPsSynced, if set, must report true before the first rules
 	// sync: a table kept from the last engine holds the extra IPs, and a
 	// sync without them would let their traffic pass unchecked.
@@ -801,6 +805,9 @@ func (c *Controller) handleErr(err error, key string) {
 // and check if network policies must apply.
 // TODO: We can divert only the traffic affected by network policies using a set in nftables or an IPset.
 func (c *Controller) syncNFTablesRules(ctx context.Context) error {
+	if c.config.NoRules {
+		return nil
+	}
 	klog.FromContext(ctx).Info("Syncing nftables rules")
 	nft, err := nftables.New()
 	if err != nil {

@@ -1,0 +1,201 @@
+package netpol
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/nftables"
+	"k8s.io/apimachinery/pkg/labels"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
+)
+
+// kernelVerdicts keeps the kernel deciding what the engine would: on
+// every change of a pod, namespace, NetworkPolicy or extra IP it compiles
+// the policies (verdicts.Compile) and replaces the table with the program
+// in one transaction. The kernel never sees an empty or half-written
+// table: until the first program after a start, the previous process's
+// keeps deciding.
+type kernelVerdicts struct {
+	node       string
+	pods       corelisters.PodLister
+	namespaces corelisters.NamespaceLister
+	policies   networkinglisters.NetworkPolicyLister
+	extra      ExtraIPs
+	synced     []cache.InformerSynced
+	log        *slog.Logger
+	kick       chan struct{}
+	// loaded is closed once a program is in the kernel.
+	loaded chan struct{}
+	// netns is the network namespace whose table it keeps (-1: this
+	// process's; tests use another).
+	netns int
+	// seq counts the changes asked for; done is the count a load in the
+	// kernel started from (tests wait for it at quiescent points).
+	seq, done atomic.Uint64
+	// fail, if set, is asked before each transaction (tests inject
+	// errors with it).
+	fail func() error
+	// last is the program in the kernel (for tests).
+	last atomic.Pointer[verdicts.Program]
+	// failed is the last load's error, nil once one succeeds.
+	failed atomic.Pointer[error]
+	// hook is where the table's base chain sits: the engine's place
+	// (postrouting, before SNAT), with its prelude.
+	hook verdicts.Hook
+}
+
+func newKernelVerdicts(node string, pods corelisters.PodLister, namespaces corelisters.NamespaceLister,
+	policies networkinglisters.NetworkPolicyLister, extra ExtraIPs, synced []cache.InformerSynced, log *slog.Logger) *kernelVerdicts {
+	return &kernelVerdicts{node: node, pods: pods, namespaces: namespaces, policies: policies, extra: extra,
+		synced: synced, log: log, kick: make(chan struct{}, 1), loaded: make(chan struct{}), netns: -1,
+		hook: verdicts.Hook{Num: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityNATSource - 5), Prelude: true}}
+}
+
+// changed asks for a new program (coalesced: one is compiled after the
+// latest change).
+func (k *kernelVerdicts) changed() {
+	k.seq.Add(1)
+	select {
+	case k.kick <- struct{}{}:
+	default:
+	}
+}
+
+// handler is added to the informers the program depends on.
+func (k *kernelVerdicts) handler() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { k.changed() },
+		UpdateFunc: func(any, any) { k.changed() },
+		DeleteFunc: func(any) { k.changed() },
+	}
+}
+
+// input is what the informers hold now.
+func (k *kernelVerdicts) input() (verdicts.Input, error) {
+	in := verdicts.Input{Node: k.node}
+	var err error
+	if in.Pods, err = k.pods.List(labels.Everything()); err != nil {
+		return in, err
+	}
+	if in.Namespaces, err = k.namespaces.List(labels.Everything()); err != nil {
+		return in, err
+	}
+	if in.Policies, err = k.policies.List(labels.Everything()); err != nil {
+		return in, err
+	}
+	if k.extra != nil {
+		in.ExtraPodIPs, in.PodsForIP = k.extra.ExtraPodIPs, k.extra.PodsForIP
+	}
+	return in, nil
+}
+
+// Run loads a program after the caches synced and after each change,
+// until ctx ends; a failed load is retried (the kernel keeps the last
+// program meanwhile).
+func (k *kernelVerdicts) Run(ctx context.Context) error {
+	if !cache.WaitForCacheSync(ctx.Done(), k.synced...) {
+		return ctx.Err()
+	}
+	if k.extra != nil {
+		for !k.extra.HasSynced() {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		if err := k.load(); err != nil {
+			k.failed.Store(&err)
+			k.log.Error("NetworkPolicy verdicts not loaded into the kernel (the previous ones stay)", "table", Table, "err", err, "retry", backoff)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 10*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-k.kick:
+		}
+	}
+}
+
+func (k *kernelVerdicts) load() error {
+	start := time.Now()
+	seq := k.seq.Load()
+	if k.fail != nil {
+		if err := k.fail(); err != nil {
+			return err
+		}
+	}
+	in, err := k.input()
+	if err != nil {
+		return fmt.Errorf("list: %w", err)
+	}
+	prog := verdicts.Compile(in)
+	conn, err := verdicts.NewConn(k.netns)
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	if err := verdicts.Load(conn, Table, k.hook, prog); err != nil {
+		return err
+	}
+	k.last.Store(prog)
+	k.done.Store(seq)
+	k.failed.Store(nil)
+	select {
+	case <-k.loaded:
+	default:
+		close(k.loaded)
+		k.log.Info("NetworkPolicy verdicts in the kernel", "table", Table, "judged", len(prog.Selected), "groups", len(prog.Groups), "took", time.Since(start).Round(time.Microsecond))
+	}
+	k.log.Debug("NetworkPolicy verdicts loaded", "seq", seq, "judged", len(prog.Selected), "groups", len(prog.Groups), "took", time.Since(start))
+	return nil
+}
+
+// status is nil while the kernel holds the verdicts of the latest
+// change it loaded without error.
+func (k *kernelVerdicts) status() error {
+	select {
+	case <-k.loaded:
+	default:
+		return fmt.Errorf("NetworkPolicy verdicts not in the kernel yet (table inet %s)", Table)
+	}
+	if e := k.failed.Load(); e != nil {
+		return fmt.Errorf("the latest NetworkPolicy verdicts are not in the kernel (the previous ones decide): %w", *e)
+	}
+	return nil
+}
+
+// Verdicts says whether this node's kernel holds the policies' current
+// verdicts: Run attaches it when it compiles them (without the admin
+// policies). Its zero value and nil are ready.
+type Verdicts struct {
+	kv atomic.Pointer[kernelVerdicts]
+}
+
+// Err is nil while the kernel holds the verdicts of the latest change,
+// or while Run does not compile them; else it says what is missing.
+func (v *Verdicts) Err() error {
+	if v == nil {
+		return nil
+	}
+	if k := v.kv.Load(); k != nil {
+		return k.status()
+	}
+	return nil
+}

@@ -1,0 +1,233 @@
+package netpol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
+)
+
+func modelSeed(t *testing.T) uint64 {
+	if s := os.Getenv("FLOCK_SEED"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("FLOCK_SEED=%q: %v", s, err)
+		}
+		return n
+	}
+	return 1
+}
+
+// Pods, namespaces and policies change from several goroutines while
+// the kernel's program follows; loads fail at random and the process
+// restarts. At each quiescent point the kernel decides every packet as a
+// program compiled from the objects then does (kernel == f(state)); the
+// compiled program is the engine's verdict by TestDifferential.
+func TestKernelVerdictsFollowChanges(t *testing.T) {
+	lab := probe.New(t)
+	seed := modelSeed(t)
+	t.Logf("FLOCK_SEED=%d", seed)
+	r := rand.New(rand.NewPCG(seed, 0x6b76))
+	var rmu sync.Mutex
+	rnd := func(n int) int { rmu.Lock(); defer rmu.Unlock(); return r.IntN(n) }
+
+	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	podL, nsL, npL := corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps)
+	const node = "node-a"
+	vals := []string{"x", "y"}
+	mkPod := func(i int) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: []string{"a", "b"}[i%2], Name: fmt.Sprintf("p%d", i),
+			Labels: map[string]string{"app": vals[rnd(2)]}}}
+		p.Spec.NodeName = []string{node, "node-b"}[rnd(2)]
+		p.Spec.Containers = []corev1.Container{{Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: int32(80 + rnd(2)), Protocol: corev1.ProtocolTCP}}}}
+		p.Status.Phase = corev1.PodRunning
+		p.Status.PodIPs = []corev1.PodIP{{IP: fmt.Sprintf("fd00:10::%x", i+1)}, {IP: fmt.Sprintf("198.51.100.%d", i+1)}}
+		return p
+	}
+	mkNS := func(n string) *corev1.Namespace {
+		return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{"team": vals[rnd(2)]}}}
+	}
+	tcp := corev1.ProtocolTCP
+	mkPolicy := func(i int) *networkingv1.NetworkPolicy {
+		np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: []string{"a", "b"}[rnd(2)], Name: fmt.Sprintf("np%d", i)}}
+		np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": vals[rnd(2)]}}
+		np.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}[:1+rnd(2)]
+		port := intstr.FromString("http")
+		if rnd(2) == 0 {
+			port = intstr.FromInt32(80)
+		}
+		peer := networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": vals[rnd(2)]}}}
+		if rnd(3) == 0 {
+			peer = networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "fd00:10::/64", Except: []string{"fd00:10::/125"}}}
+		}
+		np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}}, From: []networkingv1.NetworkPolicyPeer{peer}}}
+		np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{peer}}}
+		return np
+	}
+	for _, n := range []string{"a", "b"} {
+		_ = nss.Add(mkNS(n))
+	}
+	const npods, npolicies = 10, 4
+
+	var logBuf syncBuffer
+	var failing atomic.Bool
+	var kv atomic.Pointer[kernelVerdicts]
+	start := func() (stop func()) {
+		k := newKernelVerdicts(node, podL, nsL, npL, nil, nil, slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug})).With("kv", fmt.Sprintf("%p", &struct{}{})))
+		k.netns = int(lab.NS)
+		k.hook.Prelude = false // the probe sends as root, whom the prelude lets through
+		k.fail = func() error {
+			if failing.Load() && rnd(3) == 0 {
+				return errors.New("injected")
+			}
+			return nil
+		}
+		kv.Store(k)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = k.Run(ctx) }()
+		return func() { cancel(); <-done }
+	}
+	stop := start()
+	defer func() { stop() }()
+
+	seen := map[bool]int{}
+	for round := range 12 {
+		failing.Store(round%3 == 1)
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 25 {
+					switch rnd(6) {
+					case 0, 1:
+						_ = pods.Update(mkPod(rnd(npods)))
+					case 2:
+						if p, ok, _ := pods.GetByKey(fmt.Sprintf("%s/p%d", []string{"a", "b"}[g%2], rnd(npods))); ok {
+							_ = pods.Delete(p)
+						}
+					case 3:
+						_ = nss.Update(mkNS([]string{"a", "b"}[rnd(2)]))
+					case 4:
+						_ = nps.Update(mkPolicy(rnd(npolicies)))
+					case 5:
+						for _, obj := range nps.List() {
+							if rnd(3) == 0 {
+								_ = nps.Delete(obj)
+							}
+						}
+					}
+					kv.Load().changed()
+				}
+			}()
+		}
+		if round%4 == 2 { // a restart while the changes go on
+			stop()
+			stop = start()
+		}
+		wg.Wait()
+		failing.Store(false)
+		k := kv.Load()
+		k.changed()
+		want := k.seq.Load()
+		want0 := want
+		deadline := time.Now().Add(20 * time.Second)
+		for k.done.Load() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the kernel's program did not follow the last change (loaded %d of %d)", round, k.done.Load(), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		// Quiescent: kernel == Compile(objects now).
+		in := verdicts.Input{Node: node}
+		in.Pods, _ = podL.List(labels.Everything())
+		in.Namespaces, _ = nsL.List(labels.Everything())
+		in.Policies, _ = npL.List(labels.Everything())
+		prog := verdicts.Compile(in)
+		var addrs []netip.Addr
+		for _, p := range in.Pods {
+			for _, ip := range p.Status.PodIPs {
+				addrs = append(addrs, netip.MustParseAddr(ip.IP))
+			}
+		}
+		addrs = append(addrs, netip.MustParseAddr("fd00:10::ff"), netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("203.0.113.1"))
+		checked := 0
+		for range 300 {
+			k := probe.Packet{Src: addrs[rnd(len(addrs))], Dst: addrs[rnd(len(addrs))], Proto: unix.IPPROTO_TCP, SrcPort: 40000, DstPort: uint16(79 + rnd(3))}
+			if k.Src.Is4() != k.Dst.Is4() || k.Src == k.Dst {
+				continue
+			}
+			checked++
+			want := prog.Allows(verdicts.Packet(k))
+			seen[want]++
+			if got := lab.Allows(t, k); got != want {
+				// Stale, or rendered wrong? What the loaded program says.
+				lastSays := kv.Load().last.Load().Allows(verdicts.Packet(k))
+				t.Fatalf("round %d (FLOCK_SEED=%d): %s → %s port %d: kernel %v, program of the objects now %v, program loaded last %v (loaded change %d of %d)\n%s\nlog:\n%s", round, seed, k.Src, k.Dst, k.DstPort, got, want, lastSays, kv.Load().done.Load(), want0, describeIn(in), logBuf.String())
+			}
+		}
+		if checked == 0 {
+			t.Fatalf("round %d: no packet checked", round)
+		}
+	}
+	t.Logf("packets: %d passed, %d dropped", seen[true], seen[false])
+	if seen[true] == 0 || seen[false] == 0 {
+		t.Errorf("packets: %d passed, %d dropped: want both", seen[true], seen[false])
+	}
+}
+
+func describeIn(in verdicts.Input) string {
+	out := ""
+	for _, p := range in.Pods {
+		out += fmt.Sprintf("pod %s/%s node=%s labels=%v ips=%v ports=%v\n", p.Namespace, p.Name, p.Spec.NodeName, p.Labels, p.Status.PodIPs, p.Spec.Containers[0].Ports)
+	}
+	for _, n := range in.Namespaces {
+		out += fmt.Sprintf("namespace %s labels=%v\n", n.Name, n.Labels)
+	}
+	for _, np := range in.Policies {
+		out += fmt.Sprintf("policy %s/%s types=%v select=%v ingress=%+v egress=%+v\n", np.Namespace, np.Name, np.Spec.PolicyTypes, np.Spec.PodSelector.String(), np.Spec.Ingress, np.Spec.Egress)
+	}
+	return out
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.b = append(s.b, p...)
+	return len(p), nil
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return string(s.b)
+}

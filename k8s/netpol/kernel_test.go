@@ -1,0 +1,214 @@
+package netpol
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netns"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+// testNS is a new network namespace (the calling thread stays in its
+// own).
+func testNS(t *testing.T) netns.NsHandle {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("FLOCK_REQUIRE_ROOT") != "" {
+			t.Fatal("needs root (network namespaces, nftables)")
+		}
+		t.Skip("needs root (network namespaces, nftables)")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	ns, err := netns.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.Set(orig); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	return ns
+}
+
+// chains lists the chains of table flock-netpol in ns.
+func chains(t *testing.T, ns netns.NsHandle) map[string]bool {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, ch := range all {
+		if ch.Table.Name == Table {
+			out[ch.Name] = true
+		}
+	}
+	return out
+}
+
+func setElems(t *testing.T, ns netns.NsHandle, set string) int {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The program's sets carry their generation, "<name>-v<gen>"; the
+	// previous one stays until the next load.
+	sets, err := c.GetSets(&nftables.Table{Name: Table, Family: nftables.TableFamilyINet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s *nftables.Set
+	newest := -1
+	for _, x := range sets {
+		if g, err := strconv.Atoi(strings.TrimPrefix(x.Name, set+"-v")); err == nil && strings.HasPrefix(x.Name, set+"-v") && g > newest {
+			s, newest = x, g
+		}
+	}
+	if s == nil {
+		t.Fatalf("no set %s", set)
+	}
+	e, err := c.GetSetElements(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(e)
+}
+
+// A restarted flock-policy leaves the previous program deciding until
+// its caches are synced, then replaces it in one step; each change after
+// that loads a new one.
+func TestKernelVerdictsReplaceNotRebuild(t *testing.T) {
+	ns := testNS(t)
+	// What the previous process left: a table with its own chain.
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := c.AddTable(&nftables.Table{Name: Table, Family: nftables.TableFamilyINet})
+	c.AddChain(&nftables.Chain{Name: "previous", Table: tbl})
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	var synced atomic.Bool
+	kv := newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
+		[]cache.InformerSynced{synced.Load}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	kv.netns = int(ns)
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "web", Labels: map[string]string{"app": "web"}}}
+	pod.Spec.NodeName = "node-a"
+	pod.Status.PodIPs = []corev1.PodIP{{IP: "fd00:10::1"}, {IP: "198.51.100.1"}}
+	if err := pods.Add(pod); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- kv.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	time.Sleep(300 * time.Millisecond)
+	if got := chains(t, ns); !got["previous"] || got["verdicts"] {
+		t.Fatalf("before its caches synced the table changed: chains %v", got)
+	}
+	synced.Store(true)
+	select {
+	case <-kv.loaded:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no program loaded after the caches synced")
+	}
+	if got := chains(t, ns); got["previous"] || !got["verdicts"] || !got["judge"] {
+		t.Fatalf("after the first load: chains %v, want the program's (verdicts, judge) only", got)
+	}
+	if n := setElems(t, ns, "judged6"); n != 0 {
+		t.Fatalf("no policy yet, %d addresses judged", n)
+	}
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "deny"},
+		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
+	if err := nps.Add(np); err != nil {
+		t.Fatal(err)
+	}
+	kv.changed()
+	deadline := time.Now().Add(10 * time.Second)
+	for setElems(t, ns, "judged6") != 1 || setElems(t, ns, "judged4") != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the policy's pod is not judged: judged6 %d, judged4 %d", setElems(t, ns, "judged6"), setElems(t, ns, "judged4"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Readiness follows the loads: not ready before the first, not ready
+// while the latest failed (the previous program decides), ready again
+// once one succeeds.
+func TestVerdictsReadiness(t *testing.T) {
+	ns := testNS(t)
+	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	kv := newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
+		nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	kv.netns = int(ns)
+	var fail atomic.Bool
+	kv.fail = func() error {
+		if fail.Load() {
+			return errors.New("injected")
+		}
+		return nil
+	}
+	v := &Verdicts{}
+	if err := v.Err(); err != nil {
+		t.Fatalf("not compiling: %v, want ready", err)
+	}
+	v.kv.Store(kv)
+	if err := v.Err(); err == nil || !strings.Contains(err.Error(), "not in the kernel yet") {
+		t.Fatalf("before the first load: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- kv.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor := func(what string, ok func(error) bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !ok(v.Err()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: readiness says %v", what, v.Err())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor("after the first load", func(err error) bool { return err == nil })
+	fail.Store(true)
+	kv.changed()
+	waitFor("after a failed load", func(err error) bool { return err != nil && strings.Contains(err.Error(), "injected") })
+	fail.Store(false)
+	waitFor("after a load succeeds again", func(err error) bool { return err == nil })
+}

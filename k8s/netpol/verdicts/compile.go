@@ -1,0 +1,526 @@
+package verdicts
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// Input is the cluster as the engine sees it on one node.
+type Input struct {
+	Node       string
+	Pods       []*corev1.Pod
+	Namespaces []*corev1.Namespace
+	Policies   []*networkingv1.NetworkPolicy
+	// ExtraPodIPs are the IPs a pod holds besides status.podIPs;
+	// PodsForIP the holders ("namespace/name") of an IP that is in no
+	// status.podIPs. Nil: none (the engine's Config fields of the same
+	// names).
+	ExtraPodIPs func(*corev1.Pod) []string
+	PodsForIP   func(ip string) []string
+}
+
+type compiler struct {
+	in       Input
+	pods     map[string]*corev1.Pod // namespace/name
+	byStatus map[string][]*corev1.Pod
+	ns       map[string]labels.Set
+	policies map[string][]*networkingv1.NetworkPolicy // by namespace
+	holders  map[netip.Addr][]*corev1.Pod
+	peers    map[string]*Addrs
+	prog     *Program
+	groups   map[string]int
+	// single and several are the held addresses, sorted, by whether one
+	// pod or several hold them.
+	single, several []netip.Addr
+	sels            map[*metav1.LabelSelector]parsed
+}
+
+// parsed is a selector compiled once per Compile.
+type parsed struct {
+	sel labels.Selector
+	err error
+}
+
+func (c *compiler) selector(ls *metav1.LabelSelector) (labels.Selector, error) {
+	if p, ok := c.sels[ls]; ok {
+		return p.sel, p.err
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ls)
+	c.sels[ls] = parsed{sel, err}
+	return sel, err
+}
+
+// Compile builds the program for in.
+func Compile(in Input) *Program {
+	c := &compiler{in: in, pods: map[string]*corev1.Pod{}, byStatus: map[string][]*corev1.Pod{},
+		ns: map[string]labels.Set{}, policies: map[string][]*networkingv1.NetworkPolicy{},
+		holders: map[netip.Addr][]*corev1.Pod{}, peers: map[string]*Addrs{}, groups: map[string]int{}, sels: map[*metav1.LabelSelector]parsed{},
+		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: map[netip.Addr][]int{}, Ingress: map[netip.Addr][]int{}}}
+	pods := slices.Clone(in.Pods)
+	sort.Slice(pods, func(i, j int) bool { return key(pods[i]) < key(pods[j]) })
+	for _, p := range pods {
+		c.pods[key(p)] = p
+		if p.Spec.HostNetwork {
+			continue // the engine's pod IP index leaves them out
+		}
+		for _, ip := range p.Status.PodIPs {
+			c.byStatus[ip.IP] = append(c.byStatus[ip.IP], p)
+		}
+	}
+	for _, n := range in.Namespaces {
+		c.ns[n.Name] = labels.Set(n.Labels)
+	}
+	for _, np := range in.Policies {
+		c.policies[np.Namespace] = append(c.policies[np.Namespace], np)
+	}
+	// Every address a pod holds, and who holds it as the engine resolves
+	// a packet's address.
+	var addrs []netip.Addr
+	seen := map[netip.Addr]bool{}
+	for _, p := range pods {
+		for _, s := range c.podIPs(p) {
+			if a, err := netip.ParseAddr(s); err == nil && !seen[a] {
+				seen[a] = true
+				addrs = append(addrs, a)
+			}
+		}
+	}
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	for _, a := range addrs {
+		switch h := c.podsAt(a); {
+		case len(h) == 1:
+			c.single = append(c.single, a)
+			c.holders[a] = h
+		case len(h) > 1:
+			c.several = append(c.several, a)
+			c.holders[a] = h
+		}
+	}
+	// Selected: this node's pods some policy selects, hostNetwork ones
+	// too (getLocalPodsForNetworkPolicy does not skip them).
+	for _, np := range in.Policies {
+		for _, p := range pods {
+			if p.Spec.NodeName == in.Node && c.selects(np, p) {
+				for _, s := range c.podIPs(p) {
+					if a, err := netip.ParseAddr(s); err == nil {
+						c.prog.Selected[a] = true
+					}
+				}
+			}
+		}
+	}
+	for _, a := range addrs {
+		for _, p := range c.holders[a] {
+			if g, ok := c.group(networkingv1.PolicyTypeEgress, p); ok && !slices.Contains(c.prog.Egress[a], g) {
+				c.prog.Egress[a] = append(c.prog.Egress[a], g)
+			}
+			if g, ok := c.group(networkingv1.PolicyTypeIngress, p); ok && !slices.Contains(c.prog.Ingress[a], g) {
+				c.prog.Ingress[a] = append(c.prog.Ingress[a], g)
+			}
+		}
+	}
+	return c.prog
+}
+
+func key(p *corev1.Pod) string { return p.Namespace + "/" + p.Name }
+
+// podIPs is the engine's podIPs: status.podIPs, then the extra ones.
+func (c *compiler) podIPs(p *corev1.Pod) []string {
+	var out []string
+	for _, ip := range p.Status.PodIPs {
+		out = append(out, ip.IP)
+	}
+	if c.in.ExtraPodIPs != nil {
+		out = append(out, c.in.ExtraPodIPs(p)...)
+	}
+	return out
+}
+
+// podsAt is the engine's getPodsAssignedToIP for a packet address: the
+// pod whose status.podIPs holds it (a running one first; the engine's
+// pick among several is arbitrary, this one takes the first by name),
+// else every non-hostNetwork holder PodsForIP names.
+func (c *compiler) podsAt(a netip.Addr) []*corev1.Pod {
+	if objs := c.byStatus[a.String()]; len(objs) > 0 {
+		for _, p := range objs {
+			if p.Status.Phase == corev1.PodRunning {
+				return []*corev1.Pod{p}
+			}
+		}
+		return objs[:1]
+	}
+	if c.in.PodsForIP == nil {
+		return nil
+	}
+	var out []*corev1.Pod
+	for _, k := range c.in.PodsForIP(a.String()) {
+		if p, ok := c.pods[k]; ok && !p.Spec.HostNetwork {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// selects is getNetworkPoliciesForPod's test: a selector that does not
+// parse selects nothing.
+func (c *compiler) selects(np *networkingv1.NetworkPolicy, p *corev1.Pod) bool {
+	if np.Namespace != p.Namespace {
+		return false
+	}
+	sel, err := c.selector(&np.Spec.PodSelector)
+	return err == nil && sel.Matches(labels.Set(p.Labels))
+}
+
+// isolating lists the policies that select p and name direction t in
+// their policyTypes.
+func (c *compiler) isolating(t networkingv1.PolicyType, p *corev1.Pod) []*networkingv1.NetworkPolicy {
+	var out []*networkingv1.NetworkPolicy
+	for _, np := range c.policies[p.Namespace] {
+		if c.selects(np, p) && slices.Contains(np.Spec.PolicyTypes, t) {
+			out = append(out, np)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// rule is one ingress or egress rule, direction-neutral.
+type rule struct {
+	id    string
+	ports []networkingv1.NetworkPolicyPort
+	peers []networkingv1.NetworkPolicyPeer
+}
+
+// rules are a policy's rules in direction t; all: its list is present
+// but empty, which the engine reads as allowing everything (the API
+// server never returns such a list: it drops it).
+func rules(t networkingv1.PolicyType, np *networkingv1.NetworkPolicy) (out []rule, all bool) {
+	id := string(np.UID) + "/" + np.Namespace + "/" + np.Name + "/" + string(t)
+	if t == networkingv1.PolicyTypeEgress {
+		if np.Spec.Egress == nil {
+			return nil, false
+		}
+		for i, r := range np.Spec.Egress {
+			out = append(out, rule{id + "/" + strconv.Itoa(i), r.Ports, r.To})
+		}
+		return out, len(np.Spec.Egress) == 0
+	}
+	if np.Spec.Ingress == nil {
+		return nil, false
+	}
+	for i, r := range np.Spec.Ingress {
+		out = append(out, rule{id + "/" + strconv.Itoa(i), r.Ports, r.From})
+	}
+	return out, len(np.Spec.Ingress) == 0
+}
+
+// group finds or builds the group for pod p in direction t.
+func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod) (int, bool) {
+	nps := c.isolating(t, p)
+	if len(nps) == 0 {
+		return 0, false
+	}
+	var names []string
+	named := false
+	for _, np := range nps {
+		names = append(names, np.Name+"@"+string(np.UID)+"@"+np.ResourceVersion)
+		rs, _ := rules(t, np)
+		for _, r := range rs {
+			for _, pp := range r.ports {
+				named = named || (pp.Port != nil && pp.Port.StrVal != "")
+			}
+		}
+	}
+	k := string(t) + " " + p.Namespace + " " + strings.Join(names, ",")
+	if t == networkingv1.PolicyTypeIngress && named {
+		// Ingress named ports are this pod's own: they resolve on it.
+		k += " pod " + key(p) + "@" + string(p.UID)
+	}
+	if i, ok := c.groups[k]; ok {
+		return i, true
+	}
+	g := &Group{Key: k, Egress: t == networkingv1.PolicyTypeEgress}
+	for _, np := range nps {
+		rs, all := rules(t, np)
+		if all {
+			g.Terms = append(g.Terms, Term{Ports: Ports{All: true}})
+		}
+		for _, r := range rs {
+			c.terms(g, t, np.Namespace, r, p)
+		}
+	}
+	// Peers several pods hold: what each pod there lets through,
+	// intersected.
+	for _, a := range c.several {
+		hs := c.holders[a]
+		var together Ports
+		for i, h := range hs {
+			var one Ports
+			for _, np := range nps {
+				rs, all := rules(t, np)
+				if all {
+					one = Ports{All: true}
+				}
+				for _, r := range rs {
+					if c.peerMatches(np.Namespace, r, h, a) {
+						on := h // egress: named ports resolve on the peer
+						if t == networkingv1.PolicyTypeIngress {
+							on = p
+						}
+						one.union(c.ports(r, on))
+					}
+				}
+			}
+			if i == 0 {
+				together = one
+			} else {
+				together = intersect(together, one)
+			}
+		}
+		if g.Several == nil {
+			g.Several = map[netip.Addr]Ports{}
+		}
+		g.Several[a] = together
+	}
+	c.prog.Groups = append(c.prog.Groups, g)
+	c.groups[k] = len(c.prog.Groups) - 1
+	return len(c.prog.Groups) - 1, true
+}
+
+// terms adds rule r's terms to g; p is the pod the group is for.
+func (c *compiler) terms(g *Group, t networkingv1.PolicyType, policyNS string, r rule, p *corev1.Pod) {
+	peers := c.peerAddrs(policyNS, r)
+	if t == networkingv1.PolicyTypeIngress {
+		if ports := c.ports(r, p); !ports.Empty() {
+			g.Terms = append(g.Terms, Term{Peers: peers, Ports: ports})
+		}
+		return
+	}
+	if ports := c.ports(r, nil); !ports.Empty() {
+		g.Terms = append(g.Terms, Term{Peers: peers, Ports: ports})
+	}
+	// Egress named ports resolve on the destination pod: one entry per
+	// single-held address whose pod has the port and matches a peer.
+	var named []PeerPort
+	for _, a := range c.single {
+		hs := c.holders[a]
+		if !c.peerMatches(policyNS, r, hs[0], a) {
+			continue
+		}
+		for _, pp := range r.ports {
+			if pp.Port == nil || pp.Port.StrVal == "" {
+				continue
+			}
+			for _, n := range namedPorts(hs[0], pp) {
+				named = append(named, PeerPort{a, n.proto, n.port})
+			}
+		}
+	}
+	if len(named) > 0 {
+		g.Terms = append(g.Terms, Term{Named: named})
+	}
+}
+
+// peerAddrs is the set of addresses rule r's peers match, for addresses
+// held by one pod or none (several holders are Group.Several's); nil
+// when it lists no peer (every address).
+func (c *compiler) peerAddrs(policyNS string, r rule) *Addrs {
+	if len(r.peers) == 0 {
+		return nil
+	}
+	if a, ok := c.peers[r.id]; ok {
+		return a
+	}
+	var b addrsBuilder
+	for _, peer := range r.peers {
+		if peer.IPBlock != nil {
+			b.r = append(b.r, ipBlockRanges(peer.IPBlock)...)
+		}
+	}
+	for _, a := range c.single {
+		if c.selectorsMatch(policyNS, r, c.holders[a][0]) {
+			b.addAddr(a)
+		}
+	}
+	out := b.build()
+	c.peers[r.id] = out
+	return out
+}
+
+// peerMatches is the engine's peer loop for pod h (nil: no pod) at
+// address a.
+func (c *compiler) peerMatches(policyNS string, r rule, h *corev1.Pod, a netip.Addr) bool {
+	if len(r.peers) == 0 {
+		return true
+	}
+	for _, peer := range r.peers {
+		if peer.IPBlock != nil {
+			for _, rg := range ipBlockRanges(peer.IPBlock) {
+				if rg.From.BitLen() == a.BitLen() && !a.Less(rg.From) && !rg.To.Less(a) {
+					return true
+				}
+			}
+			continue
+		}
+		if h != nil && (peer.NamespaceSelector != nil || peer.PodSelector != nil) && c.selectorMatch(peer, policyNS, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// selectorsMatch tells whether one of r's selector peers selects pod h.
+func (c *compiler) selectorsMatch(policyNS string, r rule, h *corev1.Pod) bool {
+	for _, peer := range r.peers {
+		if peer.IPBlock == nil && (peer.NamespaceSelector != nil || peer.PodSelector != nil) && c.selectorMatch(peer, policyNS, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// selectorMatch is the engine's evaluateSelectors: a selector that does
+// not parse matches every pod.
+func (c *compiler) selectorMatch(peer networkingv1.NetworkPolicyPeer, policyNS string, h *corev1.Pod) bool {
+	if peer.PodSelector != nil {
+		sel, err := c.selector(peer.PodSelector)
+		if err != nil {
+			return true
+		}
+		if !sel.Matches(labels.Set(h.Labels)) {
+			return false
+		}
+		if peer.NamespaceSelector == nil {
+			return h.Namespace == policyNS
+		}
+	}
+	if ns := peer.NamespaceSelector; ns != nil {
+		if len(ns.MatchLabels)+len(ns.MatchExpressions) == 0 {
+			return true
+		}
+		sel, err := c.selector(ns)
+		if err != nil {
+			return true
+		}
+		l, ok := c.ns[h.Namespace]
+		return ok && sel.Matches(l)
+	}
+	return true
+}
+
+// ipBlockRanges is the engine's evaluateIPBlocks as ranges: the CIDR,
+// less its excepts up to the first that does not parse (from there on
+// the engine matches), all addresses if the CIDR does not parse. CIDRs
+// are read as net.IPNet.Contains reads them: an IPv6 one whose network
+// is IPv4-mapped holds IPv4 addresses.
+func ipBlockRanges(b *networkingv1.IPBlock) []Range {
+	cidr, ok := containsPrefix(b.CIDR)
+	if !ok {
+		return []Range{prefixRange(netip.MustParsePrefix("0.0.0.0/0")), prefixRange(netip.MustParsePrefix("::/0"))}
+	}
+	var cut []Range
+	for _, e := range b.Except {
+		p, ok := containsPrefix(e)
+		if !ok {
+			break
+		}
+		cut = append(cut, prefixRange(p))
+	}
+	return subtract([]Range{prefixRange(cidr)}, normalize(cut))
+}
+
+// containsPrefix parses s as net.ParseCIDR does and returns the prefix
+// whose addresses net.IPNet.Contains accepts.
+func containsPrefix(s string) (netip.Prefix, bool) {
+	_, n, err := net.ParseCIDR(s)
+	if err != nil {
+		return netip.Prefix{}, false
+	}
+	ones, _ := n.Mask.Size()
+	if v4 := n.IP.To4(); v4 != nil {
+		if len(n.Mask) == net.IPv6len {
+			ones -= 96
+		}
+		a, _ := netip.AddrFromSlice(v4)
+		return netip.PrefixFrom(a, max(ones, 0)), true
+	}
+	a, _ := netip.AddrFromSlice(n.IP)
+	return netip.PrefixFrom(a, ones), true
+}
+
+type protoPort struct {
+	proto uint8
+	port  uint16
+}
+
+var protoNumbers = map[corev1.Protocol]uint8{corev1.ProtocolTCP: unix.IPPROTO_TCP, corev1.ProtocolUDP: unix.IPPROTO_UDP, corev1.ProtocolSCTP: unix.IPPROTO_SCTP}
+
+// ports is the engine's evaluatePorts as a set, named ports resolved on
+// pod on (nil: not resolved). A rule without ports matches every
+// protocol and port.
+func (c *compiler) ports(r rule, on *corev1.Pod) Ports {
+	if len(r.ports) == 0 {
+		return Ports{All: true}
+	}
+	var out Ports
+	for _, pp := range r.ports {
+		proto, ok := protoNumbers[protocolOf(pp)]
+		if !ok {
+			continue // API validation admits TCP, UDP and SCTP only
+		}
+		if pp.Port == nil {
+			out.add(proto, PortRange{0, 65535})
+			continue
+		}
+		// port == Port.IntValue(): a named port's IntValue is 0.
+		base := pp.Port.IntValue()
+		if base >= 0 && base <= 65535 {
+			out.add(proto, PortRange{uint16(base), uint16(base)})
+		}
+		if on != nil && pp.Port.StrVal != "" {
+			for _, n := range namedPorts(on, pp) {
+				out.add(n.proto, PortRange{n.port, n.port})
+			}
+		}
+		// endPort: port > Port.IntValue() && port <= EndPort.
+		if pp.EndPort != nil && int(*pp.EndPort) > base && base < 65535 {
+			out.add(proto, PortRange{uint16(max(base+1, 0)), uint16(min(int(*pp.EndPort), 65535))})
+		}
+	}
+	return out
+}
+
+func protocolOf(pp networkingv1.NetworkPolicyPort) corev1.Protocol {
+	if pp.Protocol == nil {
+		return corev1.ProtocolTCP // the API's default
+	}
+	return *pp.Protocol
+}
+
+// namedPorts resolves pp's name on pod p as the engine does: its
+// containers' (not init containers') ports of that name and protocol.
+func namedPorts(p *corev1.Pod, pp networkingv1.NetworkPolicyPort) []protoPort {
+	proto, ok := protoNumbers[protocolOf(pp)]
+	if !ok {
+		return nil
+	}
+	var out []protoPort
+	for _, ctr := range p.Spec.Containers {
+		for _, cp := range ctr.Ports {
+			if cp.Name == pp.Port.StrVal && cp.Protocol == protocolOf(pp) && cp.ContainerPort >= 0 && cp.ContainerPort <= 65535 {
+				out = append(out, protoPort{proto, uint16(cp.ContainerPort)})
+			}
+		}
+	}
+	return out
+}

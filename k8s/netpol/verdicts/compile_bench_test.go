@@ -1,0 +1,54 @@
+package verdicts
+
+import (
+	"fmt"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// benchInput is make bench's NetworkPolicy cluster: 100 policies select
+// one server, 1,000 more pods in other namespaces.
+func benchInput() Input {
+	in := Input{Node: "node"}
+	tcp := corev1.ProtocolTCP
+	port := intstr.FromInt32(8080)
+	in.Namespaces = append(in.Namespaces, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "bench", Labels: map[string]string{"bench": "netpol"}}})
+	for i := range 1005 {
+		ns := "bench"
+		if i >= 5 {
+			ns = fmt.Sprintf("fill%d", i%20)
+		}
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("p%d", i), Labels: map[string]string{"app": fmt.Sprintf("a%d", i%20), "peer": fmt.Sprintf("p%03d", i%100)}}}
+		p.Spec.NodeName = "node"
+		if i%10 != 0 {
+			p.Spec.NodeName = "other"
+		}
+		p.Status.Phase = corev1.PodRunning
+		p.Status.PodIPs = []corev1.PodIP{{IP: fmt.Sprintf("fd00:10::%x", i+1)}}
+		in.Pods = append(in.Pods, p)
+	}
+	in.Pods[0].Labels = map[string]string{"app": "server"}
+	for i := range 100 {
+		in.Policies = append(in.Policies, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "bench", Name: fmt.Sprintf("np%d", i)},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{
+					{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"bench": "netpol"}}, PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"peer": fmt.Sprintf("p%03d", i)}}}},
+						Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}}},
+					{From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "client"}}}}},
+				}}})
+	}
+	return in
+}
+
+func BenchmarkCompile(b *testing.B) {
+	in := benchInput()
+	for b.Loop() {
+		Compile(in)
+	}
+}
