@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -100,17 +101,12 @@ func (k *kernelVerdicts) input() (verdicts.Input, error) {
 // until ctx ends; a failed load is retried (the kernel keeps the last
 // program meanwhile).
 func (k *kernelVerdicts) Run(ctx context.Context) error {
-	if !cache.WaitForCacheSync(ctx.Done(), k.synced...) {
-		return ctx.Err()
-	}
+	synced := k.synced
 	if k.extra != nil {
-		for !k.extra.HasSynced() {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
+		synced = append(slices.Clip(synced), k.extra.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return ctx.Err()
 	}
 	backoff := 100 * time.Millisecond
 	for {

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -15,41 +13,19 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
+
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
-// testNS is a new network namespace (the calling thread stays in its
-// own).
-func testNS(t *testing.T) netns.NsHandle {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("FLOCK_REQUIRE_ROOT") != "" {
-			t.Fatal("needs root (network namespaces, nftables)")
-		}
-		t.Skip("needs root (network namespaces, nftables)")
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netns.Set(orig); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close() })
-	return ns
-}
+// testNS is a new network namespace (probe's, removed when t ends).
+func testNS(t *testing.T) netns.NsHandle { return probe.New(t).NS }
 
 // chains lists the chains of table flock-netpol in ns.
 func chains(t *testing.T, ns netns.NsHandle) map[string]bool {
