@@ -13,14 +13,17 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
+	policylisters "sigs.k8s.io/network-policy-api/pkg/client/listers/apis/v1alpha1"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
 )
 
 // kernelVerdicts keeps the kernel deciding what the engine would: on
-// every change of a pod, namespace, NetworkPolicy or extra IP it compiles
-// the policies (verdicts.Compile) and replaces the table with the program
-// in one transaction. The kernel never sees an empty or half-written
+// every change of a pod, namespace, NetworkPolicy, admin policy or extra
+// IP it compiles the policies (verdicts.Compile) and replaces the table
+// with the program. With the admin policies on, the packets of the pods
+// they apply to go to the engine's queue, and the program decides the
+// rest. The kernel never sees an empty or half-written
 // table: until the first program after a start, the previous process's
 // keeps deciding.
 type kernelVerdicts struct {
@@ -29,6 +32,9 @@ type kernelVerdicts struct {
 	namespaces corelisters.NamespaceLister
 	policies   networkinglisters.NetworkPolicyLister
 	extra      ExtraIPs
+	// admin, if set, are the admin policies' listers (nil for an API
+	// that is off).
+	admin      *adminListers
 	synced     []cache.InformerSynced
 	log        *slog.Logger
 	kick       chan struct{}
@@ -57,6 +63,12 @@ func newKernelVerdicts(node string, pods corelisters.PodLister, namespaces corel
 	return &kernelVerdicts{node: node, pods: pods, namespaces: namespaces, policies: policies, extra: extra,
 		synced: synced, log: log, kick: make(chan struct{}, 1), loaded: make(chan struct{}), netns: -1,
 		hook: verdicts.Hook{Num: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityNATSource - 5), Prelude: true}}
+}
+
+// adminListers are the listers of the admin policies' APIs that are on.
+type adminListers struct {
+	anps  policylisters.AdminNetworkPolicyLister
+	banps policylisters.BaselineAdminNetworkPolicyLister
 }
 
 // changed asks for a new program (coalesced: one is compiled after the
@@ -93,6 +105,27 @@ func (k *kernelVerdicts) input() (verdicts.Input, error) {
 	}
 	if k.extra != nil {
 		in.ExtraPodIPs, in.PodsForIP = k.extra.ExtraPodIPs, k.extra.PodsForIP
+	}
+	if k.admin != nil {
+		in.Admin = true
+		if k.admin.anps != nil {
+			anps, err := k.admin.anps.List(labels.Everything())
+			if err != nil {
+				return in, err
+			}
+			for _, a := range anps {
+				in.AdminSubjects = append(in.AdminSubjects, a.Spec.Subject)
+			}
+		}
+		if k.admin.banps != nil {
+			banps, err := k.admin.banps.List(labels.Everything())
+			if err != nil {
+				return in, err
+			}
+			for _, b := range banps {
+				in.AdminSubjects = append(in.AdminSubjects, b.Spec.Subject)
+			}
+		}
 	}
 	return in, nil
 }
@@ -157,9 +190,9 @@ func (k *kernelVerdicts) load() error {
 	case <-k.loaded:
 	default:
 		close(k.loaded)
-		k.log.Info("NetworkPolicy verdicts in the kernel", "table", Table, "judged", len(prog.Selected), "groups", len(prog.Groups), "took", time.Since(start).Round(time.Microsecond))
+		k.log.Info("NetworkPolicy verdicts in the kernel", "table", Table, "judged", len(prog.Selected), "groups", len(prog.Groups), "queued", len(prog.Queued), "took", time.Since(start).Round(time.Microsecond))
 	}
-	k.log.Debug("NetworkPolicy verdicts loaded", "seq", seq, "judged", len(prog.Selected), "groups", len(prog.Groups), "took", time.Since(start))
+	k.log.Debug("NetworkPolicy verdicts loaded", "seq", seq, "judged", len(prog.Selected), "groups", len(prog.Groups), "queued", len(prog.Queued), "took", time.Since(start))
 	return nil
 }
 
@@ -178,14 +211,13 @@ func (k *kernelVerdicts) status() error {
 }
 
 // Verdicts says whether this node's kernel holds the policies' current
-// verdicts: Run attaches it when it compiles them (without the admin
-// policies). Its zero value and nil are ready.
+// verdicts: Run attaches it. Its zero value and nil are ready.
 type Verdicts struct {
 	kv atomic.Pointer[kernelVerdicts]
 }
 
 // Err is nil while the kernel holds the verdicts of the latest change,
-// or while Run does not compile them; else it says what is missing.
+// or while no Run is attached; else it says what is missing.
 func (v *Verdicts) Err() error {
 	if v == nil {
 		return nil

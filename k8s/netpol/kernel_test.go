@@ -3,6 +3,7 @@ package netpol
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
@@ -20,6 +21,9 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/kube-network-policies/pkg/networkpolicy"
+	npav1alpha1 "sigs.k8s.io/network-policy-api/apis/v1alpha1"
+	policylisters "sigs.k8s.io/network-policy-api/pkg/client/listers/apis/v1alpha1"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
@@ -187,4 +191,84 @@ func TestVerdictsReadiness(t *testing.T) {
 	waitFor("after a failed load", func(err error) bool { return err != nil && strings.Contains(err.Error(), "injected") })
 	fail.Store(false)
 	waitFor("after a load succeeds again", func(err error) bool { return err == nil })
+}
+
+// With the admin policies on, the addresses of the pods they apply to
+// are queued to the engine (with the verdict the engine's queue takes on
+// this kernel) and follow the policies' changes; the rest is compiled.
+func TestKernelVerdictsAdmin(t *testing.T) {
+	ns := testNS(t)
+	native, err := nftQueueWorks()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	anps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	banps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	kv := newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
+		nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	kv.netns = int(ns)
+	kv.admin = &adminListers{anps: policylisters.NewAdminNetworkPolicyLister(anps), banps: policylisters.NewBaselineAdminNetworkPolicyLister(banps)}
+	kv.hook.Queue = networkpolicy.QueueVerdict(networkpolicy.Config{QueueID: 100, QueueCompat: !native, FailOpen: true})
+	for _, n := range []string{"a", "b"} {
+		if err := nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n, Labels: map[string]string{"kubernetes.io/metadata.name": n}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, n := range []string{"a", "b"} {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: n, Name: "web"}}
+		pod.Spec.NodeName = "node-b" // another node's: the admin policies apply on every node
+		pod.Status.PodIPs = []corev1.PodIP{{IP: fmt.Sprintf("fd00:10::%d", i+1)}}
+		if err := pods.Add(pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- kv.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitSet := func(set string, want int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			select {
+			case <-kv.loaded:
+				if n := setElems(t, ns, set); n == want && kv.done.Load() == kv.seq.Load() {
+					return
+				} else if time.Now().After(deadline) {
+					t.Fatalf("set %s holds %d addresses, want %d", set, n, want)
+				}
+			case <-time.After(10 * time.Millisecond):
+				if time.Now().After(deadline) {
+					t.Fatal("no program loaded")
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitSet("queued6", 0)
+	anp := &npav1alpha1.AdminNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Spec: npav1alpha1.AdminNetworkPolicySpec{
+		Subject: npav1alpha1.AdminNetworkPolicySubject{Namespaces: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "a"}}}}}
+	if err := anps.Add(anp); err != nil {
+		t.Fatal(err)
+	}
+	kv.changed()
+	waitSet("queued6", 1)
+	banp := &npav1alpha1.BaselineAdminNetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "default"}, Spec: npav1alpha1.BaselineAdminNetworkPolicySpec{
+		Subject: npav1alpha1.AdminNetworkPolicySubject{Pods: &npav1alpha1.NamespacedPod{}}}}
+	if err := banps.Add(banp); err != nil {
+		t.Fatal(err)
+	}
+	kv.changed()
+	waitSet("queued6", 2)
+	if err := anps.Delete(anp); err != nil {
+		t.Fatal(err)
+	}
+	if err := banps.Delete(banp); err != nil {
+		t.Fatal(err)
+	}
+	kv.changed()
+	waitSet("queued6", 0)
 }

@@ -1,17 +1,18 @@
 // Package netpol enforces NetworkPolicy (and AdminNetworkPolicy,
 // BaselineAdminNetworkPolicy) on this node with the engine of
-// sigs.k8s.io/kube-network-policies as the judge. Without the admin
-// policies the verdicts are compiled into the kernel (kernelVerdicts,
-// package verdicts): nftables decides every new connection, and the rules
-// outlive a restart. With them, nftables sends the first packet of each
-// new connection to an NFQUEUE, where the engine decides. flock does not
-// write its own policy engine; it embeds that one, as kindnet does, with
-// patches (third_party/patches, described in their README): kernels
-// without nftables' queue expression queue through the xtables NFQUEUE
-// target; a pod's extra IPs (anycast, `addresses`) are its own; the rules
-// outlive a restart; selectors are compiled once; the engine's verdict is
-// exported for the differential tests; the engine can leave the table to
-// flock.
+// sigs.k8s.io/kube-network-policies as the judge. The verdicts are
+// compiled into the kernel (kernelVerdicts, package verdicts): nftables
+// decides every new connection, and the rules outlive a restart. With
+// the admin policies on, the first packet of each new connection from or
+// to a pod one of them applies to goes to an NFQUEUE, where the engine
+// decides; nftables decides every other one. flock does not write its own
+// policy engine; it embeds that one, as kindnet does, with patches
+// (third_party/patches, described in their README): kernels without
+// nftables' queue expression queue through the xtables NFQUEUE target; a
+// pod's extra IPs (anycast, `addresses`) are its own; the rules outlive a
+// restart; selectors are compiled once; the engine's verdict and queue
+// verdict are exported for flock's rules and the differential tests; the
+// engine can leave the table to flock.
 package netpol
 
 import (
@@ -44,8 +45,8 @@ type Config struct {
 	// engine restarting); the default drops them, as a policy demands.
 	FailOpen bool
 	// AdminNetworkPolicy and BaselineAdminNetworkPolicy enable those APIs
-	// (their CRDs must be installed). Without them only connections of
-	// pods some NetworkPolicy selects go through the queue.
+	// (their CRDs must be installed). Connections from or to the pods
+	// their policies apply to go through the queue.
 	AdminNetworkPolicy         bool
 	BaselineAdminNetworkPolicy bool
 	// ExtraIPs tells the engine which pods hold the IPs the CNI binds
@@ -150,36 +151,35 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	if ok, err := sctpSupported(); err == nil && !ok {
 		log.Warn("this kernel has no SCTP: no pod can use it, so NetworkPolicy rules for SCTP ports match no traffic")
 	}
-	compiled := !cfg.AdminNetworkPolicy && !cfg.BaselineAdminNetworkPolicy
+	engineCfg := networkpolicy.Config{
+		FailOpen:                   cfg.FailOpen,
+		AdminNetworkPolicy:         cfg.AdminNetworkPolicy,
+		BaselineAdminNetworkPolicy: cfg.BaselineAdminNetworkPolicy,
+		QueueID:                    cfg.QueueID,
+		NodeName:                   cfg.NodeName,
+		NFTableName:                Table,
+		// The kernel fix is in 6.12; older kernels need the
+		// workaround for DNS over conntrack races.
+		NetfilterBug1766Fix: true,
+		// Pod IPs come from the API: flock publishes them before ADD
+		// returns, and NRI is off on the nodes flock supports.
+		NRIdisabled: true,
+		QueueCompat: !native,
+		// A restart or a crash leaves the rules: new connections
+		// of selected pods wait in the queue (dropped unless
+		// FailOpen) rather than pass unchecked. flock-policy removes
+		// the table on uninstall (DeleteTable).
+		KeepRulesOnStop: true,
+		// flock writes the rules (kernelVerdicts): the engine judges
+		// only what they queue to it.
+		NoRules:        true,
+		ExtraPodIPs:    extraPodIPs(cfg.ExtraIPs),
+		PodsForIP:      podsForIP(cfg.ExtraIPs),
+		ExtraIPsSynced: extraSynced(cfg.ExtraIPs),
+	}
 	ctrl, err := networkpolicy.NewController(client,
 		factory.Networking().V1().NetworkPolicies(), factory.Core().V1().Namespaces(), factory.Core().V1().Pods(),
-		nodeInformer, npa, anpInformer, banpInformer,
-		networkpolicy.Config{
-			FailOpen:                   cfg.FailOpen,
-			AdminNetworkPolicy:         cfg.AdminNetworkPolicy,
-			BaselineAdminNetworkPolicy: cfg.BaselineAdminNetworkPolicy,
-			QueueID:                    cfg.QueueID,
-			NodeName:                   cfg.NodeName,
-			NFTableName:                Table,
-			// The kernel fix is in 6.12; older kernels need the
-			// workaround for DNS over conntrack races.
-			NetfilterBug1766Fix: true,
-			// Pod IPs come from the API: flock publishes them before ADD
-			// returns, and NRI is off on the nodes flock supports.
-			NRIdisabled: true,
-			QueueCompat: !native,
-			// A restart or a crash leaves the rules: new connections
-			// of selected pods wait in the queue (dropped unless
-			// FailOpen) rather than pass unchecked. flock-policy removes
-			// the table on uninstall (DeleteTable).
-			KeepRulesOnStop: true,
-			// Without the admin policies every verdict is compiled into
-			// the kernel (kernelVerdicts): the engine writes no rules.
-			NoRules:        compiled,
-			ExtraPodIPs:    extraPodIPs(cfg.ExtraIPs),
-			PodsForIP:      podsForIP(cfg.ExtraIPs),
-			ExtraIPsSynced: extraSynced(cfg.ExtraIPs),
-		})
+		nodeInformer, npa, anpInformer, banpInformer, engineCfg)
 	if err != nil {
 		return fmt.Errorf("netpol: create controller: %w", err)
 	}
@@ -201,20 +201,35 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 		// Stopped informers no longer follow the API.
 		defer cfg.View.attach(nil)
 	}
-	var kv *kernelVerdicts
-	if compiled {
-		nps := factory.Networking().V1().NetworkPolicies()
-		kv = newKernelVerdicts(cfg.NodeName, podInf.Lister(), nsInf.Lister(), nps.Lister(), cfg.ExtraIPs,
-			[]cache.InformerSynced{podInf.Informer().HasSynced, nsInf.Informer().HasSynced, nps.Informer().HasSynced}, log)
-		for _, inf := range []cache.SharedIndexInformer{podInf.Informer(), nsInf.Informer(), nps.Informer()} {
-			if _, err := inf.AddEventHandler(kv.handler()); err != nil {
-				return fmt.Errorf("netpol: watch for the kernel's verdicts: %w", err)
-			}
+	nps := factory.Networking().V1().NetworkPolicies()
+	watched := []cache.SharedIndexInformer{podInf.Informer(), nsInf.Informer(), nps.Informer()}
+	var admin *adminListers
+	if anpInformer != nil || banpInformer != nil {
+		admin = &adminListers{}
+		if anpInformer != nil {
+			admin.anps = anpInformer.Lister()
+			watched = append(watched, anpInformer.Informer())
 		}
-		if cfg.Verdicts != nil {
-			cfg.Verdicts.kv.Store(kv)
-			defer cfg.Verdicts.kv.Store(nil)
+		if banpInformer != nil {
+			admin.banps = banpInformer.Lister()
+			watched = append(watched, banpInformer.Informer())
 		}
+	}
+	var synced []cache.InformerSynced
+	for _, inf := range watched {
+		synced = append(synced, inf.HasSynced)
+	}
+	kv := newKernelVerdicts(cfg.NodeName, podInf.Lister(), nsInf.Lister(), nps.Lister(), cfg.ExtraIPs, synced, log)
+	kv.admin = admin
+	kv.hook.Queue = networkpolicy.QueueVerdict(engineCfg)
+	for _, inf := range watched {
+		if _, err := inf.AddEventHandler(kv.handler()); err != nil {
+			return fmt.Errorf("netpol: watch for the kernel's verdicts: %w", err)
+		}
+	}
+	if cfg.Verdicts != nil {
+		cfg.Verdicts.kv.Store(kv)
+		defer cfg.Verdicts.kv.Store(nil)
 	}
 	factory.Start(ctx.Done())
 	if npaFactory != nil {
@@ -225,14 +240,9 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	start := time.Now()
 	runCtx, stopRun := context.WithCancelCause(ctx)
 	defer stopRun(nil)
-	changed := ctrl.Resync
+	changed := func() { ctrl.Resync(); kv.changed() }
 	kvDone := make(chan struct{})
-	if kv != nil {
-		changed = func() { ctrl.Resync(); kv.changed() }
-		go func() { defer close(kvDone); _ = kv.Run(runCtx) }()
-	} else {
-		close(kvDone)
-	}
+	go func() { defer close(kvDone); _ = kv.Run(runCtx) }()
 	// Stop it before waiting for it, also when Run panics.
 	defer func() { stopRun(nil); <-kvDone }()
 	if cfg.ExtraIPs != nil {

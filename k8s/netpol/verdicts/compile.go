@@ -13,6 +13,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	npav1alpha1 "sigs.k8s.io/network-policy-api/apis/v1alpha1"
 )
 
 // Input is the cluster as the engine sees it on one node.
@@ -27,6 +28,14 @@ type Input struct {
 	// names).
 	ExtraPodIPs func(*corev1.Pod) []string
 	PodsForIP   func(ip string) []string
+	// Admin: AdminNetworkPolicy or BaselineAdminNetworkPolicy is on (the
+	// engine's Config fields of those names), and AdminSubjects are the
+	// subjects of the policies of the APIs that are on. The engine then
+	// judges every packet, and the admin policies decide only packets
+	// from or to a pod one of them applies to: those go to the engine
+	// (Program.Queued), and the program decides the rest.
+	Admin         bool
+	AdminSubjects []npav1alpha1.AdminNetworkPolicySubject
 }
 
 type compiler struct {
@@ -129,7 +138,63 @@ func Compile(in Input) *Program {
 			}
 		}
 	}
+	if in.Admin {
+		c.admin(pods)
+	}
 	return c.prog
+}
+
+// admin makes the program the engine's with the admin policies on. The
+// engine then queues every packet, on every node, and evaluatePacket
+// asks the admin policies only of pods they apply to: for a packet
+// neither of whose ends a subject holds, the AdminNetworkPolicies pass,
+// the BaselineAdminNetworkPolicies allow, and the NetworkPolicies alone
+// decide, as without the admin policies but on every packet. So every
+// address of a subject is queued, and every address some NetworkPolicy
+// isolates, on any node, is judged (a packet from or to no such address
+// passes either way).
+func (c *compiler) admin(pods []*corev1.Pod) {
+	c.prog.Queued = map[netip.Addr]bool{}
+	for _, p := range pods {
+		if p.Spec.HostNetwork || !c.subject(p) {
+			continue // the engine resolves no address to a hostNetwork pod
+		}
+		for _, s := range c.podIPs(p) {
+			if a, err := netip.ParseAddr(s); err == nil {
+				c.prog.Queued[a] = true
+			}
+		}
+	}
+	c.prog.Selected = map[netip.Addr]bool{}
+	for _, by := range []map[netip.Addr][]int{c.prog.Egress, c.prog.Ingress} {
+		for a, gs := range by {
+			if len(gs) > 0 {
+				c.prog.Selected[a] = true
+			}
+		}
+	}
+}
+
+// subject is getAdminNetworkPoliciesForPod's and
+// getBaselineAdminNetworkPoliciesForPod's test, for any of the subjects:
+// a namespace selector matches a namespace the cache holds, and a
+// selector that does not parse matches nothing.
+func (c *compiler) subject(p *corev1.Pod) bool {
+	nsLabels, ok := c.ns[p.Namespace]
+	matches := func(ls *metav1.LabelSelector, set labels.Set) bool {
+		sel, err := c.selector(ls)
+		return err == nil && sel.Matches(set)
+	}
+	for i := range c.in.AdminSubjects {
+		s := &c.in.AdminSubjects[i]
+		if s.Namespaces != nil && ok && matches(s.Namespaces, nsLabels) {
+			return true
+		}
+		if s.Pods != nil && ok && matches(&s.Pods.NamespaceSelector, nsLabels) && matches(&s.Pods.PodSelector, labels.Set(p.Labels)) {
+			return true
+		}
+	}
+	return false
 }
 
 func key(p *corev1.Pod) string { return p.Namespace + "/" + p.Name }

@@ -22,6 +22,9 @@ type Hook struct {
 	// related connections, ICMPv6, the node's root processes pass).
 	// Tests that send packets from root leave it out.
 	Prelude bool
+	// Queue is the verdict that hands a packet to the engine (its
+	// NFQUEUE): a program with Queued addresses needs one.
+	Queue expr.Any
 }
 
 // Existing is what the table holds before a load (Current reads it).
@@ -100,6 +103,9 @@ const (
 // the generation flips), so the rules only change once their sets are
 // in.
 func Load(conn *nftables.Conn, table string, hook Hook, p *Program) error {
+	if p.Queued != nil && hook.Queue == nil {
+		return fmt.Errorf("load table %s: the program queues packets to the engine, and the hook has no queue verdict", table)
+	}
 	cur, err := Current(conn, table)
 	if err != nil {
 		return err
@@ -184,6 +190,7 @@ type renderer struct {
 	all    map[string]string
 	suffix string // this generation's, on every name but the stable chains'
 	judged []famSet
+	queued []famSet
 	maps   []famSet
 }
 
@@ -465,6 +472,19 @@ func (r *renderer) dispatchSets() error {
 			return err
 		}
 		r.judged = append(r.judged, famSet{v4: v4, set: s})
+		if r.p.Queued != nil {
+			var queued []nftables.SetElement
+			for _, a := range sortedAddrs(r.p.Queued) {
+				if a.Is4() == v4 {
+					queued = append(queued, nftables.SetElement{Key: a.AsSlice()})
+				}
+			}
+			s := &nftables.Set{Name: "queued" + fam, KeyType: typ}
+			if err := r.set(s, queued); err != nil {
+				return err
+			}
+			r.queued = append(r.queued, famSet{v4: v4, set: s})
+		}
 		for _, dir := range []struct {
 			name string
 			src  bool
@@ -524,6 +544,18 @@ func (r *renderer) dispatch(hook Hook, cur *Existing) {
 		r.rule(dns, &expr.Payload{DestRegister: reg1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}, &expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: binaryutil.BigEndian.PutUint16(53)},
 			&expr.Verdict{Kind: expr.VerdictAccept})
 		r.prelude(base)
+	}
+	// The admin policies' subjects: the engine decides (before judge, as
+	// its rules queue before anything but the prelude).
+	for _, q := range r.queued {
+		for _, c := range []*nftables.Chain{base, dns} {
+			if c == nil {
+				continue
+			}
+			for _, src := range []bool{true, false} {
+				r.rule(c, append(nfproto(q.v4), addr(q.v4, src, reg1), lookup(q.set), hook.Queue)...)
+			}
+		}
 	}
 	for _, j := range r.judged {
 		for _, c := range []*nftables.Chain{base, dns} {

@@ -33,6 +33,17 @@ type Program struct {
 	// that direction has none.
 	Egress, Ingress map[netip.Addr][]int
 	Groups          []*Group
+	// Queued, with the admin policies on (Input.Admin), are the
+	// addresses of the pods an admin policy applies to: a packet from or
+	// to one goes to the engine (NFQUEUE), which decides it. Nil without
+	// them.
+	Queued map[netip.Addr]bool
+}
+
+// Queues reports whether k goes to the engine rather than being decided
+// by the program.
+func (p *Program) Queues(k Packet) bool {
+	return p.Queued[k.Src] || p.Queued[k.Dst]
 }
 
 // Group is the verdict of one set of policies for a pod in one

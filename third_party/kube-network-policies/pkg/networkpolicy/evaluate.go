@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 
+	"github.com/google/nftables/expr"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 )
@@ -35,4 +36,12 @@ func (c *Controller) JudgedIPs() ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// QueueVerdict is the verdict the engine's rules hand a packet to its
+// queue with (cfg's QueueID, QueueCompat and FailOpen): an embedder that
+// writes the rules itself (NoRules) queues what the engine must judge
+// with it.
+func QueueVerdict(cfg Config) expr.Any {
+	return queueExpr(uint16(cfg.QueueID), cfg.QueueCompat, cfg.FailOpen)
 }
