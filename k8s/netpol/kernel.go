@@ -34,10 +34,10 @@ type kernelVerdicts struct {
 	extra      ExtraIPs
 	// admin, if set, are the admin policies' listers (nil for an API
 	// that is off).
-	admin      *adminListers
-	synced     []cache.InformerSynced
-	log        *slog.Logger
-	kick       chan struct{}
+	admin  *adminListers
+	synced []cache.InformerSynced
+	log    *slog.Logger
+	kick   chan struct{}
 	// loaded is closed once a program is in the kernel.
 	loaded chan struct{}
 	// netns is the network namespace whose table it keeps (-1: this
