@@ -135,11 +135,18 @@ type netpolResult struct {
 	udpErr                     error
 	changeAllow, changeDeny    []time.Duration
 	changeErr                  error
+	// RSS with npMany policies; the rates of connRates with the admin
+	// policies on and off (adminRates).
+	rssMany                    float64
+	manyErr                    error
+	adminSel, adminUnsel       float64
+	adminOffSel, adminOffUnsel float64
+	adminErr                   error
 }
 
 func newNetpolResult() netpolResult {
 	return netpolResult{selRate: nan(), unselRate: nan(), rssEmpty: nan(), rssLoaded: nan(),
-		distinctSel: nan(), distinctUnsel: nan(), udpSel: nan(), udpUnsel: nan()}
+		distinctSel: nan(), distinctUnsel: nan(), udpSel: nan(), udpUnsel: nan(), rssMany: nan(), adminSel: nan(), adminUnsel: nan(), adminOffSel: nan(), adminOffUnsel: nan()}
 }
 
 // failRest marks every figure not measured yet as failed with err.
@@ -168,6 +175,12 @@ func (r *netpolResult) failRest(err error) {
 	if math.IsNaN(r.rssLoaded) && r.loadedErr == nil {
 		r.loadedErr = err
 	}
+	if math.IsNaN(r.rssMany) && r.manyErr == nil {
+		r.manyErr = err
+	}
+	if math.IsNaN(r.adminSel) && r.adminErr == nil {
+		r.adminErr = err
+	}
 }
 
 // logErrors logs each figure group's error in full (the table shows the
@@ -176,7 +189,7 @@ func (r netpolResult) logErrors() {
 	for _, e := range []struct {
 		what string
 		err  error
-	}{{"connect latency", r.latErr}, {"connection rate", r.rateErr}, {"distinct sources", r.distinctErr}, {"UDP", r.udpErr}, {"policy change", r.changeErr}, {"RSS empty", r.emptyErr}, {"RSS loaded", r.loadedErr}} {
+	}{{"connect latency", r.latErr}, {"connection rate", r.rateErr}, {"distinct sources", r.distinctErr}, {"UDP", r.udpErr}, {"policy change", r.changeErr}, {"RSS empty", r.emptyErr}, {"RSS loaded", r.loadedErr}, {"RSS with many policies", r.manyErr}, {"admin policies on", r.adminErr}} {
 		if e.err != nil {
 			logf("netpol: %s: %v", e.what, e.err)
 		}
@@ -232,7 +245,16 @@ func netpolFigures(r netpolResult, o options) []figure {
 	} else if changeErr == "" {
 		changeErr = "no samples"
 	}
+	many, manyErr := r.rssMany, errStr(r.manyErr)
+	if manyErr != "" {
+		many = nan()
+	}
+	adminSel, adminUnsel, adminOffSel, adminOffUnsel, adminErr := r.adminSel, r.adminUnsel, r.adminOffSel, r.adminOffUnsel, errStr(r.adminErr)
+	if adminErr != "" {
+		adminSel, adminUnsel, adminOffSel, adminOffUnsel = nan(), nan(), nan(), nan()
+	}
 	const base = "unselected pod"
+	const adminBase = "the same, admin policies off"
 	return []figure{
 		{Section: sec, Name: "TCP connect p50, to the pod the policies select", Value: selP50, Base: unP50, BaseName: base, Unit: "ms", Limit: nan(), Err: latErr},
 		{Section: sec, Name: "TCP connect p99, to the pod the policies select", Value: selP99, Base: unP99, BaseName: base, Unit: "ms", Limit: nan(), Err: latErr},
@@ -243,14 +265,17 @@ func netpolFigures(r netpolResult, o options) []figure {
 		{Section: sec, Name: fmt.Sprintf("UDP request/response per second, a new source port each, %d concurrent clients, to the pod the policies select", npWorkers), Value: udpSel, Base: udpUnsel, BaseName: base, Unit: "req/s", Ratio: true, Limit: 0.95, Err: udpErr},
 		{Section: sec, Name: "a policy change holds for new connections, p99 (allowing)", Value: changeAllow, Base: nan(), Unit: "ms", Max: true, Limit: 100, Err: changeErr},
 		{Section: sec, Name: "a policy change holds for new connections, p99 (taking back)", Value: changeDeny, Base: nan(), Unit: "ms", Max: true, Limit: 100, Err: changeErr},
+		{Section: sec, Name: fmt.Sprintf("new TCP connections per second, %d concurrent clients, to the pod the policies select, with AdminNetworkPolicy and BaselineAdminNetworkPolicy on (applying to another pod)", npWorkers), Value: adminSel, Base: adminOffSel, BaseName: adminBase, Unit: "conn/s", Ratio: true, Limit: 0.95, Err: adminErr},
+		{Section: sec, Name: fmt.Sprintf("new TCP connections per second, %d concurrent clients, to the unselected pod, with AdminNetworkPolicy and BaselineAdminNetworkPolicy on (applying to another pod)", npWorkers), Value: adminUnsel, Base: adminOffUnsel, BaseName: adminBase, Unit: "conn/s", Ratio: true, Limit: 0.95, Err: adminErr},
 		{Section: sec, Name: fmt.Sprintf("flock-policy RSS, empty (no policies, %d pods)", len(npPodSpecs(o.npPolicies))), Value: empty, Base: nan(), Unit: "MB", Limit: nan(), Err: errStr(r.emptyErr)},
 		{Section: sec, Name: fmt.Sprintf("flock-policy RSS, loaded (%d policies, %d pods)", o.npPolicies, len(npPodSpecs(o.npPolicies))+o.npPods), Value: loaded, Base: empty, BaseName: "empty", Unit: "MB", Limit: nan(), Err: errStr(r.loadedErr)},
+		{Section: sec, Name: fmt.Sprintf("flock-policy RSS, %d policies (%d pods)", npMany, len(npPodSpecs(o.npPolicies))+o.npPods), Value: many, Base: empty, BaseName: "empty", Unit: "MB", Limit: nan(), Err: manyErr},
 	}
 }
 
 func netpolNote(o options) string {
-	return fmt.Sprintf("NetworkPolicy: flock-policy (bin/flock-policy, `--kubeconfig` of the API-only lab, metrics on loopback, no admin or agent socket) runs in a node namespace of its own, so its table inet %s holds only in that namespace; five pod namespaces hang off it by veth, routed (IPv6, %s). They are Pod objects on the node (status.podIPs set through the status subresource) in a labelled Namespace; the servers are TCP listeners inside the pod namespaces. %d NetworkPolicies select one server (app=server), each allowing the client by its label plus a rule of its own (another peer label, the namespace's label, the port); the other server no policy selects. Timing starts once /readyz answers 200 and the policies are seen in effect: a pod no policy allows cannot connect (its SYN dropped) while the one only the last-created policy allows can. Latency: %d sequential connects from the client to each server, alternating, after a warm-up (each a full handshake, then closed with a reset so that no TIME_WAIT is left). Rate: %d clients connecting as fast as they can for %s per server, in halves ordered selected, unselected, unselected, selected. Distinct sources: %d addresses on the client's eth0, outside any pod's (the first policy also allows them by ipBlock), each connecting once to each server per run, %d at a time, runs ordered as above. UDP: the same %d clients, each request from a new socket (a new source port, a new flow as each DNS query is) answered by an echo server in the pod, for %s per server. Policy change: a policy letting the intruder in is created (then deleted), and the intruder tries a new connection with a 10 ms timeout after another until the change decides it, %d times each way; the time runs from the API's answer. Targets: the policies' verdicts are the kernel's (flock-policy compiles them into nftables), so a selected pod's rates are at least 0.95× an unselected pod's and they add at most 0.1 ms to a connect's p99. RSS is VmRSS, read %s after the engine is ready with no policies and %s after the timed runs with %d more Pod objects in the API (on ten nodes, a tenth on this one), and only while the process is verified alive.",
-		"flock-netpol", npNet, o.npPolicies, o.npConnects, npWorkers, o.npRateTime, npDistinct, npWorkers, npWorkers, o.npRateTime, npChanges, o.settle, o.settle, o.npPods)
+	return fmt.Sprintf("NetworkPolicy: flock-policy (bin/flock-policy, `--kubeconfig` of the API-only lab, metrics on loopback, no admin or agent socket) runs in a node namespace of its own, so its table inet %s holds only in that namespace; five pod namespaces hang off it by veth, routed (IPv6, %s). They are Pod objects on the node (status.podIPs set through the status subresource) in a labelled Namespace; the servers are TCP listeners inside the pod namespaces. %d NetworkPolicies select one server (app=server), each allowing the client by its label plus a rule of its own (another peer label, the namespace's label, the port); the other server no policy selects. Timing starts once /readyz answers 200 and the policies are seen in effect: a pod no policy allows cannot connect (its SYN dropped) while the one only the last-created policy allows can. Latency: %d sequential connects from the client to each server, alternating, after a warm-up (each a full handshake, then closed with a reset so that no TIME_WAIT is left). Rate: %d clients connecting as fast as they can for %s per server, in halves ordered selected, unselected, unselected, selected. Distinct sources: %d addresses on the client's eth0, outside any pod's (the first policy also allows them by ipBlock), each connecting once to each server per run, %d at a time, runs ordered as above. UDP: the same %d clients, each request from a new socket (a new source port, a new flow as each DNS query is) answered by an echo server in the pod, for %s per server. Policy change: a policy letting the intruder in is created (then deleted), and the intruder tries a new connection with a 10 ms timeout after another until the change decides it, %d times each way; the time runs from the API's answer. Targets: the policies' verdicts are the kernel's (flock-policy compiles them into nftables), so a selected pod's rates are at least 0.95× an unselected pod's and they add at most 0.1 ms to a connect's p99. RSS is VmRSS, read %s after the engine is ready with no policies and %s after the timed runs with %d more Pod objects in the API (on ten nodes, a tenth on this one), and only while the process is verified alive; then policies are added up to %d (like the others, selecting the server) and a marker selecting the open server, whose drop of the intruder says the kernel holds them all, and the RSS is read again %s later. Admin policies: the added policies go; the connection rates are measured as above with both admin APIs off, then flock-policy stops, the AdminNetworkPolicy and BaselineAdminNetworkPolicy CRDs are installed with one policy of each applying to another Pod (on another node, in the API only), flock-policy starts again with both APIs on and the rates are measured twice (once ready and the NetworkPolicies in effect), then once more with them off after another restart: on against off, each the mean of its two runs. Only the subjects' connections go to the engine's queue (the log counts what the queue saw), so the other pods' rates hold (at least 0.95×).",
+		"flock-netpol", npNet, o.npPolicies, o.npConnects, npWorkers, o.npRateTime, npDistinct, npWorkers, npWorkers, o.npRateTime, npChanges, o.settle, o.settle, o.npPods, npMany, o.settle)
 }
 
 // measureNetpol builds the section's namespaces and API objects, starts
@@ -375,7 +400,20 @@ func measureNetpol(ctx context.Context, a *apiLab, dir, binDir, prefix string, o
 	if r.loadedErr == nil {
 		logf("netpol: flock-policy loaded: %.1f MB", r.rssLoaded)
 	}
+
+	logf("netpol: %d policies; RSS in %s", npMany, o.settle)
+	r.rssMany, r.manyErr = l.manyRSS(ctx, a.cs, p, o.npPolicies, o.settle)
+	if r.manyErr == nil {
+		logf("netpol: flock-policy with %d policies: %.1f MB", npMany, r.rssMany)
+	}
 	// Whatever was not measured by now failed with the process.
 	r.failRest(p.exited())
+	if r.adminErr != nil {
+		return r
+	}
+	logf("netpol: admin policies off, on, on, off; connection rates, %d clients, %s per server each time", npWorkers, o.npRateTime)
+	var on, off [2]float64
+	on, off, r.adminErr = l.adminRates(ctx, a, p, binDir, dir, metrics, o.npRateTime)
+	r.adminSel, r.adminUnsel, r.adminOffSel, r.adminOffUnsel = on[0], on[1], off[0], off[1]
 	return r
 }

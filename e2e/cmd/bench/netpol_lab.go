@@ -503,15 +503,15 @@ type policyProc struct {
 
 // startPolicy starts bin/flock-policy inside node (a child inherits the
 // namespace of the thread that starts it), its log to dir.
-func startPolicy(node *lab.NS, binDir, dir, kubeconfig, metrics string) (*policyProc, error) {
+func startPolicy(node *lab.NS, binDir, dir, kubeconfig, metrics string, args ...string) (*policyProc, error) {
 	logPath := filepath.Join(dir, "flock-policy.log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	cmd := exec.Command(filepath.Join(binDir, "flock-policy"), "--node-name="+npNode, "--kubeconfig="+kubeconfig,
-		"--metrics-address="+metrics, "--admin-socket=", "--agent-socket=")
+	cmd := exec.Command(filepath.Join(binDir, "flock-policy"), append([]string{"--node-name=" + npNode, "--kubeconfig=" + kubeconfig,
+		"--metrics-address=" + metrics, "--admin-socket=", "--agent-socket="}, args...)...)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := node.InNS(cmd.Start); err != nil {
 		return nil, fmt.Errorf("start flock-policy in %s: %w", node.Name, err)

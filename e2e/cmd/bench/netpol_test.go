@@ -160,8 +160,11 @@ func TestNetpolFigures(t *testing.T) {
 	r.distinctSel, r.distinctUnsel = 990, 1000
 	r.udpSel, r.udpUnsel = 2000, 2000
 	r.changeAllow, r.changeDeny = samples(20*time.Millisecond, 20), samples(150*time.Millisecond, 20)
+	r.rssMany = 45
+	r.adminSel, r.adminUnsel = 4900, 15000
+	r.adminOffSel, r.adminOffUnsel = 5000, 20000
 	figs := netpolFigures(r, o)
-	if len(figs) != 11 {
+	if len(figs) != 14 {
 		t.Fatalf("%d figures", len(figs))
 	}
 	f := findFigure(t, figs, added99)
@@ -185,6 +188,23 @@ func TestNetpolFigures(t *testing.T) {
 	}
 	if f := findFigure(t, figs, "flock-policy RSS, loaded"); f.Value != 30 || f.Base != 20 || !strings.Contains(f.Name, "1005 pods") {
 		t.Errorf("loaded RSS: %+v", f)
+	}
+
+	if f := findFigure(t, figs, "flock-policy RSS, 1000 policies"); f.Value != 45 || f.Base != 20 {
+		t.Errorf("RSS with 1000 policies: %+v", f)
+	}
+	// With the admin policies on, against the same pod with them off.
+	if f := findFigure(t, figs, "new TCP connections per second, 8 concurrent clients, to the pod the policies select, with AdminNetworkPolicy"); f.Value != 4900 || f.Base != 5000 || verdict(f) != "met" {
+		t.Errorf("admin on, selected at 0.98×: %+v, verdict %q", f, verdict(f))
+	}
+	if f := findFigure(t, figs, "new TCP connections per second, 8 concurrent clients, to the unselected pod, with AdminNetworkPolicy"); f.Value != 15000 || f.Base != 20000 || verdict(f) == "met" {
+		t.Errorf("admin on, unselected at 0.75×: %+v, verdict %q", f, verdict(f))
+	}
+	// The comparison failed part-way: not met, and says why.
+	r2 := r
+	r2.adminErr = errors.New("boom")
+	if f := findFigure(t, netpolFigures(r2, o), "new TCP connections per second, 8 concurrent clients, to the unselected pod, with AdminNetworkPolicy"); f.Err == "" || verdict(f) == "met" {
+		t.Errorf("admin on without a baseline: %+v, verdict %q", f, verdict(f))
 	}
 
 	// Over the target.
