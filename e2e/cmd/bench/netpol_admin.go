@@ -140,7 +140,7 @@ spec:
 // applying to another pod), in the order off, on, on, off (the machine's
 // speed drifts): p, with them off, runs the first; flock-policy then
 // restarts with them on, and again with them off (stopped on return).
-func (l *npLab) adminRates(ctx context.Context, a *apiLab, p *policyProc, binDir, dir, metrics string, rateTime time.Duration) (on, off [2]float64, err error) {
+func (l *npLab) adminRates(ctx context.Context, a *apiLab, p *policyProc, binDir, dir, metrics string, rateTime time.Duration) (on, off [2]float64, queued int, err error) {
 	var sums [2][2]float64 // [on][selected, unselected]
 	measure := func(p *policyProc, admin bool) error {
 		// Each from a conntrack table its predecessor's closed
@@ -183,8 +183,8 @@ func (l *npLab) adminRates(ctx context.Context, a *apiLab, p *policyProc, binDir
 		}
 		return p, nil
 	}
-	fail := func(err error) ([2]float64, [2]float64, error) {
-		return [2]float64{nan(), nan()}, [2]float64{nan(), nan()}, err
+	fail := func(err error) ([2]float64, [2]float64, int, error) {
+		return [2]float64{nan(), nan()}, [2]float64{nan(), nan()}, -1, err
 	}
 	if err := measure(p, false); err != nil {
 		return fail(err)
@@ -207,18 +207,25 @@ func (l *npLab) adminRates(ctx context.Context, a *apiLab, p *policyProc, binDir
 	if err != nil {
 		return fail(err)
 	}
-	queued := l.queuedPackets()
-	err = measure(pa, true)
+	// The subject's address alone is queued: the runs send nothing to
+	// the engine.
+	before, err := l.queuedPackets()
 	if err == nil {
 		err = measure(pa, true)
 	}
-	// The subject's address alone is queued: the rates above sent
-	// nothing to the engine.
-	logf("netpol: packets the engine's queue saw during the runs with the admin policies on: %d", l.queuedPackets()-queued)
+	if err == nil {
+		err = measure(pa, true)
+	}
+	var after int
+	if err == nil {
+		after, err = l.queuedPackets()
+	}
 	pa.stop()
 	if err != nil {
 		return fail(err)
 	}
+	queued = after - before
+	logf("netpol: packets the engine's queue saw during the runs with the admin policies on: %d", queued)
 	po, err := restart(false)
 	if err != nil {
 		return fail(err)
@@ -227,32 +234,32 @@ func (l *npLab) adminRates(ctx context.Context, a *apiLab, p *policyProc, binDir
 	if err := measure(po, false); err != nil {
 		return fail(err)
 	}
-	return sums[1], sums[0], nil
+	return sums[1], sums[0], queued, nil
 }
 
-// queuedPackets is how many packets the node namespace's NFQUEUEs have
-// been handed (the id sequence of /proc/net/netfilter/nfnetlink_queue's
-// lines, summed); 0 if it cannot be read.
-func (l *npLab) queuedPackets() int {
-	var n int
-	_ = l.node.InNS(func() error {
+// queuedPackets is how many packets the engine's NFQUEUE (100, in the
+// node namespace) has been handed: its id sequence in
+// /proc/net/netfilter/nfnetlink_queue. An error if the queue is not
+// bound (no engine reads it: the count would prove nothing).
+func (l *npLab) queuedPackets() (int, error) {
+	n := -1
+	err := l.node.InNS(func() error {
 		b, err := os.ReadFile("/proc/net/netfilter/nfnetlink_queue")
 		if err != nil {
 			return err
 		}
 		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-			f := strings.Fields(line)
 			// queue_number peer_portid queue_total copy_mode
 			// copy_range queue_dropped user_dropped id_sequence 1
-			if len(f) >= 8 {
-				if v, err := strconv.Atoi(f[7]); err == nil {
-					n += v
-				}
+			f := strings.Fields(line)
+			if len(f) >= 8 && f[0] == "100" {
+				n, err = strconv.Atoi(f[7])
+				return err
 			}
 		}
-		return nil
+		return fmt.Errorf("NFQUEUE 100 is not bound in the node namespace:\n%s", b)
 	})
-	return n
+	return n, err
 }
 
 // settleConntrack waits (up to timeout) until the node namespace's

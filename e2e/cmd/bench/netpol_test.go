@@ -164,7 +164,7 @@ func TestNetpolFigures(t *testing.T) {
 	r.adminSel, r.adminUnsel = 4900, 15000
 	r.adminOffSel, r.adminOffUnsel = 5000, 20000
 	figs := netpolFigures(r, o)
-	if len(figs) != 14 {
+	if len(figs) != 15 {
 		t.Fatalf("%d figures", len(figs))
 	}
 	f := findFigure(t, figs, added99)
@@ -199,6 +199,14 @@ func TestNetpolFigures(t *testing.T) {
 	}
 	if f := findFigure(t, figs, "new TCP connections per second, 8 concurrent clients, to the unselected pod, with AdminNetworkPolicy"); f.Value != 15000 || f.Base != 20000 || verdict(f) == "met" {
 		t.Errorf("admin on, unselected at 0.75×: %+v, verdict %q", f, verdict(f))
+	}
+	if f := findFigure(t, figs, "packets sent to the engine's queue"); f.Value != 0 || verdict(f) != "met" {
+		t.Errorf("nothing queued: %+v, verdict %q", f, verdict(f))
+	}
+	r3 := r
+	r3.adminQueued = 12
+	if f := findFigure(t, netpolFigures(r3, o), "packets sent to the engine's queue"); verdict(f) == "met" {
+		t.Errorf("12 packets queued: verdict %q", verdict(f))
 	}
 	// The comparison failed part-way: not met, and says why.
 	r2 := r
