@@ -28,8 +28,8 @@ import (
 
 // The names kube-proxy's nftables proxier gives its objects.
 const (
-	Table            = "kube-proxy"
-	ServiceIPs       = "service-ips"
+	Table              = "kube-proxy"
+	ServiceIPs         = "service-ips"
 	NoEndpointServices = "no-endpoint-services"
 )
 
