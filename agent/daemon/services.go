@@ -2,11 +2,17 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"strings"
 	"time"
 
+	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+
 	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
+	"code.fritzlab.net/fritzlab/flock/dataplane/kubeproxy"
 	"code.fritzlab.net/fritzlab/flock/k8s/claims"
 	"code.fritzlab.net/fritzlab/flock/k8s/services"
 )
@@ -26,6 +32,7 @@ func (d *daemon) serviceOptions() services.Options {
 			return err
 		},
 		Aggregate: d.serviceAggregate,
+		ReadProxy: readKubeProxy,
 	}
 	if d.kube != nil {
 		o.Holder = func(ip netip.Addr, namespace, name, uid string) (bool, string) {
@@ -132,4 +139,28 @@ func (d *daemon) drainServices(wait func(time.Duration)) {
 	cancel()
 	d.log.Info("planned stop: Service routes draining (GRACEFUL_SHUTDOWN)", "routes", len(routes), "wait", time.Duration(secs)*time.Second, "sent", err == nil)
 	wait(time.Duration(secs) * time.Second)
+}
+
+// readKubeProxy reads kube-proxy's rules in this network namespace.
+func readKubeProxy() (services.Proxy, error) {
+	conn, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	s, err := kubeproxy.Read(conn)
+	if err != nil {
+		return nil, err
+	}
+	return kubeProxy{s}, nil
+}
+
+// kubeProxy answers services.Proxy from a reading of kube-proxy's rules.
+type kubeProxy struct{ s *kubeproxy.Snapshot }
+
+func (p kubeProxy) Delivers(ip netip.Addr, proto corev1.Protocol, port int32) (bool, bool) {
+	n, ok := map[corev1.Protocol]uint8{corev1.ProtocolTCP: unix.IPPROTO_TCP, corev1.ProtocolUDP: unix.IPPROTO_UDP, corev1.ProtocolSCTP: unix.IPPROTO_SCTP}[proto]
+	if !ok || port < 1 || port > 65535 {
+		return false, false
+	}
+	return p.s.Delivers(kubeproxy.Key{Addr: ip, Proto: n, Port: uint16(port)})
 }

@@ -52,6 +52,26 @@ type Options struct {
 	// are aggregated (Local ones must steer to the nodes with endpoints,
 	// draining ones carry their own attributes). Nil: never.
 	Aggregate func(use string, ip netip.Addr) netip.Prefix
+	// ReadProxy reads what this node's Service proxy has programmed
+	// (dataplane/kubeproxy). An address that starts being delivered goes
+	// out only once the proxy delivers it on every port of the Service:
+	// kube-proxy applies an EndpointSlice change up to its
+	// min-sync-period after flock reads it, and a flow sent meanwhile
+	// misses its DNAT. An address already advertised is not read again.
+	// Nil, a failed read, or a family whose rules cannot be read: no
+	// wait (the decision alone, as kube-proxy's rules would take it).
+	ReadProxy func() (Proxy, error)
+	// hold, set by the controller for one recompute, gives the reason
+	// to keep an address kube-proxy would deliver back ("" none).
+	hold func(a Address, s *corev1.Service) string
+}
+
+// Proxy is a reading of the node's Service proxy.
+type Proxy interface {
+	// Delivers reports whether the proxy sends traffic to ip, port and
+	// protocol to an endpoint; known is false when its rules for ip's
+	// family cannot be read.
+	Delivers(ip netip.Addr, proto corev1.Protocol, port int32) (delivers, known bool)
 }
 
 // Source of an address.
@@ -75,6 +95,7 @@ const (
 	ReasonMalformed     = "not an IP address"
 	ReasonNotClaimed    = "address not claimed by this Service"
 	ReasonWrongFamily   = "no kube-proxy of this family serves the Service"
+	ReasonProxyPending  = "kube-proxy has not programmed it yet"
 )
 
 // Address is one Service address and what this node does with it.
@@ -172,6 +193,12 @@ func ForService(o Options, s *corev1.Service, eps []*discoveryv1.EndpointSlice) 
 		a.Reason, a.Endpoints = string(d.Reason), d.Endpoints
 		switch d.State {
 		case delivery.Advertise:
+			if o.hold != nil {
+				if why := o.hold(a, s); why != "" {
+					a.State, a.Reason = StateNotAdvertised, why
+					break
+				}
+			}
 			a.State, a.Route = StateAdvertised, netip.PrefixFrom(a.IP, a.IP.BitLen())
 			if o.Aggregate != nil && !local {
 				if agg := o.Aggregate(use, a.IP); agg.IsValid() && agg.Contains(a.IP) {

@@ -2,11 +2,13 @@ package services
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/netip"
 	"slices"
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -43,7 +45,15 @@ type Controller struct {
 	wake    chan struct{}
 	changed chan struct{}
 	changes uint64 // route set changes published
+	// held are the Services with an address kept back for kube-proxy;
+	// retrying says a retry of them is scheduled.
+	held     map[string]bool
+	retrying bool
 }
+
+// proxyRetry is how soon a Service whose address waits for kube-proxy is
+// decided again.
+const proxyRetry = 100 * time.Millisecond
 
 // New takes the informers from f and registers the handlers (before f
 // runs).
@@ -197,6 +207,7 @@ func (k *Controller) Run(ctx context.Context) error {
 // recompute decides the marked Services again and publishes the routes
 // when they changed.
 func (k *Controller) recompute() {
+	var held map[string]bool
 	k.mu.Lock()
 	o, all := k.opts, k.all
 	keys := slices.Collect(maps.Keys(k.dirty))
@@ -211,6 +222,7 @@ func (k *Controller) recompute() {
 			}
 		}
 	}
+	o.hold, held = k.holder(o)
 	rows := make(map[string][]Address, len(keys))
 	for _, key := range keys {
 		obj, ok, err := k.svcs.GetStore().GetByKey(key)
@@ -242,6 +254,16 @@ func (k *Controller) recompute() {
 	if !same {
 		k.changes++
 	}
+	if len(held) > 0 {
+		if k.held == nil {
+			k.held = map[string]bool{}
+		}
+		maps.Copy(k.held, held)
+		if !k.retrying {
+			k.retrying = true
+			time.AfterFunc(proxyRetry, k.retryHeld)
+		}
+	}
 	k.mu.Unlock()
 	k.log.Debug("services: recomputed", "services", len(keys), "all", all, "routes", len(routes))
 	if !same {
@@ -251,6 +273,66 @@ func (k *Controller) recompute() {
 		default:
 		}
 	}
+}
+
+// holder is the hold of one recompute: it reads the proxy once, on the
+// first address that starts being advertised, and records the Services
+// whose addresses it keeps back.
+func (k *Controller) holder(o Options) (func(Address, *corev1.Service) string, map[string]bool) {
+	if o.ReadProxy == nil {
+		return nil, nil
+	}
+	held := map[string]bool{}
+	var (
+		read bool
+		p    Proxy
+	)
+	return func(a Address, s *corev1.Service) string {
+		// Advertised or draining already: the proxy delivered it.
+		for _, r := range k.rows[Key(s)] {
+			if r.IP == a.IP && (r.State == StateAdvertised || r.State == StateDraining) {
+				return ""
+			}
+		}
+		if !read {
+			read = true
+			var err error
+			if p, err = o.ReadProxy(); err != nil {
+				k.log.Warn("services: kube-proxy's rules not read; addresses go out as decided, without waiting for them", "err", err)
+				p = nil
+			}
+		}
+		if p == nil {
+			return ""
+		}
+		for _, sp := range s.Spec.Ports {
+			proto := sp.Protocol
+			if proto == "" {
+				proto = corev1.ProtocolTCP
+			}
+			d, known := p.Delivers(a.IP, proto, sp.Port)
+			if !known {
+				return ""
+			}
+			if !d {
+				held[Key(s)] = true
+				return fmt.Sprintf("%s (port %d/%s)", ReasonProxyPending, sp.Port, proto)
+			}
+		}
+		return ""
+	}, held
+}
+
+// retryHeld decides the held Services again.
+func (k *Controller) retryHeld() {
+	k.mu.Lock()
+	for key := range k.held {
+		k.dirty[key] = struct{}{}
+	}
+	clear(k.held)
+	k.retrying = false
+	k.mu.Unlock()
+	k.poke()
 }
 
 func (k *Controller) slices(key string) []*discoveryv1.EndpointSlice {

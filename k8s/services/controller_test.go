@@ -3,8 +3,12 @@ package services
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -105,5 +109,135 @@ func TestController(t *testing.T) {
 	}
 	if rows := c.Addresses(); len(rows) != 0 {
 		t.Errorf("Addresses after the Service went: %v", rows)
+	}
+}
+
+// fakeProxy is a Service proxy's rules as a test sets them.
+type fakeProxy struct {
+	mu        sync.Mutex
+	delivered map[string]bool // "ip port/proto"
+	unknown   bool            // its rules cannot be read for any family
+	fail      error
+	reads     int
+}
+
+func (f *fakeProxy) set(key string, on bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.delivered[key] = on
+}
+
+func (f *fakeProxy) read() (Proxy, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reads++
+	if f.fail != nil {
+		return nil, f.fail
+	}
+	return proxyReading{maps.Clone(f.delivered), f.unknown}, nil
+}
+
+func (f *fakeProxy) readCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.reads
+}
+
+type proxyReading struct {
+	delivered map[string]bool
+	unknown   bool
+}
+
+func (p proxyReading) Delivers(ip netip.Addr, proto corev1.Protocol, port int32) (bool, bool) {
+	return p.delivered[fmt.Sprintf("%s %d/%s", ip, port, proto)], !p.unknown
+}
+
+func withPorts(ports ...corev1.ServicePort) svcOpt {
+	return func(s *corev1.Service) { s.Spec.Ports = ports }
+}
+
+// An address kube-proxy would deliver goes out only once kube-proxy has
+// programmed it on every port of the Service; once out, the proxy is not
+// read again for it; a proxy whose rules cannot be read holds nothing.
+func TestControllerWaitsForProxy(t *testing.T) {
+	ports := withPorts(corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}, corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP})
+	web := svc("web", ingress("2001:db8:1b::1"), local, ports)
+	sl := slicesFor("web", ep{node, "fd00:10::1", "ready"})[0]
+	cs := fake.NewClientset(web, sl)
+	px := &fakeProxy{delivered: map[string]bool{}}
+	c := startController(t, cs, Options{Node: node, Authorize: authorize, ReadProxy: px.read})
+	ctx := context.Background()
+	p := netip.MustParsePrefix("2001:db8:1b::1/128")
+	out := map[netip.Prefix]Route{p: {Path: advert.Path{Kind: advert.Service}, Owners: []string{"shop/web"}}}
+
+	testutil.Eventually(t, "held for kube-proxy", func() (bool, string) {
+		rows := c.Addresses()
+		return len(rows) == 1 && rows[0].State == StateNotAdvertised && strings.HasPrefix(rows[0].Reason, ReasonProxyPending), fmt.Sprint(rows)
+	})
+	if r := c.Routes(); len(r) != 0 {
+		t.Fatalf("routes while kube-proxy has not programmed the address: %v", r)
+	}
+	// One port of two is not enough.
+	px.set("2001:db8:1b::1 80/TCP", true)
+	before := px.readCount()
+	testutil.Eventually(t, "read again", func() (bool, string) { return px.readCount() > before+2, fmt.Sprint(px.readCount()) })
+	if r := c.Routes(); len(r) != 0 {
+		t.Fatalf("routes with port 53/UDP not programmed: %v", r)
+	}
+	if rows := c.Addresses(); !strings.Contains(rows[0].Reason, "53/UDP") {
+		t.Errorf("the reason does not name the port waited for: %q", rows[0].Reason)
+	}
+	px.set("2001:db8:1b::1 53/UDP", true)
+	waitRoutes(t, c, "advertised once programmed", out)
+
+	// Out: changes of its Service read the proxy no more, even if it
+	// says otherwise now (kube-proxy delivered it; the decision alone
+	// takes it back).
+	px.set("2001:db8:1b::1 80/TCP", false)
+	reads := px.readCount()
+	sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{"fd00:10::2"}, NodeName: new("node-b"), Conditions: discoveryv1.EndpointConditions{Ready: new(true)}})
+	if _, err := cs.DiscoveryV1().EndpointSlices("shop").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the update seen", func() (bool, string) {
+		rows := c.Addresses()
+		return len(rows) == 1 && rows[0].Endpoints == 1 && c.Changes() > 0, fmt.Sprint(rows)
+	})
+	time.Sleep(3 * proxyRetry)
+	if n := px.readCount(); n != reads {
+		t.Errorf("the proxy was read %d more times for an address already out", n-reads)
+	}
+	waitRoutes(t, c, "still advertised", out)
+
+	// Withdrawn (no local endpoint), then back: held again until
+	// programmed.
+	sl.Endpoints[0].Conditions = discoveryv1.EndpointConditions{Ready: new(false), Serving: new(false)}
+	if _, err := cs.DiscoveryV1().EndpointSlices("shop").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRoutes(t, c, "withdrawn", map[netip.Prefix]Route{})
+	sl.Endpoints[0].Conditions = discoveryv1.EndpointConditions{Ready: new(true)}
+	if _, err := cs.DiscoveryV1().EndpointSlices("shop").Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "held again", func() (bool, string) {
+		rows := c.Addresses()
+		return len(rows) == 1 && strings.HasPrefix(rows[0].Reason, ReasonProxyPending), fmt.Sprint(rows)
+	})
+	px.set("2001:db8:1b::1 80/TCP", true)
+	waitRoutes(t, c, "out again", out)
+
+	// Rules that cannot be read hold nothing, nor does a failed read.
+	for _, tc := range []struct {
+		name    string
+		unknown bool
+		fail    error
+	}{{"unknown family", true, nil}, {"failed read", false, fmt.Errorf("netlink: permission denied")}} {
+		t.Run(tc.name, func(t *testing.T) {
+			px := &fakeProxy{delivered: map[string]bool{}, unknown: tc.unknown, fail: tc.fail}
+			cs := fake.NewClientset(svc("web", ingress("2001:db8:1b::1"), local, ports), slicesFor("web", ep{node, "fd00:10::1", "ready"})[0])
+			c := startController(t, cs, Options{Node: node, Authorize: authorize, ReadProxy: px.read})
+			waitRoutes(t, c, "advertised at once", out)
+		})
 	}
 }
