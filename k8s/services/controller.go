@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,11 +50,19 @@ type Controller struct {
 	// retrying says a retry of them is scheduled.
 	held     map[string]bool
 	retrying bool
+	// heldSince is when each held address (by Service) began to wait;
+	// only Run's goroutine touches it.
+	heldSince map[string]map[netip.Addr]time.Time
 }
 
 // proxyRetry is how soon a Service whose address waits for kube-proxy is
 // decided again.
 const proxyRetry = 100 * time.Millisecond
+
+// proxyHoldMax bounds the wait for kube-proxy: an address it has not
+// taken by then goes out as decided (a table left by a kube-proxy that
+// is gone would otherwise hold every new address). A variable for tests.
+var proxyHoldMax = 30 * time.Second
 
 // New takes the informers from f and registers the handlers (before f
 // runs).
@@ -63,7 +72,7 @@ func New(f *kubeclient.Factory, c Clients, o Options, log *slog.Logger) *Control
 	}
 	k := &Controller{
 		log: log, opts: o, dirty: map[string]struct{}{}, rows: map[string][]Address{}, routes: map[netip.Prefix]Route{},
-		wake: make(chan struct{}, 1), changed: make(chan struct{}, 1),
+		wake: make(chan struct{}, 1), changed: make(chan struct{}, 1), heldSince: map[string]map[netip.Addr]time.Time{},
 	}
 	k.svcs = f.Informer("services", func() cache.SharedIndexInformer {
 		return kubeclient.NewInformer(c.Services, &corev1.Service{}, nil)
@@ -244,6 +253,19 @@ func (k *Controller) recompute() {
 			k.rows[key] = r
 		}
 	}
+	// A Service decided again forgets the waits of addresses no longer
+	// held (they start over if they wait again).
+	for key := range rows {
+		for ip := range k.heldSince[key] {
+			still := false
+			for _, a := range rows[key] {
+				still = still || a.IP == ip && strings.HasPrefix(a.Reason, ReasonProxyPending)
+			}
+			if !still {
+				k.unhold(key, ip)
+			}
+		}
+	}
 	var flat []Address
 	for _, r := range k.rows {
 		flat = append(flat, r...)
@@ -277,7 +299,12 @@ func (k *Controller) recompute() {
 
 // holder is the hold of one recompute: it reads the proxy once, on the
 // first address that starts being advertised, and records the Services
-// whose addresses it keeps back.
+// whose addresses it keeps back. An address goes out once the proxy
+// delivers one of the Service's ports (delivery.Decide advertises on
+// one, and kube-proxy writes a Service's ports in one transaction; a
+// port without endpoints it never programs), or once it has waited
+// proxyHoldMax (a table kube-proxy left behind, or rules this reading
+// does not know).
 func (k *Controller) holder(o Options) (func(Address, *corev1.Service) string, map[string]bool) {
 	if o.ReadProxy == nil {
 		return nil, nil
@@ -287,9 +314,11 @@ func (k *Controller) holder(o Options) (func(Address, *corev1.Service) string, m
 		read bool
 		p    Proxy
 	)
+	now := time.Now()
 	return func(a Address, s *corev1.Service) string {
+		key := Key(s)
 		// Advertised or draining already: the proxy delivered it.
-		for _, r := range k.rows[Key(s)] {
+		for _, r := range k.rows[key] {
 			if r.IP == a.IP && (r.State == StateAdvertised || r.State == StateDraining) {
 				return ""
 			}
@@ -305,22 +334,46 @@ func (k *Controller) holder(o Options) (func(Address, *corev1.Service) string, m
 		if p == nil {
 			return ""
 		}
+		var waiting []string
 		for _, sp := range s.Spec.Ports {
 			proto := sp.Protocol
 			if proto == "" {
 				proto = corev1.ProtocolTCP
 			}
 			d, known := p.Delivers(a.IP, proto, sp.Port)
-			if !known {
+			if !known || d {
+				k.unhold(key, a.IP)
 				return ""
 			}
-			if !d {
-				held[Key(s)] = true
-				return fmt.Sprintf("%s (port %d/%s)", ReasonProxyPending, sp.Port, proto)
-			}
+			waiting = append(waiting, fmt.Sprintf("%d/%s", sp.Port, proto))
 		}
-		return ""
+		if len(waiting) == 0 {
+			return "" // no port: nothing for kube-proxy to program
+		}
+		since, ok := k.heldSince[key][a.IP]
+		if !ok {
+			if k.heldSince[key] == nil {
+				k.heldSince[key] = map[netip.Addr]time.Time{}
+			}
+			k.heldSince[key][a.IP], since = now, now
+		}
+		if waited := now.Sub(since); waited >= proxyHoldMax {
+			k.log.Warn("services: kube-proxy's rules still do not deliver the address; advertising it as decided", "service", key, "ip", a.IP, "waited", waited.Round(time.Second))
+			return ""
+		}
+		held[key] = true
+		return fmt.Sprintf("%s (port %s)", ReasonProxyPending, strings.Join(waiting, ", "))
 	}, held
+}
+
+// unhold forgets that key's ip waited.
+func (k *Controller) unhold(key string, ip netip.Addr) {
+	if m := k.heldSince[key]; m != nil {
+		delete(m, ip)
+		if len(m) == 0 {
+			delete(k.heldSince, key)
+		}
+	}
 }
 
 // retryHeld decides the held Services again.
