@@ -140,7 +140,7 @@ spec:
 // applying to another pod), in the order off, on, on, off (the machine's
 // speed drifts): p, with them off, runs the first; flock-policy then
 // restarts with them on, and again with them off (stopped on return).
-func (l *npLab) adminRates(ctx context.Context, a *apiLab, p *policyProc, binDir, dir, metrics string, rateTime time.Duration) (on, off [2]float64, queued int, err error) {
+func (l *npLab) adminRates(ctx context.Context, a *apiLab, p *policyProc, binDir, dir, metrics string, rateTime, settle time.Duration) (on, off [2]float64, queued int, err error) {
 	var sums [2][2]float64 // [on][selected, unselected]
 	measure := func(p *policyProc, admin bool) error {
 		// Each from a conntrack table its predecessor's closed
@@ -181,6 +181,9 @@ func (l *npLab) adminRates(ctx context.Context, a *apiLab, p *policyProc, binDir
 			p.stop()
 			return nil, err
 		}
+		// A starting flock-policy lists and compiles everything: the
+		// runs measure it at rest.
+		time.Sleep(settle)
 		return p, nil
 	}
 	fail := func(err error) ([2]float64, [2]float64, int, error) {
@@ -239,12 +242,12 @@ func (l *npLab) adminRates(ctx context.Context, a *apiLab, p *policyProc, binDir
 
 // queuedPackets is how many packets the engine's NFQUEUE (100, in the
 // node namespace) has been handed: its id sequence in
-// /proc/net/netfilter/nfnetlink_queue. An error if the queue is not
+// /proc/thread-self/net/netfilter/nfnetlink_queue. An error if the queue is not
 // bound (no engine reads it: the count would prove nothing).
 func (l *npLab) queuedPackets() (int, error) {
 	n := -1
 	err := l.node.InNS(func() error {
-		b, err := os.ReadFile("/proc/net/netfilter/nfnetlink_queue")
+		b, err := os.ReadFile("/proc/thread-self/net/netfilter/nfnetlink_queue") // this thread's namespace; /proc/net is the process's
 		if err != nil {
 			return err
 		}
