@@ -54,12 +54,13 @@ type Options struct {
 	Aggregate func(use string, ip netip.Addr) netip.Prefix
 	// ReadProxy reads what this node's Service proxy has programmed
 	// (dataplane/kubeproxy). An address that starts being delivered goes
-	// out only once the proxy delivers it on every port of the Service:
-	// kube-proxy applies an EndpointSlice change up to its
-	// min-sync-period after flock reads it, and a flow sent meanwhile
-	// misses its DNAT. An address already advertised is not read again.
-	// Nil, a failed read, or a family whose rules cannot be read: no
-	// wait (the decision alone, as kube-proxy's rules would take it).
+	// out only once the proxy delivers it on a port of the Service, or
+	// after 30 s at most: kube-proxy applies an EndpointSlice change up
+	// to its min-sync-period after flock reads it, and a flow sent
+	// meanwhile misses its DNAT. An address already advertised is not
+	// read again. Nil, a failed read, or a family whose rules cannot be
+	// read: no wait (the decision alone, as kube-proxy's rules would
+	// take it).
 	ReadProxy func() (Proxy, error)
 	// hold, set by the controller for one recompute, gives the reason
 	// to keep an address kube-proxy would deliver back ("" none).

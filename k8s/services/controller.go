@@ -254,7 +254,15 @@ func (k *Controller) recompute() {
 		}
 	}
 	// A Service decided again forgets the waits of addresses no longer
-	// held (they start over if they wait again).
+	// held (they start over if they wait again), and one gone forgets
+	// them all (a full recompute has no row for a deleted Service).
+	if all {
+		for key := range k.heldSince {
+			if _, ok := rows[key]; !ok {
+				delete(k.heldSince, key)
+			}
+		}
+	}
 	for key := range rows {
 		for ip := range k.heldSince[key] {
 			still := false
@@ -317,9 +325,10 @@ func (k *Controller) holder(o Options) (func(Address, *corev1.Service) string, m
 	now := time.Now()
 	return func(a Address, s *corev1.Service) string {
 		key := Key(s)
-		// Advertised or draining already: the proxy delivered it.
+		// Advertised already: the proxy delivered it. (A draining row
+		// went out without asking it.)
 		for _, r := range k.rows[key] {
-			if r.IP == a.IP && (r.State == StateAdvertised || r.State == StateDraining) {
+			if r.IP == a.IP && r.State == StateAdvertised {
 				return ""
 			}
 		}

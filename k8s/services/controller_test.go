@@ -157,8 +157,9 @@ func withPorts(ports ...corev1.ServicePort) svcOpt {
 }
 
 // An address kube-proxy would deliver goes out only once kube-proxy has
-// programmed it on every port of the Service; once out, the proxy is not
-// read again for it; a proxy whose rules cannot be read holds nothing.
+// programmed it on a port of the Service; once out, the proxy is not
+// read again for it; a proxy whose rules cannot be read holds nothing;
+// rules that never take it hold it for proxyHoldMax, no longer.
 func TestControllerWaitsForProxy(t *testing.T) {
 	ports := withPorts(corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}, corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP})
 	web := svc("web", ingress("2001:db8:1b::1"), local, ports)
@@ -250,5 +251,40 @@ func TestControllerWaitsForProxy(t *testing.T) {
 			c := startController(t, cs, Options{Node: node, Authorize: authorize, ReadProxy: px.read})
 			waitRoutes(t, c, "advertised at once", out)
 		})
+	}
+}
+
+// A Service deleted while its address waits, then a full recompute (the
+// claims changed) in the same pass: no wait is left behind, so the same
+// Service and address created again wait from the start. Driven by hand
+// (the informers' stores, recompute) to put both in one pass.
+func TestProxyWaitForgetsDeleted(t *testing.T) {
+	px := &fakeProxy{delivered: map[string]bool{}}
+	f := kubeclient.NewFactory()
+	cs := fake.NewClientset()
+	c := New(f, Clients{
+		Services:       fakeSvcs{cs.CoreV1().Services(metav1.NamespaceAll)},
+		EndpointSlices: fakeSlices{cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)},
+	}, Options{Node: node, Authorize: authorize, ReadProxy: px.read}, nil)
+	web := svc("web", ingress("2001:db8:1b::1"), local, withPorts(corev1.ServicePort{Port: 80, Protocol: corev1.ProtocolTCP}))
+	if err := c.svcs.GetStore().Add(web); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.eps.GetIndexer().Add(slicesFor("web", ep{node, "fd00:10::1", "ready"})[0]); err != nil {
+		t.Fatal(err)
+	}
+	c.mark("shop/web")
+	c.recompute()
+	if len(c.heldSince) != 1 {
+		t.Fatalf("held: waits %v", c.heldSince)
+	}
+	if err := c.svcs.GetStore().Delete(web); err != nil {
+		t.Fatal(err)
+	}
+	c.mark("shop/web")
+	c.Refresh()
+	c.recompute()
+	if len(c.heldSince) != 0 {
+		t.Fatalf("after the Service went in a full recompute, waits are left: %v", c.heldSince)
 	}
 }

@@ -62,6 +62,9 @@ func TestProxyWaitModel(t *testing.T) {
 		}
 	})
 	r := rand.New(rand.NewPCG(uint64(seed), 7))
+	// The stuck Services must wait all run long.
+	defer func(d time.Duration) { proxyHoldMax = d }(proxyHoldMax)
+	proxyHoldMax = time.Hour
 	const nsvc = 6
 	ports := withPorts(corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP})
 	var objs []any
