@@ -21,7 +21,7 @@ LDFLAGS := -s -w -X $(BUILDINFO).version=$(VERSION) -X $(BUILDINFO).commit=$(COM
 CONTROLLER_GEN_VERSION ?= v0.19.0
 CONTROLLER_GEN := $(GO) run sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 
-.PHONY: bench image release build test unit fuzz reliability soak demo demo-down deps vet clean generate generate-check e2e e2e-window conformance third-party
+.PHONY: bench scale image release build test unit fuzz reliability soak demo demo-down deps vet clean generate generate-check e2e e2e-window conformance third-party
 
 build:
 	@mkdir -p $(BIN)
@@ -135,6 +135,14 @@ e2e-window:
 # measurement failed fails the run. BENCH_FLAGS=-h lists the knobs.
 bench: build deps
 	$(GO) run ./e2e/cmd/bench -out BENCHMARKS.md $(BENCH_FLAGS)
+
+# Scale (root, not in CI; about an hour at the full envelope): the lab's
+# kube-apiserver filled to fractions of Kubernetes' 5,000-node envelope,
+# one node running flock-agent, flock-policy and kube-proxy (the baseline)
+# against it at rest and under churn; written to SCALE.md.
+# SCALE_FLAGS=-h lists the knobs (-sizes 0.02 for a quick run).
+scale: build deps
+	$(GO) run ./e2e/cmd/scale -out SCALE.md $(SCALE_FLAGS)
 
 # Local demo lab: BIRD ToR + two flock nodes, pods, BGP, pings, teardown.
 # DEMO_FLAGS=-keep leaves it running; `make demo-down` removes it.

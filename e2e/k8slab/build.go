@@ -36,7 +36,7 @@ func kubeLDFlags(r Release) string {
 func buildKubernetes(ctx context.Context, o Options) (string, error) {
 	var pkgs []string
 	cmds := kubeCommands
-	if o.Services {
+	if o.Services || o.KubeProxy {
 		cmds = append(cmds[:len(cmds):len(cmds)], KubeProxy)
 	}
 	for _, c := range cmds {

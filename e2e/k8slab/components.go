@@ -16,13 +16,16 @@ const etcdBin = "/usr/bin/etcd"
 
 func (c *Cluster) startEtcd(ctx context.Context) error {
 	loop := func(port int) string { return "http://127.0.0.1:" + strconv.Itoa(port) }
-	_, err := c.startProc(Etcd, etcdBin,
-		"--name", "k8slab",
+	args := []string{"--name", "k8slab",
 		"--data-dir", filepath.Join(c.Opts.Dir, "etcd"),
 		"--listen-client-urls", loop(etcdClientPort), "--advertise-client-urls", loop(etcdClientPort),
 		"--listen-peer-urls", loop(etcdPeerPort), "--initial-advertise-peer-urls", loop(etcdPeerPort),
 		"--initial-cluster", "k8slab="+loop(etcdPeerPort),
-		"--listen-metrics-urls", "http://127.0.0.1:2381")
+		"--listen-metrics-urls", "http://127.0.0.1:2381"}
+	if q := c.Opts.EtcdQuotaBytes; q > 0 {
+		args = append(args, "--quota-backend-bytes", strconv.FormatInt(q, 10))
+	}
+	_, err := c.startProc(Etcd, etcdBin, args...)
 	if err != nil {
 		return err
 	}

@@ -51,6 +51,15 @@ type Options struct {
 	// APIOnly starts etcd and kube-apiserver only: an API for agents run
 	// by the test (benchmarks), no node, no runtime.
 	APIOnly bool
+	// KubeProxy builds kube-proxy too (with Services it always is): an
+	// API-only lab whose test runs it.
+	KubeProxy bool
+	// ServiceCIDRs, if set, are the apiserver's Service ranges, primary
+	// family first (an API-only lab's default: ServiceCIDR4 alone).
+	ServiceCIDRs []string
+	// EtcdQuotaBytes, if set, is etcd's backend quota (its default is
+	// 2 GiB): an API filled to Kubernetes' scalability envelope needs more.
+	EtcdQuotaBytes int64
 }
 
 // DefaultCacheRoot is where built binaries are kept between runs.

@@ -55,6 +55,9 @@ func (o *Options) nodeIPs() []netip.Addr {
 // ServiceCIDRs are the Service ranges the apiserver allocates from, the
 // primary family first.
 func (c *Cluster) ServiceCIDRs() []string {
+	if len(c.Opts.ServiceCIDRs) > 0 {
+		return c.Opts.ServiceCIDRs
+	}
 	if !c.Opts.Services {
 		return []string{ServiceCIDR4}
 	}

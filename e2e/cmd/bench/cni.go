@@ -18,6 +18,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/procfs"
 )
 
 // plugin is one CNI configuration under test, invoked through libcni the
@@ -103,13 +104,13 @@ func rusage(who int) time.Duration {
 func (p plugin) cpuDuring(f func() error) (cpuSplit, error) {
 	var a0, a1 time.Duration
 	if p.agent != nil {
-		a0, _ = cpuTime(p.agent())
+		a0, _ = procfs.CPUTime(p.agent())
 	}
 	c0, s0 := rusage(syscall.RUSAGE_CHILDREN), rusage(syscall.RUSAGE_SELF)
 	err := f()
 	c1, s1 := rusage(syscall.RUSAGE_CHILDREN), rusage(syscall.RUSAGE_SELF)
 	if p.agent != nil {
-		a1, _ = cpuTime(p.agent())
+		a1, _ = procfs.CPUTime(p.agent())
 	}
 	return cpuSplit{plugins: c1 - c0, caller: s1 - s0, agent: a1 - a0}, err
 }
@@ -336,13 +337,13 @@ func measureRound(ctx context.Context, p plugin, pool podPool, tag string, seqN,
 		// The daemon that answered must be the one that was there at the
 		// start, still running: a figure of a crashed or restarted agent
 		// is no figure.
-		agent, err := watchProc("flock-agent", p.agent())
+		agent, err := procfs.Watch("flock-agent", p.agent())
 		if err != nil {
 			r.err = fmt.Errorf("%s: %w", p.name, err)
 			return
 		}
 		defer func() {
-			if err := agent.alive(); err != nil && r.err == nil {
+			if err := agent.Alive(); err != nil && r.err == nil {
 				r.err = fmt.Errorf("%s: %w", p.name, err)
 			}
 		}()

@@ -22,6 +22,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/procfs"
 )
 
 func logf(format string, args ...any) {
@@ -314,19 +315,19 @@ func run(ctx context.Context, o options) error {
 		} else {
 			fib = float64(at.Sub(lastAdd).Microseconds()) / 1000
 		}
-		if err := agent.alive(); err != nil {
+		if err := agent.Alive(); err != nil {
 			wireErr, fibErr = errors.Join(wireErr, err), errors.Join(fibErr, err)
 		}
-		loaded, loadedErr = agent.settledRSS(o.settle)
+		loaded, loadedErr = agent.SettledRSS(o.settle)
 		logf("agent loaded: %s", smaps(nl.pid()))
 		if err := saveProfile(nl.n.Agent.AdminSocket, o.profiles, "heap-loaded", "heap"); err != nil {
 			logf("profile: %v", err)
 		}
 		logf("scale: RSS %.1f MB; idle CPU over %s", loaded, o.idle)
 		wait := cpuProfile(nl.n.Agent.AdminSocket, o.profiles, "cpu-idle", o.idle)
-		cpu, cpuErr = agent.idleCPU(o.idle)
+		cpu, cpuErr = agent.IdleCPU(o.idle)
 		wait()
-		loadedIdle, idleErr = agent.rss()
+		loadedIdle, idleErr = agent.RSS()
 		logf("agent after idle: %s", smaps(nl.pid()))
 		if err := saveProfile(nl.n.Agent.AdminSocket, o.profiles, "heap-idle", "heap"); err != nil {
 			logf("profile: %v", err)
@@ -348,7 +349,7 @@ func run(ctx context.Context, o options) error {
 		wait := cpuProfile(nl.n.Agent.AdminSocket, o.profiles, "cpu-routes", 5*time.Second)
 		rl, rerr = nl.routeLatency(ctx, pool[o.pods], o.routeN)
 		wait()
-		if err := agent.alive(); err != nil {
+		if err := agent.Alive(); err != nil {
 			rerr = errors.Join(rerr, err)
 		}
 	} else {
@@ -568,7 +569,7 @@ func (nl *nodeLab) memoryBaseline(dir string, o options, routes int) memFigures 
 	m := memFigures{empty: nan(), bEmpty: nan(), bLoaded: nan()}
 	agent, err := nl.agent()
 	if err == nil {
-		m.empty, err = agent.settledRSS(o.settle)
+		m.empty, err = agent.SettledRSS(o.settle)
 	}
 	m.emptyErr = err
 	logf("agent empty: %s", smaps(nl.pid()))
@@ -593,9 +594,9 @@ func (nl *nodeLab) memoryBaseline(dir string, o options, routes int) memFigures 
 		logf("baseline: %v", err)
 		m.gobgp = "unknown (" + err.Error() + ")"
 	}
-	bp, err := watchProc("the bare GoBGP", b.cmd.Process.Pid)
+	bp, err := procfs.Watch("the bare GoBGP", b.cmd.Process.Pid)
 	if err == nil {
-		m.bEmpty, err = bp.settledRSS(o.settle)
+		m.bEmpty, err = bp.SettledRSS(o.settle)
 	}
 	m.bEmptyErr = err
 	if err := b.add(routes, netip.MustParseAddr("2001:db8:b::")); err != nil {
@@ -603,7 +604,7 @@ func (nl *nodeLab) memoryBaseline(dir string, o options, routes int) memFigures 
 	} else if _, err := nl.fib.WaitCount(netip.MustParsePrefix(baselineRange), routes, 2*time.Minute); err != nil {
 		m.bLoadedErr = fmt.Errorf("the bare GoBGP's routes: %w", err)
 	} else {
-		m.bLoaded, m.bLoadedErr = bp.settledRSS(o.settle)
+		m.bLoaded, m.bLoadedErr = bp.SettledRSS(o.settle)
 	}
 	for _, err := range []error{m.bEmptyErr, m.bLoadedErr} {
 		if err != nil {

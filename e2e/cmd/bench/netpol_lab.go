@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/procfs"
 )
 
 // npLab is the section's namespaces and servers.
@@ -588,11 +589,11 @@ func (p *policyProc) rss(settle time.Duration) (float64, error) {
 	if rerr != nil {
 		return nan(), rerr
 	}
-	st, err := parseStatus(b)
+	st, err := procfs.ParseStatus(b)
 	if err != nil {
 		return nan(), fmt.Errorf("flock-policy (pid %d): %w", p.pid(), err)
 	}
-	mb, err := st.liveRSSMB("flock-policy")
+	mb, err := st.LiveRSSMB("flock-policy")
 	if err != nil {
 		return nan(), fmt.Errorf("pid %d: %w", p.pid(), err)
 	}

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"math"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -50,66 +49,6 @@ func TestPct(t *testing.T) {
 		t.Error("pct sorted its argument")
 	}
 }
-
-const statusRunning = `Name:	flock-policy
-Umask:	0022
-State:	S (sleeping)
-Tgid:	4242
-Pid:	4242
-VmPeak:	 1290000 kB
-VmSize:	 1289000 kB
-VmHWM:	   40960 kB
-VmRSS:	   30720 kB
-RssAnon:	   20480 kB
-Threads:	12
-`
-
-const statusZombie = `Name:	flock-policy
-State:	Z (zombie)
-Tgid:	4242
-Pid:	4242
-Threads:	1
-`
-
-func TestParseStatus(t *testing.T) {
-	st, err := parseStatus([]byte(statusRunning))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.name != "flock-policy" || st.state != "S" || st.rssKB != 30720 {
-		t.Errorf("parsed %+v", st)
-	}
-	if mb, err := st.liveRSSMB("flock-policy"); err != nil || mb != 30 {
-		t.Errorf("liveRSSMB = %v, %v; want 30 MB", mb, err)
-	}
-	if _, err := st.liveRSSMB("flock-agent"); err == nil {
-		t.Error("another process's status accepted")
-	}
-	// The kernel keeps 15 bytes of the name.
-	long := procStatus{name: "flock-gobgp-bas", state: "R", rssKB: 1024}
-	if mb, err := long.liveRSSMB("flock-gobgp-baseline"); err != nil || mb != 1 {
-		t.Errorf("truncated name: %v, %v", mb, err)
-	}
-	for _, state := range []string{"Z", "X", ""} {
-		if _, err := (procStatus{name: "flock-policy", state: state, rssKB: 1}).liveRSSMB("flock-policy"); err == nil {
-			t.Errorf("state %q accepted as alive", state)
-		}
-	}
-	// A zombie has no memory: no figure, not 0.
-	if _, err := parseStatus([]byte(statusZombie)); err == nil {
-		t.Error("a zombie's status parsed without error")
-	}
-	for _, bad := range []string{"VmRSS:\n", "VmRSS:\tlots kB\n", "VmRSS:\t12 MB\n", ""} {
-		if _, err := parseStatus([]byte("Name:\tx\nState:\tR (running)\n" + bad)); err == nil {
-			t.Errorf("%q parsed without error", bad)
-		}
-	}
-	// rssMB reads this process's own.
-	if mb, err := rssMB(os.Getpid()); err != nil || mb <= 0 {
-		t.Errorf("rssMB(self) = %v, %v", mb, err)
-	}
-}
-
 func TestConnBudget(t *testing.T) {
 	for _, tc := range []struct{ limit, count, want int }{
 		{262144, 0, 131072},

@@ -26,6 +26,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/metrics"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/procfs"
 )
 
 const (
@@ -197,7 +198,7 @@ func (nl *nodeLab) pid() int { return nl.n.Agent.Pid() }
 
 // agent is the running agent, for a measurement that must end with it
 // alive.
-func (nl *nodeLab) agent() (proc, error) { return watchProc("flock-agent", nl.pid()) }
+func (nl *nodeLab) agent() (procfs.Proc, error) { return procfs.Watch("flock-agent", nl.pid()) }
 
 // baseline starts the bare GoBGP in the spare node and waits for its
 // session.

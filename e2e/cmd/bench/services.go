@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	"code.fritzlab.net/fritzlab/flock/e2e/procfs"
 )
 
 // svcResult is the Services section: how long an EndpointSlice change
@@ -69,7 +70,7 @@ spec: {cidrs: ["198.51.100.224/27"], use: [externalIP], namespaces: [default]}
 			return r
 		}
 	}
-	p, err := watchProc("flock-agent", node.Agent.Pid())
+	p, err := procfs.Watch("flock-agent", node.Agent.Pid())
 	if err != nil {
 		r.err = err
 		return r
@@ -116,7 +117,7 @@ spec: {cidrs: ["198.51.100.224/27"], use: [externalIP], namespaces: [default]}
 
 	// Memory: the agent caches every Service and EndpointSlice.
 	time.Sleep(settle)
-	if r.rssEmpty, r.rssErr = p.rss(); r.rssErr != nil {
+	if r.rssEmpty, r.rssErr = p.RSS(); r.rssErr != nil {
 		return r
 	}
 	for i := range nsvc {
@@ -133,7 +134,7 @@ spec: {cidrs: ["198.51.100.224/27"], use: [externalIP], namespaces: [default]}
 		}
 	}
 	time.Sleep(settle)
-	r.rssLoaded, r.rssErr = p.rss()
+	r.rssLoaded, r.rssErr = p.RSS()
 	logf("services: agent RSS %.1f MB, %.1f MB with %d Services × %d endpoints", r.rssEmpty, r.rssLoaded, nsvc, neps)
 	return r
 }

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// Rates of the churn, cluster-wide.
+type churnRates struct {
+	pods     float64 // pods created (and as many deleted) a second
+	slices   float64 // EndpointSlice changes a second
+	policies float64 // NetworkPolicy changes a second
+}
+
+// What the rest of the cluster's flock agents write, which the measured
+// node's processes receive: each NodeConfig's status, forced every 30 s
+// and on every allocation change (agent/daemon/kube.go writeStatus).
+const agentStatusEvery = 30 * time.Second
+
+// paced calls f rate times a second from up to workers goroutines until
+// ctx ends; a tick that finds every worker busy is counted as missed.
+func paced(ctx context.Context, rate float64, workers int, f func(ctx context.Context, n int) error, done, missed, failed *atomic.Int64, lastErr *atomicErr) {
+	if rate <= 0 {
+		return
+	}
+	sem := make(chan struct{}, workers)
+	t := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	defer t.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for n := 0; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			missed.Add(1)
+			continue
+		}
+		wg.Add(1)
+		go func(n int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := f(ctx, n); err != nil {
+				if ctx.Err() == nil {
+					failed.Add(1)
+					lastErr.set(err)
+				}
+				return
+			}
+			done.Add(1)
+		}(n)
+	}
+}
+
+type atomicErr struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (a *atomicErr) set(err error) { a.mu.Lock(); a.err = err; a.mu.Unlock() }
+func (a *atomicErr) get() error    { a.mu.Lock(); defer a.mu.Unlock(); return a.err }
+
+// activity is what a churn run or the background achieved.
+type activity struct {
+	name                 string
+	done, missed, failed atomic.Int64
+	lastErr              atomicErr
+}
+
+func (a *activity) String() string {
+	s := fmt.Sprintf("%s: %d done, %d missed, %d failed", a.name, a.done.Load(), a.missed.Load(), a.failed.Load())
+	if err := a.lastErr.get(); err != nil {
+		s += fmt.Sprintf(" (last error: %v)", err)
+	}
+	return s
+}
+
+// background runs the other agents' NodeConfig status writes until ctx
+// ends: every model node's, once every agentStatusEvery.
+func (f *filler) background(ctx context.Context, m *model) *activity {
+	a := &activity{name: "other agents' NodeConfig status writes"}
+	rate := float64(m.env.Nodes) / agentStatusEvery.Seconds()
+	go paced(ctx, rate, 64, func(ctx context.Context, n int) error {
+		i := n % m.env.Nodes
+		return f.writeNodeConfigStatus(ctx, i, full.PodsPerNode-full.HostPods)
+	}, &a.done, &a.missed, &a.failed, &a.lastErr)
+	return a
+}
+
+// churnLifetime is how long a churn pod lives: created, given its
+// addresses, deleted.
+const churnLifetime = 5 * time.Second
+
+// churn runs the churn until ctx ends and returns what it did:
+// pods created on random model nodes in random workloads (their labels,
+// so policies select them) and deleted churnLifetime later, each
+// creation and deletion also a status write of the node's NodeConfig
+// (its allocations changed); EndpointSlices whose first endpoint flips
+// readiness; NetworkPolicies that gain or lose a peer.
+func (f *filler) churn(ctx context.Context, m *model, r churnRates, seed uint64) (acts []*activity, wait func()) {
+	var wg sync.WaitGroup
+	goPaced := func(rate float64, workers int, fn func(ctx context.Context, n int) error, a *activity) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			paced(ctx, rate, workers, fn, &a.done, &a.missed, &a.failed, &a.lastErr)
+		}()
+	}
+	pods := &activity{name: "pods created, given addresses and deleted"}
+	slices := &activity{name: "EndpointSlice changes"}
+	pols := &activity{name: "NetworkPolicy changes"}
+	rng := func(n int) *rand.Rand { return rand.New(rand.NewPCG(seed, uint64(n))) }
+	spare := 131072 - full.netPods() // IPv4 addresses of 198.18.0.0/15 the model's pods leave
+	goPaced(r.pods, 256, func(ctx context.Context, n int) error {
+		g := rng(n)
+		w := m.workloads[g.IntN(len(m.workloads))]
+		node := g.IntN(m.env.Nodes)
+		p := podObj(w, 0)
+		p.Name, p.Annotations = fmt.Sprintf("%s-churn-%d", w.name(), n), nil
+		p.Spec.NodeName = nodeName(node)
+		v6 := addOffset(nodeSummary(node).Addr(), uint64(0x1000+n%0x1000))
+		v4 := addOffset(podV4Base, uint64(full.netPods()+n%spare))
+		if err := f.createPod(ctx, p, nodeIP(node), v6, v4); err != nil {
+			return fmt.Errorf("churn pod %s: %w", p.Name, err)
+		}
+		if err := f.writeNodeConfigStatus(ctx, node, full.PodsPerNode-full.HostPods+1); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(churnLifetime):
+		}
+		// Deleted even after the run ends: nothing it made is left.
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := retry(dctx, func() error {
+			return f.cs.CoreV1().Pods(p.Namespace).Delete(dctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		}); err != nil {
+			return fmt.Errorf("delete churn pod %s: %w", p.Name, err)
+		}
+		return f.writeNodeConfigStatus(dctx, node, full.PodsPerNode-full.HostPods)
+	}, pods)
+	goPaced(r.slices, 32, func(ctx context.Context, n int) error {
+		w := m.workloads[rng(n).IntN(len(m.workloads))]
+		fams := f.familiesOf(w.index)
+		if len(fams) == 0 {
+			fams = []corev1.IPFamily{corev1.IPv6Protocol}
+		}
+		es := endpointSlices(w, fams)[0]
+		return retry(ctx, func() error {
+			cur, err := f.cs.DiscoveryV1().EndpointSlices(es.Namespace).Get(ctx, es.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			ep := &cur.Endpoints[0]
+			ready := ep.Conditions.Ready == nil || !*ep.Conditions.Ready
+			ep.Conditions.Ready, ep.Conditions.Serving = ptr.To(ready), ptr.To(ready)
+			_, err = f.cs.DiscoveryV1().EndpointSlices(es.Namespace).Update(ctx, cur, metav1.UpdateOptions{})
+			return err
+		})
+	}, slices)
+	goPaced(r.policies, 4, func(ctx context.Context, n int) error {
+		p := rng(n).IntN(m.env.Policies)
+		np := policyObj(m, p)
+		return retry(ctx, func() error {
+			cur, err := f.cs.NetworkingV1().NetworkPolicies(np.Namespace).Get(ctx, np.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			in := &cur.Spec.Ingress[0]
+			canary := networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"track": "canary"}}}
+			if last := in.From[len(in.From)-1]; last.PodSelector != nil && last.PodSelector.MatchLabels["track"] == "canary" {
+				in.From = in.From[:len(in.From)-1]
+			} else {
+				in.From = append(in.From, canary)
+			}
+			_, err = f.cs.NetworkingV1().NetworkPolicies(np.Namespace).Update(ctx, cur, metav1.UpdateOptions{})
+			return err
+		})
+	}, pols)
+	return []*activity{pods, slices, pols}, wg.Wait
+}

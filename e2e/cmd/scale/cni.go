@@ -1,0 +1,123 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
+	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+	flockv1 "code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+)
+
+var nodeConfigGVR = flockv1.GroupVersion.WithResource("nodeconfigs")
+
+// cniNamespace holds the pods the node ADDs for real.
+const cniNamespace = "scale-cni"
+
+// register makes the measured node's Node (as its kubelet would) and
+// NodeConfig, and the namespace of the pods it runs.
+func (m *measuredNode) register(ctx context.Context, cs kubernetes.Interface, c *k8slab.Cluster) error {
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: m.node.Name, Labels: map[string]string{"kubernetes.io/hostname": m.node.Name, "kubernetes.io/os": "linux"}}}
+	created, err := cs.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create Node %s: %w", m.node.Name, err)
+	}
+	nodeStatus(created, 0)
+	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: m.node.V6.String()}, {Type: corev1.NodeHostName, Address: m.node.Name}}
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("status of Node %s: %w", m.node.Name, err)
+	}
+	if out, err := c.KubectlStdin(ctx, m.nodeConfig(), "apply", "-f", "-"); err != nil {
+		return fmt.Errorf("apply the node's NodeConfig: %w\n%s", err, out)
+	}
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: cniNamespace}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	_, err = cs.CoreV1().ServiceAccounts(cniNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: cniNamespace}}, metav1.CreateOptions{})
+	m.cs = cs
+	return err
+}
+
+// cniCost is what the agent asked the API server per CNI ADD and DEL.
+type cniCost struct {
+	pods     int
+	add, del counts // the agent's requests over all ADDs, all DELs (watches left out)
+	perAdd   float64
+	perDel   float64
+}
+
+// cniCost ADDs n pods on the node through libcni (their Pod objects made
+// first, as kubelet's are), then DELs them, and counts the agent's
+// requests (its apiProxy's, watches aside) over each phase.
+func (m *measuredNode) cniCost(ctx context.Context, n int) (r cniCost, err error) {
+	r.pods = n
+	var pods []lab.Pod
+	defer func() {
+		var errs []error
+		for _, p := range pods {
+			errs = append(errs, p.NS.Delete())
+		}
+		for i := range n {
+			if err := m.cs.CoreV1().Pods(cniNamespace).Delete(context.Background(), fmt.Sprintf("cni-%d", i), metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); ignoreNotFound(err) != nil {
+				errs = append(errs, err)
+			}
+		}
+		if e := errors.Join(errs...); e != nil && err == nil {
+			err = fmt.Errorf("clean up the CNI pods: %w", e)
+		}
+	}()
+	for i := range n {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cni-%d", i), Namespace: cniNamespace, Labels: map[string]string{"app": "cni"}},
+			Spec: podSpec(m.node.Name, "cni")}
+		if _, err := m.cs.CoreV1().Pods(cniNamespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			return r, fmt.Errorf("create Pod %s: %w", p.Name, err)
+		}
+		ns, err := lab.NewNS(fmt.Sprintf("fs-cni-%d", i))
+		if err != nil {
+			return r, err
+		}
+		pods = append(pods, lab.Pod{ContainerID: fmt.Sprintf("scale%08d", i), NS: ns, Args: lab.PodArgs(cniNamespace, p.Name)})
+	}
+	px := m.proxies[procAgent]
+	b := px.snapshot()
+	for _, p := range pods {
+		if _, err := m.node.CNI.Add(ctx, p); err != nil {
+			return r, fmt.Errorf("ADD %s: %w", p.ContainerID, err)
+		}
+	}
+	mid := px.snapshot()
+	for _, p := range pods {
+		if err := m.node.CNI.Del(ctx, p); err != nil {
+			return r, fmt.Errorf("DEL %s: %w", p.ContainerID, err)
+		}
+	}
+	end := px.snapshot()
+	r.add, r.del = withoutWatches(mid.sub(b)), withoutWatches(end.sub(mid))
+	r.perAdd, r.perDel = float64(r.add.requestTotal())/float64(n), float64(r.del.requestTotal())/float64(n)
+	logf("CNI: %d ADDs: %.2f requests each (%s); DELs: %.2f each (%s)", n, r.perAdd, r.add.requestList(), r.perDel, r.del.requestList())
+	return r, nil
+}
+
+func withoutWatches(c counts) counts {
+	for k := range c.requests {
+		if strings.HasPrefix(k, "watch ") {
+			delete(c.requests, k)
+		}
+	}
+	return c
+}
+
+func ignoreNotFound(err error) error {
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	return err
+}

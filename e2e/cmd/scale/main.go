@@ -1,0 +1,231 @@
+// Command scale measures what flock costs each node, and the API server,
+// as a cluster grows to Kubernetes' scalability envelope: the lab's
+// kube-apiserver and etcd are filled straight through the API with the
+// objects of a 5,000-node cluster (in steps: the sizes), and one real
+// node runs flock-agent, flock-policy and kube-proxy (the baseline)
+// against it, at rest and under churn. It writes SCALE.md (make scale).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
+	"code.fritzlab.net/fritzlab/flock/e2e/lab"
+)
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05.000")+" scale: "+format+"\n", args...)
+}
+
+type options struct {
+	out, binDir, cmd, dir string
+	sizes                 []float64
+	seed                  uint64
+	workers               int
+	settle, rest, churnD  time.Duration
+	rates                 churnRates
+	cniPods               int
+	readyTimeout          time.Duration
+}
+
+func main() {
+	var o options
+	var sizes string
+	flag.StringVar(&o.out, "out", "SCALE.md", "where to write the report")
+	flag.StringVar(&o.binDir, "bin", "bin", "the flock binaries as shipped (make build)")
+	flag.StringVar(&o.cmd, "cmd", "make scale", "the command named in the report")
+	flag.StringVar(&o.dir, "dir", "", "working directory (default: a new one under /tmp, removed at the end)")
+	flag.StringVar(&sizes, "sizes", "0.1,0.34,1", "cluster sizes, fractions of the envelope (5,000 nodes), filled in this order (each a whole number of 100-node groups)")
+	flag.Uint64Var(&o.seed, "seed", 1, "the model cluster's seed")
+	flag.IntVar(&o.workers, "workers", 48, "concurrent writers while filling")
+	flag.DurationVar(&o.settle, "settle", 20*time.Second, "wait after the processes are ready before measuring")
+	flag.DurationVar(&o.rest, "rest", 60*time.Second, "the at-rest window")
+	flag.DurationVar(&o.churnD, "churn", 60*time.Second, "the churn window")
+	flag.Float64Var(&o.rates.pods, "pod-rate", 100, "pods created (and deleted) a second, cluster-wide, under churn")
+	flag.Float64Var(&o.rates.slices, "slice-rate", 10, "EndpointSlice changes a second under churn")
+	flag.Float64Var(&o.rates.policies, "policy-rate", 1, "NetworkPolicy changes a second under churn")
+	flag.IntVar(&o.cniPods, "cni-pods", 10, "pods ADDed and DELed on the node to count the API requests of each")
+	flag.DurationVar(&o.readyTimeout, "ready-timeout", 10*time.Minute, "how long a process may take to be ready")
+	flag.Parse()
+	for _, s := range strings.Split(sizes, ",") {
+		f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil || f <= 0 || f > 1 {
+			fmt.Fprintf(os.Stderr, "scale: -sizes: %q is not a fraction in (0, 1]\n", s)
+			os.Exit(2)
+		}
+		o.sizes = append(o.sizes, f)
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "scale: must run as root (network namespaces, BIRD, kube-apiserver)")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "scale:", err)
+		os.Exit(1)
+	}
+}
+
+// sizeResult is one size's figures.
+type sizeResult struct {
+	env      envelope
+	services int
+	fill     time.Duration // filling up to it (from the last size)
+	objects  int64         // writes made to fill it
+	ready    map[string]time.Duration
+	rest     map[string]usage
+	churn    map[string]usage
+	activity []string // what the churn and the background achieved
+	cni      cniCost
+	err      error
+}
+
+func run(ctx context.Context, o options) error {
+	dir := o.dir
+	if dir == "" {
+		d, err := os.MkdirTemp("", "flock-scale-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		dir = d
+	}
+	start := time.Now()
+	c, err := k8slab.Up(ctx, k8slab.Options{Dir: filepath.Join(dir, "k8s"), APIOnly: true, KubeProxy: true, Log: logf,
+		ServiceCIDRs: []string{svcV6CIDR.String(), svcV4CIDR.String()}, EtcdQuotaBytes: 8 << 30})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := c.Down(); err != nil {
+			logf("k8slab down: %v", err)
+		}
+	}()
+	root, err := lab.RepoRoot()
+	if err != nil {
+		return err
+	}
+	if out, err := c.Kubectl(ctx, "apply", "-f", filepath.Join(root, "deploy", "crd")); err != nil {
+		return fmt.Errorf("apply CRDs: %w\n%s", err, out)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.QPS, cfg.Burst = 1e5, 1e5 // the filler paces itself by its workers
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	for _, ns := range []string{"flock-system", "kube-system"} {
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); ignoreExists(err) != nil {
+			return err
+		}
+		if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: ns}}, metav1.CreateOptions{}); ignoreExists(err) != nil {
+			return err
+		}
+	}
+	// CRDs take a moment to be served.
+	for i := 0; ; i++ {
+		if _, err := dyn.Resource(nodeConfigGVR).List(ctx, metav1.ListOptions{Limit: 1}); err == nil {
+			break
+		} else if i > 60 {
+			return fmt.Errorf("NodeConfigs not served: %w", err)
+		}
+		time.Sleep(time.Second)
+	}
+	node, err := upNode(ctx, c, filepath.Join(dir, "node"), o.binDir, "fs")
+	if err != nil {
+		return err
+	}
+	defer node.close()
+	if err := node.register(ctx, cs, c); err != nil {
+		return err
+	}
+	f := &filler{cs: cs, dyn: dyn, workers: o.workers}
+	var results []sizeResult
+	for _, frac := range o.sizes {
+		m := newModel(o.seed, full.scaled(frac))
+		r := measureSize(ctx, o, f, m, node)
+		results = append(results, r)
+		if r.err != nil {
+			logf("%d nodes: %v", m.env.Nodes, r.err)
+			break
+		}
+	}
+	return writeReport(o, results, time.Since(start))
+}
+
+// measureSize fills the API up to m and measures the node there.
+func measureSize(ctx context.Context, o options, f *filler, m *model, node *measuredNode) (r sizeResult) {
+	r.env, r.services = m.env, len(m.workloads)
+	logf("size: %d nodes, %d pods, %d services, %d policies", m.env.Nodes, m.env.totalPods(), len(m.workloads), m.env.Policies)
+	for _, p := range procNames {
+		node.stop(p)
+	}
+	before := f.objects.Load()
+	t0 := time.Now()
+	if r.err = f.fill(ctx, m); r.err != nil {
+		return r
+	}
+	r.fill, r.objects = time.Since(t0), f.objects.Load()-before
+	logf("filled in %s (%d writes)", r.fill.Round(time.Second), r.objects)
+
+	bctx, stopBackground := context.WithCancel(ctx)
+	defer stopBackground()
+	bg := f.background(bctx, m)
+	r.ready = map[string]time.Duration{}
+	for _, p := range []string{procProxy, procPolicy, procAgent} {
+		d, err := node.start(ctx, p, o.readyTimeout)
+		if err != nil {
+			r.err = fmt.Errorf("start %s: %w", p, err)
+			return r
+		}
+		r.ready[p] = d
+		logf("%s ready in %s", p, d.Round(time.Millisecond))
+	}
+	time.Sleep(o.settle)
+	r.rest = node.window(o.rest)
+	for _, p := range procNames {
+		logf("at rest: %s: %s", p, r.rest[p])
+	}
+	r.cni, r.err = node.cniCost(ctx, o.cniPods)
+	if r.err != nil {
+		return r
+	}
+	cctx, stopChurn := context.WithCancel(ctx)
+	acts, churned := f.churn(cctx, m, o.rates, o.seed)
+	time.Sleep(10 * time.Second) // the churn's first pods reach their deletion
+	r.churn = node.window(o.churnD)
+	stopChurn()
+	churned() // its pods deleted
+	for _, p := range procNames {
+		logf("under churn: %s: %s", p, r.churn[p])
+	}
+	for _, a := range append(acts, bg) {
+		r.activity = append(r.activity, a.String())
+		logf("%s", a)
+	}
+	return r
+}

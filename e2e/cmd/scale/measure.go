@@ -1,0 +1,79 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/procfs"
+)
+
+// usage is what one process cost over a window.
+type usage struct {
+	rssMB      float64 // at the window's end
+	cpuPct     float64 // of one core, over the window
+	events     float64 // watch events received a second
+	watchBytes float64 // watch bytes received a second
+	otherBytes float64 // bytes of other responses (LISTs, GETs) a second
+	requests   float64 // requests made a second (watches included)
+	byResource map[string]watchStat
+	err        error
+}
+
+// window measures every process of the node over d: CPU from
+// /proc/PID/stat (each process checked to be the same live one at both
+// ends), the apiProxies' counts, and the RSS at the end.
+func (m *measuredNode) window(d time.Duration) map[string]usage {
+	out := map[string]usage{}
+	procs := map[string]procfs.Proc{}
+	before := map[string]procfs.Stat{}
+	counts := map[string]counts{}
+	for _, p := range procNames {
+		pr, err := procfs.Watch(p, m.pid(p))
+		if err != nil {
+			out[p] = usage{err: err}
+			continue
+		}
+		st, err := pr.Stat()
+		if err != nil {
+			out[p] = usage{err: err}
+			continue
+		}
+		procs[p], before[p] = pr, st
+		counts[p] = m.proxies[p].snapshot()
+	}
+	start := time.Now()
+	time.Sleep(d)
+	el := time.Since(start)
+	for p, pr := range procs {
+		u := usage{}
+		st, err := pr.Stat()
+		if err != nil {
+			out[p] = usage{err: err}
+			continue
+		}
+		u.cpuPct = 100 * float64(st.CPU-before[p].CPU) / float64(el)
+		diff := m.proxies[p].snapshot().sub(counts[p])
+		ev, wb := diff.watchTotal()
+		u.events, u.watchBytes = float64(ev)/el.Seconds(), float64(wb)/el.Seconds()
+		var lb int64
+		for _, b := range diff.listB {
+			lb += b
+		}
+		u.otherBytes = float64(lb) / el.Seconds()
+		u.requests = float64(diff.requestTotal()) / el.Seconds()
+		u.byResource = diff.watch
+		if u.rssMB, err = pr.RSS(); err != nil {
+			u.err = err
+		}
+		out[p] = u
+	}
+	return out
+}
+
+func (u usage) String() string {
+	if u.err != nil {
+		return "error: " + u.err.Error()
+	}
+	return fmt.Sprintf("RSS %.1f MB, CPU %.1f %%, %.0f watch events/s, %.1f KB/s watched, %.1f KB/s other, %.1f requests/s",
+		u.rssMB, u.cpuPct, u.events, u.watchBytes/1024, u.otherBytes/1024, u.requests)
+}

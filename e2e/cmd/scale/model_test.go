@@ -1,0 +1,74 @@
+package main
+
+import (
+	"net/netip"
+	"testing"
+)
+
+// The model at the full envelope: the thresholds' counts, every node
+// with its share of pods, no address twice, and a smaller size a prefix
+// of a larger one (sizes are filled one after another).
+func TestModel(t *testing.T) {
+	m := newModel(1, full)
+	if got := m.env.totalPods(); got != 150000 {
+		t.Fatalf("pods: %d, want 150,000", got)
+	}
+	if n := len(m.workloads); n < 9000 || n > 11000 {
+		t.Errorf("services: %d, want about 10,000", n)
+	}
+	if n := m.namespaces(); n < 900 || n > 1100 {
+		t.Errorf("namespaces: %d, want about 1,000", n)
+	}
+	perNode := map[int]int{}
+	seen := map[netip.Addr]int{}
+	sum, biggest := 0, 0
+	for _, w := range m.workloads {
+		if w.first != sum {
+			t.Fatalf("workload %d starts at %d, want %d", w.index, w.first, sum)
+		}
+		sum += w.size
+		biggest = max(biggest, w.size)
+		if w.size > maxEndpoints || w.size < 1 {
+			t.Fatalf("workload %d: %d pods", w.index, w.size)
+		}
+	}
+	if sum != m.env.netPods() || biggest < 200 {
+		t.Fatalf("workloads cover %d pods (want %d), the biggest %d", sum, m.env.netPods(), biggest)
+	}
+	for k := range m.env.netPods() {
+		perNode[podNode(k)]++
+		v6, v4 := podIPs(k)
+		for _, ip := range []netip.Addr{v6, v4} {
+			if j, dup := seen[ip]; dup {
+				t.Fatalf("%s: pods %d and %d", ip, j, k)
+			}
+			seen[ip] = k
+		}
+		if !netip.MustParsePrefix("198.18.0.0/15").Contains(v4) {
+			t.Fatalf("pod %d: %s outside 198.18.0.0/15", k, v4)
+		}
+	}
+	if len(perNode) != full.Nodes {
+		t.Fatalf("pods on %d nodes, want %d", len(perNode), full.Nodes)
+	}
+	for n, c := range perNode {
+		if c != full.PodsPerNode-full.HostPods {
+			t.Fatalf("node %d: %d pods", n, c)
+		}
+	}
+	small := newModel(1, full.scaled(0.1))
+	if small.env.Nodes != 500 || small.env.Policies != 100 {
+		t.Fatalf("a tenth: %+v", small.env)
+	}
+	for i, w := range small.workloads[:len(small.workloads)-1] {
+		if w != m.workloads[i] {
+			t.Fatalf("workload %d: %+v at a tenth, %+v in full", i, w, m.workloads[i])
+		}
+	}
+	for k := range small.env.netPods() {
+		if podNode(k) >= small.env.Nodes {
+			t.Fatalf("pod %d on node %d of %d", k, podNode(k), small.env.Nodes)
+		}
+	}
+	t.Logf("full: %d services, %d namespaces, largest %d", len(m.workloads), m.namespaces(), biggest)
+}
