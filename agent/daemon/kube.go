@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
@@ -484,13 +485,22 @@ func (k *kubeMode) statusChanged() {
 	}
 }
 
-// writeStatus keeps NodeConfig status current: on every change (at most
-// one write a second) and every 30 s for the allocation count.
+// allocationsEvery is how often at most the allocation count alone is
+// written: every NodeConfig status write reaches every node that watches
+// NodeConfigs, and the count changes with every pod.
+var allocationsEvery = 5 * time.Minute
+
+// writeStatus keeps NodeConfig status current: on every change an
+// operator must see (peers, readiness, errors, generation; at most one
+// write a second), the allocation count alone every allocationsEvery, and
+// a status someone else changed put back within 30 s (it is compared with
+// the cache, so an unchanged status is never written again).
 func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 	t := time.NewTicker(30 * time.Second)
 	defer t.Stop()
-	var last *v1alpha1.NodeConfigStatus
-	var lastErr string // the last write's error, logged at Warn once per distinct text
+	var last *v1alpha1.NodeConfigStatus // the last written, while the cache has none
+	var lastAlloc time.Time             // when the allocation count was last written
+	var lastErr string                  // the last write's error, logged at Warn once per distinct text
 	for {
 		select {
 		case <-ctx.Done():
@@ -498,10 +508,16 @@ func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 		case <-k.kick:
 		case <-d.speaker.Changed():
 		case <-t.C:
-			last = nil // rewrite even if unchanged: someone may have edited it
 		}
-		st := nodeStatus(d.snapshot(), k.gen.Load())
-		if last == nil || !sameStatus(*last, st) {
+		// Compared with the cache, which has our last write a second
+		// later (a write of the same status again changes nothing: the
+		// API server makes no event of it), and shows anyone else's.
+		have := k.nc.Status()
+		if have == nil {
+			have = last
+		}
+		write, st := planStatus(nodeStatus(d.snapshot(), k.gen.Load()), have, lastAlloc, time.Now())
+		if write {
 			c, cancel := context.WithTimeout(ctx, 10*time.Second)
 			if err := k.nc.UpdateStatus(c, st); err != nil {
 				if err.Error() != lastErr && ctx.Err() == nil {
@@ -515,6 +531,9 @@ func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 					d.log.Info("NodeConfig status written again")
 					lastErr = ""
 				}
+				if have == nil || have.Allocations != st.Allocations {
+					lastAlloc = time.Now()
+				}
 				last = &st
 			}
 			cancel()
@@ -525,6 +544,32 @@ func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// planStatus decides whether want is written over have (nil: none known)
+// and what exactly: the Ready condition keeps have's transition time while
+// its status holds, and a status that differs from have only in the
+// allocation count waits until allocationsEvery after the last count
+// written.
+func planStatus(want v1alpha1.NodeConfigStatus, have *v1alpha1.NodeConfigStatus, lastAlloc, now time.Time) (bool, v1alpha1.NodeConfigStatus) {
+	if have == nil {
+		return true, want
+	}
+	want.Conditions = slices.Clone(want.Conditions)
+	for i := range want.Conditions {
+		if old := meta.FindStatusCondition(have.Conditions, want.Conditions[i].Type); old != nil && old.Status == want.Conditions[i].Status {
+			want.Conditions[i].LastTransitionTime = old.LastTransitionTime
+		}
+	}
+	if sameStatus(*have, want) {
+		return false, want
+	}
+	alloc := want
+	alloc.Allocations = have.Allocations
+	if sameStatus(*have, alloc) && now.Sub(lastAlloc) < allocationsEvery {
+		return false, want
+	}
+	return true, want
 }
 
 // sameStatus ignores the condition's transition time. It works on copies

@@ -20,7 +20,7 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 		"--data-dir", filepath.Join(c.Opts.Dir, "etcd"),
 		"--listen-client-urls", loop(etcdClientPort), "--advertise-client-urls", loop(etcdClientPort),
 		"--listen-peer-urls", loop(etcdPeerPort), "--initial-advertise-peer-urls", loop(etcdPeerPort),
-		"--initial-cluster", "k8slab="+loop(etcdPeerPort),
+		"--initial-cluster", "k8slab=" + loop(etcdPeerPort),
 		"--listen-metrics-urls", "http://127.0.0.1:2381"}
 	if q := c.Opts.EtcdQuotaBytes; q > 0 {
 		args = append(args, "--quota-backend-bytes", strconv.FormatInt(q, 10))

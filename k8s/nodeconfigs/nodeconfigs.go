@@ -75,6 +75,25 @@ func (w *Watcher) Current() (*v1alpha1.NodeConfigSpec, int64, error) {
 	return spec, u.GetGeneration(), err
 }
 
+// Status is this node's NodeConfig status as the cache holds it (nil if
+// the object or its status is not there or cannot be read).
+func (w *Watcher) Status() *v1alpha1.NodeConfigStatus {
+	obj, ok, err := w.informer.GetStore().GetByKey(w.node)
+	u, isU := obj.(*unstructured.Unstructured)
+	if err != nil || !ok || !isU {
+		return nil
+	}
+	raw, ok := u.Object["status"].(map[string]any)
+	if !ok {
+		return nil
+	}
+	var st v1alpha1.NodeConfigStatus
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &st); err != nil {
+		return nil
+	}
+	return &st
+}
+
 // specChanges calls f with every object added, deleted, or updated with a
 // new generation (a spec change: status writes do not count).
 func specChanges(f func(*unstructured.Unstructured)) cache.ResourceEventHandler {

@@ -192,9 +192,6 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	r.fill, r.objects = time.Since(t0), f.objects.Load()-before
 	logf("filled in %s (%d writes)", r.fill.Round(time.Second), r.objects)
 
-	bctx, stopBackground := context.WithCancel(ctx)
-	defer stopBackground()
-	bg := f.background(bctx, m)
 	r.ready = map[string]time.Duration{}
 	for _, p := range []string{procProxy, procPolicy, procAgent} {
 		d, err := node.start(ctx, p, o.readyTimeout)
@@ -223,7 +220,7 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	for _, p := range procNames {
 		logf("under churn: %s: %s", p, r.churn[p])
 	}
-	for _, a := range append(acts, bg) {
+	for _, a := range acts {
 		r.activity = append(r.activity, a.String())
 		logf("%s", a)
 	}
