@@ -262,10 +262,10 @@ func run(ctx context.Context, o options) error {
 		wait()
 	}
 	const sec = "CNI through libcni (exec of the plugin), real namespaces, sequential unless noted"
-	figs = append(figs, cniFigures(sec, *results["flock dual-stack"], *results["flock IPv4-only"], *results["ptp IPv4-only"], results["ptp dual-stack"])...)
+	figs = append(figs, cniFigures(sec, true, *results["flock dual-stack"], *results["flock IPv4-only"], *results["ptp IPv4-only"], results["ptp dual-stack"])...)
 	if o.cnitool {
 		const tsec = "CNI through cnitool (one exec of cnitool per ADD and per DEL, which execs the plugin), the same namespaces and rounds"
-		figs = append(figs, cniFigures(tsec, *results["flock dual-stack (cnitool)"], *results["flock IPv4-only (cnitool)"], *results["ptp IPv4-only (cnitool)"], nil)...)
+		figs = append(figs, cniFigures(tsec, false, *results["flock dual-stack (cnitool)"], *results["flock IPv4-only (cnitool)"], *results["ptp IPv4-only (cnitool)"], nil)...)
 	}
 	rep := report{cmd: o.cmd, started: started, bin: bin, extra: toolVersion}
 
@@ -445,9 +445,14 @@ func errStr(err error) string {
 // cniFigures are a CNI section's rows: flock against ptp IPv4-only (and
 // ptp dual-stack, if measured, as context). A row carries the errors of
 // both sides' measurements: a ratio is no better than its worse half.
-func cniFigures(sec string, fd, f4, p4 cniResult, p6 *cniResult) []figure {
+// Only the libcni section has targets (containerd and CRI-O exec the
+// plugin alone, through libcni); the cnitool one is context.
+func cniFigures(sec string, targets bool, fd, f4, p4 cniResult, p6 *cniResult) []figure {
 	var figs []figure
 	row := func(name string, v, b float64, bn, unit string, ratio, maxi bool, limit float64, errs ...error) {
+		if !targets {
+			limit = nan()
+		}
 		figs = append(figs, figure{Section: sec, Name: name, Value: v, Base: b, BaseName: bn, Unit: unit, Ratio: ratio, Max: maxi, Limit: limit, Err: errStr(errors.Join(errs...))})
 	}
 	const p4n, p6n = "ptp IPv4-only", "ptp dual-stack"

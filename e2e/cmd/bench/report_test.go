@@ -97,12 +97,12 @@ func TestCNIFiguresCarryErrors(t *testing.T) {
 	bad := ok
 	bad.err = errors.New("flock dual-stack: DEL 3: boom")
 	base := cniResult{addP50: 4, addP99: 8, delP50: 4, delP99: 8, addRate: 300, delRate: 300}
-	for _, f := range cniFigures("s", ok, ok, base, &base) {
+	for _, f := range cniFigures("s", true, ok, ok, base, &base) {
 		if f.Err != "" {
 			t.Errorf("clean run: %q has error %q", f.Name, f.Err)
 		}
 	}
-	figs := cniFigures("s", bad, ok, base, nil)
+	figs := cniFigures("s", true, bad, ok, base, nil)
 	var dual int
 	for _, f := range figs {
 		if strings.Contains(f.Name, "dual-stack") {
@@ -122,9 +122,34 @@ func TestCNIFiguresCarryErrors(t *testing.T) {
 	}
 	pbad := base
 	pbad.err = errors.New("ptp IPv4-only: ADD 9: boom")
-	for _, f := range cniFigures("s", ok, ok, pbad, nil) {
+	for _, f := range cniFigures("s", true, ok, ok, pbad, nil) {
 		if !strings.Contains(f.Err, "ptp IPv4-only") {
 			t.Errorf("%q: error %q, want the baseline's", f.Name, f.Err)
 		}
+	}
+}
+
+// The cnitool section is context: its rows have no target, however far
+// from the libcni section's targets they land; the libcni section keeps
+// them.
+func TestCNIToolRowsHaveNoTarget(t *testing.T) {
+	slow := cniResult{addP50: 9, addP99: 20, delP50: 9, delP99: 20, addRate: 10, delRate: 10}
+	base := cniResult{addP50: 4, addP99: 8, delP50: 4, delP99: 8, addRate: 300, delRate: 300}
+	for _, f := range cniFigures("cnitool", false, slow, slow, base, nil) {
+		if !math.IsNaN(f.Limit) {
+			t.Errorf("cnitool %q: target %v, want none", f.Name, f.Limit)
+		}
+		if f.failed() {
+			t.Errorf("cnitool %q counts as failed", f.Name)
+		}
+	}
+	targets := 0
+	for _, f := range cniFigures("libcni", true, slow, slow, base, nil) {
+		if !math.IsNaN(f.Limit) {
+			targets++
+		}
+	}
+	if targets == 0 {
+		t.Error("the libcni section lost its targets")
 	}
 }
