@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -71,4 +73,26 @@ func TestModel(t *testing.T) {
 		}
 	}
 	t.Logf("full: %d services, %d namespaces, largest %d", len(m.workloads), m.namespaces(), biggest)
+}
+
+// The plot has a line per process and flock's sum, with a point per
+// size, and a failed reading is a gap, not a zero.
+func TestPlot(t *testing.T) {
+	u := func(rss float64) map[string]usage {
+		return map[string]usage{procAgent: {rssMB: rss}, procPolicy: {rssMB: 2 * rss}, procProxy: {rssMB: 30}}
+	}
+	rs := []sizeResult{{env: full.scaled(0.1), rest: u(10), churn: u(10)}, {env: full.scaled(1), rest: u(20), churn: u(20)}}
+	svg := plotOf(rs)
+	for _, want := range []string{"flock-agent", "flock-policy", "flock (both)", "kube-proxy (baseline)", "<polyline", "RSS at rest"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("plot lacks %q", want)
+		}
+	}
+	if n := strings.Count(svg, "<circle"); n != 3*4*2 {
+		t.Errorf("%d points, want 24 (3 panels × 4 lines × 2 sizes)", n)
+	}
+	rs[1].rest[procAgent] = usage{err: errors.New("died")}
+	if n := strings.Count(plotOf(rs), "<circle"); n != 24-4 {
+		t.Errorf("%d points with a failed reading, want 20 (the size's rest panel is a gap for every line)", n)
+	}
 }
