@@ -485,21 +485,16 @@ func (k *kubeMode) statusChanged() {
 	}
 }
 
-// allocationsEvery is how often at most the allocation count alone is
-// written: every NodeConfig status write reaches every node that watches
-// NodeConfigs, and the count changes with every pod.
-var allocationsEvery = 5 * time.Minute
-
 // writeStatus keeps NodeConfig status current: on every change an
 // operator must see (peers, readiness, errors, generation; at most one
-// write a second), the allocation count alone every allocationsEvery, and
-// a status someone else changed put back within 30 s (it is compared with
-// the cache, so an unchanged status is never written again).
+// write a second), and a status someone else changed put back within
+// 30 s. It is compared with the cache, so an unchanged status is never
+// written again: every write reaches every node that watches NodeConfigs
+// (kubelet's heartbeats moved to Leases for the same reason).
 func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 	t := time.NewTicker(30 * time.Second)
 	defer t.Stop()
 	var last *v1alpha1.NodeConfigStatus // the last written, while the cache has none
-	var lastAlloc time.Time             // when the allocation count was last written
 	var lastErr string                  // the last write's error, logged at Warn once per distinct text
 	for {
 		select {
@@ -516,7 +511,7 @@ func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 		if have == nil {
 			have = last
 		}
-		write, st := planStatus(nodeStatus(d.snapshot(), k.gen.Load()), have, lastAlloc, time.Now())
+		write, st := planStatus(nodeStatus(d.snapshot(), k.gen.Load()), have)
 		if write {
 			c, cancel := context.WithTimeout(ctx, 10*time.Second)
 			if err := k.nc.UpdateStatus(c, st); err != nil {
@@ -530,9 +525,6 @@ func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 				if lastErr != "" {
 					d.log.Info("NodeConfig status written again")
 					lastErr = ""
-				}
-				if have == nil || have.Allocations != st.Allocations {
-					lastAlloc = time.Now()
 				}
 				last = &st
 			}
@@ -548,10 +540,8 @@ func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 
 // planStatus decides whether want is written over have (nil: none known)
 // and what exactly: the Ready condition keeps have's transition time while
-// its status holds, and a status that differs from have only in the
-// allocation count waits until allocationsEvery after the last count
-// written.
-func planStatus(want v1alpha1.NodeConfigStatus, have *v1alpha1.NodeConfigStatus, lastAlloc, now time.Time) (bool, v1alpha1.NodeConfigStatus) {
+// its status holds, so an unchanged status compares equal.
+func planStatus(want v1alpha1.NodeConfigStatus, have *v1alpha1.NodeConfigStatus) (bool, v1alpha1.NodeConfigStatus) {
 	if have == nil {
 		return true, want
 	}
@@ -561,15 +551,7 @@ func planStatus(want v1alpha1.NodeConfigStatus, have *v1alpha1.NodeConfigStatus,
 			want.Conditions[i].LastTransitionTime = old.LastTransitionTime
 		}
 	}
-	if sameStatus(*have, want) {
-		return false, want
-	}
-	alloc := want
-	alloc.Allocations = have.Allocations
-	if sameStatus(*have, alloc) && now.Sub(lastAlloc) < allocationsEvery {
-		return false, want
-	}
-	return true, want
+	return !sameStatus(*have, want), want
 }
 
 // sameStatus ignores the condition's transition time. It works on copies
@@ -596,7 +578,7 @@ func (k *kubeMode) reportError(ctx context.Context, err error) {
 
 // nodeStatus renders the status snapshot as NodeConfig status.
 func nodeStatus(n status.Node, gen int64) v1alpha1.NodeConfigStatus {
-	st := v1alpha1.NodeConfigStatus{ObservedGeneration: gen, Allocations: int32(n.Allocations)}
+	st := v1alpha1.NodeConfigStatus{ObservedGeneration: gen}
 	for _, p := range n.Neighbors {
 		ps := v1alpha1.PeerStatus{Peer: p.Peer, State: string(p.State)}
 		if !p.Since.IsZero() {

@@ -120,7 +120,6 @@ func TestCRDPrinterColumns(t *testing.T) {
 		{"Router ID", "string", ".spec.routerID", 0},
 		{"Ready", "string", `.status.conditions[?(@.type=="Ready")].status`, 0},
 		{"Peers", "string", ".status.peers", 0},
-		{"Allocations", "integer", ".status.allocations", 0},
 		{"Reason", "string", `.status.conditions[?(@.type=="Ready")].reason`, 1},
 		{"Last Error", "string", ".status.lastError", 1},
 		{"Age", "date", ".metadata.creationTimestamp", 0},

@@ -29,7 +29,6 @@ const ConditionReady = "Ready"
 // +kubebuilder:printcolumn:name="Router ID",type=string,JSONPath=`.spec.routerID`
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="True once the node's agent applied the spec and serves; False with the reason otherwise"
 // +kubebuilder:printcolumn:name="Peers",type=string,JSONPath=`.status.peers`,description="BGP sessions established/configured"
-// +kubebuilder:printcolumn:name="Allocations",type=integer,JSONPath=`.status.allocations`,description="Pod allocations on the node"
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`,priority=1
 // +kubebuilder:printcolumn:name="Last Error",type=string,JSONPath=`.status.lastError`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
@@ -65,7 +64,12 @@ type NodeConfigStatus struct {
 	// +optional
 	PeerStates []PeerStatus `json:"peerStates,omitempty"`
 
-	// Allocations is the number of committed pod allocations on the node.
+	// Allocations was the number of committed pod allocations on the
+	// node.
+	//
+	// Deprecated: no longer written. A count that changes with every pod
+	// made a status write reach every node that watches NodeConfigs; it
+	// is in `flockctl status` and the flock_allocations metric.
 	// +optional
 	Allocations int32 `json:"allocations,omitempty"`
 
