@@ -21,13 +21,6 @@ type churnRates struct {
 	policies float64 // NetworkPolicy changes a second
 }
 
-// What the rest of the cluster's flock agents write, which the measured
-// node's processes receive: each NodeConfig's status when its allocation
-// count changed, at most once every 5 minutes (agent/daemon/kube.go's
-// allocationsEvery; nothing else in it changes on a healthy node). Under
-// churn every node's count changes within that time.
-const agentStatusEvery = 5 * time.Minute
-
 // paced calls f rate times a second from up to workers goroutines until
 // ctx ends; a tick that finds every worker busy is counted as missed.
 func paced(ctx context.Context, rate float64, workers int, f func(ctx context.Context, n int) error, done, missed, failed *atomic.Int64, lastErr *atomicErr) {
@@ -90,26 +83,13 @@ func (a *activity) String() string {
 	return s
 }
 
-// background runs the other agents' NodeConfig status writes under churn
-// until ctx ends: every model node's, once every agentStatusEvery.
-func (f *filler) background(ctx context.Context, m *model) *activity {
-	a := &activity{name: "other agents' NodeConfig status writes"}
-	rate := float64(m.env.Nodes) / agentStatusEvery.Seconds()
-	go paced(ctx, rate, 64, func(ctx context.Context, n int) error {
-		i := n % m.env.Nodes
-		return f.writeNodeConfigStatus(ctx, i, full.PodsPerNode-full.HostPods)
-	}, &a.done, &a.missed, &a.failed, &a.lastErr)
-	return a
-}
-
 // churnLifetime is how long a churn pod lives: created, given its
 // addresses, deleted.
 const churnLifetime = 5 * time.Second
 
 // churn runs the churn until ctx ends and returns what it did:
 // pods created on random model nodes in random workloads (their labels,
-// so policies select them) and deleted churnLifetime later; the other
-// agents' NodeConfig status writes (background); EndpointSlices whose first endpoint flips
+// so policies select them) and deleted churnLifetime later; EndpointSlices whose first endpoint flips
 // readiness; NetworkPolicies that gain or lose a peer.
 func (f *filler) churn(ctx context.Context, m *model, r churnRates, seed uint64) (acts []*activity, wait func()) {
 	var wg sync.WaitGroup
@@ -189,5 +169,5 @@ func (f *filler) churn(ctx context.Context, m *model, r churnRates, seed uint64)
 			return err
 		})
 	}, pols)
-	return []*activity{pods, slices, pols, f.background(ctx, m)}, wg.Wait
+	return []*activity{pods, slices, pols}, wg.Wait
 }

@@ -196,19 +196,19 @@ func (f *filler) node(ctx context.Context, i int) error {
 	if err := f.createCR(ctx, "nodeconfigs", nodeConfigObj(i)); err != nil {
 		return err
 	}
-	return f.writeNodeConfigStatus(ctx, i, full.PodsPerNode-full.HostPods)
+	return f.writeNodeConfigStatus(ctx, i)
 }
 
 // writeNodeConfigStatus writes node i's NodeConfig status as its agent
 // does (a GET, then a PUT of the status subresource).
-func (f *filler) writeNodeConfigStatus(ctx context.Context, i, allocations int) error {
+func (f *filler) writeNodeConfigStatus(ctx context.Context, i int) error {
 	res := f.dyn.Resource(flockv1.GroupVersion.WithResource("nodeconfigs"))
 	return f.write(ctx, func() error {
 		u, err := res.Get(ctx, nodeName(i), metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		st, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ptr.To(nodeConfigStatus(i, allocations)))
+		st, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ptr.To(nodeConfigStatus(i)))
 		if err != nil {
 			return err
 		}

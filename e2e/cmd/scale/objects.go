@@ -303,10 +303,10 @@ func nodeConfigObj(i int) *flockv1.NodeConfig {
 }
 
 // nodeConfigStatus is what node i's agent reports (agent/daemon/kube.go's
-// nodeStatus on a healthy node): one peer up, its allocations, Ready.
-func nodeConfigStatus(i, allocations int) flockv1.NodeConfigStatus {
+// nodeStatus on a healthy node): one peer up, Ready.
+func nodeConfigStatus(i int) flockv1.NodeConfigStatus {
 	since := created
-	return flockv1.NodeConfigStatus{ObservedGeneration: 1, Allocations: int32(allocations),
+	return flockv1.NodeConfigStatus{ObservedGeneration: 1,
 		PeerStates:       []flockv1.PeerStatus{{Peer: addOffset(nodeIP(i), 0x10000).String(), State: "established", Since: &since}},
 		PeersEstablished: 1, PeersConfigured: 1, Peers: "1/1",
 		Conditions: []metav1.Condition{{Type: flockv1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Serving",
