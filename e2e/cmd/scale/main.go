@@ -163,6 +163,9 @@ func run(ctx context.Context, o options) error {
 	if err := node.register(ctx, cs, c); err != nil {
 		return err
 	}
+	lctx, stopLease := context.WithCancel(ctx)
+	defer stopLease()
+	go holdLoadBalancerLease(lctx, cs)
 	f := &filler{cs: cs, dyn: dyn, workers: o.workers}
 	var results []sizeResult
 	for _, frac := range o.sizes {
