@@ -28,21 +28,28 @@ import (
 	"k8s.io/utils/ptr"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
+	"code.fritzlab.net/fritzlab/flock/k8s/addresspools"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/claims"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/lbassign"
 	"code.fritzlab.net/fritzlab/flock/k8s/loadbalancers"
+	"code.fritzlab.net/fritzlab/flock/k8s/nodeconfigs"
 	"code.fritzlab.net/fritzlab/flock/k8s/services"
 )
 
 // claimsAPI is the fake dynamic client for AddressClaims plus what the
 // real API server does and the fake does not: UIDs, resourceVersions
 // (checked on update) and delete preconditions. Reactors run under the
-// fake's lock, so each check-and-act is atomic, as in etcd.
-func claimsAPI() *dynfake.FakeDynamicClient {
+// fake's lock, so each check-and-act is atomic, as in etcd. It lists
+// AddressPools and NodeConfigs too (objs: the first ones).
+func claimsAPI(objs ...runtime.Object) *dynfake.FakeDynamicClient {
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{claims.GVR: v1alpha1.AddressClaimKind + "List"})
+		map[schema.GroupVersionResource]string{
+			claims.GVR:       v1alpha1.AddressClaimKind + "List",
+			addresspools.GVR: v1alpha1.AddressPoolKind + "List",
+			nodeconfigs.GVR:  "NodeConfigList",
+		}, objs...)
 	tr := dyn.Tracker()
 	var seq atomic.Int64
 	stamp := func(u *unstructured.Unstructured) {

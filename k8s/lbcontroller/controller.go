@@ -4,10 +4,14 @@
 // node's NodeConfig), what it writes through (claims, Service status,
 // Events) and the Lease that makes one candidate at a time the writer.
 //
-// It runs in flock-policy's process, on every node: that process already
-// links client-go's typed clientset (kube-network-policies needs it), which
-// leader election needs too and the agent does without (it would cost the
-// agent +17 MB of binary and +10 MB of RSS).
+// It runs in flock-policy's process, a candidate on every node: that
+// process already links client-go's typed clientset (kube-network-policies
+// needs it), which leader election needs too and the agent does without
+// (it would cost the agent +17 MB of binary and +10 MB of RSS). Only the
+// Lease's holder has the caches: each term builds them afresh and drops
+// them when it ends, so the other candidates watch nothing but the Lease
+// (in a large cluster, every Service write would otherwise reach every
+// node).
 package lbcontroller
 
 import (
@@ -15,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -54,15 +59,36 @@ type Config struct {
 	Resync time.Duration
 }
 
-// Controller is the assigner with its caches and Lease.
+// clients are the API the controller reads and writes through.
+type clients struct {
+	services   kubeclient.ListerWatcher[*corev1.ServiceList] // every namespace's
+	namespaces addresspools.Namespaces
+	dyn        dynamic.Interface
+	leases     coordinationv1.LeasesGetter
+}
+
+// Controller is the Lease's candidate; while it holds the Lease, a term
+// (the assigner with its caches) runs.
 type Controller struct {
-	cfg      Config
+	cfg    Config
+	api    clients
+	events *apiEvents // across terms: a new term does not repeat an Event
+	elect  *elect.Elect
+
+	mu       sync.Mutex
+	current  *term             // while leading
+	failures map[string]uint64 // the ended terms' assigners', by reason
+}
+
+// term is one leadership term: its informers (a factory of its own: an
+// informer cannot be started again) and the assigner deciding from them.
+type term struct {
+	log      *slog.Logger
 	factory  *kubeclient.Factory
 	pools    *addresspools.Watcher
 	nc       *nodeconfigs.Watcher
 	claims   *claims.Claims
 	assigner *loadbalancers.Assigner
-	elect    *elect.Elect
 
 	authority    atomic.Pointer[authority]
 	defaultClass atomic.Bool
@@ -74,16 +100,13 @@ type authority struct {
 	labels func(ns string) labels.Set
 }
 
-// New builds the clients and caches (nothing runs before Run).
+// New builds the clients (nothing is listed or watched before Run).
 func New(rc *rest.Config, cfg Config) (*Controller, error) {
 	if cfg.Node == "" {
 		return nil, fmt.Errorf("loadbalancers: the node's name is empty (set --node-name or NODE_NAME)")
 	}
 	if cfg.Namespace == "" {
 		return nil, fmt.Errorf("loadbalancers: the Lease's namespace is empty")
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.Default()
 	}
 	rc = rest.CopyConfig(rc)
 	rc.UserAgent = "flock-loadbalancers/" + cfg.Node
@@ -99,96 +122,149 @@ func New(rc *rest.Config, cfg Config) (*Controller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("leases client: %w", err)
 	}
-	f := kubeclient.NewFactory()
-	c := &Controller{
-		cfg: cfg, factory: f,
-		pools:  addresspools.New(f, dyn, core.Namespaces(), cfg.Log),
-		nc:     nodeconfigs.New(f, dyn, cfg.Node),
-		claims: claims.New(f, dyn, cfg.Node, cfg.Log),
+	return newController(clients{services: core.Services(""), namespaces: core.Namespaces(), dyn: dyn, leases: leases}, cfg), nil
+}
+
+func newController(api clients, cfg Config) *Controller {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
 	}
-	svcs := f.Informer("services", func() cache.SharedIndexInformer {
-		return kubeclient.NewInformer(core.Services(""), &corev1.Service{}, nil)
-	})
-	c.assigner = loadbalancers.New(loadbalancers.Config{
-		Services:            svcs,
-		Claims:              apiClaims{c.claims},
-		Status:              apiStatus{dyn},
-		Events:              &apiEvents{dyn: dyn, node: cfg.Node, log: cfg.Log.Debug},
-		Pools:               c.lbPools,
-		Ours:                c.ours,
-		AuthorizeExternalIP: c.authorizeExternalIP,
-		Resync:              cfg.Resync,
-		Log:                 cfg.Log,
-	})
+	c := &Controller{cfg: cfg, api: api, failures: map[string]uint64{},
+		events: &apiEvents{dyn: api.dyn, node: cfg.Node, log: cfg.Log.Debug}}
 	c.elect = &elect.Elect{
-		Leases: leases, Namespace: cfg.Namespace, Identity: cfg.Node, Assigner: c.assigner, Log: cfg.Log,
+		Leases: api.leases, Namespace: cfg.Namespace, Identity: cfg.Node, Term: c.lead, Log: cfg.Log,
 		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 	}
-	return c, nil
+	return c
 }
 
 // Leading tells whether this process assigns the addresses now.
 func (c *Controller) Leading() bool { return c.elect.Leading() }
 
-// Run fills the caches, then competes for the Lease and assigns while it
-// holds it, until ctx ends.
-func (c *Controller) Run(ctx context.Context) error {
+// Run competes for the Lease until ctx ends, and assigns while it holds
+// it.
+func (c *Controller) Run(ctx context.Context) error { return c.elect.Run(ctx) }
+
+// newTerm builds a term's informers and assigner (nothing runs yet).
+func (c *Controller) newTerm() *term {
+	f := kubeclient.NewFactory()
+	t := &term{
+		log: c.cfg.Log, factory: f,
+		pools: addresspools.New(f, c.api.dyn, c.api.namespaces, c.cfg.Log),
+		// This node's only: readClass reads nothing else.
+		nc:     nodeconfigs.NewNamed(f, c.api.dyn, c.cfg.Node),
+		claims: claims.New(f, c.api.dyn, c.cfg.Node, c.cfg.Log),
+	}
+	svcs := f.Informer("services", func() cache.SharedIndexInformer {
+		return kubeclient.NewInformer(c.api.services, &corev1.Service{}, nil)
+	})
+	t.assigner = loadbalancers.New(loadbalancers.Config{
+		Services:            svcs,
+		Claims:              apiClaims{t.claims},
+		Status:              apiStatus{c.api.dyn},
+		Events:              c.events,
+		Pools:               t.lbPools,
+		Ours:                t.ours,
+		AuthorizeExternalIP: t.authorizeExternalIP,
+		Resync:              c.cfg.Resync,
+		Log:                 c.cfg.Log,
+	})
+	return t
+}
+
+// lead is one term (elect's Term): it fills the term's caches, then
+// assigns until ctx ends. It returns once all of the term has stopped,
+// and the term is dropped: the next one lists everything again.
+func (c *Controller) lead(ctx context.Context) error {
+	t := c.newTerm()
+	c.mu.Lock()
+	c.current = t
+	c.mu.Unlock()
+	defer func() {
+		// The failures counter goes on across terms.
+		c.mu.Lock()
+		for reason, n := range t.assigner.Failures() {
+			c.failures[reason] += n
+		}
+		c.current = nil
+		c.mu.Unlock()
+	}()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return c.factory.Run(ctx) })
+	g.Go(func() error { return t.factory.Run(ctx) })
 	g.Go(func() error {
-		if err := c.factory.WaitForSync(ctx); err != nil {
+		defer cancel() // the assigner stopped: so does the term
+		if err := t.factory.WaitForSync(ctx); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return fmt.Errorf("loadbalancers: %w", err)
 		}
-		c.readPools()
-		c.readClass()
-		g.Go(func() error { return c.follow(ctx) })
-		return c.elect.Run(ctx)
+		t.readPools()
+		t.readClass()
+		g.Go(func() error { return t.follow(ctx) })
+		return t.assigner.Run(ctx)
 	})
 	return g.Wait()
+}
+
+// stats are the current term's pool usage and every term's failures.
+func (c *Controller) stats() ([]loadbalancers.PoolUsage, map[string]uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	failures := make(map[string]uint64, len(c.failures))
+	for reason, n := range c.failures {
+		failures[reason] = n
+	}
+	if c.current == nil {
+		return nil, failures
+	}
+	for reason, n := range c.current.assigner.Failures() {
+		failures[reason] += n
+	}
+	return c.current.assigner.Usage(), failures
 }
 
 // follow re-reads what changed and asks the assigner for a full pass: new
 // pools, the class default, or a Service's claim that came or went (one
 // deleted by hand is claimed again at once, not at the next resync).
-func (c *Controller) follow(ctx context.Context) error {
+func (t *term) follow(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-c.pools.Changed():
-			c.readPools()
-		case <-c.nc.Changed():
-			c.readClass()
-		case <-c.claims.ServicesChanged():
+		case <-t.pools.Changed():
+			t.readPools()
+		case <-t.nc.Changed():
+			t.readClass()
+		case <-t.claims.ServicesChanged():
 		}
-		c.assigner.Refresh()
+		t.assigner.Refresh()
 	}
 }
 
-func (c *Controller) readPools() {
-	set, err := authz.Compile(c.pools.Pools())
+func (t *term) readPools() {
+	set, err := authz.Compile(t.pools.Pools())
 	if err != nil {
-		c.cfg.Log.Warn("AddressPools ignored", "err", err)
+		t.log.Warn("AddressPools ignored", "err", err)
 	}
-	c.authority.Store(&authority{set: set, labels: c.pools.NamespaceLabels})
+	t.authority.Store(&authority{set: set, labels: t.pools.NamespaceLabels})
 }
 
-func (c *Controller) readClass() {
-	spec, _, err := c.nc.Current()
+func (t *term) readClass() {
+	spec, _, err := t.nc.Current()
 	if err != nil {
 		// No NodeConfig (yet): only Services of flock's class are ours.
-		c.defaultClass.Store(false)
+		t.defaultClass.Store(false)
 		return
 	}
-	c.defaultClass.Store(spec.Services.DefaultLoadBalancerClass)
+	t.defaultClass.Store(spec.Services.DefaultLoadBalancerClass)
 }
 
 // lbPools are the AddressPools of use loadBalancer, for the allocator.
-func (c *Controller) lbPools() []lbassign.Pool {
-	a := c.authority.Load()
+func (t *term) lbPools() []lbassign.Pool {
+	a := t.authority.Load()
 	if a == nil || a.set == nil {
 		return nil
 	}
@@ -205,14 +281,14 @@ func (c *Controller) lbPools() []lbassign.Pool {
 }
 
 // ours tells whether flock serves a LoadBalancer Service's class.
-func (c *Controller) ours(s *corev1.Service) bool {
-	return services.Options{DefaultClass: c.defaultClass.Load()}.Ours(s)
+func (t *term) ours(s *corev1.Service) bool {
+	return services.Options{DefaultClass: t.defaultClass.Load()}.Ours(s)
 }
 
 // authorizeExternalIP is the nodes' rule (an AddressPool of use
 // externalIP allows ip to the namespace), for the Warning Event.
-func (c *Controller) authorizeExternalIP(ip netip.Addr, ns string) error {
-	a := c.authority.Load()
+func (t *term) authorizeExternalIP(ip netip.Addr, ns string) error {
+	a := t.authority.Load()
 	if a == nil || a.set == nil {
 		return fmt.Errorf("no AddressPools loaded yet")
 	}

@@ -25,11 +25,12 @@ func (m collector) Collect(ch chan<- prometheus.Metric) {
 		leader = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descLeader, prometheus.GaugeValue, leader)
-	for _, p := range m.c.assigner.Usage() {
+	usage, failures := m.c.stats()
+	for _, p := range usage {
 		ch <- prometheus.MustNewConstMetric(descPool, prometheus.GaugeValue, float64(p.Used), p.Name, "used")
 		ch <- prometheus.MustNewConstMetric(descPool, prometheus.GaugeValue, float64(p.Size), p.Name, "size")
 	}
-	for reason, n := range m.c.assigner.Failures() {
+	for reason, n := range failures {
 		ch <- prometheus.MustNewConstMetric(descFailures, prometheus.CounterValue, float64(n), reason)
 	}
 }

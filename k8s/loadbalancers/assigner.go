@@ -1,10 +1,10 @@
 // Package loadbalancers assigns addresses to Services of type
 // LoadBalancer of flock's class: one writer at a time cluster-wide (the
-// agent holding the Lease, see Elect), each address claimed cluster-wide
-// before it is written to the Service's status, so it can never be a pod's
-// or another Service's (unless they share it by MetalLB's rules). The
-// decisions are k8s/lbassign's; this package feeds it from the API and
-// carries its answers out: claims, status, Events.
+// flock-policy holding the Lease, see package elect), each address
+// claimed cluster-wide before it is written to the Service's status, so it
+// can never be a pod's or another Service's (unless they share it by
+// MetalLB's rules). The decisions are k8s/lbassign's; this package feeds
+// it from the API and carries its answers out: claims, status, Events.
 //
 // The allocator is the leader's truth about which Service holds which
 // address; the claims and the statuses follow it:
@@ -117,7 +117,7 @@ const (
 
 // Config is the assigner's wiring.
 type Config struct {
-	Services cache.SharedIndexInformer // every Service (the agent's informer)
+	Services cache.SharedIndexInformer // every Service (the term's informer)
 	Claims   Claims
 	Status   Status
 	Events   Recorder

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
@@ -45,6 +46,24 @@ func New(f *kubeclient.Factory, dyn dynamic.Interface, node string) *Watcher {
 	inf := f.Informer(GVR.String(), func() cache.SharedIndexInformer {
 		return kubeclient.NewDynamicInformer(dyn, GVR, nil)
 	})
+	return newWatcher(dyn, node, inf)
+}
+
+// NewNamed follows the NodeConfig named node with an informer of f that
+// lists and watches that object alone (a field selector on its name): for
+// a process that does not watch every NodeConfig anyway, so that other
+// nodes' NodeConfigs cost it nothing. It is not the informer New and All
+// share.
+func NewNamed(f *kubeclient.Factory, dyn dynamic.Interface, node string) *Watcher {
+	inf := f.Informer(GVR.String()+"/"+node, func() cache.SharedIndexInformer {
+		return kubeclient.NewDynamicInformer(dyn, GVR, func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", node).String()
+		})
+	})
+	return newWatcher(dyn, node, inf)
+}
+
+func newWatcher(dyn dynamic.Interface, node string, inf cache.SharedIndexInformer) *Watcher {
 	w := &Watcher{dyn: dyn, node: node, informer: inf, changed: make(chan struct{}, 1)}
 	_, _ = inf.AddEventHandler(specChanges(func(u *unstructured.Unstructured) {
 		if u.GetName() == node {

@@ -2,6 +2,7 @@ package nodeconfigs
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynfake "k8s.io/client-go/dynamic/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
@@ -124,5 +126,53 @@ func TestWaitAndUpdateStatus(t *testing.T) {
 	_, _, err = New(kubeclient.NewFactory(), dyn, "missing").Wait(ctx, WaitOptions{})
 	if err == nil || err.Error() != `NodeConfig "missing" does not exist (waited 0s): create one for this node (see deploy/examples/nodeconfig.yaml)` {
 		t.Errorf("Wait for a missing NodeConfig: %v", err)
+	}
+}
+
+// NewNamed lists and watches the node's NodeConfig alone (a field
+// selector on its name), with an informer of its own: New's, shared with
+// All, still lists every NodeConfig.
+func TestNewNamedWatchesOneNodeConfig(t *testing.T) {
+	dyn := fakeClient(nodeConfig("vm", 1, 65001), nodeConfig("other", 1, 65099))
+	f := kubeclient.NewFactory()
+	w := NewNamed(f, dyn, "vm")
+	ctx := runFactory(t, f, dyn)
+	if spec, gen, err := w.Current(); err != nil || spec.ASN != 65001 || gen != 1 {
+		t.Fatalf("Current: %+v %d %v", spec, gen, err)
+	}
+	selectors := func() map[string][]string {
+		out := map[string][]string{}
+		for _, a := range dyn.Actions() {
+			if l, ok := a.(clienttesting.ListAction); ok && a.GetResource() == GVR {
+				out[a.GetVerb()] = append(out[a.GetVerb()], l.GetListRestrictions().Fields.String())
+			}
+			if wa, ok := a.(clienttesting.WatchAction); ok && a.GetResource() == GVR {
+				out[a.GetVerb()] = append(out[a.GetVerb()], wa.GetWatchRestrictions().Fields.String())
+			}
+		}
+		return out
+	}
+	if got := fmt.Sprint(selectors()); got != "map[list:[metadata.name=vm] watch:[metadata.name=vm]]" {
+		t.Errorf("NewNamed's lists and watches: %s", got)
+	}
+	if _, err := dyn.Resource(GVR).Update(ctx, nodeConfig("vm", 2, 65002), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, "the new generation", func() (bool, string) {
+		_, gen, err := w.Current()
+		return gen == 2, fmt.Sprint(gen, err)
+	})
+
+	// The agent's: every NodeConfig, on the factory's shared informer.
+	dyn.ClearActions()
+	f2 := kubeclient.NewFactory()
+	all := NewAll(f2, dyn)
+	New(f2, dyn, "vm")
+	runFactory(t, f2, dyn)
+	if got := fmt.Sprint(selectors()); got != "map[list:[] watch:[]]" {
+		t.Errorf("New's and All's lists and watches: %s", got)
+	}
+	if !all.Exists("other") {
+		t.Error("All does not see other nodes' NodeConfigs")
 	}
 }

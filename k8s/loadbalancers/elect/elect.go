@@ -1,5 +1,6 @@
-// Package elect runs the LoadBalancer assigner on the one process holding
-// a Lease (client-go leader election). It is apart from package
+// Package elect runs a term's work (the LoadBalancer assigner with the
+// caches it decides from) on the one process holding a Lease (client-go
+// leader election). It is apart from package
 // loadbalancers because client-go's leader election links the whole typed
 // clientset and registers every API group at start (+17 MB binary, +10 MB
 // RSS): a process that runs it pays that, one that only shares the
@@ -18,44 +19,49 @@ import (
 	coordinationv1 "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
-
-	"code.fritzlab.net/fritzlab/flock/k8s/loadbalancers"
 )
 
 // LeaseName is the Lease the candidates compete for (in flock's namespace):
 // its holder is the one writer of LoadBalancer addresses.
 const LeaseName = "flock-loadbalancers"
 
-// Elect runs the assigner on whichever agent holds the Lease: client-go's
+// Elect runs Term on whichever process holds the Lease: client-go's
 // leader election (a candidate that loses the Lease stops writing before
 // another can take it: RenewDeadline < LeaseDuration). It is a Runner: it
 // returns nil when ctx ends, and competes again after losing the Lease.
+// Competing needs nothing but the Lease: whatever a term needs, Term
+// builds.
 type Elect struct {
 	Leases    coordinationv1.LeasesGetter
 	Namespace string
 	Identity  string // the node's name
-	Assigner  *loadbalancers.Assigner
-	Log       *slog.Logger
+	// Term is one term's work: it runs from winning the Lease until ctx
+	// ends, and the Lease is given up only once it has returned. A term
+	// that returns on its own gives the Lease up too (a holder doing
+	// nothing would keep everyone else from assigning), and the candidate
+	// competes again.
+	Term func(ctx context.Context) error
+	Log  *slog.Logger
 	// Timings; zero: client-go's defaults for core components (15 s, 10 s,
 	// 2 s).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 
 	leading atomic.Bool
 	mu      sync.Mutex
-	running *term // the assigner of the current term, or nil
-	// stopped: the current term ended (stop ran) before its assigner
-	// started (client-go starts it on a goroutine of its own).
+	running *term // the current term, or nil
+	// stopped: the current term ended (stop ran) before its work started
+	// (client-go starts it on a goroutine of its own).
 	stopped bool
 }
 
-// term is one term's assigner: cancel stops it, done closes once it has.
+// term is one term's work: cancel stops it, done closes once it has.
 type term struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-// stop ends the current term's assigner and waits until it has returned:
-// from then on this agent writes nothing.
+// stop ends the current term's work and waits until it has returned:
+// from then on this process writes nothing.
 func (e *Elect) stop() {
 	e.mu.Lock()
 	r := e.running
@@ -70,9 +76,9 @@ func (e *Elect) stop() {
 
 // releaseAfterStop is the Lease lock, except that giving the Lease up
 // (client-go's release: an update naming no holder) first stops the
-// assigner. client-go releases the Lease before it cancels the leader's
-// context, so without this another agent could take the Lease, and write,
-// while this one's assigner still ran.
+// term. client-go releases the Lease before it cancels the leader's
+// context, so without this another process could take the Lease, and
+// write, while this one's assigner still ran.
 type releaseAfterStop struct {
 	resourcelock.Interface
 	stop func()
@@ -85,7 +91,12 @@ func (l releaseAfterStop) Update(ctx context.Context, r resourcelock.LeaderElect
 	return l.Interface.Update(ctx, r)
 }
 
-// Leading tells whether this agent writes the addresses now.
+// resignKey holds, in the context of one le.Run, what ends that run: a
+// term that returns on its own gives up its own Lease term, not a later
+// one.
+type resignKey struct{}
+
+// Leading tells whether this process writes the addresses now.
 func (e *Elect) Leading() bool { return e.leading.Load() }
 
 // Run competes for the Lease until ctx ends.
@@ -119,14 +130,20 @@ func (e *Elect) Run(ctx context.Context) error {
 				e.running = r
 				e.leading.Store(true)
 				e.mu.Unlock()
-				log.Info("LoadBalancer addresses: this agent assigns them", "lease", e.Namespace+"/"+LeaseName)
-				if err := e.Assigner.Run(ctx); err != nil {
-					log.Error("LoadBalancer assigner stopped", "err", err)
+				log.Info("LoadBalancer addresses: this process assigns them", "lease", e.Namespace+"/"+LeaseName)
+				err := e.Term(ctx)
+				if ctx.Err() == nil {
+					// Ends le.Run, whose release waits (stop) until this
+					// has returned.
+					log.Error("LoadBalancer term ended while leading; giving the Lease up", "err", err)
+					ctx.Value(resignKey{}).(context.CancelFunc)()
+				} else if err != nil {
+					log.Error("LoadBalancer term stopped", "err", err)
 				}
 			},
 			OnStoppedLeading: func() {
 				e.stop()
-				log.Info("LoadBalancer addresses: this agent no longer assigns them")
+				log.Info("LoadBalancer addresses: this process no longer assigns them")
 			},
 		},
 	}
@@ -138,7 +155,9 @@ func (e *Elect) Run(ctx context.Context) error {
 		e.mu.Lock()
 		e.stopped = false
 		e.mu.Unlock()
-		le.Run(ctx) // returns when leadership is lost or ctx ends
+		run, resign := context.WithCancel(ctx)
+		le.Run(context.WithValue(run, resignKey{}, resign)) // returns when leadership is lost or ctx ends
+		resign()
 	}
 	return nil
 }

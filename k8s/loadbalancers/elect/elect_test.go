@@ -4,55 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
-	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
-	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
-	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
-	"code.fritzlab.net/fritzlab/flock/k8s/lbassign"
-	"code.fritzlab.net/fritzlab/flock/k8s/loadbalancers"
-	"code.fritzlab.net/fritzlab/flock/k8s/services"
 )
 
-// The assigner's ports, unused here (no Services).
-type (
-	noClaims struct{}
-	noStatus struct{}
-	noEvents struct{}
-	lbSvcs   struct {
-		kubeclient.ListerWatcher[*corev1.ServiceList]
-	}
-)
-
-func (noClaims) Claim(context.Context, netip.Addr, string, loadbalancers.ServiceRef, string) error {
-	return nil
-}
-func (noClaims) Release(context.Context, netip.Addr, loadbalancers.ServiceRef) error      { return nil }
-func (noClaims) Services() map[netip.Addr][]loadbalancers.ServiceRef                      { return nil }
-func (noClaims) Others() map[netip.Addr]string                                            { return nil }
-func (noStatus) SetIngress(context.Context, loadbalancers.ServiceRef, []netip.Addr) error { return nil }
-func (noEvents) Event(loadbalancers.ServiceRef, bool, string, string)                     {}
-func (lbSvcs) IsWatchListSemanticsUnSupported() bool                                      { return true }
-
-// newElect is an agent's election, with an assigner that has no Services.
+// newElect is an agent's election, whose terms wait for their end.
 func newElect(t *testing.T, cs *fake.Clientset, node string, lease, renew time.Duration) *Elect {
-	f := kubeclient.NewFactory()
-	inf := f.Informer("services", func() cache.SharedIndexInformer {
-		return kubeclient.NewInformer(lbSvcs{cs.CoreV1().Services("")}, &corev1.Service{}, nil)
-	})
-	as := loadbalancers.New(loadbalancers.Config{Services: inf, Claims: noClaims{}, Status: noStatus{}, Events: noEvents{},
-		Pools: func() []lbassign.Pool { return nil }, Ours: (services.Options{}).Ours})
-	testutil.Run(t, f.Run)
-	return &Elect{Leases: cs.CoordinationV1(), Namespace: "flock-system", Identity: node, Assigner: as,
+	return &Elect{Leases: cs.CoordinationV1(), Namespace: "flock-system", Identity: node,
+		Term:          func(ctx context.Context) error { <-ctx.Done(); return nil },
 		LeaseDuration: lease, RenewDeadline: renew, RetryPeriod: 200 * time.Millisecond}
 }
 
@@ -81,7 +49,7 @@ func TestElectOneLeader(t *testing.T) {
 }
 
 // A leader whose renewals fail gives the Lease up (client-go's release)
-// only once its assigner has stopped: at the instant the Lease names no
+// only once its term has returned: at the instant the Lease names no
 // holder, it no longer leads, and the two agents never lead together.
 // client-go releases before it cancels the leader's context; before
 // releaseAfterStop, a still led when b took the released Lease (CI saw
@@ -90,7 +58,8 @@ func TestElectReleasesAfterItStops(t *testing.T) {
 	cs := fake.NewClientset()
 	var failRenew atomic.Bool
 	var a *Elect
-	released := make(chan bool, 1) // a.Leading() when the release is written
+	var aRunning atomic.Bool       // a's term has not returned
+	released := make(chan bool, 1) // a.Leading() or a's term running when the release is written
 	cs.PrependReactor("update", "leases", func(act k8stesting.Action) (bool, runtime.Object, error) {
 		l := act.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease)
 		holder := ""
@@ -102,7 +71,7 @@ func TestElectReleasesAfterItStops(t *testing.T) {
 			return true, nil, errors.New("injected: the API server does not answer node-a")
 		case holder == "" && a != nil:
 			select {
-			case released <- a.Leading():
+			case released <- a.Leading() || aRunning.Load():
 			default:
 			}
 		}
@@ -111,6 +80,12 @@ func TestElectReleasesAfterItStops(t *testing.T) {
 	// b could take an unreleased Lease only 10 s after a's last renewal;
 	// a gives up 1 s after it and releases.
 	a = newElect(t, cs, "node-a", 10*time.Second, time.Second)
+	a.Term = func(ctx context.Context) error {
+		aRunning.Store(true)
+		defer aRunning.Store(false)
+		<-ctx.Done()
+		return nil
+	}
 	b := newElect(t, cs, "node-b", 10*time.Second, time.Second)
 	testutil.Run(t, a.Run)
 	testutil.Eventually(t, "node-a to lead", func() (bool, string) { return a.Leading(), "" })
@@ -135,7 +110,7 @@ func TestElectReleasesAfterItStops(t *testing.T) {
 	select {
 	case leading := <-released:
 		if leading {
-			t.Fatal("node-a released the Lease while it still led (its assigner running)")
+			t.Fatal("node-a released the Lease while it still led (its term running)")
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("node-a never released the Lease")
@@ -145,5 +120,50 @@ func TestElectReleasesAfterItStops(t *testing.T) {
 	case <-both:
 		t.Fatal("node-a and node-b led at once")
 	default:
+	}
+}
+
+// A term that returns on its own while leading gives the Lease up, only
+// once it has returned, and the candidate competes again: the next win
+// runs a new term. Before, such a leader kept the Lease doing nothing.
+func TestElectTermEndingOnItsOwnGivesTheLeaseUp(t *testing.T) {
+	cs := fake.NewClientset()
+	var calls, running atomic.Int32
+	released := make(chan int32, 1) // terms running when the release is written
+	cs.PrependReactor("update", "leases", func(act k8stesting.Action) (bool, runtime.Object, error) {
+		if l := act.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease); l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+			select {
+			case released <- running.Load():
+			default:
+			}
+		}
+		return false, nil, nil
+	})
+	e := newElect(t, cs, "node-a", 30*time.Second, 20*time.Second)
+	e.Term = func(ctx context.Context) error {
+		running.Add(1)
+		defer running.Add(-1)
+		if calls.Add(1) == 1 {
+			time.Sleep(100 * time.Millisecond) // still running when it decides to end
+			return errors.New("injected: the term failed")
+		}
+		<-ctx.Done()
+		return nil
+	}
+	testutil.Run(t, e.Run)
+	select {
+	case n := <-released:
+		if n != 0 {
+			t.Fatal("the Lease was released while the term still ran")
+		}
+	case <-time.After(testutil.Timeout):
+		t.Fatal("a leader whose term ended kept the Lease")
+	}
+	testutil.Eventually(t, "a second term leading", func() (bool, string) {
+		return calls.Load() == 2 && e.Leading() && running.Load() == 1, fmt.Sprintf("calls %d, leading %v", calls.Load(), e.Leading())
+	})
+	l, err := cs.CoordinationV1().Leases("flock-system").Get(context.Background(), LeaseName, metav1.GetOptions{})
+	if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != "node-a" {
+		t.Fatalf("the Lease after the second win: %v, %v", l, err)
 	}
 }
