@@ -131,8 +131,11 @@ func (w *world) step(t *testing.T, r *rand.Rand) {
 		if r.IntN(2) == 0 {
 			n.Labels = map[string]string{"anycast": "yes"}
 		}
+		// An informer hands the handler the object it replaced: the
+		// tracker ignores updates that change nothing it reads.
+		old, _, _ := w.ns.Get(n)
 		_ = w.ns.Update(n)
-		w.handler.OnUpdate(n, n)
+		w.handler.OnUpdate(old, n)
 	case 7: // the agent binds (or forgets) what this node's pods hold; or it goes away
 		if r.IntN(5) == 0 {
 			// Down: crashed (nothing answers) or restarted and waiting for

@@ -26,6 +26,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/authz"
 	"code.fritzlab.net/fritzlab/flock/k8s/claims"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // AgentPollInterval is how often the agent's bindings are read: a binding
@@ -148,7 +149,9 @@ func (t *Tracker) PodsForIP(ip string) []string { return t.current.Load().PodsFo
 func (t *Tracker) ExtraPodIPs(p *corev1.Pod) []string { return t.current.Load().ExtraPodIPs(p) }
 
 // Handler recomputes on any change of the objects it is added to (the
-// engine's pod and namespace informers).
+// engine's pod and namespace informers), but not on an update of a pod
+// or namespace that changes nothing Compute reads (trim.Unchanged: the
+// kubelet's status updates, a relist).
 func (t *Tracker) Handler() cache.ResourceEventHandler {
 	kick := func() {
 		select {
@@ -156,7 +159,12 @@ func (t *Tracker) Handler() cache.ResourceEventHandler {
 		default:
 		}
 	}
-	return cache.ResourceEventHandlerFuncs{AddFunc: func(any) { kick() }, UpdateFunc: func(any, any) { kick() }, DeleteFunc: func(any) { kick() }}
+	return cache.ResourceEventHandlerFuncs{AddFunc: func(any) { kick() }, DeleteFunc: func(any) { kick() },
+		UpdateFunc: func(old, cur any) {
+			if !trim.Unchanged(old, cur) {
+				kick()
+			}
+		}}
 }
 
 // Run keeps the owners current from the informers and the agent until ctx

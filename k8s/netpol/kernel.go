@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	policylisters "sigs.k8s.io/network-policy-api/pkg/client/listers/apis/v1alpha1"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
 )
 
@@ -81,11 +82,17 @@ func (k *kernelVerdicts) changed() {
 	}
 }
 
-// handler is added to the informers the program depends on.
+// handler is added to the informers the program depends on. An update
+// that changes nothing the compiler reads (trim.Unchanged: a pod's status
+// conditions, a relist) compiles nothing.
 func (k *kernelVerdicts) handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { k.changed() },
-		UpdateFunc: func(any, any) { k.changed() },
+		AddFunc: func(any) { k.changed() },
+		UpdateFunc: func(old, cur any) {
+			if !trim.Unchanged(old, cur) {
+				k.changed()
+			}
+		},
 		DeleteFunc: func(any) { k.changed() },
 	}
 }

@@ -23,7 +23,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -34,6 +33,8 @@ import (
 	npaclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 	npainformers "sigs.k8s.io/network-policy-api/pkg/client/informers/externalversions"
 	"sigs.k8s.io/network-policy-api/pkg/client/informers/externalversions/apis/v1alpha1"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // Config is what the engine needs besides the API.
@@ -110,9 +111,7 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	if err != nil {
 		return fmt.Errorf("netpol: kubernetes client: %w", err)
 	}
-	// The engine reads labels, pod IPs, ports and phase: managed fields
-	// (often the largest part of an object) are dropped from the cache.
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(dropManagedFields))
+	factory := newFactory(client)
 	var (
 		npa          npaclient.Interface
 		npaFactory   npainformers.SharedInformerFactory
@@ -177,11 +176,9 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 		PodsForIP:      podsForIP(cfg.ExtraIPs),
 		ExtraIPsSynced: extraSynced(cfg.ExtraIPs),
 	}
-	ctrl, err := networkpolicy.NewController(client,
-		factory.Networking().V1().NetworkPolicies(), factory.Core().V1().Namespaces(), factory.Core().V1().Pods(),
-		nodeInformer, npa, anpInformer, banpInformer, engineCfg)
+	ctrl, err := newController(client, factory, nodeInformer, npa, anpInformer, banpInformer, engineCfg)
 	if err != nil {
-		return fmt.Errorf("netpol: create controller: %w", err)
+		return err
 	}
 	podInf, nsInf := factory.Core().V1().Pods(), factory.Core().V1().Namespaces()
 	extraDone := make(chan error, 1)
@@ -277,13 +274,30 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	return nil
 }
 
-// dropManagedFields is the informers' transform: objects are cached
-// without their managed fields.
-func dropManagedFields(obj any) (any, error) {
-	if m, ok := obj.(metav1.Object); ok {
-		m.SetManagedFields(nil)
+// newFactory makes the informers of client: they cache pods, namespaces
+// and nodes trimmed to what flock-policy reads, and other objects
+// without their managed fields (trim.Transform).
+func newFactory(client kubernetes.Interface) informers.SharedInformerFactory {
+	return informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trim.Transform))
+}
+
+// newController builds the engine on factory's informers. The engine
+// sets its own transform on the pod informer, which replaces the
+// factory's and drops only managed fields: trim's is put back, before
+// anything starts the informer (SetTransform fails after).
+func newController(client kubernetes.Interface, factory informers.SharedInformerFactory, nodes coreinformers.NodeInformer,
+	npa npaclient.Interface, anps v1alpha1.AdminNetworkPolicyInformer, banps v1alpha1.BaselineAdminNetworkPolicyInformer,
+	cfg networkpolicy.Config) (*networkpolicy.Controller, error) {
+	ctrl, err := networkpolicy.NewController(client,
+		factory.Networking().V1().NetworkPolicies(), factory.Core().V1().Namespaces(), factory.Core().V1().Pods(),
+		nodes, npa, anps, banps, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("netpol: create controller: %w", err)
 	}
-	return obj, nil
+	if err := factory.Core().V1().Pods().Informer().SetTransform(trim.Transform); err != nil {
+		return nil, fmt.Errorf("netpol: trim the pod cache: %w", err)
+	}
+	return ctrl, nil
 }
 
 func extraPodIPs(x ExtraIPs) func(*corev1.Pod) []string {

@@ -10,10 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 )
 
 func TestConfigErrorsNameTheField(t *testing.T) {
@@ -71,24 +68,6 @@ func TestNftQueueProbe(t *testing.T) {
 	}
 	if wantOK := err == nil; got != wantOK {
 		t.Errorf("probe says nft queue works = %v; nft says %v (%s)", got, wantOK, strings.TrimSpace(string(nftSays)))
-	}
-}
-
-func TestDropManagedFields(t *testing.T) {
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "a", Labels: map[string]string{"app": "x"},
-		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}}}
-	got, err := dropManagedFields(pod)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := got.(*corev1.Pod)
-	if len(p.ManagedFields) != 0 || p.Labels["app"] != "x" {
-		t.Errorf("after the transform: managed fields %v, labels %v; want none and the labels kept", p.ManagedFields, p.Labels)
-	}
-	// A tombstone passes unchanged.
-	tomb := cache.DeletedFinalStateUnknown{Key: "ns/a", Obj: pod}
-	if got, err := dropManagedFields(tomb); err != nil || got.(cache.DeletedFinalStateUnknown).Key != "ns/a" {
-		t.Errorf("tombstone: %v, %v", got, err)
 	}
 }
 

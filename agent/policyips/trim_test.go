@@ -1,0 +1,202 @@
+package policyips
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+
+	"code.fritzlab.net/fritzlab/flock/agent/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
+	"code.fritzlab.net/fritzlab/flock/k8s/pods"
+)
+
+// randInputs is a random cluster with every pod field Compute reads set
+// (incarnations, static pods' mirrors, anycast asks, nodes, phases, the
+// host's network) and the bulk it does not read, with claims and agent
+// records that name the pods' incarnations, or stale ones.
+func randInputs(r *rand.Rand) Inputs {
+	pick := func(xs []string) string { return xs[r.IntN(len(xs))] }
+	in := Inputs{Node: node, Namespaces: map[string]labels.Set{}}
+	for _, ns := range nsNames {
+		if r.IntN(2) == 0 {
+			in.Namespaces[ns] = labels.Set{"anycast": "yes"}
+		}
+	}
+	in.Pools = compilePools([]v1alpha1.AddressPool{{ObjectMeta: metav1.ObjectMeta{Name: "any"}, Spec: v1alpha1.AddressPoolSpec{
+		CIDRs: []string{"2001:db8:a::/64", "203.0.113.0/24"}, Use: []string{v1alpha1.UseAnycast},
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"anycast": "yes"}}}}})
+	agentAnswered := r.IntN(2) == 0
+	if agentAnswered {
+		in.Local = []admin.Pod{}
+	}
+	for i := range 6 + r.IntN(8) {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pick(nsNames), Name: fmt.Sprintf("p%d", i), UID: types.UID(fmt.Sprintf("u%d", i)),
+			Labels:      map[string]string{"app": "x"},
+			Annotations: map[string]string{"kubectl.kubernetes.io/restartedAt": "then", annotations.Addresses: pick(addrIPs)}},
+			Spec: corev1.PodSpec{NodeName: pick(nodes), HostNetwork: r.IntN(8) == 0,
+				Containers: []corev1.Container{{Name: "c", Image: "app:1", Env: []corev1.EnvVar{{Name: "A", Value: "b"}}}}},
+			Status: corev1.PodStatus{Phase: []corev1.PodPhase{corev1.PodPending, corev1.PodRunning, corev1.PodRunning, corev1.PodRunning, corev1.PodSucceeded, corev1.PodFailed}[r.IntN(6)],
+				PodIPs: []corev1.PodIP{{IP: fmt.Sprintf("fd00:10::%x", i+1)}}, HostIP: "192.0.2.1",
+				Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}}
+		if r.IntN(3) == 0 {
+			p.Annotations[pods.MirrorAnnotation] = fmt.Sprintf("static-%d", i)
+		}
+		if r.IntN(2) == 0 {
+			p.Annotations[annotations.Anycast] = pick(anyIPs)
+		}
+		in.Pods = append(in.Pods, p)
+		id := pods.ID(p)
+		// A claim naming this incarnation (by UID, or a mirror's by its
+		// static UID only), or another one.
+		if r.IntN(2) == 0 {
+			cp := &v1alpha1.ClaimPod{Namespace: p.Namespace, Name: p.Name, UID: pick([]string{id.UID, id.UID, "stale", ""})}
+			if id.StaticUID != "" && r.IntN(2) == 0 {
+				cp.UID, cp.StaticUID = "old-mirror", id.StaticUID
+			}
+			in.Claims = append(in.Claims, v1alpha1.AddressClaim{Spec: v1alpha1.AddressClaimSpec{IP: pick(addrIPs), Use: v1alpha1.UseAddresses,
+				Node: pick([]string{p.Spec.NodeName, p.Spec.NodeName, "n3"}), Pod: cp}})
+		}
+		// What this node's agent bound for it (or said it bound, before
+		// it went away), for this incarnation or an old one.
+		if p.Spec.NodeName == node && r.IntN(3) > 0 {
+			rec := admin.Pod{ID: id, Phase: pick([]string{"committed", "committed", "deleting"}), Addresses: []string{pick(addrIPs)}, Anycast: []string{pick(anyIPs)}}
+			switch r.IntN(4) {
+			case 0:
+				rec.UID = "old"
+			case 1:
+				if id.StaticUID != "" {
+					rec.UID = "old-mirror" // the static pod's, through another mirror
+				}
+			}
+			if agentAnswered {
+				in.Local = append(in.Local, rec)
+			} else {
+				in.Stale = append(in.Stale, rec)
+			}
+		}
+	}
+	return in
+}
+
+func trimmedPods(in Inputs, f func(*corev1.Pod) *corev1.Pod) Inputs {
+	out := in
+	out.Pods = nil
+	for _, p := range in.Pods {
+		out.Pods = append(out.Pods, f(p))
+	}
+	return out
+}
+
+// TestComputeTrimmed: flock-policy's pod cache holds trimmed pods
+// (package trim); Compute over them is Compute over whole ones. Dropping
+// any field it reads from the trim fails here: the corpus is checked to
+// tell each of them apart.
+func TestComputeTrimmed(t *testing.T) {
+	seed := uint64(1)
+	if s := os.Getenv("FLOCK_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("FLOCK_SEED=%d", seed)
+	r := rand.New(rand.NewPCG(seed, 0x7472))
+	// Each field Compute reads, dropped: the corpus must notice each.
+	without := map[string]func(*corev1.Pod){
+		"uid":                func(p *corev1.Pod) { p.UID = "" },
+		"mirror annotation":  func(p *corev1.Pod) { delete(p.Annotations, pods.MirrorAnnotation) },
+		"anycast annotation": func(p *corev1.Pod) { delete(p.Annotations, annotations.Anycast) },
+		"nodeName":           func(p *corev1.Pod) { p.Spec.NodeName = "" },
+		"hostNetwork":        func(p *corev1.Pod) { p.Spec.HostNetwork = false },
+		"phase":              func(p *corev1.Pod) { p.Status.Phase = "" },
+		"namespace":          func(p *corev1.Pod) { p.Namespace = "" },
+	}
+	noticed := map[string]int{}
+	held := 0
+	for i := range 500 {
+		in := randInputs(r)
+		want := Compute(in)
+		held += want.Len()
+		got := Compute(trimmedPods(in, trim.Pod))
+		if !got.Equal(want) {
+			t.Fatalf("inputs %d (FLOCK_SEED=%d): over trimmed pods %v, over whole ones %v", i, seed, got.byPod, want.byPod)
+		}
+		for name, drop := range without {
+			cut := Compute(trimmedPods(in, func(p *corev1.Pod) *corev1.Pod { q := trim.Pod(p).DeepCopy(); drop(q); return q }))
+			if !cut.Equal(want) {
+				noticed[name]++
+			}
+		}
+	}
+	t.Logf("extra IPs held: %d; a dropped field changed the answer: %v", held, noticed)
+	for name := range without {
+		if noticed[name] == 0 {
+			t.Errorf("no input tells %s apart: a trim that drops it would pass", name)
+		}
+	}
+}
+
+// The tracker recomputes for a change of what it reads, not for the
+// kubelet's status updates (the ones that change only conditions).
+func TestHandlerIgnoresUpdatesOfNothingRead(t *testing.T) {
+	tr := &Tracker{kick: make(chan struct{}, 1)}
+	h := tr.Handler()
+	kicked := func() bool {
+		select {
+		case <-tr.kick:
+			return true
+		default:
+			return false
+		}
+	}
+	old := pod("a", "web", "u1", node, corev1.PodRunning, "2001:db8:a::1")
+	old.ResourceVersion = "1"
+	old.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	for name, tc := range map[string]struct {
+		f    func(*corev1.Pod)
+		kick bool
+	}{
+		"conditions":  {func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionFalse }, false},
+		"annotation":  {func(p *corev1.Pod) { p.Annotations["x"] = "y" }, false},
+		"anycast":     {func(p *corev1.Pod) { p.Annotations[annotations.Anycast] = "2001:db8:a::2" }, true},
+		"phase":       {func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }, true},
+		"uid":         {func(p *corev1.Pod) { p.UID = "u2" }, true},
+		"hostNetwork": {func(p *corev1.Pod) { p.Spec.HostNetwork = true }, true},
+	} {
+		cur := old.DeepCopy()
+		cur.ResourceVersion = "2"
+		tc.f(cur)
+		h.OnUpdate(old, cur)
+		if got := kicked(); got != tc.kick {
+			t.Errorf("%s: recompute %v, want %v", name, got, tc.kick)
+		}
+	}
+	nsOld := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a", ResourceVersion: "1"}}
+	nsNew := nsOld.DeepCopy()
+	nsNew.ResourceVersion = "2"
+	if h.OnUpdate(nsOld, nsNew); kicked() {
+		t.Error("a namespace update of nothing read recomputes")
+	}
+	nsNew.Labels = map[string]string{"anycast": "yes"}
+	if h.OnUpdate(nsOld, nsNew); !kicked() {
+		t.Error("a namespace label change does not recompute")
+	}
+	// Claims and pools (unstructured) always recompute; so do adds and
+	// deletes.
+	if h.OnUpdate(toUnstructured(t, &v1alpha1.AddressClaim{}, v1alpha1.GroupVersion.WithKind("AddressClaim")),
+		toUnstructured(t, &v1alpha1.AddressClaim{}, v1alpha1.GroupVersion.WithKind("AddressClaim"))); !kicked() {
+		t.Error("a claim update does not recompute")
+	}
+	if h.OnAdd(old, false); !kicked() {
+		t.Error("an add does not recompute")
+	}
+	if h.OnDelete(old); !kicked() {
+		t.Error("a delete does not recompute")
+	}
+}

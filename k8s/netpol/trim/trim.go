@@ -1,0 +1,176 @@
+// Package trim cuts the objects flock-policy caches down to what it reads.
+// It watches every pod of the cluster: kept whole, they are most of its
+// memory, and most of their updates (the kubelet's conditions and
+// container statuses) change nothing it reads. Transform is the
+// informers' transform; Unchanged tells the event handlers which updates
+// they may ignore.
+//
+// What is kept is what the readers read, and nothing else:
+//   - the engine (third_party/kube-network-policies): a pod's namespace,
+//     name, labels, spec.nodeName, spec.hostNetwork, the ports of
+//     spec.containers (name, containerPort, protocol), status.phase and
+//     status.podIPs; a namespace's and a node's name and labels;
+//   - the compiler (k8s/netpol/verdicts) and the view (k8s/netpol): the
+//     same, and the pod's UID;
+//   - the ExtraIPs tracker (agent/policyips): a pod's UID and the
+//     annotations kubernetes.io/config.mirror (pods.ID) and
+//     flock.fritzlab.net/anycast.
+//
+// A reader that needs another field must add it here: the differential
+// tests (verdicts, policyips) run the readers over trimmed objects too.
+package trim
+
+import (
+	"maps"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/k8s/pods"
+)
+
+// keptAnnotations are the only annotations read (by the tracker).
+var keptAnnotations = []string{pods.MirrorAnnotation, annotations.Anycast}
+
+// Pod is p with only what flock-policy reads (p is not changed; the
+// result shares p's labels and pod IPs). Containers without ports are
+// left out: only ports are read of them.
+func Pod(p *corev1.Pod) *corev1.Pod {
+	out := &corev1.Pod{ObjectMeta: meta(&p.ObjectMeta)}
+	for _, k := range keptAnnotations {
+		if v, ok := p.Annotations[k]; ok {
+			if out.Annotations == nil {
+				out.Annotations = make(map[string]string, len(keptAnnotations))
+			}
+			out.Annotations[k] = v
+		}
+	}
+	out.Spec.NodeName = p.Spec.NodeName
+	out.Spec.HostNetwork = p.Spec.HostNetwork
+	n := 0
+	for i := range p.Spec.Containers {
+		if len(p.Spec.Containers[i].Ports) > 0 {
+			n++
+		}
+	}
+	if n > 0 {
+		out.Spec.Containers = make([]corev1.Container, 0, n)
+		for i := range p.Spec.Containers {
+			c := &p.Spec.Containers[i]
+			if len(c.Ports) == 0 {
+				continue
+			}
+			ports := make([]corev1.ContainerPort, len(c.Ports))
+			for j, cp := range c.Ports {
+				ports[j] = corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: cp.Protocol}
+			}
+			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: c.Name, Ports: ports})
+		}
+	}
+	out.Status.Phase = p.Status.Phase
+	if len(p.Status.PodIPs) > 0 {
+		out.Status.PodIPs = p.Status.PodIPs
+	}
+	return out
+}
+
+// Namespace is n's name, UID, resourceVersion and labels.
+func Namespace(n *corev1.Namespace) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: meta(&n.ObjectMeta)}
+}
+
+// Node is n's name, UID, resourceVersion and labels (the admin policies'
+// node selectors).
+func Node(n *corev1.Node) *corev1.Node {
+	return &corev1.Node{ObjectMeta: meta(&n.ObjectMeta)}
+}
+
+// meta keeps the identity, the resourceVersion (the informer's and the
+// compiler's), and the labels.
+func meta(m *metav1.ObjectMeta) metav1.ObjectMeta {
+	out := metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}
+	if len(m.Labels) > 0 {
+		out.Labels = m.Labels
+	}
+	return out
+}
+
+// Transform is the informers' transform: pods, namespaces and nodes are
+// trimmed; any other object loses its managed fields (often its largest
+// part), which nothing reads. It is idempotent, as client-go asks.
+func Transform(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *corev1.Pod:
+		return Pod(o), nil
+	case *corev1.Namespace:
+		return Namespace(o), nil
+	case *corev1.Node:
+		return Node(o), nil
+	case metav1.Object:
+		o.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// Unchanged reports whether an update of a pod, namespace or node from
+// old to cur changes nothing flock-policy reads: their trimmed forms
+// differ at most in resourceVersion. The kubelet's status updates
+// (conditions, container statuses) are such updates, and so is every
+// object of a relist. Objects of other types are never unchanged. It
+// compares the fields Pod, Namespace and Node keep, in place: every pod
+// update of the cluster pays for it.
+func Unchanged(old, cur any) bool {
+	switch o := old.(type) {
+	case *corev1.Pod:
+		c, ok := cur.(*corev1.Pod)
+		return ok && samePod(o, c)
+	case *corev1.Namespace:
+		c, ok := cur.(*corev1.Namespace)
+		return ok && sameMeta(&o.ObjectMeta, &c.ObjectMeta)
+	case *corev1.Node:
+		c, ok := cur.(*corev1.Node)
+		return ok && sameMeta(&o.ObjectMeta, &c.ObjectMeta)
+	}
+	return false
+}
+
+// sameMeta compares what meta keeps but the resourceVersion.
+func sameMeta(a, b *metav1.ObjectMeta) bool {
+	return a.Name == b.Name && a.Namespace == b.Namespace && a.UID == b.UID && maps.Equal(a.Labels, b.Labels)
+}
+
+// samePod compares what Pod keeps but the resourceVersion.
+func samePod(a, b *corev1.Pod) bool {
+	if !sameMeta(&a.ObjectMeta, &b.ObjectMeta) || a.Spec.NodeName != b.Spec.NodeName || a.Spec.HostNetwork != b.Spec.HostNetwork ||
+		a.Status.Phase != b.Status.Phase || !slices.Equal(a.Status.PodIPs, b.Status.PodIPs) {
+		return false
+	}
+	for _, k := range keptAnnotations {
+		va, oka := a.Annotations[k]
+		vb, okb := b.Annotations[k]
+		if va != vb || oka != okb {
+			return false
+		}
+	}
+	// The containers with ports, in order.
+	ca, cb := a.Spec.Containers, b.Spec.Containers
+	for {
+		for len(ca) > 0 && len(ca[0].Ports) == 0 {
+			ca = ca[1:]
+		}
+		for len(cb) > 0 && len(cb[0].Ports) == 0 {
+			cb = cb[1:]
+		}
+		if len(ca) == 0 || len(cb) == 0 {
+			return len(ca) == len(cb)
+		}
+		if ca[0].Name != cb[0].Name || !slices.EqualFunc(ca[0].Ports, cb[0].Ports, func(x, y corev1.ContainerPort) bool {
+			return x.Name == y.Name && x.ContainerPort == y.ContainerPort && x.Protocol == y.Protocol
+		}) {
+			return false
+		}
+		ca, cb = ca[1:], cb[1:]
+	}
+}

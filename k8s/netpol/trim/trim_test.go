@@ -1,0 +1,397 @@
+package trim
+
+import (
+	"fmt"
+	"reflect"
+	"runtime"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/k8s/pods"
+)
+
+// fatPod is a pod as a Deployment's ReplicaSet and the kubelet leave it:
+// every field flock-policy reads (every field Pod keeps) set to a
+// distinctive, non-zero value, and the usual bulk it does not read.
+func fatPod() *corev1.Pod {
+	probe := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("http")}}, PeriodSeconds: 10}
+	res := corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")}}
+	env := []corev1.EnvVar{{Name: "LOG_LEVEL", Value: "info"}, {Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}
+	mounts := []corev1.VolumeMount{{Name: "config", MountPath: "/etc/app"}, {Name: "kube-api-access-x", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true}}
+	now := metav1.Now()
+	ctrl := true
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: "shop", Name: "web-7d9f8b6c5d-x2x4q", UID: "0b5e6c1a-uid", ResourceVersion: "4711", Generation: 1,
+			GenerateName: "web-7d9f8b6c5d-", CreationTimestamp: now,
+			Labels: map[string]string{"app": "web", "pod-template-hash": "7d9f8b6c5d", "tier": "front"},
+			Annotations: map[string]string{
+				pods.MirrorAnnotation:                              "static-uid-1",
+				annotations.Anycast:                                "2001:db8:a::80",
+				annotations.Addresses:                              "2001:db8:b::1",
+				"kubectl.kubernetes.io/restartedAt":                "2026-01-01T00:00:00Z",
+				"kubectl.kubernetes.io/last-applied-configuration": `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web"},"spec":{"containers":[{"name":"web","image":"registry.example/web:1.2.3"}]}}`,
+			},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "web-7d9f8b6c5d", UID: "rs-uid", Controller: &ctrl}},
+			Finalizers:      []string{"example.com/cleanup"},
+			ManagedFields: []metav1.ManagedFieldsEntry{
+				{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate, FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: make([]byte, 2048)}},
+				{Manager: "kubelet", Operation: metav1.ManagedFieldsOperationUpdate, Subresource: "status", FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: make([]byte, 1024)}},
+			},
+		},
+		Spec: corev1.PodSpec{
+			NodeName: "node-7", HostNetwork: true, ServiceAccountName: "web", SchedulerName: "default-scheduler",
+			InitContainers: []corev1.Container{{Name: "init", Image: "registry.example/init:1", Command: []string{"/init"},
+				Ports: []corev1.ContainerPort{{Name: "init-port", ContainerPort: 7000, Protocol: corev1.ProtocolTCP}}}},
+			Containers: []corev1.Container{
+				{Name: "web", Image: "registry.example/web:1.2.3", Args: []string{"--listen=:8080"}, Env: env, Resources: res,
+					VolumeMounts: mounts, LivenessProbe: probe, ReadinessProbe: probe,
+					Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP, HostPort: 80, HostIP: "0.0.0.0"},
+						{Name: "dns", ContainerPort: 5353, Protocol: corev1.ProtocolUDP}}},
+				{Name: "sidecar", Image: "registry.example/proxy:9", Env: env, Resources: res, VolumeMounts: mounts},
+				{Name: "metrics", Image: "registry.example/exporter:2",
+					Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9090, Protocol: corev1.ProtocolSCTP}}},
+			},
+			Volumes: []corev1.Volume{{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "web"}}}},
+				{Name: "kube-api-access-x", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{}}}},
+			Tolerations: []corev1.Toleration{{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute}},
+			Affinity:    &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{}},
+		},
+		Status: corev1.PodStatus{
+			Phase: corev1.PodRunning, QOSClass: corev1.PodQOSBurstable,
+			HostIP: "192.0.2.7", HostIPs: []corev1.HostIP{{IP: "192.0.2.7"}, {IP: "2001:db8::7"}},
+			PodIP: "fd00:10::7", PodIPs: []corev1.PodIP{{IP: "fd00:10::7"}, {IP: "198.51.100.7"}},
+			StartTime: &now,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+				{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now}},
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "web", Ready: true, RestartCount: 2, Image: "registry.example/web:1.2.3", ImageID: "sha256:abc",
+				ContainerID: "containerd://0123456789abcdef", State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}}},
+		},
+	}
+}
+
+// What is read survives with its value; what is not is gone.
+func TestPodKeepsWhatIsRead(t *testing.T) {
+	fat := fatPod()
+	orig := fat.DeepCopy()
+	p := Pod(fat)
+	if !reflect.DeepEqual(fat, orig) {
+		t.Fatal("Pod changed its argument")
+	}
+	want := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-7d9f8b6c5d-x2x4q", UID: "0b5e6c1a-uid", ResourceVersion: "4711",
+			Labels:      orig.Labels,
+			Annotations: map[string]string{pods.MirrorAnnotation: "static-uid-1", annotations.Anycast: "2001:db8:a::80"}},
+		Spec: corev1.PodSpec{NodeName: "node-7", HostNetwork: true, Containers: []corev1.Container{
+			{Name: "web", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}, {Name: "dns", ContainerPort: 5353, Protocol: corev1.ProtocolUDP}}},
+			{Name: "metrics", Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9090, Protocol: corev1.ProtocolSCTP}}},
+		}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: orig.Status.PodIPs},
+	}
+	if !reflect.DeepEqual(p, want) {
+		t.Fatalf("trimmed pod:\n got %+v\nwant %+v", p, want)
+	}
+	// Idempotent (client-go may hand the transform what it returned).
+	if again := Pod(p); !reflect.DeepEqual(again, p) {
+		t.Fatalf("trimming twice: %+v, want %+v", again, p)
+	}
+	// The bulk, in protobuf bytes, against what was cached before: the
+	// pod without its managed fields.
+	old := orig.DeepCopy()
+	old.ManagedFields = nil
+	before, after := old.Size(), p.Size()
+	t.Logf("pod: %d bytes of protobuf (%d with managed fields), %d trimmed", before, orig.Size(), after)
+	if after*4 > before {
+		t.Errorf("trimmed pod is %d of %d bytes: want at most a quarter", after, before)
+	}
+}
+
+func TestNamespaceAndNode(t *testing.T) {
+	meta := metav1.ObjectMeta{Name: "shop", UID: "ns-uid", ResourceVersion: "9", Labels: map[string]string{"team": "a"},
+		Annotations:   map[string]string{"scheduler.alpha.kubernetes.io/node-selector": "x"},
+		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}, Finalizers: []string{"f"}}
+	keep := metav1.ObjectMeta{Name: "shop", UID: "ns-uid", ResourceVersion: "9", Labels: map[string]string{"team": "a"}}
+	ns := &corev1.Namespace{ObjectMeta: meta, Spec: corev1.NamespaceSpec{Finalizers: []corev1.FinalizerName{"kubernetes"}}, Status: corev1.NamespaceStatus{Phase: corev1.NamespaceActive}}
+	if got, _ := Transform(ns); !reflect.DeepEqual(got, &corev1.Namespace{ObjectMeta: keep}) {
+		t.Errorf("namespace: %+v", got)
+	}
+	node := &corev1.Node{ObjectMeta: meta, Spec: corev1.NodeSpec{PodCIDR: "10.0.0.0/24"},
+		Status: corev1.NodeStatus{Images: []corev1.ContainerImage{{Names: []string{"a"}, SizeBytes: 1}}, Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady}}}}
+	if got, _ := Transform(node); !reflect.DeepEqual(got, &corev1.Node{ObjectMeta: keep}) {
+		t.Errorf("node: %+v", got)
+	}
+	// Other objects lose their managed fields only.
+	np := &networkingv1.NetworkPolicy{ObjectMeta: meta, Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
+	got, err := Transform(np.DeepCopy())
+	want := np.DeepCopy()
+	want.ManagedFields = nil
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("network policy: %+v, %v", got, err)
+	}
+	// A tombstone passes unchanged.
+	tomb := cache.DeletedFinalStateUnknown{Key: "shop/web", Obj: fatPod()}
+	if got, err := Transform(tomb); err != nil || !reflect.DeepEqual(got, tomb) {
+		t.Errorf("tombstone: %v, %v", got, err)
+	}
+}
+
+// Status-only updates are unchanged; a change of anything read is not.
+func TestUnchanged(t *testing.T) {
+	base := fatPod()
+	noise := map[string]func(p *corev1.Pod){
+		"resourceVersion":   func(p *corev1.Pod) { p.ResourceVersion = "4712" },
+		"conditions":        func(p *corev1.Pod) { p.Status.Conditions[0].Status = corev1.ConditionFalse },
+		"containerStatuses": func(p *corev1.Pod) { p.Status.ContainerStatuses[0].RestartCount++ },
+		"hostIPs":           func(p *corev1.Pod) { p.Status.HostIPs = nil },
+		"podIP":             func(p *corev1.Pod) { p.Status.PodIP = "" },
+		"other annotation":  func(p *corev1.Pod) { p.Annotations["kubectl.kubernetes.io/restartedAt"] = "now" },
+		"managedFields":     func(p *corev1.Pod) { p.ManagedFields = nil },
+		"deletionTimestamp": func(p *corev1.Pod) { now := metav1.Now(); p.DeletionTimestamp = &now },
+		"image":             func(p *corev1.Pod) { p.Spec.Containers[0].Image = "registry.example/web:1.2.4" },
+		"portless container": func(p *corev1.Pod) {
+			p.Spec.Containers = append(p.Spec.Containers, corev1.Container{Name: "debug"})
+		},
+		"hostPort":       func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].HostPort = 0 },
+		"init container": func(p *corev1.Pod) { p.Spec.InitContainers = nil },
+	}
+	for name, f := range noise {
+		cur := base.DeepCopy()
+		f(cur)
+		if !Unchanged(base, cur) || !Unchanged(Pod(base), Pod(cur)) {
+			t.Errorf("%s: an update of nothing read counts as a change", name)
+		}
+	}
+	// No labels read alike, however encoded.
+	noLabels, emptyLabels := base.DeepCopy(), base.DeepCopy()
+	noLabels.Labels, emptyLabels.Labels = nil, map[string]string{}
+	if !Unchanged(noLabels, emptyLabels) {
+		t.Error("nil and empty labels count as a change")
+	}
+	read := map[string]func(p *corev1.Pod){
+		"name":               func(p *corev1.Pod) { p.Name = "other" },
+		"namespace":          func(p *corev1.Pod) { p.Namespace = "other" },
+		"uid":                func(p *corev1.Pod) { p.UID = "new-incarnation" },
+		"label":              func(p *corev1.Pod) { p.Labels["tier"] = "back" },
+		"label removed":      func(p *corev1.Pod) { delete(p.Labels, "tier") },
+		"mirror annotation":  func(p *corev1.Pod) { delete(p.Annotations, pods.MirrorAnnotation) },
+		"anycast annotation": func(p *corev1.Pod) { p.Annotations[annotations.Anycast] = "2001:db8:a::81" },
+		"nodeName":           func(p *corev1.Pod) { p.Spec.NodeName = "node-8" },
+		"hostNetwork":        func(p *corev1.Pod) { p.Spec.HostNetwork = false },
+		"port name":          func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].Name = "https" },
+		"port number":        func(p *corev1.Pod) { p.Spec.Containers[2].Ports[0].ContainerPort = 9091 },
+		"port protocol":      func(p *corev1.Pod) { p.Spec.Containers[0].Ports[1].Protocol = corev1.ProtocolTCP },
+		"port added":         func(p *corev1.Pod) { p.Spec.Containers[1].Ports = []corev1.ContainerPort{{ContainerPort: 15001}} },
+		"phase":              func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded },
+		"podIPs":             func(p *corev1.Pod) { p.Status.PodIPs = p.Status.PodIPs[:1] },
+		"podIPs cleared":     func(p *corev1.Pod) { p.Status.PodIPs = nil },
+	}
+	for name, f := range read {
+		cur := base.DeepCopy()
+		f(cur)
+		if Unchanged(base, cur) || Unchanged(Pod(base), Pod(cur)) {
+			t.Errorf("%s: a change of what is read counts as none", name)
+		}
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a", ResourceVersion: "1", Labels: map[string]string{"team": "x"}}}
+	nsStatus := ns.DeepCopy()
+	nsStatus.ResourceVersion, nsStatus.Annotations, nsStatus.Status.Phase = "2", map[string]string{"a": "b"}, corev1.NamespaceTerminating
+	if !Unchanged(ns, nsStatus) {
+		t.Error("namespace: an update of nothing read counts as a change")
+	}
+	nsLabel := ns.DeepCopy()
+	nsLabel.Labels["team"] = "y"
+	if Unchanged(ns, nsLabel) {
+		t.Error("namespace: a label change counts as none")
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", ResourceVersion: "1", Labels: map[string]string{"zone": "a"}}}
+	nodeStatus := node.DeepCopy()
+	nodeStatus.ResourceVersion, nodeStatus.Status.Conditions = "2", []corev1.NodeCondition{{Type: corev1.NodeReady}}
+	nodeLabel := node.DeepCopy()
+	nodeLabel.Labels["zone"] = "b"
+	if !Unchanged(node, nodeStatus) || Unchanged(node, nodeLabel) {
+		t.Error("node: a status update is a change, or a label change is none")
+	}
+	// Other types, and mixed ones, always count as changes.
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "np"}}
+	if Unchanged(np, np) || Unchanged(base, ns) || Unchanged(nil, base) {
+		t.Error("an object of another type, or a type change, counts as unchanged")
+	}
+}
+
+// heapPerPod is the heap a cached pod holds, decoded from protobuf as
+// the informer gets it and passed through transform.
+func heapPerPod(t *testing.T, transform func(*corev1.Pod) any) float64 {
+	raw, err := fatPod().Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 2000
+	keep := make([]any, n)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range keep {
+		var p corev1.Pod
+		if err := p.Unmarshal(raw); err != nil {
+			t.Fatal(err)
+		}
+		keep[i] = transform(&p)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(keep)
+	return float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / n
+}
+
+// The cache holds a fraction of what it held with managed fields
+// dropped only.
+func TestCachedPodHeap(t *testing.T) {
+	old := heapPerPod(t, func(p *corev1.Pod) any { p.ManagedFields = nil; return p })
+	trimmed := heapPerPod(t, func(p *corev1.Pod) any { return Pod(p) })
+	t.Logf("heap per cached pod: %.0f bytes with managed fields dropped, %.0f trimmed", old, trimmed)
+	if trimmed*3 > old {
+		t.Errorf("a trimmed pod holds %.0f bytes, one without managed fields %.0f: want at most a third", trimmed, old)
+	}
+}
+
+// BenchmarkUnchanged is the price of the check every pod update of the
+// cluster pays (as cached: trimmed), against a compile it may save.
+func BenchmarkUnchanged(b *testing.B) {
+	old := Pod(fatPod())
+	cur := Pod(fatPod())
+	cur.ResourceVersion = "4712"
+	b.ReportAllocs()
+	for b.Loop() {
+		if !Unchanged(old, cur) {
+			b.Fatal("changed")
+		}
+	}
+}
+
+// step is one step of a path into an object: a struct field, a slice
+// element (i < 0: the slice shortened), a map entry (i < 0: deleted).
+type step struct {
+	kind reflect.Kind
+	i    int
+	key  reflect.Value
+}
+
+// leafPaths lists the paths to v's non-zero leaves (strings, bools,
+// integers, map entries), and to its slices shortened.
+func leafPaths(v reflect.Value, path []step, out *[][]step) {
+	at := func(s step) []step { return append(slices.Clone(path), s) }
+	switch v.Kind() {
+	case reflect.Pointer:
+		if !v.IsNil() {
+			leafPaths(v.Elem(), at(step{kind: reflect.Pointer}), out)
+		}
+	case reflect.Struct:
+		for i := range v.NumField() {
+			if v.Type().Field(i).IsExported() {
+				leafPaths(v.Field(i), at(step{kind: reflect.Struct, i: i}), out)
+			}
+		}
+	case reflect.Slice:
+		for i := range v.Len() {
+			leafPaths(v.Index(i), at(step{kind: reflect.Slice, i: i}), out)
+		}
+		if v.Len() > 0 {
+			*out = append(*out, at(step{kind: reflect.Slice, i: -1}))
+		}
+	case reflect.Map:
+		for _, k := range v.MapKeys() {
+			*out = append(*out, at(step{kind: reflect.Map, key: k}), at(step{kind: reflect.Map, key: k, i: -1}))
+		}
+	case reflect.String, reflect.Bool, reflect.Int, reflect.Int32, reflect.Int64:
+		if !v.IsZero() {
+			*out = append(*out, path)
+		}
+	}
+}
+
+// change makes a different value of a leaf.
+func change(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.String:
+		v.SetString(v.String() + "'")
+	case reflect.Bool:
+		v.SetBool(!v.Bool())
+	default:
+		v.SetInt(v.Int() + 1)
+	}
+}
+
+// mutate changes what path leads to in the object ptr points to.
+func mutate(ptr reflect.Value, path []step) string {
+	v, name := ptr, ""
+	for _, s := range path {
+		switch s.kind {
+		case reflect.Pointer:
+			v = v.Elem()
+		case reflect.Struct:
+			name += "." + v.Type().Field(s.i).Name
+			v = v.Field(s.i)
+		case reflect.Slice:
+			if s.i < 0 {
+				v.Set(v.Slice(0, v.Len()-1))
+				return name + " shortened"
+			}
+			name += fmt.Sprintf("[%d]", s.i)
+			v = v.Index(s.i)
+		case reflect.Map:
+			name += fmt.Sprintf("[%v]", s.key)
+			if s.i < 0 {
+				v.SetMapIndex(s.key, reflect.Value{})
+				return name + " deleted"
+			}
+			nv := reflect.New(v.Type().Elem()).Elem()
+			nv.Set(v.MapIndex(s.key))
+			change(nv)
+			v.SetMapIndex(s.key, nv)
+			return name
+		}
+	}
+	change(v)
+	return name
+}
+
+// Whatever Pod, Namespace and Node keep, Unchanged compares: a change of
+// any leaf of a trimmed object but its resourceVersion is a change. (A
+// field added to the trim and not to Unchanged fails here, if fatPod
+// sets it.)
+func TestUnchangedComparesAllKept(t *testing.T) {
+	meta := metav1.ObjectMeta{Name: "n", UID: "uid", ResourceVersion: "1", Labels: map[string]string{"a": "b", "c": "d"}}
+	for _, obj := range []k8sruntime.Object{
+		Pod(fatPod()), Namespace(&corev1.Namespace{ObjectMeta: meta}), Node(&corev1.Node{ObjectMeta: meta}),
+	} {
+		var paths [][]step
+		leafPaths(reflect.ValueOf(obj), nil, &paths)
+		n := 0
+		for _, path := range paths {
+			cp := obj.DeepCopyObject()
+			name := mutate(reflect.ValueOf(cp), path)
+			if name == ".ObjectMeta.ResourceVersion" {
+				if !Unchanged(obj, cp) {
+					t.Errorf("%T: a new resourceVersion alone is a change", obj)
+				}
+				continue
+			}
+			n++
+			if Unchanged(obj, cp) {
+				t.Errorf("%T: %s changed, and Unchanged says it is not", obj, name)
+			}
+		}
+		t.Logf("%T: %d changes of kept fields, each noticed", obj, n)
+	}
+}
