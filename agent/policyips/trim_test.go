@@ -200,3 +200,11 @@ func TestHandlerIgnoresUpdatesOfNothingRead(t *testing.T) {
 		t.Error("a delete does not recompute")
 	}
 }
+
+// trim keeps the anycast annotation under its own copy of the key (k8s
+// packages do not import agent ones): it must be the agent's.
+func TestTrimKeepsTheAgentsAnycastKey(t *testing.T) {
+	if trim.AnycastAnnotation != annotations.Anycast {
+		t.Fatalf("trim keeps %q, the agent reads %q", trim.AnycastAnnotation, annotations.Anycast)
+	}
+}

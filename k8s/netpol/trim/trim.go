@@ -27,12 +27,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 )
 
+// AnycastAnnotation is agent/annotations.Anycast, which k8s packages may
+// not import (imports point down); agent/policyips tests they agree.
+const AnycastAnnotation = "flock.fritzlab.net/anycast"
+
 // keptAnnotations are the only annotations read (by the tracker).
-var keptAnnotations = []string{pods.MirrorAnnotation, annotations.Anycast}
+var keptAnnotations = []string{pods.MirrorAnnotation, AnycastAnnotation}
 
 // Pod is p with only what flock-policy reads (p is not changed; the
 // result shares p's labels and pod IPs). Containers without ports are

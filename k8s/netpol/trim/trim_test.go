@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/cache"
 
-	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 )
 
@@ -38,8 +37,8 @@ func fatPod() *corev1.Pod {
 			Labels: map[string]string{"app": "web", "pod-template-hash": "7d9f8b6c5d", "tier": "front"},
 			Annotations: map[string]string{
 				pods.MirrorAnnotation:                              "static-uid-1",
-				annotations.Anycast:                                "2001:db8:a::80",
-				annotations.Addresses:                              "2001:db8:b::1",
+				AnycastAnnotation:                                  "2001:db8:a::80",
+				"flock.fritzlab.net/addresses":                     "2001:db8:b::1",
 				"kubectl.kubernetes.io/restartedAt":                "2026-01-01T00:00:00Z",
 				"kubectl.kubernetes.io/last-applied-configuration": `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web"},"spec":{"containers":[{"name":"web","image":"registry.example/web:1.2.3"}]}}`,
 			},
@@ -92,7 +91,7 @@ func TestPodKeepsWhatIsRead(t *testing.T) {
 	want := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-7d9f8b6c5d-x2x4q", UID: "0b5e6c1a-uid", ResourceVersion: "4711",
 			Labels:      orig.Labels,
-			Annotations: map[string]string{pods.MirrorAnnotation: "static-uid-1", annotations.Anycast: "2001:db8:a::80"}},
+			Annotations: map[string]string{pods.MirrorAnnotation: "static-uid-1", AnycastAnnotation: "2001:db8:a::80"}},
 		Spec: corev1.PodSpec{NodeName: "node-7", HostNetwork: true, Containers: []corev1.Container{
 			{Name: "web", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}, {Name: "dns", ContainerPort: 5353, Protocol: corev1.ProtocolUDP}}},
 			{Name: "metrics", Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9090, Protocol: corev1.ProtocolSCTP}}},
@@ -185,7 +184,7 @@ func TestUnchanged(t *testing.T) {
 		"label":              func(p *corev1.Pod) { p.Labels["tier"] = "back" },
 		"label removed":      func(p *corev1.Pod) { delete(p.Labels, "tier") },
 		"mirror annotation":  func(p *corev1.Pod) { delete(p.Annotations, pods.MirrorAnnotation) },
-		"anycast annotation": func(p *corev1.Pod) { p.Annotations[annotations.Anycast] = "2001:db8:a::81" },
+		"anycast annotation": func(p *corev1.Pod) { p.Annotations[AnycastAnnotation] = "2001:db8:a::81" },
 		"nodeName":           func(p *corev1.Pod) { p.Spec.NodeName = "node-8" },
 		"hostNetwork":        func(p *corev1.Pod) { p.Spec.HostNetwork = false },
 		"port name":          func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].Name = "https" },
