@@ -7,9 +7,10 @@
 // Every long-running part is a component with Run(ctx) error, started in
 // one errgroup. The order is the design: the facts restore needs (pod
 // readiness from the API) are synced first, then allocations are restored,
-// then the speaker originates the full set, and only then are peers added
-// and the CNI and admin sockets served — so nothing is ever served from a
-// half-restored state.
+// then the speaker originates the node's routes, and only then are the
+// CNI and admin sockets served — so nothing is ever served from a
+// half-restored state — and last, once the Service routes are in the
+// speaker too, the peers added (see startup).
 package daemon
 
 import (
@@ -204,11 +205,6 @@ func Run(outer context.Context, o Options) error {
 		d.reportStartError(ctx, err)
 		return stop(err)
 	}
-	d.mu.Lock()
-	asn, peers := d.spec.ASN, len(d.spec.BGP.Peers)
-	d.mu.Unlock()
-	d.log.Info("serving", "cni-socket", o.CNISocket, "admin-socket", o.AdminSocket, "metrics", o.MetricsAddress,
-		"state-dir", o.StateDir, "node", d.nodeName, "asn", asn, "peers", peers, "kubernetes", o.Kubernetes)
 	err = g.Wait()
 	d.agent.Wait() // veths DELs left to unregister (a crash leaves them to the next start)
 	return stop(err)
@@ -297,6 +293,13 @@ type daemon struct {
 	// peersMu orders every apply of the peers (NodeConfig change, Secret
 	// rotation, file reload): a slower one must not undo a newer one.
 	peersMu sync.Mutex
+	// peersOpen: start-up has added the peers (openPeers); before, a
+	// change only updates the spec, which openPeers applies. Under peersMu.
+	peersOpen bool
+	// svcMu orders the writes of the Service routes (applyServiceRoutes,
+	// drainServices): each reads what it writes under it, so an older
+	// answer never lands after a newer one.
+	svcMu sync.Mutex
 
 	mu           sync.Mutex
 	spec         v1alpha1.NodeConfigSpec // the running config
@@ -509,10 +512,12 @@ func (d *daemon) applySpec(spec *v1alpha1.NodeConfigSpec) error {
 	if !reflect.DeepEqual(oldRest, newRest) {
 		d.log.Warn("reload: changes outside spec.bgp.peers and spec.services (pools, defaults, asn, routerID, listen port, import policy) take effect at the next agent restart")
 	}
-	if err := d.speaker.ApplyPeers(spec.BGP.Peers); err != nil {
-		d.metrics.ReloadsTotal.WithLabelValues("error").Inc()
-		d.setConfigError(err)
-		return err
+	if d.peersOpen {
+		if err := d.speaker.ApplyPeers(spec.BGP.Peers); err != nil {
+			d.metrics.ReloadsTotal.WithLabelValues("error").Inc()
+			d.setConfigError(err)
+			return err
+		}
 	}
 	d.mu.Lock()
 	d.spec.BGP.Peers = spec.BGP.Peers
@@ -527,11 +532,22 @@ func (d *daemon) applySpec(spec *v1alpha1.NodeConfigSpec) error {
 	return nil
 }
 
+// openPeers adds the peers: start-up's last step.
+func (d *daemon) openPeers() {
+	d.peersMu.Lock()
+	d.peersOpen = true
+	d.peersMu.Unlock()
+	d.reapplyPeers()
+}
+
 // reapplyPeers re-reads passwords (a rotated Secret): only sessions whose
-// password changed are re-created.
+// password changed are re-created. Nothing before openPeers.
 func (d *daemon) reapplyPeers() {
 	d.peersMu.Lock()
 	defer d.peersMu.Unlock()
+	if !d.peersOpen {
+		return
+	}
 	d.mu.Lock()
 	peers := d.spec.BGP.Peers
 	d.mu.Unlock()

@@ -48,8 +48,13 @@ import (
 // kubeMode holds what Kubernetes mode adds: clients, informers, leak GC
 // and the NodeConfig status writer.
 type kubeMode struct {
+	// svcFactory has the Services' and EndpointSlices' informers: the
+	// largest lists at scale, and nothing of ADD reads them, so start-up
+	// does not wait for them (the Services controller does).
+	svcFactory *kubeclient.Factory
+
 	o       Options
-	factory *kubeclient.Factory // every informer
+	factory *kubeclient.Factory // every other informer: start-up waits for them
 	spec    *v1alpha1.NodeConfigSpec
 	gen     atomic.Int64
 	core    *kubeclient.Client
@@ -155,7 +160,8 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	k.secrets = secrets.New(f, core.Secrets(o.Namespace), o.Namespace, secrets.DefaultName)
 	k.pods = pods.New(f, func(ns string) pods.Client { return core.Pods(ns) }, o.NodeName, k.events)
 	// Nothing is authorized until wire hands it the daemon's AddressPools.
-	k.services = services.New(f, services.Clients{Services: core.Services(""), EndpointSlices: disc.EndpointSlices("")},
+	k.svcFactory = kubeclient.NewFactory()
+	k.services = services.New(k.svcFactory, services.Clients{Services: core.Services(""), EndpointSlices: disc.EndpointSlices("")},
 		services.Options{Node: o.NodeName}, o.Log.With("component", "services"))
 	return k, nil
 }
@@ -330,6 +336,7 @@ func (k *kubeMode) wire(d *daemon) {
 		Claims: k.claims, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc,
 		Holds: d.state.Holds,
 		Pods:  k.pods.Exists,
+		Peers: k.allNC.Names,
 		Nodes: func(ctx context.Context, name string) (bool, error) {
 			_, err := k.core.Nodes().Get(ctx, name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
@@ -356,9 +363,17 @@ func (k *kubeMode) register(d *daemon, c *components) {
 	c.register("nodeconfig status", whenServing, RunFunc(func(ctx context.Context) error { return k.writeStatus(ctx, d) }))
 	c.register("nodeconfig templates", duringRecovery, k.templates)
 	c.register("nodeconfig template errors", whenServing, follow(d.statusChanged, k.templateChanged()))
-	c.register("services", whenServing, k.services)
-	c.register("service routes", whenServing, follow(d.applyServiceRoutes, k.services.Changed()))
+	k.registerServices(d, c)
 	c.register("service claims", whenServing, follow(k.services.Refresh, k.claims.ServicesChanged()))
+}
+
+// registerServices adds the Service routes: the informers list from the
+// start (start-up does not wait for them), the controller decides once
+// the agent serves, and its routes go to the node state.
+func (k *kubeMode) registerServices(d *daemon, c *components) {
+	c.register("service informers", duringRecovery, k.svcFactory)
+	c.register("services", whenServing, k.services)
+	c.register("service routes", whenServing, follow(func() { d.applyServiceRoutes() }, k.services.Changed()))
 }
 
 // followNodeConfig applies a new generation of this node's NodeConfig.

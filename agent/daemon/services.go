@@ -86,17 +86,55 @@ func (d *daemon) serviceAggregate(use string, ip netip.Addr) netip.Prefix {
 
 // applyServiceRoutes hands the controller's routes to the node state,
 // whose one desired set the BGP reconciler follows (not once a planned
-// stop drains them).
-func (d *daemon) applyServiceRoutes() {
+// stop drains them), and returns the state's generation (0: not handed).
+func (d *daemon) applyServiceRoutes() uint64 {
+	d.svcMu.Lock()
+	defer d.svcMu.Unlock()
 	if d.draining.Load() {
-		return
+		return 0
 	}
 	routes := d.kube.services.Routes()
 	out := make(map[netip.Prefix]nodestate.ServiceRoute, len(routes))
 	for p, r := range routes {
 		out[p] = nodestate.ServiceRoute{Path: r.Path, Owners: r.Owners}
 	}
-	d.state.SetServiceRoutes(out)
+	return d.state.SetServiceRoutes(out)
+}
+
+// serviceRoutesWait bounds how long the peers wait for the Service
+// routes at start (the Services not listable: RBAC, an API server that
+// does not answer): meanwhile a graceful-restart peer keeps the agent
+// before's routes (120 s by default), but a new pod's route waits too.
+var serviceRoutesWait = 30 * time.Second
+
+// waitServiceRoutes returns once the Services controller decided every
+// Service from its first lists and the speaker holds the answer, or
+// after serviceRoutesWait (a warning: the peers come up without the
+// Service routes, which follow once listed). Only the Service routes
+// wait for the Services' lists, never CNI.
+func (d *daemon) waitServiceRoutes(ctx context.Context) {
+	if d.kube == nil || d.kube.services == nil {
+		return
+	}
+	start := time.Now()
+	wctx, cancel := context.WithTimeout(ctx, serviceRoutesWait)
+	defer cancel()
+	select {
+	case <-d.kube.services.Synced():
+	case <-wctx.Done():
+		if ctx.Err() == nil {
+			d.log.Warn("services: Services and EndpointSlices not listed yet; adding the BGP peers without the Service routes (they follow once listed)", "waited", serviceRoutesWait)
+		}
+		return
+	}
+	gen := d.applyServiceRoutes()
+	if err := d.bgpLoop.Wait(wctx, gen); err != nil {
+		if ctx.Err() == nil {
+			d.log.Warn("services: the Service routes did not reach the speaker in time; adding the BGP peers anyway", "err", err)
+		}
+		return
+	}
+	d.log.Info("services: Service routes decided; adding the BGP peers", "routes", len(d.state.ServiceRoutes()), "after", time.Since(start).Round(time.Millisecond))
 }
 
 // Services is what `flockctl services` shows: every Service address and
@@ -124,16 +162,18 @@ func (d *daemon) drainServices(wait func(time.Duration)) {
 	if secs <= 0 {
 		return
 	}
+	d.svcMu.Lock()
 	d.draining.Store(true)
 	routes := d.state.ServiceRoutes()
-	if len(routes) == 0 {
-		return
-	}
 	for p, r := range routes {
 		r.Path.Drain = true
 		routes[p] = r
 	}
 	gen := d.state.SetServiceRoutes(routes)
+	d.svcMu.Unlock()
+	if len(routes) == 0 {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	err := d.bgpLoop.Wait(ctx, gen)
 	cancel()

@@ -11,7 +11,9 @@ import (
 type recovery interface {
 	// start starts the components of a phase.
 	start(ctx context.Context, p phase)
-	// sync waits for the informers' first lists (Kubernetes mode).
+	// sync waits for the first lists of the informers restore, ADD and
+	// the first origination read (Kubernetes mode); not for the Services'
+	// and EndpointSlices'.
 	sync(ctx context.Context) error
 	// authorize makes the AddressPools the authority and hands their pod
 	// CIDRs to IPAM.
@@ -22,31 +24,42 @@ type recovery interface {
 	// serving (it would find routes out and no loop to withdraw them);
 	// release lets it in.
 	hold() (release func())
-	// originate hands the speaker the full set before any session is up.
+	// originate hands the speaker the full set of the node's own routes.
 	originate(ctx context.Context)
-	// peer adds the BGP peers.
-	peer()
 	// serve marks the agent ready (readyz).
 	serve()
+	// services waits, bounded, until the Service routes are decided and
+	// in the speaker (Kubernetes mode).
+	services(ctx context.Context)
+	// peer adds the BGP peers.
+	peer()
 }
 
 // startup runs the start-up in its order:
 //
-//  1. the components recovery needs (the speaker, the informers, metrics
-//     saying "not ready");
-//  2. the informers' first sync: pod readiness is known before anything is
-//     restored (a restart neither withdraws nor re-announces anycast), the
-//     BGP passwords before a peer is added, the AddressPools and the
-//     cluster's claims before an address is authorized or a claim checked,
-//     every node's summaries before ours is advertised;
+//  1. the components recovery needs (the speaker, the informers — the
+//     Services' too, listing from now on —, metrics saying "not ready");
+//  2. the first sync of the informers ADD and restore read: pod
+//     readiness is known before anything is restored (a restart neither
+//     withdraws nor re-announces anycast), the BGP passwords before a
+//     peer is added, the AddressPools and the cluster's claims before an
+//     address is authorized or a claim checked, every node's summaries
+//     before ours is advertised. Not the Services and EndpointSlices:
+//     nothing of ADD reads them, and at scale they are the largest
+//     lists;
 //  3. the AddressPools become the authority — only after the sync;
 //  4. the allocations are restored;
-//  5. the speaker gets the full set, then the peers, so each peer's first
-//     UPDATEs (and End-of-RIB) carry all of it;
-//  6. ready, and only then everything that serves requests or changes
-//     state: the CNI socket (bound before start-up, so a plugin call waits
-//     in its backlog and is answered from the restored state), the admin
-//     API, the reconcilers, the followers of config and pools.
+//  5. the speaker gets the node's own routes;
+//  6. ready, and then everything that serves requests or changes state:
+//     the CNI socket (bound before start-up, so a plugin call waits in
+//     its backlog and is answered from the restored state), the admin
+//     API, the reconcilers, the followers of config and pools, the
+//     Services controller;
+//  7. the peers, once the Service routes are in the speaker too (or
+//     after serviceRoutesWait), so each peer's first UPDATEs (and
+//     End-of-RIB) carry all of it: a graceful-restart peer keeps the
+//     routes of the agent before until that End-of-RIB, and one without
+//     the Service routes would flush them until the Services are listed.
 //
 // An error stops start-up where it happened: nothing after it runs.
 func startup(ctx context.Context, r recovery) error {
@@ -60,10 +73,13 @@ func startup(ctx context.Context, r recovery) error {
 	}
 	release := r.hold()
 	r.originate(ctx)
-	r.peer()
 	r.serve()
 	release()
 	r.start(ctx, whenServing)
+	r.services(ctx)
+	if ctx.Err() == nil { // stopping: no session to open
+		r.peer()
+	}
 	return nil
 }
 
@@ -97,11 +113,19 @@ func (s *daemonStartup) originate(ctx context.Context) {
 	}
 }
 
-func (s *daemonStartup) peer() { s.d.reapplyPeers() }
+func (s *daemonStartup) services(ctx context.Context) { s.d.waitServiceRoutes(ctx) }
+
+func (s *daemonStartup) peer() { s.d.openPeers() }
 
 func (s *daemonStartup) serve() {
-	s.d.publishConflist() // before Ready: a failure keeps it not Ready
-	s.d.ready.Store(true)
-	s.d.clearRestart() // this agent answers STATUS now
-	s.d.statusChanged()
+	d := s.d
+	d.publishConflist() // before Ready: a failure keeps it not Ready
+	d.ready.Store(true)
+	d.clearRestart() // this agent answers STATUS now
+	d.statusChanged()
+	d.mu.Lock()
+	asn, peers := d.spec.ASN, len(d.spec.BGP.Peers)
+	d.mu.Unlock()
+	d.log.Info("serving", "cni-socket", d.o.CNISocket, "admin-socket", d.o.AdminSocket, "metrics", d.o.MetricsAddress,
+		"state-dir", d.o.StateDir, "node", d.nodeName, "asn", asn, "peers", peers, "kubernetes", d.o.Kubernetes)
 }

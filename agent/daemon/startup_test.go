@@ -42,6 +42,7 @@ func (f *fakeStartup) restore(context.Context) error {
 	return f.failRest
 }
 func (f *fakeStartup) originate(context.Context) { f.record("originate") }
+func (f *fakeStartup) services(context.Context)  { f.record("services") }
 func (f *fakeStartup) peer()                     { f.record("peer") }
 func (f *fakeStartup) serve()                    { f.record("serve") }
 func (f *fakeStartup) hold() func()              { return func() {} }
@@ -76,9 +77,10 @@ func before(steps []string, a, b string) bool {
 
 // The start-up order the design rests on: the informers run and sync
 // before anything is authorized; the AddressPools are the authority
-// before allocations are restored; restore before the full set is
-// originated, which comes before the peers; and nothing that serves
-// requests or changes state starts before the agent is ready.
+// before allocations are restored; restore before the node's routes are
+// originated; nothing that serves requests or changes state starts
+// before the agent is ready; the peers come last, once the Service
+// routes are decided.
 func TestStartupOrder(t *testing.T) {
 	f, ctx := newFakeStartup()
 	if err := startup(ctx, f); err != nil {
@@ -96,8 +98,9 @@ func TestStartupOrder(t *testing.T) {
 	for _, o := range [][2]string{
 		{"phase recovery", "sync"},
 		{"sync", "authorize"}, {"authorize", "restore"}, {"restore", "originate"},
-		{"originate", "peer"}, {"peer", "serve"},
+		{"originate", "serve"},
 		{"serve", "phase serving"}, {"serve", "start cni server"}, {"serve", "start reconcilers"},
+		{"phase serving", "services"}, {"services", "peer"},
 	} {
 		if !before(steps, o[0], o[1]) {
 			t.Errorf("%q must come before %q: %v", o[0], o[1], steps)

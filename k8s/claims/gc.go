@@ -3,8 +3,11 @@ package claims
 import (
 	"context"
 	"errors"
+	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -32,7 +35,8 @@ const checkTimeout = 30 * time.Second
 //     (a pod whose ADD failed retries with a new sandbox or other IPs, or
 //     runs on another node now);
 //   - other nodes' claims whose Node object no longer exists and whose pod
-//     is gone — the node was removed with its agent.
+//     is gone — the node was removed with its agent. With Peers set, one
+//     agent a round asks about each other node, not every agent.
 //
 // Never a Service's claim (use loadBalancer, a LoadBalancer address): the
 // leader-elected assigner that created it owns it and alone deletes it;
@@ -57,6 +61,18 @@ type GC struct {
 	Pods func(ctx context.Context, id podmeta.ID) (bool, error)
 	// Nodes reports whether the Node object exists in the API.
 	Nodes func(ctx context.Context, name string) (bool, error)
+	// Peers names the nodes whose agents run this GC (every NodeConfig,
+	// as the agent's cache has them). Set, the question whether another
+	// node still exists (and, if not, whether its pods do) is asked each
+	// round by one of them: the one a hash of the node and the round's
+	// number picks among the others, so every agent picks the same and
+	// the pick moves on every round (a pick with no agent left, a
+	// NodeConfig that outlived its node, only delays it a round). Every
+	// agent asking every round was N×N/round GETs on a cluster of N
+	// nodes with pod claims everywhere. A NodeConfig is no proof that its
+	// Node exists (neither a rendered nor a hand-made one goes with it),
+	// so it never stands in for the answer. Nil: every agent asks.
+	Peers func() []string
 	// Grace is the minimum age of a collected claim; the GC runs every
 	// Grace/2. 0: DefaultGrace.
 	Grace time.Duration
@@ -110,6 +126,7 @@ func (g *GC) Run(ctx context.Context) error {
 func (g *GC) sweep(ctx context.Context, log *slog.Logger, grace time.Duration, seen map[string]time.Time) {
 	now := g.clock()
 	node := g.Claims.node
+	asks := g.asker(now, grace/2)
 	present := map[string]bool{}
 	nodeExists := map[string]bool{} // this round's answers
 	nodeFailed := map[string]bool{} // this round's errors: skip that node's claims
@@ -145,7 +162,7 @@ func (g *GC) sweep(ctx context.Context, log *slog.Logger, grace time.Duration, s
 			}
 			g.delete(ctx, log, u, cl, now.Sub(created), "its container does not hold it on this node")
 			continue
-		case cl.Node == "" || nodeFailed[cl.Node]:
+		case cl.Node == "" || nodeFailed[cl.Node] || !asks(cl.Node):
 			continue
 		default:
 			exists, asked := nodeExists[cl.Node]
@@ -184,6 +201,35 @@ func (g *GC) sweep(ctx context.Context, log *slog.Logger, grace time.Duration, s
 		if !present[name] {
 			delete(seen, name)
 		}
+	}
+}
+
+// asker tells whether this agent asks about holder's claims in the round
+// of now (rounds are period long, counted from the Unix epoch, so agents
+// agree without talking): see Peers.
+func (g *GC) asker(now time.Time, period time.Duration) func(holder string) bool {
+	if g.Peers == nil || period <= 0 {
+		return func(string) bool { return true }
+	}
+	peers := slices.Compact(slices.Sorted(slices.Values(g.Peers())))
+	round := uint64(now.UnixNano() / int64(period))
+	me := g.Claims.node
+	return func(holder string) bool {
+		at, in := slices.BinarySearch(peers, holder)
+		others := len(peers)
+		if in {
+			others-- // it would not ask about itself: its claims are its own
+		}
+		if others <= 0 {
+			return true
+		}
+		h := fnv.New64a()
+		_, _ = fmt.Fprintf(h, "%s/%d", holder, round)
+		i := int(h.Sum64() % uint64(others))
+		if in && i >= at {
+			i++
+		}
+		return peers[i] == me
 	}
 }
 

@@ -2,7 +2,9 @@ package claims
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -421,5 +423,135 @@ func TestGCNeverDeletesServiceClaims(t *testing.T) {
 				t.Error("the GC ages a Service's claim")
 			}
 		})
+	}
+}
+
+// With Peers set, one agent a round asks about each other node, not every
+// agent: a round costs one Node GET per node holding old claims, not one
+// per agent and node. Who asks moves from round to round, so a pick with
+// no agent (a NodeConfig its removed node left behind) only delays the
+// collection, and a gone node's claim is still collected.
+func TestGCSharesTheNodeQuestions(t *testing.T) {
+	gone := claim("2001:db8:100::7", v1alpha1.UsePod, "shared", pod("tenant-x", "db-0"), "node-x", "ctr-x")
+	a := newFakeAPI()
+	for _, cl := range []Claim{otherNode(), gone} {
+		if err := New(kubeclient.NewFactory(), a, cl.Node, quiet()).Claim(context.Background(), cl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := kubeclient.NewFactory() // one informer for every agent below
+	const agents = 20
+	var names []string
+	var cs []*Claims
+	for i := range agents {
+		names = append(names, fmt.Sprintf("node-%02d", i))
+		cs = append(cs, New(f, a, names[i], quiet()))
+	}
+	start(t, a, cs[0])
+	testutil.WaitFor(t, "the cache holds both claims", func() bool { return len(cs[0].all()) == 2 })
+	// node-c exists; node-x is gone, its NodeConfig left behind.
+	peers := append(slices.Clone(names), "node-c", "node-x")
+	w := newWorld()
+	w.nodes["node-c"] = true
+
+	round := func(now time.Time, peers func() []string, seen []map[string]time.Time) map[string][]string {
+		asked := map[string][]string{} // node asked about → by whom
+		for i, c := range cs {
+			g := w.gc(c, &now)
+			g.Peers = peers
+			nodes := g.Nodes
+			g.Nodes = func(ctx context.Context, n string) (bool, error) {
+				asked[n] = append(asked[n], names[i])
+				return nodes(ctx, n)
+			}
+			sweep(g, seen[i])
+		}
+		return asked
+	}
+	newSeen := func() []map[string]time.Time {
+		s := make([]map[string]time.Time, agents)
+		for i := range s {
+			s[i] = map[string]time.Time{}
+		}
+		return s
+	}
+	at := t0.Add(10 * grace)
+
+	// Every agent asking: N GETs a round for node-c (node-x's claim is
+	// left out here, so nothing is collected yet).
+	w.pods[gone.Pod] = true
+	if asked := round(at, nil, newSeen()); len(asked["node-c"]) != agents {
+		t.Fatalf("without Peers node-c was asked %d times in a round, want %d (every agent)", len(asked["node-c"]), agents)
+	}
+	delete(w.pods, gone.Pod)
+
+	seen := newSeen()
+	askers := map[string]bool{}
+	collectedIn := -1
+	const rounds = 40
+	for r := range rounds {
+		asked := round(at.Add(time.Duration(r)*grace/2), func() []string { return slices.Clone(peers) }, seen)
+		for n, by := range asked {
+			if len(by) > 1 {
+				t.Fatalf("round %d: %s asked about by %v, want one agent at most", r, n, by)
+			}
+		}
+		for _, by := range asked["node-c"] {
+			askers[by] = true
+		}
+		if collectedIn < 0 && w.collected.Load() == 1 {
+			collectedIn = r
+		}
+	}
+	total := w.nodeAsks["node-c"] - agents // less the round without Peers
+	if total < rounds/2 || total > rounds {
+		t.Errorf("node-c asked about %d times in %d rounds, want about one a round", total, rounds)
+	}
+	if len(askers) < 5 {
+		t.Errorf("node-c asked about by %v only: the question does not move between agents", askers)
+	}
+	if collectedIn < 0 {
+		t.Fatal("the gone node's claim was never collected")
+	}
+	if _, ok := a.get(t, gone.IP.String()); ok {
+		t.Fatal("the gone node's claim survived")
+	}
+	if _, ok := a.get(t, otherIP); !ok {
+		t.Fatal("the claim of an existing node was deleted")
+	}
+	if n := w.collected.Load(); n != 1 {
+		t.Errorf("OnCollect called %d times, want 1", n)
+	}
+	t.Logf("node-c: %d GETs in %d rounds by %d agents; node-x's claim collected in round %d", total, rounds, len(askers), collectedIn)
+}
+
+// Every round, exactly one agent asks about a node: never the node itself
+// (whose claims are its own), and every agent agrees on which, whatever
+// order its cache lists the peers in.
+func TestGCAskerPicksOneOther(t *testing.T) {
+	peers := []string{"n1", "n2", "n3", "n4", "n5"}
+	for r := range 200 {
+		now := t0.Add(time.Duration(r) * grace / 2)
+		for _, holder := range append(slices.Clone(peers), "gone") {
+			var by []string
+			for i, me := range peers {
+				shuffled := append(slices.Clone(peers[i:]), peers[:i]...)
+				g := &GC{Claims: &Claims{node: me}, Peers: func() []string { return shuffled }}
+				if g.asker(now, grace/2)(holder) {
+					by = append(by, me)
+				}
+			}
+			if len(by) != 1 || by[0] == holder {
+				t.Fatalf("round %d: %s asked about by %v, want one other agent", r, holder, by)
+			}
+		}
+	}
+	alone := &GC{Claims: &Claims{node: "n1"}, Peers: func() []string { return []string{"n1"} }}
+	if !alone.asker(t0, grace/2)("gone") {
+		t.Error("the only agent does not ask")
+	}
+	none := &GC{Claims: &Claims{node: "n1"}, Peers: func() []string { return nil }}
+	if !none.asker(t0, grace/2)("gone") {
+		t.Error("with no peers known, the agent does not ask")
 	}
 }

@@ -13,9 +13,13 @@
 //     (helper.IsServiceIPSet), or of type ExternalName, is not proxied at
 //     all, so none of its addresses (external IPs included) is delivered
 //     on any node: Skipped.
-//   - cmd/kube-proxy/app/server.go, the informer factory's label selector
-//     (noProxyName): a Service labelled service.kubernetes.io/service-proxy-name
-//     belongs to another proxy, and kube-proxy never sees it: Skipped too.
+//   - cmd/kube-proxy/app/server.go, the informer factories' selectors: a
+//     Service labelled service.kubernetes.io/service-proxy-name belongs to
+//     another proxy, and kube-proxy never sees it (noProxyName): Skipped
+//     too; neither does it see a Service with clusterIP None (field
+//     selector), nor an EndpointSlice labelled service.kubernetes.io/headless
+//     (noHeadlessEndpoints), whatever its Service: its endpoints count for
+//     no port.
 //   - pkg/proxy/endpointschangetracker.go, EndpointsChangeTracker.EndpointSliceUpdate:
 //     a per-family proxier only reads EndpointSlices of its own AddressType.
 //   - pkg/proxy/endpointslicecache.go, endpointInfoByServicePort and
@@ -149,6 +153,11 @@ func Skipped(s *corev1.Service) bool {
 	return s.Spec.ClusterIP == corev1.ClusterIPNone || s.Spec.ClusterIP == "" || s.Spec.Type == corev1.ServiceTypeExternalName
 }
 
+// LabelHeadless marks the EndpointSlices of a headless Service
+// (corev1.IsHeadlessService); kube-proxy's EndpointSlice informer
+// selects only slices without it.
+const LabelHeadless = corev1.IsHeadlessService
+
 // controllerName is the managed-by value of the EndpointSlice controller,
 // the one that applies publishNotReadyAddresses.
 const controllerName = "endpointslice-controller.k8s.io"
@@ -230,6 +239,9 @@ func collect(in Input) map[portKey]map[epKey]endpoint {
 	for _, s := range in.Slices {
 		if s == nil || s.AddressType != want {
 			continue
+		}
+		if _, headless := s.Labels[LabelHeadless]; headless {
+			continue // kube-proxy never lists it
 		}
 		m, ok := s.Labels[discoveryv1.LabelManagedBy]
 		allReady := in.PublishNotReadyAddresses && (!ok || m == controllerName)

@@ -157,6 +157,16 @@ func TestDecide(t *testing.T) {
 				}()}},
 			Decision{Withdraw, ReasonNone, 0}},
 
+		// kube-proxy's EndpointSlice informer lists no slice labelled
+		// headless, whatever its Service.
+		{"a slice labelled headless is ignored",
+			v4in(cluster, func() *discoveryv1.EndpointSlice {
+				s := v4(ep("10.0.0.2", "n2", ready))
+				s.Labels[LabelHeadless] = ""
+				return s
+			}(), v4(ep("10.0.0.3", "n3", termServing))),
+			Decision{Drain, ReasonClusterTerminating, 1}},
+
 		// Endpoints kube-proxy skips or does not count as local.
 		{"an endpoint with no addresses is skipped",
 			v4in(local, v4(discoveryv1.Endpoint{NodeName: new(me), Conditions: ready})),

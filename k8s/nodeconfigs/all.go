@@ -61,3 +61,8 @@ func (a *All) Exists(node string) bool {
 	_, ok, err := a.informer.GetStore().GetByKey(node)
 	return ok && err == nil
 }
+
+// Names are the nodes with a NodeConfig (as far as the cache knows).
+func (a *All) Names() []string {
+	return a.informer.GetStore().ListKeys()
+}

@@ -3,6 +3,7 @@ package nodeconfigs
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -34,6 +35,9 @@ func TestAllSummaries(t *testing.T) {
 	want := "map[a:[fd00:10:1::/64] b:[10.10.2.0/24 fd00:10:2::/64]]"
 	if got := fmt.Sprint(all.Summaries()); got != want {
 		t.Errorf("Summaries = %s, want %s", got, want)
+	}
+	if got := all.Names(); !slices.Equal(slices.Sorted(slices.Values(got)), []string{"a", "b"}) {
+		t.Errorf("Names = %v", got)
 	}
 	// The first list signalled (once, coalesced): take it, once every
 	// event of it reached the handler.

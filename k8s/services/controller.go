@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
@@ -53,6 +54,7 @@ type Controller struct {
 	// heldSince is when each held address (by Service) began to wait;
 	// only Run's goroutine touches it.
 	heldSince map[string]map[netip.Addr]time.Time
+	synced    chan struct{} // see Synced
 }
 
 // proxyRetry is how soon a Service whose address waits for kube-proxy is
@@ -73,17 +75,23 @@ func New(f *kubeclient.Factory, c Clients, o Options, log *slog.Logger) *Control
 	k := &Controller{
 		log: log, opts: o, dirty: map[string]struct{}{}, rows: map[string][]Address{}, routes: map[netip.Prefix]Route{},
 		wake: make(chan struct{}, 1), changed: make(chan struct{}, 1), heldSince: map[string]map[netip.Addr]time.Time{},
+		synced: make(chan struct{}),
 	}
 	k.svcs = f.Informer("services", func() cache.SharedIndexInformer {
-		return kubeclient.NewInformer(c.Services, &corev1.Service{}, nil)
+		inf := kubeclient.NewInformer(c.Services, &corev1.Service{}, func(o *metav1.ListOptions) {
+			o.LabelSelector, o.FieldSelector = serviceLabels, serviceFields
+		})
+		_ = inf.SetTransform(trimService)
+		return inf
 	})
 	k.eps = f.Informer("endpointslices", func() cache.SharedIndexInformer {
-		inf := kubeclient.NewInformer(c.EndpointSlices, &discoveryv1.EndpointSlice{}, nil)
+		inf := kubeclient.NewInformer(c.EndpointSlices, &discoveryv1.EndpointSlice{}, func(o *metav1.ListOptions) {
+			o.LabelSelector = sliceLabels
+		})
+		_ = inf.SetTransform(trimSlice)
 		_ = inf.AddIndexers(cache.Indexers{byService: func(obj any) ([]string, error) {
-			if s, ok := obj.(*discoveryv1.EndpointSlice); ok {
-				if n := s.Labels[discoveryv1.LabelServiceName]; n != "" {
-					return []string{s.Namespace + "/" + n}, nil
-				}
+			if key := sliceService(obj); key != "" {
+				return []string{key}, nil
 			}
 			return nil, nil
 		}})
@@ -95,13 +103,17 @@ func New(f *kubeclient.Factory, c Clients, o Options, log *slog.Logger) *Control
 		}
 		return ""
 	}))
-	_, _ = k.eps.AddEventHandler(k.handler(func(obj any) string {
-		if s, ok := obj.(*discoveryv1.EndpointSlice); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
-			return s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]
-		}
-		return ""
-	}))
+	_, _ = k.eps.AddEventHandler(k.handler(sliceService))
 	return k
+}
+
+// sliceService is the key of the Service an EndpointSlice belongs to (""
+// none).
+func sliceService(obj any) string {
+	if s, ok := obj.(*discoveryv1.EndpointSlice); ok && s.Labels[discoveryv1.LabelServiceName] != "" {
+		return s.Namespace + "/" + s.Labels[discoveryv1.LabelServiceName]
+	}
+	return ""
 }
 
 func (k *Controller) handler(key func(any) string) cache.ResourceEventHandlerFuncs {
@@ -153,9 +165,11 @@ func (k *Controller) Refresh() {
 	k.poke()
 }
 
-// Informer is the Services informer (shared with the LoadBalancer
-// assigner).
-func (k *Controller) Informer() cache.SharedIndexInformer { return k.svcs }
+// Synced is closed once both informers have listed and every Service
+// was decided from their caches: Routes is the node's answer from then
+// on (before, it is empty because nothing is known, not because nothing
+// is delivered).
+func (k *Controller) Synced() <-chan struct{} { return k.synced }
 
 // Changed is the coalesced signal that Routes or Addresses changed.
 func (k *Controller) Changed() <-chan struct{} { return k.changed }
@@ -194,6 +208,8 @@ func (k *Controller) Changes() uint64 {
 
 // Run recomputes what events marked until ctx ends.
 func (k *Controller) Run(ctx context.Context) error {
+	k.poke() // the first pass, even with nothing to list
+	first := true
 	for {
 		select {
 		case <-ctx.Done():
@@ -202,14 +218,24 @@ func (k *Controller) Run(ctx context.Context) error {
 		}
 		if !k.svcs.HasSynced() || !k.eps.HasSynced() {
 			// Nothing is decided from a half-listed cache (it would
-			// withdraw what the rest of the list still holds); the
-			// informers' sync replays every object as an add, so the
-			// marks are there once it is done.
+			// withdraw what the rest of the list still holds).
 			if !cache.WaitForCacheSync(ctx.Done(), k.svcs.HasSynced, k.eps.HasSynced) {
 				return nil
 			}
 		}
+		if first {
+			// Every Service, from the synced store: the handlers may
+			// not have marked all of the first list yet (they are
+			// called after the store has it).
+			k.mu.Lock()
+			k.all = true
+			k.mu.Unlock()
+		}
 		k.recompute()
+		if first {
+			first = false
+			close(k.synced)
+		}
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"code.fritzlab.net/fritzlab/flock/advert"
@@ -286,5 +288,94 @@ func TestProxyWaitForgetsDeleted(t *testing.T) {
 	c.recompute()
 	if len(c.heldSince) != 0 {
 		t.Fatalf("after the Service went in a full recompute, waits are left: %v", c.heldSince)
+	}
+}
+
+// gatedSvcs lists only once its gate opens, and records the options of
+// every list and watch.
+type gatedSvcs struct {
+	fakeSvcs
+	gate chan struct{}
+	mu   sync.Mutex
+	opts []metav1.ListOptions
+}
+
+func (g *gatedSvcs) List(ctx context.Context, o metav1.ListOptions) (*corev1.ServiceList, error) {
+	g.record(o)
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return g.fakeSvcs.List(ctx, o)
+}
+
+func (g *gatedSvcs) Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+	g.record(o)
+	return g.fakeSvcs.Watch(ctx, o)
+}
+
+func (g *gatedSvcs) record(o metav1.ListOptions) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.opts = append(g.opts, o)
+}
+
+// The informers ask for kube-proxy's selectors and cache trimmed
+// objects; until the Services are listed nothing is decided (no route,
+// no change, Synced open), once they are Synced closes, also when the
+// answer is no route at all.
+func TestControllerSynced(t *testing.T) {
+	for _, withRoute := range []bool{true, false} {
+		t.Run(fmt.Sprint("route ", withRoute), func(t *testing.T) {
+			web := svc("web", ingress("2001:db8:1b::1"))
+			web.Annotations = map[string]string{"kubectl.kubernetes.io/last-applied-configuration": "{}"}
+			var objs []runtime.Object
+			if withRoute {
+				objs = append(objs, web, slicesFor("web", ep{node, "fd00:10::1", "ready"})[0])
+			}
+			cs := fake.NewClientset(objs...)
+			gated := &gatedSvcs{fakeSvcs: fakeSvcs{cs.CoreV1().Services(metav1.NamespaceAll)}, gate: make(chan struct{})}
+			f := kubeclient.NewFactory()
+			c := New(f, Clients{Services: gated, EndpointSlices: fakeSlices{cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)}},
+				Options{Node: node, Authorize: authorize}, nil)
+			testutil.Run(t, f.Run)
+			testutil.Run(t, c.Run)
+			testutil.Eventually(t, "the Services listed", func() (bool, string) {
+				gated.mu.Lock()
+				defer gated.mu.Unlock()
+				return len(gated.opts) > 0, ""
+			})
+			time.Sleep(100 * time.Millisecond)
+			select {
+			case <-c.Synced():
+				t.Fatal("Synced before the Services were listed")
+			default:
+			}
+			if r, n := c.Routes(), c.Changes(); len(r) != 0 || n != 0 {
+				t.Fatalf("before the Services were listed: routes %v, %d changes", r, n)
+			}
+			close(gated.gate)
+			select {
+			case <-c.Synced():
+			case <-time.After(10 * time.Second):
+				t.Fatal("Synced never closed")
+			}
+			if got := len(c.Routes()); got != map[bool]int{true: 1, false: 0}[withRoute] {
+				t.Fatalf("routes once Synced: %v", c.Routes())
+			}
+			gated.mu.Lock()
+			o := gated.opts[0]
+			gated.mu.Unlock()
+			if o.LabelSelector != "!service.kubernetes.io/service-proxy-name" || o.FieldSelector != "spec.clusterIP!=None" {
+				t.Errorf("Services listed with %q %q, not kube-proxy's selectors", o.LabelSelector, o.FieldSelector)
+			}
+			if withRoute {
+				obj, ok, _ := c.svcs.GetStore().GetByKey("shop/web")
+				if !ok || obj.(*corev1.Service).Annotations != nil {
+					t.Errorf("the cache holds the Service untrimmed: %v", obj)
+				}
+			}
+		})
 	}
 }
