@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -509,7 +511,7 @@ func (k *kubeMode) statusChanged() {
 func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 	t := time.NewTicker(30 * time.Second)
 	defer t.Stop()
-	var last *v1alpha1.NodeConfigStatus // the last written, while the cache has none
+	var last *v1alpha1.NodeConfigStatus // the last written, while the cache has no object
 	var lastErr string                  // the last write's error, logged at Warn once per distinct text
 	for {
 		select {
@@ -521,10 +523,11 @@ func (k *kubeMode) writeStatus(ctx context.Context, d *daemon) error {
 		}
 		// Compared with the cache, which has our last write a second
 		// later (a write of the same status again changes nothing: the
-		// API server makes no event of it), and shows anyone else's.
-		have := k.nc.Status()
-		if have == nil {
-			have = last
+		// API server makes no event of it), and shows anyone else's,
+		// a status removed included.
+		have := last
+		if cached, ok := k.nc.Status(); ok {
+			have = &cached
 		}
 		write, st := planStatus(nodeStatus(d.snapshot(), k.gen.Load()), have)
 		if write {
@@ -569,9 +572,12 @@ func planStatus(want v1alpha1.NodeConfigStatus, have *v1alpha1.NodeConfigStatus)
 	return !sameStatus(*have, want), want
 }
 
-// sameStatus ignores the condition's transition time. It works on copies
-// of the conditions: zeroing the callers' (the slices share their arrays)
-// made every later write fail the CRD's required lastTransitionTime.
+// sameStatus compares a and b as the API server stores them (JSON, times
+// to the second: a time read back from the cache has lost its
+// nanoseconds), ignoring the condition's transition time. It works on
+// copies of the conditions: zeroing the callers' (the slices share their
+// arrays) made every later write fail the CRD's required
+// lastTransitionTime.
 func sameStatus(a, b v1alpha1.NodeConfigStatus) bool {
 	for _, s := range []*v1alpha1.NodeConfigStatus{&a, &b} {
 		s.Conditions = slices.Clone(s.Conditions)
@@ -579,7 +585,9 @@ func sameStatus(a, b v1alpha1.NodeConfigStatus) bool {
 			s.Conditions[i].LastTransitionTime = metav1.Time{}
 		}
 	}
-	return fmt.Sprintf("%+v", a) == fmt.Sprintf("%+v", b)
+	ja, errA := json.Marshal(a)
+	jb, errB := json.Marshal(b)
+	return errA == nil && errB == nil && bytes.Equal(ja, jb)
 }
 
 // reportError puts a start-up error into the NodeConfig status, where an

@@ -77,6 +77,11 @@ func (d *daemon) leave() {
 		time.Sleep(wait)
 	})
 	gen := d.state.Leave()
+	// Start-up may not have added the peers yet (it waits for the Service
+	// routes): a graceful-restart ToR still holds the routes of the agent
+	// before, and only a session's End-of-RIB, now of nothing, flushes
+	// them.
+	d.openPeers()
 	ctx, cancel := context.WithTimeout(context.Background(), leaveWithdraw)
 	defer cancel()
 	if err := d.bgpLoop.Wait(ctx, gen); err != nil {

@@ -12,8 +12,10 @@ import (
 	"code.fritzlab.net/fritzlab/flock/advert"
 	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
+	"code.fritzlab.net/fritzlab/flock/bgp"
 	"code.fritzlab.net/fritzlab/flock/cni/install/conffile"
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
 // speakerSets is a BGP target that remembers what it was told to hold.
@@ -34,6 +36,19 @@ func (s *speakerSets) held() (map[netip.Prefix]advert.Path, int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.last, s.sets
+}
+
+// withSpeaker gives d a speaker that listens nowhere (leave opens its
+// peers).
+func withSpeaker(t *testing.T, d *daemon) *bgp.Speaker {
+	t.Helper()
+	sp, err := bgp.New(bgp.Config{ASN: 65001, RouterID: "192.0.2.1", BGP: v1alpha1.BGP{ListenPort: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sp.Stop)
+	d.speaker = sp
+	return sp
 }
 
 // An uninstall's first steps: the conflist (and the installer's temp dir
@@ -66,7 +81,15 @@ func TestLeave(t *testing.T) {
 		t.Fatalf("before: the speaker holds %v", held)
 	}
 	d.ready.Store(true)
+	sp := withSpeaker(t, d)
+	d.spec.BGP.Peers = []v1alpha1.Peer{{Address: "2001:db8:ffff::1", ASN: 65002}}
+	// Start-up is still waiting for the Service routes: no peer yet.
 	d.leave()
+	// The ToR holds the routes of the agent before under graceful
+	// restart: leave opens the session, whose End-of-RIB flushes them.
+	if n := sp.Neighbors(ctx); len(n) != 1 || n[0].Peer != "2001:db8:ffff::1" {
+		t.Errorf("after leave during start-up the speaker has peers %+v, want the ToR", n)
+	}
 	if held, _ := target.held(); len(held) != 0 {
 		t.Errorf("after leave the speaker still holds %v", held)
 	}
@@ -129,6 +152,7 @@ func TestLeaveDuringStartup(t *testing.T) {
 // and serving waits for it, then withdraws what it originated.
 func TestLeaveWaitsForStartup(t *testing.T) {
 	d := testDaemon(t)
+	withSpeaker(t, d)
 	target := &speakerSets{}
 	d.bgpLoop = &reconcile.Loop[map[netip.Prefix]advert.Path]{Name: "bgp", Target: target, Desired: d.state.Adverts, Wake: d.state.Changed()}
 	lb := netip.MustParsePrefix("2001:db8:5e::1/128")

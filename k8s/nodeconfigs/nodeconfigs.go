@@ -94,23 +94,21 @@ func (w *Watcher) Current() (*v1alpha1.NodeConfigSpec, int64, error) {
 	return spec, u.GetGeneration(), err
 }
 
-// Status is this node's NodeConfig status as the cache holds it (nil if
-// the object or its status is not there or cannot be read).
-func (w *Watcher) Status() *v1alpha1.NodeConfigStatus {
-	obj, ok, err := w.informer.GetStore().GetByKey(w.node)
+// Status is this node's NodeConfig status as the cache holds it: ok is
+// false if the cache has no such object; an object without a status (or
+// one that does not decode) has the empty status.
+func (w *Watcher) Status() (st v1alpha1.NodeConfigStatus, ok bool) {
+	obj, found, err := w.informer.GetStore().GetByKey(w.node)
 	u, isU := obj.(*unstructured.Unstructured)
-	if err != nil || !ok || !isU {
-		return nil
+	if err != nil || !found || !isU {
+		return st, false
 	}
-	raw, ok := u.Object["status"].(map[string]any)
-	if !ok {
-		return nil
+	if raw, has := u.Object["status"].(map[string]any); has {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &st); err != nil {
+			return v1alpha1.NodeConfigStatus{}, true
+		}
 	}
-	var st v1alpha1.NodeConfigStatus
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(raw, &st); err != nil {
-		return nil
-	}
-	return &st
+	return st, true
 }
 
 // specChanges calls f with every object added, deleted, or updated with a
