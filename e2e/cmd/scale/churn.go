@@ -105,7 +105,9 @@ func (f *filler) churn(ctx context.Context, m *model, r churnRates, seed uint64)
 	pols := &activity{name: "NetworkPolicy changes"}
 	rng := func(n int) *rand.Rand { return rand.New(rand.NewPCG(seed, uint64(n))) }
 	spare := 131072 - full.netPods() // IPv4 addresses of 198.18.0.0/15 the model's pods leave
-	goPaced(r.pods, 256, func(ctx context.Context, n int) error {
+	// A pod's worker lives as long as the pod (churnLifetime): enough of
+	// them for every pod alive at once.
+	goPaced(r.pods, int(r.pods*(churnLifetime.Seconds()+5))+16, func(ctx context.Context, n int) error {
 		g := rng(n)
 		w := m.workloads[g.IntN(len(m.workloads))]
 		node := g.IntN(m.env.Nodes)

@@ -71,11 +71,12 @@ func parallel(ctx context.Context, from, to, w int, f func(ctx context.Context, 
 }
 
 // retry calls f until it succeeds, the API server being busy (429, 5xx,
-// a timeout) the only reasons to try again.
+// a timeout) or a write conflict (f reads again) the only reasons to try
+// again.
 func retry(ctx context.Context, f func() error) error {
 	for attempt := 0; ; attempt++ {
 		err := f()
-		if err == nil || attempt >= 20 || !(apierrors.IsTooManyRequests(err) || apierrors.IsServerTimeout(err) ||
+		if err == nil || attempt >= 20 || !(apierrors.IsTooManyRequests(err) || apierrors.IsServerTimeout(err) || apierrors.IsConflict(err) ||
 			apierrors.IsTimeout(err) || apierrors.IsInternalError(err) || apierrors.IsServiceUnavailable(err)) {
 			return err
 		}

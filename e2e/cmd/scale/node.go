@@ -184,7 +184,10 @@ func (m *measuredNode) start(ctx context.Context, p string, timeout time.Duratio
 			return 0, err
 		}
 		m.policy = cmd
-		return time.Since(t0), m.waitHTTP(ctx, p, "http://"+policyMetrics+"/readyz", timeout)
+		if err := m.waitHTTP(ctx, p, "http://"+policyMetrics+"/readyz", timeout); err != nil {
+			return 0, err
+		}
+		return time.Since(t0), nil
 	case procProxy:
 		cmd, err := m.startCmd(p, m.kpBin,
 			"--kubeconfig="+m.kcfg[p], "--hostname-override="+m.node.Name, "--proxy-mode=nftables",
