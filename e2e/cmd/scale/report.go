@@ -82,6 +82,10 @@ func writeReport(o options, rs []sizeResult, took time.Duration) error {
 	for _, r := range rs {
 		for _, p := range procNames {
 			rest, ch := r.rest[p], r.churn[p]
+			if r.rest == nil || r.churn == nil {
+				fmt.Fprintf(&b, "| %s | %s | not measured: %v | | | | | | | | | |\n", sizeName(r.env), p, strings.ReplaceAll(fmt.Sprint(r.err), "|", "/"))
+				continue
+			}
 			if rest.err != nil || ch.err != nil {
 				fmt.Fprintf(&b, "| %s | %s | error: %v %v | | | | | | | | | |\n", sizeName(r.env), p, rest.err, ch.err)
 				continue
