@@ -34,6 +34,7 @@ type filler struct {
 	done    *model // what is in the API (nil: nothing yet)
 	// families of each workload's Service, as the apiserver allocated
 	// them (read back at create).
+	famMu    sync.Mutex
 	families map[int][]corev1.IPFamily
 	objects  atomic.Int64 // objects written (creates and status writes)
 }
@@ -322,17 +323,15 @@ func (f *filler) service(ctx context.Context, w workload, isNew bool) error {
 	return nil
 }
 
-var famMu sync.Mutex
-
 func (f *filler) setFamilies(i int, fams []corev1.IPFamily) {
-	famMu.Lock()
-	defer famMu.Unlock()
+	f.famMu.Lock()
+	defer f.famMu.Unlock()
 	f.families[i] = fams
 }
 
 func (f *filler) familiesOf(i int) []corev1.IPFamily {
-	famMu.Lock()
-	defer famMu.Unlock()
+	f.famMu.Lock()
+	defer f.famMu.Unlock()
 	return f.families[i]
 }
 
