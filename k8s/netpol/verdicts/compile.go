@@ -49,9 +49,15 @@ type compiler struct {
 	prog     *Program
 	groups   map[string]int
 	// single and several are the held addresses, sorted, by whether one
-	// pod or several hold them.
+	// pod or several hold them; singleNS are the single ones by their
+	// pod's namespace (sorted too), so a peer's selectors look only at
+	// the namespaces they can match.
 	single, several []netip.Addr
+	singleNS        map[string][]netip.Addr
 	sels            map[*metav1.LabelSelector]parsed
+	// nsMatch caches the namespaces (of singleNS) a namespace selector
+	// matches.
+	nsMatch map[*metav1.LabelSelector][]string
 }
 
 // parsed is a selector compiled once per Compile.
@@ -74,9 +80,9 @@ func Compile(in Input) *Program {
 	c := &compiler{in: in, pods: map[string]*corev1.Pod{}, byStatus: map[string][]*corev1.Pod{},
 		ns: map[string]labels.Set{}, policies: map[string][]*networkingv1.NetworkPolicy{},
 		holders: map[netip.Addr][]*corev1.Pod{}, peers: map[string]*Addrs{}, groups: map[string]int{}, sels: map[*metav1.LabelSelector]parsed{},
+		singleNS: map[string][]netip.Addr{}, nsMatch: map[*metav1.LabelSelector][]string{},
 		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: map[netip.Addr][]int{}, Ingress: map[netip.Addr][]int{}}}
-	pods := slices.Clone(in.Pods)
-	sort.Slice(pods, func(i, j int) bool { return key(pods[i]) < key(pods[j]) })
+	pods := sortedPods(in.Pods)
 	for _, p := range pods {
 		c.pods[key(p)] = p
 		if p.Spec.HostNetwork {
@@ -109,6 +115,7 @@ func Compile(in Input) *Program {
 		switch h := c.podsAt(a); {
 		case len(h) == 1:
 			c.single = append(c.single, a)
+			c.singleNS[h[0].Namespace] = append(c.singleNS[h[0].Namespace], a)
 			c.holders[a] = h
 		case len(h) > 1:
 			c.several = append(c.several, a)
@@ -117,14 +124,18 @@ func Compile(in Input) *Program {
 	}
 	// Selected: this node's pods some policy selects, hostNetwork ones
 	// too (getLocalPodsForNetworkPolicy does not skip them).
-	for _, np := range in.Policies {
-		for _, p := range pods {
-			if p.Spec.NodeName == in.Node && c.selects(np, p) {
+	for _, p := range pods {
+		if p.Spec.NodeName != in.Node {
+			continue
+		}
+		for _, np := range c.policies[p.Namespace] {
+			if c.selects(np, p) {
 				for _, s := range c.podIPs(p) {
 					if a, err := netip.ParseAddr(s); err == nil {
 						c.prog.Selected[a] = true
 					}
 				}
+				break
 			}
 		}
 	}
@@ -198,6 +209,24 @@ func (c *compiler) subject(p *corev1.Pod) bool {
 }
 
 func key(p *corev1.Pod) string { return p.Namespace + "/" + p.Name }
+
+// sortedPods is pods in the order of their keys (each key built once).
+func sortedPods(pods []*corev1.Pod) []*corev1.Pod {
+	type keyed struct {
+		k string
+		p *corev1.Pod
+	}
+	ks := make([]keyed, len(pods))
+	for i, p := range pods {
+		ks[i] = keyed{key(p), p}
+	}
+	slices.SortFunc(ks, func(a, b keyed) int { return strings.Compare(a.k, b.k) })
+	out := make([]*corev1.Pod, len(ks))
+	for i := range ks {
+		out[i] = ks[i].p
+	}
+	return out
+}
 
 // podIPs is the engine's podIPs: status.podIPs, then the extra ones.
 func (c *compiler) podIPs(p *corev1.Pod) []string {
@@ -376,8 +405,15 @@ func (c *compiler) terms(g *Group, t networkingv1.PolicyType, policyNS string, r
 	}
 	// Egress named ports resolve on the destination pod: one entry per
 	// single-held address whose pod has the port and matches a peer.
+	if !slices.ContainsFunc(r.ports, func(pp networkingv1.NetworkPolicyPort) bool { return pp.Port != nil && pp.Port.StrVal != "" }) {
+		return
+	}
+	candidates := c.single // no peer matches every address, an ipBlock any
+	if len(r.peers) > 0 && !slices.ContainsFunc(r.peers, func(p networkingv1.NetworkPolicyPeer) bool { return p.IPBlock != nil }) {
+		candidates = c.candidates(policyNS, r)
+	}
 	var named []PeerPort
-	for _, a := range c.single {
+	for _, a := range candidates {
 		hs := c.holders[a]
 		if !c.peerMatches(policyNS, r, hs[0], a) {
 			continue
@@ -412,13 +448,71 @@ func (c *compiler) peerAddrs(policyNS string, r rule) *Addrs {
 			b.r = append(b.r, ipBlockRanges(peer.IPBlock)...)
 		}
 	}
-	for _, a := range c.single {
+	for _, a := range c.candidates(policyNS, r) {
 		if c.selectorsMatch(policyNS, r, c.holders[a][0]) {
 			b.addAddr(a)
 		}
 	}
 	out := b.build()
 	c.peers[r.id] = out
+	return out
+}
+
+// candidates are the single-held addresses whose pods r's selector peers
+// could select: those in the namespaces the selectors can match (every
+// one when a selector does not parse, or selects every namespace). A
+// superset: selectorMatch still decides each.
+func (c *compiler) candidates(policyNS string, r rule) []netip.Addr {
+	in := map[string]bool{}
+	for _, peer := range r.peers {
+		if peer.IPBlock != nil || (peer.NamespaceSelector == nil && peer.PodSelector == nil) {
+			continue
+		}
+		if peer.PodSelector != nil {
+			if _, err := c.selector(peer.PodSelector); err != nil {
+				return c.single
+			}
+			if peer.NamespaceSelector == nil {
+				if _, ok := c.singleNS[policyNS]; ok {
+					in[policyNS] = true
+				}
+				continue
+			}
+		}
+		ns := peer.NamespaceSelector
+		if len(ns.MatchLabels)+len(ns.MatchExpressions) == 0 {
+			return c.single
+		}
+		names, ok := c.nsMatch[ns]
+		if !ok {
+			sel, err := c.selector(ns)
+			if err != nil {
+				return c.single
+			}
+			for name := range c.singleNS {
+				if l, ok := c.ns[name]; ok && sel.Matches(l) {
+					names = append(names, name)
+				}
+			}
+			c.nsMatch[ns] = names
+		}
+		for _, n := range names {
+			in[n] = true
+		}
+	}
+	if len(in) == len(c.singleNS) {
+		return c.single
+	}
+	if len(in) == 1 {
+		for n := range in {
+			return c.singleNS[n]
+		}
+	}
+	var out []netip.Addr
+	for n := range in {
+		out = append(out, c.singleNS[n]...)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
 	return out
 }
 
