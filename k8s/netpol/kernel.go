@@ -150,6 +150,7 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 	}
 	backoff := 100 * time.Millisecond
 	for {
+		start := time.Now()
 		if err := k.load(); err != nil {
 			k.failed.Store(&err)
 			k.log.Error("NetworkPolicy verdicts not loaded into the kernel (the previous ones stay)", "table", Table, "err", err, "retry", backoff)
@@ -162,10 +163,23 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 			continue
 		}
 		backoff = 100 * time.Millisecond
+		took := time.Since(start)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-k.kick:
+		}
+		// Each load compiles the whole cluster's policies: under a stream
+		// of changes (pods churning across a large cluster) the next one
+		// starts no sooner than the last one took after it ended, so
+		// flock-policy takes at most half a core and a change waits about
+		// two loads at most. A change after a quiet spell loads at once.
+		if idle := time.Since(start) - took; idle < took {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(took - idle):
+			}
 		}
 	}
 }

@@ -272,3 +272,56 @@ func TestKernelVerdictsAdmin(t *testing.T) {
 	kv.changed()
 	waitSet("queued6", 0)
 }
+
+// Under a stream of changes, loads (each a whole compile) are paced: the
+// next starts no sooner than the last one took after it ended, so at
+// most half the time goes to loading; loads keep happening meanwhile,
+// and the latest change is loaded once the stream stops.
+func TestKernelVerdictsPacedUnderChanges(t *testing.T) {
+	ns := testNS(t)
+	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	kv := newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
+		nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	kv.netns = int(ns)
+	const cost = 40 * time.Millisecond // what each load is made to take
+	var loads atomic.Int64
+	kv.fail = func() error {
+		loads.Add(1)
+		time.Sleep(cost)
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- kv.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-kv.loaded:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no first load")
+	}
+	before := loads.Load()
+	const stream = 1200 * time.Millisecond
+	start := time.Now()
+	for time.Since(start) < stream {
+		kv.changed()
+		time.Sleep(time.Millisecond)
+	}
+	during := loads.Load() - before
+	// Unpaced, loads run back to back: stream/cost of them (30). Paced,
+	// at most one per 2×cost (15), plus the one running as it began.
+	if limit := int64(stream/(2*cost)) + 2; during > limit {
+		t.Errorf("%d loads during %v of changes, each taking %v: want at most %d (half the time)", during, stream, cost, limit)
+	}
+	if during < 3 {
+		t.Errorf("%d loads during %v of changes: a stream of changes starves the loads", during, stream)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for kv.done.Load() != kv.seq.Load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the latest change (%d) not loaded after the stream stopped (loaded %d)", kv.seq.Load(), kv.done.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -4,7 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -90,7 +95,7 @@ func (m *measuredNode) cniCost(ctx context.Context, n int) (r cniCost, err error
 	b := px.snapshot()
 	for _, p := range pods {
 		if _, err := m.node.CNI.Add(ctx, p); err != nil {
-			return r, fmt.Errorf("ADD %s: %w", p.ContainerID, err)
+			return r, fmt.Errorf("ADD %s: %w (%s)\n--- flock-agent log (tail) ---\n%s", p.ContainerID, err, m.agentGoroutines(), m.logTail(procAgent, 40))
 		}
 	}
 	mid := px.snapshot()
@@ -104,6 +109,28 @@ func (m *measuredNode) cniCost(ctx context.Context, n int) (r cniCost, err error
 	r.perAdd, r.perDel = float64(r.add.requestTotal())/float64(n), float64(r.del.requestTotal())/float64(n)
 	logf("CNI: %d ADDs: %.2f requests each (%s); DELs: %.2f each (%s)", n, r.perAdd, r.add.requestList(), r.perDel, r.del.requestList())
 	return r, nil
+}
+
+// agentGoroutines saves the agent's goroutines (its admin socket's
+// pprof) to a file that outlives the run, and says where.
+func (m *measuredNode) agentGoroutines() string {
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", m.node.Agent.AdminSocket)
+	}}}
+	resp, err := hc.Get("http://agent/debug/pprof/goroutine?debug=2")
+	if err != nil {
+		return "the agent's goroutines: " + err.Error()
+	}
+	defer resp.Body.Close()
+	f, err := os.CreateTemp("", "flock-scale-agent-goroutines-*.txt")
+	if err != nil {
+		return "the agent's goroutines: " + err.Error()
+	}
+	defer f.Close()
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		return "the agent's goroutines: " + err.Error()
+	}
+	return "the agent's goroutines are in " + f.Name()
 }
 
 func withoutWatches(c counts) counts {

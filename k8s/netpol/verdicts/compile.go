@@ -58,6 +58,8 @@ type compiler struct {
 	// nsMatch caches the namespaces (of singleNS) a namespace selector
 	// matches.
 	nsMatch map[*metav1.LabelSelector][]string
+	// blocks caches each ipBlock's ranges.
+	blocks map[*networkingv1.IPBlock][]Range
 }
 
 // parsed is a selector compiled once per Compile.
@@ -80,7 +82,7 @@ func Compile(in Input) *Program {
 	c := &compiler{in: in, pods: map[string]*corev1.Pod{}, byStatus: map[string][]*corev1.Pod{},
 		ns: map[string]labels.Set{}, policies: map[string][]*networkingv1.NetworkPolicy{},
 		holders: map[netip.Addr][]*corev1.Pod{}, peers: map[string]*Addrs{}, groups: map[string]int{}, sels: map[*metav1.LabelSelector]parsed{},
-		singleNS: map[string][]netip.Addr{}, nsMatch: map[*metav1.LabelSelector][]string{},
+		singleNS: map[string][]netip.Addr{}, nsMatch: map[*metav1.LabelSelector][]string{}, blocks: map[*networkingv1.IPBlock][]Range{},
 		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: map[netip.Addr][]int{}, Ingress: map[netip.Addr][]int{}}}
 	pods := sortedPods(in.Pods)
 	for _, p := range pods {
@@ -290,7 +292,6 @@ func (c *compiler) isolating(t networkingv1.PolicyType, p *corev1.Pod) []*networ
 
 // rule is one ingress or egress rule, direction-neutral.
 type rule struct {
-	id    string
 	ports []networkingv1.NetworkPolicyPort
 	peers []networkingv1.NetworkPolicyPeer
 }
@@ -299,21 +300,20 @@ type rule struct {
 // but empty, which the engine reads as allowing everything (the API
 // server never returns such a list: it drops it).
 func rules(t networkingv1.PolicyType, np *networkingv1.NetworkPolicy) (out []rule, all bool) {
-	id := string(np.UID) + "/" + np.Namespace + "/" + np.Name + "/" + string(t)
 	if t == networkingv1.PolicyTypeEgress {
 		if np.Spec.Egress == nil {
 			return nil, false
 		}
-		for i, r := range np.Spec.Egress {
-			out = append(out, rule{id + "/" + strconv.Itoa(i), r.Ports, r.To})
+		for _, r := range np.Spec.Egress {
+			out = append(out, rule{r.Ports, r.To})
 		}
 		return out, len(np.Spec.Egress) == 0
 	}
 	if np.Spec.Ingress == nil {
 		return nil, false
 	}
-	for i, r := range np.Spec.Ingress {
-		out = append(out, rule{id + "/" + strconv.Itoa(i), r.Ports, r.From})
+	for _, r := range np.Spec.Ingress {
+		out = append(out, rule{r.Ports, r.From})
 	}
 	return out, len(np.Spec.Ingress) == 0
 }
@@ -337,8 +337,10 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod) (int, bool) {
 	}
 	k := string(t) + " " + p.Namespace + " " + strings.Join(names, ",")
 	if t == networkingv1.PolicyTypeIngress && named {
-		// Ingress named ports are this pod's own: they resolve on it.
-		k += " pod " + key(p) + "@" + string(p.UID)
+		// Ingress named ports are this pod's own: they resolve on it, and
+		// the group depends on the pod only through what they resolve to
+		// (the replicas of a workload share one group).
+		k += " ports " + resolved(nps, p)
 	}
 	if i, ok := c.groups[k]; ok {
 		return i, true
@@ -391,6 +393,27 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod) (int, bool) {
 	return len(c.prog.Groups) - 1, true
 }
 
+// resolved is what the ingress named ports of nps resolve to on p.
+func resolved(nps []*networkingv1.NetworkPolicy, p *corev1.Pod) string {
+	var b strings.Builder
+	for _, np := range nps {
+		rs, _ := rules(networkingv1.PolicyTypeIngress, np)
+		for _, r := range rs {
+			for _, pp := range r.ports {
+				if pp.Port == nil || pp.Port.StrVal == "" {
+					continue
+				}
+				b.WriteByte('[')
+				for _, n := range namedPorts(p, pp) {
+					b.WriteString(strconv.Itoa(int(n.proto)) + "/" + strconv.Itoa(int(n.port)) + " ")
+				}
+				b.WriteByte(']')
+			}
+		}
+	}
+	return b.String()
+}
+
 // terms adds rule r's terms to g; p is the pod the group is for.
 func (c *compiler) terms(g *Group, t networkingv1.PolicyType, policyNS string, r rule, p *corev1.Pod) {
 	peers := c.peerAddrs(policyNS, r)
@@ -439,13 +462,14 @@ func (c *compiler) peerAddrs(policyNS string, r rule) *Addrs {
 	if len(r.peers) == 0 {
 		return nil
 	}
-	if a, ok := c.peers[r.id]; ok {
+	k := peersKey(policyNS, r.peers)
+	if a, ok := c.peers[k]; ok {
 		return a
 	}
 	var b addrsBuilder
 	for _, peer := range r.peers {
 		if peer.IPBlock != nil {
-			b.r = append(b.r, ipBlockRanges(peer.IPBlock)...)
+			b.r = append(b.r, c.ipBlockRanges(peer.IPBlock)...)
 		}
 	}
 	for _, a := range c.candidates(policyNS, r) {
@@ -454,8 +478,27 @@ func (c *compiler) peerAddrs(policyNS string, r rule) *Addrs {
 		}
 	}
 	out := b.build()
-	c.peers[r.id] = out
+	c.peers[k] = out
 	return out
+}
+
+// peersKey identifies what a list of peers matches: rules of different
+// policies with the same peers share one set (and one nftables set). The
+// policy's namespace is part of it only where a peer reads it (a pod
+// selector without a namespace selector).
+func peersKey(policyNS string, peers []networkingv1.NetworkPolicyPeer) string {
+	var b strings.Builder
+	for _, p := range peers {
+		if p.PodSelector != nil && p.NamespaceSelector == nil {
+			b.WriteString(policyNS)
+			break
+		}
+	}
+	for _, p := range peers {
+		b.WriteByte('|')
+		b.WriteString(p.String())
+	}
+	return b.String()
 }
 
 // candidates are the single-held addresses whose pods r's selector peers
@@ -524,7 +567,7 @@ func (c *compiler) peerMatches(policyNS string, r rule, h *corev1.Pod, a netip.A
 	}
 	for _, peer := range r.peers {
 		if peer.IPBlock != nil {
-			for _, rg := range ipBlockRanges(peer.IPBlock) {
+			for _, rg := range c.ipBlockRanges(peer.IPBlock) {
 				if rg.From.BitLen() == a.BitLen() && !a.Less(rg.From) && !rg.To.Less(a) {
 					return true
 				}
@@ -582,6 +625,16 @@ func (c *compiler) selectorMatch(peer networkingv1.NetworkPolicyPeer, policyNS s
 // the engine matches), all addresses if the CIDR does not parse. CIDRs
 // are read as net.IPNet.Contains reads them: an IPv6 one whose network
 // is IPv4-mapped holds IPv4 addresses.
+// ipBlockRanges is ipBlockRanges, once per block.
+func (c *compiler) ipBlockRanges(b *networkingv1.IPBlock) []Range {
+	if rs, ok := c.blocks[b]; ok {
+		return rs
+	}
+	rs := ipBlockRanges(b)
+	c.blocks[b] = rs
+	return rs
+}
+
 func ipBlockRanges(b *networkingv1.IPBlock) []Range {
 	cidr, ok := containsPrefix(b.CIDR)
 	if !ok {

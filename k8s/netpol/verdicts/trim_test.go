@@ -87,7 +87,6 @@ func TestDifferentialTrimmed(t *testing.T) {
 	// Each field the compiler reads, dropped: the corpus must notice each.
 	without := map[string]func(*corev1.Pod){
 		"labels":      func(p *corev1.Pod) { p.Labels = nil },
-		"uid":         func(p *corev1.Pod) { p.UID = "" },
 		"nodeName":    func(p *corev1.Pod) { p.Spec.NodeName = "" },
 		"hostNetwork": func(p *corev1.Pod) { p.Spec.HostNetwork = false },
 		"ports":       func(p *corev1.Pod) { p.Spec.Containers = nil },
