@@ -5,10 +5,12 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/google/nftables"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
 // modelInput is the model cluster at fraction f as flock-policy on model
@@ -70,4 +72,27 @@ func BenchmarkCompileModel(b *testing.B) {
 	b.ReportMetric(float64(len(prog.Groups)), "groups")
 	b.ReportMetric(float64(len(prog.Selected)), "selected")
 	_ = networkingv1.PolicyTypeIngress
+}
+
+// BenchmarkLoadModel loads that program into a network namespace's
+// nftables (root).
+func BenchmarkLoadModel(b *testing.B) {
+	f := 0.1
+	if s := os.Getenv("FLOCK_SCALE_SIZE"); s != "" {
+		var err error
+		if f, err = strconv.ParseFloat(s, 64); err != nil {
+			b.Fatalf("FLOCK_SCALE_SIZE=%q: %v", s, err)
+		}
+	}
+	l := probe.New(b)
+	prog := verdicts.Compile(modelInput(f))
+	conn, err := verdicts.NewConn(int(l.NS))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if err := verdicts.Load(conn, "x", verdicts.Hook{Num: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter}, prog); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
