@@ -1,6 +1,7 @@
 package verdicts
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -60,6 +61,11 @@ type compiler struct {
 	nsMatch map[*metav1.LabelSelector][]string
 	// blocks caches each ipBlock's ranges.
 	blocks map[*networkingv1.IPBlock][]Range
+	// judged are the addresses the program judges, sorted (nil with the
+	// admin policies on: every isolated address is judged then), and
+	// judgedSingle, judgedSeveral those of them one pod, several pods hold.
+	judged, judgedSingle, judgedSeveral []netip.Addr
+	allSingle                           *Addrs
 }
 
 // parsed is a selector compiled once per Compile.
@@ -141,12 +147,30 @@ func Compile(in Input) *Program {
 			}
 		}
 	}
+	// A packet is judged only if one of its ends is judged, so the groups
+	// of an address that is not judged only ever meet judged peers: they
+	// are built for those alone (a program of this node's size, not the
+	// cluster's). With the admin policies on, every isolated address is
+	// judged.
+	if !in.Admin {
+		c.judged = sortedAddrs(c.prog.Selected)
+		for _, a := range c.judged {
+			switch len(c.holders[a]) {
+			case 1:
+				c.judgedSingle = append(c.judgedSingle, a)
+			case 0:
+			default:
+				c.judgedSeveral = append(c.judgedSeveral, a)
+			}
+		}
+	}
 	for _, a := range addrs {
+		remote := !in.Admin && !c.prog.Selected[a]
 		for _, p := range c.holders[a] {
-			if g, ok := c.group(networkingv1.PolicyTypeEgress, p); ok && !slices.Contains(c.prog.Egress[a], g) {
+			if g, ok := c.group(networkingv1.PolicyTypeEgress, p, remote); ok && !slices.Contains(c.prog.Egress[a], g) {
 				c.prog.Egress[a] = append(c.prog.Egress[a], g)
 			}
-			if g, ok := c.group(networkingv1.PolicyTypeIngress, p); ok && !slices.Contains(c.prog.Ingress[a], g) {
+			if g, ok := c.group(networkingv1.PolicyTypeIngress, p, remote); ok && !slices.Contains(c.prog.Ingress[a], g) {
 				c.prog.Ingress[a] = append(c.prog.Ingress[a], g)
 			}
 		}
@@ -318,8 +342,10 @@ func rules(t networkingv1.PolicyType, np *networkingv1.NetworkPolicy) (out []rul
 	return out, len(np.Spec.Ingress) == 0
 }
 
-// group finds or builds the group for pod p in direction t.
-func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod) (int, bool) {
+// group finds or builds the group for pod p in direction t; remote: for
+// an address that is not judged, whose peers are then always judged ones
+// (the group is built for those alone).
+func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, remote bool) (int, bool) {
 	nps := c.isolating(t, p)
 	if len(nps) == 0 {
 		return 0, false
@@ -342,6 +368,9 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod) (int, bool) {
 		// (the replicas of a workload share one group).
 		k += " ports " + resolved(nps, p)
 	}
+	if remote {
+		k += " for the judged"
+	}
 	if i, ok := c.groups[k]; ok {
 		return i, true
 	}
@@ -352,12 +381,16 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod) (int, bool) {
 			g.Terms = append(g.Terms, Term{Ports: Ports{All: true}})
 		}
 		for _, r := range rs {
-			c.terms(g, t, np.Namespace, r, p)
+			c.terms(g, t, np.Namespace, r, p, remote)
 		}
 	}
 	// Peers several pods hold: what each pod there lets through,
 	// intersected.
-	for _, a := range c.several {
+	several := c.several
+	if remote {
+		several = c.judgedSeveral
+	}
+	for _, a := range several {
 		hs := c.holders[a]
 		var together Ports
 		for i, h := range hs {
@@ -415,8 +448,11 @@ func resolved(nps []*networkingv1.NetworkPolicy, p *corev1.Pod) string {
 }
 
 // terms adds rule r's terms to g; p is the pod the group is for.
-func (c *compiler) terms(g *Group, t networkingv1.PolicyType, policyNS string, r rule, p *corev1.Pod) {
+func (c *compiler) terms(g *Group, t networkingv1.PolicyType, policyNS string, r rule, p *corev1.Pod, remote bool) {
 	peers := c.peerAddrs(policyNS, r)
+	if remote {
+		peers = c.judgedPeers(policyNS, r)
+	}
 	if t == networkingv1.PolicyTypeIngress {
 		if ports := c.ports(r, p); !ports.Empty() {
 			g.Terms = append(g.Terms, Term{Peers: peers, Ports: ports})
@@ -432,7 +468,10 @@ func (c *compiler) terms(g *Group, t networkingv1.PolicyType, policyNS string, r
 		return
 	}
 	candidates := c.single // no peer matches every address, an ipBlock any
-	if len(r.peers) > 0 && !slices.ContainsFunc(r.peers, func(p networkingv1.NetworkPolicyPeer) bool { return p.IPBlock != nil }) {
+	switch {
+	case remote:
+		candidates = c.judgedSingle
+	case len(r.peers) > 0 && !slices.ContainsFunc(r.peers, func(p networkingv1.NetworkPolicyPeer) bool { return p.IPBlock != nil }):
 		candidates = c.candidates(policyNS, r)
 	}
 	var named []PeerPort
@@ -472,14 +511,49 @@ func (c *compiler) peerAddrs(policyNS string, r rule) *Addrs {
 			b.r = append(b.r, c.ipBlockRanges(peer.IPBlock)...)
 		}
 	}
-	for _, a := range c.candidates(policyNS, r) {
-		if c.selectorsMatch(policyNS, r, c.holders[a][0]) {
-			b.addAddr(a)
+	if slices.ContainsFunc(r.peers, c.matchesEveryPod) {
+		b.r = append(b.r, c.everySingle().r...)
+	} else {
+		for _, a := range c.candidates(policyNS, r) {
+			if c.selectorsMatch(policyNS, r, c.holders[a][0]) {
+				b.addAddr(a)
+			}
 		}
 	}
 	out := b.build()
 	c.peers[k] = out
 	return out
+}
+
+// matchesEveryPod tells whether selectorMatch accepts every pod for peer:
+// a pod selector that does not parse, or one that is empty (or absent)
+// beside an empty namespace selector.
+func (c *compiler) matchesEveryPod(peer networkingv1.NetworkPolicyPeer) bool {
+	if peer.IPBlock != nil {
+		return false
+	}
+	if ps := peer.PodSelector; ps != nil {
+		if _, err := c.selector(ps); err != nil {
+			return true
+		}
+		if len(ps.MatchLabels)+len(ps.MatchExpressions) > 0 {
+			return false
+		}
+	}
+	ns := peer.NamespaceSelector
+	return ns != nil && len(ns.MatchLabels)+len(ns.MatchExpressions) == 0
+}
+
+// everySingle is the set of every single-held address (built once).
+func (c *compiler) everySingle() *Addrs {
+	if c.allSingle == nil {
+		var b addrsBuilder
+		for _, a := range c.single {
+			b.addAddr(a)
+		}
+		c.allSingle = b.build()
+	}
+	return c.allSingle
 }
 
 // peersKey identifies what a list of peers matches: rules of different
@@ -495,10 +569,43 @@ func peersKey(policyNS string, peers []networkingv1.NetworkPolicyPeer) string {
 		}
 	}
 	for _, p := range peers {
-		b.WriteByte('|')
-		b.WriteString(p.String())
+		// The peer's protobuf, length-prefixed: unambiguous, where its
+		// String() prints ["x y"] and ["x", "y"] alike (one selector that
+		// does not parse and matches every pod, one that does).
+		m, err := p.Marshal()
+		if err != nil {
+			m = []byte(fmt.Sprintf("unencodable %p", &peers)) // never shared
+		}
+		b.WriteString(strconv.Itoa(len(m)))
+		b.WriteByte(':')
+		b.Write(m)
 	}
 	return b.String()
+}
+
+// judgedPeers is peerAddrs for judged addresses alone: those of them
+// it holds.
+func (c *compiler) judgedPeers(policyNS string, r rule) *Addrs {
+	if len(r.peers) == 0 {
+		return nil
+	}
+	k := "judged " + peersKey(policyNS, r.peers)
+	if a, ok := c.peers[k]; ok {
+		return a
+	}
+	var b addrsBuilder
+	for _, a := range c.judged {
+		var h *corev1.Pod // peerAddrs matches selectors on single-held addresses only
+		if hs := c.holders[a]; len(hs) == 1 {
+			h = hs[0]
+		}
+		if c.peerMatches(policyNS, r, h, a) {
+			b.addAddr(a)
+		}
+	}
+	out := b.build()
+	c.peers[k] = out
+	return out
 }
 
 // candidates are the single-held addresses whose pods r's selector peers

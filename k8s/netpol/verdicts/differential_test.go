@@ -71,8 +71,14 @@ func randSelector(r *rand.Rand) *metav1.LabelSelector {
 	case 2:
 		return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: pick(r, labelKeys), Operator: metav1.LabelSelectorOpDoesNotExist}}}
 	case 3:
-		if r.IntN(4) == 0 { // does not parse: the engine's quirks decide
+		switch r.IntN(4) { // does not parse: the engine's quirks decide
+		case 0:
 			return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: pick(r, labelKeys), Operator: "Bogus"}}}
+		case 1:
+			// An invalid value (objects stored before the API server
+			// checked selector values still hold them), which a careless
+			// print of case 1's two values looks like.
+			return &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: pick(r, labelKeys), Operator: metav1.LabelSelectorOpIn, Values: []string{pick(r, labelVals) + " " + pick(r, labelVals)}}}}
 		}
 	}
 	return &metav1.LabelSelector{MatchLabels: map[string]string{pick(r, labelKeys): pick(r, labelVals)}}
