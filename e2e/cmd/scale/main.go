@@ -41,6 +41,9 @@ type options struct {
 	rates                 churnRates
 	cniPods               int
 	readyTimeout          time.Duration
+	// rackNodes agents × rackPods pods cold-start against each ToR (0: no
+	// rack).
+	rackNodes, rackPods int
 }
 
 func main() {
@@ -61,8 +64,13 @@ func main() {
 	flag.Float64Var(&o.rates.policies, "policy-rate", 1, "NetworkPolicy changes a second under churn")
 	flag.IntVar(&o.cniPods, "cni-pods", 10, "pods ADDed and DELed on the node to count the API requests of each")
 	flag.DurationVar(&o.readyTimeout, "ready-timeout", 10*time.Minute, "how long a process may take to be ready")
+	flag.IntVar(&o.rackNodes, "rack-nodes", 48, "agents in the rack cold start (0: none)")
+	flag.IntVar(&o.rackPods, "rack-pods", 250, "pods a node in the rack cold start")
 	flag.Parse()
 	for _, s := range strings.Split(sizes, ",") {
+		if sizes == "" {
+			break // the rack alone
+		}
 		f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 		if err != nil || f <= 0 || f > 1 {
 			fmt.Fprintf(os.Stderr, "scale: -sizes: %q is not a fraction in (0, 1]\n", s)
@@ -107,6 +115,18 @@ func run(ctx context.Context, o options) error {
 		dir = d
 	}
 	start := time.Now()
+	var racks []rackResult
+	if o.rackNodes > 0 && o.rackPods > 0 {
+		for _, tor := range rackTors {
+			racks = append(racks, rackColdStart(ctx, o, dir, tor, o.rackNodes, o.rackPods))
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+	}
+	if len(o.sizes) == 0 {
+		return writeReport(o, nil, racks, time.Since(start))
+	}
 	c, err := k8slab.Up(ctx, k8slab.Options{Dir: filepath.Join(dir, "k8s"), APIOnly: true, KubeProxy: true, Log: logf,
 		ServiceCIDRs: []string{svcV6CIDR.String(), svcV4CIDR.String()}, EtcdQuotaBytes: 8 << 30})
 	if err != nil {
@@ -177,7 +197,7 @@ func run(ctx context.Context, o options) error {
 			break
 		}
 	}
-	return writeReport(o, results, time.Since(start))
+	return writeReport(o, results, racks, time.Since(start))
 }
 
 // measureSize fills the API up to m and measures the node there.

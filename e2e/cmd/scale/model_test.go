@@ -3,8 +3,11 @@ package main
 import (
 	"errors"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The model at the full envelope: the thresholds' counts, every node
@@ -94,5 +97,36 @@ func TestPlot(t *testing.T) {
 	rs[1].rest[procAgent] = usage{err: errors.New("died")}
 	if n := strings.Count(plotOf(rs), "<circle"); n != 24-4 {
 		t.Errorf("%d points with a failed reading, want 20 (the size's rest panel is a gap for every line)", n)
+	}
+}
+
+// A rack's rows: a route time over 5 s or an agent over 40 MB is not
+// met, and a rack that failed says why instead of a figure.
+func TestReportRack(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "SCALE.md")
+	racks := []rackResult{
+		{tor: rackTors[0], nodes: 48, pods: 250, routesWanted: 12000, sessions: 2 * time.Second, adds: 90 * time.Second, fib: 1200 * time.Millisecond, rssMedian: 30, rssMax: 35},
+		{tor: rackTors[1], nodes: 48, pods: 250, routesWanted: 12000, fib: 6 * time.Second, rssMedian: 30, rssMax: 41},
+		{tor: "X", nodes: 2, pods: 1, err: errors.New("ADD 0: no answer")},
+	}
+	if err := writeReport(options{out: out, cmd: "make scale", rackNodes: 48, rackPods: 250}, nil, racks, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	for _, want := range []string{
+		"| rack (48 × 250), BIRD | every route in the ToR's FIB after the last ADD | 1.20 s | | ≤ 5 s | met |",
+		"| rack (48 × 250), BIRD | the largest agent's RSS | 35.0 MB | | ≤ 40 MB | met |",
+		"| rack (48 × 250), FRR (dynamic neighbours) | every route in the ToR's FIB after the last ADD | 6.00 s | | ≤ 5 s | **not met** |",
+		"| rack (48 × 250), FRR (dynamic neighbours) | the largest agent's RSS | 41.0 MB | | ≤ 40 MB | **not met** |",
+		"| rack (2 × 1), X | cold start | not measured: ADD 0: no answer |",
+		"No cluster size was measured",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("SCALE.md lacks %q\n%s", want, s)
+		}
 	}
 }
