@@ -1,7 +1,6 @@
 package verdicts
 
 import (
-	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -501,8 +500,8 @@ func (c *compiler) peerAddrs(policyNS string, r rule) *Addrs {
 	if len(r.peers) == 0 {
 		return nil
 	}
-	k := peersKey(policyNS, r.peers)
-	if a, ok := c.peers[k]; ok {
+	k, cache := peersKey(policyNS, r.peers)
+	if a, ok := c.peers[k]; ok && cache {
 		return a
 	}
 	var b addrsBuilder
@@ -521,7 +520,9 @@ func (c *compiler) peerAddrs(policyNS string, r rule) *Addrs {
 		}
 	}
 	out := b.build()
-	c.peers[k] = out
+	if cache {
+		c.peers[k] = out
+	}
 	return out
 }
 
@@ -560,7 +561,7 @@ func (c *compiler) everySingle() *Addrs {
 // policies with the same peers share one set (and one nftables set). The
 // policy's namespace is part of it only where a peer reads it (a pod
 // selector without a namespace selector).
-func peersKey(policyNS string, peers []networkingv1.NetworkPolicyPeer) string {
+func peersKey(policyNS string, peers []networkingv1.NetworkPolicyPeer) (string, bool) {
 	var b strings.Builder
 	for _, p := range peers {
 		if p.PodSelector != nil && p.NamespaceSelector == nil {
@@ -574,13 +575,13 @@ func peersKey(policyNS string, peers []networkingv1.NetworkPolicyPeer) string {
 		// does not parse and matches every pod, one that does).
 		m, err := p.Marshal()
 		if err != nil {
-			m = []byte(fmt.Sprintf("unencodable %p", &peers)) // never shared
+			return "", false // not shared (Marshal of these types does not fail)
 		}
 		b.WriteString(strconv.Itoa(len(m)))
 		b.WriteByte(':')
 		b.Write(m)
 	}
-	return b.String()
+	return b.String(), true
 }
 
 // judgedPeers is peerAddrs for judged addresses alone: those of them
@@ -589,8 +590,9 @@ func (c *compiler) judgedPeers(policyNS string, r rule) *Addrs {
 	if len(r.peers) == 0 {
 		return nil
 	}
-	k := "judged " + peersKey(policyNS, r.peers)
-	if a, ok := c.peers[k]; ok {
+	k, cache := peersKey(policyNS, r.peers)
+	k = "judged " + k
+	if a, ok := c.peers[k]; ok && cache {
 		return a
 	}
 	var b addrsBuilder
@@ -604,7 +606,9 @@ func (c *compiler) judgedPeers(policyNS string, r rule) *Addrs {
 		}
 	}
 	out := b.build()
-	c.peers[k] = out
+	if cache {
+		c.peers[k] = out
+	}
 	return out
 }
 
