@@ -1,6 +1,7 @@
 package verdicts
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
@@ -383,6 +384,7 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, remote bool) 
 			c.terms(g, t, np.Namespace, r, p, remote)
 		}
 	}
+	g.Terms = mergeTerms(g.Terms)
 	// Peers several pods hold: what each pod there lets through,
 	// intersected.
 	several := c.several
@@ -423,6 +425,81 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, remote bool) 
 	c.prog.Groups = append(c.prog.Groups, g)
 	c.groups[k] = len(c.prog.Groups) - 1
 	return len(c.prog.Groups) - 1, true
+}
+
+// mergeTerms joins terms into fewer that match the same packets: those
+// with the same peers into one with their ports together, then those with
+// the same ports into one with their peers together. A group is a chain
+// whose rules a new connection walks until one matches: unmerged, a pod
+// that 100 policies select costs 100 lookups a connection.
+func mergeTerms(ts []Term) []Term {
+	var byPeers []Term
+	at := map[*Addrs]int{}
+	for _, t := range ts {
+		if t.Named != nil {
+			byPeers = append(byPeers, t)
+			continue
+		}
+		if i, ok := at[t.Peers]; ok {
+			byPeers[i].Ports.union(t.Ports)
+			continue
+		}
+		at[t.Peers] = len(byPeers)
+		var own Ports // the union above must not change a Ports another term holds
+		own.union(t.Ports)
+		byPeers = append(byPeers, Term{Peers: t.Peers, Ports: own})
+	}
+	var out []Term
+	same := map[string][]int{} // by ports: indexes into byPeers
+	var order []string
+	for i, t := range byPeers {
+		if t.Named != nil {
+			k := "named " + strconv.Itoa(i)
+			same[k], order = []int{i}, append(order, k)
+			continue
+		}
+		k := portsKey(t.Ports)
+		if _, ok := same[k]; !ok {
+			order = append(order, k)
+		}
+		same[k] = append(same[k], i)
+	}
+	for _, k := range order {
+		is := same[k]
+		if len(is) == 1 {
+			out = append(out, byPeers[is[0]])
+			continue
+		}
+		var b addrsBuilder
+		any := false
+		for _, i := range is {
+			if byPeers[i].Peers == nil {
+				any = true // no peers: every address
+				break
+			}
+			b.addRanges(byPeers[i].Peers)
+		}
+		t := Term{Ports: byPeers[is[0]].Ports}
+		if !any {
+			t.Peers = b.build()
+		}
+		out = append(out, t)
+	}
+	return out
+}
+
+// portsKey identifies a set of ports.
+func portsKey(p Ports) string {
+	if p.All {
+		return "all"
+	}
+	var b strings.Builder
+	for _, proto := range Protocols {
+		for _, r := range p.By[proto] {
+			fmt.Fprintf(&b, "%d:%d-%d ", proto, r.First, r.Last)
+		}
+	}
+	return b.String()
 }
 
 // resolved is what the ingress named ports of nps resolve to on p.
