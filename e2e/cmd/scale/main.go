@@ -118,7 +118,11 @@ func run(ctx context.Context, o options) error {
 	var racks []rackResult
 	if o.rackNodes > 0 && o.rackPods > 0 {
 		for _, tor := range rackTors {
-			racks = append(racks, rackColdStart(ctx, o, dir, tor, o.rackNodes, o.rackPods))
+			k := rackColdStart(ctx, o, dir, tor, o.rackNodes, o.rackPods)
+			if k.err != nil {
+				logf("rack, %s: %v", tor, k.err)
+			}
+			racks = append(racks, k)
 			if err := ctx.Err(); err != nil {
 				return err
 			}
