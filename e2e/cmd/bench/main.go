@@ -21,6 +21,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/hostinfo"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 	"code.fritzlab.net/fritzlab/flock/e2e/procfs"
 )
@@ -101,6 +102,7 @@ func main() {
 
 func run(ctx context.Context, o options) error {
 	started := time.Now()
+	revision = hostinfo.Revision("BENCHMARKS.md") // what is measured: HEAD now, not when the report is written
 	bin, err := filepath.Abs(o.binDir)
 	if err != nil {
 		return err

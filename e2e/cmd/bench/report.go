@@ -193,7 +193,7 @@ func versions(bin string, extra []string) string {
 		gobgp = "unknown (" + err.Error() + ")"
 	}
 	return strings.Join(append([]string{
-		"flock " + hostinfo.Revision("BENCHMARKS.md"),
+		"flock " + revision,
 		runtime.Version(),
 		"GoBGP " + gobgp + " (embedded; the agent binary's build info)",
 		firstLine(hostinfo.Command("bird", "--version")),
@@ -207,6 +207,10 @@ func versions(bin string, extra []string) string {
 const changesDoc = "e2e/cmd/bench/CHANGES.md"
 
 // report is what the document says besides the figures.
+// revision is the commit measured, read when the run starts (a commit
+// made while it runs is not what it measured).
+var revision = "unknown"
+
 type report struct {
 	cmd     string
 	started time.Time

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/hostinfo"
 	"code.fritzlab.net/fritzlab/flock/e2e/k8slab"
 	"code.fritzlab.net/fritzlab/flock/e2e/lab"
 )
@@ -44,6 +45,9 @@ type options struct {
 	// rackNodes agents × rackPods pods cold-start against each ToR (0: no
 	// rack).
 	rackNodes, rackPods int
+	// rev is the commit measured, read when the run starts (a commit made
+	// while it runs is not what it measured).
+	rev string
 }
 
 func main() {
@@ -82,6 +86,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "scale: must run as root (network namespaces, BIRD, kube-apiserver)")
 		os.Exit(2)
 	}
+	o.rev = hostinfo.Revision(o.out)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, o); err != nil {
