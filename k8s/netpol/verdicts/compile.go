@@ -85,9 +85,11 @@ func (c *compiler) selector(ls *metav1.LabelSelector) (labels.Selector, error) {
 
 // Compile builds the program for in.
 func Compile(in Input) *Program {
-	c := &compiler{in: in, pods: map[string]*corev1.Pod{}, byStatus: map[string][]*corev1.Pod{},
+	// The maps of every pod and address are sized up front: growing them
+	// is most of a large cluster's garbage.
+	c := &compiler{in: in, pods: make(map[string]*corev1.Pod, len(in.Pods)), byStatus: make(map[string][]*corev1.Pod, 2*len(in.Pods)),
 		ns: map[string]labels.Set{}, policies: map[string][]*networkingv1.NetworkPolicy{},
-		holders: map[netip.Addr][]*corev1.Pod{}, peers: map[string]*Addrs{}, groups: map[string]int{}, sels: map[*metav1.LabelSelector]parsed{},
+		holders: make(map[netip.Addr][]*corev1.Pod, 2*len(in.Pods)), peers: map[string]*Addrs{}, groups: map[string]int{}, sels: map[*metav1.LabelSelector]parsed{},
 		singleNS: map[string][]netip.Addr{}, nsMatch: map[*metav1.LabelSelector][]string{}, blocks: map[*networkingv1.IPBlock][]Range{},
 		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: map[netip.Addr][]int{}, Ingress: map[netip.Addr][]int{}}}
 	pods := sortedPods(in.Pods)
@@ -108,8 +110,8 @@ func Compile(in Input) *Program {
 	}
 	// Every address a pod holds, and who holds it as the engine resolves
 	// a packet's address.
-	var addrs []netip.Addr
-	seen := map[netip.Addr]bool{}
+	addrs := make([]netip.Addr, 0, 2*len(pods))
+	seen := make(map[netip.Addr]bool, 2*len(pods))
 	for _, p := range pods {
 		for _, s := range c.podIPs(p) {
 			if a, err := netip.ParseAddr(s); err == nil && !seen[a] {
@@ -119,6 +121,7 @@ func Compile(in Input) *Program {
 		}
 	}
 	slices.SortFunc(addrs, netip.Addr.Compare)
+	c.single = make([]netip.Addr, 0, len(addrs))
 	for _, a := range addrs {
 		switch h := c.podsAt(a); {
 		case len(h) == 1:
@@ -525,9 +528,11 @@ func resolved(nps []*networkingv1.NetworkPolicy, p *corev1.Pod) string {
 
 // terms adds rule r's terms to g; p is the pod the group is for.
 func (c *compiler) terms(g *Group, t networkingv1.PolicyType, policyNS string, r rule, p *corev1.Pod, remote bool) {
-	peers := c.peerAddrs(policyNS, r)
+	var peers *Addrs
 	if remote {
 		peers = c.judgedPeers(policyNS, r)
+	} else {
+		peers = c.peerAddrs(policyNS, r)
 	}
 	if t == networkingv1.PolicyTypeIngress {
 		if ports := c.ports(r, p); !ports.Empty() {
