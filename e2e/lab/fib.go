@@ -11,11 +11,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// rtprotBird is the kernel protocol BIRD installs its routes with.
-const rtprotBird = 12
+// The kernel protocols the ToRs install their routes with: BIRD's, and
+// zebra's for FRR's bgpd.
+const (
+	rtprotBird = 12
+	rtprotBGP  = 186
+)
 
-// FIBWatch follows the ToR's kernel routing table (what BIRD exports to
-// it): which BGP-learnt prefixes are present, since when, and the fewest
+// FIBWatch follows the ToR's kernel routing table (what BIRD or FRR
+// exports to it): which BGP-learnt prefixes are present, since when, and the fewest
 // present since a mark (a restart must never lower it).
 type FIBWatch struct {
 	mu      sync.Mutex
@@ -50,7 +54,7 @@ func WatchFIB(ns *NS) (*FIBWatch, error) {
 	}
 	go func() {
 		for u := range ch {
-			if u.Protocol != rtprotBird || u.Dst == nil {
+			if (u.Protocol != rtprotBird && u.Protocol != rtprotBGP) || u.Dst == nil {
 				continue
 			}
 			a, ok := netip.AddrFromSlice(u.Dst.IP)

@@ -99,6 +99,7 @@ func rackColdStart(ctx context.Context, o options, workDir, tor string, nodes, p
 	at, err := fib.WaitCount(netip.MustParsePrefix("fd00:10::/32"), nodes, 2*time.Minute)
 	if err != nil {
 		r.err = fmt.Errorf("the nodes' summaries: %w", err)
+		logf("rack: the ToR's sessions:\n%s", torSessions(l))
 		return r
 	}
 	r.sessions = at.Sub(t0)
@@ -191,4 +192,33 @@ func rackColdStart(ctx context.Context, o options, workDir, tor string, nodes, p
 	r.rssMax, r.rssMedian = rss[len(rss)-1], rss[len(rss)/2]
 	logf("rack: every route in the ToR's FIB %s after the last ADD; agent RSS median %.1f MB, largest %.1f MB", r.fib.Round(time.Millisecond), r.rssMedian, r.rssMax)
 	return r
+}
+
+// torSessions is the ToR's view of its sessions and its log's tail, for a
+// rack that did not come up.
+func torSessions(l *lab.BGPLab) string {
+	var out string
+	var err error
+	switch {
+	case l.FRR != nil:
+		out, err = l.FRR.Vtysh("show bgp summary")
+		for _, c := range []string{"show bgp ipv6 unicast", "show ipv6 route"} {
+			o, _ := l.FRR.Vtysh(c)
+			out += "\n--- " + c + " ---\n" + tail(o, 3000)
+		}
+		out += "\n--- bgpd.log (tail) ---\n" + tail(l.FRR.Log(), 4000)
+	case l.Bird != nil:
+		out, err = l.Bird.Cmd("show protocols")
+	}
+	if err != nil {
+		out += "\n" + err.Error()
+	}
+	return out
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
 }
