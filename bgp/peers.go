@@ -189,12 +189,18 @@ func (s *Speaker) addPeer(ctx context.Context, wg *sync.WaitGroup, p *peer) bool
 		} else {
 			s.log.Warn("bgp: add peer", "peer", key, "err", err)
 		}
+		var up <-chan struct{} // an unnumbered peer's link back: try at once
+		if spec.Interface != "" {
+			up = s.linkUp.wait()
+		}
 		select {
 		case <-ctx.Done():
 			return false
 		case <-time.After(backoff):
+			backoff = min(backoff*2, maxRetry)
+		case <-up:
+			backoff = minRetry
 		}
-		backoff = min(backoff*2, maxRetry)
 	}
 	// Even if ctx ended meanwhile: the address is needed to delete it.
 	addr, local := s.lookupPeer(ctx, spec)

@@ -18,9 +18,14 @@ import (
 // whose resolved neighbour no longer answers while another link-local
 // neighbour on the link does is deleted and added again, which resolves
 // the link afresh.
+//
+// A link whose carrier just came back (carrier.go) is looked at sooner:
+// for relinkFastFor, every relinkFastEvery, without waiting relinkAfter.
 const (
-	relinkAfter = 5 * time.Second
-	relinkEvery = 2 * time.Second
+	relinkAfter     = 5 * time.Second
+	relinkEvery     = 2 * time.Second
+	relinkFastFor   = 15 * time.Second
+	relinkFastEvery = 500 * time.Millisecond
 )
 
 // Neighbour is a link-local neighbour on an interface, as the kernel's
@@ -101,12 +106,13 @@ type relinkCheck struct {
 }
 
 // relink checks every unnumbered peer whose session has been down for
-// relinkAfter. Run's goroutine; it takes s.mu itself (the probe waits).
+// relinkAfter, or whose link's carrier came back within relinkFastFor. Run's goroutine; it takes s.mu itself (the probe waits).
 func (s *Speaker) relink(ctx context.Context, now time.Time) {
 	s.mu.Lock()
 	var checks []relinkCheck
 	for key, p := range s.peers {
-		if p.spec.Interface != "" && p.added && p.apiAddr.IsValid() && p.state != bgp.BGP_FSM_ESTABLISHED && now.Sub(p.since) >= relinkAfter {
+		if p.spec.Interface != "" && p.added && p.apiAddr.IsValid() && p.state != bgp.BGP_FSM_ESTABLISHED &&
+			(now.Sub(p.since) >= relinkAfter || now.Before(s.fastRelink[p.spec.Interface])) {
 			checks = append(checks, relinkCheck{key, p.spec.Interface, p.apiAddr})
 		}
 	}

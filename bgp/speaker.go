@@ -44,6 +44,9 @@ type Config struct {
 	// Neighbours is the kernel's neighbour table for unnumbered peers
 	// (relink.go); nil: the real one.
 	Neighbours Neighbours
+	// Links reports the carrier of the unnumbered peers' links
+	// (carrier.go); nil: the kernel's.
+	Links Links
 }
 
 // Restarting tells whether this node ran a speaker before (its state file
@@ -77,8 +80,13 @@ type Speaker struct {
 	stateFile string
 	changed   chan struct{} // see Changed
 	neigh     Neighbours    // the kernel's neighbour table (unnumbered peers)
-	wake      chan struct{} // coalesced: the desired peers changed, or Run should retry
-	running   atomic.Bool
+	links     Links         // carrier changes (unnumbered peers)
+	linkUp    linkUp        // wakes the unnumbered peers' add goroutines
+	// fastRelink: until when each link whose carrier came back is looked
+	// at by relink without delay (under mu).
+	fastRelink map[string]time.Time
+	wake       chan struct{} // coalesced: the desired peers changed, or Run should retry
+	running    atomic.Bool
 
 	// Paths (Set, Held).
 	pathMu sync.Mutex
@@ -189,6 +197,7 @@ func New(cfg Config) (*Speaker, error) {
 		wake: make(chan struct{}, 1),
 		held: map[netip.Prefix]advert.Path{},
 		want: map[string]wantPeer{}, peers: map[string]*peer{}, knownGood: map[string]bool{},
+		fastRelink: map[string]time.Time{},
 	}
 	if s.passwords == nil {
 		s.passwords = FilePasswords
@@ -196,6 +205,10 @@ func New(cfg Config) (*Speaker, error) {
 	s.neigh = cfg.Neighbours
 	if s.neigh == nil {
 		s.neigh = kernelNeighbours{}
+	}
+	s.links = cfg.Links
+	if s.links == nil {
+		s.links = kernelLinks{}
 	}
 	s.bfdEvents = make(chan bfd.Event, 64)
 	s.bfdCtx, s.bfdStop = context.WithCancel(context.Background())
@@ -288,6 +301,18 @@ func (s *Speaker) Run(ctx context.Context) error {
 	}
 	var wg sync.WaitGroup // add goroutines and soft resets
 	defer s.stopPeers(&wg)
+	// Carrier changes; without them (no netlink), the hold timer and
+	// relink find a dead link, only later.
+	wctx, stopWatch := context.WithCancel(ctx)
+	carrier, err := s.links.Watch(wctx)
+	if err != nil {
+		s.log.Warn("bgp: link carrier not watched (unnumbered peers notice a lost link by the hold timer)", "err", err)
+	}
+	defer func() {
+		stopWatch()
+		for range carrier { // the watch has ended once it is closed
+		}
+	}()
 
 	var retry <-chan time.Time
 	// hold ends the first max-prefix back-off: apply then enables the peer.
@@ -319,6 +344,24 @@ func (s *Speaker) Run(ctx context.Context) error {
 			return nil
 		case now := <-relink.C:
 			s.relink(ctx, now)
+			if !s.relinkingFast(now) {
+				relink.Reset(relinkEvery)
+			}
+		case c, ok := <-carrier:
+			if !ok {
+				if ctx.Err() == nil {
+					s.log.Warn("bgp: link carrier watch ended (unnumbered peers notice a lost link by the hold timer)")
+				}
+				carrier = nil
+				continue
+			}
+			s.log.Debug("bgp: carrier", "interface", c.Iface, "up", c.Up)
+			now := time.Now()
+			s.handleCarrier(ctx, c, now)
+			if s.relinkingFast(now) {
+				relink.Reset(relinkFastEvery)
+			}
+			s.notify()
 		case ev := <-events:
 			s.handlePeerEvent(ctx, &wg, ev)
 			armHold()

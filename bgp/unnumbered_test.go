@@ -2,6 +2,7 @@ package bgp
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -292,31 +293,37 @@ func needRoot(t *testing.T, why string) {
 	t.Skip(why)
 }
 
-// An unnumbered ToR replaced by another (new MAC, new link-local address):
-// GoBGP resolved the old address once, at AddPeer, and would dial it for
-// ever. The speaker notices the old neighbour is dead and a new one
-// answers on the link, and peers with the new one.
-func TestUnnumberedToRReplaced(t *testing.T) {
+// unnumberedPeered is a speaker peered over an unnumbered link with a ToR
+// at oldLL (fe80::1), whose neighbour entry is a learnt one (which dies
+// with its ToR), not the setup's permanent one.
+type unnumberedPeered struct {
+	sp   *Speaker
+	tor  *tor
+	port torPort
+	key  string
+	h    *netlink.Handle // in the ToR's namespace
+	far  netlink.Link    // the ToR's port
+}
+
+var oldLL, newLL = netip.MustParseAddr("fe80::1"), netip.MustParseAddr("fe80::2")
+
+func newUnnumberedPeered(t *testing.T, prefix string, bgpPort uint16, timers v1alpha1.Timers) *unnumberedPeered {
+	t.Helper()
 	needRoot(t, "needs root for network namespaces and veth pairs")
-	tor := startToR(t, "::1", torASN, "10.255.0.1")
-	tor.addNeighbor(t, "::1", flockASN)
-	const bgpPort = 1791
-	oldLL, newLL := netip.MustParseAddr("fe80::1"), netip.MustParseAddr("fe80::2")
-	name := fmt.Sprintf("flkr%04x", uint16(os.Getpid()))
-	port := newTorPort(t, name, netip.MustParseAddr("fe80::a"), oldLL, bgpPort, net.JoinHostPort("::1", fmt.Sprint(tor.port)), false)
+	tr := startToR(t, "::1", torASN, "10.255.0.1")
+	tr.addNeighbor(t, "::1", flockASN)
+	name := fmt.Sprintf("%s%04x", prefix, uint16(os.Getpid()))
+	port := newTorPort(t, name, netip.MustParseAddr("fe80::a"), oldLL, bgpPort, net.JoinHostPort("::1", fmt.Sprint(tr.port)), false)
 	sp := newSpeaker(t)
-	peer := v1alpha1.Peer{Interface: port.host, ASN: torASN, Port: bgpPort, Timers: v1alpha1.Timers{HoldTime: 6, KeepaliveTime: 2, ConnectRetry: 1}}
+	peer := v1alpha1.Peer{Interface: port.host, ASN: torASN, Port: bgpPort, Timers: timers}
 	set(t, sp, map[netip.Prefix]advert.Kind{pod6: advert.Pod}, true)
 	if err := sp.ApplyPeers([]v1alpha1.Peer{peer}); err != nil {
 		t.Fatal(err)
 	}
-	key := Key(peer)
-	if n := waitEstablished(t, sp, tor, key); n.Address != oldLL.String() {
+	u := &unnumberedPeered{sp: sp, tor: tr, port: port, key: Key(peer)}
+	if n := waitEstablished(t, sp, tr, u.key); n.Address != oldLL.String() {
 		t.Fatalf("test setup: neighbour address %q", n.Address)
 	}
-
-	// The setup pinned the old ToR's address (a permanent entry); a real
-	// neighbour entry is learnt, and dies with its ToR.
 	host, err := netlink.LinkByName(port.host)
 	if err != nil {
 		t.Fatal(err)
@@ -324,37 +331,56 @@ func TestUnnumberedToRReplaced(t *testing.T) {
 	if err := netlink.NeighDel(&netlink.Neigh{LinkIndex: host.Attrs().Index, Family: netlink.FAMILY_V6, IP: oldLL.AsSlice()}); err != nil {
 		t.Fatal(err)
 	}
-	// The new ToR: same port, new MAC, new link-local address.
-	h, err := netlink.NewHandleAt(port.ns)
-	if err != nil {
+	if u.h, err = netlink.NewHandleAt(port.ns); err != nil {
 		t.Fatal(err)
 	}
-	defer h.Close()
-	far, err := h.LinkByName(port.far)
-	if err != nil {
+	t.Cleanup(u.h.Close)
+	if u.far, err = u.h.LinkByName(port.far); err != nil {
 		t.Fatal(err)
 	}
-	mask := net.CIDRMask(64, 128)
-	if err := h.AddrDel(far, &netlink.Addr{IPNet: &net.IPNet{IP: oldLL.AsSlice(), Mask: mask}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.LinkSetHardwareAddr(far, net.HardwareAddr{0x02, 0, 0x5e, 0, 0x53, 0x02}); err != nil {
-		t.Fatal(err)
-	}
-	if err := h.AddrAdd(far, &netlink.Addr{IPNet: &net.IPNet{IP: newLL.AsSlice(), Mask: mask}, Flags: unix.IFA_F_NODAD}); err != nil {
-		t.Fatal(err)
-	}
-	replaced := time.Now()
+	return u
+}
 
-	// The old session ends (hold time), then the speaker re-peers.
-	testutil.EventuallyWithin(t, 45*time.Second, "re-peered with the new ToR", func() (bool, string) {
-		n, ok := neighbor(sp, key)
+// replaceToR gives the ToR's port another MAC and newLL in place of
+// oldLL (gone already if the port went down: Linux keeps no IPv6 address
+// on a downed link by default).
+func (u *unnumberedPeered) replaceToR(t *testing.T, mac net.HardwareAddr) {
+	t.Helper()
+	mask := net.CIDRMask(64, 128)
+	if err := u.h.AddrDel(u.far, &netlink.Addr{IPNet: &net.IPNet{IP: oldLL.AsSlice(), Mask: mask}}); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+		t.Fatal(err)
+	}
+	if err := u.h.LinkSetHardwareAddr(u.far, mac); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.h.AddrAdd(u.far, &netlink.Addr{IPNet: &net.IPNet{IP: newLL.AsSlice(), Mask: mask}, Flags: unix.IFA_F_NODAD}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// repeered waits for the session with the new ToR, its routes, and ends
+// the peering.
+func (u *unnumberedPeered) repeered(t *testing.T, within time.Duration, since time.Time) {
+	t.Helper()
+	testutil.EventuallyWithin(t, within, "re-peered with the new ToR", func() (bool, string) {
+		n, ok := neighbor(u.sp, u.key)
 		return ok && n.State == "Established" && n.Address == newLL.String(), fmt.Sprintf("%+v", n)
 	})
-	t.Logf("re-peered with %s %v after the replacement", newLL, time.Since(replaced).Round(100*time.Millisecond))
-	tor.waitRIB(t, pod6)
-	if err := sp.ApplyPeers(nil); err != nil {
+	t.Logf("re-peered with %s %v after the replacement", newLL, time.Since(since).Round(100*time.Millisecond))
+	u.tor.waitRIB(t, pod6)
+	if err := u.sp.ApplyPeers(nil); err != nil {
 		t.Fatal(err)
 	}
-	waitNoGoBGPPeers(t, sp)
+	waitNoGoBGPPeers(t, u.sp)
+}
+
+// An unnumbered ToR replaced by another (new MAC, new link-local address):
+// GoBGP resolved the old address once, at AddPeer, and would dial it for
+// ever. The speaker notices the old neighbour is dead and a new one
+// answers on the link, and peers with the new one. The port stays up (no
+// carrier change): the old session ends by its hold time.
+func TestUnnumberedToRReplaced(t *testing.T) {
+	u := newUnnumberedPeered(t, "flkr", 1791, v1alpha1.Timers{HoldTime: 6, KeepaliveTime: 2, ConnectRetry: 1})
+	u.replaceToR(t, net.HardwareAddr{0x02, 0, 0x5e, 0, 0x53, 0x02})
+	u.repeered(t, 45*time.Second, time.Now())
 }

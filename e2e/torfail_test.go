@@ -227,7 +227,7 @@ func TestUnnumberedToRReplaced(t *testing.T) {
 			ping(t, l.Tor, ips[0])
 			record(t, reliabilityRow{Section: "ToR failures", Fault: "unnumbered ToR replaced (new MAC, new link-local address)", ToR: k,
 				Done: fmt.Sprintf("the ToR's port down, new MAC, up: its link-local address went from %s to %s; the node peers by interface only (hold time 9 s)", old, now), Times: 1,
-				Survived: "flock noticed the dead neighbour, resolved the link again and peered with the new ToR; routes back, pod reachable",
+				Survived: "flock saw the link lose its carrier and get it back (fast external failover), resolved the link again and peered with the new ToR; routes back, pod reachable",
 				Figures:  map[string]string{"peered with the new ToR after the replacement": took.Round(100 * time.Millisecond).String()}})
 		})
 	}
