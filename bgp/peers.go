@@ -109,6 +109,9 @@ func (s *Speaker) readdLocked(ctx context.Context, key string, p *peer) error {
 		}
 	}
 	p.enabled, p.restarting, p.bfdArmed = false, false, false
+	if err == nil {
+		p.bfdReset = false // a queued reset went with the peer
+	}
 	s.kick()
 	return err
 }
@@ -156,8 +159,12 @@ func (s *Speaker) startAddLocked(ctx context.Context, wg *sync.WaitGroup, p *pee
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		defer close(done)
-		if s.addPeer(pctx, wg, p) {
+		added := s.addPeer(pctx, wg, p)
+		// done first: a kick seen by syncPeers must find the add over,
+		// or a peer dropped meanwhile (a lost carrier) is skipped as still
+		// adding and never added again.
+		close(done)
+		if added {
 			s.kick() // Run signals Changed
 		}
 	}()
@@ -175,6 +182,10 @@ func (s *Speaker) addPeer(ctx context.Context, wg *sync.WaitGroup, p *peer) bool
 	s.mu.Unlock()
 	backoff := minRetry
 	for {
+		var up <-chan struct{} // an unnumbered peer's link back: try at once
+		if spec.Interface != "" {
+			up = s.linkUp.wait() // before the try, so a carrier back during it counts
+		}
 		err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(spec, password, true, restarting)})
 		if err == nil {
 			break
@@ -188,10 +199,6 @@ func (s *Speaker) addPeer(ctx context.Context, wg *sync.WaitGroup, p *peer) bool
 			}
 		} else {
 			s.log.Warn("bgp: add peer", "peer", key, "err", err)
-		}
-		var up <-chan struct{} // an unnumbered peer's link back: try at once
-		if spec.Interface != "" {
-			up = s.linkUp.wait()
 		}
 		select {
 		case <-ctx.Done():

@@ -308,9 +308,12 @@ func (s *Speaker) Run(ctx context.Context) error {
 	if err != nil {
 		s.log.Warn("bgp: link carrier not watched (unnumbered peers notice a lost link by the hold timer)", "err", err)
 	}
+	watched := carrier // carrier is set to nil once closed
 	defer func() {
 		stopWatch()
-		for range carrier { // the watch has ended once it is closed
+		if watched != nil {
+			for range watched { // the watch has ended once it is closed
+			}
 		}
 	}()
 
