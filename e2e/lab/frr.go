@@ -260,6 +260,7 @@ router bgp {{.TorASN}}
   maximum-paths 8
 {{- if .Dynamic}}
   neighbor NODES activate
+  neighbor NODES prefix-list NOTHING-V4 out
 {{- end}}
 {{- range .Nodes}}
   neighbor {{.Peer}} activate
@@ -270,6 +271,7 @@ router bgp {{.TorASN}}
   maximum-paths 8
 {{- if .Dynamic}}
   neighbor NODES activate
+  neighbor NODES prefix-list NOTHING-V6 out
 {{- end}}
 {{- range .Nodes}}
   neighbor {{.Peer}} activate
@@ -277,6 +279,11 @@ router bgp {{.TorASN}}
  exit-address-family
 exit
 !
+{{- if .Dynamic}}
+! The listen range's nodes are sent nothing, as deploy/tor/frr.conf's.
+ip prefix-list NOTHING-V4 seq 10 deny any
+ipv6 prefix-list NOTHING-V6 seq 10 deny any
+{{- end}}
 `))
 
 // FRRBFDConfig is bfdd.conf for the lab: the profile flock's neighbours use

@@ -177,7 +177,9 @@ func rackColdStart(ctx context.Context, o options, workDir, tor string, nodes, p
 		r.err = err
 		return r
 	}
-	r.fib = at.Sub(lastAdd)
+	// The last route may be in before the last ADD returns (the agent
+	// advertises before it answers): that is no wait at all.
+	r.fib = max(at.Sub(lastAdd), 0)
 	r.routesInFIB = r.routesWanted
 	var rss []float64
 	for _, n := range l.Nodes {
