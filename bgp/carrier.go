@@ -191,6 +191,10 @@ func (l *linkUp) signal() {
 // Run's goroutine.
 func (s *Speaker) handleCarrier(ctx context.Context, c Carrier, now time.Time) {
 	s.mu.Lock()
+	s.linkDown[c.Iface] = !c.Up
+	if c.Up {
+		delete(s.linkDown, c.Iface)
+	}
 	var forget []netip.Addr
 	unnumbered := false
 	for key, p := range s.peers {
@@ -240,13 +244,7 @@ func (s *Speaker) handleCarrier(ctx context.Context, c Carrier, now time.Time) {
 		// A neighbour being resolved, or that failed to be, counts for
 		// GoBGP as one on the link: the old ToR's, made again by our own
 		// last packets to it, would be resolved instead of the new one.
-		if neighs, err := s.neigh.LinkLocal(c.Iface); err == nil {
-			for _, n := range neighs {
-				if n.Failed {
-					_ = s.neigh.Forget(c.Iface, n.Addr)
-				}
-			}
-		}
+		s.forgetFailed(c.Iface)
 		s.mu.Lock()
 		s.fastRelink[c.Iface] = now.Add(relinkFastFor)
 		s.mu.Unlock()
@@ -268,4 +266,25 @@ func (s *Speaker) relinkingFast(now time.Time) bool {
 		}
 	}
 	return len(s.fastRelink) > 0
+}
+
+// carrierLost tells whether iface's carrier was last seen lost.
+func (s *Speaker) carrierLost(iface string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.linkDown[iface]
+}
+
+// forgetFailed removes the link-local neighbours on iface being resolved
+// or failed: GoBGP takes any of them for a neighbour on the link.
+func (s *Speaker) forgetFailed(iface string) {
+	neighs, err := s.neigh.LinkLocal(iface)
+	if err != nil {
+		return
+	}
+	for _, n := range neighs {
+		if n.Failed {
+			_ = s.neigh.Forget(iface, n.Addr)
+		}
+	}
 }

@@ -169,3 +169,28 @@ func TestUnnumberedToRReplacedCarrier(t *testing.T) {
 	}
 	u.repeered(t, 30*time.Second, time.Now())
 }
+
+// While a link has no carrier, its peer is not added (the old ToR's
+// address, still in the table, would be resolved and dialled); carrier
+// back clears that, and forgets the neighbours still being resolved or
+// failed, which GoBGP would take for a second neighbour on the link.
+func TestCarrierBackForgetsFailedNeighbours(t *testing.T) {
+	stale, fresh := netip.MustParseAddr("fe80::1"), netip.MustParseAddr("fe80::2")
+	fn := &fakeNeighbours{table: []Neighbour{{Addr: stale, Failed: true}, {Addr: fresh, Reachable: true}}}
+	sp := newIdleSpeaker(t, func(cfg *Config) { cfg.Neighbours = fn })
+	p := &peer{key: "interface eth9", spec: v1alpha1.Peer{Interface: "eth9", ASN: 64513}}
+	sp.mu.Lock()
+	sp.peers[p.key] = p
+	sp.mu.Unlock()
+	sp.handleCarrier(context.Background(), Carrier{Iface: "eth9", Up: false}, time.Now())
+	if !sp.carrierLost("eth9") || sp.carrierLost("eth8") {
+		t.Errorf("carrier lost: eth9 %v, eth8 %v; want true, false", sp.carrierLost("eth9"), sp.carrierLost("eth8"))
+	}
+	sp.handleCarrier(context.Background(), Carrier{Iface: "eth9", Up: true}, time.Now())
+	if sp.carrierLost("eth9") {
+		t.Error("carrier back, still lost")
+	}
+	if fmt.Sprint(fn.forgotten) != fmt.Sprint([]netip.Addr{stale}) {
+		t.Errorf("forgot %v, want only the failed %v", fn.forgotten, stale)
+	}
+}

@@ -185,6 +185,17 @@ func (s *Speaker) addPeer(ctx context.Context, wg *sync.WaitGroup, p *peer) bool
 		var up <-chan struct{} // an unnumbered peer's link back: try at once
 		if spec.Interface != "" {
 			up = s.linkUp.wait() // before the try, so a carrier back during it counts
+			if s.carrierLost(spec.Interface) {
+				// Nobody to resolve: the old ToR's address, still in the
+				// neighbour table, would be, and dialled.
+				select {
+				case <-ctx.Done():
+					return false
+				case <-up:
+					backoff = minRetry
+				}
+				continue
+			}
 		}
 		err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: apiPeer(spec, password, true, restarting)})
 		if err == nil {
@@ -194,6 +205,10 @@ func (s *Speaker) addPeer(ctx context.Context, wg *sync.WaitGroup, p *peer) bool
 		p.lastErr = err.Error()
 		s.mu.Unlock()
 		if spec.Interface != "" && strings.Contains(err.Error(), "link-local") {
+			s.log.Debug("bgp: unnumbered peer not resolved yet", "peer", key, "err", err, "retry", backoff)
+			// GoBGP counts a neighbour still being resolved as one on the
+			// link: the old ToR's, probed until it fails, hides the new.
+			s.forgetFailed(spec.Interface)
 			if serr := SolicitNeighbors(spec.Interface); serr != nil {
 				s.log.Debug("bgp: soliciting link-local neighbours", "interface", spec.Interface, "err", serr)
 			}

@@ -85,8 +85,10 @@ type Speaker struct {
 	// fastRelink: until when each link whose carrier came back is looked
 	// at by relink without delay (under mu).
 	fastRelink map[string]time.Time
-	wake       chan struct{} // coalesced: the desired peers changed, or Run should retry
-	running    atomic.Bool
+	// linkDown: the links whose carrier was last seen lost (under mu).
+	linkDown map[string]bool
+	wake     chan struct{} // coalesced: the desired peers changed, or Run should retry
+	running  atomic.Bool
 
 	// Paths (Set, Held).
 	pathMu sync.Mutex
@@ -197,7 +199,7 @@ func New(cfg Config) (*Speaker, error) {
 		wake: make(chan struct{}, 1),
 		held: map[netip.Prefix]advert.Path{},
 		want: map[string]wantPeer{}, peers: map[string]*peer{}, knownGood: map[string]bool{},
-		fastRelink: map[string]time.Time{},
+		fastRelink: map[string]time.Time{}, linkDown: map[string]bool{},
 	}
 	if s.passwords == nil {
 		s.passwords = FilePasswords
