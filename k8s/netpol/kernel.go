@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/nftables"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
@@ -57,12 +59,30 @@ type kernelVerdicts struct {
 	// hook is where the table's base chain sits: the engine's place
 	// (postrouting, before SNAT), with its prelude.
 	hook verdicts.Hook
+	// holders are the pods whose status.podIPs hold an IP (the engine's
+	// index); nil: every pod change compiles.
+	holders func(ip string) []*corev1.Pod
+	// gen counts the changes of the context (verdicts.Deps): everything
+	// but the pods of other nodes. deps are the last program's, valid
+	// while gen is what it was when its objects were listed.
+	gen  atomic.Uint64
+	deps atomic.Pointer[depsAt]
+	// local are this node's pods' status IPs, by pod (verdicts.Live's
+	// Local); skipped counts the pod changes no program was compiled for.
+	mu      sync.Mutex
+	local   map[string][]string
+	skipped atomic.Uint64
+}
+
+type depsAt struct {
+	d   *verdicts.Deps
+	gen uint64
 }
 
 func newKernelVerdicts(node string, pods corelisters.PodLister, namespaces corelisters.NamespaceLister,
 	policies networkinglisters.NetworkPolicyLister, extra ExtraIPs, synced []cache.InformerSynced, log *slog.Logger) *kernelVerdicts {
 	return &kernelVerdicts{node: node, pods: pods, namespaces: namespaces, policies: policies, extra: extra,
-		synced: synced, log: log, kick: make(chan struct{}, 1), loaded: make(chan struct{}), netns: -1,
+		synced: synced, log: log, kick: make(chan struct{}, 1), loaded: make(chan struct{}), netns: -1, local: map[string][]string{},
 		hook: verdicts.Hook{Num: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityNATSource - 5), Prelude: true}}
 }
 
@@ -73,8 +93,14 @@ type adminListers struct {
 }
 
 // changed asks for a new program (coalesced: one is compiled after the
-// latest change).
+// latest change) after a change of the context.
 func (k *kernelVerdicts) changed() {
+	k.gen.Add(1)
+	k.recompile()
+}
+
+// recompile asks for a new program, the context unchanged.
+func (k *kernelVerdicts) recompile() {
 	k.seq.Add(1)
 	select {
 	case k.kick <- struct{}{}:
@@ -82,19 +108,99 @@ func (k *kernelVerdicts) changed() {
 	}
 }
 
+// podChanged asks for what a pod's change needs: nothing, most often, for
+// a pod of another node (verdicts.Classify).
+func (k *kernelVerdicts) podChanged(old, cur *corev1.Pod) {
+	if k.holders == nil {
+		k.changed()
+		return
+	}
+	k.mu.Lock()
+	for _, p := range []*corev1.Pod{old, cur} {
+		if p == nil || p.Spec.NodeName != k.node {
+			continue
+		}
+		if p == cur {
+			k.local[p.Namespace+"/"+p.Name] = podIPStrings(p)
+		} else {
+			delete(k.local, p.Namespace+"/"+p.Name)
+		}
+	}
+	k.mu.Unlock()
+	live := verdicts.Live{Node: k.node, Holders: k.holders, Local: k.isLocal}
+	if k.extra != nil {
+		live.ExtraPodIPs, live.PodsForIP = k.extra.ExtraPodIPs, k.extra.PodsForIP
+	}
+	var deps *verdicts.Deps
+	if d := k.deps.Load(); d != nil && d.gen == k.gen.Load() {
+		deps = d.d
+	}
+	switch verdicts.Classify(live, deps, old, cur) {
+	case verdicts.Unchanged:
+		k.skipped.Add(1)
+	case verdicts.Recompile:
+		k.recompile()
+	default:
+		k.changed()
+	}
+}
+
+func (k *kernelVerdicts) isLocal(ip string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, ips := range k.local {
+		if slices.Contains(ips, ip) {
+			return true
+		}
+	}
+	return false
+}
+
+func podIPStrings(p *corev1.Pod) []string {
+	out := make([]string, len(p.Status.PodIPs))
+	for i, ip := range p.Status.PodIPs {
+		out[i] = ip.IP
+	}
+	return out
+}
+
+// primeLocal records this node's pods from the cache (a handler added
+// after they were delivered has not seen them).
+func (k *kernelVerdicts) primeLocal() {
+	pods, _ := k.pods.List(labels.Everything()) // a cache's: no error
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, p := range pods {
+		if p.Spec.NodeName == k.node {
+			k.local[p.Namespace+"/"+p.Name] = podIPStrings(p)
+		}
+	}
+}
+
 // handler is added to the informers the program depends on. An update
 // that changes nothing the compiler reads (trim.Unchanged: a pod's status
-// conditions, a relist) compiles nothing.
+// conditions, a relist) compiles nothing; nor does a change of a pod of
+// another node that no policy of this node's program reads.
 func (k *kernelVerdicts) handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc: func(any) { k.changed() },
+		AddFunc: func(obj any) { k.event(nil, obj) },
 		UpdateFunc: func(old, cur any) {
 			if !trim.Unchanged(old, cur) {
-				k.changed()
+				k.event(old, cur)
 			}
 		},
-		DeleteFunc: func(any) { k.changed() },
+		DeleteFunc: func(obj any) { k.event(obj, nil) },
 	}
+}
+
+func (k *kernelVerdicts) event(old, cur any) {
+	op, okOld := old.(*corev1.Pod)
+	cp, okCur := cur.(*corev1.Pod)
+	if (okOld || old == nil) && (okCur || cur == nil) && (op != nil || cp != nil) {
+		k.podChanged(op, cp)
+		return
+	}
+	k.changed() // not a pod (or a tombstone of one)
 }
 
 // input is what the informers hold now.
@@ -148,6 +254,7 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return ctx.Err()
 	}
+	k.primeLocal()
 	backoff := 100 * time.Millisecond
 	for {
 		start := time.Now()
@@ -187,6 +294,7 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 func (k *kernelVerdicts) load() error {
 	start := time.Now()
 	seq := k.seq.Load()
+	gen := k.gen.Load() // before the objects are listed: the Deps hold for it
 	if k.fail != nil {
 		if err := k.fail(); err != nil {
 			return err
@@ -196,7 +304,7 @@ func (k *kernelVerdicts) load() error {
 	if err != nil {
 		return fmt.Errorf("list: %w", err)
 	}
-	prog := verdicts.Compile(in)
+	prog, deps := verdicts.CompileDeps(in)
 	conn, err := verdicts.NewConn(k.netns)
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
@@ -205,6 +313,7 @@ func (k *kernelVerdicts) load() error {
 		return err
 	}
 	k.last.Store(prog)
+	k.deps.Store(&depsAt{deps, gen})
 	k.done.Store(seq)
 	k.failed.Store(nil)
 	select {
@@ -213,7 +322,8 @@ func (k *kernelVerdicts) load() error {
 		close(k.loaded)
 		k.log.Info("NetworkPolicy verdicts in the kernel", "table", Table, "judged", len(prog.Selected), "groups", len(prog.Groups), "queued", len(prog.Queued), "took", time.Since(start).Round(time.Microsecond))
 	}
-	k.log.Debug("NetworkPolicy verdicts loaded", "seq", seq, "judged", len(prog.Selected), "groups", len(prog.Groups), "queued", len(prog.Queued), "took", time.Since(start))
+	k.log.Debug("NetworkPolicy verdicts loaded", "seq", seq, "judged", len(prog.Selected), "groups", len(prog.Groups), "queued", len(prog.Queued), "took", time.Since(start),
+		"podChangesSkipped", k.skipped.Load())
 	return nil
 }
 

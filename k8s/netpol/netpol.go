@@ -218,6 +218,7 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	}
 	kv := newKernelVerdicts(cfg.NodeName, podInf.Lister(), nsInf.Lister(), nps.Lister(), cfg.ExtraIPs, synced, log)
 	kv.admin = admin
+	kv.holders = podIPHolders(podInf.Informer().GetIndexer())
 	kv.hook.Queue = networkpolicy.QueueVerdict(engineCfg)
 	for _, inf := range watched {
 		if _, err := inf.AddEventHandler(kv.handler()); err != nil {
@@ -325,4 +326,29 @@ func extraSynced(x ExtraIPs) func() bool {
 		return nil
 	}
 	return x.HasSynced
+}
+
+// enginePodIPIndex is the engine's index of pods by status IP (hostNetwork
+// pods left out), which newController adds to the pod informer.
+const enginePodIPIndex = "podIPKeyIndex"
+
+// podIPHolders reads the engine's index; nil if it has none (every pod
+// change then compiles).
+func podIPHolders(idx cache.Indexer) func(ip string) []*corev1.Pod {
+	if _, ok := idx.GetIndexers()[enginePodIPIndex]; !ok {
+		return nil
+	}
+	return func(ip string) []*corev1.Pod {
+		objs, err := idx.ByIndex(enginePodIPIndex, ip)
+		if err != nil {
+			return []*corev1.Pod{{}} // unknown: held by another, so compiled
+		}
+		out := make([]*corev1.Pod, 0, len(objs))
+		for _, o := range objs {
+			if p, ok := o.(*corev1.Pod); ok {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
 }

@@ -66,6 +66,12 @@ type compiler struct {
 	// judgedSingle, judgedSeveral those of them one pod, several pods hold.
 	judged, judgedSingle, judgedSeveral []netip.Addr
 	allSingle                           *Addrs
+	// full are the policies of the groups built for every peer (of the
+	// judged addresses), whose rules' peers Deps follows.
+	full map[*networkingv1.NetworkPolicy]bool
+	// frozen: the compile is done and the selectors parsed are all there
+	// are (Deps reads them from several goroutines).
+	frozen bool
 }
 
 // parsed is a selector compiled once per Compile.
@@ -78,6 +84,9 @@ func (c *compiler) selector(ls *metav1.LabelSelector) (labels.Selector, error) {
 	if p, ok := c.sels[ls]; ok {
 		return p.sel, p.err
 	}
+	if c.frozen {
+		return nil, errNotParsed
+	}
 	sel, err := metav1.LabelSelectorAsSelector(ls)
 	c.sels[ls] = parsed{sel, err}
 	return sel, err
@@ -85,11 +94,19 @@ func (c *compiler) selector(ls *metav1.LabelSelector) (labels.Selector, error) {
 
 // Compile builds the program for in.
 func Compile(in Input) *Program {
+	p, _ := CompileDeps(in)
+	return p
+}
+
+// CompileDeps builds the program for in, and what it depends on of the
+// pods of other nodes (Deps.Affects).
+func CompileDeps(in Input) (*Program, *Deps) {
 	// The maps of every pod and address are sized up front: growing them
 	// is most of a large cluster's garbage.
 	c := &compiler{in: in, pods: make(map[string]*corev1.Pod, len(in.Pods)), byStatus: make(map[string][]*corev1.Pod, 2*len(in.Pods)),
 		ns: map[string]labels.Set{}, policies: map[string][]*networkingv1.NetworkPolicy{},
 		holders: make(map[netip.Addr][]*corev1.Pod, 2*len(in.Pods)), peers: map[string]*Addrs{}, groups: map[string]int{}, sels: map[*metav1.LabelSelector]parsed{},
+		full:     map[*networkingv1.NetworkPolicy]bool{},
 		singleNS: map[string][]netip.Addr{}, nsMatch: map[*metav1.LabelSelector][]string{}, blocks: map[*networkingv1.IPBlock][]Range{},
 		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: map[netip.Addr][]int{}, Ingress: map[netip.Addr][]int{}}}
 	pods := sortedPods(in.Pods)
@@ -181,7 +198,7 @@ func Compile(in Input) *Program {
 	if in.Admin {
 		c.admin(pods)
 	}
-	return c.prog
+	return c.prog, c.deps()
 }
 
 // admin makes the program the engine's with the admin policies on. The
@@ -373,6 +390,10 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, remote bool) 
 	}
 	if remote {
 		k += " for the judged"
+	} else {
+		for _, np := range nps {
+			c.full[np] = true
+		}
 	}
 	if i, ok := c.groups[k]; ok {
 		return i, true

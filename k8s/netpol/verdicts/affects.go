@@ -1,0 +1,186 @@
+package verdicts
+
+import (
+	"errors"
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+)
+
+// A node's program depends on every pod of the cluster only through few
+// of them: its own, those a policy selects, those a rule of its own pods'
+// policies names as a peer, and those sharing an address. A pod elsewhere
+// that is none of these (most of a large cluster's churn) changes nothing,
+// and flock-policy need not compile for it.
+
+// errNotParsed: a frozen compiler was asked for a selector it did not
+// parse (Deps then answers as if it matched).
+var errNotParsed = errors.New("selector not parsed by the compile")
+
+// Deps is what a compiled program depends on of the pods of other nodes:
+// its context (this node's pods, the policies, the namespaces' labels),
+// with which Classify tells the pod changes that cannot change it. Any
+// other change (a policy, a namespace, an extra IP, a pod of this node)
+// changes the context: Deps is then stale, and the caller compiles.
+type Deps struct {
+	c *compiler // frozen: the context alone, no index of pods
+	// local are the rules, in both directions, of the policies of the
+	// judged addresses' groups (this node's pods', and those of the pods
+	// elsewhere sharing an address with one), with their namespace.
+	local []localRule
+	// full are the policies local's rules are of.
+	full map[*networkingv1.NetworkPolicy]bool
+}
+
+type localRule struct {
+	ns    string
+	r     rule
+	named bool // a named port (egress: resolved on each peer)
+}
+
+// deps freezes what Classify reads of c.
+func (c *compiler) deps() *Deps {
+	d := &Deps{c: &compiler{in: Input{Node: c.in.Node, ExtraPodIPs: c.in.ExtraPodIPs, PodsForIP: c.in.PodsForIP, Admin: c.in.Admin},
+		ns: c.ns, policies: c.policies, sels: c.sels, prog: &Program{Selected: c.prog.Selected}}, full: c.full}
+	// Every policy's pod selector, parsed (selects asks for them).
+	for _, nps := range c.policies {
+		for _, np := range nps {
+			c.selector(&np.Spec.PodSelector)
+		}
+	}
+	for np := range c.full {
+		for _, t := range []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress} {
+			rs, _ := rules(t, np)
+			for _, r := range rs {
+				lr := localRule{ns: np.Namespace, r: r}
+				for _, pp := range r.ports {
+					lr.named = lr.named || (pp.Port != nil && pp.Port.StrVal != "")
+				}
+				for _, peer := range r.peers {
+					if peer.PodSelector != nil {
+						c.selector(peer.PodSelector)
+					}
+					if peer.NamespaceSelector != nil {
+						c.selector(peer.NamespaceSelector)
+					}
+				}
+				d.local = append(d.local, lr)
+			}
+		}
+	}
+	d.c.frozen = true
+	c.frozen = true // the maps are shared from here on
+	return d
+}
+
+// Effect is what a pod's change does to a node's program.
+type Effect int
+
+const (
+	// Unchanged: the program compiled with the Deps stays what it is.
+	Unchanged Effect = iota
+	// Recompile: the program may change; the Deps stay true.
+	Recompile
+	// NewContext: the program and the Deps may change.
+	NewContext
+)
+
+// Live is what Classify reads of the cluster as it is after the change.
+type Live struct {
+	Node        string
+	ExtraPodIPs func(*corev1.Pod) []string // nil: none
+	PodsForIP   func(ip string) []string   // nil: none
+	// Holders are the pods whose status.podIPs hold ip (hostNetwork ones
+	// left out, as the engine's index does).
+	Holders func(ip string) []*corev1.Pod
+	// Local tells whether ip is a status IP of a pod of this node (any
+	// phase, hostNetwork ones too), before or after the change.
+	Local func(ip string) bool
+}
+
+// Classify tells what a pod's change from old to cur (nil: none, as for
+// an add or a delete) does to the program compiled with d (nil: none
+// that is current). Whether it changes the context needs no Deps; that it
+// changes nothing needs them.
+func Classify(l Live, d *Deps, old, cur *corev1.Pod) Effect {
+	for _, p := range []*corev1.Pod{old, cur} {
+		if p != nil && changesContext(l, p) {
+			return NewContext
+		}
+	}
+	if d == nil || d.c.in.Admin {
+		return Recompile // with the admin policies on, every isolated address is judged
+	}
+	for _, p := range []*corev1.Pod{old, cur} {
+		if p != nil && d.affectedBy(p, l.Holders) {
+			return Recompile
+		}
+	}
+	return Unchanged
+}
+
+// changesContext: p is this node's, or holds an address one of this
+// node's pods or an extra IP does (the judged addresses, and who holds
+// them, are the context).
+func changesContext(l Live, p *corev1.Pod) bool {
+	if p.Spec.NodeName == l.Node {
+		return true
+	}
+	if l.ExtraPodIPs != nil && len(l.ExtraPodIPs(p)) > 0 {
+		return true
+	}
+	for _, ip := range p.Status.PodIPs {
+		if a, err := netip.ParseAddr(ip.IP); err != nil || a.String() != ip.IP {
+			return true // the compile keys addresses as parsed: not worth reasoning about
+		}
+		if l.Local(ip.IP) || (l.PodsForIP != nil && len(l.PodsForIP(ip.IP)) > 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// affectedBy: a change of p, a pod of another node whose addresses are
+// its own or other such pods', can change the program: p has addresses,
+// and a policy selects it, or another pod holds one of them, or a rule
+// of the judged addresses' policies names it as a peer.
+func (d *Deps) affectedBy(p *corev1.Pod, holders func(ip string) []*corev1.Pod) bool {
+	c := d.c
+	if len(p.Status.PodIPs) == 0 {
+		return false // no address: in no set and no group
+	}
+	if p.Spec.HostNetwork {
+		return false // the engine resolves no address to it
+	}
+	for _, ip := range p.Status.PodIPs {
+		if c.prog.Selected[netip.MustParseAddr(ip.IP)] {
+			return true // (parsed by changesContext)
+		}
+		for _, h := range holders(ip.IP) {
+			if h.Namespace != p.Namespace || h.Name != p.Name {
+				return true // held by several, or by another now
+			}
+		}
+	}
+	// Selected by a policy of its namespace: its addresses have groups.
+	for _, np := range c.policies[p.Namespace] {
+		if _, ok := c.sels[&np.Spec.PodSelector]; !ok || c.selects(np, p) {
+			return true
+		}
+	}
+	// A peer of a rule of the judged addresses' policies.
+	ports := false
+	for i := range p.Spec.Containers {
+		ports = ports || len(p.Spec.Containers[i].Ports) > 0
+	}
+	for _, lr := range d.local {
+		if lr.named && ports {
+			return true // egress named ports resolve on each peer
+		}
+		if c.selectorsMatch(lr.ns, lr.r, p) {
+			return true
+		}
+	}
+	return false
+}
