@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -121,7 +122,7 @@ func (k *kernelVerdicts) podChanged(old, cur *corev1.Pod) {
 			continue
 		}
 		if p == cur {
-			k.local[p.Namespace+"/"+p.Name] = podIPStrings(p)
+			k.local[p.Namespace+"/"+p.Name] = canonicalIPs(p)
 		} else {
 			delete(k.local, p.Namespace+"/"+p.Name)
 		}
@@ -156,6 +157,17 @@ func (k *kernelVerdicts) isLocal(ip string) bool {
 	return false
 }
 
+// canonicalIPs: as the compile keys them (Classify asks with canonical strings).
+func canonicalIPs(p *corev1.Pod) []string {
+	out := podIPStrings(p)
+	for i, s := range out {
+		if a, err := netip.ParseAddr(s); err == nil {
+			out[i] = a.String()
+		}
+	}
+	return out
+}
+
 func podIPStrings(p *corev1.Pod) []string {
 	out := make([]string, len(p.Status.PodIPs))
 	for i, ip := range p.Status.PodIPs {
@@ -167,12 +179,12 @@ func podIPStrings(p *corev1.Pod) []string {
 // primeLocal records this node's pods from the cache (a handler added
 // after they were delivered has not seen them).
 func (k *kernelVerdicts) primeLocal() {
-	pods, _ := k.pods.List(labels.Everything()) // a cache's: no error
-	k.mu.Lock()
+	k.mu.Lock() // before the List: a handler after it records a newer state
 	defer k.mu.Unlock()
+	pods, _ := k.pods.List(labels.Everything()) // a cache's: no error
 	for _, p := range pods {
 		if p.Spec.NodeName == k.node {
-			k.local[p.Namespace+"/"+p.Name] = podIPStrings(p)
+			k.local[p.Namespace+"/"+p.Name] = canonicalIPs(p)
 		}
 	}
 }
@@ -194,6 +206,16 @@ func (k *kernelVerdicts) handler() cache.ResourceEventHandler {
 }
 
 func (k *kernelVerdicts) event(old, cur any) {
+	if t, ok := old.(cache.DeletedFinalStateUnknown); ok && cur == nil {
+		// A delete the informer saw late: its pod leaves the local ones.
+		if p, ok := t.Obj.(*corev1.Pod); ok && p.Spec.NodeName == k.node {
+			k.mu.Lock()
+			delete(k.local, p.Namespace+"/"+p.Name)
+			k.mu.Unlock()
+		}
+		k.changed()
+		return
+	}
 	op, okOld := old.(*corev1.Pod)
 	cp, okCur := cur.(*corev1.Pod)
 	if (okOld || old == nil) && (okCur || cur == nil) && (op != nil || cp != nil) {

@@ -95,7 +95,9 @@ type Live struct {
 	// left out, as the engine's index does).
 	Holders func(ip string) []*corev1.Pod
 	// Local tells whether ip is a status IP of a pod of this node (any
-	// phase, hostNetwork ones too), before or after the change.
+	// phase, hostNetwork ones too), before or after the change. It is
+	// asked with ip as netip prints it, and must answer for a pod's IP
+	// written otherwise ("FD00::1") too.
 	Local func(ip string) bool
 }
 
