@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -342,6 +343,9 @@ func (k *kernelVerdicts) load() error {
 	case <-k.loaded:
 	default:
 		close(k.loaded)
+		// The first lists' garbage (every pod of the cluster, whole, as
+		// decoded) is given back to the system now, not over minutes.
+		debug.FreeOSMemory()
 		k.log.Info("NetworkPolicy verdicts in the kernel", "table", Table, "judged", len(prog.Selected), "groups", len(prog.Groups), "queued", len(prog.Queued), "took", time.Since(start).Round(time.Microsecond))
 	}
 	k.log.Debug("NetworkPolicy verdicts loaded", "seq", seq, "judged", len(prog.Selected), "groups", len(prog.Groups), "queued", len(prog.Queued), "took", time.Since(start),
