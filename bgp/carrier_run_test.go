@@ -3,9 +3,7 @@ package bgp
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/netip"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -13,7 +11,6 @@ import (
 	api "github.com/osrg/gobgp/v4/api"
 	"github.com/osrg/gobgp/v4/pkg/apiutil"
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
-	"github.com/vishvananda/netlink"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
@@ -100,62 +97,5 @@ func TestCarrierLossClearsBFDReset(t *testing.T) {
 	defer sp.mu.Unlock()
 	if !p.added || !p.enabled {
 		t.Errorf("a later session's ordinary end deleted the peer (stale bfdReset from before the carrier loss): added %v enabled %v", p.added, p.enabled)
-	}
-}
-
-// A link deleted while up reports its carrier lost; made again and up,
-// its carrier back.
-func TestKernelLinksDeleted(t *testing.T) {
-	needRoot(t, "veth")
-	name := fmt.Sprintf("flkd%04x", uint16(os.Getpid()))
-	ctx, cancel := context.WithCancel(context.Background())
-	ch, err := kernelLinks{}.Watch(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cancel()
-		for range ch {
-		}
-	}()
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range []string{name, name + "p"} {
-		l, _ := netlink.LinkByName(n)
-		netlink.LinkSetUp(l)
-	}
-	wait := func(want bool) bool {
-		to := time.After(3 * time.Second)
-		for {
-			select {
-			case c := <-ch:
-				if c.Iface == name && c.Up == want {
-					return true
-				}
-			case <-to:
-				return false
-			}
-		}
-	}
-	if !wait(true) {
-		t.Fatal("no up")
-	}
-	netlink.LinkDel(veth)
-	if !wait(false) {
-		t.Error("deleted link: no carrier loss reported")
-	}
-	// Made again, up: is that reported?
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatal(err)
-	}
-	defer netlink.LinkDel(veth)
-	for _, n := range []string{name, name + "p"} {
-		l, _ := netlink.LinkByName(n)
-		netlink.LinkSetUp(l)
-	}
-	if !wait(true) {
-		t.Error("re-made link: carrier up not reported")
 	}
 }

@@ -86,67 +86,107 @@ func TestCarrierDecisions(t *testing.T) {
 	}
 }
 
+// watchCarrier watches the kernel's carrier until the test ends.
+func watchCarrier(t *testing.T) <-chan Carrier {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := kernelLinks{}.Watch(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		for range ch {
+		}
+	})
+	return ch
+}
+
+// upVeth makes the veth pair name, name+"p" with both ends up (removed
+// when the test ends, if still there).
+func upVeth(t *testing.T, name string) *netlink.Veth {
+	t.Helper()
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netlink.LinkDel(veth) })
+	for _, n := range []string{name, name + "p"} {
+		l, err := netlink.LinkByName(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return veth
+}
+
+// nextCarrier waits for the next change of name's carrier and tells
+// whether it came, and came as want.
+func nextCarrier(ch <-chan Carrier, name string, want bool, within time.Duration) bool {
+	timeout := time.After(within)
+	for {
+		select {
+		case c := <-ch:
+			if c.Iface == name {
+				return c.Up == want
+			}
+		case <-timeout:
+			return false
+		}
+	}
+}
+
 // The kernel's carrier reaches the speaker: a veth whose far end goes
 // down and up is reported down, then up, and nothing is reported for the
 // states found at the start.
 func TestKernelLinksCarrier(t *testing.T) {
 	needRoot(t, "needs root for a veth pair")
 	name := fmt.Sprintf("flkc%04x", uint16(os.Getpid()))
-	ctx, cancel := context.WithCancel(context.Background())
-	ch, err := kernelLinks{}.Watch(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cancel()
-		for range ch {
-		}
-	}()
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}
-	if err := netlink.LinkAdd(veth); err != nil {
-		t.Fatal(err)
-	}
-	defer netlink.LinkDel(veth)
+	ch := watchCarrier(t)
+	upVeth(t, name)
 	far, err := netlink.LinkByName(name + "p")
 	if err != nil {
 		t.Fatal(err)
 	}
-	host, err := netlink.LinkByName(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range []netlink.Link{host, far} {
-		if err := netlink.LinkSetUp(l); err != nil {
-			t.Fatal(err)
-		}
-	}
-	next := func(want bool) {
-		t.Helper()
-		timeout := time.After(10 * time.Second)
-		for {
-			select {
-			case c := <-ch:
-				if c.Iface != name {
-					continue
-				}
-				if c.Up != want {
-					t.Fatalf("carrier of %s: up %v, want %v", name, c.Up, want)
-				}
-				return
-			case <-timeout:
-				t.Fatalf("no carrier change (up %v) of %s reported", want, name)
+	// Down when made, up once both ends are; then the far end flaps.
+	for _, step := range []struct {
+		set  func(netlink.Link) error
+		want bool
+	}{{nil, true}, {netlink.LinkSetDown, false}, {netlink.LinkSetUp, true}} {
+		if step.set != nil {
+			if err := step.set(far); err != nil {
+				t.Fatal(err)
 			}
 		}
+		if !nextCarrier(ch, name, step.want, 10*time.Second) {
+			t.Fatalf("carrier of %s: no change to up %v reported", name, step.want)
+		}
 	}
-	next(true) // down when made, up once both ends are
-	if err := netlink.LinkSetDown(far); err != nil {
+}
+
+// A link deleted while up reports its carrier lost; made again and up,
+// its carrier back.
+func TestKernelLinksDeleted(t *testing.T) {
+	needRoot(t, "needs root for a veth pair")
+	name := fmt.Sprintf("flkd%04x", uint16(os.Getpid()))
+	ch := watchCarrier(t)
+	veth := upVeth(t, name)
+	if !nextCarrier(ch, name, true, 3*time.Second) {
+		t.Fatal("no up")
+	}
+	if err := netlink.LinkDel(veth); err != nil {
 		t.Fatal(err)
 	}
-	next(false)
-	if err := netlink.LinkSetUp(far); err != nil {
-		t.Fatal(err)
+	if !nextCarrier(ch, name, false, 3*time.Second) {
+		t.Error("deleted link: no carrier loss reported")
 	}
-	next(true)
+	upVeth(t, name)
+	if !nextCarrier(ch, name, true, 3*time.Second) {
+		t.Error("re-made link: carrier up not reported")
+	}
 }
 
 // An unnumbered ToR replaced by another whose port comes up with a new
