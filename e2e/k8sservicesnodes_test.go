@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"regexp"
@@ -63,12 +64,22 @@ spec:
 var birdProto = regexp.MustCompile(`\[(\w+) [0-9:.]+\]`)
 
 // torHops are the BGP sessions (the nodes) the ToR holds a path for p
-// from, each with whether that path carries GRACEFUL_SHUTDOWN.
-func torHops(e *k8sEnv, p netip.Prefix) map[string]bool {
-	out, _ := e.bird.Cmd("show route " + p.String() + " all")
+// from, each with whether that path carries GRACEFUL_SHUTDOWN. An error
+// is no reading (birdc failed, or said something else), not "no path".
+func torHops(e *k8sEnv, p netip.Prefix) (map[string]bool, error) {
+	out, err := e.bird.Cmd("show route " + p.String() + " all")
 	hops := map[string]bool{}
+	if strings.Contains(out, "Network not found") { // birdc exits 1 for it
+		return hops, nil
+	}
+	if err != nil {
+		return nil, err
+	}
 	// Each path's block starts with its protocol in brackets.
 	idx := birdProto.FindAllStringSubmatchIndex(out, -1)
+	if len(idx) == 0 {
+		return nil, fmt.Errorf("birdc show route %s: neither a path nor \"Network not found\":\n%s", p, out)
+	}
 	for i, m := range idx {
 		end := len(out)
 		if i+1 < len(idx) {
@@ -76,7 +87,7 @@ func torHops(e *k8sEnv, p netip.Prefix) map[string]bool {
 		}
 		hops[out[m[2]:m[3]]] = strings.Contains(out[m[0]:end], "(65535,0)")
 	}
-	return hops
+	return hops, nil
 }
 
 // Which nodes the ToR sends a Service address to: with
@@ -107,7 +118,10 @@ func testServiceNextHops(t *testing.T, e *k8sEnv, nodes [2]string) {
 	hopsAre := func(what string, p netip.Prefix, want ...string) {
 		t.Helper()
 		testutil.EventuallyWithin(t, 30*time.Second, what, func() (bool, string) {
-			h := torHops(e, p)
+			h, err := torHops(e, p)
+			if err != nil {
+				return false, err.Error()
+			}
 			if len(h) != len(want) {
 				return false, fmt.Sprint(h)
 			}
@@ -123,12 +137,17 @@ func testServiceNextHops(t *testing.T, e *k8sEnv, nodes [2]string) {
 	hopsAre("Cluster: both nodes", cluster, nodes[0], nodes[1])
 
 	// Drain the second node while the ToR is watched every 100 ms.
-	type sample struct{ local, cluster map[string]bool }
+	type sample struct {
+		local, cluster map[string]bool
+		err            error
+	}
 	stop, done := make(chan struct{}), make(chan []sample, 1)
 	go func() {
 		var s []sample
 		for {
-			s = append(s, sample{torHops(e, local), torHops(e, cluster)})
+			l, errL := torHops(e, local)
+			c, errC := torHops(e, cluster)
+			s = append(s, sample{l, c, errors.Join(errL, errC)})
 			select {
 			case <-stop:
 				done <- s
@@ -146,8 +165,15 @@ func testServiceNextHops(t *testing.T, e *k8sEnv, nodes [2]string) {
 	hopsAre("Cluster: still both nodes", cluster, nodes[0], nodes[1])
 	close(stop)
 	samples := <-done
-	drained := false
+	drained, unread := false, 0
 	for i, s := range samples {
+		if s.err != nil {
+			// No reading is no evidence either way; say so, and judge
+			// the samples that read.
+			t.Logf("sample %d: %v", i, s.err)
+			unread++
+			continue
+		}
 		if _, ok := s.local[nodes[0]]; !ok {
 			t.Errorf("sample %d: the ToR lost %s's path to %s (Local) during the drain: %v", i, nodes[0], local, s.local)
 		}
@@ -160,6 +186,9 @@ func testServiceNextHops(t *testing.T, e *k8sEnv, nodes [2]string) {
 		if s.local[nodes[0]] {
 			t.Errorf("sample %d: %s's path to %s drains, but its endpoint is ready", i, nodes[0], local)
 		}
+	}
+	if unread*2 > len(samples) {
+		t.Errorf("%d of %d samples could not read the ToR", unread, len(samples))
 	}
 	if !drained {
 		t.Errorf("in %d samples the drained node's path to %s never carried GRACEFUL_SHUTDOWN before it went", len(samples), local)

@@ -466,7 +466,10 @@ func TestServicesTraffic(t *testing.T) {
 		for _, a := range addrs {
 			p := netip.PrefixFrom(a, a.BitLen())
 			testutil.EventuallyWithin(t, 60*time.Second, fmt.Sprintf("%s: %s through %v", what, p, want), func() (bool, string) {
-				h := torHops(e, p)
+				h, err := torHops(e, p)
+				if err != nil {
+					return false, err.Error()
+				}
 				ok := len(h) == len(want)
 				for _, w := range want {
 					_, in := h[w]

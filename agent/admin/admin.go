@@ -180,12 +180,16 @@ func Handler(src Source) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]int{"pods": n})
 	})
-	// Go's profiles (heap, goroutine, CPU, …), for `make bench`'s memory
-	// work and for an operator chasing a leak: root-only, like the rest of
-	// the socket.
+	HandleProfiles(mux)
+	return mux
+}
+
+// HandleProfiles serves Go's profiles (heap, goroutine, CPU, …) on mux,
+// for `make bench`'s and `make scale`'s work and for an operator chasing
+// a leak: on an admin socket only, root-only like the rest of it.
+func HandleProfiles(mux *http.ServeMux) {
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-	return mux
 }
 
 // Listen binds the admin socket, mode 0600.

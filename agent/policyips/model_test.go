@@ -367,6 +367,11 @@ func TestTrackerModel(t *testing.T) {
 		tr.BindingsFile = bindings
 		w.mu.Lock()
 		w.handler = tr.Handler()
+		// An informer's handler added to it is first told of every
+		// object there, as an add.
+		for _, obj := range w.pods.List() {
+			w.handler.OnAdd(obj, true)
+		}
 		w.mu.Unlock()
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/k8s/addresspools"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/authz"
@@ -50,6 +54,17 @@ type Tracker struct {
 	// (Inputs.Stale).
 	lastGood atomic.Pointer[[]admin.Pod]
 	kick     chan struct{}
+	// claimedPods are the keys of the pods `addresses` claims name, as of
+	// the claims the last compute read (nil before it: every pod
+	// matters). It is stored before that compute reads any pod, so a pod
+	// change the handler skips for not being in it is read by a compute
+	// that follows.
+	claimedPods atomic.Pointer[map[string]bool]
+	// anycast are the keys of the pods that carry the anycast annotation,
+	// kept by the pod informer's handler: a compute reads those pods, not
+	// the cluster's.
+	anycastMu sync.Mutex
+	anycast   map[string]bool
 
 	// BindingsFile, if set before Run, keeps lastGood across restarts of
 	// this process: flock-policy and the agent are restarted together (a
@@ -148,10 +163,13 @@ func (t *Tracker) PodsForIP(ip string) []string { return t.current.Load().PodsFo
 // ExtraPodIPs answers for the engine (Config.ExtraPodIPs).
 func (t *Tracker) ExtraPodIPs(p *corev1.Pod) []string { return t.current.Load().ExtraPodIPs(p) }
 
-// Handler recomputes on any change of the objects it is added to (the
-// engine's pod and namespace informers), but not on an update of a pod
-// or namespace that changes nothing Compute reads (trim.Unchanged: the
-// kubelet's status updates, a relist).
+// Handler recomputes on a change of the objects it is added to (the
+// engine's pod and namespace informers, the tracker's claims and pools),
+// but not on an update of a pod or namespace that changes nothing Compute
+// reads (trim.Unchanged: the kubelet's status updates, a relist), nor on
+// any change of a pod that cannot hold an extra IP: one of another node
+// that no `addresses` claim names and that asks for no anycast IP. Every
+// pod change of the cluster reaches it; a recompute reads every claim.
 func (t *Tracker) Handler() cache.ResourceEventHandler {
 	kick := func() {
 		select {
@@ -159,13 +177,66 @@ func (t *Tracker) Handler() cache.ResourceEventHandler {
 		default:
 		}
 	}
-	return cache.ResourceEventHandlerFuncs{AddFunc: func(any) { kick() }, DeleteFunc: func(any) { kick() },
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			if t.podEvent(nil, obj) {
+				kick()
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if t.podEvent(obj, nil) {
+				kick()
+			}
+		},
 		UpdateFunc: func(old, cur any) {
-			if !trim.Unchanged(old, cur) {
+			if !trim.Unchanged(old, cur) && t.podEvent(old, cur) {
 				kick()
 			}
 		}}
 }
+
+// podEvent follows a pod's anycast annotation from old to cur (nil: added,
+// or deleted) and says whether the change can move an extra IP: true for
+// objects that are not pods.
+func (t *Tracker) podEvent(old, cur any) bool {
+	if d, ok := old.(cache.DeletedFinalStateUnknown); ok {
+		old = d.Obj
+	}
+	op, _ := old.(*corev1.Pod)
+	cp, _ := cur.(*corev1.Pod)
+	if op == nil && cp == nil {
+		return true
+	}
+	t.anycastMu.Lock()
+	if t.anycast == nil {
+		t.anycast = map[string]bool{}
+	}
+	switch {
+	case cp != nil && cp.Annotations[annotations.Anycast] != "":
+		t.anycast[podKey(cp)] = true
+	case cp != nil:
+		delete(t.anycast, podKey(cp))
+	default:
+		delete(t.anycast, podKey(op))
+	}
+	t.anycastMu.Unlock()
+	return t.matters(op) || t.matters(cp)
+}
+
+// matters says whether p (nil: none) can hold an extra IP now, or held one
+// by the last compute's reading.
+func (t *Tracker) matters(p *corev1.Pod) bool {
+	if p == nil {
+		return false
+	}
+	if p.Spec.NodeName == t.node || p.Annotations[annotations.Anycast] != "" {
+		return true
+	}
+	claimed := t.claimedPods.Load()
+	return claimed == nil || (*claimed)[podKey(p)]
+}
+
+func podKey(p *corev1.Pod) string { return p.Namespace + "/" + p.Name }
 
 // Run keeps the owners current from the informers and the agent until ctx
 // ends, calling changed after every change of the answer.
@@ -292,18 +363,41 @@ func (t *Tracker) readAgent(ctx context.Context) ([]admin.Pod, error) {
 	return out, nil
 }
 
+// compute reads the inputs and derives the owners. Of the pods it reads
+// only those Compute can give an extra IP: the agent's (bound), the ones
+// claims name, the ones asking for anycast; not the whole cluster's.
 func (t *Tracker) compute(podLister corelisters.PodLister, nsLister corelisters.NamespaceLister, local, stale []admin.Pod) *Owners {
 	in := Inputs{Node: t.node, Local: local, Stale: stale, Namespaces: map[string]labels.Set{}}
-	in.Pods, _ = podLister.List(labels.Everything())
-	nss, _ := nsLister.List(labels.Everything())
-	for _, ns := range nss {
-		in.Namespaces[ns.Name] = ns.Labels
-	}
 	for _, obj := range t.claims.GetStore().List() {
 		var c v1alpha1.AddressClaim
 		if u, ok := obj.(*unstructured.Unstructured); ok && runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &c) == nil {
 			in.Claims = append(in.Claims, c)
 		}
+	}
+	keys := map[string]bool{}
+	claimed := map[string]bool{}
+	for _, c := range in.Claims {
+		if c.Spec.Use == v1alpha1.UseAddresses && c.Spec.Pod != nil {
+			claimed[c.Spec.Pod.Namespace+"/"+c.Spec.Pod.Name] = true
+		}
+	}
+	t.claimedPods.Store(&claimed) // before any pod is read: see claimedPods
+	maps.Copy(keys, claimed)
+	for _, r := range append(slices.Clone(local), stale...) {
+		keys[r.Namespace+"/"+r.Name] = true
+	}
+	t.anycastMu.Lock()
+	maps.Copy(keys, t.anycast)
+	t.anycastMu.Unlock()
+	for k := range keys {
+		ns, name, _ := strings.Cut(k, "/")
+		if p, err := podLister.Pods(ns).Get(name); err == nil {
+			in.Pods = append(in.Pods, p)
+		}
+	}
+	nss, _ := nsLister.List(labels.Everything())
+	for _, ns := range nss {
+		in.Namespaces[ns.Name] = ns.Labels
 	}
 	var aps []v1alpha1.AddressPool
 	for _, obj := range t.pools.GetStore().List() {

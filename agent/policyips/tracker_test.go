@@ -25,6 +25,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/k8s/addresspools"
+	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/claims"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 )
@@ -53,6 +54,18 @@ func (a *switchAgent) NotServing() error {
 	return nil
 }
 
+// trackerWorld is what a tracker reads: pod p in its namespace, and no
+// claims or pools yet.
+func trackerWorld(p *corev1.Pod) (pods, namespaces cache.Indexer, dyn *dynfake.FakeDynamicClient) {
+	pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	namespaces = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	_ = pods.Add(p)
+	_ = namespaces.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: p.Namespace}})
+	dyn = dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+		claims.GVR: "AddressClaimList", addresspools.GVR: "AddressPoolList"})
+	return pods, namespaces, dyn
+}
+
 // A pod bound anycast 2001:db8:a::1 at ADD; its annotation asks for ::2
 // now (an edit after ADD changes nothing on the node). The agent restarts
 // and waits for its NodeConfig, and flock-policy restarts too (a rollout
@@ -74,12 +87,7 @@ func TestTrackerRestartWhileAgentWaits(t *testing.T) {
 			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "prod", Name: "a", UID: "u1",
 				Annotations: map[string]string{annotations.Anycast: "2001:db8:a::2"}},
 				Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
-			podIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-			nsIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-			_ = podIdx.Add(p)
-			_ = nsIdx.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "prod"}})
-			dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-				claims.GVR: "AddressClaimList", addresspools.GVR: "AddressPoolList"})
+			podIdx, nsIdx, dyn := trackerWorld(p)
 			agent := &switchAgent{pods: []admin.Pod{{ID: pods.ID(p), Phase: "committed", Anycast: []string{"2001:db8:a::1"}}}}
 			socket := filepath.Join(dir, "admin.sock")
 			l, err := net.Listen("unix", socket)
@@ -176,4 +184,50 @@ func TestTrackerBadBindingsFile(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Another node's pod holds its `addresses` IP by its claim; when the pod
+// is replaced (a new incarnation the claim does not name), that pod change
+// alone must take the IP away: the handler skips only pods that can hold
+// nothing, and a claimed one can.
+func TestTrackerFollowsClaimedPodElsewhere(t *testing.T) {
+	const ip = "2001:db8:b::9"
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "b", Name: "web", UID: "u1"},
+		Spec: corev1.PodSpec{NodeName: "n2"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+	podIdx, nsIdx, dyn := trackerWorld(p)
+	c := claim(ip, "b", "web", "u1", "n2")
+	if _, err := dyn.Resource(claims.GVR).Create(context.Background(), toUnstructured(t, &c, v1alpha1.GroupVersion.WithKind("AddressClaim")), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr := NewTracker(node, dyn, "", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h := tr.Handler()
+	h.OnAdd(p, true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = tr.Run(ctx, corelisters.NewPodLister(podIdx), corelisters.NewNamespaceLister(nsIdx), nil, func() {})
+	}()
+	defer func() { cancel(); <-done }()
+	waitHolders := func(what string, want ...string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !tr.HasSynced() || !slices.Equal(tr.PodsForIP(ip), want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s held by %v, want %v", what, ip, tr.PodsForIP(ip), want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitHolders("claimed", "b/web")
+	// A pod of another node that nothing names changes: no recompute is
+	// needed, and the answer stands.
+	other := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "b", Name: "other", UID: "o1"}, Spec: corev1.PodSpec{NodeName: "n2"}}
+	_ = podIdx.Add(other)
+	h.OnAdd(other, false)
+	next := p.DeepCopy()
+	next.UID = "u2"
+	_ = podIdx.Update(next)
+	h.OnUpdate(p, next)
+	waitHolders("the pod replaced")
 }

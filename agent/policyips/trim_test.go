@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
@@ -142,12 +143,9 @@ func TestComputeTrimmed(t *testing.T) {
 	}
 }
 
-// The tracker recomputes for a change of what it reads, not for the
-// kubelet's status updates (the ones that change only conditions).
-func TestHandlerIgnoresUpdatesOfNothingRead(t *testing.T) {
-	tr := &Tracker{kick: make(chan struct{}, 1)}
-	h := tr.Handler()
-	kicked := func() bool {
+// kickedOf reports, each call, whether tr was asked to recompute since.
+func kickedOf(tr *Tracker) func() bool {
+	return func() bool {
 		select {
 		case <-tr.kick:
 			return true
@@ -155,6 +153,14 @@ func TestHandlerIgnoresUpdatesOfNothingRead(t *testing.T) {
 			return false
 		}
 	}
+}
+
+// The tracker recomputes for a change of what it reads, not for the
+// kubelet's status updates (the ones that change only conditions).
+func TestHandlerIgnoresUpdatesOfNothingRead(t *testing.T) {
+	tr := &Tracker{kick: make(chan struct{}, 1)}
+	h := tr.Handler()
+	kicked := kickedOf(tr)
 	old := pod("a", "web", "u1", node, corev1.PodRunning, "2001:db8:a::1")
 	old.ResourceVersion = "1"
 	old.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
@@ -198,6 +204,60 @@ func TestHandlerIgnoresUpdatesOfNothingRead(t *testing.T) {
 	}
 	if h.OnDelete(old); !kicked() {
 		t.Error("a delete does not recompute")
+	}
+}
+
+// Of another node's pods only those that can hold an extra IP recompute:
+// one a claim names (as of the claims the last compute read), one asking
+// for anycast (or that asked), and any before the first compute.
+func TestHandlerSkipsPodsThatHoldNothing(t *testing.T) {
+	tr := &Tracker{node: node, kick: make(chan struct{}, 1)}
+	h := tr.Handler()
+	kicked := kickedOf(tr)
+	remote := pod("a", "web", "u1", "n2", corev1.PodRunning, "")
+	if h.OnAdd(remote, false); !kicked() {
+		t.Error("before the first compute, another node's pod does not recompute")
+	}
+	tr.claimedPods.Store(&map[string]bool{"a/named": true})
+	for name, tc := range map[string]struct {
+		p    *corev1.Pod
+		kick bool
+	}{
+		"another node's":          {remote, false},
+		"another node's, claimed": {pod("a", "named", "u2", "n2", corev1.PodRunning, ""), true},
+		"another node's, anycast": {pod("a", "any", "u3", "n2", corev1.PodRunning, "2001:db8:a::1"), true},
+		"this node's":             {pod("a", "mine", "u4", node, corev1.PodRunning, ""), true},
+	} {
+		if h.OnAdd(tc.p, false); kicked() != tc.kick {
+			t.Errorf("%s: add recomputes %v, want %v", name, !tc.kick, tc.kick)
+		}
+		cur := tc.p.DeepCopy()
+		cur.Status.Phase = corev1.PodSucceeded
+		if h.OnUpdate(tc.p, cur); kicked() != tc.kick {
+			t.Errorf("%s: update recomputes %v, want %v", name, !tc.kick, tc.kick)
+		}
+		if h.OnDelete(cache.DeletedFinalStateUnknown{Key: "x", Obj: cur}); kicked() != tc.kick {
+			t.Errorf("%s: delete (tombstone) recomputes %v, want %v", name, !tc.kick, tc.kick)
+		}
+	}
+	// The annotation dropped: the pod leaves the anycast set, and that
+	// change recomputes (its IP goes); later changes do not.
+	anyc := pod("b", "any", "u5", "n2", corev1.PodRunning, "2001:db8:a::1")
+	h.OnAdd(anyc, false)
+	kicked()
+	if !tr.anycast["b/any"] {
+		t.Fatal("a pod asking for anycast is not in the set a compute reads")
+	}
+	plain := anyc.DeepCopy()
+	delete(plain.Annotations, annotations.Anycast)
+	h.OnUpdate(anyc, plain)
+	if k := kicked(); !k || tr.anycast["b/any"] {
+		t.Errorf("dropping the anycast annotation: recompute %v, still in the set %v", k, tr.anycast["b/any"])
+	}
+	again := plain.DeepCopy()
+	again.Status.Phase = corev1.PodFailed
+	if h.OnUpdate(plain, again); kicked() {
+		t.Error("a change of a pod that no longer asks for anycast recomputes")
 	}
 }
 

@@ -197,7 +197,7 @@ func run(cfg netpol.Config, kubeconfig string, ep endpoints, lbc lbConfig, log *
 		})
 	}
 	if adminL != nil {
-		g.Go(func() error { return admin.ServeHTTP(ctx, adminL, cfg.View.Handler()) })
+		g.Go(func() error { return admin.ServeHTTP(ctx, adminL, adminHandler(cfg.View.Handler())) })
 	}
 	log.Info("serving", "metrics", ep.metrics, "admin-socket", ep.admin)
 	if lb != nil {
@@ -209,6 +209,15 @@ func run(cfg netpol.Config, kubeconfig string, ep endpoints, lbc lbConfig, log *
 		return netpol.Run(ctx, rc, cfg, log)
 	})
 	return g.Wait()
+}
+
+// adminHandler serves the admin socket: the policy view (flockctl
+// policy) and Go's profiles.
+func adminHandler(view http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/", view)
+	admin.HandleProfiles(mux)
+	return mux
 }
 
 // metricsHandler serves the default Prometheus registry (the engine

@@ -88,3 +88,17 @@ current-context: c
 		t.Error("a file at the admin socket's path was touched")
 	}
 }
+
+// The admin socket serves the policy view and Go's profiles (make scale
+// reads flock-policy's CPU profile there).
+func TestAdminHandler(t *testing.T) {
+	view := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("view")) })
+	h := adminHandler(view)
+	for path, want := range map[string]string{"/v1/policies": "view", "/debug/pprof/": "goroutine"} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("GET %s: %d, body without %q", path, rec.Code, want)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -109,6 +110,48 @@ func (m *measuredNode) cniCost(ctx context.Context, n int) (r cniCost, err error
 	r.perAdd, r.perDel = float64(r.add.requestTotal())/float64(n), float64(r.del.requestTotal())/float64(n)
 	logf("CNI: %d ADDs: %.2f requests each (%s); DELs: %.2f each (%s)", n, r.perAdd, r.add.requestList(), r.perDel, r.del.requestList())
 	return r, nil
+}
+
+// policyProfile saves flock-policy's Go profile (its admin socket's
+// pprof; CPU over d when d > 0) as dir/flock-policy-name.pprof, and logs
+// where or why not. Nothing without dir.
+func (m *measuredNode) policyProfile(dir, name, profile string, d time.Duration) {
+	if dir == "" || m.policyAdmin == "" {
+		return
+	}
+	hc := &http.Client{Timeout: d + 30*time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", m.policyAdmin)
+	}}}
+	u := "http://policy/debug/pprof/" + profile
+	if d > 0 {
+		u += fmt.Sprintf("?seconds=%d", int(d.Seconds()))
+	}
+	path := filepath.Join(dir, "flock-policy-"+name+".pprof")
+	err := func() error {
+		resp, err := hc.Get(u)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("%s: %s", u, resp.Status)
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(f, resp.Body)
+		return err
+	}()
+	if err != nil {
+		logf("flock-policy's %s profile: %v", name, err)
+		return
+	}
+	logf("flock-policy's %s profile: %s", name, path)
 }
 
 // agentGoroutines saves the agent's goroutines (its admin socket's

@@ -45,6 +45,9 @@ type options struct {
 	// rackNodes agents × rackPods pods cold-start against each ToR (0: no
 	// rack).
 	rackNodes, rackPods int
+	// profiles, if set, is where flock-policy's CPU profile under churn
+	// and heap profile at rest are saved (its admin socket is on then).
+	profiles string
 	// rev is the commit measured, read when the run starts (a commit made
 	// while it runs is not what it measured).
 	rev string
@@ -70,6 +73,7 @@ func main() {
 	flag.DurationVar(&o.readyTimeout, "ready-timeout", 10*time.Minute, "how long a process may take to be ready")
 	flag.IntVar(&o.rackNodes, "rack-nodes", 48, "agents in the rack cold start (0: none)")
 	flag.IntVar(&o.rackPods, "rack-pods", 250, "pods a node in the rack cold start")
+	flag.StringVar(&o.profiles, "profiles", "", "save flock-policy's CPU profile under churn and heap profile at rest here (go tool pprof reads them); empty: none")
 	flag.Parse()
 	for _, s := range strings.Split(sizes, ",") {
 		if sizes == "" {
@@ -189,6 +193,9 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer node.close()
+	if o.profiles != "" {
+		node.policyAdmin = filepath.Join(dir, "node", "policy-admin.sock")
+	}
 	if err := node.register(ctx, cs, c); err != nil {
 		return err
 	}
@@ -239,6 +246,8 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	for _, p := range procNames {
 		logf("at rest: %s: %s", p, r.rest[p])
 	}
+	tag := fmt.Sprintf("%d-nodes", m.env.Nodes)
+	node.policyProfile(o.profiles, "heap-rest-"+tag, "heap", 0)
 	r.cni, r.err = node.cniCost(ctx, o.cniPods)
 	if r.err != nil {
 		return r
@@ -246,7 +255,13 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	cctx, stopChurn := context.WithCancel(ctx)
 	acts, churned := f.churn(cctx, m, o.rates, o.seed)
 	time.Sleep(10 * time.Second) // the churn's first pods reach their deletion
+	profiled := make(chan struct{})
+	go func() {
+		defer close(profiled)
+		node.policyProfile(o.profiles, "cpu-churn-"+tag, "profile", o.churnD-5*time.Second)
+	}()
 	r.churn = node.window(o.churnD)
+	<-profiled
 	stopChurn()
 	churned() // its pods deleted
 	for _, p := range procNames {

@@ -55,6 +55,9 @@ type measuredNode struct {
 	kproxy  *exec.Cmd
 	pdone   map[string]chan struct{}
 	cs      kubernetes.Interface // admin's, for the node's own pods
+	// policyAdmin is flock-policy's admin socket ("": off, as measured
+	// without -profiles).
+	policyAdmin string
 }
 
 // kubeconfigFor writes the admin kubeconfig with its server at port on
@@ -179,7 +182,7 @@ func (m *measuredNode) start(ctx context.Context, p string, timeout time.Duratio
 		return time.Since(t0), nil
 	case procPolicy:
 		cmd, err := m.startCmd(p, filepath.Join(m.binDir, "flock-policy"), "--node-name="+m.node.Name, "--kubeconfig="+m.kcfg[p],
-			"--metrics-address="+policyMetrics, "--admin-socket=", "--agent-socket=")
+			"--metrics-address="+policyMetrics, "--admin-socket="+m.policyAdmin, "--agent-socket=")
 		if err != nil {
 			return 0, err
 		}
