@@ -74,6 +74,34 @@ type kernelVerdicts struct {
 	mu      sync.Mutex
 	local   map[string][]string
 	skipped atomic.Uint64
+	// urgent: a change since the last load started is more than other
+	// nodes' pods (pace); hurry wakes a load waiting for those.
+	urgent atomic.Bool
+	hurry  chan struct{}
+	// remoteLag is how long a change of other nodes' pods alone may wait
+	// for its load (RemoteLag; tests set it).
+	remoteLag time.Duration
+}
+
+// RemoteLag bounds how long a change of other nodes' pods alone waits for
+// its load, as kube-proxy's min-sync-period (1 s) does for an
+// EndpointSlice: such a change (a peer that comes, goes or moves) is
+// what a large cluster churns through all the time, and each load
+// compiles the whole program.
+const RemoteLag = time.Second
+
+// pace is how long a load waits, after the last one took and idle has
+// passed since it ended, before it starts. Any change but other nodes'
+// pods waits until idle is as long as took: flock-policy takes at most
+// half a core. Other nodes' pods alone wait until idle is nine times
+// took (a tenth of a core), but no longer than lag, unless took itself
+// is longer.
+func pace(urgent bool, took, idle, lag time.Duration) time.Duration {
+	want := took
+	if !urgent {
+		want = max(took, min(9*took, lag))
+	}
+	return max(0, want-idle)
 }
 
 type depsAt struct {
@@ -85,6 +113,7 @@ func newKernelVerdicts(node string, pods corelisters.PodLister, namespaces corel
 	policies networkinglisters.NetworkPolicyLister, extra ExtraIPs, synced []cache.InformerSynced, log *slog.Logger) *kernelVerdicts {
 	return &kernelVerdicts{node: node, pods: pods, namespaces: namespaces, policies: policies, extra: extra,
 		synced: synced, log: log, kick: make(chan struct{}, 1), loaded: make(chan struct{}), netns: -1, local: map[string][]string{},
+		hurry: make(chan struct{}, 1), remoteLag: RemoteLag,
 		hook: verdicts.Hook{Num: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityNATSource - 5), Prelude: true}}
 }
 
@@ -98,7 +127,12 @@ type adminListers struct {
 // latest change) after a change of the context.
 func (k *kernelVerdicts) changed() {
 	k.gen.Add(1)
+	k.urgent.Store(true)
 	k.recompile()
+	select {
+	case k.hurry <- struct{}{}:
+	default:
+	}
 }
 
 // recompile asks for a new program, the context unchanged.
@@ -281,7 +315,9 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 	backoff := 100 * time.Millisecond
 	for {
 		start := time.Now()
+		k.urgent.Store(false) // this load reads every change so far
 		if err := k.load(); err != nil {
+			k.urgent.Store(true)
 			k.failed.Store(&err)
 			k.log.Error("NetworkPolicy verdicts not loaded into the kernel (the previous ones stay)", "table", Table, "err", err, "retry", backoff)
 			select {
@@ -301,14 +337,17 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 		}
 		// Each load compiles the whole cluster's policies: under a stream
 		// of changes (pods churning across a large cluster) the next one
-		// starts no sooner than the last one took after it ended, so
-		// flock-policy takes at most half a core and a change waits about
-		// two loads at most. A change after a quiet spell loads at once.
-		if idle := time.Since(start) - took; idle < took {
+		// is paced. A change after a quiet spell loads at once.
+		for {
+			wait := pace(k.urgent.Load(), took, time.Since(start)-took, k.remoteLag)
+			if wait <= 0 {
+				break
+			}
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(took - idle):
+			case <-time.After(wait):
+			case <-k.hurry: // paced shorter now
 			}
 		}
 	}

@@ -1,0 +1,72 @@
+package netpol
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	corelisters "k8s.io/client-go/listers/core/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+func TestPace(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		name             string
+		urgent           bool
+		took, idle, want time.Duration
+	}{
+		{"any change: idle as long as the load took", true, 100 * ms, 30 * ms, 70 * ms},
+		{"any change after a quiet spell: at once", true, 100 * ms, time.Second, 0},
+		{"other nodes' pods: nine loads' time", false, 50 * ms, 0, 450 * ms},
+		{"other nodes' pods: at most the lag", false, 300 * ms, 100 * ms, 900 * ms},
+		{"other nodes' pods: a load longer than the lag", false, 2 * time.Second, 500 * ms, 1500 * ms},
+		{"other nodes' pods after a quiet spell: at once", false, 50 * ms, 5 * time.Second, 0},
+	} {
+		if got := pace(tc.urgent, tc.took, tc.idle, time.Second); got != tc.want {
+			t.Errorf("%s: pace(urgent %v, took %s, idle %s) = %s, want %s", tc.name, tc.urgent, tc.took, tc.idle, got, tc.want)
+		}
+	}
+}
+
+// A change of other nodes' pods alone waits; any other change that comes
+// meanwhile is loaded without waiting for it (a pod of this node must
+// not stay unjudged for the other nodes' lag).
+func TestKernelUrgentChangeCutsTheWait(t *testing.T) {
+	ns := testNS(t)
+	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	kv := newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
+		nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	kv.netns = int(ns)
+	kv.remoteLag = time.Hour
+	// Every load takes a second at least: other nodes' pods then wait
+	// nine seconds, any other change one.
+	kv.fail = func() error { time.Sleep(time.Second); return nil }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- kv.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-kv.loaded:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no first load")
+	}
+	kv.recompile() // another node's pod
+	time.Sleep(500 * time.Millisecond)
+	if kv.done.Load() == kv.seq.Load() {
+		t.Fatal("a change of another node's pod loaded at once after a load: not paced")
+	}
+	kv.changed() // a pod of this node, a policy, a namespace
+	deadline := time.Now().Add(6 * time.Second)
+	for kv.done.Load() != kv.seq.Load() {
+		if time.Now().After(deadline) {
+			t.Fatalf("a change of the context waited for other nodes' pods' pace (done %d of %d)", kv.done.Load(), kv.seq.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
