@@ -73,7 +73,7 @@ type ExtraIPs interface {
 	// answer depends on them.
 	Handler() cache.ResourceEventHandler
 	// Run keeps the answer current until ctx ends, calling changed after
-	// each change.
+	// each change; synced tells the informers and the handler synced.
 	Run(ctx context.Context, pods corelisters.PodLister, namespaces corelisters.NamespaceLister, synced []cache.InformerSynced, changed func()) error
 }
 
@@ -182,11 +182,10 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	}
 	podInf, nsInf := factory.Core().V1().Pods(), factory.Core().V1().Namespaces()
 	extraDone := make(chan error, 1)
+	var extraSynced []cache.InformerSynced
 	if cfg.ExtraIPs != nil {
-		for _, inf := range []cache.SharedIndexInformer{podInf.Informer(), nsInf.Informer()} {
-			if _, err := inf.AddEventHandler(cfg.ExtraIPs.Handler()); err != nil {
-				return fmt.Errorf("netpol: watch for extra pod IPs: %w", err)
-			}
+		if extraSynced, err = addHandler(cfg.ExtraIPs.Handler(), podInf.Informer(), nsInf.Informer()); err != nil {
+			return fmt.Errorf("netpol: watch for extra pod IPs: %w", err)
 		}
 	}
 	if cfg.View != nil {
@@ -245,8 +244,7 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	defer func() { stopRun(nil); <-kvDone }()
 	if cfg.ExtraIPs != nil {
 		go func() {
-			err := cfg.ExtraIPs.Run(runCtx, podInf.Lister(), nsInf.Lister(),
-				[]cache.InformerSynced{podInf.Informer().HasSynced, nsInf.Informer().HasSynced}, changed)
+			err := cfg.ExtraIPs.Run(runCtx, podInf.Lister(), nsInf.Lister(), extraSynced, changed)
 			if err != nil && runCtx.Err() == nil {
 				// Without it traffic of extra IPs would go unchecked:
 				// stop the engine (its rules stay; the next one starts).
@@ -299,6 +297,23 @@ func newController(client kubernetes.Interface, factory informers.SharedInformer
 		return nil, fmt.Errorf("netpol: trim the pod cache: %w", err)
 	}
 	return ctrl, nil
+}
+
+// addHandler adds h to each informer and returns what tells they synced:
+// their stores and h's having been told of every object in them. The
+// extra IPs' first answer waits for both, since the tracker keeps state
+// of its own from what h is told (the pods asking for anycast), and
+// client-go delivers a new handler the store's objects on its own time.
+func addHandler(h cache.ResourceEventHandler, infs ...cache.SharedIndexInformer) ([]cache.InformerSynced, error) {
+	var synced []cache.InformerSynced
+	for _, inf := range infs {
+		reg, err := inf.AddEventHandler(h)
+		if err != nil {
+			return nil, err
+		}
+		synced = append(synced, inf.HasSynced, reg.HasSynced)
+	}
+	return synced, nil
 }
 
 func extraPodIPs(x ExtraIPs) func(*corev1.Pod) []string {

@@ -3,14 +3,23 @@ package netpol
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 )
 
 func TestConfigErrorsNameTheField(t *testing.T) {
@@ -81,5 +90,61 @@ func TestSCTPProbe(t *testing.T) {
 	t.Logf("kernel has SCTP: %v", ok)
 	if _, statErr := os.Stat("/proc/net/sctp"); (statErr == nil) != ok {
 		t.Errorf("probe says SCTP %v, /proc/net/sctp exists: %v", ok, statErr == nil)
+	}
+}
+
+// What addHandler returns reports synced only once its handler was told
+// of every object the informer listed, not when the store is filled: a
+// handler that keeps state (the tracker's anycast pods) must not answer
+// before.
+func TestAddHandlerWaitsForTheHandler(t *testing.T) {
+	var objs []runtime.Object
+	for i := range 50 {
+		objs = append(objs, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: fmt.Sprintf("p%d", i)}})
+	}
+	client := fake.NewClientset(objs...)
+	factory := informers.NewSharedInformerFactory(client, 0)
+	inf := factory.Core().V1().Pods().Informer()
+	release := make(chan struct{})
+	var seen atomic.Int32
+	h := cache.ResourceEventHandlerFuncs{AddFunc: func(any) {
+		<-release
+		seen.Add(1)
+	}}
+	synced, err := addHandler(h, inf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	factory.Start(ctx.Done())
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer func() {
+		// Shutdown waits for the informer, which waits for the handler.
+		unblock()
+		cancel()
+		factory.Shutdown()
+	}()
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		t.Fatal("no sync")
+	}
+	all := func() bool {
+		for _, s := range synced {
+			if !s() {
+				return false
+			}
+		}
+		return true
+	}
+	if all() {
+		t.Fatalf("synced with the handler told of %d of 50 pods", seen.Load())
+	}
+	unblock()
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		t.Fatal("no sync after the handler ran")
+	}
+	if n := seen.Load(); n != 50 {
+		t.Fatalf("synced with the handler told of %d of 50 pods", n)
 	}
 }
