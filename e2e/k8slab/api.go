@@ -79,3 +79,18 @@ func (c *Cluster) api(ctx context.Context, method, path string, body []byte) (in
 	}
 	return resp.StatusCode, b, nil
 }
+
+// PID is the process ID of a control-plane component the lab started
+// (etcd, kube-apiserver, …); 0 if it is not running.
+func (c *Cluster) PID(component string) int {
+	p := c.proc(component)
+	if p == nil || p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	select {
+	case <-p.done:
+		return 0
+	default:
+	}
+	return p.cmd.Process.Pid
+}

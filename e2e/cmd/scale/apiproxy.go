@@ -38,6 +38,7 @@ type apiProxy struct {
 	requests map[string]int        // "verb resource"
 	watch    map[string]*watchStat // by resource
 	listB    map[string]int64      // bytes of non-watch responses, by resource
+	watches  map[string]watchReq   // the distinct watches made (fanout.go)
 }
 
 type watchStat struct {
@@ -164,6 +165,9 @@ func startAPIProxy(name string, ns *lab.NS, listen, upstream string, serverCert,
 		p.mu.Lock()
 		p.requests[verbOf(r)+" "+resourceOf(r.URL.Path)]++
 		p.mu.Unlock()
+		if verbOf(r) == "watch" {
+			p.recordWatch(r)
+		}
 		rp.ServeHTTP(w, r)
 	})
 	var l net.Listener

@@ -48,6 +48,11 @@ type options struct {
 	// profiles, if set, is where flock-policy's CPU profile under churn
 	// and heap profile at rest are saved (its admin socket is on then).
 	profiles string
+	// fanout are the counts of copies of a node's watches the API
+	// server is measured with under churn (empty: not measured); fanoutD
+	// is each window.
+	fanout  []int
+	fanoutD time.Duration
 	// rev is the commit measured, read when the run starts (a commit made
 	// while it runs is not what it measured).
 	rev string
@@ -74,7 +79,21 @@ func main() {
 	flag.IntVar(&o.rackNodes, "rack-nodes", 48, "agents in the rack cold start (0: none)")
 	flag.IntVar(&o.rackPods, "rack-pods", 250, "pods a node in the rack cold start")
 	flag.StringVar(&o.profiles, "profiles", "", "save flock-policy's CPU profile under churn and heap profile at rest here (go tool pprof reads them); empty: none")
+	var fanout string
+	flag.StringVar(&fanout, "fanout", "10,40", "the API server's side: copies of one node's watches (flock's, then kube-proxy's) it is measured with under churn, each count a window; empty: not measured")
+	flag.DurationVar(&o.fanoutD, "fanout-window", 30*time.Second, "each fan-out window")
 	flag.Parse()
+	for _, s := range strings.Split(fanout, ",") {
+		if fanout == "" {
+			break
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			fmt.Fprintf(os.Stderr, "scale: -fanout: %q is not a positive count\n", s)
+			os.Exit(2)
+		}
+		o.fanout = append(o.fanout, n)
+	}
 	for _, s := range strings.Split(sizes, ",") {
 		if sizes == "" {
 			break // the rack alone
@@ -109,6 +128,7 @@ type sizeResult struct {
 	rest     map[string]usage
 	churn    map[string]usage
 	activity []string // what the churn and the background achieved
+	fanout   []fanoutRow
 	cni      cniCost
 	err      error
 }
@@ -262,6 +282,9 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	}()
 	r.churn = node.window(o.churnD)
 	<-profiled
+	if len(o.fanout) > 0 {
+		r.fanout = node.measureFanout(o.fanout, 10*time.Second, o.fanoutD)
+	}
 	stopChurn()
 	churned() // its pods deleted
 	for _, p := range procNames {

@@ -58,6 +58,11 @@ type measuredNode struct {
 	// policyAdmin is flock-policy's admin socket ("": off, as measured
 	// without -profiles).
 	policyAdmin string
+	// The API server, for the fan-out windows: its URL, the admin's TLS
+	// and its PID.
+	apiURL string
+	apiTLS *tls.Config
+	apiPID int
 }
 
 // kubeconfigFor writes the admin kubeconfig with its server at port on
@@ -90,6 +95,7 @@ func upNode(ctx context.Context, c *k8slab.Cluster, dir, binDir, prefix string) 
 		return nil, err
 	}
 	var roots *x509.CertPool = tc.RootCAs
+	m.apiURL, m.apiTLS, m.apiPID = c.APIServerURL(), tc, c.PID(k8slab.APIServer)
 	for _, p := range procNames {
 		m.kcfg[p] = filepath.Join(dir, p+".kubeconfig")
 		if err := kubeconfigFor(c.Kubeconfig, m.kcfg[p], proxyPort[p]); err != nil {

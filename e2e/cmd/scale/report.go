@@ -123,6 +123,8 @@ func writeReport(o options, rs []sizeResult, racks []rackResult, took time.Durat
 		}
 	}
 
+	b.WriteString(fanoutSection(rs))
+
 	b.WriteString("\n## API requests of a CNI ADD and DEL (flock-agent)\n\n| size | per ADD | per DEL | requests over the ADDs | over the DELs |\n| --- | --- | --- | --- | --- |\n")
 	for _, r := range rs {
 		if r.cni.pods == 0 {
@@ -173,4 +175,50 @@ func method(o options) string {
 - **Rack cold start**: %d agents (bin/flock-agent, node-config mode) in network namespaces, each with one uplink to a ToR namespace: BIRD with a neighbour statement a node, then FRR with `+"`bgp listen range`"+` (dynamic neighbours). The ToR installs what it learns in its kernel FIB, followed through netlink. The agents start first, then the ToR; once every node's summary is in the FIB, every node ADDs its %d pods through libcni at once (4 at a time a node; the pods' network namespaces are made beforehand), each pod with an anycast /128 of its own. The figure is from the last ADD's return to the last pod route in the FIB; RSS is each agent's VmRSS then.
 `, thousands(full.Nodes), full.PodsPerNode, full.HostPods, thousands(full.Policies), addressesEvery, lbEvery, anycastEvery,
 		o.settle, o.rest, o.rates.pods, churnLifetime, o.rates.slices, o.rates.policies, o.churnD, o.cniPods, o.rackNodes, o.rackPods)
+}
+
+// fanoutSection is the API server's side: each window, then what one
+// node costs it and the projection to the envelope.
+func fanoutSection(rs []sizeResult) string {
+	var b strings.Builder
+	any := false
+	for _, r := range rs {
+		any = any || len(r.fanout) > 0
+	}
+	if !any {
+		return ""
+	}
+	b.WriteString("\n## The API server's side, under churn\n\n")
+	b.WriteString("A node's watches (flock-agent's and flock-policy's together, or kube-proxy's: the requests the measured processes made, as they made them) are opened again by n copies at once, each copy on a connection of its own, and the API server is read over a window beside one without copies (the measured node's processes run throughout). The API server serializes an event once per encoding and writes it to each watcher its selectors let through, whatever the watcher does with it, so copies of the watches cost it what as many nodes would. A node's cost is the slope from the window without copies to the one with the most; the projection to 5,000 nodes is the window without copies plus 5,000 times that slope (linear in the nodes: compare the two counts).\n\n")
+	b.WriteString("| size | copies of | watchers | API server CPU | API server RSS | events/s sent to the copies | KB/s sent to the copies |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, r := range rs {
+		for _, f := range r.fanout {
+			if f.err != nil {
+				fmt.Fprintf(&b, "| %s | %s | %d | error: %s | | | |\n", sizeName(r.env), kindName(f.kind), f.watchers, strings.ReplaceAll(f.err.Error(), "|", "/"))
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %s | %d | %.1f %% | %.0f MB | %.0f | %.1f |\n", sizeName(r.env), kindName(f.kind), f.watchers, f.cpuPct, f.rssMB, f.eventsSec, f.bytesSec/1024)
+		}
+	}
+	b.WriteString("\n| size | one more node costs the API server | flock (agent + policy) | kube-proxy | projected at 5,000 nodes: flock | kube-proxy |\n| --- | --- | --- | --- | --- | --- |\n")
+	for _, r := range rs {
+		var base *fanoutRow
+		for i := range r.fanout {
+			if r.fanout[i].kind == "" && r.fanout[i].err == nil {
+				base = &r.fanout[i]
+			}
+		}
+		fc, fm, fb, fok := perWatcher(r.fanout, "flock")
+		kc, km, kb, kok := perWatcher(r.fanout, "kube-proxy")
+		if base == nil || !fok || !kok {
+			fmt.Fprintf(&b, "| %s | not measured | | | | |\n", sizeName(r.env))
+			continue
+		}
+		n := float64(full.Nodes)
+		fmt.Fprintf(&b, "| %s | CPU (%% of a core) | %.2f | %.2f | %.0f | %.0f |\n", sizeName(r.env), fc, kc, base.cpuPct+n*fc, base.cpuPct+n*kc)
+		fmt.Fprintf(&b, "| %s | RSS (MB) | %.1f | %.1f | %.0f | %.0f |\n", sizeName(r.env), fm, km, base.rssMB+n*fm, base.rssMB+n*km)
+		fmt.Fprintf(&b, "| %s | watch bytes sent (KB/s) | %.1f | %.1f | %.0f | %.0f |\n", sizeName(r.env), fb/1024, kb/1024, n*fb/1024, n*kb/1024)
+	}
+	b.WriteString("\nThe projection keeps the measured cluster's churn and size: at 5,000 nodes the same churn rates, in a cluster of this size. Each figure is API server CPU₀ + 5,000 × ΔCPU (and the same for RSS); watch bytes are 5,000 × a node's.\n")
+	return b.String()
 }

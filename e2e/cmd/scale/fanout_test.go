@@ -1,0 +1,109 @@
+package main
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A process's watches are kept once each, without the resourceVersion
+// and the knobs a replay sets itself, with their selectors and encoding.
+func TestRecordWatch(t *testing.T) {
+	p := &apiProxy{}
+	for _, u := range []string{
+		"/api/v1/pods?allowWatchBookmarks=true&fieldSelector=spec.nodeName%3Dn1&resourceVersion=10&timeoutSeconds=300&watch=true",
+		"/api/v1/pods?allowWatchBookmarks=true&fieldSelector=spec.nodeName%3Dn1&resourceVersion=99&timeout=7m9s&timeoutSeconds=412&watch=true",
+		"/api/v1/watch/namespaces?resourceVersion=5",
+		"/apis/discovery.k8s.io/v1/endpointslices?labelSelector=%21service.kubernetes.io%2Fheadless&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&watch=1",
+	} {
+		r := httptest.NewRequest(http.MethodGet, u, nil)
+		r.Header.Set("Accept", "application/vnd.kubernetes.protobuf")
+		p.recordWatch(r)
+	}
+	var got []string
+	for _, w := range p.watchReqs() {
+		got = append(got, w.key()+" "+w.accept)
+	}
+	want := []string{
+		"/api/v1/namespaces? application/vnd.kubernetes.protobuf",
+		"/api/v1/pods?fieldSelector=spec.nodeName%3Dn1 application/vnd.kubernetes.protobuf",
+		"/apis/discovery.k8s.io/v1/endpointslices?labelSelector=%21service.kubernetes.io%2Fheadless application/vnd.kubernetes.protobuf",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("recorded:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// Each copy lists for a resourceVersion, watches from it with the
+// recorded selectors and encoding, and watches again when the server ends
+// the watch; what the copies are sent is counted.
+func TestReplay(t *testing.T) {
+	var lists, watches atomic.Int32
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		if q.Get("fieldSelector") != "spec.nodeName=n1" {
+			http.Error(w, "selector lost: "+r.URL.RawQuery, http.StatusBadRequest)
+			return
+		}
+		if q.Get("watch") != "true" {
+			lists.Add(1)
+			if q.Get("limit") != "1" {
+				http.Error(w, "a full list", http.StatusBadRequest)
+				return
+			}
+			fmt.Fprint(w, `{"metadata":{"resourceVersion":"42"},"items":[]}`)
+			return
+		}
+		if q.Get("resourceVersion") != "42" || r.Header.Get("Accept") != "application/json" {
+			http.Error(w, "watch "+r.URL.RawQuery, http.StatusBadRequest)
+			return
+		}
+		watches.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		for range 3 { // three events, then the server ends the watch
+			fmt.Fprintln(w, `{"type":"MODIFIED","object":{}}`)
+		}
+	}))
+	defer srv.Close()
+	tlsCfg := &tls.Config{RootCAs: nil, InsecureSkipVerify: true} //nolint:gosec // the test's own server
+	reqs := []watchReq{{path: "/api/v1/pods", query: map[string][]string{"fieldSelector": {"spec.nodeName=n1"}}, accept: "application/json"}}
+	rp := startReplay(srv.URL, tlsCfg, reqs, 3)
+	deadline := time.Now().Add(10 * time.Second)
+	for watches.Load() < 6 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d watches, %d lists; errors %v", watches.Load(), lists.Load(), rp.stop())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if errs := rp.stop(); len(errs) > 0 {
+		t.Fatalf("replay errors: %v", errs)
+	}
+	ev, b := rp.count.snapshot().watchTotal()
+	if ev < 18 || b == 0 {
+		t.Fatalf("counted %d events, %d bytes over %d watches", ev, b, watches.Load())
+	}
+}
+
+func TestPerWatcher(t *testing.T) {
+	rows := []fanoutRow{
+		{kind: "", cpuPct: 10, rssMB: 500},
+		{kind: "flock", watchers: 10, cpuPct: 20, rssMB: 520, bytesSec: 10 * 1024},
+		{kind: "flock", watchers: 40, cpuPct: 50, rssMB: 580, bytesSec: 40 * 1024},
+		{kind: "kube-proxy", watchers: 40, cpuPct: 14, rssMB: 504, bytesSec: 400},
+	}
+	c, m, b, ok := perWatcher(rows, "flock")
+	if !ok || c != 1 || m != 2 || b != 1024 {
+		t.Fatalf("flock: %v %v %v %v, want 1 %%, 2 MB, 1024 B/s a node", c, m, b, ok)
+	}
+	if c, _, _, ok := perWatcher(rows, "kube-proxy"); !ok || c != 0.1 {
+		t.Fatalf("kube-proxy: %v %v", c, ok)
+	}
+	if _, _, _, ok := perWatcher(rows[1:], "flock"); ok {
+		t.Fatal("a slope without the window without copies")
+	}
+}
