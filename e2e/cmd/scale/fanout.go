@@ -249,12 +249,31 @@ func (m *measuredNode) measureFanout(copies []int, settle, d time.Duration) []fa
 		}
 		logf("%s's watches, replayed: %s", kind, strings.Join(ks, ", "))
 	}
+	// Without copies before and after: the API server's own drift over
+	// the windows (the churn's objects pile up) is averaged out.
 	window("", 0, nil)
 	for _, n := range copies {
 		window("flock", n, flock)
 		window("kube-proxy", n, kp)
 	}
+	window("", 0, nil)
 	return rows
+}
+
+// baseOf is the mean of the windows without copies.
+func baseOf(rows []fanoutRow) (cpuPct, rssMB float64, ok bool) {
+	n := 0
+	for _, r := range rows {
+		if r.kind == "" && r.err == nil {
+			cpuPct += r.cpuPct
+			rssMB += r.rssMB
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, 0, false
+	}
+	return cpuPct / float64(n), rssMB / float64(n), true
 }
 
 func kindName(kind string) string {
@@ -276,24 +295,18 @@ func (r fanoutRow) String() string {
 }
 
 // perWatcher is the API server's cost of one more node of kind: the
-// slope from the window without copies to the one with the most.
+// slope from the windows without copies to the one with the most.
 func perWatcher(rows []fanoutRow, kind string) (cpuPct, rssMB, bytesSec float64, ok bool) {
-	var base, top *fanoutRow
+	baseCPU, baseRSS, ok := baseOf(rows)
+	var top *fanoutRow
 	for i := range rows {
-		r := &rows[i]
-		if r.err != nil {
-			continue
-		}
-		switch {
-		case r.kind == "":
-			base = r
-		case r.kind == kind && (top == nil || r.watchers > top.watchers):
+		if r := &rows[i]; r.err == nil && r.kind == kind && (top == nil || r.watchers > top.watchers) {
 			top = r
 		}
 	}
-	if base == nil || top == nil || top.watchers == 0 {
+	if !ok || top == nil || top.watchers == 0 {
 		return 0, 0, 0, false
 	}
 	n := float64(top.watchers)
-	return (top.cpuPct - base.cpuPct) / n, (top.rssMB - base.rssMB) / n, top.bytesSec / n, true
+	return (top.cpuPct - baseCPU) / n, (top.rssMB - baseRSS) / n, top.bytesSec / n, true
 }

@@ -189,7 +189,7 @@ func fanoutSection(rs []sizeResult) string {
 		return ""
 	}
 	b.WriteString("\n## The API server's side, under churn\n\n")
-	b.WriteString("A node's watches (flock-agent's and flock-policy's together, or kube-proxy's: the requests the measured processes made, as they made them) are opened again by n copies at once, each copy on a connection of its own, and the API server is read over a window beside one without copies (the measured node's processes run throughout). The API server serializes an event once per encoding and writes it to each watcher its selectors let through, whatever the watcher does with it, so copies of the watches cost it what as many nodes would. A node's cost is the slope from the window without copies to the one with the most; the projection to 5,000 nodes is the window without copies plus 5,000 times that slope (linear in the nodes: compare the two counts).\n\n")
+	b.WriteString("A node's watches (flock-agent's and flock-policy's together, or kube-proxy's: the requests the measured processes made, as they made them) are opened again by n copies at once, each copy on a connection of its own, and the API server is read over a window beside one without copies (the measured node's processes run throughout). The API server serializes an event once per encoding and writes it to each watcher its selectors let through, whatever the watcher does with it, so copies of the watches cost it what as many nodes would. A node's cost is the slope from the windows without copies (one before, one after: their mean) to the one with the most copies; the projection to 5,000 nodes is that mean plus 5,000 times the slope (linear in the nodes: compare the two counts). The RSS is the Go runtime's high-water mark as much as what the watchers hold, so its slope is an upper bound.\n\n")
 	b.WriteString("| size | copies of | watchers | API server CPU | API server RSS | events/s sent to the copies | KB/s sent to the copies |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range rs {
 		for _, f := range r.fanout {
@@ -202,21 +202,16 @@ func fanoutSection(rs []sizeResult) string {
 	}
 	b.WriteString("\n| size | one more node costs the API server | flock (agent + policy) | kube-proxy | projected at 5,000 nodes: flock | kube-proxy |\n| --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range rs {
-		var base *fanoutRow
-		for i := range r.fanout {
-			if r.fanout[i].kind == "" && r.fanout[i].err == nil {
-				base = &r.fanout[i]
-			}
-		}
+		baseCPU, baseRSS, bok := baseOf(r.fanout)
 		fc, fm, fb, fok := perWatcher(r.fanout, "flock")
 		kc, km, kb, kok := perWatcher(r.fanout, "kube-proxy")
-		if base == nil || !fok || !kok {
+		if !bok || !fok || !kok {
 			fmt.Fprintf(&b, "| %s | not measured | | | | |\n", sizeName(r.env))
 			continue
 		}
 		n := float64(full.Nodes)
-		fmt.Fprintf(&b, "| %s | CPU (%% of a core) | %.2f | %.2f | %.0f | %.0f |\n", sizeName(r.env), fc, kc, base.cpuPct+n*fc, base.cpuPct+n*kc)
-		fmt.Fprintf(&b, "| %s | RSS (MB) | %.1f | %.1f | %.0f | %.0f |\n", sizeName(r.env), fm, km, base.rssMB+n*fm, base.rssMB+n*km)
+		fmt.Fprintf(&b, "| %s | CPU (%% of a core) | %.2f | %.2f | %.0f | %.0f |\n", sizeName(r.env), fc, kc, baseCPU+n*fc, baseCPU+n*kc)
+		fmt.Fprintf(&b, "| %s | RSS (MB) | %.1f | %.1f | %.0f | %.0f |\n", sizeName(r.env), fm, km, baseRSS+n*fm, baseRSS+n*km)
 		fmt.Fprintf(&b, "| %s | watch bytes sent (KB/s) | %.1f | %.1f | %.0f | %.0f |\n", sizeName(r.env), fb/1024, kb/1024, n*fb/1024, n*kb/1024)
 	}
 	b.WriteString("\nThe projection keeps the measured cluster's churn and size: at 5,000 nodes the same churn rates, in a cluster of this size. Each figure is API server CPU₀ + 5,000 × ΔCPU (and the same for RSS); watch bytes are 5,000 × a node's.\n")
