@@ -294,17 +294,35 @@ func (r fanoutRow) String() string {
 	return s
 }
 
+// saturated says whether the copies of r were sent less than 90 % of
+// the events a copy of the smallest count of its kind was: the machine
+// (two cores for the API server, the churn and the copies' TLS) could not
+// serve them all, and its CPU is no longer what that many nodes cost.
+func saturated(rows []fanoutRow, r fanoutRow) bool {
+	var least *fanoutRow
+	for i := range rows {
+		if x := &rows[i]; x.err == nil && x.kind == r.kind && x.watchers > 0 && (least == nil || x.watchers < least.watchers) {
+			least = x
+		}
+	}
+	if least == nil || r.watchers == 0 || least.eventsSec == 0 {
+		return false
+	}
+	return r.eventsSec/float64(r.watchers) < 0.9*least.eventsSec/float64(least.watchers)
+}
+
 // perWatcher is the API server's cost of one more node of kind: the
-// slope from the windows without copies to the one with the most.
+// slope from the windows without copies to the one with the most copies
+// that were not saturated.
 func perWatcher(rows []fanoutRow, kind string) (cpuPct, rssMB, bytesSec float64, ok bool) {
 	baseCPU, baseRSS, ok := baseOf(rows)
 	var top *fanoutRow
 	for i := range rows {
-		if r := &rows[i]; r.err == nil && r.kind == kind && (top == nil || r.watchers > top.watchers) {
+		if r := &rows[i]; r.err == nil && r.kind == kind && r.watchers > 0 && !saturated(rows, *r) && (top == nil || r.watchers > top.watchers) {
 			top = r
 		}
 	}
-	if !ok || top == nil || top.watchers == 0 {
+	if !ok || top == nil {
 		return 0, 0, 0, false
 	}
 	n := float64(top.watchers)

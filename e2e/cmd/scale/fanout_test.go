@@ -107,4 +107,13 @@ func TestPerWatcher(t *testing.T) {
 	if _, _, _, ok := perWatcher(rows[2:], "flock"); ok {
 		t.Fatal("a slope without the window without copies")
 	}
+	// 40 copies were sent a third of what a copy of 10 got: saturated,
+	// the slope is 10's.
+	rows[3].bytesSec, rows[3].eventsSec, rows[2].eventsSec = 40*1024, 1200, 1000
+	if !saturated(rows, rows[3]) || saturated(rows, rows[2]) {
+		t.Fatalf("saturation: 40 copies %v, 10 %v", saturated(rows, rows[3]), saturated(rows, rows[2]))
+	}
+	if c, _, _, ok := perWatcher(rows, "flock"); !ok || c != 1 {
+		t.Fatalf("flock with 40 saturated: %v %v, want 10's slope: 1 %%", c, ok)
+	}
 }

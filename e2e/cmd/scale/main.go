@@ -80,7 +80,7 @@ func main() {
 	flag.IntVar(&o.rackPods, "rack-pods", 250, "pods a node in the rack cold start")
 	flag.StringVar(&o.profiles, "profiles", "", "save flock-policy's CPU profile under churn and heap profile at rest here (go tool pprof reads them); empty: none")
 	var fanout string
-	flag.StringVar(&fanout, "fanout", "10,40", "the API server's side: copies of one node's watches (flock's, then kube-proxy's) it is measured with under churn, each count a window; empty: not measured")
+	flag.StringVar(&fanout, "fanout", "5,10", "the API server's side: copies of one node's watches (flock's, then kube-proxy's) it is measured with under churn, each count a window; empty: not measured")
 	flag.DurationVar(&o.fanoutD, "fanout-window", 30*time.Second, "each fan-out window")
 	flag.Parse()
 	for _, s := range strings.Split(fanout, ",") {

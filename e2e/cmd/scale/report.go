@@ -189,7 +189,7 @@ func fanoutSection(rs []sizeResult) string {
 		return ""
 	}
 	b.WriteString("\n## The API server's side, under churn\n\n")
-	b.WriteString("A node's watches (flock-agent's and flock-policy's together, or kube-proxy's: the requests the measured processes made, as they made them) are opened again by n copies at once, each copy on a connection of its own, and the API server is read over a window beside one without copies (the measured node's processes run throughout). The API server serializes an event once per encoding and writes it to each watcher its selectors let through, whatever the watcher does with it, so copies of the watches cost it what as many nodes would. A node's cost is the slope from the windows without copies (one before, one after: their mean) to the one with the most copies; the projection to 5,000 nodes is that mean plus 5,000 times the slope (linear in the nodes: compare the two counts). The RSS is the Go runtime's high-water mark as much as what the watchers hold, so its slope is an upper bound.\n\n")
+	b.WriteString("A node's watches (flock-agent's and flock-policy's together, or kube-proxy's: the requests the measured processes made, as they made them) are opened again by n copies at once, each copy on a connection of its own, and the API server is read over a window beside one without copies (the measured node's processes run throughout). The API server serializes an event once per encoding and writes it to each watcher its selectors let through, whatever the watcher does with it, so copies of the watches cost it what as many nodes would. A node's cost is the slope from the windows without copies (one before, one after: their mean) to the one with the most copies that were served in full (a count whose copies each got less than 90 % of the events a copy of the smallest count got is saturated: this machine's two cores, which also run the churn and the copies' TLS, could not serve that many, so it is not used); the projection to 5,000 nodes is that mean plus 5,000 times the slope (linear in the nodes: compare the two counts). The RSS is the Go runtime's high-water mark as much as what the watchers hold, so its slope is an upper bound.\n\n")
 	b.WriteString("| size | copies of | watchers | API server CPU | API server RSS | events/s sent to the copies | KB/s sent to the copies |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range rs {
 		for _, f := range r.fanout {
@@ -197,7 +197,11 @@ func fanoutSection(rs []sizeResult) string {
 				fmt.Fprintf(&b, "| %s | %s | %d | error: %s | | | |\n", sizeName(r.env), kindName(f.kind), f.watchers, strings.ReplaceAll(f.err.Error(), "|", "/"))
 				continue
 			}
-			fmt.Fprintf(&b, "| %s | %s | %d | %.1f %% | %.0f MB | %.0f | %.1f |\n", sizeName(r.env), kindName(f.kind), f.watchers, f.cpuPct, f.rssMB, f.eventsSec, f.bytesSec/1024)
+			sat := ""
+			if saturated(r.fanout, f) {
+				sat = " (saturated: not used)"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %d | %.1f %% | %.0f MB | %.0f%s | %.1f |\n", sizeName(r.env), kindName(f.kind), f.watchers, f.cpuPct, f.rssMB, f.eventsSec, sat, f.bytesSec/1024)
 		}
 	}
 	b.WriteString("\n| size | one more node costs the API server | flock (agent + policy) | kube-proxy | projected at 5,000 nodes: flock | kube-proxy |\n| --- | --- | --- | --- | --- | --- |\n")
