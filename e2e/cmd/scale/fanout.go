@@ -189,6 +189,9 @@ type fanoutRow struct {
 	bytesSec  float64
 	errs      []string
 	err       error
+	// realEventsSec is what the real processes of the kind were sent
+	// under the same churn (0: not known): what a copy must get.
+	realEventsSec float64
 }
 
 // apiServerWindow reads the API server's CPU over d and its RSS at the end.
@@ -216,10 +219,11 @@ func apiServerWindow(pid int, d time.Duration) (cpuPct, rssMB float64, err error
 // for the measured node), then with each count of copies of flock's
 // watches (flock-agent's and flock-policy's: one node's) and of
 // kube-proxy's.
-func (m *measuredNode) measureFanout(copies []int, settle, d time.Duration) []fanoutRow {
+func (m *measuredNode) measureFanout(copies []int, settle, d time.Duration, churn map[string]usage) []fanoutRow {
 	var rows []fanoutRow
+	real := map[string]float64{"flock": churn[procAgent].events + churn[procPolicy].events, "kube-proxy": churn[procProxy].events}
 	window := func(kind string, n int, reqs []watchReq) {
-		row := fanoutRow{kind: kind, watchers: n}
+		row := fanoutRow{kind: kind, watchers: n, realEventsSec: real[kind]}
 		var rp *replay
 		if n > 0 {
 			rp = startReplay(m.apiURL, m.apiTLS, reqs, n)
@@ -295,10 +299,15 @@ func (r fanoutRow) String() string {
 }
 
 // saturated says whether the copies of r were sent less than 90 % of
-// the events a copy of the smallest count of its kind was: the machine
-// (two cores for the API server, the churn and the copies' TLS) could not
-// serve them all, and its CPU is no longer what that many nodes cost.
+// the events the real processes of its kind were under the same churn
+// (unknown: than a copy of the smallest count of its kind was): the
+// machine (two cores for the API server, the churn and the copies' TLS)
+// could not serve them all, and its CPU is no longer what that many
+// nodes cost.
 func saturated(rows []fanoutRow, r fanoutRow) bool {
+	if r.realEventsSec > 0 && r.watchers > 0 {
+		return r.eventsSec/float64(r.watchers) < 0.9*r.realEventsSec
+	}
 	var least *fanoutRow
 	for i := range rows {
 		if x := &rows[i]; x.err == nil && x.kind == r.kind && x.watchers > 0 && (least == nil || x.watchers < least.watchers) {

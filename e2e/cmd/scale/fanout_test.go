@@ -116,4 +116,15 @@ func TestPerWatcher(t *testing.T) {
 	if c, _, _, ok := perWatcher(rows, "flock"); !ok || c != 1 {
 		t.Fatalf("flock with 40 saturated: %v %v, want 10's slope: 1 %%", c, ok)
 	}
+	// Against what the real processes got: 10 copies at 100 each are
+	// saturated too when a real node got 400.
+	for i := range rows {
+		rows[i].realEventsSec = 400
+	}
+	if !saturated(rows, rows[2]) {
+		t.Fatal("10 copies at a quarter of the real rate: not saturated")
+	}
+	if _, _, _, ok := perWatcher(rows, "flock"); ok {
+		t.Fatal("a slope from saturated counts only")
+	}
 }

@@ -283,7 +283,7 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	r.churn = node.window(o.churnD)
 	<-profiled
 	if len(o.fanout) > 0 {
-		r.fanout = node.measureFanout(o.fanout, 10*time.Second, o.fanoutD)
+		r.fanout = node.measureFanout(o.fanout, 10*time.Second, o.fanoutD, r.churn)
 	}
 	stopChurn()
 	churned() // its pods deleted
