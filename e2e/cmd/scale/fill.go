@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -352,6 +353,25 @@ func (f *filler) pools(ctx context.Context) error {
 	var errs []error
 	for _, p := range addressPools() {
 		errs = append(errs, f.createCR(ctx, "addresspools", p))
+	}
+	// The envelope's PreferDualStack Services need more IPv4 addresses
+	// than the secondary range holds: more ServiceCIDRs, as a cluster
+	// that outgrows its range adds them. The API server allocates from a
+	// Ready one; kube-controller-manager, which this lab does not run,
+	// would say so: its status is written here.
+	for i, cidr := range extraSvcV4CIDRs {
+		sc := &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("scale-ipv4-%d", i+1)},
+			Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{cidr.String()}}}
+		sc, err := f.cs.NetworkingV1().ServiceCIDRs().Create(ctx, sc, metav1.CreateOptions{})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("ServiceCIDR %s: %w", cidr, err))
+			continue
+		}
+		sc.Status.Conditions = []metav1.Condition{{Type: networkingv1.ServiceCIDRConditionReady, Status: metav1.ConditionTrue,
+			Reason: "ScaleLab", Message: "written by make scale (no kube-controller-manager)", LastTransitionTime: metav1.Now()}}
+		if _, err := f.cs.NetworkingV1().ServiceCIDRs().UpdateStatus(ctx, sc, metav1.UpdateOptions{}); err != nil {
+			errs = append(errs, fmt.Errorf("ServiceCIDR %s status: %w", cidr, err))
+		}
 	}
 	return errors.Join(errs...)
 }

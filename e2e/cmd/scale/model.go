@@ -157,6 +157,9 @@ var (
 	addrV6Base = netip.MustParseAddr("2001:db8:5200::")    // `addresses` IPs
 	svcV4CIDR  = netip.MustParsePrefix("203.0.113.0/24")   // the secondary Service range (PreferDualStack Services)
 	svcV6CIDR  = netip.MustParsePrefix("fd00:10:96::/108") // the primary Service range
+	// ServiceCIDRs beside the secondary range: the envelope's 500
+	// PreferDualStack Services need about 500 IPv4 addresses.
+	extraSvcV4CIDRs = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("198.51.100.128/25")}
 )
 
 // addOffset is a + n (n < 2^32).

@@ -130,3 +130,28 @@ func TestReportRack(t *testing.T) {
 		}
 	}
 }
+
+// The envelope's PreferDualStack Services get an IPv4 address each: the
+// IPv4 Service ranges hold them all (a full range fails the fill).
+func TestServiceRangesHoldTheEnvelope(t *testing.T) {
+	m := newModel(1, full)
+	dual := 0
+	for _, w := range m.workloads {
+		if w.dualStack() {
+			dual++
+		}
+	}
+	usable := 0
+	for _, p := range append([]netip.Prefix{svcV4CIDR}, extraSvcV4CIDRs...) {
+		usable += 1<<(32-p.Bits()) - 2 // without the network and broadcast addresses
+		for _, q := range []netip.Prefix{netip.PrefixFrom(podV4Base, 15)} {
+			if p.Overlaps(q) {
+				t.Errorf("Service range %s overlaps the pods' %s", p, q)
+			}
+		}
+	}
+	if dual > usable {
+		t.Fatalf("%d PreferDualStack Services, %d IPv4 Service addresses", dual, usable)
+	}
+	t.Logf("%d PreferDualStack Services, %d IPv4 Service addresses", dual, usable)
+}
