@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"slices"
@@ -320,20 +321,37 @@ func saturated(rows []fanoutRow, r fanoutRow) bool {
 	return r.eventsSec/float64(r.watchers) < 0.9*least.eventsSec/float64(least.watchers)
 }
 
+// nodeCost is what one more node of a kind costs the API server.
+type nodeCost struct {
+	cpuPct float64 // the slope of its CPU, % of a core
+	// cpuRes is the slope's resolution: the drift between the windows
+	// without copies, over the copies.
+	cpuRes              float64
+	eventsSec, bytesSec float64 // sent to one node
+}
+
 // perWatcher is the API server's cost of one more node of kind: the
 // slope from the windows without copies to the one with the most copies
 // that were not saturated.
-func perWatcher(rows []fanoutRow, kind string) (cpuPct, rssMB, bytesSec float64, ok bool) {
-	baseCPU, baseRSS, ok := baseOf(rows)
+func perWatcher(rows []fanoutRow, kind string) (c nodeCost, ok bool) {
+	baseCPU, _, ok := baseOf(rows)
 	var top *fanoutRow
+	lo, hi := math.Inf(1), math.Inf(-1)
 	for i := range rows {
-		if r := &rows[i]; r.err == nil && r.kind == kind && r.watchers > 0 && !saturated(rows, *r) && (top == nil || r.watchers > top.watchers) {
+		r := &rows[i]
+		if r.err != nil {
+			continue
+		}
+		if r.kind == "" {
+			lo, hi = min(lo, r.cpuPct), max(hi, r.cpuPct)
+		}
+		if r.kind == kind && r.watchers > 0 && !saturated(rows, *r) && (top == nil || r.watchers > top.watchers) {
 			top = r
 		}
 	}
 	if !ok || top == nil {
-		return 0, 0, 0, false
+		return c, false
 	}
 	n := float64(top.watchers)
-	return (top.cpuPct - baseCPU) / n, (top.rssMB - baseRSS) / n, top.bytesSec / n, true
+	return nodeCost{cpuPct: (top.cpuPct - baseCPU) / n, cpuRes: (hi - lo) / n, eventsSec: top.eventsSec / n, bytesSec: top.bytesSec / n}, true
 }

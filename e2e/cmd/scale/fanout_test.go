@@ -97,14 +97,14 @@ func TestPerWatcher(t *testing.T) {
 		{kind: "flock", watchers: 40, cpuPct: 50, rssMB: 580, bytesSec: 40 * 1024},
 		{kind: "kube-proxy", watchers: 40, cpuPct: 14, rssMB: 504, bytesSec: 400},
 	}
-	c, m, b, ok := perWatcher(rows, "flock")
-	if !ok || c != 1 || m != 2 || b != 1024 {
-		t.Fatalf("flock: %v %v %v %v, want 1 %%, 2 MB, 1024 B/s a node", c, m, b, ok)
+	c, ok := perWatcher(rows, "flock")
+	if !ok || c.cpuPct != 1 || c.bytesSec != 1024 || c.cpuRes != 0.1 {
+		t.Fatalf("flock: %+v %v, want 1 %% ± 0.1 and 1024 B/s a node", c, ok)
 	}
-	if c, _, _, ok := perWatcher(rows, "kube-proxy"); !ok || c != 0.1 {
-		t.Fatalf("kube-proxy: %v %v", c, ok)
+	if c, ok := perWatcher(rows, "kube-proxy"); !ok || c.cpuPct != 0.1 {
+		t.Fatalf("kube-proxy: %+v %v", c, ok)
 	}
-	if _, _, _, ok := perWatcher(rows[2:], "flock"); ok {
+	if _, ok := perWatcher(rows[2:], "flock"); ok {
 		t.Fatal("a slope without the window without copies")
 	}
 	// 40 copies were sent a third of what a copy of 10 got: saturated,
@@ -113,8 +113,8 @@ func TestPerWatcher(t *testing.T) {
 	if !saturated(rows, rows[3]) || saturated(rows, rows[2]) {
 		t.Fatalf("saturation: 40 copies %v, 10 %v", saturated(rows, rows[3]), saturated(rows, rows[2]))
 	}
-	if c, _, _, ok := perWatcher(rows, "flock"); !ok || c != 1 {
-		t.Fatalf("flock with 40 saturated: %v %v, want 10's slope: 1 %%", c, ok)
+	if c, ok := perWatcher(rows, "flock"); !ok || c.cpuPct != 1 || c.cpuRes != 0.4 || c.eventsSec != 100 {
+		t.Fatalf("flock with 40 saturated: %+v %v, want 10's: 1 %% ± 0.4, 100 events/s", c, ok)
 	}
 	// Against what the real processes got: 10 copies at 100 each are
 	// saturated too when a real node got 400.
@@ -124,7 +124,28 @@ func TestPerWatcher(t *testing.T) {
 	if !saturated(rows, rows[2]) {
 		t.Fatal("10 copies at a quarter of the real rate: not saturated")
 	}
-	if _, _, _, ok := perWatcher(rows, "flock"); ok {
+	if _, ok := perWatcher(rows, "flock"); ok {
 		t.Fatal("a slope from saturated counts only")
+	}
+}
+
+// The section says what the windows read: a slope inside the drift of the
+// windows without copies is not projected, the bytes are.
+func TestFanoutSection(t *testing.T) {
+	r := sizeResult{env: full.scaled(0.1), fanout: []fanoutRow{
+		{kind: "", cpuPct: 82.9, rssMB: 2878},
+		{kind: "flock", watchers: 10, cpuPct: 97.8, rssMB: 4731, eventsSec: 4404, bytesSec: 18528 * 1024, realEventsSec: 410},
+		{kind: "kube-proxy", watchers: 10, cpuPct: 95.8, rssMB: 3842, eventsSec: 100, bytesSec: 180 * 1024, realEventsSec: 10},
+		{kind: "", cpuPct: 96.0, rssMB: 3821},
+	}}
+	s := fanoutSection([]sizeResult{r})
+	for _, want := range []string{
+		"| 500 nodes (10%) | watch bytes sent | 1852.8 KB/s | 18.0 KB/s | 9047 MB/s | 88 MB/s |",
+		"| 500 nodes (10%) | API server CPU (of a core) | below the resolution (±1.31 %) | below the resolution (±1.31 %) | — | — |",
+		"| 500 nodes (10%) | watch events sent a second | 440 | 10 | 2,202,000 | 50,000 |",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("no row %q in:\n%s", want, s)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -189,7 +190,7 @@ func fanoutSection(rs []sizeResult) string {
 		return ""
 	}
 	b.WriteString("\n## The API server's side, under churn\n\n")
-	b.WriteString("A node's watches (flock-agent's and flock-policy's together, or kube-proxy's: the requests the measured processes made, as they made them) are opened again by n copies at once, each copy on a connection of its own, and the API server is read over a window beside one without copies (the measured node's processes run throughout). The API server serializes an event once per encoding and writes it to each watcher its selectors let through, whatever the watcher does with it, so copies of the watches cost it what as many nodes would. A node's cost is the slope from the windows without copies (one before, one after: their mean) to the one with the most copies that were served in full (a count whose copies each got less than 90 % of the watch events the real processes got under the same churn is saturated: this machine's two cores, which also run the churn and the copies' TLS, could not serve that many, so it is not used); the projection to 5,000 nodes is that mean plus 5,000 times the slope (linear in the nodes: compare the two counts). The RSS is the Go runtime's high-water mark as much as what the watchers hold, so its slope is an upper bound.\n\n")
+	b.WriteString("A node's watches (flock-agent's and flock-policy's together, or kube-proxy's: the requests the measured processes made, as they made them) are opened again by n copies at once, each copy on a connection of its own, and the API server is read over a window beside one without copies (the measured node's processes run throughout). The API server serializes an event once per encoding and writes it to each watcher its selectors let through, whatever the watcher does with it, so copies of the watches cost it what as many nodes would. A node's cost is the slope from the windows without copies (one before, one after: their mean) to the one with the most copies that were served in full (a count whose copies each got less than 90 % of the watch events the real processes got under the same churn is saturated: this machine's two cores, which also run the churn and the copies' TLS, could not serve that many, so it is not used); the projection to 5,000 nodes is linear in the nodes (compare the two counts).\n\n")
 	b.WriteString("| size | copies of | watchers | API server CPU | API server RSS | events/s sent to the copies | KB/s sent to the copies |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range rs {
 		for _, f := range r.fanout {
@@ -204,20 +205,31 @@ func fanoutSection(rs []sizeResult) string {
 			fmt.Fprintf(&b, "| %s | %s | %d | %.1f %% | %.0f MB | %.0f%s | %.1f |\n", sizeName(r.env), kindName(f.kind), f.watchers, f.cpuPct, f.rssMB, f.eventsSec, sat, f.bytesSec/1024)
 		}
 	}
-	b.WriteString("\n| size | one more node costs the API server | flock (agent + policy) | kube-proxy | projected at 5,000 nodes: flock | kube-proxy |\n| --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("\n| size | one more node costs the API server | flock (agent + policy) | kube-proxy | at 5,000 nodes: flock | kube-proxy |\n| --- | --- | --- | --- | --- | --- |\n")
+	n := float64(full.Nodes)
 	for _, r := range rs {
-		baseCPU, baseRSS, bok := baseOf(r.fanout)
-		fc, fm, fb, fok := perWatcher(r.fanout, "flock")
-		kc, km, kb, kok := perWatcher(r.fanout, "kube-proxy")
-		if !bok || !fok || !kok {
-			fmt.Fprintf(&b, "| %s | not measured | | | | |\n", sizeName(r.env))
+		if len(r.fanout) == 0 {
 			continue
 		}
-		n := float64(full.Nodes)
-		fmt.Fprintf(&b, "| %s | CPU (%% of a core) | %.2f | %.2f | %.0f | %.0f |\n", sizeName(r.env), fc, kc, baseCPU+n*fc, baseCPU+n*kc)
-		fmt.Fprintf(&b, "| %s | RSS (MB) | %.1f | %.1f | %.0f | %.0f |\n", sizeName(r.env), fm, km, baseRSS+n*fm, baseRSS+n*km)
-		fmt.Fprintf(&b, "| %s | watch bytes sent (KB/s) | %.1f | %.1f | %.0f | %.0f |\n", sizeName(r.env), fb/1024, kb/1024, n*fb/1024, n*kb/1024)
+		baseCPU, _, bok := baseOf(r.fanout)
+		f, fok := perWatcher(r.fanout, "flock")
+		k, kok := perWatcher(r.fanout, "kube-proxy")
+		if !bok || !fok || !kok {
+			fmt.Fprintf(&b, "| %s | not measured (every count saturated, or a window failed) | | | | |\n", sizeName(r.env))
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | watch events sent a second | %.0f | %.0f | %s | %s |\n", sizeName(r.env), f.eventsSec, k.eventsSec, thousands(int(n*f.eventsSec)), thousands(int(n*k.eventsSec)))
+		fmt.Fprintf(&b, "| %s | watch bytes sent | %.1f KB/s | %.1f KB/s | %.0f MB/s | %.0f MB/s |\n", sizeName(r.env), f.bytesSec/1024, k.bytesSec/1024, n*f.bytesSec/1024/1024, n*k.bytesSec/1024/1024)
+		cpu := func(c nodeCost) (string, string) {
+			if math.Abs(c.cpuPct) <= c.cpuRes {
+				return fmt.Sprintf("below the resolution (±%.2f %%)", c.cpuRes), "—"
+			}
+			return fmt.Sprintf("%.2f ± %.2f %%", c.cpuPct, c.cpuRes), fmt.Sprintf("%.0f cores", (baseCPU+n*c.cpuPct)/100)
+		}
+		fc, fp := cpu(f)
+		kc, kp := cpu(k)
+		fmt.Fprintf(&b, "| %s | API server CPU (of a core) | %s | %s | %s | %s |\n", sizeName(r.env), fc, kc, fp, kp)
 	}
-	b.WriteString("\nThe projection keeps the measured cluster's churn and size: at 5,000 nodes the same churn rates, in a cluster of this size. Each figure is API server CPU₀ + 5,000 × ΔCPU (and the same for RSS); watch bytes are 5,000 × a node's.\n")
+	b.WriteString("\nAt 5,000 nodes: the events and bytes are 5,000 times a node's (what the API servers send, at the measured churn); the CPU is the mean of the windows without copies plus 5,000 times a node's slope, shown only where the slope is larger than its resolution (the drift between the two windows without copies, over the copies: the churn's own cost on the API server varies by several % of a core from window to window). The API server's RSS keeps the Go runtime's high-water mark, so it is shown per window and not projected.\n")
 	return b.String()
 }
