@@ -317,7 +317,6 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 		start := time.Now()
 		k.urgent.Store(false) // this load reads every change so far
 		if err := k.load(); err != nil {
-			k.urgent.Store(true)
 			k.failed.Store(&err)
 			k.log.Error("NetworkPolicy verdicts not loaded into the kernel (the previous ones stay)", "table", Table, "err", err, "retry", backoff)
 			select {
