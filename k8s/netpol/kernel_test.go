@@ -51,6 +51,18 @@ func chains(t *testing.T, ns netns.NsHandle) map[string]bool {
 	return out
 }
 
+// testKernel is node-a's kernelVerdicts on empty caches (its pods,
+// namespaces and policies), keeping ns's table.
+func testKernel(ns netns.NsHandle) (kv *kernelVerdicts, pods, nss, nps cache.Indexer) {
+	pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	nss = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	nps = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	kv = newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
+		nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	kv.netns = int(ns)
+	return kv, pods, nss, nps
+}
+
 func setElems(t *testing.T, ns netns.NsHandle, set string) int {
 	t.Helper()
 	c, err := nftables.New(nftables.WithNetNSFd(int(ns)))
@@ -150,12 +162,7 @@ func TestKernelVerdictsReplaceNotRebuild(t *testing.T) {
 // once one succeeds.
 func TestVerdictsReadiness(t *testing.T) {
 	ns := testNS(t)
-	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	kv := newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
-		nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	kv.netns = int(ns)
+	kv, _, _, _ := testKernel(ns)
 	var fail atomic.Bool
 	kv.fail = func() error {
 		if fail.Load() {
@@ -279,12 +286,7 @@ func TestKernelVerdictsAdmin(t *testing.T) {
 // and the latest change is loaded once the stream stops.
 func TestKernelVerdictsPacedUnderChanges(t *testing.T) {
 	ns := testNS(t)
-	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	kv := newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
-		nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	kv.netns = int(ns)
+	kv, _, _, _ := testKernel(ns)
 	const cost = 40 * time.Millisecond // what each load is made to take
 	var loads atomic.Int64
 	kv.fail = func() error {

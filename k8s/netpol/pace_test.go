@@ -2,14 +2,8 @@ package netpol
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
-
-	corelisters "k8s.io/client-go/listers/core/v1"
-	networkinglisters "k8s.io/client-go/listers/networking/v1"
-	"k8s.io/client-go/tools/cache"
 )
 
 func TestPace(t *testing.T) {
@@ -37,12 +31,7 @@ func TestPace(t *testing.T) {
 // not stay unjudged for the other nodes' lag).
 func TestKernelUrgentChangeCutsTheWait(t *testing.T) {
 	ns := testNS(t)
-	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	kv := newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
-		nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	kv.netns = int(ns)
+	kv, _, _, _ := testKernel(ns)
 	kv.remoteLag = time.Hour
 	// Every load takes a second at least: other nodes' pods then wait
 	// nine seconds, any other change one.

@@ -112,6 +112,13 @@ func (m *measuredNode) cniCost(ctx context.Context, n int) (r cniCost, err error
 	return r, nil
 }
 
+// unixClient talks HTTP to an admin socket.
+func unixClient(sock string, timeout time.Duration) *http.Client {
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+}
+
 // policyProfile saves flock-policy's Go profile (its admin socket's
 // pprof; CPU over d when d > 0) as dir/flock-policy-name.pprof, and logs
 // where or why not. Nothing without dir.
@@ -119,9 +126,7 @@ func (m *measuredNode) policyProfile(dir, name, profile string, d time.Duration)
 	if dir == "" || m.policyAdmin == "" {
 		return
 	}
-	hc := &http.Client{Timeout: d + 30*time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", m.policyAdmin)
-	}}}
+	hc := unixClient(m.policyAdmin, d+30*time.Second)
 	u := "http://policy/debug/pprof/" + profile
 	if d > 0 {
 		u += fmt.Sprintf("?seconds=%d", int(d.Seconds()))
@@ -157,9 +162,7 @@ func (m *measuredNode) policyProfile(dir, name, profile string, d time.Duration)
 // agentGoroutines saves the agent's goroutines (its admin socket's
 // pprof) to a file that outlives the run, and says where.
 func (m *measuredNode) agentGoroutines() string {
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", m.node.Agent.AdminSocket)
-	}}}
+	hc := unixClient(m.node.Agent.AdminSocket, 10*time.Second)
 	resp, err := hc.Get("http://agent/debug/pprof/goroutine?debug=2")
 	if err != nil {
 		return "the agent's goroutines: " + err.Error()

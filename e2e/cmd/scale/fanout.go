@@ -201,17 +201,9 @@ func apiServerWindow(pid int, d time.Duration) (cpuPct, rssMB float64, err error
 	if err != nil {
 		return 0, 0, err
 	}
-	a, err := pr.Stat()
-	if err != nil {
+	if cpuPct, err = pr.IdleCPU(d); err != nil {
 		return 0, 0, err
 	}
-	start := time.Now()
-	time.Sleep(d)
-	b, err := pr.Stat()
-	if err != nil {
-		return 0, 0, err
-	}
-	cpuPct = 100 * float64(b.CPU-a.CPU) / float64(time.Since(start))
 	rssMB, err = pr.RSS()
 	return cpuPct, rssMB, err
 }

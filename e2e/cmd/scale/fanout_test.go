@@ -149,3 +149,17 @@ func TestFanoutSection(t *testing.T) {
 		}
 	}
 }
+
+func TestParseCounts(t *testing.T) {
+	if got, err := parseCounts("5, 10"); err != nil || fmt.Sprint(got) != "[5 10]" {
+		t.Fatalf("5, 10: %v %v", got, err)
+	}
+	if got, err := parseCounts(""); err != nil || got != nil {
+		t.Fatalf("empty: %v %v", got, err)
+	}
+	for _, bad := range []string{"5,x", "0", "-3", "5,,10"} {
+		if _, err := parseCounts(bad); err == nil || !strings.Contains(err.Error(), "is not a positive count") {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}

@@ -83,16 +83,10 @@ func main() {
 	flag.StringVar(&fanout, "fanout", "5,10", "the API server's side: copies of one node's watches (flock's, then kube-proxy's) it is measured with under churn, each count a window; empty: not measured")
 	flag.DurationVar(&o.fanoutD, "fanout-window", 30*time.Second, "each fan-out window")
 	flag.Parse()
-	for _, s := range strings.Split(fanout, ",") {
-		if fanout == "" {
-			break
-		}
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n <= 0 {
-			fmt.Fprintf(os.Stderr, "scale: -fanout: %q is not a positive count\n", s)
-			os.Exit(2)
-		}
-		o.fanout = append(o.fanout, n)
+	var err error
+	if o.fanout, err = parseCounts(fanout); err != nil {
+		fmt.Fprintf(os.Stderr, "scale: -fanout: %v\n", err)
+		os.Exit(2)
 	}
 	for _, s := range strings.Split(sizes, ",") {
 		if sizes == "" {
@@ -116,6 +110,22 @@ func main() {
 		fmt.Fprintln(os.Stderr, "scale:", err)
 		os.Exit(1)
 	}
+}
+
+// parseCounts reads "5,10": positive counts ("" none).
+func parseCounts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if s == "" {
+			break
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q is not a positive count", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // sizeResult is one size's figures.
