@@ -213,7 +213,7 @@ func (e *k8sEnv) waitPods(what string, selector ...string) {
 	if out, err := e.c.Kubectl(ctx, args...); err != nil {
 		pods, _ := e.c.Kubectl(ctx, "get", "pods", "-A", "-o", "wide")
 		ev, _ := e.c.Kubectl(ctx, "get", "events", "-A", "--sort-by=.lastTimestamp")
-		e.t.Fatalf("%s not Ready: %v\n%s\n%s\n%s\nkubelet:\n%s", what, err, out, pods, tail(ev, 40), e.c.LogTail("kubelet", 40))
+		e.t.Fatalf("%s not Ready: %v\n%s\n%s\n%s\nkubelet:\n%s", what, err, out, pods, tail(ev, 40), e.c.LogTail("kubelet", 12))
 	}
 }
 
@@ -304,6 +304,8 @@ func TestKubernetes(t *testing.T) {
 			// Last, where a truncated CI log still shows them: what failed.
 			t.Logf("kubelet errors:\n%s", c.LogErrors("kubelet", 15))
 			t.Logf("containerd errors:\n%s", c.LogErrors("containerd", 10))
+			out, _ = c.Kubectl(context.Background(), "-n", "flock-system", "logs", "ds/flock", "-c", "policy", "--tail=25")
+			t.Logf("policy log:\n%s", out)
 		}
 		// Workloads first (so their DELs reach a running agent), then flock.
 		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"sync"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -188,12 +189,12 @@ func run(cfg netpol.Config, kubeconfig string, ep endpoints, lbc lbConfig, log *
 	g, ctx := errgroup.WithContext(ctx)
 	if metricsL != nil {
 		g.Go(func() error {
-			return admin.ServeHTTP(ctx, metricsL, metricsHandler(func() error {
+			return admin.ServeHTTP(ctx, metricsL, metricsHandler(loggedReady(func() error {
 				if err := netpol.Ready(cfg.QueueID); err != nil {
 					return err
 				}
 				return cfg.Verdicts.Err()
-			}))
+			}, log)))
 		})
 	}
 	if adminL != nil {
@@ -235,6 +236,31 @@ func metricsHandler(ready func() error) http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	return mux
+}
+
+// loggedReady logs each change of ready's answer, as the probes ask it:
+// the kubelet shows only a 503, the log says why (and since when).
+func loggedReady(ready func() error, log *slog.Logger) func() error {
+	var mu sync.Mutex
+	last := "never asked"
+	return func() error {
+		err := ready()
+		now := "ready"
+		if err != nil {
+			now = err.Error()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if now != last {
+			if err != nil {
+				log.Warn("not ready", "why", now)
+			} else {
+				log.Info("ready: NetworkPolicy is enforced on this node")
+			}
+			last = now
+		}
+		return err
+	}
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

@@ -47,6 +47,36 @@ func TestMetricsHandler(t *testing.T) {
 	}
 }
 
+// Each change of the readiness answer is logged once, with its reason:
+// the kubelet's events show only the 503.
+func TestLoggedReadyLogsChanges(t *testing.T) {
+	var buf strings.Builder
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Key == slog.TimeKey {
+			return slog.Attr{}
+		}
+		return a
+	}}))
+	var answer error = errors.New("nftables table inet flock-netpol does not exist yet")
+	ready := loggedReady(func() error { return answer }, log)
+	for range 3 {
+		if err := ready(); err != answer {
+			t.Fatalf("ready() = %v, want the answer it wraps", err)
+		}
+	}
+	answer = nil
+	_, _ = ready(), ready()
+	answer = errors.New("no process reads NFQUEUE 100 yet")
+	_ = ready()
+	want := `level=WARN msg="not ready" why="nftables table inet flock-netpol does not exist yet"
+level=INFO msg="ready: NetworkPolicy is enforced on this node"
+level=WARN msg="not ready" why="no process reads NFQUEUE 100 yet"
+`
+	if buf.String() != want {
+		t.Errorf("logged:\n%s\nwant each change once:\n%s", buf.String(), want)
+	}
+}
+
 // A taken metrics address or an admin socket path that is not a socket
 // fails the start, naming it, before the engine touches the kernel.
 func TestListenersFailTheStart(t *testing.T) {
