@@ -1,11 +1,11 @@
 package verdicts
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 
@@ -40,9 +40,15 @@ type Input struct {
 }
 
 type compiler struct {
-	in       Input
-	pods     map[string]*corev1.Pod // namespace/name
-	byStatus map[string][]*corev1.Pod
+	in Input
+	// pods are the pods by namespace/name, built on the first need
+	// (PodsForIP names an extra IP's holders).
+	pods map[string]*corev1.Pod
+	// byStatus are the non-hostNetwork pods by a status IP, written as
+	// netip prints it: the engine looks a packet's address up by that
+	// string, so an IP written otherwise ("FD00::1") holds nothing.
+	byStatus map[netip.Addr][]*corev1.Pod
+	sorted   []*corev1.Pod // in.Pods by key
 	ns       map[string]labels.Set
 	policies map[string][]*networkingv1.NetworkPolicy // by namespace
 	holders  map[netip.Addr][]*corev1.Pod
@@ -103,20 +109,22 @@ func Compile(in Input) *Program {
 func CompileDeps(in Input) (*Program, *Deps) {
 	// The maps of every pod and address are sized up front: growing them
 	// is most of a large cluster's garbage.
-	c := &compiler{in: in, pods: make(map[string]*corev1.Pod, len(in.Pods)), byStatus: make(map[string][]*corev1.Pod, 2*len(in.Pods)),
+	c := &compiler{in: in, byStatus: make(map[netip.Addr][]*corev1.Pod, 2*len(in.Pods)),
 		ns: map[string]labels.Set{}, policies: map[string][]*networkingv1.NetworkPolicy{},
 		holders: make(map[netip.Addr][]*corev1.Pod, 2*len(in.Pods)), peers: map[string]*Addrs{}, groups: map[string]int{}, sels: map[*metav1.LabelSelector]parsed{},
 		full:     map[*networkingv1.NetworkPolicy]bool{},
 		singleNS: map[string][]netip.Addr{}, nsMatch: map[*metav1.LabelSelector][]string{}, blocks: map[*networkingv1.IPBlock][]Range{},
 		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: map[netip.Addr][]int{}, Ingress: map[netip.Addr][]int{}}}
 	pods := sortedPods(in.Pods)
+	c.sorted = pods
 	for _, p := range pods {
-		c.pods[key(p)] = p
 		if p.Spec.HostNetwork {
 			continue // the engine's pod IP index leaves them out
 		}
 		for _, ip := range p.Status.PodIPs {
-			c.byStatus[ip.IP] = append(c.byStatus[ip.IP], p)
+			if a, ok := canonical(ip.IP); ok {
+				c.byStatus[a] = append(c.byStatus[a], p)
+			}
 		}
 	}
 	for _, n := range in.Namespaces {
@@ -128,16 +136,24 @@ func CompileDeps(in Input) (*Program, *Deps) {
 	// Every address a pod holds, and who holds it as the engine resolves
 	// a packet's address.
 	addrs := make([]netip.Addr, 0, 2*len(pods))
-	seen := make(map[netip.Addr]bool, 2*len(pods))
+	add := func(s string) {
+		if a, err := netip.ParseAddr(s); err == nil {
+			addrs = append(addrs, a)
+		}
+	}
 	for _, p := range pods {
-		for _, s := range c.podIPs(p) {
-			if a, err := netip.ParseAddr(s); err == nil && !seen[a] {
-				seen[a] = true
-				addrs = append(addrs, a)
+		// c.podIPs(p), without a slice a pod.
+		for _, ip := range p.Status.PodIPs {
+			add(ip.IP)
+		}
+		if c.in.ExtraPodIPs != nil {
+			for _, s := range c.in.ExtraPodIPs(p) {
+				add(s)
 			}
 		}
 	}
 	slices.SortFunc(addrs, netip.Addr.Compare)
+	addrs = slices.Compact(addrs)
 	c.single = make([]netip.Addr, 0, len(addrs))
 	for _, a := range addrs {
 		switch h := c.podsAt(a); {
@@ -256,22 +272,40 @@ func (c *compiler) subject(p *corev1.Pod) bool {
 
 func key(p *corev1.Pod) string { return p.Namespace + "/" + p.Name }
 
-// sortedPods is pods in the order of their keys (each key built once).
+// sortedPods is pods in the order of their keys.
 func sortedPods(pods []*corev1.Pod) []*corev1.Pod {
-	type keyed struct {
-		k string
-		p *corev1.Pod
-	}
-	ks := make([]keyed, len(pods))
-	for i, p := range pods {
-		ks[i] = keyed{key(p), p}
-	}
-	slices.SortFunc(ks, func(a, b keyed) int { return strings.Compare(a.k, b.k) })
-	out := make([]*corev1.Pod, len(ks))
-	for i := range ks {
-		out[i] = ks[i].p
-	}
+	out := slices.Clone(pods)
+	slices.SortFunc(out, compareKeys)
 	return out
+}
+
+// compareKeys orders a and b as strings.Compare(key(a), key(b)) does,
+// without building the keys (a compile sorts every pod of the cluster).
+func compareKeys(a, b *corev1.Pod) int {
+	if a.Namespace == b.Namespace {
+		return strings.Compare(a.Name, b.Name)
+	}
+	n := min(len(a.Namespace), len(b.Namespace))
+	if c := strings.Compare(a.Namespace[:n], b.Namespace[:n]); c != 0 {
+		return c
+	}
+	// One namespace is a prefix of the other: the keys differ where the
+	// shorter one's "/" meets the longer one's next byte.
+	if len(a.Namespace) == n {
+		return cmp.Compare('/', b.Namespace[n])
+	}
+	return cmp.Compare(a.Namespace[n], '/')
+}
+
+// canonical parses a status IP the way the engine's index finds it: only
+// if a packet's address prints as that very string.
+func canonical(s string) (netip.Addr, bool) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	var buf [64]byte
+	return a, string(a.AppendTo(buf[:0])) == s
 }
 
 // podIPs is the engine's podIPs: status.podIPs, then the extra ones.
@@ -291,19 +325,26 @@ func (c *compiler) podIPs(p *corev1.Pod) []string {
 // pick among several is arbitrary, this one takes the first by name),
 // else every non-hostNetwork holder PodsForIP names.
 func (c *compiler) podsAt(a netip.Addr) []*corev1.Pod {
-	if objs := c.byStatus[a.String()]; len(objs) > 0 {
-		for _, p := range objs {
+	if objs := c.byStatus[a]; len(objs) > 0 {
+		for i, p := range objs {
 			if p.Status.Phase == corev1.PodRunning {
-				return []*corev1.Pod{p}
+				return objs[i : i+1 : i+1]
 			}
 		}
-		return objs[:1]
+		return objs[:1:1]
 	}
 	if c.in.PodsForIP == nil {
 		return nil
 	}
+	names := c.in.PodsForIP(a.String())
+	if len(names) > 0 && c.pods == nil {
+		c.pods = make(map[string]*corev1.Pod, len(c.in.Pods))
+		for _, p := range c.sorted {
+			c.pods[key(p)] = p
+		}
+	}
 	var out []*corev1.Pod
-	for _, k := range c.in.PodsForIP(a.String()) {
+	for _, k := range names {
 		if p, ok := c.pods[k]; ok && !p.Spec.HostNetwork {
 			out = append(out, p)
 		}
@@ -330,7 +371,7 @@ func (c *compiler) isolating(t networkingv1.PolicyType, p *corev1.Pod) []*networ
 			out = append(out, np)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	slices.SortFunc(out, func(a, b *networkingv1.NetworkPolicy) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 

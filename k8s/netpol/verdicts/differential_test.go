@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -122,6 +123,11 @@ func newWorld(r *rand.Rand) *world {
 			}
 		default:
 			p.Status.PodIPs = []corev1.PodIP{{IP: fmt.Sprintf("fd00:10:%d::%x", i%2, i+1)}}
+			if r.IntN(10) == 0 {
+				// Written otherwise than a packet's address prints: the
+				// engine's index never finds the pod by it.
+				p.Status.PodIPs[0].IP = strings.ToUpper(p.Status.PodIPs[0].IP)
+			}
 			if r.IntN(2) == 0 {
 				p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: fmt.Sprintf("198.51.100.%d", i+1)})
 			}
