@@ -55,6 +55,9 @@ type compiler struct {
 	peers    map[string]*Addrs
 	prog     *Program
 	groups   map[string]int
+	// known caches groups by the policies they are of (same policies,
+	// same key): the key is built once per group, not once per pod.
+	known map[groupKnown]int
 	// single and several are the held addresses, sorted, by whether one
 	// pod or several hold them; singleNS are the single ones by their
 	// pod's namespace (sorted too), so a peer's selectors look only at
@@ -111,7 +114,7 @@ func CompileDeps(in Input) (*Program, *Deps) {
 	// is most of a large cluster's garbage.
 	c := &compiler{in: in, byStatus: make(map[netip.Addr][]*corev1.Pod, 2*len(in.Pods)),
 		ns: map[string]labels.Set{}, policies: map[string][]*networkingv1.NetworkPolicy{},
-		holders: make(map[netip.Addr][]*corev1.Pod, 2*len(in.Pods)), peers: map[string]*Addrs{}, groups: map[string]int{}, sels: map[*metav1.LabelSelector]parsed{},
+		holders: make(map[netip.Addr][]*corev1.Pod, 2*len(in.Pods)), peers: map[string]*Addrs{}, groups: map[string]int{}, known: map[groupKnown]int{}, sels: map[*metav1.LabelSelector]parsed{},
 		full:     map[*networkingv1.NetworkPolicy]bool{},
 		singleNS: map[string][]netip.Addr{}, nsMatch: map[*metav1.LabelSelector][]string{}, blocks: map[*networkingv1.IPBlock][]Range{},
 		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: map[netip.Addr][]int{}, Ingress: map[netip.Addr][]int{}}}
@@ -411,32 +414,50 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, remote bool) 
 	if len(nps) == 0 {
 		return 0, false
 	}
-	var names []string
 	named := false
-	for _, np := range nps {
-		names = append(names, np.Name+"@"+string(np.UID)+"@"+np.ResourceVersion)
-		rs, _ := rules(t, np)
-		for _, r := range rs {
-			for _, pp := range r.ports {
-				named = named || (pp.Port != nil && pp.Port.StrVal != "")
+	if t == networkingv1.PolicyTypeIngress {
+		for _, np := range nps {
+			rs, _ := rules(t, np)
+			for _, r := range rs {
+				for _, pp := range r.ports {
+					named = named || (pp.Port != nil && pp.Port.StrVal != "")
+				}
 			}
 		}
 	}
-	k := string(t) + " " + p.Namespace + " " + strings.Join(names, ",")
-	if t == networkingv1.PolicyTypeIngress && named {
-		// Ingress named ports are this pod's own: they resolve on it, and
-		// the group depends on the pod only through what they resolve to
-		// (the replicas of a workload share one group).
-		k += " ports " + resolved(nps, p)
-	}
-	if remote {
-		k += " for the judged"
-	} else {
+	if !remote {
 		for _, np := range nps {
 			c.full[np] = true
 		}
 	}
+	// Ingress named ports are this pod's own: they resolve on it, and
+	// the group depends on the pod only through what they resolve to
+	// (the replicas of a workload share one group).
+	var ports string
+	if named {
+		ports = resolved(nps, p)
+	}
+	gk, cached := knownKey(t, remote, nps, ports)
+	if cached {
+		if i, ok := c.known[gk]; ok {
+			return i, true
+		}
+	}
+	var names []string
+	for _, np := range nps {
+		names = append(names, np.Name+"@"+string(np.UID)+"@"+np.ResourceVersion)
+	}
+	k := string(t) + " " + p.Namespace + " " + strings.Join(names, ",")
+	if named {
+		k += " ports " + ports
+	}
+	if remote {
+		k += " for the judged"
+	}
 	if i, ok := c.groups[k]; ok {
+		if cached {
+			c.known[gk] = i
+		}
 		return i, true
 	}
 	g := &Group{Key: k, Egress: t == networkingv1.PolicyTypeEgress}
@@ -488,8 +509,34 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, remote bool) 
 		g.Several[a] = together
 	}
 	c.prog.Groups = append(c.prog.Groups, g)
-	c.groups[k] = len(c.prog.Groups) - 1
-	return len(c.prog.Groups) - 1, true
+	i := len(c.prog.Groups) - 1
+	c.groups[k] = i
+	if cached {
+		c.known[gk] = i
+	}
+	return i, true
+}
+
+// groupKnown is what a group's key is made of, by the policies'
+// identities: the same policies (the same objects: their namespace, name,
+// UID and version), direction, judged peers or every peer, and resolved
+// ingress named ports make the same key.
+type groupKnown struct {
+	t      networkingv1.PolicyType
+	remote bool
+	nps    [4]*networkingv1.NetworkPolicy
+	ports  string
+}
+
+// knownKey is nps's groupKnown; false when there are too many policies
+// to cache by (the key is built then).
+func knownKey(t networkingv1.PolicyType, remote bool, nps []*networkingv1.NetworkPolicy, ports string) (groupKnown, bool) {
+	k := groupKnown{t: t, remote: remote, ports: ports}
+	if len(nps) > len(k.nps) {
+		return k, false
+	}
+	copy(k.nps[:], nps)
+	return k, true
 }
 
 // mergeTerms joins terms into fewer that match the same packets: those
