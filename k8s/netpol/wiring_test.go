@@ -1,0 +1,98 @@
+package netpol
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/kube-network-policies/pkg/networkpolicy"
+
+	"code.fritzlab.net/fritzlab/flock/agent/policyips"
+	"code.fritzlab.net/fritzlab/flock/k8s/addresspools"
+	"code.fritzlab.net/fritzlab/flock/k8s/claims"
+)
+
+// Run's wiring without the kernel: the engine's controller, flock's
+// transform, the tracker's handler (one value on the pod and namespace
+// informers, as on its claims and pools) and the kernel's handlers on
+// real informers. The tracker's first answer, which the engine's queue
+// and the first load wait for, comes once the stores and its handler's
+// registrations synced, even while another handler of the pod informer
+// is stuck.
+func TestRunWiringTrackerSyncs(t *testing.T) {
+	var objs []runtime.Object
+	for i := range 30 {
+		p := bulkyPod("shop", fmt.Sprintf("web%d", i))
+		if i%3 == 0 {
+			p.Spec.NodeName = "node-b"
+		}
+		objs = append(objs, p)
+	}
+	objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
+	client := fake.NewClientset(objs...)
+	factory := newFactory(client)
+	engineCfg := networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true}
+	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+		claims.GVR: "AddressClaimList", addresspools.GVR: "AddressPoolList"})
+	tr := policyips.NewTracker("node-a", dyn, filepath.Join(t.TempDir(), "none.sock"), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	engineCfg.ExtraIPsSynced = tr.HasSynced
+	if _, err := newController(client, factory, nil, nil, nil, nil, engineCfg); err != nil {
+		t.Fatal(err)
+	}
+	podInf, nsInf := factory.Core().V1().Pods(), factory.Core().V1().Namespaces()
+	extraSynced, err := addHandler(tr.Handler(), podInf.Informer(), nsInf.Informer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nps := factory.Networking().V1().NetworkPolicies()
+	watched := []cache.SharedIndexInformer{podInf.Informer(), nsInf.Informer(), nps.Informer()}
+	var synced []cache.InformerSynced
+	for _, inf := range watched {
+		synced = append(synced, inf.HasSynced)
+	}
+	kv := newKernelVerdicts("node-a", podInf.Lister(), nsInf.Lister(), nps.Lister(), tr, synced, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	kv.holders = podIPHolders(podInf.Informer().GetIndexer())
+	for _, inf := range watched {
+		if _, err := inf.AddEventHandler(kv.handler()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another handler of the pod informer that never returns (as a stuck
+	// engine handler would): each registration has its own goroutines,
+	// so the tracker's still syncs.
+	release := make(chan struct{})
+	if _, err := podInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { <-release }}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	factory.Start(ctx.Done())
+	defer func() { close(release); cancel(); factory.Shutdown() }()
+	done := make(chan error, 1)
+	go func() { done <- tr.Run(ctx, podInf.Lister(), nsInf.Lister(), extraSynced, kv.changed) }()
+	start := time.Now()
+	for !tr.HasSynced() {
+		if time.Since(start) > 15*time.Second {
+			for i, s := range extraSynced {
+				t.Logf("extraSynced[%d] = %v", i, s())
+			}
+			t.Fatal("tracker never synced")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("first answer after %s", time.Since(start))
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
