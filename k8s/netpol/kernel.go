@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	policylisters "sigs.k8s.io/network-policy-api/pkg/client/listers/apis/v1alpha1"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
 )
@@ -41,8 +42,10 @@ type kernelVerdicts struct {
 	// that is off).
 	admin  *adminListers
 	synced []cache.InformerSynced
-	log    *slog.Logger
-	kick   chan struct{}
+	// syncedNames name synced's checks in the log of a long wait.
+	syncedNames []string
+	log         *slog.Logger
+	kick        chan struct{}
 	// loaded is closed once a program is in the kernel.
 	loaded chan struct{}
 	// netns is the network namespace whose table it keeps (-1: this
@@ -82,6 +85,10 @@ type kernelVerdicts struct {
 	// for its load (RemoteLag; tests set it).
 	remoteLag time.Duration
 }
+
+// SyncWarnAfter is how long a wait for the caches goes before it logs
+// what it still waits for (and again as often after).
+const SyncWarnAfter = 15 * time.Second
 
 // RemoteLag bounds how long a change of other nodes' pods alone waits for
 // its load, as kube-proxy's min-sync-period (1 s) does for an
@@ -304,11 +311,18 @@ func (k *kernelVerdicts) input() (verdicts.Input, error) {
 // until ctx ends; a failed load is retried (the kernel keeps the last
 // program meanwhile).
 func (k *kernelVerdicts) Run(ctx context.Context) error {
-	synced := k.synced
-	if k.extra != nil {
-		synced = append(slices.Clip(synced), k.extra.HasSynced)
+	var checks []kubeclient.Synced
+	for i, s := range k.synced {
+		name := fmt.Sprintf("cache %d", i+1)
+		if i < len(k.syncedNames) {
+			name = k.syncedNames[i]
+		}
+		checks = append(checks, kubeclient.Synced{Name: name, Synced: s})
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+	if k.extra != nil {
+		checks = append(checks, kubeclient.Synced{Name: "the extra pod IPs' first answer", Synced: k.extra.HasSynced})
+	}
+	if !kubeclient.WaitLogged(ctx, k.log, "NetworkPolicy verdicts", SyncWarnAfter, checks...) {
 		return ctx.Err()
 	}
 	k.primeLocal()

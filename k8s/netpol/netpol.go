@@ -199,16 +199,19 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	}
 	nps := factory.Networking().V1().NetworkPolicies()
 	watched := []cache.SharedIndexInformer{podInf.Informer(), nsInf.Informer(), nps.Informer()}
+	names := []string{"pods", "namespaces", "NetworkPolicies"}
 	var admin *adminListers
 	if anpInformer != nil || banpInformer != nil {
 		admin = &adminListers{}
 		if anpInformer != nil {
 			admin.anps = anpInformer.Lister()
 			watched = append(watched, anpInformer.Informer())
+			names = append(names, "AdminNetworkPolicies")
 		}
 		if banpInformer != nil {
 			admin.banps = banpInformer.Lister()
 			watched = append(watched, banpInformer.Informer())
+			names = append(names, "BaselineAdminNetworkPolicies")
 		}
 	}
 	var synced []cache.InformerSynced
@@ -216,6 +219,7 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 		synced = append(synced, inf.HasSynced)
 	}
 	kv := newKernelVerdicts(cfg.NodeName, podInf.Lister(), nsInf.Lister(), nps.Lister(), cfg.ExtraIPs, synced, log)
+	kv.syncedNames = names
 	kv.admin = admin
 	kv.holders = podIPHolders(podInf.Informer().GetIndexer())
 	kv.hook.Queue = networkpolicy.QueueVerdict(engineCfg)
