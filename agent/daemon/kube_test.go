@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -26,24 +25,6 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/nodeconfigs"
 )
-
-// syncBuffer is a log sink the test reads while the wait writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func nodeConfigObject(name string) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{Object: map[string]any{
@@ -82,7 +63,7 @@ func TestWaitNodeConfigShowsAPIErrors(t *testing.T) {
 			return true, nil, forbidden
 		}
 	})
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	dir := t.TempDir()
 	o := Options{NodeName: "vm", Log: slog.New(slog.NewTextHandler(&logs, nil)),
 		MetricsAddress: "127.0.0.1:0", AdminSocket: filepath.Join(dir, "admin.sock")}
@@ -190,7 +171,7 @@ func TestWaitNodeConfigMissing(t *testing.T) {
 	gvr := nodeconfigs.GVR
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 		map[schema.GroupVersionResource]string{gvr: "NodeConfigList"})
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	o := Options{NodeName: "vm", Log: slog.New(slog.NewTextHandler(&logs, nil)), AdminSocket: filepath.Join(t.TempDir(), "admin.sock")}
 	type seen struct {
 		status    admin.Status
@@ -230,7 +211,7 @@ func TestWaitNodeConfigMissing(t *testing.T) {
 
 // The wait's progress logs each distinct error once, and its clearing.
 func TestNodeConfigWaitProgressLogsOnce(t *testing.T) {
-	var logs syncBuffer
+	var logs testutil.SyncBuffer
 	w := &nodeConfigWait{node: "vm", log: slog.New(slog.NewTextHandler(&logs, nil))}
 	a, b := errors.New("error a"), errors.New("error b")
 	for _, err := range []error{a, a, a, b, b, nil, nil, a} {

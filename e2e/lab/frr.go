@@ -11,6 +11,8 @@ import (
 	"strings"
 	"text/template"
 	"time"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // FRR is zebra + bgpd running in a namespace as the ToR. The daemons run in
@@ -23,7 +25,7 @@ type FRR struct {
 	daemons   []string
 	names     []string // of procs
 	procs     []*exec.Cmd
-	logs      []*syncBuffer
+	logs      []*testutil.SyncBuffer
 	dones     []chan error
 }
 
@@ -77,7 +79,7 @@ func (f *FRR) start() error {
 }
 
 func (f *FRR) startOne(d string) error {
-	log := &syncBuffer{}
+	log := &testutil.SyncBuffer{}
 	cmd := exec.Command("/usr/lib/frr/"+d, "-N", f.Pathspace, "-f", filepath.Join(f.Dir, d+".conf"))
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := f.NS.InNS(cmd.Start); err != nil {

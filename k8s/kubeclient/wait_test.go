@@ -4,33 +4,17 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // A wait names what it still waits for, and ends when all of it synced or
 // when ctx ends.
 func TestWaitLogged(t *testing.T) {
-	var buf syncBuf
+	var buf testutil.SyncBuffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
 	var claims atomic.Bool
 	always := func() bool { return true }

@@ -24,6 +24,7 @@ import (
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
@@ -110,7 +111,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	_ = nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "c", Labels: map[string]string{"team": "w"}}})
 	const npods, npolicies = 10, 4
 
-	var logBuf syncBuffer
+	var logBuf testutil.SyncBuffer
 	var failing atomic.Bool
 	var kv atomic.Pointer[kernelVerdicts]
 	var skipped atomic.Uint64 // by the processes before the last
@@ -285,22 +286,4 @@ func describeIn(in verdicts.Input) string {
 		out += fmt.Sprintf("policy %s/%s types=%v select=%v ingress=%+v egress=%+v\n", np.Namespace, np.Name, np.Spec.PolicyTypes, np.Spec.PodSelector.String(), np.Spec.Ingress, np.Spec.Egress)
 	}
 	return out
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.b = append(s.b, p...)
-	return len(p), nil
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return string(s.b)
 }

@@ -191,7 +191,7 @@ func TestConflict(t *testing.T) {
 	// Another event, the same conflict: logged once.
 	a.editNode("node1", func(n *corev1.Node) { n.Labels["unrelated"] = "x" })
 	r.settle(a)
-	if n := r.log.count("NodeConfigTemplates all and rack-r1 select it"); n != 1 {
+	if n := strings.Count(r.log.String(), "NodeConfigTemplates all and rack-r1 select it"); n != 1 {
 		t.Errorf("the conflict logged %d times, want once:\n%s", n, r.log)
 	}
 	if ev := a.events(); !slices.Equal(ev, []string{ReasonConflict + ": " + want}) {

@@ -1,15 +1,12 @@
 package nodetemplate
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"strconv"
-	"strings"
-	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -287,35 +284,11 @@ func (a *api) events() []string {
 	return out
 }
 
-// logBuffer collects the controller's log.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), s)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // running is a controller run by a test.
 type running struct {
 	t    testing.TB
 	c    *Controller
-	log  *logBuffer
+	log  *testutil.SyncBuffer
 	stop func()
 }
 
@@ -323,7 +296,7 @@ type running struct {
 // waits for its first pass.
 func start(t testing.TB, a *api, validate func(*v1alpha1.NodeConfigSpec) error) *running {
 	t.Helper()
-	lb := &logBuffer{}
+	lb := &testutil.SyncBuffer{}
 	c := New(Config{Node: "node1", Dyn: a.dyn, Nodes: fakeNodes{a.cs.CoreV1().Nodes()}, Validate: validate,
 		Log: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	_, stop := testutil.Run(t, c.Run)

@@ -54,7 +54,7 @@ func TestModel(t *testing.T) {
 		rounds = 10
 	}
 	a := newAPI(t, nodeWithRack())
-	lb := &logBuffer{}
+	lb := &testutil.SyncBuffer{}
 	c := New(Config{Node: "node1", Dyn: a.dyn, Nodes: fakeNodes{a.cs.CoreV1().Nodes()}, Validate: nodeconfig.Validate,
 		Log: slog.New(slog.NewTextHandler(lb, nil)), Retry: 10 * time.Millisecond})
 	m := &model{}
