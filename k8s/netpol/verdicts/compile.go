@@ -206,10 +206,14 @@ func CompileDeps(in Input) (*Program, *Deps) {
 	for _, a := range addrs {
 		remote := !in.Admin && !c.prog.Selected[a]
 		for _, p := range c.holders[a] {
-			if g, ok := c.group(networkingv1.PolicyTypeEgress, p, remote); ok && !slices.Contains(c.prog.Egress[a], g) {
+			nps := c.selecting(p) // for both directions
+			if len(nps) == 0 {
+				continue
+			}
+			if g, ok := c.group(networkingv1.PolicyTypeEgress, p, nps, remote); ok && !slices.Contains(c.prog.Egress[a], g) {
 				c.prog.Egress[a] = append(c.prog.Egress[a], g)
 			}
-			if g, ok := c.group(networkingv1.PolicyTypeIngress, p, remote); ok && !slices.Contains(c.prog.Ingress[a], g) {
+			if g, ok := c.group(networkingv1.PolicyTypeIngress, p, nps, remote); ok && !slices.Contains(c.prog.Ingress[a], g) {
 				c.prog.Ingress[a] = append(c.prog.Ingress[a], g)
 			}
 		}
@@ -365,16 +369,34 @@ func (c *compiler) selects(np *networkingv1.NetworkPolicy, p *corev1.Pod) bool {
 	return err == nil && sel.Matches(labels.Set(p.Labels))
 }
 
-// isolating lists the policies that select p and name direction t in
-// their policyTypes.
-func (c *compiler) isolating(t networkingv1.PolicyType, p *corev1.Pod) []*networkingv1.NetworkPolicy {
+// selecting lists the policies that select p, by name.
+func (c *compiler) selecting(p *corev1.Pod) []*networkingv1.NetworkPolicy {
 	var out []*networkingv1.NetworkPolicy
 	for _, np := range c.policies[p.Namespace] {
-		if c.selects(np, p) && slices.Contains(np.Spec.PolicyTypes, t) {
+		if c.selects(np, p) {
 			out = append(out, np)
 		}
 	}
 	slices.SortFunc(out, func(a, b *networkingv1.NetworkPolicy) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// isolating lists the policies of selecting (a pod's) that name direction
+// t in their policyTypes.
+func isolating(t networkingv1.PolicyType, selecting []*networkingv1.NetworkPolicy) []*networkingv1.NetworkPolicy {
+	all := true
+	for _, np := range selecting {
+		all = all && slices.Contains(np.Spec.PolicyTypes, t)
+	}
+	if all {
+		return selecting // read only: no copy
+	}
+	var out []*networkingv1.NetworkPolicy
+	for _, np := range selecting {
+		if slices.Contains(np.Spec.PolicyTypes, t) {
+			out = append(out, np)
+		}
+	}
 	return out
 }
 
@@ -406,11 +428,12 @@ func rules(t networkingv1.PolicyType, np *networkingv1.NetworkPolicy) (out []rul
 	return out, len(np.Spec.Ingress) == 0
 }
 
-// group finds or builds the group for pod p in direction t; remote: for
-// an address that is not judged, whose peers are then always judged ones
-// (the group is built for those alone).
-func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, remote bool) (int, bool) {
-	nps := c.isolating(t, p)
+// group finds or builds the group for pod p in direction t, of the
+// policies of selecting that isolate p in t; remote: for an address that
+// is not judged, whose peers are then always judged ones (the group is
+// built for those alone).
+func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, selecting []*networkingv1.NetworkPolicy, remote bool) (int, bool) {
+	nps := isolating(t, selecting)
 	if len(nps) == 0 {
 		return 0, false
 	}
