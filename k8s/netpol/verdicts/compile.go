@@ -120,38 +120,35 @@ func CompileDeps(in Input) (*Program, *Deps) {
 		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: map[netip.Addr][]int{}, Ingress: map[netip.Addr][]int{}}}
 	pods := sortedPods(in.Pods)
 	c.sorted = pods
-	for _, p := range pods {
-		if p.Spec.HostNetwork {
-			continue // the engine's pod IP index leaves them out
-		}
-		for _, ip := range p.Status.PodIPs {
-			if a, ok := canonical(ip.IP); ok {
-				c.byStatus[a] = append(c.byStatus[a], p)
-			}
-		}
-	}
 	for _, n := range in.Namespaces {
 		c.ns[n.Name] = labels.Set(n.Labels)
 	}
 	for _, np := range in.Policies {
 		c.policies[np.Namespace] = append(c.policies[np.Namespace], np)
 	}
-	// Every address a pod holds, and who holds it as the engine resolves
-	// a packet's address.
+	// Every address a pod holds (c.podIPs(p), without a slice a pod), and
+	// the pods by status IP as the engine's index finds them: hostNetwork
+	// ones left out.
 	addrs := make([]netip.Addr, 0, 2*len(pods))
-	add := func(s string) {
-		if a, err := netip.ParseAddr(s); err == nil {
-			addrs = append(addrs, a)
-		}
-	}
+	var buf [64]byte
 	for _, p := range pods {
-		// c.podIPs(p), without a slice a pod.
 		for _, ip := range p.Status.PodIPs {
-			add(ip.IP)
+			a, err := netip.ParseAddr(ip.IP)
+			if err != nil {
+				continue
+			}
+			addrs = append(addrs, a)
+			// Found only by a packet's address that prints as this
+			// very string.
+			if !p.Spec.HostNetwork && string(a.AppendTo(buf[:0])) == ip.IP {
+				c.byStatus[a] = append(c.byStatus[a], p)
+			}
 		}
 		if c.in.ExtraPodIPs != nil {
 			for _, s := range c.in.ExtraPodIPs(p) {
-				add(s)
+				if a, err := netip.ParseAddr(s); err == nil {
+					addrs = append(addrs, a)
+				}
 			}
 		}
 	}
@@ -302,17 +299,6 @@ func compareKeys(a, b *corev1.Pod) int {
 		return cmp.Compare('/', b.Namespace[n])
 	}
 	return cmp.Compare(a.Namespace[n], '/')
-}
-
-// canonical parses a status IP the way the engine's index finds it: only
-// if a packet's address prints as that very string.
-func canonical(s string) (netip.Addr, bool) {
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		return netip.Addr{}, false
-	}
-	var buf [64]byte
-	return a, string(a.AppendTo(buf[:0])) == s
 }
 
 // podIPs is the engine's podIPs: status.podIPs, then the extra ones.

@@ -2,7 +2,6 @@ package verdicts
 
 import (
 	"math/rand/v2"
-	"net/netip"
 	"strings"
 	"testing"
 
@@ -28,22 +27,6 @@ func TestCompareKeysIsKeyOrder(t *testing.T) {
 			if got, want := compareKeys(a, b), strings.Compare(key(a), key(b)); got != want {
 				t.Fatalf("compareKeys(%s, %s) = %d, want %d", key(a), key(b), got, want)
 			}
-		}
-	}
-}
-
-// An IP the engine's index can find is one a packet's address prints as.
-func TestCanonical(t *testing.T) {
-	for s, want := range map[string]bool{
-		"fd00::1": true, "FD00::1": false, "fd00:0::1": false, "192.0.2.1": true,
-		"::ffff:192.0.2.1": true, "192.0.2.01": false, "": false, "x": false, "fe80::1%eth0": true,
-	} {
-		a, ok := canonical(s)
-		if ok != want {
-			t.Errorf("canonical(%q) = %v, want %v", s, ok, want)
-		}
-		if ok && a != netip.MustParseAddr(s) {
-			t.Errorf("canonical(%q) = %v", s, a)
 		}
 	}
 }
