@@ -244,13 +244,15 @@ func loggedReady(ready func() error, log *slog.Logger) func() error {
 	var mu sync.Mutex
 	last := "never asked"
 	return func() error {
+		// Asked under the lock: two askers log in the order of the
+		// answers.
+		mu.Lock()
+		defer mu.Unlock()
 		err := ready()
 		now := "ready"
 		if err != nil {
 			now = err.Error()
 		}
-		mu.Lock()
-		defer mu.Unlock()
 		if now != last {
 			if err != nil {
 				log.Warn("not ready", "why", now)
