@@ -168,7 +168,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	if len(o.sizes) == 0 {
-		return writeReport(o, nil, racks, time.Since(start))
+		return writeReport(reportTo(o, ctx.Err() != nil), nil, racks, time.Since(start))
 	}
 	c, err := k8slab.Up(ctx, k8slab.Options{Dir: filepath.Join(dir, "k8s"), APIOnly: true, KubeProxy: true, Log: logf,
 		ServiceCIDRs: []string{svcV6CIDR.String(), svcV4CIDR.String()}, EtcdQuotaBytes: 8 << 30})
@@ -243,7 +243,21 @@ func run(ctx context.Context, o options) error {
 			break
 		}
 	}
+	o = reportTo(o, ctx.Err() != nil)
+	if ctx.Err() != nil {
+		logf("stopped: what was measured goes to %s", o.out)
+	}
 	return writeReport(o, results, racks, time.Since(start))
+}
+
+// reportTo is o writing its report where a stopped run must: beside the
+// report (name.partial.md and .svg), which a run that did not finish
+// must not replace.
+func reportTo(o options, stopped bool) options {
+	if stopped {
+		o.out = strings.TrimSuffix(o.out, ".md") + ".partial.md"
+	}
+	return o
 }
 
 // measureSize fills the API up to m and measures the node there.

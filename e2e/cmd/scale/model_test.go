@@ -155,3 +155,28 @@ func TestServiceRangesHoldTheEnvelope(t *testing.T) {
 	}
 	t.Logf("%d PreferDualStack Services, %d IPv4 Service addresses", dual, usable)
 }
+
+// A stopped run leaves the report alone and writes what it measured
+// beside it.
+func TestStoppedRunWritesAside(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "SCALE.md")
+	if err := os.WriteFile(out, []byte("the last complete run\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o := options{out: out, cmd: "make scale"}
+	if err := writeReport(reportTo(o, true), nil, nil, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(out); err != nil || string(b) != "the last complete run\n" {
+		t.Errorf("a stopped run changed %s: %q, %v", out, b, err)
+	}
+	for _, name := range []string{"SCALE.partial.md", "SCALE.partial.svg"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			t.Errorf("a stopped run wrote no %s: %v", name, err)
+		}
+	}
+	if got := reportTo(o, false).out; got != out {
+		t.Errorf("a finished run writes %s, want %s", got, out)
+	}
+}
