@@ -5,28 +5,47 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	dynfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/kube-network-policies/pkg/networkpolicy"
-
-	"code.fritzlab.net/fritzlab/flock/agent/policyips"
-	"code.fritzlab.net/fritzlab/flock/k8s/addresspools"
-	"code.fritzlab.net/fritzlab/flock/k8s/claims"
 )
 
+// syncingExtra is an ExtraIPs that answers as flock-policy's tracker
+// does (agent/policyips, which k8s packages do not import): its first
+// answer once the stores and its handler's registrations synced.
+type syncingExtra struct {
+	synced atomic.Bool
+	seen   atomic.Int64
+}
+
+func (x *syncingExtra) ExtraPodIPs(*corev1.Pod) []string { return nil }
+func (x *syncingExtra) PodsForIP(string) []string        { return nil }
+func (x *syncingExtra) HasSynced() bool                  { return x.synced.Load() }
+func (x *syncingExtra) Handler() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{AddFunc: func(any) { x.seen.Add(1) }}
+}
+
+func (x *syncingExtra) Run(ctx context.Context, _ corelisters.PodLister, _ corelisters.NamespaceLister, synced []cache.InformerSynced, changed func()) error {
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return nil
+	}
+	x.synced.Store(true)
+	changed()
+	<-ctx.Done()
+	return nil
+}
+
 // Run's wiring without the kernel: the engine's controller, flock's
-// transform, the tracker's handler (one value on the pod and namespace
-// informers, as on its claims and pools) and the kernel's handlers on
-// real informers. The tracker's first answer, which the engine's queue
+// transform, the extra IPs' handler (one value on the pod and namespace
+// informers) and the kernel's handlers on real informers. The tracker's first answer, which the engine's queue
 // and the first load wait for, comes once the stores and its handler's
 // registrations synced, even while another handler of the pod informer
 // is stuck.
@@ -43,9 +62,7 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 	client := fake.NewClientset(objs...)
 	factory := newFactory(client)
 	engineCfg := networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true}
-	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
-		claims.GVR: "AddressClaimList", addresspools.GVR: "AddressPoolList"})
-	tr := policyips.NewTracker("node-a", dyn, filepath.Join(t.TempDir(), "none.sock"), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	tr := &syncingExtra{}
 	engineCfg.ExtraIPsSynced = tr.HasSynced
 	if _, err := newController(client, factory, nil, nil, nil, nil, engineCfg); err != nil {
 		t.Fatal(err)
@@ -89,6 +106,9 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 			t.Fatal("tracker never synced")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if n := tr.seen.Load(); n != 31 {
+		t.Errorf("the handler was told of %d objects at its first answer, want the 30 pods and 1 namespace", n)
 	}
 	t.Logf("first answer after %s", time.Since(start))
 	cancel()
