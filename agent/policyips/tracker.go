@@ -238,10 +238,6 @@ func (t *Tracker) matters(p *corev1.Pod) bool {
 
 func podKey(p *corev1.Pod) string { return p.Namespace + "/" + p.Name }
 
-// SyncWarnAfter is how long Run waits for its caches before it logs
-// which it still waits for (and again as often after).
-const SyncWarnAfter = 15 * time.Second
-
 // Run keeps the owners current from the informers and the agent until ctx
 // ends, calling changed after every change of the answer.
 func (t *Tracker) Run(ctx context.Context, podLister corelisters.PodLister, nsLister corelisters.NamespaceLister, synced []cache.InformerSynced, changed func()) error {
@@ -256,7 +252,7 @@ func (t *Tracker) Run(ctx context.Context, podLister corelisters.PodLister, nsLi
 		}
 		return true
 	}
-	if !kubeclient.WaitLogged(ctx, t.log, "extra pod IPs under policy", SyncWarnAfter,
+	if !kubeclient.WaitLogged(ctx, t.log, "extra pod IPs under policy", kubeclient.SyncWarnAfter,
 		kubeclient.Synced{Name: "pods and namespaces", Synced: engine},
 		kubeclient.Synced{Name: "AddressClaims", Synced: t.claims.HasSynced},
 		kubeclient.Synced{Name: "AddressPools", Synced: t.pools.HasSynced}) {

@@ -8,6 +8,10 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
+// SyncWarnAfter is how long a wait for caches goes before it logs what
+// it still waits for (and again as often after).
+const SyncWarnAfter = 15 * time.Second
+
 // Synced is a named sync check: what a wait is for, in its log.
 type Synced struct {
 	Name   string

@@ -41,11 +41,9 @@ type kernelVerdicts struct {
 	// admin, if set, are the admin policies' listers (nil for an API
 	// that is off).
 	admin  *adminListers
-	synced []cache.InformerSynced
-	// syncedNames name synced's checks in the log of a long wait.
-	syncedNames []string
-	log         *slog.Logger
-	kick        chan struct{}
+	synced []kubeclient.Synced
+	log    *slog.Logger
+	kick   chan struct{}
 	// loaded is closed once a program is in the kernel.
 	loaded chan struct{}
 	// netns is the network namespace whose table it keeps (-1: this
@@ -86,10 +84,6 @@ type kernelVerdicts struct {
 	remoteLag time.Duration
 }
 
-// SyncWarnAfter is how long a wait for the caches goes before it logs
-// what it still waits for (and again as often after).
-const SyncWarnAfter = 15 * time.Second
-
 // RemoteLag bounds how long a change of other nodes' pods alone waits for
 // its load, as kube-proxy's min-sync-period (1 s) does for an
 // EndpointSlice: such a change (a peer that comes, goes or moves) is
@@ -117,7 +111,7 @@ type depsAt struct {
 }
 
 func newKernelVerdicts(node string, pods corelisters.PodLister, namespaces corelisters.NamespaceLister,
-	policies networkinglisters.NetworkPolicyLister, extra ExtraIPs, synced []cache.InformerSynced, log *slog.Logger) *kernelVerdicts {
+	policies networkinglisters.NetworkPolicyLister, extra ExtraIPs, synced []kubeclient.Synced, log *slog.Logger) *kernelVerdicts {
 	return &kernelVerdicts{node: node, pods: pods, namespaces: namespaces, policies: policies, extra: extra,
 		synced: synced, log: log, kick: make(chan struct{}, 1), loaded: make(chan struct{}), netns: -1, local: map[string][]string{},
 		hurry: make(chan struct{}, 1), remoteLag: RemoteLag,
@@ -311,18 +305,11 @@ func (k *kernelVerdicts) input() (verdicts.Input, error) {
 // until ctx ends; a failed load is retried (the kernel keeps the last
 // program meanwhile).
 func (k *kernelVerdicts) Run(ctx context.Context) error {
-	var checks []kubeclient.Synced
-	for i, s := range k.synced {
-		name := fmt.Sprintf("cache %d", i+1)
-		if i < len(k.syncedNames) {
-			name = k.syncedNames[i]
-		}
-		checks = append(checks, kubeclient.Synced{Name: name, Synced: s})
-	}
+	checks := k.synced
 	if k.extra != nil {
-		checks = append(checks, kubeclient.Synced{Name: "the extra pod IPs' first answer", Synced: k.extra.HasSynced})
+		checks = append(slices.Clip(checks), kubeclient.Synced{Name: "the extra pod IPs' first answer", Synced: k.extra.HasSynced})
 	}
-	if !kubeclient.WaitLogged(ctx, k.log, "NetworkPolicy verdicts", SyncWarnAfter, checks...) {
+	if !kubeclient.WaitLogged(ctx, k.log, "NetworkPolicy verdicts", kubeclient.SyncWarnAfter, checks...) {
 		return ctx.Err()
 	}
 	k.primeLocal()

@@ -25,6 +25,7 @@ import (
 	npav1alpha1 "sigs.k8s.io/network-policy-api/apis/v1alpha1"
 	policylisters "sigs.k8s.io/network-policy-api/pkg/client/listers/apis/v1alpha1"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
@@ -113,7 +114,7 @@ func TestKernelVerdictsReplaceNotRebuild(t *testing.T) {
 	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	var synced atomic.Bool
 	kv := newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
-		[]cache.InformerSynced{synced.Load}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		[]kubeclient.Synced{{Name: "caches", Synced: synced.Load}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	kv.netns = int(ns)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "web", Labels: map[string]string{"app": "web"}}}
 	pod.Spec.NodeName = "node-a"

@@ -34,6 +34,7 @@ import (
 	npainformers "sigs.k8s.io/network-policy-api/pkg/client/informers/externalversions"
 	"sigs.k8s.io/network-policy-api/pkg/client/informers/externalversions/apis/v1alpha1"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
@@ -199,7 +200,7 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	}
 	nps := factory.Networking().V1().NetworkPolicies()
 	watched := []cache.SharedIndexInformer{podInf.Informer(), nsInf.Informer(), nps.Informer()}
-	names := []string{"pods", "namespaces", "NetworkPolicies"}
+	names := []string{"pods", "namespaces", "NetworkPolicies"} // in the log of a long wait
 	var admin *adminListers
 	if anpInformer != nil || banpInformer != nil {
 		admin = &adminListers{}
@@ -214,12 +215,11 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 			names = append(names, "BaselineAdminNetworkPolicies")
 		}
 	}
-	var synced []cache.InformerSynced
-	for _, inf := range watched {
-		synced = append(synced, inf.HasSynced)
+	var synced []kubeclient.Synced
+	for i, inf := range watched {
+		synced = append(synced, kubeclient.Synced{Name: names[i], Synced: inf.HasSynced})
 	}
 	kv := newKernelVerdicts(cfg.NodeName, podInf.Lister(), nsInf.Lister(), nps.Lister(), cfg.ExtraIPs, synced, log)
-	kv.syncedNames = names
 	kv.admin = admin
 	kv.holders = podIPHolders(podInf.Informer().GetIndexer())
 	kv.hook.Queue = networkpolicy.QueueVerdict(engineCfg)

@@ -16,6 +16,8 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/kube-network-policies/pkg/networkpolicy"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
 
 // syncingExtra is an ExtraIPs that answers as flock-policy's tracker
@@ -74,9 +76,9 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 	}
 	nps := factory.Networking().V1().NetworkPolicies()
 	watched := []cache.SharedIndexInformer{podInf.Informer(), nsInf.Informer(), nps.Informer()}
-	var synced []cache.InformerSynced
+	var synced []kubeclient.Synced
 	for _, inf := range watched {
-		synced = append(synced, inf.HasSynced)
+		synced = append(synced, kubeclient.Synced{Name: "an informer", Synced: inf.HasSynced})
 	}
 	kv := newKernelVerdicts("node-a", podInf.Lister(), nsInf.Lister(), nps.Lister(), tr, synced, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	kv.holders = podIPHolders(podInf.Informer().GetIndexer())
