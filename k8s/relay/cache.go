@@ -1,0 +1,335 @@
+// Package relay serves every node's flock-policy the cluster's pods,
+// trimmed, from one watch of the API server (as Calico's Typha does), so
+// that a pod change costs the API server one watcher per relay rather
+// than one per node, and costs each node only what flock-policy reads of
+// it. The relay is an informer of the API server's pods (trimmed by
+// k8s/netpol/trim) whose changes it keeps in order, and an HTTP server
+// that answers list and watch of /api/v1/pods as the API server does, to
+// client-go's typed clients: a node's informer reads it unchanged. Updates
+// that change nothing trim keeps (the kubelet's conditions, a graceful
+// delete's first step) are not sent.
+//
+// Resource versions are the API server's: a node that cannot reach a
+// relay follows the API server from where it was, and one that moves to
+// another relay resumes there if that relay has seen everything since.
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
+)
+
+// DefaultHistory is how many events a relay keeps for watchers that
+// resume (about 10 minutes of 100 pod changes a second).
+const DefaultHistory = 64 << 10
+
+// errRelist is the upstream informer listing again (its watch expired): it
+// delivers the difference out of order, which the history cannot hold.
+var errRelist = errors.New("relay: the API server's pods were listed again (events out of order): the relay must start over")
+
+// entry is a pod the relay holds.
+type entry struct {
+	pod *corev1.Pod
+	raw []byte // encoded, as list items and initial events carry it
+}
+
+// event is a change watchers are sent.
+type event struct {
+	rv    uint64
+	frame []byte
+}
+
+// Cache holds the pods and the recent changes, in order. Feed it with
+// Handler on an informer of trimmed pods; Live opens it to watchers once
+// that informer synced.
+type Cache struct {
+	mu   sync.Mutex
+	pods map[string]*entry
+	// ring holds the last events; seq is the sequence number of ring[0]
+	// (ring[i] is event seq+i, watchers keep their next sequence number).
+	ring []event
+	seq  uint64
+	max  int
+	// start: a watch from resource version x is served iff x >= start
+	// (every change after start is in ring or to come); cur: the newest
+	// resource version seen.
+	start, cur uint64
+	live       bool
+	// wake is closed and replaced on every change: watchers wait on it.
+	wake chan struct{}
+	err  error // the cache can no longer serve (errRelist)
+	// failed is closed when err is set.
+	failed chan struct{}
+}
+
+// NewCache keeps up to history events (DefaultHistory if 0).
+func NewCache(history int) *Cache {
+	if history <= 0 {
+		history = DefaultHistory
+	}
+	return &Cache{pods: map[string]*entry{}, max: history, wake: make(chan struct{}), failed: make(chan struct{})}
+}
+
+// Handler is the upstream informer's event handler.
+func (c *Cache) Handler() cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { c.put(obj, nil) },
+		UpdateFunc: func(old, obj any) {
+			c.put(obj, old)
+		},
+		DeleteFunc: c.delete,
+	}
+}
+
+// Live opens the cache to watchers: the informer synced at resource
+// version rv (its LastSyncResourceVersion), and every change after it
+// reaches Handler.
+func (c *Cache) Live(rv string) error {
+	v, err := parseRV(rv)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.live, c.start = true, max(v, c.cur)
+	c.cur = c.start
+	c.notifyLocked()
+	return nil
+}
+
+// Failed is closed once the cache can no longer serve; Err says why.
+func (c *Cache) Failed() <-chan struct{} { return c.failed }
+
+// Err is why the cache failed, or nil.
+func (c *Cache) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+func (c *Cache) put(obj, old any) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	p = trim.Pod(p) // idempotent; the informer's transform did it already
+	rv, err := parseRV(p.ResourceVersion)
+	if err != nil {
+		c.fail(err)
+		return
+	}
+	raw, err := encodePod(p)
+	if err != nil {
+		c.fail(err)
+		return
+	}
+	key := p.Namespace + "/" + p.Name
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	prev, had := c.pods[key]
+	c.pods[key] = &entry{pod: p, raw: raw}
+	if !c.advanceLocked(rv) {
+		return
+	}
+	if had && trim.Unchanged(prev.pod, p) {
+		return // nothing a reader reads changed: not sent
+	}
+	t := watch.Added
+	if had {
+		t = watch.Modified
+	}
+	c.appendLocked(rv, t, raw)
+}
+
+func (c *Cache) delete(obj any) {
+	if _, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		// Only a relist misses a delete.
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.live {
+			c.failLocked(errRelist)
+		}
+		// Before Live: the store is all that counts.
+		if d := obj.(cache.DeletedFinalStateUnknown); d.Key != "" {
+			delete(c.pods, d.Key)
+		}
+		return
+	}
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	p = trim.Pod(p)
+	rv, err := parseRV(p.ResourceVersion)
+	if err != nil {
+		c.fail(err)
+		return
+	}
+	raw, err := encodePod(p)
+	if err != nil {
+		c.fail(err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.pods, p.Namespace+"/"+p.Name)
+	if c.advanceLocked(rv) {
+		c.appendLocked(rv, watch.Deleted, raw)
+	}
+}
+
+// advanceLocked takes rv as the newest resource version and reports
+// whether the change is one watchers are sent (the cache is live). A
+// resource version not newer than one seen means the informer listed
+// again: the cache fails.
+func (c *Cache) advanceLocked(rv uint64) bool {
+	if !c.live {
+		c.cur = max(c.cur, rv)
+		return false
+	}
+	if rv <= c.cur {
+		c.failLocked(fmt.Errorf("%w: resource version %d after %d", errRelist, rv, c.cur))
+		return false
+	}
+	c.cur = rv
+	return true
+}
+
+func (c *Cache) appendLocked(rv uint64, t watch.EventType, raw []byte) {
+	f, err := frame(t, raw)
+	if err != nil {
+		c.failLocked(err)
+		return
+	}
+	if len(c.ring) == c.max {
+		// The oldest goes: a watch from before it can no longer resume.
+		c.start = c.ring[0].rv
+		c.ring[0] = event{}
+		c.ring = c.ring[1:]
+		c.seq++
+	}
+	c.ring = append(c.ring, event{rv: rv, frame: f})
+	c.notifyLocked()
+}
+
+func (c *Cache) notifyLocked() {
+	close(c.wake)
+	c.wake = make(chan struct{})
+}
+
+func (c *Cache) fail(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.failLocked(err)
+}
+
+func (c *Cache) failLocked(err error) {
+	if c.err != nil {
+		return
+	}
+	c.err = err
+	close(c.failed)
+	c.notifyLocked()
+}
+
+// snapshot is the pods and the resource version they are at, and the
+// sequence number of the next event.
+func (c *Cache) snapshot() ([]*entry, uint64, uint64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.readyLocked(); err != nil {
+		return nil, 0, 0, err
+	}
+	out := make([]*entry, 0, len(c.pods))
+	for _, e := range c.pods {
+		out = append(out, e)
+	}
+	return out, c.cur, c.seq + uint64(len(c.ring)), nil
+}
+
+// errNotReady: the cache has not synced yet.
+var errNotReady = errors.New("relay: not synced with the API server yet")
+
+func (c *Cache) readyLocked() error {
+	if c.err != nil {
+		return c.err
+	}
+	if !c.live {
+		return errNotReady
+	}
+	return nil
+}
+
+// errExpired: a watch from before what the relay holds.
+type errExpired struct{ rv, start uint64 }
+
+func (e errExpired) Error() string {
+	return fmt.Sprintf("relay: too old resource version: %d (the relay holds changes after %d)", e.rv, e.start)
+}
+
+// from is the sequence number of the first event after resource version
+// rv, if the cache holds every change after rv.
+func (c *Cache) from(rv uint64) (uint64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.readyLocked(); err != nil {
+		return 0, err
+	}
+	if rv < c.start {
+		return 0, errExpired{rv, c.start}
+	}
+	// The first event newer than rv (the ring is in order).
+	lo, hi := 0, len(c.ring)
+	for lo < hi {
+		m := (lo + hi) / 2
+		if c.ring[m].rv <= rv {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return c.seq + uint64(lo), nil
+}
+
+// next is the events from sequence number seq on (nil if none yet), the
+// resource version watchers are at after them, and what is closed on the
+// next change. A watcher that fell behind what the cache holds gets
+// errExpired.
+func (c *Cache) next(seq uint64) ([]event, uint64, uint64, <-chan struct{}, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return nil, 0, 0, nil, c.err
+	}
+	if seq < c.seq {
+		return nil, 0, 0, nil, errExpired{0, c.start}
+	}
+	i := int(seq - c.seq)
+	evs := c.ring[i:len(c.ring):len(c.ring)]
+	return evs, c.cur, c.seq + uint64(len(c.ring)), c.wake, nil
+}
+
+// Len is how many pods the cache holds.
+func (c *Cache) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pods)
+}
+
+func parseRV(s string) (uint64, error) {
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("relay: resource version %q: want a decimal number (the API server's etcd revision): %w", s, err)
+	}
+	return v, nil
+}
+
+func formatRV(v uint64) string { return strconv.FormatUint(v, 10) }

@@ -1,0 +1,182 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+)
+
+// Audience is what a node's token for the relays is made for (a projected
+// service account token): the relays accept no other, so a token a node
+// sends them is good for nothing else.
+const Audience = "flock-relay"
+
+// PodSource lists and watches every pod from a relay, or from the API
+// server when no relay answers: the ListerWatcher of flock-policy's pod
+// informer. Resource versions are the API server's either way, so a watch
+// resumes wherever it goes next.
+type PodSource struct {
+	// API is the API server's pods, and Directory its ConfigMaps in
+	// flock's namespace (where ConfigMapName is).
+	API       corev1client.PodInterface
+	Directory corev1client.ConfigMapInterface
+	// Node spreads the nodes over the relays (each node its own order).
+	Node string
+	// TokenFile is the node's token for the relays (audience Audience),
+	// read again as it is rotated.
+	TokenFile string
+	Log       *slog.Logger
+	// Refresh is how long the directory is trusted (default 30s).
+	Refresh time.Duration
+
+	mu      sync.Mutex
+	read    time.Time
+	relays  []relayClient
+	clients map[Entry]corev1client.PodInterface
+	using   string // what the last answer came from, for the log
+}
+
+type relayClient struct {
+	name string
+	pods corev1client.PodInterface
+}
+
+// List lists from the first relay that answers, else the API server.
+func (s *PodSource) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
+	return try(ctx, s, func(p corev1client.PodInterface) (*corev1.PodList, error) { return p.List(ctx, opts) })
+}
+
+// Watch watches from the first relay that answers, else the API server.
+func (s *PodSource) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	return try(ctx, s, func(p corev1client.PodInterface) (watch.Interface, error) { return p.Watch(ctx, opts) })
+}
+
+func try[T any](ctx context.Context, s *PodSource, call func(corev1client.PodInterface) (T, error)) (T, error) {
+	var errs []error
+	for _, r := range s.candidates(ctx) {
+		out, err := call(r.pods)
+		if err == nil {
+			s.use("relay "+r.name, nil)
+			return out, nil
+		}
+		if ctx.Err() != nil {
+			return out, err
+		}
+		errs = append(errs, fmt.Errorf("relay %s: %w", r.name, err))
+	}
+	out, err := call(s.API)
+	if err == nil {
+		s.use("the API server", errs)
+	}
+	return out, err
+}
+
+// use logs a change of source.
+func (s *PodSource) use(what string, errs []error) {
+	s.mu.Lock()
+	changed := s.using != what
+	s.using = what
+	s.mu.Unlock()
+	if changed && s.Log != nil {
+		if len(errs) > 0 {
+			s.Log.Warn("pods from "+what+": no relay answered", "err", errors.Join(errs...))
+		} else {
+			s.Log.Info("pods from " + what)
+		}
+	}
+}
+
+// candidates is the relays in this node's order (rendezvous hashing: each
+// relay's share of nodes moves only when relays come or go).
+func (s *PodSource) candidates(ctx context.Context) []relayClient {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	refresh := s.Refresh
+	if refresh <= 0 {
+		refresh = 30 * time.Second
+	}
+	if !s.read.IsZero() && time.Since(s.read) < refresh {
+		return s.relays
+	}
+	s.read = time.Now()
+	entries, bad, err := Lookup(ctx, s.Directory)
+	for _, b := range bad {
+		s.logWarn("relay directory entry left out", b)
+	}
+	if err != nil {
+		s.logWarn("relay directory not read: keeping the relays known", err)
+		return s.relays
+	}
+	if s.clients == nil {
+		s.clients = map[Entry]corev1client.PodInterface{}
+	}
+	var out []relayClient
+	keep := map[Entry]corev1client.PodInterface{}
+	for name, e := range entries {
+		c, ok := s.clients[e]
+		if !ok {
+			if c, err = s.newClient(e); err != nil {
+				s.logWarn("relay "+name+" left out", err)
+				continue
+			}
+		}
+		keep[e] = c
+		out = append(out, relayClient{name: name, pods: c})
+	}
+	s.clients = keep
+	slices.SortFunc(out, func(a, b relayClient) int {
+		ha, hb := rendezvous(s.Node, a.name), rendezvous(s.Node, b.name)
+		switch {
+		case ha > hb:
+			return -1
+		case ha < hb:
+			return 1
+		}
+		return 0
+	})
+	s.relays = out
+	return out
+}
+
+func (s *PodSource) logWarn(msg string, err error) {
+	if s.Log != nil {
+		s.Log.Warn(msg, "err", err)
+	}
+}
+
+func rendezvous(node, relay string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(node))
+	_, _ = h.Write([]byte{0})
+	_, _ = h.Write([]byte(relay))
+	return h.Sum64()
+}
+
+// newClient is a typed client of e, trusting only e's certificate.
+func (s *PodSource) newClient(e Entry) (corev1client.PodInterface, error) {
+	cfg := &rest.Config{
+		Host:            e.URL,
+		BearerTokenFile: s.TokenFile,
+		ContentConfig:   rest.ContentConfig{ContentType: mediaType, AcceptContentTypes: mediaType},
+		TLSClientConfig: rest.TLSClientConfig{CAData: []byte(e.Certificate), ServerName: e.ServerName},
+		// A relay that does not answer is left for the next quickly.
+		Dial: (&dialer{timeout: 3 * time.Second}).DialContext,
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("relay client for %s: %w", e.URL, err)
+	}
+	return cs.CoreV1().Pods(""), nil
+}

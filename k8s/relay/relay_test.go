@@ -1,0 +1,256 @@
+package relay
+
+import (
+	"context"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
+)
+
+const testToken = "node-token"
+
+type tokenAuth struct{}
+
+func (tokenAuth) Authorize(_ context.Context, token string) error {
+	if token != testToken {
+		return fmt.Errorf("%w: token %q", ErrUnauthorized, token)
+	}
+	return nil
+}
+
+// upstream is a model of the API server's pods: every change gets the
+// next resource version and reaches the relay's handler in that order, as
+// an informer delivers them.
+type upstream struct {
+	mu    sync.Mutex
+	rv    uint64
+	pods  map[string]*corev1.Pod
+	cache *Cache
+	h     cache.ResourceEventHandler
+}
+
+func newUpstream() *upstream { return &upstream{rv: 100, pods: map[string]*corev1.Pod{}} }
+
+// attach feeds a new relay cache the current pods and opens it.
+func (u *upstream) attach(c *Cache) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.cache, u.h = c, c.Handler()
+	for _, p := range u.pods {
+		u.h.OnAdd(p, true)
+	}
+	return c.Live(strconv.FormatUint(u.rv, 10))
+}
+
+func (u *upstream) apply(key string, edit func(p *corev1.Pod) *corev1.Pod) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	old := u.pods[key]
+	var cp *corev1.Pod
+	if old != nil {
+		cp = old.DeepCopy()
+	}
+	cur := edit(cp)
+	u.rv++
+	switch {
+	case cur == nil && old == nil:
+		return
+	case cur == nil:
+		gone := old.DeepCopy()
+		gone.ResourceVersion = strconv.FormatUint(u.rv, 10)
+		delete(u.pods, key)
+		u.h.OnDelete(gone)
+	default:
+		cur.ResourceVersion = strconv.FormatUint(u.rv, 10)
+		u.pods[key] = cur
+		if old == nil {
+			u.h.OnAdd(cur, false)
+		} else {
+			u.h.OnUpdate(old, cur)
+		}
+	}
+}
+
+func (u *upstream) snapshot() map[string]*corev1.Pod {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	out := make(map[string]*corev1.Pod, len(u.pods))
+	for k, p := range u.pods {
+		out[k] = trim.Pod(p)
+	}
+	return out
+}
+
+func testPod(ns, name string, i int) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(fmt.Sprintf("uid-%s-%s-%d", ns, name, i)),
+			Labels: map[string]string{"app": fmt.Sprintf("app-%d", i%7)}, Annotations: map[string]string{"noise": "dropped"}},
+		Spec: corev1.PodSpec{NodeName: fmt.Sprintf("node-%d", i%5), Containers: []corev1.Container{
+			{Name: "c", Image: "registry.example/app:1", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}}}}},
+		Status: corev1.PodStatus{Phase: corev1.PodPending},
+	}
+}
+
+// relayUnderTest is a relay's HTTPS server and what points a node at it.
+type relayUnderTest struct {
+	srv   *httptest.Server
+	relay *Server
+	entry Entry
+}
+
+func startRelay(t *testing.T, c *Cache) *relayUnderTest {
+	t.Helper()
+	s := &Server{Cache: c, Auth: tokenAuth{}, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Bookmark: 200 * time.Millisecond}
+	srv := httptest.NewUnstartedServer(s)
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	cert := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	return &relayUnderTest{srv: srv, relay: s, entry: Entry{URL: srv.URL, Certificate: string(cert), ServerName: "example.com"}}
+}
+
+// node is a node's informer of pods through a PodSource.
+type node struct {
+	api    *fake.Clientset
+	source *PodSource
+	inf    cache.SharedIndexInformer
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newNode(t *testing.T, api *fake.Clientset, token string) *node {
+	t.Helper()
+	dir := t.TempDir()
+	tf := filepath.Join(dir, "token")
+	if err := os.WriteFile(tf, []byte(token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src := &PodSource{API: api.CoreV1().Pods(""), Directory: api.CoreV1().ConfigMaps("flock-system"), Node: "n1", TokenFile: tf,
+		Refresh: time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	n := &node{api: api, source: src, done: make(chan struct{})}
+	n.inf = kubeclient.NewInformer(src, &corev1.Pod{}, nil)
+	_ = n.inf.SetTransform(trim.Transform)
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	go func() { defer close(n.done); n.inf.RunWithContext(ctx) }()
+	t.Cleanup(n.stop)
+	return n
+}
+
+func (n *node) stop() {
+	n.cancel()
+	<-n.done
+}
+
+// publish lists the relays in the node's directory.
+func publish(t *testing.T, api *fake.Clientset, relays map[string]*relayUnderTest) {
+	t.Helper()
+	data := map[string]string{}
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: "flock-system"}, Data: data}
+	for name, r := range relays {
+		if err := Publish(context.Background(), api.CoreV1().ConfigMaps("flock-system"), name, r.entry); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(relays) == 0 {
+		_ = api.CoreV1().ConfigMaps("flock-system").Delete(context.Background(), cm.Name, metav1.DeleteOptions{})
+	}
+}
+
+// converged waits for the node's cache to hold what want holds, as trim
+// keeps it (resource versions aside: updates that change nothing are not
+// sent).
+func converged(n *node, want map[string]*corev1.Pod, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		err := sameAs(n.inf.GetStore(), want)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func sameAs(store cache.Store, want map[string]*corev1.Pod) error {
+	var errs []error
+	got := map[string]*corev1.Pod{}
+	for _, o := range store.List() {
+		p := o.(*corev1.Pod)
+		got[p.Namespace+"/"+p.Name] = p
+	}
+	keys := make([]string, 0, len(want)+len(got))
+	for k := range want {
+		keys = append(keys, k)
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		w, g := want[k], got[k]
+		switch {
+		case g == nil:
+			errs = append(errs, fmt.Errorf("%s missing", k))
+		case w == nil:
+			errs = append(errs, fmt.Errorf("%s held, deleted upstream", k))
+		case !trim.Unchanged(w, g):
+			errs = append(errs, fmt.Errorf("%s differs: labels %v ips %v phase %s, want %v %v %s", k, g.Labels, g.Status.PodIPs, g.Status.Phase, w.Labels, w.Status.PodIPs, w.Status.Phase))
+		}
+		if len(errs) > 5 {
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func TestInformerFollowsTheRelay(t *testing.T) {
+	up := newUpstream()
+	c := NewCache(0)
+	if err := up.attach(c); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		up.apply(fmt.Sprintf("ns/p%d", i), func(*corev1.Pod) *corev1.Pod { return testPod("ns", fmt.Sprintf("p%d", i), i) })
+	}
+	r := startRelay(t, c)
+	api := fake.NewClientset()
+	publish(t, api, map[string]*relayUnderTest{"relay-a": r})
+	n := newNode(t, api, testToken)
+	if err := converged(n, up.snapshot(), 10*time.Second); err != nil {
+		t.Fatalf("initial: %v", err)
+	}
+	up.apply("ns/p3", func(p *corev1.Pod) *corev1.Pod {
+		p.Status.Phase = corev1.PodRunning
+		p.Status.PodIPs = []corev1.PodIP{{IP: "2001:db8::3"}}
+		return p
+	})
+	up.apply("ns/p4", func(*corev1.Pod) *corev1.Pod { return nil })
+	up.apply("ns/p5", func(p *corev1.Pod) *corev1.Pod { p.Labels["app"] = "other"; return p })
+	if err := converged(n, up.snapshot(), 10*time.Second); err != nil {
+		t.Fatalf("after changes: %v", err)
+	}
+	if n.source.using != "relay relay-a" {
+		t.Fatalf("pods from %q, want relay relay-a", n.source.using)
+	}
+}
