@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -68,6 +69,8 @@ type Cache struct {
 	err  error // the cache can no longer serve (errRelist)
 	// failed is closed when err is set.
 	failed chan struct{}
+	// listsServed counts the snapshots served (lists, initial events).
+	listsServed atomic.Int64
 }
 
 // NewCache keeps up to history events (DefaultHistory if 0).
@@ -211,8 +214,8 @@ func (c *Cache) appendLocked(rv uint64, t watch.EventType, raw []byte) {
 	}
 	if len(c.ring) == c.max {
 		// The oldest goes: a watch from before it can no longer resume.
+		// (Its slot is not cleared: watchers may be reading it.)
 		c.start = c.ring[0].rv
-		c.ring[0] = event{}
 		c.ring = c.ring[1:]
 		c.seq++
 	}
@@ -248,6 +251,7 @@ func (c *Cache) snapshot() ([]*entry, uint64, uint64, error) {
 	if err := c.readyLocked(); err != nil {
 		return nil, 0, 0, err
 	}
+	c.listsServed.Add(1)
 	out := make([]*entry, 0, len(c.pods))
 	for _, e := range c.pods {
 		out = append(out, e)

@@ -40,6 +40,9 @@ type PodSource struct {
 	Log       *slog.Logger
 	// Refresh is how long the directory is trusted (default 30s).
 	Refresh time.Duration
+	// NoWatchList makes informers list, then watch, rather than stream
+	// the first list through a watch (client-go's fakes cannot).
+	NoWatchList bool
 
 	mu      sync.Mutex
 	read    time.Time
@@ -52,6 +55,10 @@ type relayClient struct {
 	name string
 	pods corev1client.PodInterface
 }
+
+// IsWatchListSemanticsUnSupported tells client-go's reflector whether
+// to stream its first list (relays and the API server both can).
+func (s *PodSource) IsWatchListSemanticsUnSupported() bool { return s.NoWatchList }
 
 // List lists from the first relay that answers, else the API server.
 func (s *PodSource) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {

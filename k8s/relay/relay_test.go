@@ -41,24 +41,32 @@ func (tokenAuth) Authorize(_ context.Context, token string) error {
 // next resource version and reaches the relay's handler in that order, as
 // an informer delivers them.
 type upstream struct {
-	mu    sync.Mutex
-	rv    uint64
-	pods  map[string]*corev1.Pod
-	cache *Cache
-	h     cache.ResourceEventHandler
+	mu   sync.Mutex
+	rv   uint64
+	pods map[string]*corev1.Pod
+	hs   map[*Cache]cache.ResourceEventHandler
 }
 
-func newUpstream() *upstream { return &upstream{rv: 100, pods: map[string]*corev1.Pod{}} }
+func newUpstream() *upstream {
+	return &upstream{rv: 100, pods: map[string]*corev1.Pod{}, hs: map[*Cache]cache.ResourceEventHandler{}}
+}
 
 // attach feeds a new relay cache the current pods and opens it.
 func (u *upstream) attach(c *Cache) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	u.cache, u.h = c, c.Handler()
+	h := c.Handler()
+	u.hs[c] = h
 	for _, p := range u.pods {
-		u.h.OnAdd(p, true)
+		h.OnAdd(p, true)
 	}
 	return c.Live(strconv.FormatUint(u.rv, 10))
+}
+
+func (u *upstream) detach(c *Cache) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	delete(u.hs, c)
 }
 
 func (u *upstream) apply(key string, edit func(p *corev1.Pod) *corev1.Pod) {
@@ -78,14 +86,18 @@ func (u *upstream) apply(key string, edit func(p *corev1.Pod) *corev1.Pod) {
 		gone := old.DeepCopy()
 		gone.ResourceVersion = strconv.FormatUint(u.rv, 10)
 		delete(u.pods, key)
-		u.h.OnDelete(gone)
+		for _, h := range u.hs {
+			h.OnDelete(gone)
+		}
 	default:
 		cur.ResourceVersion = strconv.FormatUint(u.rv, 10)
 		u.pods[key] = cur
-		if old == nil {
-			u.h.OnAdd(cur, false)
-		} else {
-			u.h.OnUpdate(old, cur)
+		for _, h := range u.hs {
+			if old == nil {
+				h.OnAdd(cur, false)
+			} else {
+				h.OnUpdate(old, cur)
+			}
 		}
 	}
 }
@@ -123,7 +135,7 @@ func startRelay(t *testing.T, c *Cache) *relayUnderTest {
 	srv := httptest.NewUnstartedServer(s)
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
-	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	t.Cleanup(func() { s.Stop(); srv.CloseClientConnections(); srv.Close() })
 	cert := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
 	return &relayUnderTest{srv: srv, relay: s, entry: Entry{URL: srv.URL, Certificate: string(cert), ServerName: "example.com"}}
 }
@@ -138,6 +150,10 @@ type node struct {
 }
 
 func newNode(t *testing.T, api *fake.Clientset, token string) *node {
+	return newNodeWith(t, api, token, false)
+}
+
+func newNodeWith(t *testing.T, api *fake.Clientset, token string, noWatchList bool) *node {
 	t.Helper()
 	dir := t.TempDir()
 	tf := filepath.Join(dir, "token")
@@ -145,7 +161,7 @@ func newNode(t *testing.T, api *fake.Clientset, token string) *node {
 		t.Fatal(err)
 	}
 	src := &PodSource{API: api.CoreV1().Pods(""), Directory: api.CoreV1().ConfigMaps("flock-system"), Node: "n1", TokenFile: tf,
-		Refresh: time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		Refresh: time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), NoWatchList: noWatchList}
 	n := &node{api: api, source: src, done: make(chan struct{})}
 	n.inf = kubeclient.NewInformer(src, &corev1.Pod{}, nil)
 	_ = n.inf.SetTransform(trim.Transform)
@@ -225,6 +241,12 @@ func sameAs(store cache.Store, want map[string]*corev1.Pod) error {
 }
 
 func TestInformerFollowsTheRelay(t *testing.T) {
+	for _, noWatchList := range []bool{false, true} {
+		t.Run(fmt.Sprintf("watch-list %t", !noWatchList), func(t *testing.T) { testInformerFollowsTheRelay(t, noWatchList) })
+	}
+}
+
+func testInformerFollowsTheRelay(t *testing.T, noWatchList bool) {
 	up := newUpstream()
 	c := NewCache(0)
 	if err := up.attach(c); err != nil {
@@ -236,7 +258,7 @@ func TestInformerFollowsTheRelay(t *testing.T) {
 	r := startRelay(t, c)
 	api := fake.NewClientset()
 	publish(t, api, map[string]*relayUnderTest{"relay-a": r})
-	n := newNode(t, api, testToken)
+	n := newNodeWith(t, api, testToken, noWatchList)
 	if err := converged(n, up.snapshot(), 10*time.Second); err != nil {
 		t.Fatalf("initial: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +51,31 @@ type Server struct {
 	MaxWatch time.Duration
 	// Metrics, if set, counts what the watchers are sent.
 	Metrics *Metrics
+
+	stopMu  sync.Mutex
+	stopped chan struct{} // closed by Stop
+}
+
+// Stop ends every watch (and every one to come): before the HTTP server's
+// Shutdown, which waits for them, so that nodes go elsewhere at once.
+func (s *Server) Stop() {
+	ch := s.stopCh()
+	s.stopMu.Lock()
+	defer s.stopMu.Unlock()
+	select {
+	case <-ch:
+	default:
+		close(ch)
+	}
+}
+
+func (s *Server) stopCh() chan struct{} {
+	s.stopMu.Lock()
+	defer s.stopMu.Unlock()
+	if s.stopped == nil {
+		s.stopped = make(chan struct{})
+	}
+	return s.stopped
 }
 
 // Metrics counts what the relay sends.
@@ -288,6 +314,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	stopped := s.stopCh()
 	tick := time.NewTicker(s.bookmarkEvery())
 	defer tick.Stop()
 	for {
@@ -312,6 +339,8 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		}
 		select {
 		case <-ctx.Done():
+			return
+		case <-stopped:
 			return
 		case <-wake:
 		case <-tick.C:
