@@ -4,7 +4,7 @@ GO      ?= go
 # conformance uses bash (PIPESTATUS)
 SHELL   := /bin/bash
 BIN     := bin
-CMDS    := flock flock-agent flockctl flock-installer flock-policy
+CMDS    := flock flock-agent flockctl flock-installer flock-policy flock-relay
 # --version of every binary (cmd/internal/buildinfo), stamped by the linker:
 # the same with -buildvcs=false or without .git (the go command's VCS stamp
 # is the fallback).

@@ -20,7 +20,7 @@ func TestFlags(t *testing.T) {
 		stdout, stderr []string
 		check          func(config) bool
 	}{
-		{args: []string{"--help"}, exit: true, stdout: []string{"usage: flock-policy", "-nfqueue-id int", "-admin-socket", "-fail-open", "-loadbalancers", "-namespace", "-agent-bindings-file", "-version"}},
+		{args: []string{"--help"}, exit: true, stdout: []string{"usage: flock-policy", "-nfqueue-id int", "-admin-socket", "-fail-open", "-loadbalancers", "-namespace", "-agent-bindings-file", "-relay-token-file", "-version"}},
 		{args: []string{"-h"}, exit: true, stdout: []string{"usage: flock-policy"}},
 		{args: []string{"--version"}, exit: true, stdout: []string{"flock-policy ", "(commit ", runtime.Version() + ")\n"}},
 		{args: []string{"--bogus"}, code: 2, exit: true, stderr: []string{"flock-policy: flag provided but not defined: -bogus", "flock-policy --help"}},
@@ -28,12 +28,13 @@ func TestFlags(t *testing.T) {
 		{args: []string{"--fail-open", "true"}, code: 2, exit: true, stderr: []string{`unexpected argument "true"`}},
 		{args: []string{"--node-name", "n1", "--nfqueue-id", "7", "--fail-open", "--kubeconfig", "k", "--admin-socket", "", "--metrics-address=:1"},
 			check: func(c config) bool {
-				return c.cfg.NodeName == "n1" && c.cfg.QueueID == 7 && c.cfg.FailOpen && c.kubeconfig == "k" && c.ep == endpoints{metrics: ":1", agent: admin.DefaultSocket, bindings: policyips.DefaultBindingsFile}
+				return c.cfg.NodeName == "n1" && c.cfg.QueueID == 7 && c.cfg.FailOpen && c.kubeconfig == "k" && c.ep == endpoints{metrics: ":1", agent: admin.DefaultSocket, bindings: policyips.DefaultBindingsFile, relayToken: defaultRelayToken}
 			}},
 		{args: nil, check: func(c config) bool {
-			return c.cfg.QueueID == 100 && c.ep == endpoints{metrics: defaultMetricsAddress, admin: policyapi.DefaultSocket, agent: admin.DefaultSocket, bindings: policyips.DefaultBindingsFile} &&
+			return c.cfg.QueueID == 100 && c.ep == endpoints{metrics: defaultMetricsAddress, admin: policyapi.DefaultSocket, agent: admin.DefaultSocket, bindings: policyips.DefaultBindingsFile, relayToken: defaultRelayToken} &&
 				c.lb == lbConfig{on: true, namespace: "flock-system"}
 		}},
+		{args: []string{"--relay-token-file", ""}, check: func(c config) bool { return c.ep.relayToken == "" }},
 		{args: []string{"--agent-bindings-file", ""}, check: func(c config) bool { return c.ep.bindings == "" && c.ep.agent == admin.DefaultSocket }},
 		{args: []string{"--loadbalancers=false", "--namespace", "kube-flock"}, check: func(c config) bool {
 			return c.lb == lbConfig{on: false, namespace: "kube-flock"}

@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -36,12 +37,17 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/lbcontroller"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/policyapi"
+	"code.fritzlab.net/fritzlab/flock/k8s/relay"
 	"code.fritzlab.net/fritzlab/flock/k8s/uninstall"
 )
 
 // defaultMetricsAddress is next to the agent's (127.0.0.1:9476): both
 // containers share the host's network.
 const defaultMetricsAddress = "127.0.0.1:9477"
+
+// defaultRelayToken is where the DaemonSet projects the node's token for
+// the relays.
+const defaultRelayToken = "/var/run/secrets/flock-relay/token"
 
 // endpoints are where flock-policy answers besides the queue.
 type endpoints struct {
@@ -50,6 +56,9 @@ type endpoints struct {
 	agent   string // this node's agent's admin socket; "" for none
 	// bindings is the file keeping the agent's last answer ("" for none).
 	bindings string
+	// relayToken is the node's token for the relays ("": pods from the
+	// API server only).
+	relayToken string
 }
 
 // lbConfig is the LoadBalancer assigner's part of the command line.
@@ -101,6 +110,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (c config, code int, ex
 	fs.StringVar(&ep.admin, "admin-socket", policyapi.DefaultSocket, "unix socket of the admin API (flockctl policy); empty disables")
 	fs.StringVar(&ep.bindings, "agent-bindings-file", policyips.DefaultBindingsFile, "where the agent's last answer is kept, so that a restart of flock-policy while the agent does not answer keeps its pods' anycast and `addresses` IPs under policy; empty: not kept")
 	fs.StringVar(&ep.agent, "agent-socket", admin.DefaultSocket, "the node agent's admin socket: what it bound for this node's pods (anycast, addresses); empty: judge them by their claims and AddressPools only")
+	fs.StringVar(&ep.relayToken, "relay-token-file", defaultRelayToken, "this node's token for the pod relays (audience "+relay.Audience+"): pods are read from the relays the ConfigMap "+relay.ConfigMapName+" in --namespace lists, else from the API server; empty: from the API server only")
 	fs.BoolVar(&c.lb.on, "loadbalancers", true, "be a candidate for the Lease flock-loadbalancers, whose holder assigns LoadBalancer addresses from AddressPools of use loadBalancer")
 	fs.StringVar(&c.lb.namespace, "namespace", envOr("POD_NAMESPACE", "flock-system"), "flock's namespace: where the Lease is (default $POD_NAMESPACE, else flock-system)")
 	version := fs.Bool("version", false, "print the version and exit")
@@ -178,6 +188,11 @@ func run(cfg netpol.Config, kubeconfig string, ep endpoints, lbc lbConfig, log *
 		tracker.BindingsFile = ep.bindings
 	}
 	cfg.ExtraIPs = tracker
+	if src, err := podSource(rc, ep.relayToken, lbc.namespace, cfg.NodeName, log); err != nil {
+		return err
+	} else if src != nil { // a nil *PodSource is not a nil ListerWatcher
+		cfg.Pods = src
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	// Its namespace followed from the start: at the stop, a 403 means
@@ -263,6 +278,27 @@ func loggedReady(ready func() error, log *slog.Logger) func() error {
 		}
 		return err
 	}
+}
+
+// podSource is the relays (falling back to the API server), or nil (the
+// API server) without a token for them.
+func podSource(rc *rest.Config, tokenFile, namespace, node string, log *slog.Logger) (*relay.PodSource, error) {
+	if tokenFile == "" {
+		return nil, nil
+	}
+	if _, err := os.Stat(tokenFile); err != nil {
+		log.Info("pods from the API server: no token for the relays", "err", err)
+		return nil, nil
+	}
+	pc := rest.CopyConfig(rc)
+	pc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	pc.ContentType = "application/vnd.kubernetes.protobuf"
+	cs, err := kubernetes.NewForConfig(pc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return &relay.PodSource{API: cs.CoreV1().Pods(""), Directory: cs.CoreV1().ConfigMaps(namespace), Node: node, TokenFile: tokenFile,
+		Log: log.With("component", "pods")}, nil
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

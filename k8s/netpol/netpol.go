@@ -61,6 +61,9 @@ type Config struct {
 	// Verdicts, if set, reports whether the kernel holds the current
 	// compiled verdicts (flock-policy's readiness).
 	Verdicts *Verdicts
+	// Pods, if set, is where the pods are listed and watched from (the
+	// relays, k8s/relay.PodSource); nil: the API server.
+	Pods kubeclient.ListerWatcher[*corev1.PodList]
 }
 
 // ExtraIPs is the source of pods' extra IPs.
@@ -113,6 +116,14 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 		return fmt.Errorf("netpol: kubernetes client: %w", err)
 	}
 	factory := newFactory(client)
+	if cfg.Pods != nil {
+		// The factory's pod informer (the engine's, the view's, the
+		// tracker's) reads the relays: registered first, it is the one
+		// the factory hands out.
+		factory.InformerFor(&corev1.Pod{}, func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
+			return kubeclient.NewInformer(cfg.Pods, &corev1.Pod{}, nil)
+		})
+	}
 	var (
 		npa          npaclient.Interface
 		npaFactory   npainformers.SharedInformerFactory

@@ -321,6 +321,21 @@ func (c *Cache) next(seq uint64) ([]event, uint64, uint64, <-chan struct{}, erro
 	return evs, c.cur, c.seq + uint64(len(c.ring)), c.wake, nil
 }
 
+// Ready is nil once the cache serves: synced, not failed.
+func (c *Cache) Ready() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.readyLocked()
+}
+
+// Has reports whether the pod namespace/name exists.
+func (c *Cache) Has(namespace, name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.pods[namespace+"/"+name]
+	return ok
+}
+
 // Len is how many pods the cache holds.
 func (c *Cache) Len() int {
 	c.mu.Lock()
