@@ -29,11 +29,11 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/policyips"
 	"code.fritzlab.net/fritzlab/flock/cmd/internal/buildinfo"
+	"code.fritzlab.net/fritzlab/flock/cmd/internal/kubeconfig"
 	"code.fritzlab.net/fritzlab/flock/k8s/lbcontroller"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/policyapi"
@@ -112,7 +112,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (c config, code int, ex
 	fs.StringVar(&ep.agent, "agent-socket", admin.DefaultSocket, "the node agent's admin socket: what it bound for this node's pods (anycast, addresses); empty: judge them by their claims and AddressPools only")
 	fs.StringVar(&ep.relayToken, "relay-token-file", defaultRelayToken, "this node's token for the pod relays (audience "+relay.Audience+"): pods are read from the relays the ConfigMap "+relay.ConfigMapName+" in --namespace lists, else from the API server; empty: from the API server only")
 	fs.BoolVar(&c.lb.on, "loadbalancers", true, "be a candidate for the Lease flock-loadbalancers, whose holder assigns LoadBalancer addresses from AddressPools of use loadBalancer")
-	fs.StringVar(&c.lb.namespace, "namespace", envOr("POD_NAMESPACE", "flock-system"), "flock's namespace: where the Lease is (default $POD_NAMESPACE, else flock-system)")
+	fs.StringVar(&c.lb.namespace, "namespace", kubeconfig.EnvOr("POD_NAMESPACE", "flock-system"), "flock's namespace: where the Lease is (default $POD_NAMESPACE, else flock-system)")
 	version := fs.Bool("version", false, "print the version and exit")
 	err := fs.Parse(args)
 	switch {
@@ -142,11 +142,11 @@ flags:
 	return c, 0, false
 }
 
-func run(cfg netpol.Config, kubeconfig string, ep endpoints, lbc lbConfig, log *slog.Logger) error {
+func run(cfg netpol.Config, kubeconfigPath string, ep endpoints, lbc lbConfig, log *slog.Logger) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	rc, err := restConfig(kubeconfig)
+	rc, err := kubeconfig.Rest(kubeconfigPath)
 	if err != nil {
 		return err
 	}
@@ -301,21 +301,6 @@ func podSource(rc *rest.Config, tokenFile, namespace, node string, log *slog.Log
 		Log: log.With("component", "pods")}, nil
 }
 
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		rc, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("in-cluster config (give --kubeconfig outside a pod): %w", err)
-		}
-		return rc, nil
-	}
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
-	}
-	return rc, nil
-}
-
 // removeOnUninstall removes the engine's rules when flock is leaving the
 // node (uninstalling); any other stop leaves them (fail closed across
 // restarts). It needs POD_NAME and POD_NAMESPACE (the downward API).
@@ -340,11 +325,4 @@ func removeOnUninstall(client dynamic.Interface, log *slog.Logger, bindings stri
 		return
 	}
 	log.Info("uninstall: rules removed", "table", netpol.Table, "why", why)
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

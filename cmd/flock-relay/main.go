@@ -35,9 +35,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"code.fritzlab.net/fritzlab/flock/cmd/internal/buildinfo"
+	"code.fritzlab.net/fritzlab/flock/cmd/internal/kubeconfig"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/relay"
@@ -75,7 +75,7 @@ func parseFlags(args []string, stdout, stderr io.Writer) (c config, code int, ex
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file (default: the pod's service account)")
 	fs.StringVar(&c.listen, "listen", ":9479", "address nodes connect to (HTTPS)")
 	fs.StringVar(&c.metrics, "metrics-address", ":9480", "address for /metrics, /healthz and /readyz; empty disables")
-	fs.StringVar(&c.namespace, "namespace", envOr("POD_NAMESPACE", "flock-system"), "flock's namespace: where the ConfigMap "+relay.ConfigMapName+" lists the relays (default $POD_NAMESPACE)")
+	fs.StringVar(&c.namespace, "namespace", kubeconfig.EnvOr("POD_NAMESPACE", "flock-system"), "flock's namespace: where the ConfigMap "+relay.ConfigMapName+" lists the relays (default $POD_NAMESPACE)")
 	fs.StringVar(&c.name, "name", os.Getenv("POD_NAME"), "this relay's key in the ConfigMap (default $POD_NAME)")
 	fs.StringVar(&c.advertise, "advertise", "", "the URL nodes reach this relay at (default https://$POD_IP and the port of --listen)")
 	fs.IntVar(&c.history, "history", relay.DefaultHistory, "changes kept for nodes that resume a watch")
@@ -127,7 +127,7 @@ func (c *config) complete(podIP string) error {
 }
 
 func run(c config, log *slog.Logger) error {
-	rc, err := restConfig(c.kubeconfig)
+	rc, err := kubeconfig.Rest(c.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -291,26 +291,4 @@ func selfSigned() (tls.Certificate, string, error) {
 		return tls.Certificate{}, "", fmt.Errorf("certificate: %w", err)
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})), nil
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		rc, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("in-cluster config (give --kubeconfig outside a pod): %w", err)
-		}
-		return rc, nil
-	}
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
-	}
-	return rc, nil
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
