@@ -29,7 +29,7 @@ func Build(dir string, race bool) error {
 	if err != nil {
 		return err
 	}
-	for _, c := range []string{"flock", "flock-agent", "flockctl"} {
+	for _, c := range []string{"flock", "flock-agent", "flockctl", "flock-relay"} {
 		args := []string{"build", "-o", filepath.Join(dir, c)}
 		if race && c == "flock-agent" && runtime.GOARCH == "amd64" {
 			args = append(args, "-race")

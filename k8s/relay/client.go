@@ -90,6 +90,14 @@ func try[T any](ctx context.Context, s *PodSource, call func(corev1client.PodInt
 	return out, err
 }
 
+// Using is what the last answer came from: "relay NAME", "the API
+// server", or "" before any.
+func (s *PodSource) Using() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.using
+}
+
 // use logs a change of source.
 func (s *PodSource) use(what string, errs []error) {
 	s.mu.Lock()
