@@ -330,6 +330,12 @@ func setImages(v any, name, newName, newTag string) bool {
 // paths (kustomize refuses absolute ones).
 func withComponent(t *testing.T) string {
 	t.Helper()
+	return withComponentOf(t, anpComponent)
+}
+
+// withComponentOf is withComponent for the component in directory comp.
+func withComponentOf(t *testing.T, comp string) string {
+	t.Helper()
 	dir := t.TempDir()
 	here, err := filepath.Abs(".")
 	if err != nil {
@@ -340,7 +346,7 @@ func withComponent(t *testing.T) string {
 		t.Fatal(err)
 	}
 	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\ncomponents:\n- %s\n",
-		filepath.ToSlash(rel), filepath.ToSlash(filepath.Join(rel, anpComponent)))
+		filepath.ToSlash(rel), filepath.ToSlash(filepath.Join(rel, comp)))
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -566,10 +572,21 @@ func TestAdminNetworkPolicyComponent(t *testing.T) {
 // renders the operator's kustomization the same as kustomizeBuild, so
 // what TestAdminNetworkPolicyComponent checks is what gets applied.
 func TestAdminNetworkPolicyComponentKubectl(t *testing.T) {
+	theirs := kubectlRendersAsWeDo(t, anpComponent)
+	if cmd := policyCommand(t, renderedDaemonSet(t, theirs)); !slices.Equal(cmd[len(cmd)-2:], anpFlags) {
+		t.Errorf("kubectl kustomize: the policy container runs %q", cmd)
+	}
+}
+
+// kubectlRendersAsWeDo renders deploy/ with component comp through
+// kubectl kustomize and fails t unless kustomizeBuild renders the same;
+// it returns kubectl's objects.
+func kubectlRendersAsWeDo(t *testing.T, comp string) []object {
+	t.Helper()
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}
-	dir := withComponent(t)
+	dir := withComponentOf(t, comp)
 	out, err := exec.Command("kubectl", "kustomize", dir).CombinedOutput()
 	if err != nil {
 		t.Fatalf("kubectl kustomize: %v\n%s", err, out)
@@ -595,9 +612,7 @@ func TestAdminNetworkPolicyComponentKubectl(t *testing.T) {
 			t.Errorf("%s: kubectl kustomize and kustomizeBuild differ", o.id())
 		}
 	}
-	if cmd := policyCommand(t, renderedDaemonSet(t, theirs)); !slices.Equal(cmd[len(cmd)-2:], anpFlags) {
-		t.Errorf("kubectl kustomize: the policy container runs %q", cmd)
-	}
+	return theirs
 }
 
 // TestAdminNetworkPolicyExamples: policies of the shapes the e2e test

@@ -173,6 +173,8 @@ func TestEveryDocumentParses(t *testing.T) {
 			strict[rbacv1.RoleBinding](t, d)
 		case "DaemonSet":
 			strict[appsv1.DaemonSet](t, d)
+		case "Deployment":
+			strict[appsv1.Deployment](t, d) // deploy/relay: relay_test.go
 		case "NodeConfig":
 			strict[v1alpha1.NodeConfig](t, d)
 		case "AddressPool":
@@ -216,7 +218,7 @@ func TestKustomization(t *testing.T) {
 		}
 		// Examples are not installed; optional components (kustomize
 		// kind Component) are checked by their own tests.
-		if d.IsDir() && (p == "examples" || p == "admin-network-policy" || p == policyComponent || p == "monitoring") {
+		if d.IsDir() && (p == "examples" || p == "admin-network-policy" || p == policyComponent || p == "monitoring" || p == relayComponent) {
 			return filepath.SkipDir
 		}
 		if !d.IsDir() && strings.HasSuffix(p, ".yaml") && p != "kustomization.yaml" {

@@ -13,7 +13,7 @@ import (
 
 // Binaries are flock's commands (./cmd/<name>): what a release ships and
 // the image holds in /usr/local/bin.
-var Binaries = []string{"flock", "flock-agent", "flockctl", "flock-installer", "flock-policy"}
+var Binaries = []string{"flock", "flock-agent", "flockctl", "flock-installer", "flock-policy", "flock-relay"}
 
 // Stamp is what --version of every binary says (cmd/internal/buildinfo).
 type Stamp struct {
