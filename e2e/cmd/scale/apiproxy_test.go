@@ -103,3 +103,15 @@ func TestAPIProxyCounts(t *testing.T) {
 		t.Errorf("a snapshot less itself: %s", fmt.Sprint(d.requests))
 	}
 }
+
+// The relay's counters are read from its /metrics as Prometheus writes
+// them (floats, large values in exponent form).
+func TestParseRelayMetrics(t *testing.T) {
+	ws, err := parseRelayMetrics([]byte("# HELP flock_relay_events_sent_total x\n# TYPE flock_relay_events_sent_total counter\nflock_relay_events_sent_total 1234\nflock_relay_sent_bytes_total 1.2345678e+07\nflock_relay_watchers 1\n"))
+	if err != nil || ws.events != 1234 || ws.bytes != 12345678 {
+		t.Fatalf("%+v, %v", ws, err)
+	}
+	if _, err := parseRelayMetrics([]byte("flock_relay_watchers 1\n")); err == nil {
+		t.Fatal("metrics without the counters parsed")
+	}
+}

@@ -49,7 +49,10 @@ func (m *measuredNode) register(ctx context.Context, cs kubernetes.Interface, c 
 	}
 	_, err = cs.CoreV1().ServiceAccounts(cniNamespace).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: cniNamespace}}, metav1.CreateOptions{})
 	m.cs = cs
-	return err
+	if err != nil {
+		return err
+	}
+	return m.relayAccess(ctx, cs)
 }
 
 // cniCost is what the agent asked the API server per CNI ADD and DEL.

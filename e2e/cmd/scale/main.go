@@ -276,7 +276,7 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	logf("filled in %s (%d writes)", r.fill.Round(time.Second), r.objects)
 
 	r.ready = map[string]time.Duration{}
-	for _, p := range []string{procProxy, procPolicy, procAgent} {
+	for _, p := range []string{procProxy, procRelay, procPolicy, procAgent} {
 		d, err := node.start(ctx, p, o.readyTimeout)
 		if err != nil {
 			r.err = fmt.Errorf("start %s: %w", p, err)

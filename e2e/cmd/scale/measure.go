@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"time"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/procfs"
@@ -41,6 +42,8 @@ func (m *measuredNode) window(d time.Duration) map[string]usage {
 		procs[p], before[p] = pr, st
 		counts[p] = m.proxies[p].snapshot()
 	}
+	// flock-policy's pods come from the relay, which counts what it sent.
+	relayBefore, relayErr := m.relaySent()
 	start := time.Now()
 	time.Sleep(d)
 	el := time.Since(start)
@@ -62,6 +65,23 @@ func (m *measuredNode) window(d time.Duration) map[string]usage {
 		u.otherBytes = float64(lb) / el.Seconds()
 		u.requests = float64(diff.requestTotal()) / el.Seconds()
 		u.byResource = diff.watch
+		if p == procPolicy {
+			after, err := m.relaySent()
+			if err == nil {
+				err = relayErr
+			}
+			if err != nil {
+				u.err = fmt.Errorf("what the relay sent: %w", err)
+			}
+			sent := watchStat{events: after.events - relayBefore.events, bytes: after.bytes - relayBefore.bytes}
+			u.events += float64(sent.events) / el.Seconds()
+			u.watchBytes += float64(sent.bytes) / el.Seconds()
+			u.byResource = maps.Clone(u.byResource)
+			if u.byResource == nil {
+				u.byResource = map[string]watchStat{}
+			}
+			u.byResource[relayResource] = sent
+		}
 		if u.rssMB, err = pr.RSS(); err != nil {
 			u.err = err
 		}

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -24,21 +25,27 @@ import (
 // The measured node: flock-agent, flock-policy and kube-proxy (nftables
 // mode, the baseline: it already pays the Services and EndpointSlices
 // fan-out on every node) in one node namespace of a BGP lab, each talking
-// to the API server through an apiProxy of its own.
+// to the API server through an apiProxy of its own. flock-relay runs
+// there too: flock-policy reads the pods from it, as every node of a
+// cluster with deploy/relay does (the cluster runs two, whatever its
+// size: its cost is not a node's).
 const (
 	procAgent  = "flock-agent"
 	procPolicy = "flock-policy"
 	procProxy  = "kube-proxy"
+	procRelay  = "flock-relay"
 )
 
-var procNames = []string{procAgent, procPolicy, procProxy}
+var procNames = []string{procAgent, procPolicy, procProxy, procRelay}
 
 // proxyPort is where a process's apiProxy listens in the node namespace.
-var proxyPort = map[string]int{procAgent: 16443, procPolicy: 16444, procProxy: 16445}
+var proxyPort = map[string]int{procAgent: 16443, procPolicy: 16444, procProxy: 16445, procRelay: 16446}
 
 // Listen addresses inside the node namespace.
 const (
 	policyMetrics   = "127.0.0.1:9982"
+	relayListen     = "127.0.0.1:16447"
+	relayMetrics    = "127.0.0.1:9984"
 	kubeProxyHealth = "127.0.0.1:10256"
 	kubeProxyMetric = "127.0.0.1:10249"
 )
@@ -53,8 +60,12 @@ type measuredNode struct {
 	proxies map[string]*apiProxy
 	policy  *exec.Cmd
 	kproxy  *exec.Cmd
-	pdone   map[string]chan struct{}
-	cs      kubernetes.Interface // admin's, for the node's own pods
+	relay   *exec.Cmd
+	// relayToken is flock-policy's token for the relay (audience
+	// flock-relay), written by register.
+	relayToken string
+	pdone      map[string]chan struct{}
+	cs         kubernetes.Interface // admin's, for the node's own pods
 	// policyAdmin is flock-policy's admin socket ("": off, as measured
 	// without -profiles).
 	policyAdmin string
@@ -134,6 +145,7 @@ func (m *measuredNode) close() {
 	m.stop(procAgent)
 	m.stop(procPolicy)
 	m.stop(procProxy)
+	m.stop(procRelay)
 	for _, p := range m.proxies {
 		p.close()
 	}
@@ -156,6 +168,10 @@ func (m *measuredNode) pid(p string) int {
 	case procProxy:
 		if m.kproxy != nil && m.kproxy.Process != nil {
 			return m.kproxy.Process.Pid
+		}
+	case procRelay:
+		if m.relay != nil && m.relay.Process != nil {
+			return m.relay.Process.Pid
 		}
 	}
 	return 0
@@ -188,12 +204,23 @@ func (m *measuredNode) start(ctx context.Context, p string, timeout time.Duratio
 		return time.Since(t0), nil
 	case procPolicy:
 		cmd, err := m.startCmd(p, filepath.Join(m.binDir, "flock-policy"), "--node-name="+m.node.Name, "--kubeconfig="+m.kcfg[p],
-			"--metrics-address="+policyMetrics, "--admin-socket="+m.policyAdmin, "--agent-socket=")
+			"--metrics-address="+policyMetrics, "--admin-socket="+m.policyAdmin, "--agent-socket=", "--relay-token-file="+m.relayToken)
 		if err != nil {
 			return 0, err
 		}
 		m.policy = cmd
 		if err := m.waitHTTP(ctx, p, "http://"+policyMetrics+"/readyz", timeout); err != nil {
+			return 0, err
+		}
+		return time.Since(t0), nil
+	case procRelay:
+		cmd, err := m.startCmd(p, filepath.Join(m.binDir, "flock-relay"), "--kubeconfig="+m.kcfg[p], "--listen="+relayListen,
+			"--metrics-address="+relayMetrics, "--namespace=flock-system", "--name=scale-relay", "--advertise=https://"+relayListen)
+		if err != nil {
+			return 0, err
+		}
+		m.relay = cmd
+		if err := m.waitHTTP(ctx, p, "http://"+relayMetrics+"/readyz", timeout); err != nil {
 			return 0, err
 		}
 		return time.Since(t0), nil
@@ -242,11 +269,8 @@ func (m *measuredNode) stop(p string) {
 			}
 		}
 		return
-	case procPolicy, procProxy:
-		cmd := m.policy
-		if p == procProxy {
-			cmd = m.kproxy
-		}
+	case procPolicy, procProxy, procRelay:
+		cmd := map[string]*exec.Cmd{procPolicy: m.policy, procProxy: m.kproxy, procRelay: m.relay}[p]
 		if cmd == nil || cmd.Process == nil {
 			return
 		}
@@ -257,10 +281,13 @@ func (m *measuredNode) stop(p string) {
 			_ = cmd.Process.Kill()
 			<-m.pdone[p]
 		}
-		if p == procPolicy {
+		switch p {
+		case procPolicy:
 			m.policy = nil
-		} else {
+		case procProxy:
 			m.kproxy = nil
+		case procRelay:
+			m.relay = nil
 		}
 	}
 }
@@ -291,6 +318,12 @@ func (m *measuredNode) waitHTTP(ctx context.Context, p, url string, timeout time
 // httpGet makes a GET in the node namespace: the connection is made on a
 // thread inside it.
 func (m *measuredNode) httpGet(url string) (int, error) {
+	code, _, err := m.httpGetBody(url)
+	return code, err
+}
+
+// httpGetBody is httpGet with the body.
+func (m *measuredNode) httpGetBody(url string) (int, []byte, error) {
 	tr := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var c net.Conn
 		err := m.node.NS.InNS(func() (err error) {
@@ -302,10 +335,11 @@ func (m *measuredNode) httpGet(url string) (int, error) {
 	hc := &http.Client{Transport: tr, Timeout: 2 * time.Second}
 	resp, err := hc.Get(url)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	resp.Body.Close()
-	return resp.StatusCode, nil
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
 }
 
 func (m *measuredNode) logTail(p string, n int) string {
