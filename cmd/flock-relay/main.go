@@ -157,7 +157,8 @@ func run(c config, log *slog.Logger) error {
 	defer stop()
 
 	pods := relay.NewCache(c.history)
-	inf := kubeclient.NewInformer(cs.CoreV1().Pods(""), &corev1.Pod{}, nil)
+	upstream := pods.Upstream(cs.CoreV1().Pods(""))
+	inf := kubeclient.NewInformer(upstream, &corev1.Pod{}, nil)
 	if err := inf.SetTransform(trim.Transform); err != nil {
 		return err
 	}
@@ -205,7 +206,7 @@ func run(c config, log *slog.Logger) error {
 			kubeclient.Synced{Name: "pods", Synced: func() bool { return inf.HasSynced() && reg.HasSynced() }}) {
 			return nil
 		}
-		if err := pods.Live(inf.LastSyncResourceVersion()); err != nil {
+		if err := pods.Live(upstream.ListRV()); err != nil {
 			return err
 		}
 		log.Info("serving pods", "pods", pods.Len(), "synced", time.Since(start).Round(time.Millisecond), "listen", c.listen, "advertise", c.advertise)

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -83,6 +84,10 @@ func (a *ReviewAuthorizer) review(ctx context.Context, token string) error {
 	}
 	if !tr.Status.Authenticated {
 		return fmt.Errorf("%w: token not valid for audience %q: %s", ErrUnauthorized, Audience, tr.Status.Error)
+	}
+	// An authenticator that ignores audiences answers without them.
+	if !slices.Contains(tr.Status.Audiences, Audience) {
+		return fmt.Errorf("%w: the API server did not say the token is for audience %q (it said %q)", ErrUnauthorized, Audience, tr.Status.Audiences)
 	}
 	u := tr.Status.User
 	extra := map[string]authzv1.ExtraValue{}

@@ -15,11 +15,13 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -92,9 +94,10 @@ func (c *Cache) Handler() cache.ResourceEventHandler {
 	}
 }
 
-// Live opens the cache to watchers: the informer synced at resource
-// version rv (its LastSyncResourceVersion), and every change after it
-// reaches Handler.
+// Live opens the cache to watchers once the informer synced: rv is the
+// resource version of its first list (Upstream.ListRV), after which
+// every change reaches Handler in order. (Not the informer's
+// LastSyncResourceVersion: that runs ahead of the handler.)
 func (c *Cache) Live(rv string) error {
 	v, err := parseRV(rv)
 	if err != nil {
@@ -116,6 +119,16 @@ func (c *Cache) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
+}
+
+// relisting is the upstream informer listing: once live, the cache
+// fails (the relist's objects come out of order).
+func (c *Cache) relisting() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.live {
+		c.failLocked(errRelist)
+	}
 }
 
 func (c *Cache) put(obj, old any) {
@@ -194,6 +207,9 @@ func (c *Cache) delete(obj any) {
 // resource version not newer than one seen means the informer listed
 // again: the cache fails.
 func (c *Cache) advanceLocked(rv uint64) bool {
+	if c.err != nil {
+		return false // nothing more is sent
+	}
 	if !c.live {
 		c.cur = max(c.cur, rv)
 		return false
@@ -257,6 +273,38 @@ func (c *Cache) snapshot() ([]*entry, uint64, uint64, error) {
 		out = append(out, e)
 	}
 	return out, c.cur, c.seq + uint64(len(c.ring)), nil
+}
+
+// waitFor waits up to d for the cache to reach resource version rv,
+// and reports whether it did.
+func (c *Cache) waitFor(ctx context.Context, rv uint64, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		c.mu.Lock()
+		cur, wake, err := c.cur, c.wake, c.err
+		c.mu.Unlock()
+		if err != nil {
+			return false
+		}
+		if cur >= rv {
+			return true
+		}
+		select {
+		case <-wake:
+		case <-t.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// current is the newest resource version the cache holds.
+func (c *Cache) current() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cur
 }
 
 // errNotReady: the cache has not synced yet.

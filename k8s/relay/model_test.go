@@ -56,8 +56,7 @@ func TestRandomizedNodesFollowRelays(t *testing.T) {
 	publish(t, api, relays)
 	var nodes []*node
 	for i := range 3 {
-		n := newNode(t, api, testToken)
-		n.source.Node = fmt.Sprintf("node-%d", i)
+		n := newNamedNode(t, api, testToken, false, fmt.Sprintf("node-%d", i))
 		nodes = append(nodes, n)
 	}
 	const keys = 40

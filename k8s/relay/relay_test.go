@@ -154,13 +154,18 @@ func newNode(t *testing.T, api *fake.Clientset, token string) *node {
 }
 
 func newNodeWith(t *testing.T, api *fake.Clientset, token string, noWatchList bool) *node {
+	return newNamedNode(t, api, token, noWatchList, "n1")
+}
+
+// newNamedNode is a node of that name (its order of the relays).
+func newNamedNode(t *testing.T, api *fake.Clientset, token string, noWatchList bool, name string) *node {
 	t.Helper()
 	dir := t.TempDir()
 	tf := filepath.Join(dir, "token")
 	if err := os.WriteFile(tf, []byte(token), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	src := &PodSource{API: api.CoreV1().Pods(""), Directory: api.CoreV1().ConfigMaps("flock-system"), Node: "n1", TokenFile: tf,
+	src := &PodSource{API: api.CoreV1().Pods(""), Directory: api.CoreV1().ConfigMaps("flock-system"), Node: name, TokenFile: tf,
 		Refresh: time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), NoWatchList: noWatchList}
 	n := &node{api: api, source: src, done: make(chan struct{})}
 	n.inf = kubeclient.NewInformer(src, &corev1.Pod{}, nil)

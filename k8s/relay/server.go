@@ -156,7 +156,40 @@ func acceptsProtobuf(accept string) bool {
 	return false
 }
 
+// notOlder makes a request for resource version v ("" or "0": any) wait
+// briefly for the cache to reach it, as the API server's watch cache
+// does; false if it did not (the request was answered).
+func (s *Server) notOlder(w http.ResponseWriter, r *http.Request, v string) bool {
+	if v == "" || v == "0" {
+		return true
+	}
+	want, err := parseRV(v)
+	if err != nil {
+		s.fail(w, apierrors.NewBadRequest(err.Error()))
+		return false
+	}
+	if s.Cache.waitFor(r.Context(), want, 3*time.Second) {
+		return true
+	}
+	// 504 Too large resource version: the node asks elsewhere (another
+	// relay, the API server) or lists afresh.
+	s.fail(w, tooLarge(want, s.Cache.current()))
+	return false
+}
+
+// tooLarge is the API server's answer to a resource version it has not
+// reached (k8s.io/apiserver's storage.NewTooLargeResourceVersionError):
+// client-go's reflector knows it by its cause.
+func tooLarge(want, cur uint64) *apierrors.StatusError {
+	err := apierrors.NewTimeoutError(fmt.Sprintf("Too large resource version: %d, current: %d", want, cur), 1)
+	err.ErrStatus.Details.Causes = []metav1.StatusCause{{Type: metav1.CauseTypeResourceVersionTooLarge, Message: "Too large resource version"}}
+	return err
+}
+
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	if !s.notOlder(w, r, r.URL.Query().Get("resourceVersion")) {
+		return
+	}
 	entries, rv, _, err := s.Cache.snapshot()
 	if err != nil {
 		s.fail(w, apierrors.NewServiceUnavailable(err.Error()))
@@ -230,19 +263,25 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		rv      uint64
 		err     error
 	)
+	// Events up to since are the node's already (a plain watch from a
+	// resource version newer than the cache: it moved from a source that
+	// was ahead); they are not sent again.
+	var since uint64
 	switch v := q.Get("resourceVersion"); {
 	case initial:
+		if !s.notOlder(w, r, v) {
+			return
+		}
 		entries, rv, seq, err = s.Cache.snapshot()
 	case v == "" || v == "0":
 		// From now on.
 		_, rv, seq, err = s.Cache.snapshot()
 	default:
-		var from uint64
-		if from, err = parseRV(v); err != nil {
+		if since, err = parseRV(v); err != nil {
 			s.fail(w, apierrors.NewBadRequest(err.Error()))
 			return
 		}
-		seq, err = s.Cache.from(from)
+		seq, err = s.Cache.from(since)
 	}
 	var expired errExpired
 	isExpired := errors.As(err, &expired)
@@ -265,6 +304,9 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", mediaType+";stream=watch")
 	w.Header().Set("Transfer-Encoding", "chunked")
 	w.WriteHeader(http.StatusOK)
+	// The headers now: client-go's Watch returns only once it has them,
+	// and a quiet cluster may send nothing for a while.
+	_ = rc.Flush()
 	if s.Metrics != nil {
 		s.Metrics.Watchers.Inc()
 		defer s.Metrics.Watchers.Dec()
@@ -327,11 +369,13 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 			return // the cache failed: the watcher goes elsewhere
 		}
 		if len(evs) > 0 {
-			frames := make([][]byte, len(evs))
+			frames := make([][]byte, 0, len(evs))
 			for i := range evs {
-				frames[i] = evs[i].frame
+				if evs[i].rv > since {
+					frames = append(frames, evs[i].frame)
+				}
 			}
-			if send(frames...) != nil {
+			if len(frames) > 0 && send(frames...) != nil {
 				return
 			}
 			seq = nextSeq
@@ -345,7 +389,8 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		case <-wake:
 		case <-tick.C:
 			if bookmarks {
-				if b, err := bookmark(cur, false); err != nil || send(b) != nil {
+				// Never behind what the node holds (since).
+				if b, err := bookmark(max(cur, since), false); err != nil || send(b) != nil {
 					return
 				}
 			}

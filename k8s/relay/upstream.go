@@ -1,0 +1,92 @@
+package relay
+
+import (
+	"context"
+	"sync"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
+)
+
+// Upstream wraps the API server's pods for the relay's informer. It
+// learns the resource version of the first list (what Live needs: a
+// watch from any version after it is complete in the cache), and fails
+// the cache as soon as the informer lists again once live, before the
+// relist's objects reach the handler: they come in list order, and one
+// newer than a change still to come would be sent first.
+func (c *Cache) Upstream(lw kubeclient.ListerWatcher[*corev1.PodList]) *Upstream {
+	return &Upstream{c: c, lw: lw}
+}
+
+// Upstream is the relay informer's ListerWatcher.
+type Upstream struct {
+	c  *Cache
+	lw kubeclient.ListerWatcher[*corev1.PodList]
+
+	mu     sync.Mutex
+	listRV string
+}
+
+// ListRV is the resource version the first list was at ("" before it).
+func (u *Upstream) ListRV() string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.listRV
+}
+
+func (u *Upstream) listed(rv string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.listRV == "" {
+		u.listRV = rv
+	}
+}
+
+// List lists the pods.
+func (u *Upstream) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
+	u.c.relisting()
+	l, err := u.lw.List(ctx, opts)
+	if err == nil {
+		u.listed(l.ResourceVersion)
+	}
+	return l, err
+}
+
+// Watch watches the pods; one that streams a list first (watch-list) is
+// a list.
+func (u *Upstream) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	initial := opts.SendInitialEvents != nil && *opts.SendInitialEvents
+	if initial {
+		u.c.relisting()
+	}
+	w, err := u.lw.Watch(ctx, opts)
+	if err != nil || !initial {
+		return w, err
+	}
+	// The bookmark that ends the initial events carries the list's
+	// resource version.
+	return watch.Filter(w, func(ev watch.Event) (watch.Event, bool) {
+		if ev.Type == watch.Bookmark {
+			if m, err := metaOf(ev.Object); err == nil && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
+				u.listed(m.GetResourceVersion())
+			}
+		}
+		return ev, true
+	}), nil
+}
+
+func metaOf(obj any) (metav1.Object, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		return m, nil
+	}
+	return nil, errNotObject
+}
+
+var errNotObject = errorString("relay: watch event without object metadata")
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
