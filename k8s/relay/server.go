@@ -51,6 +51,9 @@ type Server struct {
 	MaxWatch time.Duration
 	// Metrics, if set, counts what the watchers are sent.
 	Metrics *Metrics
+	// WriteTimeout is how long a write to a watcher may take (default
+	// 30s): one that stopped reading is let go.
+	WriteTimeout time.Duration
 
 	stopMu  sync.Mutex
 	stopped chan struct{} // closed by Stop
@@ -313,7 +316,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	}
 	send := func(frames ...[]byte) error {
 		// A watcher that stopped reading is let go, not waited for.
-		_ = rc.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		_ = rc.SetWriteDeadline(time.Now().Add(s.writeTimeout()))
 		for _, f := range frames {
 			if _, err := out.Write(f); err != nil {
 				return err
@@ -327,7 +330,14 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		if s.Metrics != nil {
 			s.Metrics.Events.Add(float64(len(frames)))
 		}
-		return rc.Flush()
+		if err := rc.Flush(); err != nil {
+			return err
+		}
+		// No deadline while the watch is quiet: HTTP/2 resets a stream
+		// whose deadline passes, written to or not (and client-go lists
+		// afresh after a watch that failed).
+		_ = rc.SetWriteDeadline(time.Time{})
+		return nil
 	}
 	if isExpired {
 		s.sendExpired(send, expired)
@@ -396,6 +406,13 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+func (s *Server) writeTimeout() time.Duration {
+	if s.WriteTimeout > 0 {
+		return s.WriteTimeout
+	}
+	return 30 * time.Second
 }
 
 func (s *Server) bookmarkEvery() time.Duration {

@@ -212,3 +212,28 @@ func TestNoRelayMeansTheAPIServer(t *testing.T) {
 		t.Fatalf("pods from %q", using)
 	}
 }
+
+// A watch quiet for longer than the write timeout stays open (HTTP/2
+// resets a stream whose write deadline passes, written to or not): the
+// next change arrives on it, and the node does not list again.
+func TestAQuietWatchStaysOpen(t *testing.T) {
+	up, c := seeded(t, 3)
+	r := startRelay(t, c)
+	r.relay.WriteTimeout, r.relay.Bookmark = 100*time.Millisecond, time.Hour
+	api := fake.NewClientset()
+	publish(t, api, map[string]*relayUnderTest{"relay-a": r})
+	n := newNode(t, api, testToken)
+	if err := converged(n, up.snapshot(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	lists := c.listsServed.Load()
+	up.apply("ns/p0", func(p *corev1.Pod) *corev1.Pod { p.Labels = map[string]string{"app": "x"}; return p })
+	time.Sleep(time.Second) // quiet, ten write timeouts
+	up.apply("ns/p1", func(p *corev1.Pod) *corev1.Pod { p.Labels = map[string]string{"app": "y"}; return p })
+	if err := converged(n, up.snapshot(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.listsServed.Load(); got != lists {
+		t.Fatalf("the node listed again (%d snapshots, %d before): its watch was cut while quiet", got, lists)
+	}
+}
