@@ -208,13 +208,20 @@ func apiServerWindow(pid int, d time.Duration) (cpuPct, rssMB float64, err error
 	return cpuPct, rssMB, err
 }
 
+// realEvents is the watch events a second the node's processes got from
+// the API server under churn, which a full copy of their watches gets:
+// what flock-policy gets from the relay is no part of it.
+func realEvents(churn map[string]usage) map[string]float64 {
+	return map[string]float64{"flock": churn[procAgent].events + churn[procPolicy].events - churn[procPolicy].relayEvents, "kube-proxy": churn[procProxy].events}
+}
+
 // measureFanout reads the API server under the running churn: alone (but
 // for the measured node), then with each count of copies of flock's
 // watches (flock-agent's and flock-policy's: one node's) and of
 // kube-proxy's.
 func (m *measuredNode) measureFanout(copies []int, settle, d time.Duration, churn map[string]usage) []fanoutRow {
 	var rows []fanoutRow
-	real := map[string]float64{"flock": churn[procAgent].events + churn[procPolicy].events, "kube-proxy": churn[procProxy].events}
+	real := realEvents(churn)
 	window := func(kind string, n int, reqs []watchReq) {
 		row := fanoutRow{kind: kind, watchers: n, realEventsSec: real[kind]}
 		var rp *replay

@@ -163,3 +163,13 @@ func TestParseCounts(t *testing.T) {
 		}
 	}
 }
+
+// Copies of a node's watches are held to what the node got from the API
+// server, not what flock-policy got from the relay (which no copy
+// replays): else every count would look saturated.
+func TestRealEventsLeaveTheRelayOut(t *testing.T) {
+	churn := map[string]usage{procAgent: {events: 10}, procPolicy: {events: 280, relayEvents: 279}, procProxy: {events: 10}}
+	if got := realEvents(churn); got["flock"] != 11 || got["kube-proxy"] != 10 {
+		t.Fatalf("%v, want flock 11 (agent 10, policy 1 from the API server), kube-proxy 10", got)
+	}
+}

@@ -16,8 +16,11 @@ type usage struct {
 	watchBytes float64 // watch bytes received a second
 	otherBytes float64 // bytes of other responses (LISTs, GETs) a second
 	requests   float64 // requests made a second (watches included)
-	byResource map[string]watchStat
-	err        error
+	// relayEvents are the watch events a second flock-policy got from
+	// the relay (in events, not from the API server).
+	relayEvents float64
+	byResource  map[string]watchStat
+	err         error
 }
 
 // window measures every process of the node over d: CPU from
@@ -74,7 +77,8 @@ func (m *measuredNode) window(d time.Duration) map[string]usage {
 				u.err = fmt.Errorf("what the relay sent: %w", err)
 			}
 			sent := watchStat{events: after.events - relayBefore.events, bytes: after.bytes - relayBefore.bytes}
-			u.events += float64(sent.events) / el.Seconds()
+			u.relayEvents = float64(sent.events) / el.Seconds()
+			u.events += u.relayEvents
 			u.watchBytes += float64(sent.bytes) / el.Seconds()
 			u.byResource = maps.Clone(u.byResource)
 			if u.byResource == nil {
