@@ -216,6 +216,9 @@ func run(c config, log *slog.Logger) error {
 		if err := pods.Live(upstream.ListRV()); err != nil {
 			return err
 		}
+		if err := pods.Ready(); err != nil {
+			return err // it listed again before it was live: start over
+		}
 		log.Info("serving pods", "pods", pods.Len(), "synced", time.Since(start).Round(time.Millisecond), "listen", c.listen, "advertise", c.advertise)
 		if err := relay.Publish(ctx, cms, c.name, relay.Entry{URL: c.advertise, Certificate: certPEM, ServerName: serverName}); err != nil {
 			return err

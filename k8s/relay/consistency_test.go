@@ -173,3 +173,38 @@ func TestNotOlderThanAsked(t *testing.T) {
 		t.Fatal("no event")
 	}
 }
+
+// A relist after the first list but before Live fails the cache too: its
+// objects may reach the handler after Live, in list order, and Live
+// would start at the first list's version.
+func TestARelistBeforeLiveFailsTheCache(t *testing.T) {
+	c := NewCache(0)
+	f := &fakeUpstream{listRV: "100", w: watch.NewFake()}
+	u := c.Upstream(f)
+	if _, err := u.List(t.Context(), metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A continuation page is the same list.
+	if _, err := u.List(t.Context(), metav1.ListOptions{Continue: "page-2"}); err != nil {
+		t.Fatal(err)
+	}
+	if c.Err() != nil {
+		t.Fatalf("a continuation failed the cache: %v", c.Err())
+	}
+	f.listRV = "200"
+	if _, err := u.List(t.Context(), metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Live(u.ListRV()); err != nil {
+		t.Fatal(err)
+	}
+	if c.Ready() == nil {
+		t.Fatal("a relist before Live left the cache serving")
+	}
+	a := testPod("ns", "a", 0)
+	a.ResourceVersion = "150"
+	c.Handler().OnAdd(a, false)
+	if len(c.ring) != 0 {
+		t.Fatalf("%d events sent by a failed cache", len(c.ring))
+	}
+}

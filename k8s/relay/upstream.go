@@ -45,11 +45,23 @@ func (u *Upstream) listed(rv string) {
 	}
 }
 
-// List lists the pods.
-func (u *Upstream) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
+// startList is a list starting: any but the first fails the cache,
+// live or not yet (before Live, its objects could reach the handler
+// after Live all the same, and Live would start at the first list).
+func (u *Upstream) startList() {
+	if u.ListRV() != "" {
+		u.c.fail(errRelist)
+	}
 	u.c.relisting()
+}
+
+// List lists the pods (a continuation is the same list's next page).
+func (u *Upstream) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
+	if opts.Continue == "" {
+		u.startList()
+	}
 	l, err := u.lw.List(ctx, opts)
-	if err == nil {
+	if err == nil && opts.Continue == "" {
 		u.listed(l.ResourceVersion)
 	}
 	return l, err
@@ -60,7 +72,7 @@ func (u *Upstream) List(ctx context.Context, opts metav1.ListOptions) (*corev1.P
 func (u *Upstream) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	initial := opts.SendInitialEvents != nil && *opts.SendInitialEvents
 	if initial {
-		u.c.relisting()
+		u.startList()
 	}
 	w, err := u.lw.Watch(ctx, opts)
 	if err != nil || !initial {
