@@ -131,20 +131,31 @@ func (c *Cache) relisting() {
 	}
 }
 
+// prepare is p trimmed (idempotent: the informer's transform did it
+// already), its resource version and its encoding, outside the lock; not
+// ok if the cache failed on it.
+func (c *Cache) prepare(p *corev1.Pod) (*corev1.Pod, uint64, []byte, bool) {
+	p = trim.Pod(p)
+	rv, err := parseRV(p.ResourceVersion)
+	if err != nil {
+		c.fail(err)
+		return nil, 0, nil, false
+	}
+	raw, err := encodePod(p)
+	if err != nil {
+		c.fail(err)
+		return nil, 0, nil, false
+	}
+	return p, rv, raw, true
+}
+
 func (c *Cache) put(obj, old any) {
 	p, ok := obj.(*corev1.Pod)
 	if !ok {
 		return
 	}
-	p = trim.Pod(p) // idempotent; the informer's transform did it already
-	rv, err := parseRV(p.ResourceVersion)
-	if err != nil {
-		c.fail(err)
-		return
-	}
-	raw, err := encodePod(p)
-	if err != nil {
-		c.fail(err)
+	p, rv, raw, ok := c.prepare(p)
+	if !ok {
 		return
 	}
 	key := p.Namespace + "/" + p.Name
@@ -183,15 +194,8 @@ func (c *Cache) delete(obj any) {
 	if !ok {
 		return
 	}
-	p = trim.Pod(p)
-	rv, err := parseRV(p.ResourceVersion)
-	if err != nil {
-		c.fail(err)
-		return
-	}
-	raw, err := encodePod(p)
-	if err != nil {
-		c.fail(err)
+	p, rv, raw, ok := c.prepare(p)
+	if !ok {
 		return
 	}
 	c.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"net"
 	"slices"
 	"sync"
 	"time"
@@ -187,7 +188,7 @@ func (s *PodSource) newClient(e Entry) (corev1client.PodInterface, error) {
 		ContentConfig:   rest.ContentConfig{ContentType: mediaType, AcceptContentTypes: mediaType},
 		TLSClientConfig: rest.TLSClientConfig{CAData: []byte(e.Certificate), ServerName: e.ServerName},
 		// A relay that does not answer is left for the next quickly.
-		Dial: (&dialer{timeout: 3 * time.Second}).DialContext,
+		Dial: (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {

@@ -82,23 +82,10 @@ func (u *Upstream) Watch(ctx context.Context, opts metav1.ListOptions) (watch.In
 	// resource version.
 	return watch.Filter(w, func(ev watch.Event) (watch.Event, bool) {
 		if ev.Type == watch.Bookmark {
-			if m, err := metaOf(ev.Object); err == nil && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
+			if m, ok := ev.Object.(metav1.Object); ok && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
 				u.listed(m.GetResourceVersion())
 			}
 		}
 		return ev, true
 	}), nil
 }
-
-func metaOf(obj any) (metav1.Object, error) {
-	if m, ok := obj.(metav1.Object); ok {
-		return m, nil
-	}
-	return nil, errNotObject
-}
-
-var errNotObject = errorString("relay: watch event without object metadata")
-
-type errorString string
-
-func (e errorString) Error() string { return string(e) }
