@@ -78,7 +78,7 @@ type kubeMode struct {
 	// services decides the Service routes (LoadBalancer and external IPs).
 	services *services.Controller
 	dyn      dynamic.Interface
-	// leaving says what a 403 at a planned stop means (uninstall.go):
+	// leaving says what a refusal (403, 401) at a planned stop means (uninstall.go):
 	// flock's namespace followed from the start.
 	leaving func(error) (bool, string)
 }

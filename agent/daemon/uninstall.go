@@ -38,10 +38,11 @@ func (d *daemon) uninstalling() bool {
 	if d.kube == nil || d.o.PodName == "" || d.o.Namespace == "" {
 		return false
 	}
-	// A 403 alone is no proof (a ClusterRoleBinding replaced during a
-	// rollout refuses for a moment too), and this uninstall takes every
-	// pod's network: it needs flock's namespace seen Terminating, as
-	// `kubectl delete -k deploy/` makes it before it deletes the RBAC.
+	// A refusal alone is no proof (a ClusterRoleBinding replaced during a
+	// rollout refuses for a moment too, a force-deleted pod's token dies
+	// with it), and this uninstall takes every pod's network: it needs
+	// flock's namespace seen Terminating, as `kubectl delete -k deploy/`
+	// makes it before it deletes the ServiceAccount and the RBAC.
 	gone, why := uninstall.Uninstalling(context.Background(), d.kube.dyn, d.o.Namespace, d.o.PodName, d.kube.leaving)
 	if gone {
 		d.log.Info("uninstall: flock is leaving this node; its routes, veths and files go with it", "why", why)

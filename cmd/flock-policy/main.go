@@ -195,8 +195,8 @@ func run(cfg netpol.Config, kubeconfigPath string, ep endpoints, lbc lbConfig, l
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	// Its namespace followed from the start: at the stop, a 403 means
-	// uninstall only if it was seen being deleted.
+	// Its namespace followed from the start: at the stop, a refusal (403,
+	// 401) means uninstall only if it was seen being deleted.
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	defer stopWatch()
 	forbidden := uninstall.WatchNamespace(watchCtx, dyn, os.Getenv("POD_NAMESPACE"))

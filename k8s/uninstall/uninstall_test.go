@@ -64,6 +64,7 @@ func TestUninstalling(t *testing.T) {
 		{"own pod not found", nil, nil, false, "not found"},
 		{"no owner left (DaemonSet deleted with --cascade=orphan)", []runtime.Object{pod(true, "")}, nil, true, "no DaemonSet owns it"},
 		{"force-deleted pod: its token is refused (401)", []runtime.Object{pod(true, "1"), ds("1", false)}, refuse("pods", apierrors.NewUnauthorized("token")), false, "force-deleted"},
+		{"a 401 on the DaemonSet, nothing else known", []runtime.Object{pod(true, "1"), ds("1", false)}, refuse("daemonsets", apierrors.NewUnauthorized("token")), false, "force-deleted"},
 		{"the API server fails", []runtime.Object{pod(true, "1"), ds("1", false)}, refuse("pods", apierrors.NewInternalError(context.DeadlineExceeded)), false, "read pod"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -79,37 +80,59 @@ func TestUninstalling(t *testing.T) {
 	}
 }
 
-// What a 403 means is the caller's: the agent, whose uninstall removes
+// What a refusal means is the caller's: the agent, whose uninstall removes
 // every pod's network, asks what it saw before the API refused it; a
-// container restart under a 403 is then no uninstall.
-func TestForbiddenIsTheCallers(t *testing.T) {
-	pod := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"namespace": "flock-system", "name": "flock-abc"}}}
-	c := dynfake.NewSimpleDynamicClient(runtime.NewScheme(), pod)
-	c.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
-		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "flock-abc", nil)
-	})
-	asked := false
-	gone, why := Uninstalling(context.Background(), c, "flock-system", "flock-abc", func(err error) (bool, string) {
-		asked = apierrors.IsForbidden(err)
-		return false, "nothing seen says flock is leaving"
-	})
-	if gone || !asked || why != "nothing seen says flock is leaving" {
-		t.Errorf("Uninstalling = %v (%s), asked %v", gone, why, asked)
+// container restart under a 403 is then no uninstall. A 401 is a refusal
+// too: `kubectl delete -k deploy/` deletes flock's ServiceAccount before
+// its DaemonSet, and the pods' tokens die with it.
+func TestRefusalIsTheCallers(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		resource string
+		err      error
+	}{
+		{"403 on the pod", "pods", apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "flock-abc", nil)},
+		{"401 on the pod", "pods", apierrors.NewUnauthorized("invalid bearer token")},
+		{"403 on the DaemonSet", "daemonsets", apierrors.NewForbidden(schema.GroupResource{Group: "apps", Resource: "daemonsets"}, "flock", nil)},
+		{"401 on the DaemonSet", "daemonsets", apierrors.NewUnauthorized("invalid bearer token")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{
+				"namespace": "flock-system", "name": "flock-abc", "deletionTimestamp": "2026-11-29T00:00:00Z", "finalizers": []any{"x"},
+				"ownerReferences": []any{map[string]any{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "flock", "uid": "ds-1", "controller": true}},
+			}}}
+			c := dynfake.NewSimpleDynamicClient(runtime.NewScheme(), pod)
+			c.PrependReactor("get", tc.resource, func(k8stesting.Action) (bool, runtime.Object, error) {
+				return true, nil, tc.err
+			})
+			for _, leaving := range []bool{false, true} {
+				var asked error
+				gone, why := Uninstalling(context.Background(), c, "flock-system", "flock-abc", func(err error) (bool, string) {
+					asked = err
+					return leaving, "the caller's answer"
+				})
+				if gone != leaving || asked != tc.err || why != "the caller's answer" {
+					t.Errorf("caller says %v: Uninstalling = %v (%s), the caller was asked with %v", leaving, gone, why, asked)
+				}
+			}
+		})
 	}
 }
 
-// WatchNamespace: a 403 means leaving once flock's namespace was seen
-// being deleted, not before.
+// WatchNamespace: a 403 or a 401 means leaving once flock's namespace was
+// seen being deleted, not before.
 func TestWatchNamespace(t *testing.T) {
 	ns := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": "flock-system"}}}
 	c := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{namespacesGVR: "NamespaceList"}, ns)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	forbidden := WatchNamespace(ctx, c, "flock-system")
-	refused := apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "flock-abc", nil)
+	refusals := []error{apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "flock-abc", nil), apierrors.NewUnauthorized("invalid bearer token")}
 	time.Sleep(200 * time.Millisecond)
-	if gone, why := forbidden(refused); gone {
-		t.Errorf("leaving before the namespace was deleted: %s", why)
+	for _, refused := range refusals {
+		if gone, why := forbidden(refused); gone {
+			t.Errorf("leaving before the namespace was deleted (%v): %s", refused, why)
+		}
 	}
 	ns.SetDeletionTimestamp(&metav1.Time{Time: time.Now()})
 	if _, err := c.Resource(namespacesGVR).Update(ctx, ns, metav1.UpdateOptions{}); err != nil {
@@ -117,8 +140,11 @@ func TestWatchNamespace(t *testing.T) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		gone, why := forbidden(refused)
+		gone, why := forbidden(refusals[0])
 		if gone && strings.Contains(why, "namespace flock-system is being deleted") {
+			if gone, why := forbidden(refusals[1]); !gone {
+				t.Errorf("a 401 once the namespace is being deleted: %s", why)
+			}
 			break
 		}
 		if time.Now().After(deadline) {
