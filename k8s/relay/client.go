@@ -8,10 +8,12 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
@@ -46,6 +48,7 @@ type PodSource struct {
 	NoWatchList bool
 
 	mu      sync.Mutex
+	seen    uint64 // the newest resource version given to the informer
 	read    time.Time
 	relays  []relayClient
 	clients map[Entry]corev1client.PodInterface
@@ -63,18 +66,113 @@ func (s *PodSource) IsWatchListSemanticsUnSupported() bool { return s.NoWatchLis
 
 // List lists from the first relay that answers, else the API server.
 func (s *PodSource) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
-	return try(ctx, s, func(p corev1client.PodInterface) (*corev1.PodList, error) { return p.List(ctx, opts) })
+	relayOpts := s.notBehind(opts)
+	l, err := try(ctx, s, func(p corev1client.PodInterface, relay bool) (*corev1.PodList, error) {
+		if relay {
+			return p.List(ctx, relayOpts)
+		}
+		return p.List(ctx, opts)
+	})
+	if err == nil {
+		s.saw(l.ResourceVersion)
+	}
+	return l, err
 }
 
 // Watch watches from the first relay that answers, else the API server.
 func (s *PodSource) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
-	return try(ctx, s, func(p corev1client.PodInterface) (watch.Interface, error) { return p.Watch(ctx, opts) })
+	relayOpts := opts
+	if opts.SendInitialEvents != nil && *opts.SendInitialEvents {
+		relayOpts = s.notBehind(opts) // a watch-list: a list through a watch
+	}
+	w, err := try(ctx, s, func(p corev1client.PodInterface, relay bool) (watch.Interface, error) {
+		if relay {
+			return p.Watch(ctx, relayOpts)
+		}
+		return p.Watch(ctx, opts)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.recording(w), nil
 }
 
-func try[T any](ctx context.Context, s *PodSource, call func(corev1client.PodInterface) (T, error)) (T, error) {
+// recording passes w's events on, and records the resource version of
+// each one the informer takes (bookmarks too).
+func (s *PodSource) recording(w watch.Interface) watch.Interface {
+	r := &recordingWatch{in: w, out: make(chan watch.Event), done: make(chan struct{})}
+	go func() {
+		defer close(r.out)
+		for e := range w.ResultChan() {
+			select {
+			case r.out <- e:
+			case <-r.done:
+				return
+			}
+			if e.Type != watch.Error {
+				if m, err := meta.Accessor(e.Object); err == nil {
+					s.saw(m.GetResourceVersion())
+				}
+			}
+		}
+	}()
+	return r
+}
+
+// recordingWatch is a watch through PodSource.recording. Unlike
+// watch.Filter's, its goroutine ends when it is stopped with an event in
+// hand (the reflector reads no more once it stops a watch).
+type recordingWatch struct {
+	in   watch.Interface
+	out  chan watch.Event
+	done chan struct{}
+	once sync.Once
+}
+
+func (r *recordingWatch) ResultChan() <-chan watch.Event { return r.out }
+
+func (r *recordingWatch) Stop() {
+	r.once.Do(func() { close(r.done) })
+	r.in.Stop()
+}
+
+// notBehind is what a list (or watch-list) asks of the relays. The
+// reflector asks for "" (the newest state, which the API server reads
+// from etcd) after a source said it had not reached the version the node
+// has, or no longer holds it; a relay answers "" from its own cache,
+// which may be older than what the node already has from another relay
+// or the API server. So the relays are asked for state not older than
+// what the node has seen, and the API server alone for "".
+func (s *PodSource) notBehind(opts metav1.ListOptions) metav1.ListOptions {
+	if opts.ResourceVersion != "" {
+		return opts
+	}
+	s.mu.Lock()
+	seen := s.seen
+	s.mu.Unlock()
+	if seen == 0 {
+		return opts // the node has nothing yet
+	}
+	opts.ResourceVersion = strconv.FormatUint(seen, 10)
+	opts.ResourceVersionMatch = metav1.ResourceVersionMatchNotOlderThan
+	return opts
+}
+
+// saw records a resource version the informer was given.
+func (s *PodSource) saw(rv string) {
+	v, err := strconv.ParseUint(rv, 10, 64)
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	s.seen = max(s.seen, v)
+	s.mu.Unlock()
+}
+
+func try[T any](ctx context.Context, s *PodSource, call func(p corev1client.PodInterface, relay bool) (T, error)) (T, error) {
 	var errs []error
 	for _, r := range s.candidates(ctx) {
-		out, err := call(r.pods)
+		out, err := call(r.pods, true)
 		if err == nil {
 			s.use("relay "+r.name, nil)
 			return out, nil
@@ -84,7 +182,7 @@ func try[T any](ctx context.Context, s *PodSource, call func(corev1client.PodInt
 		}
 		errs = append(errs, fmt.Errorf("relay %s: %w", r.name, err))
 	}
-	out, err := call(s.API)
+	out, err := call(s.API, false)
 	if err == nil {
 		s.use("the API server", errs)
 	}

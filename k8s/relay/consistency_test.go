@@ -2,8 +2,10 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -11,6 +13,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // fakeUpstream is the API server's pods as the relay's informer sees
@@ -206,5 +211,109 @@ func TestARelistBeforeLiveFailsTheCache(t *testing.T) {
 	c.Handler().OnAdd(a, false)
 	if len(c.ring) != 0 {
 		t.Fatalf("%d events sent by a failed cache", len(c.ring))
+	}
+}
+
+// A node is never served older state than it has. The reflector asks for
+// "" (the newest, which the API server reads from etcd) after a source
+// said it had not reached the node's version; a relay behind the node
+// (it came from a relay ahead, or from the API server) must not answer
+// that from its cache: the node's informer would delete the pods it has
+// that the relay has not seen yet, and policies would drop their traffic
+// until the relay caught up. The relays are asked for state not older
+// than the node's newest (a list's, an event's or a bookmark's); the API
+// server answers "" itself.
+func TestANodeIsNeverServedOlderThanItHas(t *testing.T) {
+	up := newUpstream()
+	ahead, behind, current := NewCache(0), NewCache(0), NewCache(0)
+	for _, c := range []*Cache{ahead, behind} {
+		if err := up.attach(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 10 {
+		up.apply(fmt.Sprintf("ns/p%d", i), func(*corev1.Pod) *corev1.Pod { return testPod("ns", fmt.Sprintf("p%d", i), i) })
+	}
+	up.apply("ns/p0", func(*corev1.Pod) *corev1.Pod { return nil })
+	for i := 10; i < 13; i++ {
+		up.apply(fmt.Sprintf("ns/p%d", i), func(*corev1.Pod) *corev1.Pod { return testPod("ns", fmt.Sprintf("p%d", i), i) })
+	}
+	quick := func(s *Server) { s.Wait = 200 * time.Millisecond }
+	relays := map[string]*relayUnderTest{"relay-ahead": startRelayWith(t, ahead, quick), "relay-behind": startRelayWith(t, behind, quick)}
+	// The API server holds what upstream holds.
+	api := fake.NewClientset()
+	for _, p := range up.snapshot() {
+		if _, err := api.CoreV1().Pods(p.Namespace).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(t, api, map[string]*relayUnderTest{"relay-ahead": relays["relay-ahead"]})
+	tf := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tf, []byte(testToken), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src := &PodSource{API: api.CoreV1().Pods(""), Directory: api.CoreV1().ConfigMaps("flock-system"), Node: "n1", TokenFile: tf, Refresh: time.Millisecond}
+	names := func(l *corev1.PodList) []string {
+		var out []string
+		for _, p := range l.Items {
+			out = append(out, p.Name)
+		}
+		slices.Sort(out)
+		return out
+	}
+	want := []string{"p1", "p10", "p11", "p12", "p2", "p3", "p4", "p5", "p6", "p7", "p8", "p9"}
+	l, err := src.List(t.Context(), metav1.ListOptions{ResourceVersion: "0"})
+	if err != nil || !slices.Equal(names(l), want) || src.Using() != "relay relay-ahead" {
+		t.Fatalf("first list: %v from %q (%v), want %v from relay-ahead", names(l), src.Using(), err, want)
+	}
+	// A watch's events count too: the node has p13 from it, which the
+	// relay behind (at the list's version) has not seen.
+	up.detach(behind)
+	w, err := src.Watch(t.Context(), metav1.ListOptions{ResourceVersion: l.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up.apply("ns/p13", func(*corev1.Pod) *corev1.Pod { return testPod("ns", "p13", 13) })
+	if _, err := api.CoreV1().Pods("ns").Create(t.Context(), trim.Pod(up.pods["ns/p13"]), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, "p13")
+	slices.Sort(want)
+	select {
+	case ev := <-w.ResultChan():
+		if p, ok := ev.Object.(*corev1.Pod); !ok || p.Name != "p13" {
+			t.Fatalf("event %v %T, want p13 added", ev.Type, ev.Object)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event")
+	}
+	w.Stop()
+	// Only the relay behind is left: "" is the API server's to answer.
+	publish(t, api, map[string]*relayUnderTest{"relay-behind": relays["relay-behind"]})
+	if err := Withdraw(t.Context(), api.CoreV1().ConfigMaps("flock-system"), "relay-ahead"); err != nil {
+		t.Fatal(err)
+	}
+	l, err = src.List(t.Context(), metav1.ListOptions{ResourceVersion: ""})
+	if err != nil || !slices.Equal(names(l), want) || src.Using() != "the API server" {
+		t.Fatalf("list of the newest with a relay behind: %v from %q (%v), want %v from the API server", names(l), src.Using(), err, want)
+	}
+	tru := true
+	ws, err := src.Watch(t.Context(), metav1.ListOptions{SendInitialEvents: &tru, AllowWatchBookmarks: true, ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan})
+	if err != nil || src.Using() != "the API server" {
+		t.Fatalf("watch-list of the newest with a relay behind: from %q (%v), want the API server", src.Using(), err)
+	}
+	ws.Stop()
+	// A relay that has caught up answers it.
+	if err := up.attach(current); err != nil {
+		t.Fatal(err)
+	}
+	relays["relay-current"] = startRelayWith(t, current, quick)
+	publish(t, api, relays)
+	if err := Withdraw(t.Context(), api.CoreV1().ConfigMaps("flock-system"), "relay-ahead"); err != nil {
+		t.Fatal(err)
+	}
+	l, err = src.List(t.Context(), metav1.ListOptions{ResourceVersion: ""})
+	if err != nil || !slices.Equal(names(l), want) || src.Using() != "relay relay-current" {
+		t.Fatalf("list of the newest with a relay current: %v from %q (%v), want %v from relay-current", names(l), src.Using(), err, want)
 	}
 }

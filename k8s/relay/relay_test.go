@@ -131,7 +131,16 @@ type relayUnderTest struct {
 
 func startRelay(t *testing.T, c *Cache) *relayUnderTest {
 	t.Helper()
+	return startRelayWith(t, c, nil)
+}
+
+// startRelayWith starts a relay whose Server set changes first.
+func startRelayWith(t *testing.T, c *Cache, set func(*Server)) *relayUnderTest {
+	t.Helper()
 	s := &Server{Cache: c, Auth: tokenAuth{}, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Bookmark: 200 * time.Millisecond}
+	if set != nil {
+		set(s)
+	}
 	srv := httptest.NewUnstartedServer(s)
 	srv.EnableHTTP2 = true
 	srv.StartTLS()

@@ -54,6 +54,10 @@ type Server struct {
 	// WriteTimeout is how long a write to a watcher may take (default
 	// 30s): one that stopped reading is let go.
 	WriteTimeout time.Duration
+	// Wait is how long a request for a resource version the cache has
+	// not reached waits for it before a 504 (default 3s, as the API
+	// server's watch cache).
+	Wait time.Duration
 
 	stopMu  sync.Mutex
 	stopped chan struct{} // closed by Stop
@@ -171,7 +175,11 @@ func (s *Server) notOlder(w http.ResponseWriter, r *http.Request, v string) bool
 		s.fail(w, apierrors.NewBadRequest(err.Error()))
 		return false
 	}
-	if s.Cache.waitFor(r.Context(), want, 3*time.Second) {
+	wait := s.Wait
+	if wait <= 0 {
+		wait = 3 * time.Second
+	}
+	if s.Cache.waitFor(r.Context(), want, wait) {
 		return true
 	}
 	// 504 Too large resource version: the node asks elsewhere (another
