@@ -100,40 +100,47 @@ func (s *PodSource) Watch(ctx context.Context, opts metav1.ListOptions) (watch.I
 // recording passes w's events on, and records the resource version of
 // each one the informer takes (bookmarks too).
 func (s *PodSource) recording(w watch.Interface) watch.Interface {
-	r := &recordingWatch{in: w, out: make(chan watch.Event), done: make(chan struct{})}
-	go func() {
-		defer close(r.out)
-		for e := range w.ResultChan() {
-			select {
-			case r.out <- e:
-			case <-r.done:
-				return
-			}
-			if e.Type != watch.Error {
-				if m, err := meta.Accessor(e.Object); err == nil {
-					s.saw(m.GetResourceVersion())
-				}
+	return passing(w, func(e watch.Event) {
+		if e.Type != watch.Error {
+			if m, err := meta.Accessor(e.Object); err == nil {
+				s.saw(m.GetResourceVersion())
 			}
 		}
-	}()
-	return r
+	})
 }
 
-// recordingWatch is a watch through PodSource.recording. Unlike
-// watch.Filter's, its goroutine ends when it is stopped with an event in
-// hand (the reflector reads no more once it stops a watch).
-type recordingWatch struct {
+// passing passes w's events on, calling taken with each one once the
+// reader has it. Unlike watch.Filter's, its goroutine ends when the
+// watch is stopped with an event in hand (a reflector reads no more once
+// it stops a watch).
+func passing(w watch.Interface, taken func(watch.Event)) watch.Interface {
+	p := &passingWatch{in: w, out: make(chan watch.Event), done: make(chan struct{})}
+	go func() {
+		defer close(p.out)
+		for e := range w.ResultChan() {
+			select {
+			case p.out <- e:
+			case <-p.done:
+				return
+			}
+			taken(e)
+		}
+	}()
+	return p
+}
+
+type passingWatch struct {
 	in   watch.Interface
 	out  chan watch.Event
 	done chan struct{}
 	once sync.Once
 }
 
-func (r *recordingWatch) ResultChan() <-chan watch.Event { return r.out }
+func (p *passingWatch) ResultChan() <-chan watch.Event { return p.out }
 
-func (r *recordingWatch) Stop() {
-	r.once.Do(func() { close(r.done) })
-	r.in.Stop()
+func (p *passingWatch) Stop() {
+	p.once.Do(func() { close(p.done) })
+	p.in.Stop()
 }
 
 // notBehind is what a list (or watch-list) asks of the relays. The

@@ -317,3 +317,23 @@ func TestANodeIsNeverServedOlderThanItHas(t *testing.T) {
 		t.Fatalf("list of the newest with a relay current: %v from %q (%v), want %v from relay-current", names(l), src.Using(), err, want)
 	}
 }
+
+// A watch passed on (the node's source records versions, the relay's
+// upstream the end of a watch-list) ends when it is stopped, even with an
+// event in hand that nobody reads any more.
+func TestAPassedWatchEndsWhenStopped(t *testing.T) {
+	in := watch.NewFakeWithChanSize(1, false)
+	in.Add(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", ResourceVersion: "7"}})
+	taken := make(chan watch.Event, 1)
+	w := passing(in, func(e watch.Event) { taken <- e })
+	time.Sleep(50 * time.Millisecond) // the goroutine holds the event
+	w.Stop()
+	select {
+	case <-w.(*passingWatch).out:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the goroutine still holds the event after Stop")
+	}
+	if len(taken) != 0 {
+		t.Fatal("an event nobody read was counted as taken")
+	}
+}

@@ -80,12 +80,11 @@ func (u *Upstream) Watch(ctx context.Context, opts metav1.ListOptions) (watch.In
 	}
 	// The bookmark that ends the initial events carries the list's
 	// resource version.
-	return watch.Filter(w, func(ev watch.Event) (watch.Event, bool) {
+	return passing(w, func(ev watch.Event) {
 		if ev.Type == watch.Bookmark {
 			if m, ok := ev.Object.(metav1.Object); ok && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
 				u.listed(m.GetResourceVersion())
 			}
 		}
-		return ev, true
 	}), nil
 }
