@@ -80,7 +80,7 @@ type kubeMode struct {
 	dyn      dynamic.Interface
 	// leaving says what a refusal (403, 401) at a planned stop means (uninstall.go):
 	// flock's namespace followed from the start.
-	leaving func(error) (bool, string)
+	leaving uninstall.Namespace
 }
 
 // podEvents fans informer events out to the agent and the leak GC. Both

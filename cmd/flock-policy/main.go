@@ -199,8 +199,8 @@ func run(cfg netpol.Config, kubeconfigPath string, ep endpoints, lbc lbConfig, l
 	// 401) means uninstall only if it was seen being deleted.
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	defer stopWatch()
-	forbidden := uninstall.WatchNamespace(watchCtx, dyn, os.Getenv("POD_NAMESPACE"))
-	defer removeOnUninstall(dyn, log, tracker.BindingsFile, forbidden)
+	seen := uninstall.WatchNamespace(watchCtx, dyn, os.Getenv("POD_NAMESPACE"))
+	defer removeOnUninstall(dyn, log, tracker.BindingsFile, seen)
 	g, ctx := errgroup.WithContext(ctx)
 	if metricsL != nil {
 		g.Go(func() error {
@@ -304,13 +304,13 @@ func podSource(rc *rest.Config, tokenFile, namespace, node string, log *slog.Log
 // removeOnUninstall removes the engine's rules when flock is leaving the
 // node (uninstalling); any other stop leaves them (fail closed across
 // restarts). It needs POD_NAME and POD_NAMESPACE (the downward API).
-func removeOnUninstall(client dynamic.Interface, log *slog.Logger, bindings string, forbidden func(error) (bool, string)) {
+func removeOnUninstall(client dynamic.Interface, log *slog.Logger, bindings string, seen uninstall.Namespace) {
 	ns, name := os.Getenv("POD_NAMESPACE"), os.Getenv("POD_NAME")
 	if ns == "" || name == "" {
 		log.Info("the rules stay: POD_NAMESPACE or POD_NAME unset, uninstall cannot be told", "table", netpol.Table)
 		return
 	}
-	gone, why := uninstall.Uninstalling(context.Background(), client, ns, name, forbidden)
+	gone, why := uninstall.Uninstalling(context.Background(), client, ns, name, seen)
 	if !gone {
 		log.Info("the rules stay for the next engine", "table", netpol.Table, "why", why)
 		return

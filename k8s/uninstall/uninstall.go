@@ -10,6 +10,7 @@ package uninstall
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
@@ -29,11 +31,13 @@ var (
 
 // Uninstalling decides whether flock is leaving this node, for the pod
 // namespace/name that is stopping. Leaving means: the pod is being deleted
-// and the DaemonSet that owns it (by UID) is gone or being deleted (or no
-// DaemonSet owns it any more: nothing will replace it).
+// and nothing will replace it: the DaemonSet that owns it (by UID) is gone
+// or being deleted, or no DaemonSet owns it any more, or flock's namespace
+// is being deleted (the namespace controller deletes the pods first and
+// the DaemonSet only once they are gone; a namespace being deleted takes
+// no new pod).
 //
-// A refusal is no answer, and what it means is refused's (WatchNamespace:
-// leaving once flock's namespace was seen being deleted; nil: not
+// A refusal is no answer, and what it means is seen's (nil: not
 // leaving). `kubectl delete -k deploy/` deletes flock's namespace first,
 // then its ServiceAccount and RBAC, then the DaemonSet, so a pod that
 // stops then is refused: a 403 once the bindings are gone, a 401 once its
@@ -44,14 +48,15 @@ var (
 // pod object. Any other error, or no answer within 5 s, is "not leaving":
 // what stays is safe, what is removed by mistake is an outage. The reason
 // says which, for the log.
-func Uninstalling(ctx context.Context, dyn dynamic.Interface, namespace, name string, refused func(err error) (bool, string)) (bool, string) {
-	if refused == nil {
-		refused = func(err error) (bool, string) {
-			if apierrors.IsUnauthorized(err) {
-				return false, fmt.Sprintf("pod %s/%s: %v (a force-deleted pod's token, or its ServiceAccount deleted): nothing says flock is leaving", namespace, name, err)
-			}
-			return false, fmt.Sprintf("the API refuses flock (%v): nothing says it is leaving", err)
+func Uninstalling(ctx context.Context, dyn dynamic.Interface, namespace, name string, seen Namespace) (bool, string) {
+	refused := func(err error) (bool, string) {
+		if seen != nil {
+			return seen.Refused(err)
 		}
+		if apierrors.IsUnauthorized(err) {
+			return false, fmt.Sprintf("pod %s/%s: %v (a force-deleted pod's token, or its ServiceAccount deleted): nothing says flock is leaving", namespace, name, err)
+		}
+		return false, fmt.Sprintf("the API refuses flock (%v): nothing says it is leaving", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -82,6 +87,10 @@ func Uninstalling(ctx context.Context, dyn dynamic.Interface, namespace, name st
 			return false, fmt.Sprintf("DaemonSet %s/%s was replaced: its pod takes over", namespace, ref.Name)
 		case ds.GetDeletionTimestamp() != nil:
 			return true, fmt.Sprintf("DaemonSet %s/%s is being deleted", namespace, ref.Name)
+		case seen != nil && seen.Deleting():
+			// This pod still exists: its namespace cannot have been
+			// made again since it was seen being deleted.
+			return true, fmt.Sprintf("namespace %s is being deleted: DaemonSet %s goes once its pods are gone", namespace, ref.Name)
 		}
 		return false, fmt.Sprintf("DaemonSet %s/%s stays (a rollout or an eviction)", namespace, ref.Name)
 	}
@@ -90,22 +99,80 @@ func Uninstalling(ctx context.Context, dyn dynamic.Interface, namespace, name st
 
 var namespacesGVR = schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
 
-// WatchNamespace follows namespace ns (until ctx ends) and returns what a
-// refusal (403 or 401) means to Uninstalling: leaving if ns was seen being
-// deleted, as `kubectl delete -k deploy/` deletes flock's namespace before
-// its ServiceAccount and RBAC (the watch, started while the API still let
-// it, keeps what it saw). A namespace being deleted takes the DaemonSet
-// with it and takes no new pod: nothing replaces the one stopping.
-func WatchNamespace(ctx context.Context, dyn dynamic.Interface, ns string) func(error) (bool, string) {
+// Namespace is what a stopping pod knows of flock's namespace
+// (WatchNamespace).
+type Namespace interface {
+	// Refused tells what a refusal (403, 401) means.
+	Refused(err error) (leaving bool, why string)
+	// Deleting tells whether the namespace was seen being deleted.
+	Deleting() bool
+}
+
+// WatchNamespace follows namespace ns until ctx ends. A refusal (403 or
+// 401) then means leaving if ns was seen being deleted, as `kubectl
+// delete -k deploy/` deletes flock's namespace before its ServiceAccount
+// and RBAC (the watch, started while the API still let it, keeps what it
+// saw), and the view is still current: no list or watch of it has failed
+// since. A view that has gone stale may hold a namespace deleted since and
+// made again by a new install (the pod stopping was force-deleted, its
+// token refused): leaving then would take the new install's network away.
+func WatchNamespace(ctx context.Context, dyn dynamic.Interface, ns string) Namespace {
 	sel := fields.OneTermEqualSelector("metadata.name", ns).String()
-	inf := kubeclient.NewDynamicInformer(dyn, namespacesGVR, func(o *metav1.ListOptions) { o.FieldSelector = sel })
-	go inf.RunWithContext(ctx)
-	return func(err error) (bool, string) {
-		if obj, ok, _ := inf.GetStore().GetByKey(ns); ok {
-			if u, isU := obj.(*unstructured.Unstructured); isU && u.GetDeletionTimestamp() != nil {
-				return true, fmt.Sprintf("namespace %s is being deleted, and the API refuses flock (its ServiceAccount or RBAC went with it): %v", ns, err)
-			}
+	w := &watchedNamespace{name: ns, inf: kubeclient.NewDynamicInformer(dyn, namespacesGVR, func(o *metav1.ListOptions) { o.FieldSelector = sel })}
+	_ = w.inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		w.mu.Lock()
+		w.failed = time.Now()
+		w.mu.Unlock()
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	})
+	_, _ = w.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { w.observe(obj) },
+		UpdateFunc: func(_, obj any) { w.observe(obj) },
+	})
+	go w.inf.RunWithContext(ctx)
+	return w
+}
+
+type watchedNamespace struct {
+	name string
+	inf  cache.SharedIndexInformer
+
+	mu sync.Mutex
+	// deleting is when the namespace was first seen being deleted,
+	// failed when a list or watch of it last failed.
+	deleting, failed time.Time
+}
+
+func (w *watchedNamespace) observe(obj any) {
+	if u, ok := obj.(*unstructured.Unstructured); ok && u.GetDeletionTimestamp() != nil {
+		w.mu.Lock()
+		if w.deleting.IsZero() {
+			w.deleting = time.Now()
 		}
-		return false, fmt.Sprintf("the API refuses flock (%v), but namespace %s was not seen being deleted: a restart", err, ns)
+		w.mu.Unlock()
 	}
+}
+
+func (w *watchedNamespace) Deleting() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.deleting.IsZero()
+}
+
+func (w *watchedNamespace) Refused(err error) (bool, string) {
+	w.mu.Lock()
+	deleting, failed := w.deleting, w.failed
+	w.mu.Unlock()
+	switch {
+	case deleting.IsZero():
+		return false, fmt.Sprintf("the API refuses flock (%v), but namespace %s was not seen being deleted: a restart", err, w.name)
+	case !failed.Before(deleting):
+		return false, fmt.Sprintf("the API refuses flock (%v); namespace %s was seen being deleted, but its watch failed since: it may have been made again (a new install): a restart", err, w.name)
+	}
+	if obj, ok, _ := w.inf.GetStore().GetByKey(w.name); !ok {
+		return false, fmt.Sprintf("the API refuses flock (%v); namespace %s was deleted: a restart", err, w.name)
+	} else if u, isU := obj.(*unstructured.Unstructured); !isU || u.GetDeletionTimestamp() == nil {
+		return false, fmt.Sprintf("the API refuses flock (%v); namespace %s is not being deleted now: a restart", err, w.name)
+	}
+	return true, fmt.Sprintf("namespace %s is being deleted, and the API refuses flock (its ServiceAccount or RBAC went with it): %v", w.name, err)
 }

@@ -107,10 +107,10 @@ func TestRefusalIsTheCallers(t *testing.T) {
 			})
 			for _, leaving := range []bool{false, true} {
 				var asked error
-				gone, why := Uninstalling(context.Background(), c, "flock-system", "flock-abc", func(err error) (bool, string) {
+				gone, why := Uninstalling(context.Background(), c, "flock-system", "flock-abc", fakeNamespace{refused: func(err error) (bool, string) {
 					asked = err
 					return leaving, "the caller's answer"
-				})
+				}})
 				if gone != leaving || asked != tc.err || why != "the caller's answer" {
 					t.Errorf("caller says %v: Uninstalling = %v (%s), the caller was asked with %v", leaving, gone, why, asked)
 				}
@@ -126,7 +126,7 @@ func TestWatchNamespace(t *testing.T) {
 	c := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{namespacesGVR: "NamespaceList"}, ns)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	forbidden := WatchNamespace(ctx, c, "flock-system")
+	forbidden := WatchNamespace(ctx, c, "flock-system").Refused
 	refusals := []error{apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "flock-abc", nil), apierrors.NewUnauthorized("invalid bearer token")}
 	time.Sleep(200 * time.Millisecond)
 	for _, refused := range refusals {
@@ -153,3 +153,11 @@ func TestWatchNamespace(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+type fakeNamespace struct {
+	refused  func(error) (bool, string)
+	deleting bool
+}
+
+func (f fakeNamespace) Refused(err error) (bool, string) { return f.refused(err) }
+func (f fakeNamespace) Deleting() bool                   { return f.deleting }
