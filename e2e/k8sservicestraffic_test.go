@@ -683,6 +683,10 @@ func TestServicesTraffic(t *testing.T) {
 			}
 		}
 	})
+	t.Run("the pod relays (deploy/relay) serve both nodes' policy containers", func(t *testing.T) {
+		e.t = t
+		testRelayInTheCluster(t, e, l.root)
+	})
 	t.Run("uninstall: both nodes clean, the ToR's routes withdrawn; installing again works", func(t *testing.T) {
 		e.t = t
 		for _, p := range []netip.Prefix{k8sSummary6, node2Summary6} {
