@@ -105,3 +105,97 @@ func TestStaleTerminatingNamespaceAfterReinstall(t *testing.T) {
 		t.Errorf("a force-deleted pod of a flock since reinstalled takes the node's network away: %s", why)
 	}
 }
+
+// A 403 at the stop after the namespace's watch failed (its re-watch,
+// every 5 to 10 minutes, came after kubectl deleted the RBAC) is still an
+// uninstall: the token was accepted, so the pod and its namespace exist.
+func Test403AfterTheWatchFailedIsAnUninstall(t *testing.T) {
+	ns, pod, ds := namespaceObjs()
+	c := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{namespacesGVR: "NamespaceList"}, ns, pod, ds)
+	fw := watch.NewRaceFreeFake()
+	var rbacGone atomic.Bool
+	forbidden := func(r string) error { return apierrors.NewForbidden(schema.GroupResource{Resource: r}, "", nil) }
+	c.PrependWatchReactor("namespaces", func(k8stesting.Action) (bool, watch.Interface, error) {
+		if rbacGone.Load() {
+			return true, nil, forbidden("namespaces")
+		}
+		return true, fw, nil
+	})
+	c.PrependReactor("list", "namespaces", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if rbacGone.Load() {
+			return true, nil, forbidden("namespaces")
+		}
+		return false, nil, nil
+	})
+	c.PrependReactor("get", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if rbacGone.Load() {
+			return true, nil, forbidden(a.GetResource().Resource)
+		}
+		return false, nil, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	seen := WatchNamespace(ctx, c, "flock-system")
+	time.Sleep(1200 * time.Millisecond)
+	term := ns.DeepCopy()
+	term.SetDeletionTimestamp(&metav1.Time{Time: time.Now()})
+	term.SetResourceVersion("2")
+	fw.Modify(term)
+	waitLeaving(t, seen.Refused)
+	rbacGone.Store(true)
+	fw.Stop() // its timeout ends the watch; the re-watch gets a 403
+	w := seen.(*watchedNamespace)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		w.mu.Lock()
+		stale := w.stale
+		w.mu.Unlock()
+		if stale {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the failed re-watch was not seen")
+		}
+	}
+	if gone, why := Uninstalling(ctx, c, "flock-system", "flock-abc", seen); !gone {
+		t.Errorf("an uninstall taken as a restart: %s", why)
+	}
+}
+
+// A view that failed, then listed again and saw the namespace still
+// being deleted, is current again: a 401 at the stop is an uninstall.
+func TestARecoveredViewIsCurrent(t *testing.T) {
+	ns, pod, ds := namespaceObjs()
+	ns.SetDeletionTimestamp(&metav1.Time{Time: time.Now()})
+	c := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{namespacesGVR: "NamespaceList"}, ns, pod, ds)
+	var lists, watches atomic.Int32
+	fw1, fw2 := watch.NewRaceFreeFake(), watch.NewRaceFreeFake()
+	c.PrependWatchReactor("namespaces", func(k8stesting.Action) (bool, watch.Interface, error) {
+		if watches.Add(1) == 1 {
+			return true, fw1, nil
+		}
+		return true, fw2, nil
+	})
+	c.PrependReactor("list", "namespaces", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if lists.Add(1) == 2 {
+			return true, nil, apierrors.NewServiceUnavailable("apiserver restarting")
+		}
+		return false, nil, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	seen := WatchNamespace(ctx, c, "flock-system")
+	waitLeaving(t, seen.Refused)
+	fw1.Error(&metav1.Status{Status: metav1.StatusFailure, Code: 410, Reason: metav1.StatusReasonExpired})
+	for deadline := time.Now().Add(10 * time.Second); lists.Load() < 3 || watches.Load() < 2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no successful relist")
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	c.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewUnauthorized("invalid bearer token")
+	})
+	if gone, why := Uninstalling(ctx, c, "flock-system", "flock-abc", seen); !gone {
+		t.Errorf("the view was current again (listed again, being deleted), yet: %s", why)
+	}
+}

@@ -108,26 +108,29 @@ type Namespace interface {
 	Deleting() bool
 }
 
-// WatchNamespace follows namespace ns until ctx ends. A refusal (403 or
-// 401) then means leaving if ns was seen being deleted, as `kubectl
-// delete -k deploy/` deletes flock's namespace before its ServiceAccount
-// and RBAC (the watch, started while the API still let it, keeps what it
-// saw), and the view is still current: no list or watch of it has failed
-// since. A view that has gone stale may hold a namespace deleted since and
-// made again by a new install (the pod stopping was force-deleted, its
-// token refused): leaving then would take the new install's network away.
+// WatchNamespace follows namespace ns until ctx ends. A refusal then
+// means leaving if ns was seen being deleted, as `kubectl delete -k
+// deploy/` deletes flock's namespace before its ServiceAccount and RBAC
+// (the watch, started while the API still let it, keeps what it saw). A
+// 401 needs more: that the view is still current, no list or watch of the
+// namespace having failed since the informer last delivered it. A 401 is
+// also what a force-deleted pod's token gets, and a view gone stale may
+// hold a namespace deleted since and made again by a new install: leaving
+// then would take the new install's network away. A 403 needs no more:
+// the token was accepted, so this pod and its ServiceAccount still exist,
+// and so does the namespace it was seen in.
 func WatchNamespace(ctx context.Context, dyn dynamic.Interface, ns string) Namespace {
 	sel := fields.OneTermEqualSelector("metadata.name", ns).String()
 	w := &watchedNamespace{name: ns, inf: kubeclient.NewDynamicInformer(dyn, namespacesGVR, func(o *metav1.ListOptions) { o.FieldSelector = sel })}
 	_ = w.inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
 		w.mu.Lock()
-		w.failed = time.Now()
+		w.stale = true
 		w.mu.Unlock()
 		cache.DefaultWatchErrorHandler(ctx, r, err)
 	})
 	_, _ = w.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { w.observe(obj) },
-		UpdateFunc: func(_, obj any) { w.observe(obj) },
+		UpdateFunc: func(_, obj any) { w.observe(obj) }, // a relist's too
 	})
 	go w.inf.RunWithContext(ctx)
 	return w
@@ -138,36 +141,35 @@ type watchedNamespace struct {
 	inf  cache.SharedIndexInformer
 
 	mu sync.Mutex
-	// deleting is when the namespace was first seen being deleted,
-	// failed when a list or watch of it last failed.
-	deleting, failed time.Time
+	// deleting: the namespace was seen being deleted; stale: a list or
+	// watch of it failed after the informer last delivered it.
+	deleting, stale bool
 }
 
 func (w *watchedNamespace) observe(obj any) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stale = false
 	if u, ok := obj.(*unstructured.Unstructured); ok && u.GetDeletionTimestamp() != nil {
-		w.mu.Lock()
-		if w.deleting.IsZero() {
-			w.deleting = time.Now()
-		}
-		w.mu.Unlock()
+		w.deleting = true
 	}
 }
 
 func (w *watchedNamespace) Deleting() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return !w.deleting.IsZero()
+	return w.deleting
 }
 
 func (w *watchedNamespace) Refused(err error) (bool, string) {
 	w.mu.Lock()
-	deleting, failed := w.deleting, w.failed
+	deleting, stale := w.deleting, w.stale
 	w.mu.Unlock()
 	switch {
-	case deleting.IsZero():
+	case !deleting:
 		return false, fmt.Sprintf("the API refuses flock (%v), but namespace %s was not seen being deleted: a restart", err, w.name)
-	case !failed.Before(deleting):
-		return false, fmt.Sprintf("the API refuses flock (%v); namespace %s was seen being deleted, but its watch failed since: it may have been made again (a new install): a restart", err, w.name)
+	case stale && apierrors.IsUnauthorized(err):
+		return false, fmt.Sprintf("the API refuses flock's token (%v); namespace %s was seen being deleted, but its watch failed since: it may have been made again (a new install): a restart", err, w.name)
 	}
 	if obj, ok, _ := w.inf.GetStore().GetByKey(w.name); !ok {
 		return false, fmt.Sprintf("the API refuses flock (%v); namespace %s was deleted: a restart", err, w.name)
