@@ -48,7 +48,6 @@ type compiler struct {
 	// netip prints it: the engine looks a packet's address up by that
 	// string, so an IP written otherwise ("FD00::1") holds nothing.
 	byStatus map[netip.Addr][]*corev1.Pod
-	sorted   []*corev1.Pod // in.Pods by key
 	ns       map[string]labels.Set
 	policies map[string][]*networkingv1.NetworkPolicy // by namespace
 	holders  map[netip.Addr][]*corev1.Pod
@@ -118,8 +117,9 @@ func CompileDeps(in Input) (*Program, *Deps) {
 		full:     map[*networkingv1.NetworkPolicy]bool{},
 		singleNS: map[string][]netip.Addr{}, nsMatch: map[*metav1.LabelSelector][]string{}, blocks: map[*networkingv1.IPBlock][]Range{},
 		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: map[netip.Addr][]int{}, Ingress: map[netip.Addr][]int{}}}
-	pods := sortedPods(in.Pods)
-	c.sorted = pods
+	// The pods' order matters only among the holders of one status IP
+	// (podsAt's pick): those alone are sorted, below, not every pod.
+	pods := in.Pods
 	for _, n := range in.Namespaces {
 		c.ns[n.Name] = labels.Set(n.Labels)
 	}
@@ -130,6 +130,10 @@ func CompileDeps(in Input) (*Program, *Deps) {
 	// the pods by status IP as the engine's index finds them: hostNetwork
 	// ones left out.
 	addrs := make([]netip.Addr, 0, 2*len(pods))
+	// An address's first holder is a slice of one array, not an
+	// allocation of its own (a second holder's append copies it out).
+	firsts := make([]*corev1.Pod, 0, 2*len(pods))
+	var several []netip.Addr
 	var buf [64]byte
 	for _, p := range pods {
 		for _, ip := range p.Status.PodIPs {
@@ -141,7 +145,15 @@ func CompileDeps(in Input) (*Program, *Deps) {
 			// Found only by a packet's address that prints as this
 			// very string.
 			if !p.Spec.HostNetwork && string(a.AppendTo(buf[:0])) == ip.IP {
-				c.byStatus[a] = append(c.byStatus[a], p)
+				if held, ok := c.byStatus[a]; ok {
+					if len(held) == 1 {
+						several = append(several, a)
+					}
+					c.byStatus[a] = append(held, p)
+				} else {
+					firsts = append(firsts, p)
+					c.byStatus[a] = firsts[len(firsts)-1 : len(firsts) : len(firsts)]
+				}
 			}
 		}
 		if c.in.ExtraPodIPs != nil {
@@ -151,6 +163,9 @@ func CompileDeps(in Input) (*Program, *Deps) {
 				}
 			}
 		}
+	}
+	for _, a := range several {
+		slices.SortFunc(c.byStatus[a], compareKeys)
 	}
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	addrs = slices.Compact(addrs)
@@ -200,18 +215,30 @@ func CompileDeps(in Input) (*Program, *Deps) {
 			}
 		}
 	}
+	// A pod's groups are the same at each of its addresses (for the same
+	// remote): found once a pod, not once an address.
+	type podGroups struct {
+		remote, egOK, inOK bool
+		eg, in             int
+	}
+	memo := make(map[*corev1.Pod]podGroups, len(pods))
 	for _, a := range addrs {
 		remote := !in.Admin && !c.prog.Selected[a]
 		for _, p := range c.holders[a] {
-			nps := c.selecting(p) // for both directions
-			if len(nps) == 0 {
-				continue
+			m, ok := memo[p]
+			if !ok || m.remote != remote {
+				m = podGroups{remote: remote}
+				if nps := c.selecting(p); len(nps) > 0 { // for both directions
+					m.eg, m.egOK = c.group(networkingv1.PolicyTypeEgress, p, nps, remote)
+					m.in, m.inOK = c.group(networkingv1.PolicyTypeIngress, p, nps, remote)
+				}
+				memo[p] = m
 			}
-			if g, ok := c.group(networkingv1.PolicyTypeEgress, p, nps, remote); ok && !slices.Contains(c.prog.Egress[a], g) {
-				c.prog.Egress[a] = append(c.prog.Egress[a], g)
+			if m.egOK && !slices.Contains(c.prog.Egress[a], m.eg) {
+				c.prog.Egress[a] = append(c.prog.Egress[a], m.eg)
 			}
-			if g, ok := c.group(networkingv1.PolicyTypeIngress, p, nps, remote); ok && !slices.Contains(c.prog.Ingress[a], g) {
-				c.prog.Ingress[a] = append(c.prog.Ingress[a], g)
+			if m.inOK && !slices.Contains(c.prog.Ingress[a], m.in) {
+				c.prog.Ingress[a] = append(c.prog.Ingress[a], m.in)
 			}
 		}
 	}
@@ -276,15 +303,8 @@ func (c *compiler) subject(p *corev1.Pod) bool {
 
 func key(p *corev1.Pod) string { return p.Namespace + "/" + p.Name }
 
-// sortedPods is pods in the order of their keys.
-func sortedPods(pods []*corev1.Pod) []*corev1.Pod {
-	out := slices.Clone(pods)
-	slices.SortFunc(out, compareKeys)
-	return out
-}
-
 // compareKeys orders a and b as strings.Compare(key(a), key(b)) does,
-// without building the keys (a compile sorts every pod of the cluster).
+// without building the keys.
 func compareKeys(a, b *corev1.Pod) int {
 	if a.Namespace == b.Namespace {
 		return strings.Compare(a.Name, b.Name)
@@ -332,7 +352,7 @@ func (c *compiler) podsAt(a netip.Addr) []*corev1.Pod {
 	names := c.in.PodsForIP(a.String())
 	if len(names) > 0 && c.pods == nil {
 		c.pods = make(map[string]*corev1.Pod, len(c.in.Pods))
-		for _, p := range c.sorted {
+		for _, p := range c.in.Pods {
 			c.pods[key(p)] = p
 		}
 	}
