@@ -41,9 +41,9 @@ type Input struct {
 
 type compiler struct {
 	in Input
-	// pods are the pods by namespace/name, built on the first need
-	// (PodsForIP names an extra IP's holders).
-	pods map[string]*corev1.Pod
+	// named are the holders PodsForIP names of the addresses no status
+	// IP holds (namedHolders).
+	named map[netip.Addr][]*corev1.Pod
 	// byStatus are the non-hostNetwork pods by a status IP, written as
 	// netip prints it: the engine looks a packet's address up by that
 	// string, so an IP written otherwise ("FD00::1") holds nothing.
@@ -169,6 +169,7 @@ func CompileDeps(in Input) (*Program, *Deps) {
 	}
 	slices.SortFunc(addrs, netip.Addr.Compare)
 	addrs = slices.Compact(addrs)
+	c.named = c.namedHolders(addrs)
 	c.single = make([]netip.Addr, 0, len(addrs))
 	for _, a := range addrs {
 		switch h := c.podsAt(a); {
@@ -346,20 +347,52 @@ func (c *compiler) podsAt(a netip.Addr) []*corev1.Pod {
 		}
 		return objs[:1:1]
 	}
+	var out []*corev1.Pod
+	for _, p := range c.named[a] {
+		if !p.Spec.HostNetwork {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// namedHolders are the pods PodsForIP names for the addresses no status
+// IP holds, in its order. Only the pods named are looked for, once: a
+// map of every pod by name, built each compile, was most of a large
+// cluster's compile.
+func (c *compiler) namedHolders(addrs []netip.Addr) map[netip.Addr][]*corev1.Pod {
 	if c.in.PodsForIP == nil {
 		return nil
 	}
-	names := c.in.PodsForIP(a.String())
-	if len(names) > 0 && c.pods == nil {
-		c.pods = make(map[string]*corev1.Pod, len(c.in.Pods))
-		for _, p := range c.in.Pods {
-			c.pods[key(p)] = p
+	type podKey struct{ ns, name string }
+	names := map[netip.Addr][]podKey{}
+	wanted := map[podKey]*corev1.Pod{}
+	for _, a := range addrs {
+		if len(c.byStatus[a]) > 0 {
+			continue
+		}
+		for _, k := range c.in.PodsForIP(a.String()) {
+			if ns, name, ok := strings.Cut(k, "/"); ok {
+				names[a] = append(names[a], podKey{ns, name})
+				wanted[podKey{ns, name}] = nil
+			}
 		}
 	}
-	var out []*corev1.Pod
-	for _, k := range names {
-		if p, ok := c.pods[k]; ok && !p.Spec.HostNetwork {
-			out = append(out, p)
+	if len(wanted) == 0 {
+		return nil
+	}
+	for _, p := range c.in.Pods {
+		k := podKey{p.Namespace, p.Name}
+		if _, ok := wanted[k]; ok {
+			wanted[k] = p
+		}
+	}
+	out := make(map[netip.Addr][]*corev1.Pod, len(names))
+	for a, ks := range names {
+		for _, k := range ks {
+			if p := wanted[k]; p != nil {
+				out[a] = append(out[a], p)
+			}
 		}
 	}
 	return out

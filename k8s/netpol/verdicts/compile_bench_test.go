@@ -56,7 +56,8 @@ func BenchmarkCompile(b *testing.B) {
 // largeInput is a cluster shaped like make scale's at a third of the
 // envelope: 50,000 dual-stack pods in 250 namespaces on 1,700 nodes (30 on
 // this one), 340 policies, each selecting a workload of its namespace
-// and admitting another by label from namespaces of a team.
+// and admitting another by label from namespaces of a team, and anycast
+// addresses that 1 % of the pods hold.
 func largeInput() Input {
 	in := Input{Node: "node-0"}
 	const pods, namespaces, policies, nodes = 50000, 250, 340, 1700
@@ -73,6 +74,16 @@ func largeInput() Input {
 		p.Status.PodIPs = []corev1.PodIP{{IP: fmt.Sprintf("fd00:10:%x::%x", i/65536, i%65536+1)}, {IP: fmt.Sprintf("10.%d.%d.%d", i/65536, (i/256)%256, i%256)}}
 		in.Pods = append(in.Pods, p)
 	}
+	// Anycast addresses, each held by a workload's pods (1 %).
+	extra, holders := map[string][]string{}, map[string][]string{}
+	for i := 0; i < pods; i += 100 {
+		p := in.Pods[i]
+		ip := fmt.Sprintf("2001:db8:a::%x", i%4000+1)
+		extra[key(p)] = append(extra[key(p)], ip)
+		holders[ip] = append(holders[ip], key(p))
+	}
+	in.ExtraPodIPs = func(p *corev1.Pod) []string { return extra[key(p)] }
+	in.PodsForIP = func(ip string) []string { return holders[ip] }
 	for i := range policies {
 		in.Policies = append(in.Policies, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns%d", i%namespaces), Name: fmt.Sprintf("np%d", i)},
 			Spec: networkingv1.NetworkPolicySpec{
