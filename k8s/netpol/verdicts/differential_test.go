@@ -133,7 +133,9 @@ func newWorld(r *rand.Rand) *world {
 			}
 		}
 		k := key(p)
-		if !p.Spec.HostNetwork && r.IntN(3) == 0 {
+		// A hostNetwork pod named an anycast IP's holder too (the
+		// engine's index leaves it out).
+		if (!p.Spec.HostNetwork && r.IntN(3) == 0) || (p.Spec.HostNetwork && r.IntN(2) == 0) {
 			ip := pick(r, anycast)
 			w.extra[k] = append(w.extra[k], ip)
 			w.holders[ip] = append(w.holders[ip], k)
