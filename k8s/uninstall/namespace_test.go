@@ -40,6 +40,35 @@ func waitLeaving(t *testing.T, refused func(error) (bool, string)) {
 	}
 }
 
+// refusable makes c's namespace list and watch serve fw until refusal
+// returns an error, and that error from then on.
+func refusable(c *dynfake.FakeDynamicClient, fw watch.Interface, refusal func() error) {
+	c.PrependWatchReactor("namespaces", func(k8stesting.Action) (bool, watch.Interface, error) {
+		if err := refusal(); err != nil {
+			return true, nil, err
+		}
+		return true, fw, nil
+	})
+	c.PrependReactor("list", "namespaces", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if err := refusal(); err != nil {
+			return true, nil, err
+		}
+		return false, nil, nil
+	})
+}
+
+// terminate sends ns's deletion through fw, once the informer watches,
+// and waits until seen has it.
+func terminate(t *testing.T, fw *watch.RaceFreeFakeWatcher, ns *unstructured.Unstructured, seen Namespace, watching time.Duration) {
+	t.Helper()
+	time.Sleep(watching)
+	term := ns.DeepCopy()
+	term.SetDeletionTimestamp(&metav1.Time{Time: time.Now()})
+	term.SetResourceVersion("2")
+	fw.Modify(term)
+	waitLeaving(t, seen.Refused)
+}
+
 // `kubectl delete namespace flock-system`, or `kubectl delete -k deploy/`
 // whose SIGTERM reaches the pod before kubectl deleted the RBAC and the
 // DaemonSet: the namespace controller (OrderedNamespaceDeletion, GA in
@@ -70,27 +99,16 @@ func TestStaleTerminatingNamespaceAfterReinstall(t *testing.T) {
 	c := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{namespacesGVR: "NamespaceList"}, ns)
 	fw := watch.NewRaceFreeFake()
 	var refuse atomic.Bool
-	c.PrependWatchReactor("namespaces", func(k8stesting.Action) (bool, watch.Interface, error) {
+	refusable(c, fw, func() error {
 		if refuse.Load() {
-			return true, nil, apierrors.NewUnauthorized("invalid bearer token")
+			return apierrors.NewUnauthorized("invalid bearer token")
 		}
-		return true, fw, nil
-	})
-	c.PrependReactor("list", "namespaces", func(k8stesting.Action) (bool, runtime.Object, error) {
-		if refuse.Load() {
-			return true, nil, apierrors.NewUnauthorized("invalid bearer token")
-		}
-		return false, nil, nil
+		return nil
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	seen := WatchNamespace(ctx, c, "flock-system")
-	time.Sleep(200 * time.Millisecond)
-	term := ns.DeepCopy()
-	term.SetDeletionTimestamp(&metav1.Time{Time: time.Now()})
-	term.SetResourceVersion("2")
-	fw.Modify(term)
-	waitLeaving(t, seen.Refused)
+	terminate(t, fw, ns, seen, 200*time.Millisecond)
 	// The ServiceAccount is deleted: the watch ends, every relist is a 401.
 	refuse.Store(true) // (set before Stop: the reflector relists after it)
 	fw.Stop()
@@ -115,17 +133,11 @@ func Test403AfterTheWatchFailedIsAnUninstall(t *testing.T) {
 	fw := watch.NewRaceFreeFake()
 	var rbacGone atomic.Bool
 	forbidden := func(r string) error { return apierrors.NewForbidden(schema.GroupResource{Resource: r}, "", nil) }
-	c.PrependWatchReactor("namespaces", func(k8stesting.Action) (bool, watch.Interface, error) {
+	refusable(c, fw, func() error {
 		if rbacGone.Load() {
-			return true, nil, forbidden("namespaces")
+			return forbidden("namespaces")
 		}
-		return true, fw, nil
-	})
-	c.PrependReactor("list", "namespaces", func(k8stesting.Action) (bool, runtime.Object, error) {
-		if rbacGone.Load() {
-			return true, nil, forbidden("namespaces")
-		}
-		return false, nil, nil
+		return nil
 	})
 	c.PrependReactor("get", "*", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if rbacGone.Load() {
@@ -136,12 +148,7 @@ func Test403AfterTheWatchFailedIsAnUninstall(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	seen := WatchNamespace(ctx, c, "flock-system")
-	time.Sleep(1200 * time.Millisecond)
-	term := ns.DeepCopy()
-	term.SetDeletionTimestamp(&metav1.Time{Time: time.Now()})
-	term.SetResourceVersion("2")
-	fw.Modify(term)
-	waitLeaving(t, seen.Refused)
+	terminate(t, fw, ns, seen, 1200*time.Millisecond)
 	rbacGone.Store(true)
 	fw.Stop() // its timeout ends the watch; the re-watch gets a 403
 	w := seen.(*watchedNamespace)
