@@ -66,12 +66,8 @@ func (s *PodSource) IsWatchListSemanticsUnSupported() bool { return s.NoWatchLis
 
 // List lists from the first relay that answers, else the API server.
 func (s *PodSource) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
-	relayOpts := s.notBehind(opts)
-	l, err := try(ctx, s, func(p corev1client.PodInterface, relay bool) (*corev1.PodList, error) {
-		if relay {
-			return p.List(ctx, relayOpts)
-		}
-		return p.List(ctx, opts)
+	l, err := try(ctx, s, s.notBehind(opts), opts, func(p corev1client.PodInterface, o metav1.ListOptions) (*corev1.PodList, error) {
+		return p.List(ctx, o)
 	})
 	if err == nil {
 		s.saw(l.ResourceVersion)
@@ -85,11 +81,8 @@ func (s *PodSource) Watch(ctx context.Context, opts metav1.ListOptions) (watch.I
 	if opts.SendInitialEvents != nil && *opts.SendInitialEvents {
 		relayOpts = s.notBehind(opts) // a watch-list: a list through a watch
 	}
-	w, err := try(ctx, s, func(p corev1client.PodInterface, relay bool) (watch.Interface, error) {
-		if relay {
-			return p.Watch(ctx, relayOpts)
-		}
-		return p.Watch(ctx, opts)
+	w, err := try(ctx, s, relayOpts, opts, func(p corev1client.PodInterface, o metav1.ListOptions) (watch.Interface, error) {
+		return p.Watch(ctx, o)
 	})
 	if err != nil {
 		return nil, err
@@ -176,10 +169,11 @@ func (s *PodSource) saw(rv string) {
 	s.mu.Unlock()
 }
 
-func try[T any](ctx context.Context, s *PodSource, call func(p corev1client.PodInterface, relay bool) (T, error)) (T, error) {
+// try calls each relay with relayOpts, then the API server with opts.
+func try[T any](ctx context.Context, s *PodSource, relayOpts, opts metav1.ListOptions, call func(corev1client.PodInterface, metav1.ListOptions) (T, error)) (T, error) {
 	var errs []error
 	for _, r := range s.candidates(ctx) {
-		out, err := call(r.pods, true)
+		out, err := call(r.pods, relayOpts)
 		if err == nil {
 			s.use("relay "+r.name, nil)
 			return out, nil
@@ -189,7 +183,7 @@ func try[T any](ctx context.Context, s *PodSource, call func(p corev1client.PodI
 		}
 		errs = append(errs, fmt.Errorf("relay %s: %w", r.name, err))
 	}
-	out, err := call(s.API, false)
+	out, err := call(s.API, opts)
 	if err == nil {
 		s.use("the API server", errs)
 	}
