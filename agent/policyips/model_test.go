@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,8 +25,10 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	dynfake "k8s.io/client-go/dynamic/fake"
 	corelisters "k8s.io/client-go/listers/core/v1"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
@@ -351,6 +354,19 @@ func TestTrackerModel(t *testing.T) {
 	scheme := runtime.NewScheme()
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
 		claims.GVR: "AddressClaimList", addresspools.GVR: "AddressPoolList"})
+	// The fake's watch replays the objects that exist when it opens, but
+	// not those deleted between the informer's list and its watch (the API
+	// server replays them from the list's resource version): a start waits
+	// for both watches to be open before anything changes.
+	var watches atomic.Int32
+	dyn.PrependWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		wa, _ := a.(k8stesting.WatchActionImpl)
+		wi, err := dyn.Tracker().Watch(a.GetResource(), a.GetNamespace(), wa.ListOptions)
+		if err == nil {
+			watches.Add(1)
+		}
+		return true, wi, err
+	})
 	w := &world{dyn: dyn, agentUp: true,
 		pods: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{}),
 		ns:   cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})}
@@ -363,6 +379,7 @@ func TestTrackerModel(t *testing.T) {
 
 	bindings := filepath.Join(t.TempDir(), "bindings.json")
 	start := func() (*Tracker, context.CancelFunc, chan error) {
+		open := watches.Load()
 		tr := NewTracker(node, dyn, socket, log)
 		tr.BindingsFile = bindings
 		w.mu.Lock()
@@ -378,6 +395,11 @@ func TestTrackerModel(t *testing.T) {
 		go func() {
 			done <- tr.Run(ctx, corelisters.NewPodLister(w.pods), corelisters.NewNamespaceLister(w.ns), nil, func() {})
 		}()
+		for deadline := time.Now().Add(10 * time.Second); watches.Load() < open+2; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the tracker's claims and pools informers did not watch")
+			}
+		}
 		return tr, cancel, done
 	}
 	tr, cancel, done := start()
