@@ -50,9 +50,10 @@ import (
 // kubeMode holds what Kubernetes mode adds: clients, informers, leak GC
 // and the NodeConfig status writer.
 type kubeMode struct {
-	// svcFactory has the Services' and EndpointSlices' informers: the
-	// largest lists at scale, and nothing of ADD reads them, so start-up
-	// does not wait for them (the Services controller does).
+	// svcFactory has the Services' informer (the Services controller
+	// watches the EndpointSlices of those it decides itself): the largest
+	// lists at scale, and nothing of ADD reads them, so start-up does not
+	// wait for them (the Services controller does).
 	svcFactory *kubeclient.Factory
 
 	o       Options

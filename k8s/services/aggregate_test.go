@@ -4,15 +4,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"os"
 	"slices"
-	"strconv"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 )
 
@@ -24,19 +22,7 @@ import (
 // covered by the route its row names, with its Service among the owners.
 // FLOCK_SEED=<n> repeats a run.
 func TestAggregateProperties(t *testing.T) {
-	seed := time.Now().UnixNano()
-	if s := os.Getenv("FLOCK_SEED"); s != "" {
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			t.Fatalf("FLOCK_SEED=%q: %v", s, err)
-		}
-		seed = v
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("seed %d (FLOCK_SEED=%d repeats it)", seed, seed)
-		}
-	})
+	seed := testutil.Seed(t)
 	r := rand.New(rand.NewPCG(uint64(seed), 0))
 	pool6, pool4 := netip.MustParsePrefix("2001:db8:1b::/120"), netip.MustParsePrefix("203.0.113.128/28")
 	aggregate := func(use string, ip netip.Addr) netip.Prefix {

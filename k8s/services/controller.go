@@ -35,8 +35,11 @@ const byService = "service"
 // however many Services there are). Use: New, run the factory, go Run,
 // then Routes/Addresses after each Changed.
 type Controller struct {
-	svcs, eps cache.SharedIndexInformer
-	log       *slog.Logger
+	svcs cache.SharedIndexInformer
+	// svcsSynced: the Services' handler has been told of the first list.
+	svcsSynced cache.InformerSynced
+	eps        *sliceSource
+	log        *slog.Logger
 
 	mu      sync.Mutex
 	opts    Options
@@ -84,26 +87,38 @@ func New(f *kubeclient.Factory, c Clients, o Options, log *slog.Logger) *Control
 		_ = inf.SetTransform(trimService)
 		return inf
 	})
-	k.eps = f.Informer("endpointslices", func() cache.SharedIndexInformer {
-		inf := kubeclient.NewInformer(c.EndpointSlices, &discoveryv1.EndpointSlice{}, func(o *metav1.ListOptions) {
-			o.LabelSelector = sliceLabels
-		})
-		_ = inf.SetTransform(trimSlice)
-		_ = inf.AddIndexers(cache.Indexers{byService: func(obj any) ([]string, error) {
-			if key := sliceService(obj); key != "" {
-				return []string{key}, nil
-			}
-			return nil, nil
-		}})
-		return inf
+	k.eps = newSliceSource(c.EndpointSlices, log, k.handler(sliceService), func() {
+		k.mu.Lock()
+		k.all = true
+		k.mu.Unlock()
+		k.poke()
 	})
-	_, _ = k.svcs.AddEventHandler(k.handler(func(obj any) string {
+	// One handler follows which Services want slices, then marks them:
+	// a pass woken by the mark sees the wanted set that goes with it.
+	mark := k.handler(func(obj any) string {
 		if s, ok := obj.(*corev1.Service); ok {
 			return Key(s)
 		}
 		return ""
-	}))
-	_, _ = k.eps.AddEventHandler(k.handler(sliceService))
+	})
+	follow := func(obj any, gone bool) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		if s, ok := obj.(*corev1.Service); ok {
+			cur := s
+			if gone {
+				cur = nil
+			}
+			k.eps.service(Key(s), cur)
+		}
+	}
+	reg, _ := k.svcs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { follow(obj, false); mark.OnAdd(obj, false) },
+		UpdateFunc: func(o, n any) { follow(n, false); mark.OnUpdate(o, n) },
+		DeleteFunc: func(obj any) { follow(obj, true); mark.OnDelete(obj) },
+	})
+	k.svcsSynced = reg.HasSynced
 	return k
 }
 
@@ -208,6 +223,11 @@ func (k *Controller) Changes() uint64 {
 
 // Run recomputes what events marked until ctx ends.
 func (k *Controller) Run(ctx context.Context) error {
+	// The watch of the slices of the Services that want them (a
+	// LoadBalancer's, external IPs), for as long as Run.
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = k.eps.Run(ctx) })
+	defer wg.Wait()
 	k.poke() // the first pass, even with nothing to list
 	first := true
 	for {
@@ -216,12 +236,17 @@ func (k *Controller) Run(ctx context.Context) error {
 			return nil
 		case <-k.wake:
 		}
-		if !k.svcs.HasSynced() || !k.eps.HasSynced() {
+		if !k.svcsSynced() {
 			// Nothing is decided from a half-listed cache (it would
 			// withdraw what the rest of the list still holds).
-			if !cache.WaitForCacheSync(ctx.Done(), k.svcs.HasSynced, k.eps.HasSynced) {
+			if !cache.WaitForCacheSync(ctx.Done(), k.svcsSynced) {
 				return nil
 			}
+		}
+		if first && !k.eps.synced() {
+			// The slices of every Service that wants them, first: the
+			// watch that lists them pokes when it takes over.
+			continue
 		}
 		if first {
 			// Every Service, from the synced store: the handlers may
@@ -423,16 +448,4 @@ func (k *Controller) retryHeld() {
 	k.poke()
 }
 
-func (k *Controller) slices(key string) []*discoveryv1.EndpointSlice {
-	objs, err := k.eps.GetIndexer().ByIndex(byService, key)
-	if err != nil {
-		return nil
-	}
-	out := make([]*discoveryv1.EndpointSlice, 0, len(objs))
-	for _, o := range objs {
-		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
-			out = append(out, s)
-		}
-	}
-	return out
-}
+func (k *Controller) slices(key string) []*discoveryv1.EndpointSlice { return k.eps.slices(key) }

@@ -272,7 +272,8 @@ func TestProxyWaitForgetsDeleted(t *testing.T) {
 	if err := c.svcs.GetStore().Add(web); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.eps.GetIndexer().Add(slicesFor("web", ep{node, "fd00:10::1", "ready"})[0]); err != nil {
+	c.eps.cur = &sliceWatch{inf: newSliceInformer(c.eps.lw, sliceLabels), stop: func() {}}
+	if err := c.eps.cur.inf.GetIndexer().Add(slicesFor("web", ep{node, "fd00:10::1", "ready"})[0]); err != nil {
 		t.Fatal(err)
 	}
 	c.mark("shop/web")
@@ -315,6 +316,21 @@ func (g *gatedSvcs) Watch(ctx context.Context, o metav1.ListOptions) (watch.Inte
 	return g.fakeSvcs.Watch(ctx, o)
 }
 
+// gatedSlices lists only once its gate opens.
+type gatedSlices struct {
+	fakeSlices
+	gate chan struct{}
+}
+
+func (g gatedSlices) List(ctx context.Context, o metav1.ListOptions) (*discoveryv1.EndpointSliceList, error) {
+	select {
+	case <-g.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return g.fakeSlices.List(ctx, o)
+}
+
 func (g *gatedSvcs) record(o metav1.ListOptions) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -322,9 +338,9 @@ func (g *gatedSvcs) record(o metav1.ListOptions) {
 }
 
 // The informers ask for kube-proxy's selectors and cache trimmed
-// objects; until the Services are listed nothing is decided (no route,
-// no change, Synced open), once they are Synced closes, also when the
-// answer is no route at all.
+// objects; until the Services, and the slices of those that want them,
+// are listed nothing is decided (no route, no change, Synced open), once
+// they are Synced closes, also when the answer is no route at all.
 func TestControllerSynced(t *testing.T) {
 	for _, withRoute := range []bool{true, false} {
 		t.Run(fmt.Sprint("route ", withRoute), func(t *testing.T) {
@@ -336,8 +352,9 @@ func TestControllerSynced(t *testing.T) {
 			}
 			cs := fake.NewClientset(objs...)
 			gated := &gatedSvcs{fakeSvcs: fakeSvcs{cs.CoreV1().Services(metav1.NamespaceAll)}, gate: make(chan struct{})}
+			slicesGate := make(chan struct{})
 			f := kubeclient.NewFactory()
-			c := New(f, Clients{Services: gated, EndpointSlices: fakeSlices{cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)}},
+			c := New(f, Clients{Services: gated, EndpointSlices: gatedSlices{fakeSlices{cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)}, slicesGate}},
 				Options{Node: node, Authorize: authorize}, nil)
 			testutil.Run(t, f.Run)
 			testutil.Run(t, c.Run)
@@ -356,6 +373,17 @@ func TestControllerSynced(t *testing.T) {
 				t.Fatalf("before the Services were listed: routes %v, %d changes", r, n)
 			}
 			close(gated.gate)
+			if withRoute {
+				// web wants its slices: nothing is decided before they
+				// are listed.
+				time.Sleep(100 * time.Millisecond)
+				select {
+				case <-c.Synced():
+					t.Fatal("Synced before the slices were listed")
+				default:
+				}
+			}
+			close(slicesGate)
 			select {
 			case <-c.Synced():
 			case <-time.After(10 * time.Second):

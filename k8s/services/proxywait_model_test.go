@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -48,19 +46,7 @@ func (m *modelProxy) read() (Proxy, error) {
 // points, once kube-proxy has caught up, the advertised addresses are
 // exactly those decided and programmed. FLOCK_SEED=<n> repeats a run.
 func TestProxyWaitModel(t *testing.T) {
-	seed := time.Now().UnixNano()
-	if s := os.Getenv("FLOCK_SEED"); s != "" {
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			t.Fatalf("FLOCK_SEED=%q: %v", s, err)
-		}
-		seed = v
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("seed %d (FLOCK_SEED=%d repeats it)", seed, seed)
-		}
-	})
+	seed := testutil.Seed(t)
 	r := rand.New(rand.NewPCG(uint64(seed), 7))
 	// The stuck Services must wait all run long.
 	defer func(d time.Duration) { proxyHoldMax = d }(proxyHoldMax)
