@@ -58,6 +58,13 @@ type Server struct {
 	// not reached waits for it before a 504 (default 3s, as the API
 	// server's watch cache).
 	Wait time.Duration
+	// Coalesce is the least time between two flushes of a watch's
+	// events (default 50ms; negative: none). An event after a quiet
+	// spell goes out at once; under churn the events of the interval
+	// go out together, which compresses them about a third better than
+	// one flush each (a flush ends a deflate block, and each block
+	// starts its own code tables).
+	Coalesce time.Duration
 
 	stopMu  sync.Mutex
 	stopped chan struct{} // closed by Stop
@@ -322,7 +329,8 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		s.Metrics.Watchers.Inc()
 		defer s.Metrics.Watchers.Dec()
 	}
-	send := func(frames ...[]byte) error {
+	// write queues frames in the body; flush sends what is queued.
+	write := func(frames ...[]byte) error {
 		// A watcher that stopped reading is let go, not waited for.
 		_ = rc.SetWriteDeadline(time.Now().Add(s.writeTimeout()))
 		for _, f := range frames {
@@ -330,22 +338,34 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 				return err
 			}
 		}
+		if s.Metrics != nil {
+			s.Metrics.Events.Add(float64(len(frames)))
+		}
+		return nil
+	}
+	var lastFlush time.Time
+	flush := func() error {
+		_ = rc.SetWriteDeadline(time.Now().Add(s.writeTimeout()))
 		if f, ok := out.(flusher); ok {
 			if err := f.Flush(); err != nil {
 				return err
 			}
 		}
-		if s.Metrics != nil {
-			s.Metrics.Events.Add(float64(len(frames)))
-		}
 		if err := rc.Flush(); err != nil {
 			return err
 		}
+		lastFlush = time.Now()
 		// No deadline while the watch is quiet: HTTP/2 resets a stream
 		// whose deadline passes, written to or not (and client-go lists
 		// afresh after a watch that failed).
 		_ = rc.SetWriteDeadline(time.Time{})
 		return nil
+	}
+	send := func(frames ...[]byte) error {
+		if err := write(frames...); err != nil {
+			return err
+		}
+		return flush()
 	}
 	if isExpired {
 		s.sendExpired(send, expired)
@@ -377,6 +397,11 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	stopped := s.stopCh()
 	tick := time.NewTicker(s.bookmarkEvery())
 	defer tick.Stop()
+	// due fires when events written since the last flush are to go out.
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
+	pending := false
 	for {
 		evs, cur, nextSeq, wake, err := s.Cache.next(seq)
 		if errors.As(err, &expired) {
@@ -393,10 +418,26 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 					frames = append(frames, evs[i].frame)
 				}
 			}
-			if len(frames) > 0 && send(frames...) != nil {
+			seq = nextSeq
+			if len(frames) == 0 {
+				continue
+			}
+			if write(frames...) != nil {
 				return
 			}
-			seq = nextSeq
+			switch wait := s.coalesce() - time.Since(lastFlush); {
+			case wait <= 0:
+				if flush() != nil {
+					return
+				}
+				if pending {
+					pending = false
+					due.Stop()
+				}
+			case !pending:
+				pending = true
+				due.Reset(wait)
+			}
 			continue
 		}
 		select {
@@ -405,11 +446,21 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		case <-stopped:
 			return
 		case <-wake:
+		case <-due.C:
+			pending = false
+			if flush() != nil {
+				return
+			}
 		case <-tick.C:
 			if bookmarks {
-				// Never behind what the node holds (since).
+				// Never behind what the node holds (since), nor ahead
+				// of an event not yet flushed (it goes out with it).
 				if b, err := bookmark(max(cur, since), false); err != nil || send(b) != nil {
 					return
+				}
+				if pending {
+					pending = false
+					due.Stop()
 				}
 			}
 		}
@@ -421,6 +472,16 @@ func (s *Server) writeTimeout() time.Duration {
 		return s.WriteTimeout
 	}
 	return 30 * time.Second
+}
+
+func (s *Server) coalesce() time.Duration {
+	switch {
+	case s.Coalesce < 0:
+		return 0
+	case s.Coalesce == 0:
+		return 50 * time.Millisecond
+	}
+	return s.Coalesce
 }
 
 func (s *Server) bookmarkEvery() time.Duration {

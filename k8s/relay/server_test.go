@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
@@ -235,5 +237,65 @@ func TestAQuietWatchStaysOpen(t *testing.T) {
 	}
 	if got := c.listsServed.Load(); got != lists {
 		t.Fatalf("the node listed again (%d snapshots, %d before): its watch was cut while quiet", got, lists)
+	}
+}
+
+// counted is a relay whose metrics are read by the test.
+func counted(t *testing.T, c *Cache, coalesce time.Duration) (*relayUnderTest, *Metrics) {
+	t.Helper()
+	m := NewMetrics(prometheus.NewRegistry())
+	return startRelayWith(t, c, func(s *Server) { s.Metrics, s.Coalesce, s.Bookmark = m, coalesce, time.Hour }), m
+}
+
+func counter(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// Under churn a watch's events go out a flush an interval, which gzip
+// compresses better than a flush an event: the same changes cost a
+// watcher fewer bytes, and every one of them arrives.
+func TestEventsOfAnIntervalGoOutTogether(t *testing.T) {
+	up, c := seeded(t, 50)
+	each, eachM := counted(t, c, -1)
+	together, togetherM := counted(t, c, 250*time.Millisecond)
+	var nodes []*node
+	for i, r := range []*relayUnderTest{each, together} {
+		api := fake.NewClientset()
+		publish(t, api, map[string]*relayUnderTest{fmt.Sprint("relay-", i): r})
+		n := newNode(t, api, testToken)
+		if err := converged(n, up.snapshot(), 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, n)
+	}
+	before := [2]float64{counter(t, eachM.Bytes), counter(t, togetherM.Bytes)}
+	sentBefore := [2]float64{counter(t, eachM.Events), counter(t, togetherM.Events)}
+	const changes = 150
+	for i := range changes {
+		up.apply(fmt.Sprintf("ns/p%d", i%50), func(p *corev1.Pod) *corev1.Pod {
+			p.Labels = map[string]string{"app": fmt.Sprint("v", i)}
+			return p
+		})
+		time.Sleep(3 * time.Millisecond)
+	}
+	for _, n := range nodes {
+		if err := converged(n, up.snapshot(), 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, m := range []*Metrics{eachM, togetherM} {
+		if got := counter(t, m.Events) - sentBefore[i]; got != changes {
+			t.Fatalf("relay %d sent %v events for %d changes", i, got, changes)
+		}
+	}
+	one, batched := counter(t, eachM.Bytes)-before[0], counter(t, togetherM.Bytes)-before[1]
+	t.Logf("%d changes: %.0f bytes flushed an event, %.0f an interval", changes, one, batched)
+	if batched > 0.85*one {
+		t.Errorf("flushed an interval, the watch cost %.0f bytes; flushed an event, %.0f", batched, one)
 	}
 }
