@@ -317,14 +317,7 @@ func TestCrashStorm(t *testing.T) {
 		}
 		rounds = v
 	}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("FLOCK_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("FLOCK_SEED=%q: %v", s, err)
-		}
-		seed = v
-	}
+	seed := uint64(testutil.Seed(t))
 	t.Logf("seed %d (replay: FLOCK_SEED=%d), %d rounds × %d pods, %d workers", seed, seed, rounds, crashPods, crashWorkers)
 	rnd := rand.New(rand.NewPCG(seed, 0))
 

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -33,6 +32,7 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/addresspools"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/authz"
@@ -346,11 +346,7 @@ func checkInvariants(t *testing.T, in Inputs, o *Owners) {
 // at quiescent points that the tracker converged to Compute of the truth
 // and that nobody holds an IP without authority. FLOCK_SEED reproduces.
 func TestTrackerModel(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("FLOCK_SEED"); s != "" {
-		seed, _ = strconv.ParseUint(s, 10, 64)
-	}
-	t.Logf("seed %d (FLOCK_SEED=%d reproduces)", seed, seed)
+	seed := uint64(testutil.Seed(t))
 	scheme := runtime.NewScheme()
 	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(scheme, map[schema.GroupVersionResource]string{
 		claims.GVR: "AddressClaimList", addresspools.GVR: "AddressPoolList"})

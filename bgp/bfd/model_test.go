@@ -2,10 +2,10 @@ package bfd
 
 import (
 	"math/rand/v2"
-	"os"
-	"strconv"
 	"testing"
 	"time"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // simSide is one end of a simulated link: its machine and when it sends.
@@ -39,15 +39,7 @@ type simPacket struct {
 // with each other's current discriminators and no Poll Sequence pending.
 // FLOCK_SEED replays a run.
 func TestMachineModel(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if v := os.Getenv("FLOCK_SEED"); v != "" {
-		s, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("FLOCK_SEED=%q: %v", v, err)
-		}
-		seed = s
-	}
-	t.Logf("seed %d (FLOCK_SEED=%d go test -run TestMachineModel ./bgp/bfd/)", seed, seed)
+	seed := uint64(testutil.Seed(t))
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	configs := []Config{{}, {DesiredMinTx: 100 * time.Millisecond, RequiredMinRx: 100 * time.Millisecond},
 		{DesiredMinTx: time.Second, RequiredMinRx: time.Second, DetectMult: 5}, {DesiredMinTx: 200 * time.Millisecond, RequiredMinRx: 500 * time.Millisecond, DetectMult: 2}}

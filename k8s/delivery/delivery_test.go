@@ -2,17 +2,17 @@ package delivery
 
 import (
 	"math/rand/v2"
-	"os"
 	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 const me = "n1" // this node
@@ -325,19 +325,7 @@ func deepCopy(in Input) Input {
 // and policy; the answer does not depend on slice or endpoint order; the
 // input is left alone. FLOCK_SEED=<n> repeats a run.
 func TestProperties(t *testing.T) {
-	seed := time.Now().UnixNano()
-	if s := os.Getenv("FLOCK_SEED"); s != "" {
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			t.Fatalf("FLOCK_SEED=%q: %v", s, err)
-		}
-		seed = v
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("seed %d (FLOCK_SEED=%d repeats it)", seed, seed)
-		}
-	})
+	seed := testutil.Seed(t)
 	rounds := 20000
 	if testing.Short() {
 		rounds = 2000

@@ -7,14 +7,14 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/netip"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // TestModel drives an Allocator with random Assigns (edits and resyncs),
@@ -34,15 +34,7 @@ import (
 //
 // FLOCK_SEED=<n> repeats a run.
 func TestModel(t *testing.T) {
-	seed := time.Now().UnixNano()
-	if s := os.Getenv("FLOCK_SEED"); s != "" {
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			t.Fatalf("FLOCK_SEED=%q: %v", s, err)
-		}
-		seed = v
-	}
-	t.Logf("seed %d (FLOCK_SEED=%d repeats it)", seed, seed)
+	seed := testutil.Seed(t)
 	steps := 20000
 	if testing.Short() {
 		steps = 2000

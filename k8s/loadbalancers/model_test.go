@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/lbassign"
 	"code.fritzlab.net/fritzlab/flock/k8s/services"
 )
@@ -62,15 +62,7 @@ import (
 //
 // FLOCK_SEED=<n> repeats a run.
 func TestAssignerModel(t *testing.T) {
-	seed := time.Now().UnixNano()
-	if s := os.Getenv("FLOCK_SEED"); s != "" {
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			t.Fatalf("FLOCK_SEED=%q: %v", s, err)
-		}
-		seed = v
-	}
-	t.Logf("seed %d (FLOCK_SEED=%d repeats it)", seed, seed)
+	seed := testutil.Seed(t)
 	steps := 4000
 	if testing.Short() {
 		steps = 600

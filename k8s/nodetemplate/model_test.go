@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -40,15 +38,7 @@ import (
 // FLOCK_SEED=<n> repeats the choices (the interleaving is the
 // scheduler's).
 func TestModel(t *testing.T) {
-	seed := time.Now().UnixNano()
-	if s := os.Getenv("FLOCK_SEED"); s != "" {
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			t.Fatalf("FLOCK_SEED=%q: %v", s, err)
-		}
-		seed = v
-	}
-	t.Logf("seed %d (FLOCK_SEED=%d repeats it)", seed, seed)
+	seed := testutil.Seed(t)
 	rounds, ops := 60, 12
 	if testing.Short() {
 		rounds = 10

@@ -3,7 +3,6 @@ package relay
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -13,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 )
 
 // TestRandomizedNodesFollowRelays interleaves pod changes from many
@@ -22,14 +23,7 @@ import (
 // the upstream's pods as trim keeps them: no pod missing, none deleted
 // held, none stale. FLOCK_SEED replays a run.
 func TestRandomizedNodesFollowRelays(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if v := os.Getenv("FLOCK_SEED"); v != "" {
-		var err error
-		if seed, err = strconv.ParseUint(v, 10, 64); err != nil {
-			t.Fatalf("FLOCK_SEED %q: %v", v, err)
-		}
-	}
-	t.Logf("FLOCK_SEED=%d", seed)
+	seed := uint64(testutil.Seed(t))
 	rng := rand.New(rand.NewPCG(seed, 1))
 	up := newUpstream()
 	api := fake.NewClientset()

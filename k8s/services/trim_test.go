@@ -7,9 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
-	"os"
 	"reflect"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/delivery"
 )
 
@@ -261,19 +260,7 @@ const worlds = 3000
 // randomWorlds calls f with the seeds of this run's worlds: from a random
 // base (FLOCK_SEED=<n> repeats a run), fewer with -short.
 func randomWorlds(t *testing.T, f func(seed uint64)) {
-	base := uint64(time.Now().UnixNano())
-	if s := os.Getenv("FLOCK_SEED"); s != "" {
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			t.Fatalf("FLOCK_SEED=%q: %v", s, err)
-		}
-		base = v
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("base seed %d (FLOCK_SEED=%d repeats it)", base, base)
-		}
-	})
+	base := uint64(testutil.Seed(t))
 	n := uint64(1000)
 	if testing.Short() {
 		n = 200
