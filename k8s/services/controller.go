@@ -226,7 +226,7 @@ func (k *Controller) Run(ctx context.Context) error {
 	// The watch of the slices of the Services that want them (a
 	// LoadBalancer's, external IPs), for as long as Run.
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = k.eps.Run(ctx) })
+	wg.Go(func() { _ = k.eps.Run(ctx, k.svcsSynced) })
 	defer wg.Wait()
 	k.poke() // the first pass, even with nothing to list
 	first := true

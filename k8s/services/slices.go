@@ -158,39 +158,43 @@ func wide(have, want map[string]bool) bool {
 	return len(have) > 2*len(want)+8
 }
 
-// Run keeps a watch of the slices wanted until ctx ends.
-func (s *sliceSource) Run(ctx context.Context) error {
-	s.ensure(ctx)
+// Run keeps a watch of the slices wanted until ctx ends; the first once
+// listed (the Services' handler has seen every Service of the first
+// list), not one for each Service as they arrive.
+func (s *sliceSource) Run(ctx context.Context, listed cache.InformerSynced) error {
+	defer func() {
+		s.mu.Lock()
+		for _, w := range []*sliceWatch{s.cur, s.next} {
+			if w != nil && w.stop != nil {
+				w.stop()
+			}
+		}
+		s.mu.Unlock()
+	}()
+	if !cache.WaitForCacheSync(ctx.Done(), listed) {
+		return nil
+	}
 	for {
+		s.ensure(ctx)
 		select {
 		case <-ctx.Done():
-			s.mu.Lock()
-			for _, w := range []*sliceWatch{s.cur, s.next} {
-				if w != nil && w.stop != nil {
-					w.stop()
-				}
-			}
-			s.mu.Unlock()
 			return nil
 		case <-s.changed:
-			s.ensure(ctx)
 		}
 	}
 }
 
 // ensure starts a watch of what is wanted now, unless one that covers it
-// answers or is listing.
+// answers, or one is listing: that one is left to finish (restarting it
+// for each Service of a burst would starve them all, and cost a list
+// each); once it took over, what it lacks gets a watch of its own.
 func (s *sliceSource) ensure(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	want := s.target()
 	if s.next != nil {
-		if covers(s.next.names, want) && !wide(s.next.names, want) {
-			return
-		}
-		s.next.stop()
-		s.next = nil
+		return
 	}
+	want := s.target()
 	if s.cur != nil && covers(s.cur.names, want) && !wide(s.cur.names, want) {
 		return
 	}
@@ -211,15 +215,42 @@ func (s *sliceSource) ensure(ctx context.Context) {
 	s.log.Debug("services: watching EndpointSlices", "services", len(want), "all", want == nil)
 	go w.inf.RunWithContext(wctx)
 	go func() {
-		if cache.WaitForCacheSync(wctx.Done(), w.inf.HasSynced) {
-			s.mu.Lock()
-			if s.next == w {
-				s.next = nil
-				s.promoteLocked(w)
-			}
-			s.mu.Unlock()
+		if !cache.WaitForCacheSync(wctx.Done(), w.inf.HasSynced) {
+			return
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.next != w {
+			return
+		}
+		s.next = nil
+		if s.improves(w) {
+			s.promoteLocked(w)
+		} else {
+			w.stop()
+		}
+		// What is wanted now, again: the wanted set may have moved while
+		// w listed.
+		select {
+		case s.changed <- struct{}{}:
+		default:
 		}
 	}()
+}
+
+// improves: w holds the slices of every wanted Service the current watch
+// holds (it may lack some wanted since it began listing, which the
+// current one lacks too): taking over withdraws nothing. Under mu.
+func (s *sliceSource) improves(w *sliceWatch) bool {
+	if s.cur == nil || w.names == nil {
+		return true
+	}
+	for n := range s.names {
+		if covers(s.cur.names, map[string]bool{n: true}) && !w.names[n] {
+			return false
+		}
+	}
+	return true
 }
 
 // newSliceInformer is an informer of the slices sel selects, trimmed and
