@@ -75,6 +75,15 @@ type activity struct {
 	lastErr              atomicErr
 }
 
+// reached is the share of the ticks served (1 if none came).
+func (a *activity) reached() float64 {
+	done, missed := a.done.Load(), a.missed.Load()
+	if done+missed == 0 {
+		return 1
+	}
+	return float64(done) / float64(done+missed)
+}
+
 func (a *activity) String() string {
 	s := fmt.Sprintf("%s: %d done, %d missed, %d failed", a.name, a.done.Load(), a.missed.Load(), a.failed.Load())
 	if err := a.lastErr.get(); err != nil {

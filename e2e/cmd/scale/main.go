@@ -138,9 +138,12 @@ type sizeResult struct {
 	rest     map[string]usage
 	churn    map[string]usage
 	activity []string // what the churn and the background achieved
-	fanout   []fanoutRow
-	cni      cniCost
-	err      error
+	// reached is the least share of its target rate a churn activity
+	// achieved (1 when every tick was served).
+	reached float64
+	fanout  []fanoutRow
+	cni     cniCost
+	err     error
 }
 
 func run(ctx context.Context, o options) error {
@@ -314,8 +317,10 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	for _, p := range procNames {
 		logf("under churn: %s: %s", p, r.churn[p])
 	}
+	r.reached = 1
 	for _, a := range acts {
 		r.activity = append(r.activity, a.String())
+		r.reached = min(r.reached, a.reached())
 		logf("%s", a)
 	}
 	return r

@@ -24,6 +24,24 @@ func verdict(ok bool) string {
 	return "**not met**"
 }
 
+// churnReached is what a churn must achieve of its target for the
+// figures under it to be judged: below it, flock's are shown beside
+// kube-proxy's with the share, but are not called met (a lighter churn
+// flatters flock-policy, whose work follows the pods).
+const churnReached = 0.95
+
+// churnVerdict is verdict for a figure under a churn that achieved
+// reached of its target.
+func churnVerdict(ok bool, reached float64) string {
+	if reached >= churnReached {
+		return verdict(ok)
+	}
+	if ok {
+		return fmt.Sprintf("not judged: below kube-proxy at %.0f %% of the churn", 100*reached)
+	}
+	return fmt.Sprintf("**not met** (at %.0f %% of the churn)", 100*reached)
+}
+
 func sizeName(e envelope) string {
 	return fmt.Sprintf("%s nodes (%.0f%%)", thousands(e.Nodes), 100*float64(e.Nodes)/float64(full.Nodes))
 }
@@ -34,6 +52,45 @@ func thousands(n int) string {
 		s = s[:i] + "," + s[i:]
 	}
 	return s
+}
+
+// goalsTable is the Goals section's heading and its sizes' rows (the
+// rack's follow).
+func goalsTable(rs []sizeResult) string {
+	b := &strings.Builder{}
+	b.WriteString("\n## Goals\n\n| size | figure | flock (agent + policy) | kube-proxy | target | |\n| --- | --- | --- | --- | --- | --- |\n")
+	for _, r := range rs {
+		if r.err != nil || r.rest == nil || r.churn == nil {
+			continue
+		}
+		rss := func(u usage) float64 { return u.rssMB }
+		cpu := func(u usage) float64 { return u.cpuPct }
+		wb := func(u usage) float64 { return u.watchBytes / 1024 }
+		rows := []struct {
+			name, unit string
+			m          map[string]usage
+			f          func(usage) float64
+			churn      bool
+		}{
+			{"RSS at rest", "MB", r.rest, rss, false},
+			{"RSS under churn", "MB", r.churn, rss, true},
+			{"CPU under churn", "% of a core", r.churn, cpu, true},
+			{"watch bytes under churn", "KB/s", r.churn, wb, true},
+		}
+		for _, row := range rows {
+			fl, kp := flockOf(row.m, row.f), row.f(row.m[procProxy])
+			v := verdict(fl <= kp)
+			if row.churn {
+				v = churnVerdict(fl <= kp, r.reached)
+			}
+			fmt.Fprintf(b, "| %s | %s | %.1f %s | %.1f %s | ≤ kube-proxy | %s |\n", sizeName(r.env), row.name, fl, row.unit, kp, row.unit, v)
+		}
+		if r.env.Nodes == full.Nodes {
+			d := r.ready[procAgent]
+			fmt.Fprintf(b, "| %s | flock-agent serves CNI after start | %.2f s | | ≤ 2 s | %s |\n", sizeName(r.env), d.Seconds(), verdict(d <= 2*time.Second))
+		}
+	}
+	return b.String()
 }
 
 // writeReport renders SCALE.md.
@@ -48,33 +105,7 @@ func writeReport(o options, rs []sizeResult, racks []rackResult, took time.Durat
 	fmt.Fprintf(&b, "![Each process's RSS, watch bytes and CPU against the cluster's size, kube-proxy dashed](%s)\n\n", filepath.Base(svg))
 	b.WriteString(method(o))
 
-	b.WriteString("\n## Goals\n\n| size | figure | flock (agent + policy) | kube-proxy | target | |\n| --- | --- | --- | --- | --- | --- |\n")
-	for _, r := range rs {
-		if r.err != nil || r.rest == nil || r.churn == nil {
-			continue
-		}
-		rss := func(u usage) float64 { return u.rssMB }
-		cpu := func(u usage) float64 { return u.cpuPct }
-		wb := func(u usage) float64 { return u.watchBytes / 1024 }
-		rows := []struct {
-			name, unit string
-			m          map[string]usage
-			f          func(usage) float64
-		}{
-			{"RSS at rest", "MB", r.rest, rss},
-			{"RSS under churn", "MB", r.churn, rss},
-			{"CPU under churn", "% of a core", r.churn, cpu},
-			{"watch bytes under churn", "KB/s", r.churn, wb},
-		}
-		for _, row := range rows {
-			fl, kp := flockOf(row.m, row.f), row.f(row.m[procProxy])
-			fmt.Fprintf(&b, "| %s | %s | %.1f %s | %.1f %s | ≤ kube-proxy | %s |\n", sizeName(r.env), row.name, fl, row.unit, kp, row.unit, verdict(fl <= kp))
-		}
-		if r.env.Nodes == full.Nodes {
-			d := r.ready[procAgent]
-			fmt.Fprintf(&b, "| %s | flock-agent serves CNI after start | %.2f s | | ≤ 2 s | %s |\n", sizeName(r.env), d.Seconds(), verdict(d <= 2*time.Second))
-		}
-	}
+	b.WriteString(goalsTable(rs))
 	for _, k := range racks {
 		name := fmt.Sprintf("rack (%d × %d), %s", k.nodes, k.pods, k.tor)
 		if k.err != nil {
@@ -170,7 +201,7 @@ func method(o options) string {
 - **The cluster.** The lab's kube-apiserver and etcd (API only: no controller-manager, no scheduler, no kubelet) are filled straight through the API, as kwok and kube-burner do, to fractions of Kubernetes' scalability envelope (sig-scalability thresholds.md): %s nodes, %d pods a node (%d of them host-network DaemonSet pods: kube-proxy, flock, flock-policy, a log shipper), about 10,000 Services (one a Deployment-like workload of 1 to 250 replicas, a heavy tail), their EndpointSlices as the controller writes them (one family each, 100 endpoints a slice), %s NetworkPolicies (ingress from frontends and a team's namespaces on a named port, every other one also an ipBlock with an except, every fourth also egress), a NodeConfig a node with its agent's status, and AddressClaims for one pod in %d (an `+"`addresses`"+` IP) and one Service in %d (a LoadBalancer of flock's class); one workload in %d carries an anycast IP. Pods are bound to Nodes that have no kubelet, their status (Running, Ready, an IPv6 address from the node's summary and an IPv4 one) written through the status subresource; objects carry what real ones do (labels, owner references, a container with ports, probes and environment, kubelet's conditions), since their size is what every watcher pays for. The sizes are filled one after another into the same API server.
 - **The node.** One node of the lab runs flock-agent (bin/flock-agent, Kubernetes mode, peering BIRD as its ToR), flock-policy (bin/flock-policy) and kube-proxy (the lab's build, nftables mode): kube-proxy is the baseline, the Services and EndpointSlices fan-out a node already pays. flock-policy reads the pods from flock-relay (bin/flock-relay, run beside them), as every node does with deploy/relay: its pod traffic is what the relay sent it (the relay's counters, compressed as sent), and the relay's own row is what one relay costs, whatever the number of nodes it serves (a cluster runs two). Another node holds the LoadBalancer assigner's Lease (renewed every 5 s), as it does for all nodes but one. Each process talks to the API server through its own counting proxy (it ends TLS with the API server's certificate and makes the request again with the same client certificate), which counts requests by verb and resource and, for watches, the events and bytes streamed. At each size the four are stopped, the API is filled, and they are started again one after another (kube-proxy, flock-relay, flock-policy, flock-agent); *ready* is from start to kube-proxy's /healthz, flock-relay's /readyz (it holds every pod), flock-policy's /readyz, flock-agent answering CNI STATUS.
 - **At rest**: %s after the three are ready, a %s window. Nothing changes in the cluster: the other nodes' agents write no NodeConfig status while nothing they report changes.
-- **Under churn**: %.0f pods created a second cluster-wide (random workloads and nodes, given their addresses through the status subresource, each deleted %s later; the other nodes' agents, which are not running, would write nothing for them: a NodeConfig's status changes only with its peers, readiness or errors), %.0f EndpointSlice changes a second (an endpoint's readiness flipped), %.0f NetworkPolicy change a second (a peer added or removed); after 10 s, a %s window.
+- **Under churn**: %.0f pods created a second cluster-wide (random workloads and nodes, given their addresses through the status subresource, each deleted %s later; the other nodes' agents, which are not running, would write nothing for them: a NodeConfig's status changes only with its peers, readiness or errors), %.0f EndpointSlice changes a second (an endpoint's readiness flipped), %.0f NetworkPolicy change a second (a peer added or removed); after 10 s, a %s window. Where this machine could not keep up with a churn (its API server saturated: the fill table says how much was done and missed), the figures under it are shown, but those of a size whose churn fell below 95 %% of its target are not called met: a lighter churn flatters flock-policy, whose work follows the pods.
 - **CPU** is from /proc/PID/stat over the window, of one core; **RSS** is VmRSS at the window's end; each reading only of the same live process. **Watch bytes** are the bodies the API server streamed (as sent).
 - **CNI**: %d pods (their Pod objects on the node first, as the kubelet's are) are ADDed through libcni, then DELed; the agent's requests over each phase, watches aside.
 - **Rack cold start**: %d agents (bin/flock-agent, node-config mode) in network namespaces, each with one uplink to a ToR namespace: BIRD with a neighbour statement a node, then FRR with `+"`bgp listen range`"+` (dynamic neighbours). The ToR installs what it learns in its kernel FIB, followed through netlink. The agents start first, then the ToR; once every node's summary is in the FIB, every node ADDs its %d pods through libcni at once (4 at a time a node; the pods' network namespaces are made beforehand), each pod with an anycast /128 of its own. The figure is from the last ADD's return to the last pod route in the FIB; RSS is each agent's VmRSS then.

@@ -1,0 +1,45 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// A figure under a churn that fell short of its target is not called met,
+// however it compares: a lighter churn flatters flock-policy.
+func TestGoalsUnderAShortChurn(t *testing.T) {
+	u := func(rss, cpu, kb float64) usage { return usage{rssMB: rss, cpuPct: cpu, watchBytes: kb * 1024} }
+	size := func(reached float64) sizeResult {
+		return sizeResult{env: full.scaled(0.1), reached: reached,
+			rest:  map[string]usage{procAgent: u(10, 0, 0), procPolicy: u(10, 0, 0), procProxy: u(100, 0, 0)},
+			churn: map[string]usage{procAgent: u(10, 1, 1), procPolicy: u(10, 1, 1), procProxy: u(100, 10, 10)}}
+	}
+	for _, tc := range []struct {
+		reached float64
+		want    string
+	}{
+		{1, "| watch bytes under churn | 2.0 KB/s | 10.0 KB/s | ≤ kube-proxy | met |"},
+		{0.95, "| watch bytes under churn | 2.0 KB/s | 10.0 KB/s | ≤ kube-proxy | met |"},
+		{0.78, "| watch bytes under churn | 2.0 KB/s | 10.0 KB/s | ≤ kube-proxy | not judged: below kube-proxy at 78 % of the churn |"},
+	} {
+		var acts []*activity
+		a := &activity{name: "pods"}
+		a.done.Store(int64(100 * tc.reached))
+		a.missed.Store(100 - int64(100*tc.reached))
+		acts = append(acts, a)
+		if got := acts[0].reached(); got != tc.reached {
+			t.Fatalf("reached %v, want %v", got, tc.reached)
+		}
+		goals := goalsTable([]sizeResult{size(tc.reached)})
+		if !strings.Contains(goals, tc.want) {
+			t.Errorf("at %v of the churn, the goals lack %q:\n%s", tc.reached, tc.want, goals)
+		}
+		// At rest the churn does not count.
+		if !strings.Contains(goals, "| RSS at rest | 20.0 MB | 100.0 MB | ≤ kube-proxy | met |") {
+			t.Errorf("at %v of the churn, RSS at rest not judged on its own:\n%s", tc.reached, goals)
+		}
+	}
+	if got := churnVerdict(false, 0.5); got != "**not met** (at 50 % of the churn)" {
+		t.Errorf("not met at half the churn: %q", got)
+	}
+}
