@@ -246,7 +246,8 @@ func (s *sliceSource) improves(w *sliceWatch) bool {
 		return true
 	}
 	for n := range s.names {
-		if covers(s.cur.names, map[string]bool{n: true}) && !w.names[n] {
+		held := s.cur.names == nil || s.cur.names[n]
+		if held && !w.names[n] {
 			return false
 		}
 	}
