@@ -41,28 +41,26 @@ type Input struct {
 
 type compiler struct {
 	in Input
-	// named are the holders PodsForIP names of the addresses no status
-	// IP holds (namedHolders).
-	named map[netip.Addr][]*corev1.Pod
-	// byStatus are the non-hostNetwork pods by a status IP, written as
-	// netip prints it: the engine looks a packet's address up by that
-	// string, so an IP written otherwise ("FD00::1") holds nothing.
-	byStatus map[netip.Addr][]*corev1.Pod
+	// pods are in.Pods; held are the addresses pods hold as podsAt finds
+	// them, sorted, each with its holders (indexes into pods): one sorted
+	// slice, where maps of every address were most of a large cluster's
+	// compile and of its garbage.
+	pods     []*corev1.Pod
+	held     []heldAddr
 	ns       map[string]labels.Set
 	policies map[string][]*networkingv1.NetworkPolicy // by namespace
-	holders  map[netip.Addr][]*corev1.Pod
 	peers    map[string]*Addrs
 	prog     *Program
 	groups   map[string]int
 	// known caches groups by the policies they are of (same policies,
 	// same key): the key is built once per group, not once per pod.
 	known map[groupKnown]int
-	// single and several are the held addresses, sorted, by whether one
-	// pod or several hold them; singleNS are the single ones by their
-	// pod's namespace (sorted too), so a peer's selectors look only at
-	// the namespaces they can match.
-	single, several []netip.Addr
-	singleNS        map[string][]netip.Addr
+	// single and several are the held addresses (indexes into held, so
+	// sorted) by whether one pod or several hold them; singleNS are the
+	// single ones by their pod's namespace (sorted too), so a peer's
+	// selectors look only at the namespaces they can match.
+	single, several []int32
+	singleNS        map[string][]int32
 	sels            map[*metav1.LabelSelector]parsed
 	// nsMatch caches the namespaces (of singleNS) a namespace selector
 	// matches.
@@ -71,15 +69,33 @@ type compiler struct {
 	blocks map[*networkingv1.IPBlock][]Range
 	// judged are the addresses the program judges, sorted (nil with the
 	// admin policies on: every isolated address is judged then), and
-	// judgedSingle, judgedSeveral those of them one pod, several pods hold.
-	judged, judgedSingle, judgedSeveral []netip.Addr
-	allSingle                           *Addrs
+	// judgedSingle, judgedSeveral those of them (indexes into held) one
+	// pod, several pods hold.
+	judged                      []netip.Addr
+	judgedSingle, judgedSeveral []int32
+	allSingle                   *Addrs
 	// full are the policies of the groups built for every peer (of the
 	// judged addresses), whose rules' peers Deps follows.
 	full map[*networkingv1.NetworkPolicy]bool
 	// frozen: the compile is done and the selectors parsed are all there
 	// are (Deps reads them from several goroutines).
 	frozen bool
+}
+
+// heldAddr is an address and the pods podsAt finds at it (indexes into
+// compiler.pods, never empty).
+type heldAddr struct {
+	a netip.Addr
+	h []int32
+}
+
+// first is the (first) pod at held[k].
+func (c *compiler) first(k int32) *corev1.Pod { return c.pods[c.held[k].h[0]] }
+
+// find is a's index in held.
+func (c *compiler) find(a netip.Addr) (int32, bool) {
+	k, ok := slices.BinarySearchFunc(c.held, a, func(e heldAddr, a netip.Addr) int { return e.a.Compare(a) })
+	return int32(k), ok
 }
 
 // parsed is a selector compiled once per Compile.
@@ -109,16 +125,12 @@ func Compile(in Input) *Program {
 // CompileDeps builds the program for in, and what it depends on of the
 // pods of other nodes (Deps.Affects).
 func CompileDeps(in Input) (*Program, *Deps) {
-	// The maps of every pod and address are sized up front: growing them
-	// is most of a large cluster's garbage.
-	c := &compiler{in: in, byStatus: make(map[netip.Addr][]*corev1.Pod, 2*len(in.Pods)),
+	c := &compiler{in: in, pods: in.Pods,
 		ns: map[string]labels.Set{}, policies: map[string][]*networkingv1.NetworkPolicy{},
-		holders: make(map[netip.Addr][]*corev1.Pod, 2*len(in.Pods)), peers: map[string]*Addrs{}, groups: map[string]int{}, known: map[groupKnown]int{}, sels: map[*metav1.LabelSelector]parsed{},
+		peers: map[string]*Addrs{}, groups: map[string]int{}, known: map[groupKnown]int{}, sels: map[*metav1.LabelSelector]parsed{},
 		full:     map[*networkingv1.NetworkPolicy]bool{},
-		singleNS: map[string][]netip.Addr{}, nsMatch: map[*metav1.LabelSelector][]string{}, blocks: map[*networkingv1.IPBlock][]Range{},
+		singleNS: map[string][]int32{}, nsMatch: map[*metav1.LabelSelector][]string{}, blocks: map[*networkingv1.IPBlock][]Range{},
 		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: map[netip.Addr][]int{}, Ingress: map[netip.Addr][]int{}}}
-	// The pods' order matters only among the holders of one status IP
-	// (podsAt's pick): those alone are sorted, below, not every pod.
 	pods := in.Pods
 	for _, n := range in.Namespaces {
 		c.ns[n.Name] = labels.Set(n.Labels)
@@ -126,60 +138,14 @@ func CompileDeps(in Input) (*Program, *Deps) {
 	for _, np := range in.Policies {
 		c.policies[np.Namespace] = append(c.policies[np.Namespace], np)
 	}
-	// Every address a pod holds (c.podIPs(p), without a slice a pod), and
-	// the pods by status IP as the engine's index finds them: hostNetwork
-	// ones left out.
-	addrs := make([]netip.Addr, 0, 2*len(pods))
-	// An address's first holder is a slice of one array, not an
-	// allocation of its own (a second holder's append copies it out).
-	firsts := make([]*corev1.Pod, 0, 2*len(pods))
-	var several []netip.Addr
-	var buf [64]byte
-	for _, p := range pods {
-		for _, ip := range p.Status.PodIPs {
-			a, err := netip.ParseAddr(ip.IP)
-			if err != nil {
-				continue
-			}
-			addrs = append(addrs, a)
-			// Found only by a packet's address that prints as this
-			// very string.
-			if !p.Spec.HostNetwork && string(a.AppendTo(buf[:0])) == ip.IP {
-				if held, ok := c.byStatus[a]; ok {
-					if len(held) == 1 {
-						several = append(several, a)
-					}
-					c.byStatus[a] = append(held, p)
-				} else {
-					firsts = append(firsts, p)
-					c.byStatus[a] = firsts[len(firsts)-1 : len(firsts) : len(firsts)]
-				}
-			}
-		}
-		if c.in.ExtraPodIPs != nil {
-			for _, s := range c.in.ExtraPodIPs(p) {
-				if a, err := netip.ParseAddr(s); err == nil {
-					addrs = append(addrs, a)
-				}
-			}
-		}
-	}
-	for _, a := range several {
-		slices.SortFunc(c.byStatus[a], compareKeys)
-	}
-	slices.SortFunc(addrs, netip.Addr.Compare)
-	addrs = slices.Compact(addrs)
-	c.named = c.namedHolders(addrs)
-	c.single = make([]netip.Addr, 0, len(addrs))
-	for _, a := range addrs {
-		switch h := c.podsAt(a); {
-		case len(h) == 1:
-			c.single = append(c.single, a)
-			c.singleNS[h[0].Namespace] = append(c.singleNS[h[0].Namespace], a)
-			c.holders[a] = h
-		case len(h) > 1:
-			c.several = append(c.several, a)
-			c.holders[a] = h
+	c.hold()
+	for k, e := range c.held {
+		if len(e.h) == 1 {
+			c.single = append(c.single, int32(k))
+			ns := pods[e.h[0]].Namespace
+			c.singleNS[ns] = append(c.singleNS[ns], int32(k))
+		} else {
+			c.several = append(c.several, int32(k))
 		}
 	}
 	// Selected: this node's pods some policy selects, hostNetwork ones
@@ -207,39 +173,58 @@ func CompileDeps(in Input) (*Program, *Deps) {
 	if !in.Admin {
 		c.judged = sortedAddrs(c.prog.Selected)
 		for _, a := range c.judged {
-			switch len(c.holders[a]) {
-			case 1:
-				c.judgedSingle = append(c.judgedSingle, a)
-			case 0:
+			k, ok := c.find(a)
+			switch {
+			case !ok:
+			case len(c.held[k].h) == 1:
+				c.judgedSingle = append(c.judgedSingle, k)
 			default:
-				c.judgedSeveral = append(c.judgedSeveral, a)
+				c.judgedSeveral = append(c.judgedSeveral, k)
 			}
 		}
 	}
 	// A pod's groups are the same at each of its addresses (for the same
-	// remote): found once a pod, not once an address.
+	// remote): found once a pod, not once an address. An address one pod
+	// holds gets its group's list of one (cap 1: an append copies), shared.
 	type podGroups struct {
-		remote, egOK, inOK bool
-		eg, in             int
+		set, remote bool
+		eg, in      int32 // -1: none
 	}
-	memo := make(map[*corev1.Pod]podGroups, len(pods))
-	for _, a := range addrs {
-		remote := !in.Admin && !c.prog.Selected[a]
-		for _, p := range c.holders[a] {
-			m, ok := memo[p]
-			if !ok || m.remote != remote {
-				m = podGroups{remote: remote}
+	memo := make([]podGroups, len(pods))
+	var ones [][]int
+	one := func(g int) []int {
+		for len(ones) <= g {
+			ones = append(ones, []int{len(ones)})
+		}
+		return ones[g]
+	}
+	for _, e := range c.held {
+		remote := !in.Admin && !c.prog.Selected[e.a]
+		for _, pi := range e.h {
+			m := &memo[pi]
+			if !m.set || m.remote != remote {
+				*m = podGroups{set: true, remote: remote, eg: -1, in: -1}
+				p := pods[pi]
 				if nps := c.selecting(p); len(nps) > 0 { // for both directions
-					m.eg, m.egOK = c.group(networkingv1.PolicyTypeEgress, p, nps, remote)
-					m.in, m.inOK = c.group(networkingv1.PolicyTypeIngress, p, nps, remote)
+					if g, ok := c.group(networkingv1.PolicyTypeEgress, p, nps, remote); ok {
+						m.eg = int32(g)
+					}
+					if g, ok := c.group(networkingv1.PolicyTypeIngress, p, nps, remote); ok {
+						m.in = int32(g)
+					}
 				}
-				memo[p] = m
 			}
-			if m.egOK && !slices.Contains(c.prog.Egress[a], m.eg) {
-				c.prog.Egress[a] = append(c.prog.Egress[a], m.eg)
-			}
-			if m.inOK && !slices.Contains(c.prog.Ingress[a], m.in) {
-				c.prog.Ingress[a] = append(c.prog.Ingress[a], m.in)
+			for _, d := range []struct {
+				g  int32
+				by map[netip.Addr][]int
+			}{{m.eg, c.prog.Egress}, {m.in, c.prog.Ingress}} {
+				switch {
+				case d.g < 0:
+				case len(e.h) == 1:
+					d.by[e.a] = one(int(d.g))
+				case !slices.Contains(d.by[e.a], int(d.g)):
+					d.by[e.a] = append(d.by[e.a], int(d.g))
+				}
 			}
 		}
 	}
@@ -334,68 +319,117 @@ func (c *compiler) podIPs(p *corev1.Pod) []string {
 	return out
 }
 
-// podsAt is the engine's getPodsAssignedToIP for a packet address: the
-// pod whose status.podIPs holds it (a running one first; the engine's
-// pick among several is arbitrary, this one takes the first by name),
-// else every non-hostNetwork holder PodsForIP names.
-func (c *compiler) podsAt(a netip.Addr) []*corev1.Pod {
-	if objs := c.byStatus[a]; len(objs) > 0 {
-		for i, p := range objs {
-			if p.Status.Phase == corev1.PodRunning {
-				return objs[i : i+1 : i+1]
+// hold finds c.held: every address a pod holds (status.podIPs and the
+// extra IPs) and the pods the engine's getPodsAssignedToIP finds at it,
+// for a packet's address: the pod whose status.podIPs holds it (hostNetwork
+// ones left out, and the IP written as netip prints it: the engine looks
+// a packet's address up by that string, so an IP written otherwise
+// ("FD00::1") holds nothing), a running one first (the engine's pick among
+// several is arbitrary, this one takes the first by name); else every
+// non-hostNetwork holder PodsForIP names. Addresses no pod is found at
+// are left out.
+func (c *compiler) hold() {
+	type pair struct {
+		a netip.Addr
+		p int32 // a status holder's index in pods; -1: none
+	}
+	pods := c.pods
+	pairs := make([]pair, 0, 2*len(pods)+len(pods)/16) // dual-stack, and some extra IPs
+	var buf [64]byte
+	for i, p := range pods {
+		for _, ip := range p.Status.PodIPs {
+			a, err := netip.ParseAddr(ip.IP)
+			if err != nil {
+				continue
+			}
+			held := int32(-1)
+			if !p.Spec.HostNetwork && string(a.AppendTo(buf[:0])) == ip.IP {
+				held = int32(i)
+			}
+			pairs = append(pairs, pair{a, held})
+		}
+		if c.in.ExtraPodIPs != nil {
+			for _, s := range c.in.ExtraPodIPs(p) {
+				if a, err := netip.ParseAddr(s); err == nil {
+					pairs = append(pairs, pair{a, -1})
+				}
 			}
 		}
-		return objs[:1:1]
 	}
-	var out []*corev1.Pod
-	for _, p := range c.named[a] {
-		if !p.Spec.HostNetwork {
-			out = append(out, p)
+	// By address, then the status holders by key, then the rest.
+	slices.SortFunc(pairs, func(x, y pair) int {
+		if d := x.a.Compare(y.a); d != 0 {
+			return d
+		}
+		switch {
+		case x.p == y.p:
+			return 0
+		case x.p < 0:
+			return 1
+		case y.p < 0:
+			return -1
+		}
+		return compareKeys(pods[x.p], pods[y.p])
+	})
+	picks := make([]int32, 0, len(pairs)) // every one-pod holders list, one array
+	c.held = make([]heldAddr, 0, len(pairs))
+	var unheld []int
+	for j := 0; j < len(pairs); {
+		a, pick := pairs[j].a, int32(-1)
+		k := j
+		for ; k < len(pairs) && pairs[k].a == a; k++ {
+			if p := pairs[k].p; p >= 0 && (pick < 0 || (pods[p].Status.Phase == corev1.PodRunning && pods[pick].Status.Phase != corev1.PodRunning)) {
+				pick = p
+			}
+		}
+		j = k
+		switch {
+		case pick >= 0:
+			picks = append(picks, pick)
+			c.held = append(c.held, heldAddr{a, picks[len(picks)-1 : len(picks) : len(picks)]})
+		case c.in.PodsForIP != nil:
+			unheld = append(unheld, len(c.held))
+			c.held = append(c.held, heldAddr{a: a})
 		}
 	}
-	return out
+	if len(unheld) == 0 {
+		return
+	}
+	c.named(unheld)
+	c.held = slices.DeleteFunc(c.held, func(e heldAddr) bool { return len(e.h) == 0 })
 }
 
-// namedHolders are the pods PodsForIP names for the addresses no status
-// IP holds, in its order. Only the pods named are looked for, once: a
-// map of every pod by name, built each compile, was most of a large
-// cluster's compile.
-func (c *compiler) namedHolders(addrs []netip.Addr) map[netip.Addr][]*corev1.Pod {
-	if c.in.PodsForIP == nil {
-		return nil
-	}
+// named finds the holders of held[unheld...], the addresses no status IP
+// holds: the non-hostNetwork pods PodsForIP names, in its order. Only the
+// pods named are looked for, once.
+func (c *compiler) named(unheld []int) {
 	type podKey struct{ ns, name string }
-	names := map[netip.Addr][]podKey{}
-	wanted := map[podKey]*corev1.Pod{}
-	for _, a := range addrs {
-		if len(c.byStatus[a]) > 0 {
-			continue
-		}
-		for _, k := range c.in.PodsForIP(a.String()) {
-			if ns, name, ok := strings.Cut(k, "/"); ok {
-				names[a] = append(names[a], podKey{ns, name})
-				wanted[podKey{ns, name}] = nil
+	names := make([][]podKey, len(unheld))
+	wanted := map[podKey]int32{}
+	for i, k := range unheld {
+		for _, s := range c.in.PodsForIP(c.held[k].a.String()) {
+			if ns, name, ok := strings.Cut(s, "/"); ok {
+				names[i] = append(names[i], podKey{ns, name})
+				wanted[podKey{ns, name}] = -1
 			}
 		}
 	}
 	if len(wanted) == 0 {
-		return nil
+		return
 	}
-	for _, p := range c.in.Pods {
+	for i, p := range c.pods {
 		k := podKey{p.Namespace, p.Name}
 		if _, ok := wanted[k]; ok {
-			wanted[k] = p
+			wanted[k] = int32(i)
 		}
 	}
-	out := make(map[netip.Addr][]*corev1.Pod, len(names))
-	for a, ks := range names {
-		for _, k := range ks {
-			if p := wanted[k]; p != nil {
-				out[a] = append(out[a], p)
+	for i, k := range unheld {
+		for _, n := range names[i] {
+			if pi := wanted[n]; pi >= 0 && !c.pods[pi].Spec.HostNetwork {
+				c.held[k].h = append(c.held[k].h, pi)
 			}
 		}
 	}
-	return out
 }
 
 // selects is getNetworkPoliciesForPod's test: a selector that does not
@@ -539,10 +573,11 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, selecting []*
 	if remote {
 		several = c.judgedSeveral
 	}
-	for _, a := range several {
-		hs := c.holders[a]
+	for _, k := range several {
+		e := c.held[k]
 		var together Ports
-		for i, h := range hs {
+		for i, hi := range e.h {
+			h := c.pods[hi]
 			var one Ports
 			for _, np := range nps {
 				rs, all := rules(t, np)
@@ -550,7 +585,7 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, selecting []*
 					one = Ports{All: true}
 				}
 				for _, r := range rs {
-					if c.peerMatches(np.Namespace, r, h, a) {
+					if c.peerMatches(np.Namespace, r, h, e.a) {
 						on := h // egress: named ports resolve on the peer
 						if t == networkingv1.PolicyTypeIngress {
 							on = p
@@ -568,7 +603,7 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, selecting []*
 		if g.Several == nil {
 			g.Several = map[netip.Addr]Ports{}
 		}
-		g.Several[a] = together
+		g.Several[e.a] = together
 	}
 	c.prog.Groups = append(c.prog.Groups, g)
 	i := len(c.prog.Groups) - 1
@@ -727,16 +762,16 @@ func (c *compiler) terms(g *Group, t networkingv1.PolicyType, policyNS string, r
 		candidates = c.candidates(policyNS, r)
 	}
 	var named []PeerPort
-	for _, a := range candidates {
-		hs := c.holders[a]
-		if !c.peerMatches(policyNS, r, hs[0], a) {
+	for _, k := range candidates {
+		h, a := c.first(k), c.held[k].a
+		if !c.peerMatches(policyNS, r, h, a) {
 			continue
 		}
 		for _, pp := range r.ports {
 			if pp.Port == nil || pp.Port.StrVal == "" {
 				continue
 			}
-			for _, n := range namedPorts(hs[0], pp) {
+			for _, n := range namedPorts(h, pp) {
 				named = append(named, PeerPort{a, n.proto, n.port})
 			}
 		}
@@ -766,9 +801,9 @@ func (c *compiler) peerAddrs(policyNS string, r rule) *Addrs {
 	if slices.ContainsFunc(r.peers, c.matchesEveryPod) {
 		b.r = append(b.r, c.everySingle().r...)
 	} else {
-		for _, a := range c.candidates(policyNS, r) {
-			if c.selectorsMatch(policyNS, r, c.holders[a][0]) {
-				b.addAddr(a)
+		for _, k := range c.candidates(policyNS, r) {
+			if c.selectorsMatch(policyNS, r, c.first(k)) {
+				b.addAddr(c.held[k].a)
 			}
 		}
 	}
@@ -802,8 +837,8 @@ func (c *compiler) matchesEveryPod(peer networkingv1.NetworkPolicyPeer) bool {
 func (c *compiler) everySingle() *Addrs {
 	if c.allSingle == nil {
 		var b addrsBuilder
-		for _, a := range c.single {
-			b.addAddr(a)
+		for _, k := range c.single {
+			b.addAddr(c.held[k].a)
 		}
 		c.allSingle = b.build()
 	}
@@ -851,8 +886,8 @@ func (c *compiler) judgedPeers(policyNS string, r rule) *Addrs {
 	var b addrsBuilder
 	for _, a := range c.judged {
 		var h *corev1.Pod // peerAddrs matches selectors on single-held addresses only
-		if hs := c.holders[a]; len(hs) == 1 {
-			h = hs[0]
+		if k, ok := c.find(a); ok && len(c.held[k].h) == 1 {
+			h = c.first(k)
 		}
 		if c.peerMatches(policyNS, r, h, a) {
 			b.addAddr(a)
@@ -869,7 +904,7 @@ func (c *compiler) judgedPeers(policyNS string, r rule) *Addrs {
 // could select: those in the namespaces the selectors can match (every
 // one when a selector does not parse, or selects every namespace). A
 // superset: selectorMatch still decides each.
-func (c *compiler) candidates(policyNS string, r rule) []netip.Addr {
+func (c *compiler) candidates(policyNS string, r rule) []int32 {
 	in := map[string]bool{}
 	for _, peer := range r.peers {
 		if peer.IPBlock != nil || (peer.NamespaceSelector == nil && peer.PodSelector == nil) {
@@ -915,11 +950,11 @@ func (c *compiler) candidates(policyNS string, r rule) []netip.Addr {
 			return c.singleNS[n]
 		}
 	}
-	var out []netip.Addr
+	var out []int32
 	for n := range in {
 		out = append(out, c.singleNS[n]...)
 	}
-	slices.SortFunc(out, netip.Addr.Compare)
+	slices.Sort(out) // held's order: the addresses'
 	return out
 }
 
