@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/nftables"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
@@ -75,6 +76,9 @@ type kernelVerdicts struct {
 	mu      sync.Mutex
 	local   map[string][]string
 	skipped atomic.Uint64
+	// policySkipped counts the NetworkPolicy updates no program was
+	// compiled for.
+	policySkipped atomic.Uint64
 	// urgent: a change since the last load started is more than other
 	// nodes' pods (pace); hurry wakes a load waiting for those.
 	urgent atomic.Bool
@@ -182,6 +186,26 @@ func (k *kernelVerdicts) podChanged(old, cur *corev1.Pod) {
 	}
 }
 
+// policyChanged asks for what a NetworkPolicy's update needs: nothing
+// when no packet this node judges has another verdict under it
+// (verdicts.ClassifyPolicy: a peer that matches none of this node's
+// judged pods, in a policy of other nodes' pods), else a new program.
+func (k *kernelVerdicts) policyChanged(old, cur *networkingv1.NetworkPolicy) {
+	if old.ResourceVersion != "" && old.ResourceVersion == cur.ResourceVersion {
+		k.policySkipped.Add(1) // a relist's: the same object
+		return
+	}
+	var deps *verdicts.Deps
+	if d := k.deps.Load(); d != nil && d.gen == k.gen.Load() {
+		deps = d.d
+	}
+	if verdicts.ClassifyPolicy(deps, old, cur) == verdicts.Unchanged {
+		k.policySkipped.Add(1)
+		return
+	}
+	k.changed()
+}
+
 func (k *kernelVerdicts) isLocal(ip string) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -228,7 +252,8 @@ func (k *kernelVerdicts) primeLocal() {
 // handler is added to the informers the program depends on. An update
 // that changes nothing the compiler reads (trim.Unchanged: a pod's status
 // conditions, a relist) compiles nothing; nor does a change of a pod of
-// another node that no policy of this node's program reads.
+// another node that no policy of this node's program reads, nor an update
+// of a NetworkPolicy that judges no packet of this node otherwise.
 func (k *kernelVerdicts) handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) { k.event(nil, obj) },
@@ -251,6 +276,12 @@ func (k *kernelVerdicts) event(old, cur any) {
 		}
 		k.changed()
 		return
+	}
+	if op, ok := old.(*networkingv1.NetworkPolicy); ok {
+		if cp, ok := cur.(*networkingv1.NetworkPolicy); ok {
+			k.policyChanged(op, cp)
+			return
+		}
 	}
 	op, okOld := old.(*corev1.Pod)
 	cp, okCur := cur.(*corev1.Pod)
@@ -388,7 +419,7 @@ func (k *kernelVerdicts) load() error {
 		k.log.Info("NetworkPolicy verdicts in the kernel", "table", Table, "judged", len(prog.Selected), "groups", len(prog.Groups), "queued", len(prog.Queued), "took", time.Since(start).Round(time.Microsecond))
 	}
 	k.log.Debug("NetworkPolicy verdicts loaded", "seq", seq, "judged", len(prog.Selected), "groups", len(prog.Groups), "queued", len(prog.Queued), "took", time.Since(start),
-		"podChangesSkipped", k.skipped.Load())
+		"podChangesSkipped", k.skipped.Load(), "policyChangesSkipped", k.policySkipped.Load())
 	return nil
 }
 

@@ -114,10 +114,11 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	var logBuf testutil.SyncBuffer
 	var failing atomic.Bool
 	var kv atomic.Pointer[kernelVerdicts]
-	var skipped atomic.Uint64 // by the processes before the last
+	var skipped, policySkipped atomic.Uint64 // by the processes before the last
 	start := func() (stop func()) {
 		if k := kv.Load(); k != nil {
 			skipped.Add(k.skipped.Load())
+			policySkipped.Add(k.policySkipped.Load())
 		}
 		k := newKernelVerdicts(node, podL, nsL, npL, nil, nil, slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug})).With("kv", fmt.Sprintf("%p", &struct{}{})))
 		k.holders = podIPHolders(pods)
@@ -166,7 +167,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 					}
 					op := rnd(6)
 					if quiet.Load() {
-						op = rnd(3)
+						op = []int{0, 1, 2, 6}[rnd(4)]
 					}
 					switch op {
 					case 0, 1:
@@ -182,9 +183,42 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 					case 3:
 						_ = nss.Update(mkNS([]string{"a", "b"}[rnd(2)]))
 						kv.Load().changed()
-					case 4:
-						_ = nps.Update(mkPolicy(rnd(npolicies)))
-						kv.Load().changed()
+					case 4: // an update as the informer delivers it: classified
+						informer.Lock()
+						np := mkPolicy(rnd(npolicies))
+						o, ok, _ := nps.GetByKey(np.Namespace + "/" + np.Name)
+						_ = nps.Update(np)
+						if ok {
+							kv.Load().policyChanged(o.(*networkingv1.NetworkPolicy), np)
+						} else {
+							kv.Load().changed()
+						}
+						informer.Unlock()
+					case 6: // a policy of other nodes' pods: its peers change
+						// Now and then once the kernel has caught up (the
+						// other goroutines may have changed the context since).
+						for k, until := kv.Load(), time.Now().Add(time.Duration(rnd(3))*25*time.Millisecond); k.done.Load() < k.seq.Load() && time.Now().Before(until); {
+							time.Sleep(time.Millisecond)
+						}
+						informer.Lock()
+						np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "c", Name: fmt.Sprintf("far%d", rnd(2))}}
+						np.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
+						peers := [][]networkingv1.NetworkPolicyPeer{
+							{{IPBlock: &networkingv1.IPBlock{CIDR: "2001:db8::/64"}}}, // no judged pod
+							{{IPBlock: &networkingv1.IPBlock{CIDR: "2001:db8::/64"}}, {IPBlock: &networkingv1.IPBlock{CIDR: "203.0.113.0/24"}}},
+							{{IPBlock: &networkingv1.IPBlock{CIDR: "fd00:10::/64"}}}, // every judged IPv6 pod
+							{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": vals[rnd(2)]}}}},
+						}[rnd(4)]
+						np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: peers}}
+						np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: peers}}
+						o, ok, _ := nps.GetByKey(np.Namespace + "/" + np.Name)
+						_ = nps.Update(np)
+						if ok {
+							kv.Load().policyChanged(o.(*networkingv1.NetworkPolicy), np)
+						} else {
+							kv.Load().changed()
+						}
+						informer.Unlock()
 					case 5:
 						for _, obj := range nps.List() {
 							if rnd(3) == 0 {
@@ -245,11 +279,22 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 			t.Fatalf("round %d: no packet checked", round)
 		}
 	}
-	t.Logf("packets: %d passed, %d dropped; pod changes compiled for none: %d", seen[true], seen[false], skipped.Load()+kv.Load().skipped.Load())
-	// Quiescent, the context unchanged: changes of pods that no policy
-	// reads are skipped (the filter is exercised whatever the timing
+	t.Logf("packets: %d passed, %d dropped; pod changes compiled for none: %d, policy updates: %d", seen[true], seen[false], skipped.Load()+kv.Load().skipped.Load(), policySkipped.Load()+kv.Load().policySkipped.Load())
+	// Quiescent, the context unchanged (no policy of c's pods): changes of
+	// pods that no policy reads are skipped (the filter is exercised whatever the timing
 	// above), and the kernel still decides as the objects now do.
 	k := kv.Load()
+	for _, obj := range nps.List() {
+		if np := obj.(*networkingv1.NetworkPolicy); np.Namespace == "c" {
+			_ = nps.Delete(np)
+			k.changed()
+		}
+	}
+	for want, deadline := k.seq.Load(), time.Now().Add(20*time.Second); k.done.Load() < want; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the kernel's program did not follow the deletes (loaded %d of %d)", k.done.Load(), want)
+		}
+	}
 	before := k.skipped.Load()
 	for i := range 5 {
 		p := mkPod(3*i + 2)
@@ -265,6 +310,41 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	if got := k.skipped.Load() - before; got != 5 {
 		t.Errorf("quiescent: %d of 5 changes of pods no policy reads skipped", got)
 	}
+	// A policy of other nodes' pods whose peer changes to another that
+	// matches no judged pod is skipped too; one that isolates them
+	// otherwise for this node's pods is not.
+	far := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "c", Name: "far"}}
+	far.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+	far.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "2001:db8::/64"}}}}}
+	_ = nps.Add(far)
+	k.changed()
+	waitLoaded := func() {
+		t.Helper()
+		want, deadline := k.seq.Load(), time.Now().Add(20*time.Second)
+		for k.done.Load() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("the kernel's program did not follow (loaded %d of %d)", k.done.Load(), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitLoaded()
+	farther := far.DeepCopy()
+	farther.Spec.Ingress[0].From = append(farther.Spec.Ingress[0].From, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "2001:db8:1::/64"}})
+	_ = nps.Update(farther)
+	before, seq := k.policySkipped.Load(), k.seq.Load()
+	k.policyChanged(far, farther)
+	if k.policySkipped.Load() != before+1 || k.seq.Load() != seq {
+		t.Errorf("an update of a policy whose new peer matches no judged pod: compiled for (skipped %d → %d)", before, k.policySkipped.Load())
+	}
+	near := farther.DeepCopy()
+	near.Spec.Ingress[0].From = nil // every peer: this node's pods may now reach c's
+	_ = nps.Update(near)
+	k.policyChanged(farther, near)
+	if k.seq.Load() == seq {
+		t.Error("an update of a policy that lets this node's judged pods in: not compiled for")
+	}
+	waitLoaded()
 	if seen[true] == 0 || seen[false] == 0 {
 		t.Errorf("packets: %d passed, %d dropped: want both", seen[true], seen[false])
 	}

@@ -3,9 +3,14 @@ package verdicts
 import (
 	"errors"
 	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // A node's program depends on every pod of the cluster only through few
@@ -31,6 +36,14 @@ type Deps struct {
 	local []localRule
 	// full are the policies local's rules are of.
 	full map[*networkingv1.NetworkPolicy]bool
+	// judged are the judged addresses and their holders (ClassifyPolicy
+	// matches a policy's peers against them).
+	judged []judgedAt
+}
+
+type judgedAt struct {
+	a netip.Addr
+	h []*corev1.Pod
 }
 
 type localRule struct {
@@ -68,6 +81,15 @@ func (c *compiler) deps() *Deps {
 				d.local = append(d.local, lr)
 			}
 		}
+	}
+	for _, a := range c.judged {
+		j := judgedAt{a: a}
+		if k, ok := c.find(a); ok {
+			for _, i := range c.held[k].h {
+				j.h = append(j.h, c.pods[i])
+			}
+		}
+		d.judged = append(d.judged, j)
 	}
 	d.c.frozen = true
 	c.frozen = true // the maps are shared from here on
@@ -185,4 +207,102 @@ func (d *Deps) affectedBy(p *corev1.Pod, holders func(ip string) []*corev1.Pod) 
 		}
 	}
 	return false
+}
+
+// ClassifyPolicy tells what a NetworkPolicy's update from old to cur does
+// to the program compiled with d (nil: none that is current): Unchanged
+// when cur judges every packet this node judges as old did, else
+// NewContext. The pods of other nodes that a policy selects have groups
+// built for the judged peers alone, so a rule's peer that matches none of
+// those (most of a large cluster's policy churn, seen from one node)
+// changes nothing here. So an update is Unchanged when the policy selects
+// the same pods, isolates them in the same directions, is none of the
+// policies of the judged addresses' own groups (Deps.full: those are
+// built for every peer), and its rules let the same judged peers through
+// on the same ports. An add or a delete is a NewContext.
+func ClassifyPolicy(d *Deps, old, cur *networkingv1.NetworkPolicy) Effect {
+	if d == nil || old == nil || cur == nil || d.c.in.Admin || old.Namespace != cur.Namespace || old.Name != cur.Name {
+		return NewContext
+	}
+	for np := range d.full {
+		if np.Namespace == cur.Namespace && np.Name == cur.Name {
+			return NewContext
+		}
+	}
+	if !equality.Semantic.DeepEqual(old.Spec.PodSelector, cur.Spec.PodSelector) {
+		return NewContext
+	}
+	// A compiler of its own: the frozen one parses no new selector, and
+	// Deps is read from several goroutines.
+	c := &compiler{ns: d.c.ns, sels: map[*metav1.LabelSelector]parsed{}, blocks: map[*networkingv1.IPBlock][]Range{}}
+	for _, t := range []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress} {
+		was, is := slices.Contains(old.Spec.PolicyTypes, t), slices.Contains(cur.Spec.PolicyTypes, t)
+		if was != is {
+			return NewContext
+		}
+		if !is {
+			continue // its rules in t judge nothing
+		}
+		a, okA := d.judgedView(c, t, old)
+		b, okB := d.judgedView(c, t, cur)
+		if !okA || !okB || a != b {
+			return NewContext
+		}
+	}
+	return Unchanged
+}
+
+// judgedView is what np's rules in direction t let through for any pod np
+// selects, peers being judged addresses: whether the list is present but
+// empty (everything), and each rule's ports (as written: they resolve on
+// the pod, or the peer) and which judged addresses, and holders of each,
+// its peers match. A group built for judged peers reads nothing else of
+// np's rules.
+func (d *Deps) judgedView(c *compiler, t networkingv1.PolicyType, np *networkingv1.NetworkPolicy) (string, bool) {
+	rs, all := rules(t, np)
+	var b strings.Builder
+	if all {
+		b.WriteString("all;")
+	}
+	bit := func(ok bool) {
+		if ok {
+			b.WriteByte('1')
+		} else {
+			b.WriteByte('0')
+		}
+	}
+	for _, r := range rs {
+		b.WriteString("ports ")
+		for _, pp := range r.ports {
+			m, err := pp.Marshal()
+			if err != nil {
+				return "", false
+			}
+			b.WriteString(strconv.Itoa(len(m)))
+			b.WriteByte(':')
+			b.Write(m)
+		}
+		if len(r.peers) == 0 {
+			b.WriteString(" any;")
+			continue
+		}
+		b.WriteString(" peers ")
+		for _, j := range d.judged {
+			if len(j.h) <= 1 {
+				var h *corev1.Pod // judgedPeers: a selector matches a single holder only
+				if len(j.h) == 1 {
+					h = j.h[0]
+				}
+				bit(c.peerMatches(np.Namespace, r, h, j.a))
+				continue
+			}
+			b.WriteByte('[') // Group.Several: each holder
+			for _, h := range j.h {
+				bit(c.peerMatches(np.Namespace, r, h, j.a))
+			}
+			b.WriteByte(']')
+		}
+		b.WriteByte(';')
+	}
+	return b.String(), true
 }
