@@ -140,6 +140,19 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	defer func() { stop() }()
 
 	var informer sync.Mutex
+	// policyOp writes np as the informer does, its handler after: an
+	// update is classified.
+	policyOp := func(np *networkingv1.NetworkPolicy) {
+		informer.Lock()
+		defer informer.Unlock()
+		o, ok, _ := nps.GetByKey(np.Namespace + "/" + np.Name)
+		_ = nps.Update(np)
+		if ok {
+			kv.Load().policyChanged(o.(*networkingv1.NetworkPolicy), np)
+		} else {
+			kv.Load().changed()
+		}
+	}
 	seen := map[bool]int{}
 	for round := range 12 {
 		failing.Store(round%3 == 1)
@@ -183,24 +196,14 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 					case 3:
 						_ = nss.Update(mkNS([]string{"a", "b"}[rnd(2)]))
 						kv.Load().changed()
-					case 4: // an update as the informer delivers it: classified
-						informer.Lock()
-						np := mkPolicy(rnd(npolicies))
-						o, ok, _ := nps.GetByKey(np.Namespace + "/" + np.Name)
-						_ = nps.Update(np)
-						if ok {
-							kv.Load().policyChanged(o.(*networkingv1.NetworkPolicy), np)
-						} else {
-							kv.Load().changed()
-						}
-						informer.Unlock()
+					case 4:
+						policyOp(mkPolicy(rnd(npolicies)))
 					case 6: // a policy of other nodes' pods: its peers change
 						// Now and then once the kernel has caught up (the
 						// other goroutines may have changed the context since).
 						for k, until := kv.Load(), time.Now().Add(time.Duration(rnd(3))*25*time.Millisecond); k.done.Load() < k.seq.Load() && time.Now().Before(until); {
 							time.Sleep(time.Millisecond)
 						}
-						informer.Lock()
 						np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "c", Name: fmt.Sprintf("far%d", rnd(2))}}
 						np.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
 						peers := [][]networkingv1.NetworkPolicyPeer{
@@ -211,14 +214,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 						}[rnd(4)]
 						np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: peers}}
 						np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: peers}}
-						o, ok, _ := nps.GetByKey(np.Namespace + "/" + np.Name)
-						_ = nps.Update(np)
-						if ok {
-							kv.Load().policyChanged(o.(*networkingv1.NetworkPolicy), np)
-						} else {
-							kv.Load().changed()
-						}
-						informer.Unlock()
+						policyOp(np)
 					case 5:
 						for _, obj := range nps.List() {
 							if rnd(3) == 0 {
