@@ -98,13 +98,13 @@ const RemoteLag = time.Second
 // pace is how long a load waits, after the last one took and idle has
 // passed since it ended, before it starts. Any change but other nodes'
 // pods waits until idle is as long as took: flock-policy takes at most
-// half a core. Other nodes' pods alone wait until idle is nine times
-// took (a tenth of a core), but no longer than lag, unless took itself
-// is longer.
+// half a core. Other nodes' pods alone wait until idle is 49 times took (a
+// fiftieth of a core, what kube-proxy spends on a cluster's endpoint
+// churn), but no longer than lag, unless took itself is longer.
 func pace(urgent bool, took, idle, lag time.Duration) time.Duration {
 	want := took
 	if !urgent {
-		want = max(took, min(9*took, lag))
+		want = max(took, min(49*took, lag))
 	}
 	return max(0, want-idle)
 }

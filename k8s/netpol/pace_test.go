@@ -15,10 +15,10 @@ func TestPace(t *testing.T) {
 	}{
 		{"any change: idle as long as the load took", true, 100 * ms, 30 * ms, 70 * ms},
 		{"any change after a quiet spell: at once", true, 100 * ms, time.Second, 0},
-		{"other nodes' pods: nine loads' time", false, 50 * ms, 0, 450 * ms},
-		{"other nodes' pods: at most the lag", false, 300 * ms, 100 * ms, 900 * ms},
+		{"other nodes' pods: 49 loads' time", false, 10 * ms, 0, 490 * ms},
+		{"other nodes' pods: at most the lag", false, 50 * ms, 100 * ms, 900 * ms},
 		{"other nodes' pods: a load longer than the lag", false, 2 * time.Second, 500 * ms, 1500 * ms},
-		{"other nodes' pods after a quiet spell: at once", false, 50 * ms, 5 * time.Second, 0},
+		{"other nodes' pods after a quiet spell: at once", false, 10 * ms, 5 * time.Second, 0},
 	} {
 		if got := pace(tc.urgent, tc.took, tc.idle, time.Second); got != tc.want {
 			t.Errorf("%s: pace(urgent %v, took %s, idle %s) = %s, want %s", tc.name, tc.urgent, tc.took, tc.idle, got, tc.want)
@@ -34,7 +34,7 @@ func TestKernelUrgentChangeCutsTheWait(t *testing.T) {
 	kv, _, _, _ := testKernel(ns)
 	kv.remoteLag = time.Hour
 	// Every load takes a second at least: other nodes' pods then wait
-	// nine seconds, any other change one.
+	// 49 seconds, any other change one.
 	kv.fail = func() error { time.Sleep(time.Second); return nil }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
