@@ -513,12 +513,7 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, selecting []*
 	named := false
 	if t == networkingv1.PolicyTypeIngress {
 		for _, np := range nps {
-			rs, _ := rules(t, np)
-			for _, r := range rs {
-				for _, pp := range r.ports {
-					named = named || (pp.Port != nil && pp.Port.StrVal != "")
-				}
-			}
+			named = named || namedIngress(np)
 		}
 	}
 	if !remote {
@@ -711,13 +706,24 @@ func portsKey(p Ports) string {
 	return b.String()
 }
 
+// namedIngress: a port of np's ingress rules is named.
+func namedIngress(np *networkingv1.NetworkPolicy) bool {
+	for _, r := range np.Spec.Ingress {
+		for _, pp := range r.Ports {
+			if pp.Port != nil && pp.Port.StrVal != "" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // resolved is what the ingress named ports of nps resolve to on p.
 func resolved(nps []*networkingv1.NetworkPolicy, p *corev1.Pod) string {
 	var b strings.Builder
 	for _, np := range nps {
-		rs, _ := rules(networkingv1.PolicyTypeIngress, np)
-		for _, r := range rs {
-			for _, pp := range r.ports {
+		for _, r := range np.Spec.Ingress {
+			for _, pp := range r.Ports {
 				if pp.Port == nil || pp.Port.StrVal == "" {
 					continue
 				}
