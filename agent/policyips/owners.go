@@ -53,7 +53,13 @@ type Inputs struct {
 type Owners struct {
 	byIP  map[string][]string // IP → pod keys (namespace/name), sorted
 	byPod map[string][]string // pod key → IPs, sorted
+	// byName is byPod by namespace and name: ExtraPodIPs is asked of
+	// every pod of the cluster at each compile, and a key built for each
+	// was garbage.
+	byName map[podName][]string
 }
+
+type podName struct{ namespace, name string }
 
 // PodsForIP returns the keys (namespace/name) of the pods holding ip.
 func (o *Owners) PodsForIP(ip string) []string {
@@ -68,7 +74,7 @@ func (o *Owners) ExtraPodIPs(pod *corev1.Pod) []string {
 	if o == nil || pod == nil {
 		return nil
 	}
-	return o.byPod[pod.Namespace+"/"+pod.Name]
+	return o.byName[podName{pod.Namespace, pod.Name}]
 }
 
 // Equal reports whether o and p hold the same IPs for the same pods.
@@ -101,7 +107,7 @@ func canonical(ip string) string {
 
 // Compute derives the owners from in.
 func Compute(in Inputs) *Owners {
-	o := &Owners{byIP: map[string][]string{}, byPod: map[string][]string{}}
+	o := &Owners{byIP: map[string][]string{}, byPod: map[string][]string{}, byName: map[podName][]string{}}
 	byKey := make(map[string]*corev1.Pod, len(in.Pods))
 	for _, p := range in.Pods {
 		byKey[p.Namespace+"/"+p.Name] = p
@@ -111,6 +117,7 @@ func Compute(in Inputs) *Owners {
 		if !slices.Contains(o.byPod[key], s) {
 			o.byPod[key] = append(o.byPod[key], s)
 			o.byIP[s] = append(o.byIP[s], key)
+			o.byName[podName{p.Namespace, p.Name}] = o.byPod[key]
 		}
 	}
 	// live is a pod the engine can judge: in the API, not finished, not
