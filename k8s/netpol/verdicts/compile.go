@@ -2,6 +2,7 @@ package verdicts
 
 import (
 	"cmp"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
@@ -42,7 +43,7 @@ type Input struct {
 type compiler struct {
 	in Input
 	// pods are in.Pods; held are the addresses pods hold as podsAt finds
-	// them, sorted, each with its holders (indexes into pods): one sorted
+	// them, sorted (compareAddrs), each with its holders (indexes into pods): one sorted
 	// slice, where maps of every address were most of a large cluster's
 	// compile and of its garbage.
 	pods     []*corev1.Pod
@@ -94,8 +95,32 @@ func (c *compiler) first(k int32) *corev1.Pod { return c.pods[c.held[k].h[0]] }
 
 // find is a's index in held.
 func (c *compiler) find(a netip.Addr) (int32, bool) {
-	k, ok := slices.BinarySearchFunc(c.held, a, func(e heldAddr, a netip.Addr) int { return e.a.Compare(a) })
+	ka := keyOf(a)
+	k, ok := slices.BinarySearchFunc(c.held, a, func(e heldAddr, a netip.Addr) int { return compareAddrs(keyOf(e.a), ka, e.a, a) })
 	return int32(k), ok
+}
+
+// addrKey is an address's 16 bytes (an IPv4 one mapped) as two numbers.
+type addrKey struct{ hi, lo uint64 }
+
+func keyOf(a netip.Addr) addrKey {
+	b := a.As16()
+	return addrKey{binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])}
+}
+
+// compareAddrs orders held: by the addresses' 16 bytes, then (an IPv4
+// address and its IPv4-mapped IPv6 twin, zones) as netip does. Not
+// netip's order (which puts every IPv4 address first), but a total one,
+// and the compile's largest sort compares two numbers where netip's
+// Compare takes several steps.
+func compareAddrs(x, y addrKey, a, b netip.Addr) int {
+	if x.hi != y.hi {
+		return cmp.Compare(x.hi, y.hi)
+	}
+	if x.lo != y.lo {
+		return cmp.Compare(x.lo, y.lo)
+	}
+	return a.Compare(b)
 }
 
 // parsed is a selector compiled once per Compile.
@@ -330,6 +355,7 @@ func (c *compiler) podIPs(p *corev1.Pod) []string {
 // are left out.
 func (c *compiler) hold() {
 	type pair struct {
+		k addrKey
 		a netip.Addr
 		p int32 // a status holder's index in pods; -1: none
 	}
@@ -346,19 +372,19 @@ func (c *compiler) hold() {
 			if !p.Spec.HostNetwork && string(a.AppendTo(buf[:0])) == ip.IP {
 				held = int32(i)
 			}
-			pairs = append(pairs, pair{a, held})
+			pairs = append(pairs, pair{keyOf(a), a, held})
 		}
 		if c.in.ExtraPodIPs != nil {
 			for _, s := range c.in.ExtraPodIPs(p) {
 				if a, err := netip.ParseAddr(s); err == nil {
-					pairs = append(pairs, pair{a, -1})
+					pairs = append(pairs, pair{keyOf(a), a, -1})
 				}
 			}
 		}
 	}
 	// By address, then the status holders by key, then the rest.
 	slices.SortFunc(pairs, func(x, y pair) int {
-		if d := x.a.Compare(y.a); d != 0 {
+		if d := compareAddrs(x.k, y.k, x.a, y.a); d != 0 {
 			return d
 		}
 		switch {
