@@ -22,7 +22,12 @@ package trim
 
 import (
 	"maps"
+	"runtime"
 	"slices"
+	"strconv"
+	"sync"
+	"unsafe"
+	"weak"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -52,31 +57,87 @@ func Pod(p *corev1.Pod) *corev1.Pod {
 	}
 	out.Spec.NodeName = p.Spec.NodeName
 	out.Spec.HostNetwork = p.Spec.HostNetwork
-	n := 0
-	for i := range p.Spec.Containers {
-		if len(p.Spec.Containers[i].Ports) > 0 {
-			n++
-		}
-	}
-	if n > 0 {
-		out.Spec.Containers = make([]corev1.Container, 0, n)
-		for i := range p.Spec.Containers {
-			c := &p.Spec.Containers[i]
-			if len(c.Ports) == 0 {
-				continue
-			}
-			ports := make([]corev1.ContainerPort, len(c.Ports))
-			for j, cp := range c.Ports {
-				ports[j] = corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: cp.Protocol}
-			}
-			out.Spec.Containers = append(out.Spec.Containers, corev1.Container{Name: c.Name, Ports: ports})
-		}
-	}
+	out.Spec.Containers = containers(p.Spec.Containers)
 	out.Status.Phase = p.Status.Phase
 	if len(p.Status.PodIPs) > 0 {
 		out.Status.PodIPs = p.Status.PodIPs
 	}
 	return out
+}
+
+// containers are cs's containers with ports, their names and ports
+// alone; nil if none has a port. The replicas of a workload have the
+// same ones: they share one slice (as long as one of them holds it), a
+// third of what a cached pod held. Cached objects are never changed, so
+// sharing is safe (a caller that changes one copies it first, as
+// client-go asks).
+func containers(cs []corev1.Container) []corev1.Container {
+	var key []byte
+	n := 0
+	for i := range cs {
+		if len(cs[i].Ports) == 0 {
+			continue
+		}
+		n++
+		key = appendField(key, cs[i].Name)
+		for _, cp := range cs[i].Ports {
+			key = appendField(appendField(key, cp.Name), string(cp.Protocol))
+			key = strconv.AppendInt(key, int64(cp.ContainerPort), 10)
+			key = append(key, ' ')
+		}
+		key = append(key, '\n')
+	}
+	if n == 0 {
+		return nil
+	}
+	shared.Lock()
+	defer shared.Unlock()
+	if e, ok := shared.m[string(key)]; ok {
+		if first := e.first.Value(); first != nil {
+			return unsafe.Slice(first, e.n)
+		}
+	}
+	out := make([]corev1.Container, 0, n)
+	for i := range cs {
+		c := &cs[i]
+		if len(c.Ports) == 0 {
+			continue
+		}
+		ports := make([]corev1.ContainerPort, len(c.Ports))
+		for j, cp := range c.Ports {
+			ports[j] = corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: cp.Protocol}
+		}
+		out = append(out, corev1.Container{Name: c.Name, Ports: ports})
+	}
+	k := string(key)
+	shared.m[k] = sharedContainers{weak.Make(&out[0]), n}
+	// Forgotten once no pod holds them.
+	runtime.AddCleanup(&out[0], func(k string) {
+		shared.Lock()
+		defer shared.Unlock()
+		if e, ok := shared.m[k]; ok && e.first.Value() == nil {
+			delete(shared.m, k)
+		}
+	}, k)
+	return out
+}
+
+// shared are the containers pods hold, by what they hold: weakly, by the
+// first of them (a slice's array lives as long as a pointer into it).
+var shared = struct {
+	sync.Mutex
+	m map[string]sharedContainers
+}{m: map[string]sharedContainers{}}
+
+type sharedContainers struct {
+	first weak.Pointer[corev1.Container]
+	n     int
+}
+
+// appendField appends s, length first (a name may hold any byte).
+func appendField(b []byte, s string) []byte {
+	b = strconv.AppendInt(b, int64(len(s)), 10)
+	return append(append(b, ':'), s...)
 }
 
 // Namespace is n's name, UID, resourceVersion and labels.

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -393,4 +394,54 @@ func TestUnchangedComparesAllKept(t *testing.T) {
 		}
 		t.Logf("%T: %d changes of kept fields, each noticed", obj, n)
 	}
+}
+
+// The replicas of a workload share their trimmed containers; pods whose
+// ports differ in any kept field do not; and once no pod holds them,
+// they are forgotten.
+func TestContainersShared(t *testing.T) {
+	a, b := Pod(fatPod()), Pod(fatPod())
+	if len(a.Spec.Containers) == 0 || &a.Spec.Containers[0] != &b.Spec.Containers[0] {
+		t.Fatal("two replicas' trimmed containers are not one slice")
+	}
+	if !reflect.DeepEqual(a.Spec.Containers, b.Spec.Containers) || len(a.Spec.Containers) != len(b.Spec.Containers) {
+		t.Fatal("shared containers differ")
+	}
+	for name, change := range map[string]func(p *corev1.Pod){
+		"a port's number":    func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].ContainerPort++ },
+		"a port's name":      func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].Name += "x" },
+		"a port's protocol":  func(p *corev1.Pod) { p.Spec.Containers[0].Ports[0].Protocol = corev1.ProtocolUDP },
+		"a container's name": func(p *corev1.Pod) { p.Spec.Containers[0].Name += "x" },
+		"a port more": func(p *corev1.Pod) {
+			p.Spec.Containers[0].Ports = append(p.Spec.Containers[0].Ports, corev1.ContainerPort{ContainerPort: 1})
+		},
+		"names that run into": func(p *corev1.Pod) {
+			p.Spec.Containers[0].Name, p.Spec.Containers[0].Ports[0].Name = p.Spec.Containers[0].Name+"1", "1"+p.Spec.Containers[0].Ports[0].Name
+		},
+	} {
+		p := fatPod()
+		change(p)
+		c := Pod(p)
+		if &c.Spec.Containers[0] == &a.Spec.Containers[0] {
+			t.Errorf("%s changed: the containers are still shared", name)
+		}
+		if got, want := c.Spec.Containers[0].Ports, p.Spec.Containers[0].Ports; len(got) != len(want) || got[0].Name != want[0].Name || got[0].ContainerPort != want[0].ContainerPort || got[0].Protocol != want[0].Protocol {
+			t.Errorf("%s changed: trimmed ports %v, pod's %v", name, got, want)
+		}
+	}
+	key := func() int {
+		shared.Lock()
+		defer shared.Unlock()
+		return len(shared.m)
+	}
+	held := key()
+	a, b = nil, nil
+	for range 100 {
+		runtime.GC()
+		if key() < held {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Errorf("no pod holds the containers any more, and %d are remembered (were %d)", key(), held)
 }
