@@ -43,10 +43,12 @@ const AnycastAnnotation = "flock.fritzlab.net/anycast"
 var keptAnnotations = []string{pods.MirrorAnnotation, AnycastAnnotation}
 
 // Pod is p with only what flock-policy reads (p is not changed; the
-// result shares p's labels and pod IPs). Containers without ports are
+// result shares p's pod IPs, and its labels and containers with pods
+// that have the same). Containers without ports are
 // left out: only ports are read of them.
 func Pod(p *corev1.Pod) *corev1.Pod {
 	out := &corev1.Pod{ObjectMeta: meta(&p.ObjectMeta)}
+	out.Labels = sharedLabels(p.Labels)
 	for _, k := range keptAnnotations {
 		if v, ok := p.Annotations[k]; ok {
 			if out.Annotations == nil {
@@ -121,6 +123,49 @@ func containers(cs []corev1.Container) []corev1.Container {
 	}, k)
 	return out
 }
+
+// sharedLabels is a map equal to l, the one given for equal labels
+// lately: the replicas of a workload share one (with its strings), a
+// third of what a cached pod held. Maps cannot be held weakly, so what is
+// remembered is what was asked for in the last two generations of
+// labelGeneration asks; a map forgotten stays shared by the pods that
+// hold it. nil for no labels.
+func sharedLabels(l map[string]string) map[string]string {
+	if len(l) == 0 {
+		return nil
+	}
+	keys := slices.Sorted(maps.Keys(l))
+	var key []byte
+	for _, k := range keys {
+		key = appendField(appendField(key, k), l[k])
+	}
+	labels.Lock()
+	defer labels.Unlock()
+	if labels.asked++; labels.asked%labelGeneration == 0 {
+		labels.old, labels.cur = labels.cur, make(map[string]map[string]string, len(labels.cur))
+	}
+	if m, ok := labels.cur[string(key)]; ok {
+		return m
+	}
+	m, ok := labels.old[string(key)]
+	if !ok {
+		m = maps.Clone(l)
+	}
+	labels.cur[string(key)] = m
+	return m
+}
+
+// labelGeneration is how many pods a generation of remembered labels
+// lasts. It bounds what is remembered of pods gone (pods whose labels are
+// their own, as a StatefulSet's are, share nothing), and a workload's
+// labels stay remembered while one of its pods is asked for in each.
+const labelGeneration = 1 << 15
+
+var labels = struct {
+	sync.Mutex
+	asked    uint64
+	cur, old map[string]map[string]string
+}{cur: map[string]map[string]string{}}
 
 // shared are the containers pods hold, by what they hold: weakly, by the
 // first of them (a slice's array lives as long as a pointer into it).

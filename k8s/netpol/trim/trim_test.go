@@ -445,3 +445,31 @@ func TestContainersShared(t *testing.T) {
 	}
 	t.Errorf("no pod holds the containers any more, and %d are remembered (were %d)", key(), held)
 }
+
+// Pods with the same labels share one map, equal to theirs; other labels
+// another; and what is remembered is bounded: pods whose labels are their
+// own (a StatefulSet's) leave at most two generations behind.
+func TestLabelsShared(t *testing.T) {
+	a, b := Pod(fatPod()), Pod(fatPod())
+	if reflect.ValueOf(a.Labels).UnsafePointer() != reflect.ValueOf(b.Labels).UnsafePointer() || !reflect.DeepEqual(a.Labels, fatPod().Labels) {
+		t.Fatalf("two replicas' labels: not one map equal to theirs (%v, %v)", a.Labels, b.Labels)
+	}
+	p := fatPod()
+	p.Labels["tier"] = "back"
+	if c := Pod(p); reflect.ValueOf(c.Labels).UnsafePointer() == reflect.ValueOf(a.Labels).UnsafePointer() || !reflect.DeepEqual(c.Labels, p.Labels) {
+		t.Fatalf("other labels: %v shared, or not the pod's", c.Labels)
+	}
+	p.Labels = nil
+	if c := Pod(p); c.Labels != nil {
+		t.Fatalf("no labels: %v", c.Labels)
+	}
+	for i := range 3 * labelGeneration {
+		Pod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"statefulset.kubernetes.io/pod-name": fmt.Sprintf("web-%d", i)}}})
+	}
+	labels.Lock()
+	n := len(labels.cur) + len(labels.old)
+	labels.Unlock()
+	if n > 2*labelGeneration {
+		t.Errorf("%d labels remembered after %d pods of their own: want at most %d", n, 3*labelGeneration, 2*labelGeneration)
+	}
+}
