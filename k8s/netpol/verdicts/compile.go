@@ -48,6 +48,12 @@ type compiler struct {
 	// compile and of its garbage.
 	pods     []*corev1.Pod
 	held     []heldAddr
+	// nsOf is each pod's namespace as an index into nsNames and
+	// nsPolicies (that namespace's policies): a pod's namespace is hashed
+	// once a compile, not at each of its addresses and each lookup.
+	nsOf       []int32
+	nsNames    []string
+	nsPolicies [][]*networkingv1.NetworkPolicy
 	ns       map[string]labels.Set
 	policies map[string][]*networkingv1.NetworkPolicy // by namespace
 	peers    map[string]*Addrs
@@ -164,13 +170,19 @@ func CompileDeps(in Input) (*Program, *Deps) {
 		c.policies[np.Namespace] = append(c.policies[np.Namespace], np)
 	}
 	c.hold()
+	byNS := make([][]int32, len(c.nsNames))
 	for k, e := range c.held {
 		if len(e.h) == 1 {
 			c.single = append(c.single, int32(k))
-			ns := pods[e.h[0]].Namespace
-			c.singleNS[ns] = append(c.singleNS[ns], int32(k))
+			id := c.nsOf[e.h[0]]
+			byNS[id] = append(byNS[id], int32(k))
 		} else {
 			c.several = append(c.several, int32(k))
+		}
+	}
+	for id, ks := range byNS {
+		if len(ks) > 0 {
+			c.singleNS[c.nsNames[id]] = ks
 		}
 	}
 	// Selected: this node's pods some policy selects, hostNetwork ones
@@ -230,7 +242,7 @@ func CompileDeps(in Input) (*Program, *Deps) {
 			if !m.set || m.remote != remote {
 				*m = podGroups{set: true, remote: remote, eg: -1, in: -1}
 				p := pods[pi]
-				if nps := c.selecting(p); len(nps) > 0 { // for both directions
+				if nps := c.selecting(p, c.nsPolicies[c.nsOf[pi]]); len(nps) > 0 { // for both directions
 					if g, ok := c.group(networkingv1.PolicyTypeEgress, p, nps, remote); ok {
 						m.eg = int32(g)
 					}
@@ -362,7 +374,17 @@ func (c *compiler) hold() {
 	pods := c.pods
 	pairs := make([]pair, 0, 2*len(pods)+len(pods)/16) // dual-stack, and some extra IPs
 	var buf [64]byte
+	c.nsOf = make([]int32, len(pods))
+	ids := map[string]int32{}
 	for i, p := range pods {
+		id, ok := ids[p.Namespace]
+		if !ok {
+			id = int32(len(c.nsNames))
+			ids[p.Namespace] = id
+			c.nsNames = append(c.nsNames, p.Namespace)
+			c.nsPolicies = append(c.nsPolicies, c.policies[p.Namespace])
+		}
+		c.nsOf[i] = id
 		for _, ip := range p.Status.PodIPs {
 			a, err := netip.ParseAddr(ip.IP)
 			if err != nil {
@@ -432,18 +454,27 @@ func (c *compiler) named(unheld []int) {
 	type podKey struct{ ns, name string }
 	names := make([][]podKey, len(unheld))
 	wanted := map[podKey]int32{}
+	wantedNS := map[string]bool{}
 	for i, k := range unheld {
 		for _, s := range c.in.PodsForIP(c.held[k].a.String()) {
 			if ns, name, ok := strings.Cut(s, "/"); ok {
 				names[i] = append(names[i], podKey{ns, name})
 				wanted[podKey{ns, name}] = -1
+				wantedNS[ns] = true
 			}
 		}
 	}
 	if len(wanted) == 0 {
 		return
 	}
+	in := make([]bool, len(c.nsNames)) // by namespace index: one a wanted pod is in
+	for id, ns := range c.nsNames {
+		in[id] = wantedNS[ns]
+	}
 	for i, p := range c.pods {
+		if !in[c.nsOf[i]] {
+			continue
+		}
 		k := podKey{p.Namespace, p.Name}
 		if _, ok := wanted[k]; ok {
 			wanted[k] = int32(i)
@@ -468,10 +499,11 @@ func (c *compiler) selects(np *networkingv1.NetworkPolicy, p *corev1.Pod) bool {
 	return err == nil && sel.Matches(labels.Set(p.Labels))
 }
 
-// selecting lists the policies that select p, by name.
-func (c *compiler) selecting(p *corev1.Pod) []*networkingv1.NetworkPolicy {
+// selecting lists the policies of nps (its namespace's) that select p,
+// by name.
+func (c *compiler) selecting(p *corev1.Pod, nps []*networkingv1.NetworkPolicy) []*networkingv1.NetworkPolicy {
 	var out []*networkingv1.NetworkPolicy
-	for _, np := range c.policies[p.Namespace] {
+	for _, np := range nps {
 		if c.selects(np, p) {
 			out = append(out, np)
 		}
