@@ -46,19 +46,19 @@ type compiler struct {
 	// them, sorted (compareAddrs), each with its holders (indexes into pods): one sorted
 	// slice, where maps of every address were most of a large cluster's
 	// compile and of its garbage.
-	pods     []*corev1.Pod
-	held     []heldAddr
+	pods []*corev1.Pod
+	held []heldAddr
 	// nsOf is each pod's namespace as an index into nsNames and
 	// nsPolicies (that namespace's policies): a pod's namespace is hashed
 	// once a compile, not at each of its addresses and each lookup.
 	nsOf       []int32
 	nsNames    []string
 	nsPolicies [][]*networkingv1.NetworkPolicy
-	ns       map[string]labels.Set
-	policies map[string][]*networkingv1.NetworkPolicy // by namespace
-	peers    map[string]*Addrs
-	prog     *Program
-	groups   map[string]int
+	ns         map[string]labels.Set
+	policies   map[string][]*networkingv1.NetworkPolicy // by namespace
+	peers      map[string]*Addrs
+	prog       *Program
+	groups     map[string]int
 	// known caches groups by the policies they are of (same policies,
 	// same key): the key is built once per group, not once per pod.
 	known map[groupKnown]int
