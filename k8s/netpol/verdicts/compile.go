@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -48,6 +49,7 @@ type compiler struct {
 	// compile and of its garbage.
 	pods []*corev1.Pod
 	held []heldAddr
+	s    *scratch
 	// nsOf is each pod's namespace as an index into nsNames and
 	// nsPolicies (that namespace's policies): a pod's namespace is hashed
 	// once a compile, not at each of its addresses and each lookup.
@@ -87,6 +89,32 @@ type compiler struct {
 	// frozen: the compile is done and the selectors parsed are all there
 	// are (Deps reads them from several goroutines).
 	frozen bool
+}
+
+// scratch is a compile's working memory, kept for the next one (none of
+// it outlives a compile): at the full envelope it is some 35 MB a compile
+// that the collector would otherwise reclaim, scanning the heap for it.
+type scratch struct {
+	pairs []pair
+	held  []heldAddr
+	picks []int32
+	nsOf  []int32
+	memo  []podGroups
+}
+
+var scratches = sync.Pool{New: func() any { return new(scratch) }}
+
+// pair is an address a pod holds, sorted by hold.
+type pair struct {
+	k addrKey
+	a netip.Addr
+	p int32 // a status holder's index in pods; -1: none
+}
+
+// podGroups are a pod's groups (-1: none), found once a compile.
+type podGroups struct {
+	set, remote bool
+	eg, in      int32
 }
 
 // heldAddr is an address and the pods podsAt finds at it (indexes into
@@ -156,7 +184,9 @@ func Compile(in Input) *Program {
 // CompileDeps builds the program for in, and what it depends on of the
 // pods of other nodes (Deps.Affects).
 func CompileDeps(in Input) (*Program, *Deps) {
-	c := &compiler{in: in, pods: in.Pods,
+	s := scratches.Get().(*scratch)
+	defer scratches.Put(s)
+	c := &compiler{in: in, pods: in.Pods, s: s,
 		ns: map[string]labels.Set{}, policies: map[string][]*networkingv1.NetworkPolicy{},
 		peers: map[string]*Addrs{}, groups: map[string]int{}, known: map[groupKnown]int{}, sels: map[*metav1.LabelSelector]parsed{},
 		full:     map[*networkingv1.NetworkPolicy]bool{},
@@ -223,11 +253,9 @@ func CompileDeps(in Input) (*Program, *Deps) {
 	// A pod's groups are the same at each of its addresses (for the same
 	// remote): found once a pod, not once an address. An address one pod
 	// holds gets its group's list of one (cap 1: an append copies), shared.
-	type podGroups struct {
-		set, remote bool
-		eg, in      int32 // -1: none
-	}
-	memo := make([]podGroups, len(pods))
+	memo := slices.Grow(c.s.memo[:0], len(pods))[:len(pods)]
+	clear(memo)
+	c.s.memo = memo
 	var ones [][]int
 	one := func(g int) []int {
 		for len(ones) <= g {
@@ -366,15 +394,12 @@ func (c *compiler) podIPs(p *corev1.Pod) []string {
 // non-hostNetwork holder PodsForIP names. Addresses no pod is found at
 // are left out.
 func (c *compiler) hold() {
-	type pair struct {
-		k addrKey
-		a netip.Addr
-		p int32 // a status holder's index in pods; -1: none
-	}
 	pods := c.pods
-	pairs := make([]pair, 0, 2*len(pods)+len(pods)/16) // dual-stack, and some extra IPs
+	pairs := slices.Grow(c.s.pairs[:0], 2*len(pods)+len(pods)/16) // dual-stack, and some extra IPs
+	defer func() { c.s.pairs = pairs }()
 	var buf [64]byte
-	c.nsOf = make([]int32, len(pods))
+	c.nsOf = slices.Grow(c.s.nsOf[:0], len(pods))[:len(pods)]
+	c.s.nsOf = c.nsOf
 	ids := map[string]int32{}
 	for i, p := range pods {
 		id, ok := ids[p.Namespace]
@@ -419,8 +444,9 @@ func (c *compiler) hold() {
 		}
 		return compareKeys(pods[x.p], pods[y.p])
 	})
-	picks := make([]int32, 0, len(pairs)) // every one-pod holders list, one array
-	c.held = make([]heldAddr, 0, len(pairs))
+	picks := slices.Grow(c.s.picks[:0], len(pairs)) // every one-pod holders list, one array
+	c.held = slices.Grow(c.s.held[:0], len(pairs))
+	defer func() { c.s.picks, c.s.held = picks, c.held }()
 	var unheld []int
 	for j := 0; j < len(pairs); {
 		a, pick := pairs[j].a, int32(-1)
