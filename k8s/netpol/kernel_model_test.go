@@ -286,11 +286,17 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 			k.changed()
 		}
 	}
-	for want, deadline := k.seq.Load(), time.Now().Add(20*time.Second); k.done.Load() < want; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the kernel's program did not follow the deletes (loaded %d of %d)", k.done.Load(), want)
+	waitLoaded := func() {
+		t.Helper()
+		want, deadline := k.seq.Load(), time.Now().Add(20*time.Second)
+		for k.done.Load() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("the kernel's program did not follow (loaded %d of %d)", k.done.Load(), want)
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
 	}
+	waitLoaded()
 	before := k.skipped.Load()
 	for i := range 5 {
 		p := mkPod(3*i + 2)
@@ -314,16 +320,6 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	far.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "2001:db8::/64"}}}}}
 	_ = nps.Add(far)
 	k.changed()
-	waitLoaded := func() {
-		t.Helper()
-		want, deadline := k.seq.Load(), time.Now().Add(20*time.Second)
-		for k.done.Load() < want {
-			if time.Now().After(deadline) {
-				t.Fatalf("the kernel's program did not follow (loaded %d of %d)", k.done.Load(), want)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
 	waitLoaded()
 	farther := far.DeepCopy()
 	farther.Spec.Ingress[0].From = append(farther.Spec.Ingress[0].From, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: "2001:db8:1::/64"}})

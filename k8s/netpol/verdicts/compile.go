@@ -43,10 +43,10 @@ type Input struct {
 
 type compiler struct {
 	in Input
-	// pods are in.Pods; held are the addresses pods hold as podsAt finds
-	// them, sorted (compareAddrs), each with its holders (indexes into pods): one sorted
-	// slice, where maps of every address were most of a large cluster's
-	// compile and of its garbage.
+	// pods are in.Pods; held are the addresses pods hold (hold), sorted
+	// by compareAddrs, each with its holders as indexes into pods: one
+	// sorted slice, where maps of every address were most of a large
+	// cluster's compile and of its garbage. s is the working memory.
 	pods []*corev1.Pod
 	held []heldAddr
 	s    *scratch
@@ -117,7 +117,7 @@ type podGroups struct {
 	eg, in      int32
 }
 
-// heldAddr is an address and the pods podsAt finds at it (indexes into
+// heldAddr is an address and the pods hold finds at it (indexes into
 // compiler.pods, never empty).
 type heldAddr struct {
 	a netip.Addr
