@@ -46,7 +46,7 @@ func TestTrackerWaitsOutACRDNotYetEstablished(t *testing.T) {
 	start := time.Now()
 	go func() {
 		defer close(done)
-		_ = tr.Run(ctx, corelisters.NewPodLister(podIdx), corelisters.NewNamespaceLister(nsIdx), nil, func() {})
+		_ = tr.Run(ctx, corelisters.NewPodLister(podIdx), corelisters.NewNamespaceLister(nsIdx), nil, func(_, _ []string) {})
 	}()
 	defer func() { cancel(); <-done }()
 	for !tr.HasSynced() {

@@ -389,7 +389,7 @@ func TestTrackerModel(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {
-			done <- tr.Run(ctx, corelisters.NewPodLister(w.pods), corelisters.NewNamespaceLister(w.ns), nil, func() {})
+			done <- tr.Run(ctx, corelisters.NewPodLister(w.pods), corelisters.NewNamespaceLister(w.ns), nil, func(_, _ []string) {})
 		}()
 		for deadline := time.Now().Add(10 * time.Second); watches.Load() < open+2; time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) {

@@ -89,6 +89,35 @@ func (o *Owners) Equal(p *Owners) bool {
 	return maps.EqualFunc(a, b, slices.Equal)
 }
 
+// Diff tells what changed from p (nil: nothing held) to o: the IPs whose
+// holders changed and the keys (namespace/name) of the pods whose extra
+// IPs changed, each sorted.
+func (o *Owners) Diff(p *Owners) (ips, pods []string) {
+	var a, b *Owners = p, o
+	if a == nil {
+		a = &Owners{}
+	}
+	if b == nil {
+		b = &Owners{}
+	}
+	changed := func(x, y map[string][]string, out *[]string) {
+		for k, v := range x {
+			if w, ok := y[k]; !ok || !slices.Equal(v, w) {
+				*out = append(*out, k)
+			}
+		}
+		for k := range y {
+			if _, ok := x[k]; !ok {
+				*out = append(*out, k)
+			}
+		}
+		slices.Sort(*out)
+	}
+	changed(a.byIP, b.byIP, &ips)
+	changed(a.byPod, b.byPod, &pods)
+	return ips, pods
+}
+
 // Len is the number of extra IPs held.
 func (o *Owners) Len() int {
 	if o == nil {

@@ -1,7 +1,10 @@
 package policyips
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -172,5 +175,56 @@ func TestOwnersNilSafe(t *testing.T) {
 	if a.Equal(o) || !a.Equal(Compute(Inputs{Pods: []*corev1.Pod{pod("a", "b", "u", "n", corev1.PodRunning, "")},
 		Claims: []v1alpha1.AddressClaim{claim("192.0.2.1", "a", "b", "u", "n")}})) {
 		t.Fatal("Equal")
+	}
+}
+
+// Diff names exactly the IPs whose holders changed and the pods whose
+// extra IPs changed between two random answers (either one nil too).
+func TestOwnersDiff(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 0xd1ff))
+	pool := anycastPool(t)
+	ips := []string{"2001:db8:a::1", "2001:db8:a::2", "203.0.113.3", "2001:db8:b::4"}
+	random := func() *Owners {
+		if r.IntN(10) == 0 {
+			return nil
+		}
+		in := Inputs{Node: node, Pools: pool, Namespaces: map[string]labels.Set{}}
+		for i := range 6 {
+			name := fmt.Sprintf("p%d", i)
+			var any []string
+			for _, ip := range ips[:3] {
+				if r.IntN(3) == 0 {
+					any = append(any, ip)
+				}
+			}
+			in.Pods = append(in.Pods, pod("ns", name, "u"+name, "n2", corev1.PodRunning, strings.Join(any, ",")))
+			if r.IntN(4) == 0 {
+				in.Claims = append(in.Claims, claim(ips[3], "ns", name, "u"+name, "n2"))
+			}
+		}
+		return Compute(in)
+	}
+	for range 500 {
+		a, b := random(), random()
+		var wantIPs, wantPods []string
+		for _, ip := range ips {
+			if !slices.Equal(a.PodsForIP(ip), b.PodsForIP(ip)) {
+				wantIPs = append(wantIPs, ip)
+			}
+		}
+		for i := range 6 {
+			p := pod("ns", fmt.Sprintf("p%d", i), "", "", "", "")
+			if !slices.Equal(a.ExtraPodIPs(p), b.ExtraPodIPs(p)) {
+				wantPods = append(wantPods, podKey(p))
+			}
+		}
+		slices.Sort(wantIPs)
+		gotIPs, gotPods := b.Diff(a)
+		if !slices.Equal(gotIPs, wantIPs) || !slices.Equal(gotPods, wantPods) {
+			t.Fatalf("%v → %v: Diff %v %v, want %v %v", a, b, gotIPs, gotPods, wantIPs, wantPods)
+		}
+		if (len(gotIPs) == 0) != a.Equal(b) {
+			t.Fatalf("Diff %v but Equal %v", gotIPs, a.Equal(b))
+		}
 	}
 }

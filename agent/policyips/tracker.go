@@ -239,8 +239,10 @@ func (t *Tracker) matters(p *corev1.Pod) bool {
 func podKey(p *corev1.Pod) string { return p.Namespace + "/" + p.Name }
 
 // Run keeps the owners current from the informers and the agent until ctx
-// ends, calling changed after every change of the answer.
-func (t *Tracker) Run(ctx context.Context, podLister corelisters.PodLister, nsLister corelisters.NamespaceLister, synced []cache.InformerSynced, changed func()) error {
+// ends, calling changed after every change of the answer with the IPs
+// whose holders changed and the pods (namespace/name) whose extra IPs did
+// (Owners.Diff).
+func (t *Tracker) Run(ctx context.Context, podLister corelisters.PodLister, nsLister corelisters.NamespaceLister, synced []cache.InformerSynced, changed func(ips, pods []string)) error {
 	t.loadBindings()
 	go t.claims.Run(ctx.Done())
 	go t.pools.Run(ctx.Done())
@@ -275,11 +277,12 @@ func (t *Tracker) Run(ctx context.Context, podLister corelisters.PodLister, nsLi
 	for {
 		local, stale := t.localPods()
 		o := t.compute(podLister, nsLister, local, stale)
-		if !t.synced.Load() || !o.Equal(t.current.Load()) {
+		if prev := t.current.Load(); !t.synced.Load() || !o.Equal(prev) {
+			ips, pods := o.Diff(prev)
 			t.current.Store(o)
 			t.synced.Store(true)
 			t.log.Info("extra pod IPs under policy", "ips", o.Len())
-			changed()
+			changed(ips, pods)
 		}
 		select {
 		case <-ctx.Done():

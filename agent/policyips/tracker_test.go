@@ -105,7 +105,7 @@ func TestTrackerRestartWhileAgentWaits(t *testing.T) {
 				done := make(chan struct{})
 				go func() {
 					defer close(done)
-					_ = tr.Run(ctx, corelisters.NewPodLister(podIdx), corelisters.NewNamespaceLister(nsIdx), nil, func() {})
+					_ = tr.Run(ctx, corelisters.NewPodLister(podIdx), corelisters.NewNamespaceLister(nsIdx), nil, func(_, _ []string) {})
 				}()
 				return tr, func() { cancel(); <-done }
 			}
@@ -169,7 +169,7 @@ func TestTrackerBadBindingsFile(t *testing.T) {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				_ = tr.Run(ctx, corelisters.NewPodLister(podIdx), corelisters.NewNamespaceLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})), nil, func() {})
+				_ = tr.Run(ctx, corelisters.NewPodLister(podIdx), corelisters.NewNamespaceLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})), nil, func(_, _ []string) {})
 			}()
 			defer func() { cancel(); <-done }()
 			deadline := time.Now().Add(10 * time.Second)
@@ -206,7 +206,7 @@ func TestTrackerFollowsClaimedPodElsewhere(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = tr.Run(ctx, corelisters.NewPodLister(podIdx), corelisters.NewNamespaceLister(nsIdx), nil, func() {})
+		_ = tr.Run(ctx, corelisters.NewPodLister(podIdx), corelisters.NewNamespaceLister(nsIdx), nil, func(_, _ []string) {})
 	}()
 	defer func() { cancel(); <-done }()
 	waitHolders := func(what string, want ...string) {

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -184,6 +185,37 @@ func (k *kernelVerdicts) podChanged(old, cur *corev1.Pod) {
 	default:
 		k.changed()
 	}
+}
+
+// extraChanged asks for what a change of the extra IPs' holders needs: a
+// new program, and a new context only if this node judges one of the ips
+// or one of the pods whose extra IPs changed is this node's
+// (verdicts.ClassifyExtra). Anycast pods elsewhere come and go with their
+// workloads' churn: their changes wait at the pace of other nodes' pods.
+func (k *kernelVerdicts) extraChanged(ips, pods []string) {
+	local := false
+	k.mu.Lock()
+	for _, key := range pods {
+		if _, ok := k.local[key]; ok {
+			local = true
+		}
+	}
+	k.mu.Unlock()
+	for _, key := range pods {
+		ns, name, _ := strings.Cut(key, "/")
+		if p, err := k.pods.Pods(ns).Get(name); err == nil && p.Spec.NodeName == k.node {
+			local = true
+		}
+	}
+	var deps *verdicts.Deps
+	if d := k.deps.Load(); d != nil && d.gen == k.gen.Load() {
+		deps = d.d
+	}
+	if verdicts.ClassifyExtra(verdicts.Live{Node: k.node, Local: k.isLocal}, deps, ips, local) == verdicts.Recompile {
+		k.recompile()
+		return
+	}
+	k.changed()
 }
 
 // policyChanged asks for what a NetworkPolicy's update needs: nothing

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -40,9 +41,59 @@ func modelSeed(t *testing.T) uint64 {
 	return 1
 }
 
+// modelExtra is the extra-IP tracker's answer in the model: anycast IPs
+// given to and taken from pods, each change reported as the tracker does.
+type modelExtra struct {
+	mu    sync.Mutex
+	byPod map[string][]string
+}
+
+func (x *modelExtra) ExtraPodIPs(p *corev1.Pod) []string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return slices.Clone(x.byPod[p.Namespace+"/"+p.Name])
+}
+
+func (x *modelExtra) PodsForIP(ip string) []string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var out []string
+	for k, ips := range x.byPod {
+		if slices.Contains(ips, ip) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (x *modelExtra) HasSynced() bool                     { return true }
+func (x *modelExtra) Handler() cache.ResourceEventHandler { return cache.ResourceEventHandlerFuncs{} }
+func (x *modelExtra) Run(ctx context.Context, _ corelisters.PodLister, _ corelisters.NamespaceLister, _ []cache.InformerSynced, _ func(ips, pods []string)) error {
+	<-ctx.Done()
+	return nil
+}
+
+// toggle gives key ip, or takes it; it returns what the tracker reports.
+func (x *modelExtra) toggle(key, ip string) (ips, pods []string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.byPod == nil {
+		x.byPod = map[string][]string{}
+	}
+	if held := x.byPod[key]; slices.Contains(held, ip) {
+		x.byPod[key] = slices.DeleteFunc(slices.Clone(held), func(s string) bool { return s == ip })
+	} else {
+		x.byPod[key] = append(slices.Clone(held), ip)
+		slices.Sort(x.byPod[key])
+	}
+	return []string{ip}, []string{key}
+}
+
 // Pods, namespaces and policies change from several goroutines while
 // the kernel's program follows; loads fail at random and the process
-// restarts. At each quiescent point the kernel decides every packet as a
+// restarts; pods of either node are given anycast IPs and lose them. At
+// each quiescent point the kernel decides every packet as a
 // program compiled from the objects then does (kernel == f(state)); the
 // compiled program is the engine's verdict by TestDifferential.
 func TestKernelVerdictsFollowChanges(t *testing.T) {
@@ -111,6 +162,8 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	_ = nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "c", Labels: map[string]string{"team": "w"}}})
 	const npods, npolicies = 10, 4
 
+	extra := &modelExtra{}
+	anycast := []string{"2001:db8:a::1", "2001:db8:a::2"}
 	var logBuf testutil.SyncBuffer
 	var failing atomic.Bool
 	var kv atomic.Pointer[kernelVerdicts]
@@ -120,7 +173,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 			skipped.Add(k.skipped.Load())
 			policySkipped.Add(k.policySkipped.Load())
 		}
-		k := newKernelVerdicts(node, podL, nsL, npL, nil, nil, slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug})).With("kv", fmt.Sprintf("%p", &struct{}{})))
+		k := newKernelVerdicts(node, podL, nsL, npL, extra, nil, slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug})).With("kv", fmt.Sprintf("%p", &struct{}{})))
 		k.holders = podIPHolders(pods)
 		k.netns = int(lab.NS)
 		k.hook.Prelude = false // the probe sends as root, whom the prelude lets through
@@ -178,9 +231,9 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 							kv.Load().podChanged(old, cur)
 						}
 					}
-					op := rnd(6)
+					op := rnd(8)
 					if quiet.Load() {
-						op = []int{0, 1, 2, 6}[rnd(4)]
+						op = []int{0, 1, 2, 6, 7}[rnd(5)]
 					}
 					switch op {
 					case 0, 1:
@@ -215,6 +268,12 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 						np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: peers}}
 						np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: peers}}
 						policyOp(np)
+					case 7: // the tracker gives a pod an anycast IP, or takes it
+						key := fmt.Sprintf("%s/p%d", []string{"a", "b", "c"}[rnd(3)], rnd(npods))
+						if o, ok, _ := pods.GetByKey(key); quiet.Load() && (!ok || o.(*corev1.Pod).Spec.NodeName == node) {
+							break // quiet: other nodes' pods alone
+						}
+						kv.Load().extraChanged(extra.toggle(key, anycast[rnd(len(anycast))]))
 					case 5:
 						for _, obj := range nps.List() {
 							if rnd(3) == 0 {
@@ -244,7 +303,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		// Quiescent: kernel == Compile(objects now).
-		in := verdicts.Input{Node: node}
+		in := verdicts.Input{Node: node, ExtraPodIPs: extra.ExtraPodIPs, PodsForIP: extra.PodsForIP}
 		in.Pods, _ = podL.List(labels.Everything())
 		in.Namespaces, _ = nsL.List(labels.Everything())
 		in.Policies, _ = npL.List(labels.Everything())
@@ -256,6 +315,9 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 			}
 		}
 		addrs = append(addrs, netip.MustParseAddr("fd00:10::ff"), netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("203.0.113.1"))
+		for _, ip := range anycast {
+			addrs = append(addrs, netip.MustParseAddr(ip), netip.MustParseAddr(ip))
+		}
 		checked := 0
 		for range 300 {
 			k := probe.Packet{Src: addrs[rnd(len(addrs))], Dst: addrs[rnd(len(addrs))], Proto: unix.IPPROTO_TCP, SrcPort: 40000, DstPort: uint16(79 + rnd(3))}
@@ -280,6 +342,10 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	// pods that no policy reads are skipped (the filter is exercised whatever the timing
 	// above), and the kernel still decides as the objects now do.
 	k := kv.Load()
+	extra.mu.Lock()
+	extra.byPod = nil // c's pods hold no anycast IP: their changes need no program
+	extra.mu.Unlock()
+	k.changed()
 	for _, obj := range nps.List() {
 		if np := obj.(*networkingv1.NetworkPolicy); np.Namespace == "c" {
 			_ = nps.Delete(np)
@@ -337,6 +403,34 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 		t.Error("an update of a policy that lets this node's judged pods in: not compiled for")
 	}
 	waitLoaded()
+	// An anycast IP given to a pod of another node, in a namespace no
+	// policy reads, asks for a program but keeps the context (it is paced
+	// as other nodes' pods are); one given to this node's pod changes it.
+	for _, c := range []struct {
+		key     string
+		context bool
+	}{{"c/p2", false}, {"c/p2", false}, {"", true}} {
+		if c.key == "" {
+			for _, obj := range pods.List() {
+				if p := obj.(*corev1.Pod); p.Spec.NodeName == node {
+					c.key = p.Namespace + "/" + p.Name
+				}
+			}
+		}
+		p := mkPod(2)
+		p.Namespace, p.Spec.NodeName, p.Spec.Containers = "c", "node-b", nil
+		p.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::3"}}
+		_ = pods.Update(p)
+		k.changed()
+		waitLoaded()
+		gen, seq := k.gen.Load(), k.seq.Load()
+		k.extraChanged(extra.toggle(c.key, "2001:db8:a::9"))
+		if k.seq.Load() == seq || (k.gen.Load() != gen) != c.context || (!c.context && k.urgent.Load()) {
+			t.Errorf("%s given or losing an anycast IP: compiled for %v, context changed %v, urgent %v; want a new context %v",
+				c.key, k.seq.Load() != seq, k.gen.Load() != gen, k.urgent.Load(), c.context)
+		}
+		waitLoaded()
+	}
 	if seen[true] == 0 || seen[false] == 0 {
 		t.Errorf("packets: %d passed, %d dropped: want both", seen[true], seen[false])
 	}

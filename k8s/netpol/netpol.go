@@ -77,8 +77,10 @@ type ExtraIPs interface {
 	// answer depends on them.
 	Handler() cache.ResourceEventHandler
 	// Run keeps the answer current until ctx ends, calling changed after
-	// each change; synced tells the informers and the handler synced.
-	Run(ctx context.Context, pods corelisters.PodLister, namespaces corelisters.NamespaceLister, synced []cache.InformerSynced, changed func()) error
+	// each change with the IPs whose holders changed and the pods
+	// (namespace/name) whose extra IPs did; synced tells the informers
+	// and the handler synced.
+	Run(ctx context.Context, pods corelisters.PodLister, namespaces corelisters.NamespaceLister, synced []cache.InformerSynced, changed func(ips, pods []string)) error
 }
 
 // Table is the nftables table (family inet) the engine owns.
@@ -252,7 +254,7 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	start := time.Now()
 	runCtx, stopRun := context.WithCancelCause(ctx)
 	defer stopRun(nil)
-	changed := func() { ctrl.Resync(); kv.changed() }
+	changed := func(ips, pods []string) { ctrl.Resync(); kv.extraChanged(ips, pods) }
 	kvDone := make(chan struct{})
 	go func() { defer close(kvDone); _ = kv.Run(runCtx) }()
 	// Stop it before waiting for it, also when Run panics.

@@ -35,12 +35,12 @@ func (x *syncingExtra) Handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{AddFunc: func(any) { x.seen.Add(1) }}
 }
 
-func (x *syncingExtra) Run(ctx context.Context, _ corelisters.PodLister, _ corelisters.NamespaceLister, synced []cache.InformerSynced, changed func()) error {
+func (x *syncingExtra) Run(ctx context.Context, _ corelisters.PodLister, _ corelisters.NamespaceLister, synced []cache.InformerSynced, changed func(ips, pods []string)) error {
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return nil
 	}
 	x.synced.Store(true)
-	changed()
+	changed(nil, nil)
 	<-ctx.Done()
 	return nil
 }
@@ -98,7 +98,7 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 	factory.Start(ctx.Done())
 	defer func() { close(release); cancel(); factory.Shutdown() }()
 	done := make(chan error, 1)
-	go func() { done <- tr.Run(ctx, podInf.Lister(), nsInf.Lister(), extraSynced, kv.changed) }()
+	go func() { done <- tr.Run(ctx, podInf.Lister(), nsInf.Lister(), extraSynced, kv.extraChanged) }()
 	start := time.Now()
 	for !tr.HasSynced() {
 		if time.Since(start) > 15*time.Second {

@@ -125,16 +125,34 @@ type Live struct {
 
 // Classify tells what a pod's change from old to cur (nil: none, as for
 // an add or a delete) does to the program compiled with d (nil: none
-// that is current). Whether it changes the context needs no Deps; that it
-// changes nothing needs them.
+// that is current). Whether it changes the context needs no Deps, except
+// for a pod of another node with extra IPs: those change it only when
+// judged here (an anycast IP this node's pods hold too); that it changes
+// nothing needs them.
 func Classify(l Live, d *Deps, old, cur *corev1.Pod) Effect {
+	extra := false
 	for _, p := range []*corev1.Pod{old, cur} {
-		if p != nil && changesContext(l, p) {
+		if p == nil {
+			continue
+		}
+		if changesContext(l, p) {
 			return NewContext
 		}
+		if l.ExtraPodIPs == nil {
+			continue
+		}
+		for _, ip := range l.ExtraPodIPs(p) {
+			extra = true
+			if d == nil || extraInContext(l, d, ip) {
+				return NewContext
+			}
+		}
 	}
-	if d == nil || d.c.in.Admin {
-		return Recompile // with the admin policies on, every isolated address is judged
+	if d == nil || d.c.in.Admin || extra {
+		// With the admin policies on, every isolated address is judged;
+		// the groups of an address held as an extra IP are not worth
+		// reasoning about (anycast: held by several pods).
+		return Recompile
 	}
 	for _, p := range []*corev1.Pod{old, cur} {
 		if p != nil && d.affectedBy(p, l.Holders) {
@@ -144,14 +162,40 @@ func Classify(l Live, d *Deps, old, cur *corev1.Pod) Effect {
 	return Unchanged
 }
 
+// ClassifyExtra tells what a change of the extra IPs' holders does to the
+// program compiled with d (nil: none that is current): ips are the IPs
+// whose holders changed, local whether the extra IPs of a pod of this
+// node changed. A change of other nodes' pods' extra IPs that this node
+// does not judge (most anycast churn: the replicas of a workload
+// elsewhere) is a Recompile: the judged addresses and their holders, and
+// so the policies the judged groups are built from, stay what they were.
+func ClassifyExtra(l Live, d *Deps, ips []string, local bool) Effect {
+	if local || d == nil || d.c.in.Admin {
+		return NewContext
+	}
+	for _, ip := range ips {
+		if extraInContext(l, d, ip) {
+			return NewContext
+		}
+	}
+	return Recompile
+}
+
+// extraInContext: the extra IP ip is judged with d, or a status IP of this
+// node's pods, or written otherwise than the compile keys it.
+func extraInContext(l Live, d *Deps, ip string) bool {
+	a, err := netip.ParseAddr(ip)
+	if err != nil || a.String() != ip {
+		return true // not worth reasoning about
+	}
+	return d.c.prog.Selected[a] || l.Local(ip)
+}
+
 // changesContext: p is this node's, or holds an address one of this
 // node's pods or an extra IP does (the judged addresses, and who holds
 // them, are the context).
 func changesContext(l Live, p *corev1.Pod) bool {
 	if p.Spec.NodeName == l.Node {
-		return true
-	}
-	if l.ExtraPodIPs != nil && len(l.ExtraPodIPs(p)) > 0 {
 		return true
 	}
 	for _, ip := range p.Status.PodIPs {

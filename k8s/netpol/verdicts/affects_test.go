@@ -3,6 +3,7 @@ package verdicts
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"reflect"
 	"testing"
 
@@ -143,5 +144,15 @@ func sameContext(d, e *Deps) bool {
 		}
 		return out
 	}
-	return reflect.DeepEqual(d.c.prog.Selected, e.c.prog.Selected) && reflect.DeepEqual(full(d), full(e))
+	judged := func(d *Deps) map[netip.Addr][]string {
+		out := map[netip.Addr][]string{}
+		for _, j := range d.judged {
+			out[j.a] = []string{}
+			for _, h := range j.h {
+				out[j.a] = append(out[j.a], key(h))
+			}
+		}
+		return out
+	}
+	return reflect.DeepEqual(d.c.prog.Selected, e.c.prog.Selected) && reflect.DeepEqual(full(d), full(e)) && reflect.DeepEqual(judged(d), judged(e))
 }

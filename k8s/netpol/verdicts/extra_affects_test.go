@@ -1,0 +1,86 @@
+package verdicts
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// ClassifyExtra is sound: a change of the extra IPs' holders it calls
+// Recompile leaves the context (what the next changes are classified
+// with) as it was. Random clusters, random extra IPs given or taken: an
+// anycast IP several pods hold, one of a pod's own, one that is another
+// pod's status IP, on pods of either node, hostNetwork ones too.
+func TestClassifyExtraIsSound(t *testing.T) {
+	sd := seed(t)
+	r := rand.New(rand.NewPCG(sd, 0xe7a))
+	worlds, changes, recompiled := scaled(t, 300), 0, 0
+	for range worlds {
+		w := newWorld(r)
+		for range 20 {
+			_, deps := CompileDeps(w.in)
+			after, ip, p := randExtraChange(r, w)
+			local := func(ip string) bool {
+				for _, q := range w.in.Pods {
+					for _, pip := range q.Status.PodIPs {
+						if q.Spec.NodeName == localNode && pip.IP == ip {
+							return true
+						}
+					}
+				}
+				return false
+			}
+			live := Live{Node: localNode, ExtraPodIPs: after.in.ExtraPodIPs, PodsForIP: after.in.PodsForIP, Local: local}
+			changes++
+			if ClassifyExtra(live, deps, []string{ip}, p.Spec.NodeName == localNode) == Recompile {
+				recompiled++
+				if _, d := CompileDeps(after.in); !sameContext(d, deps) {
+					t.Fatalf("FLOCK_SEED=%d: %s given or taken %s called Recompile, but the context changed\nbefore:\n%s", sd, podString(p), ip, describe(w))
+				}
+			}
+			w = after
+		}
+	}
+	t.Logf("%d changes: %d recompiled in the same context", changes, recompiled)
+	if recompiled == 0 || recompiled == changes {
+		t.Errorf("%d of %d changes recompiled: want some of each kind", recompiled, changes)
+	}
+}
+
+// randExtraChange gives one of w's pods an extra IP, or takes one it
+// holds, returning the world after, the IP and the pod.
+func randExtraChange(r *rand.Rand, w *world) (*world, string, *corev1.Pod) {
+	after := &world{in: w.in, extra: maps.Clone(w.extra), holders: maps.Clone(w.holders), addrs: w.addrs}
+	after.in.ExtraPodIPs = func(p *corev1.Pod) []string { return after.extra[key(p)] }
+	after.in.PodsForIP = func(ip string) []string { return after.holders[ip] }
+	p := pick(r, w.in.Pods)
+	k := key(p)
+	var ip string
+	if held := after.extra[k]; len(held) > 0 && r.IntN(2) == 0 {
+		ip = pick(r, held)
+		after.extra[k] = slices.DeleteFunc(slices.Clone(held), func(s string) bool { return s == ip })
+		after.holders[ip] = slices.DeleteFunc(slices.Clone(after.holders[ip]), func(s string) bool { return s == k })
+		return after, ip, p
+	}
+	switch r.IntN(3) {
+	case 0: // an anycast IP, maybe held already
+		ip = fmt.Sprintf("2001:db8:a::%x", 1+r.IntN(3))
+	case 1: // its own
+		ip = fmt.Sprintf("2001:db8:c::%x", 0x100+r.IntN(0x100))
+	default: // another pod's status IP
+		q := pick(r, w.in.Pods)
+		if len(q.Status.PodIPs) == 0 {
+			return after, fmt.Sprintf("2001:db8:c::%x", 0x200+r.IntN(0x100)), p
+		}
+		ip = pick(r, q.Status.PodIPs).IP
+	}
+	if !slices.Contains(after.extra[k], ip) {
+		after.extra[k] = append(slices.Clone(after.extra[k]), ip)
+		after.holders[ip] = append(slices.Clone(after.holders[ip]), k)
+	}
+	return after, ip, p
+}
