@@ -74,7 +74,7 @@ type Config struct {
 	NodeName                   string
 	NetfilterBug1766Fix        bool
 	NFTableName                string // if other projects use this controllers they need to be able to use their own table name
-	NRIdisabled                bool   // use NRI to get the Pod IPs information locally instead of waiting to be published by the apiserver
+	NRIdisabled                bool   // ignored: this copy has no NRI, the Pod IPs come from the apiserver
 	// QueueCompat hands packets to the queue with the xtables NFQUEUE
 	// target (nft_compat) instead of nftables' queue expression, for
 	// kernels built without nft_queue (CONFIG_NFT_QUEUE unset).
@@ -174,15 +174,6 @@ func newController(client clientset.Interface,
 		),
 	}
 
-	if !config.NRIdisabled {
-		nriPlugin, err := NewNriPlugin()
-		if err != nil {
-			klog.Infof("failed to create NRI plugin, using apiserver information only: %v", err)
-		} else {
-			c.nriPlugin = nriPlugin
-		}
-	}
-
 	err := podInformer.Informer().AddIndexers(cache.Indexers{
 		podIPIndex: func(obj interface{}) ([]string, error) {
 			pod, ok := obj.(*v1.Pod)
@@ -212,18 +203,9 @@ func newController(client clientset.Interface,
 		if err != nil {
 			return nil
 		}
-		// check if we have the local information from nri
+		// Without NRI (this copy has none) an IP no pod holds is no pod's.
 		if len(objs) == 0 {
-			// Without NRI (nriPlugin nil) an IP no pod holds is no pod's.
-			if c.nriPlugin == nil {
-				return nil
-			}
-			podKey := c.nriPlugin.GetPodFromIP(podIP)
-			obj, ok, err := podIndexer.GetByKey(podKey)
-			if err != nil || !ok {
-				return nil
-			}
-			return obj.(*v1.Pod)
+			return nil
 		}
 		// if there are multiple pods use the one that is running
 		for _, obj := range objs {
@@ -421,7 +403,6 @@ type Controller struct {
 
 	// Passively obtain the Domain A and AAAA records from the network
 	domainCache *DomainCache
-	nriPlugin   *nriPlugin
 }
 
 // Run will not return until stopCh is closed. workers determines how many
@@ -442,14 +423,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	if c.config.AdminNetworkPolicy || c.config.BaselineAdminNetworkPolicy {
 		caches = append(caches, c.nodesSynced)
-	}
-	if !c.config.NRIdisabled {
-		go func() {
-			err := c.nriPlugin.stub.Run(ctx)
-			if err != nil {
-				klog.Infof("nri plugin exited: %v", err)
-			}
-		}()
 	}
 	if c.config.AdminNetworkPolicy {
 		caches = append(caches, c.adminNetworkPolicySynced)
