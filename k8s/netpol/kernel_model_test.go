@@ -409,18 +409,21 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	for _, c := range []struct {
 		key     string
 		context bool
-	}{{"c/p2", false}, {"c/p2", false}, {"", true}} {
-		if c.key == "" {
-			for _, obj := range pods.List() {
-				if p := obj.(*corev1.Pod); p.Spec.NodeName == node {
-					c.key = p.Namespace + "/" + p.Name
-				}
-			}
-		}
+	}{{"c/p2", false}, {"c/p2", false}, {"a/p0", true}} {
 		p := mkPod(2)
 		p.Namespace, p.Spec.NodeName, p.Spec.Containers = "c", "node-b", nil
 		p.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::3"}}
 		_ = pods.Update(p)
+		if c.context { // a/p0 is this node's
+			local := mkPod(0)
+			local.Namespace, local.Spec.NodeName = "a", node
+			var old *corev1.Pod
+			if o, ok, _ := pods.GetByKey("a/p0"); ok {
+				old = o.(*corev1.Pod)
+			}
+			_ = pods.Update(local)
+			k.podChanged(old, local)
+		}
 		k.changed()
 		waitLoaded()
 		gen, seq := k.gen.Load(), k.seq.Load()

@@ -9,12 +9,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
 // modelInput is the model cluster at fraction f as flock-policy on model
-// node 0 sees it: every pod, namespace and policy, the anycast and
+// node 0 sees it: every pod (trimmed, as cached), namespace and policy, the anycast and
 // `addresses` IPs as the pods' extra IPs.
 func modelInput(f float64) verdicts.Input {
 	e := full.scaled(f)
@@ -30,6 +31,7 @@ func modelInput(f float64) verdicts.Input {
 			v6, v4 := podIPs(k)
 			p := podObj(w, k)
 			podStatus(p, nodeIP(podNode(k)), v6, v4)
+			p = trim.Pod(p) // as flock-policy caches it
 			in.Pods = append(in.Pods, p)
 			for _, key := range []string{flockAnycastKey, flockAddressesKey} {
 				if ip, ok := p.Annotations[key]; ok {
@@ -43,7 +45,7 @@ func modelInput(f float64) verdicts.Input {
 		for j := range full.HostPods {
 			p := hostPodObj(i, j)
 			podStatus(p, nodeIP(i))
-			in.Pods = append(in.Pods, p)
+			in.Pods = append(in.Pods, trim.Pod(p))
 		}
 	}
 	for p := range e.Policies {

@@ -25,6 +25,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"unique"
 	"sync"
 	"unsafe"
 	"weak"
@@ -48,6 +49,10 @@ var keptAnnotations = []string{pods.MirrorAnnotation, AnycastAnnotation}
 // left out: only ports are read of them.
 func Pod(p *corev1.Pod) *corev1.Pod {
 	out := &corev1.Pod{ObjectMeta: meta(&p.ObjectMeta)}
+	// A cluster's pods are in few namespaces and on few nodes: one copy
+	// of each name, which also lets the compiler tell a namespace by
+	// where its name is.
+	out.Namespace = unique.Make(p.Namespace).Value()
 	out.Labels = sharedLabels(p.Labels)
 	for _, k := range keptAnnotations {
 		if v, ok := p.Annotations[k]; ok {
@@ -57,7 +62,7 @@ func Pod(p *corev1.Pod) *corev1.Pod {
 			out.Annotations[k] = v
 		}
 	}
-	out.Spec.NodeName = p.Spec.NodeName
+	out.Spec.NodeName = unique.Make(p.Spec.NodeName).Value()
 	out.Spec.HostNetwork = p.Spec.HostNetwork
 	out.Spec.Containers = containers(p.Spec.Containers)
 	out.Status.Phase = p.Status.Phase

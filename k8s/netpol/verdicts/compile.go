@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
@@ -109,6 +110,22 @@ type pair struct {
 	k addrKey
 	a netip.Addr
 	p int32 // a status holder's index in pods; -1: none
+}
+
+// strAt is where a string is: two strings at the same place, of the same
+// length, are the same (strings are immutable).
+type strAt struct {
+	p *byte
+	n int
+}
+
+// selectingKey is a namespace (nsOf's id) and a labels map by where it
+// is: within a compile every pod is held, so two maps at one place are
+// one map, and a cached pod's never changes (trim.Pod shares one between
+// the replicas of a workload).
+type selectingKey struct {
+	ns     int32
+	labels unsafe.Pointer
 }
 
 // podGroups are a pod's groups (-1: none), found once a compile.
@@ -263,6 +280,7 @@ func CompileDeps(in Input) (*Program, *Deps) {
 		}
 		return ones[g]
 	}
+	selected := map[selectingKey][]*networkingv1.NetworkPolicy{}
 	for _, e := range c.held {
 		remote := !in.Admin && !c.prog.Selected[e.a]
 		for _, pi := range e.h {
@@ -270,7 +288,16 @@ func CompileDeps(in Input) (*Program, *Deps) {
 			if !m.set || m.remote != remote {
 				*m = podGroups{set: true, remote: remote, eg: -1, in: -1}
 				p := pods[pi]
-				if nps := c.selecting(p, c.nsPolicies[c.nsOf[pi]]); len(nps) > 0 { // for both directions
+				var nps []*networkingv1.NetworkPolicy
+				if ns := c.nsOf[pi]; len(c.nsPolicies[ns]) > 0 {
+					sk := selectingKey{ns, *(*unsafe.Pointer)(unsafe.Pointer(&p.Labels))}
+					var ok bool
+					if nps, ok = selected[sk]; !ok {
+						nps = c.selecting(p, c.nsPolicies[ns])
+						selected[sk] = nps
+					}
+				}
+				if len(nps) > 0 { // for both directions
 					if g, ok := c.group(networkingv1.PolicyTypeEgress, p, nps, remote); ok {
 						m.eg = int32(g)
 					}
@@ -400,14 +427,22 @@ func (c *compiler) hold() {
 	var buf [64]byte
 	c.nsOf = slices.Grow(c.s.nsOf[:0], len(pods))[:len(pods)]
 	c.s.nsOf = c.nsOf
+	// A namespace's id by where its name is (trim.Pod makes one copy of
+	// each: hashing a string for each of 150,000 pods was a tenth of a
+	// compile), by its name when that copy is new here.
 	ids := map[string]int32{}
+	at := map[strAt]int32{}
 	for i, p := range pods {
-		id, ok := ids[p.Namespace]
+		sa := strAt{unsafe.StringData(p.Namespace), len(p.Namespace)}
+		id, ok := at[sa]
 		if !ok {
-			id = int32(len(c.nsNames))
-			ids[p.Namespace] = id
-			c.nsNames = append(c.nsNames, p.Namespace)
-			c.nsPolicies = append(c.nsPolicies, c.policies[p.Namespace])
+			if id, ok = ids[p.Namespace]; !ok {
+				id = int32(len(c.nsNames))
+				ids[p.Namespace] = id
+				c.nsNames = append(c.nsNames, p.Namespace)
+				c.nsPolicies = append(c.nsPolicies, c.policies[p.Namespace])
+			}
+			at[sa] = id
 		}
 		c.nsOf[i] = id
 		for _, ip := range p.Status.PodIPs {

@@ -105,8 +105,24 @@ func newWorld(r *rand.Rand) *world {
 		anycast = append(anycast, fmt.Sprintf("2001:db8:a::%x", i+1))
 	}
 	npods := 8 + r.IntN(14)
+	// Names as the cache holds them: most in one copy a name (trim.Pod),
+	// some in copies of their own, and one that starts where another
+	// name is ("ghost" inside "ghostly": the compiler tells namespaces by
+	// where their names are, and how long).
+	ghostly := strings.Clone("ghostly")
 	for i := range npods {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pick(r, nsNames), Name: fmt.Sprintf("pod%d", i), UID: types.UID(fmt.Sprintf("uid-%d", i)), Labels: randLabels(r)}}
+		switch r.IntN(10) {
+		case 0:
+			p.Namespace = strings.Clone(p.Namespace)
+		case 1:
+			p.Namespace = ghostly[:len(pick(r, []string{"ghost", "ghostly"}))]
+		}
+		if i > 0 && r.IntN(3) == 0 {
+			// The replicas of a workload share one labels map (trim.Pod),
+			// in their namespace or, as here too, in another.
+			p.Labels = w.in.Pods[r.IntN(len(w.in.Pods))].Labels
+		}
 		p.Spec.NodeName = pick(r, []string{"node-a", "node-b"})
 		p.Status.Phase = corev1.PodRunning
 		var ctr corev1.Container
