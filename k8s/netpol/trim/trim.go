@@ -25,8 +25,8 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"unique"
 	"sync"
+	"unique"
 	"unsafe"
 	"weak"
 
