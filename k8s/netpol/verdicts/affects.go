@@ -237,7 +237,14 @@ func (d *Deps) affectedBy(p *corev1.Pod, holders func(ip string) []*corev1.Pod) 
 			return true
 		}
 	}
-	// A peer of a rule of the judged addresses' policies.
+	return d.peer(p)
+}
+
+// peer: p is a peer of a rule of the judged addresses' policies (its
+// addresses are in their groups' peer sets, or its ports in their named
+// ones).
+func (d *Deps) peer(p *corev1.Pod) bool {
+	c := d.c
 	ports := false
 	for i := range p.Spec.Containers {
 		ports = ports || len(p.Spec.Containers[i].Ports) > 0

@@ -653,17 +653,7 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, selecting []*
 			return i, true
 		}
 	}
-	var names []string
-	for _, np := range nps {
-		names = append(names, np.Name+"@"+string(np.UID)+"@"+np.ResourceVersion)
-	}
-	k := string(t) + " " + p.Namespace + " " + strings.Join(names, ",")
-	if named {
-		k += " ports " + ports
-	}
-	if remote {
-		k += " for the judged"
-	}
+	k := groupKey(t, p.Namespace, nps, named, ports, remote)
 	if i, ok := c.groups[k]; ok {
 		if cached {
 			c.known[gk] = i
@@ -726,6 +716,24 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, selecting []*
 		c.known[gk] = i
 	}
 	return i, true
+}
+
+// groupKey is the key of the group of policies nps (isolating, in t) for
+// a pod in namespace ns whose ingress named ports resolve to ports (named:
+// some do); remote: for an address that is not judged.
+func groupKey(t networkingv1.PolicyType, ns string, nps []*networkingv1.NetworkPolicy, named bool, ports string, remote bool) string {
+	var names []string
+	for _, np := range nps {
+		names = append(names, np.Name+"@"+string(np.UID)+"@"+np.ResourceVersion)
+	}
+	k := string(t) + " " + ns + " " + strings.Join(names, ",")
+	if named {
+		k += " ports " + ports
+	}
+	if remote {
+		k += " for the judged"
+	}
+	return k
 }
 
 // groupKnown is what a group's key is made of, by the policies'
