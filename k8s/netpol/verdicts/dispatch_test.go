@@ -6,9 +6,13 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
 // A program patched for the pod changes Dispatchable and Dispatch accept
@@ -21,18 +25,56 @@ import (
 func TestDispatchPatchIsSound(t *testing.T) {
 	sd := seed(t)
 	r := rand.New(rand.NewPCG(sd, 0xd15a))
-	worlds, changes, patched, refused := scaled(t, 600), 0, 0, 0
-	for wi := range worlds {
+	changes, patched, refused := dispatchWorlds(r, scaled(t, 600), dispatchHooks{settled: func(w *world, prog *Program, last string) {
+		addrs := slices.Clone(w.addrs)
+		for _, p := range w.in.Pods {
+			addrs = append(addrs, podIPsOf(p)...)
+		}
+		if k, same := differ(prog, Compile(w.in), addrs); !same {
+			t.Fatalf("FLOCK_SEED=%d: after\n%s%s → %s proto %d port %d: the patched program says %v, a compile %v\n%s",
+				sd, last, k.Src, k.Dst, k.Proto, k.DstPort, prog.Allows(k), !prog.Allows(k), describe(w))
+		}
+	}})
+	t.Logf("%d changes: %d patches, %d refused by Dispatch", changes, patched, refused)
+	if patched == 0 || refused == 0 {
+		t.Errorf("%d patches, %d refused (of %d changes): want some of each", patched, refused, changes)
+	}
+}
+
+// dispatchHooks are told what dispatchWorlds does: each program
+// compiled, each patch (the program before and after, the entries), and
+// each quiescent point after a patch (every change so far classified and
+// followed; last are the changes since the previous one).
+type dispatchHooks struct {
+	compiled func(w *world, prog *Program)
+	patched  func(was, prog *Program, es map[netip.Addr]Entry)
+	settled  func(w *world, prog *Program, last string)
+}
+
+// dispatchWorlds runs random pod changes through worlds random clusters
+// as flock-policy does: each is skipped (Classify: Unchanged), patched
+// onto the program as it stands, or compiled for (anything else, or a
+// patch Dispatch refuses).
+func dispatchWorlds(r *rand.Rand, worlds int, h dispatchHooks) (changes, patches, refused int) {
+	for range worlds {
 		w := newWorld(r)
 		if r.IntN(2) == 0 {
 			narrowPeers(w)
 		}
-		prog, deps := CompileDeps(w.in)
+		var prog *Program
+		var deps *Deps
+		compile := func(in Input) {
+			prog, deps = CompileDeps(in)
+			if h.compiled != nil {
+				h.compiled(w, prog)
+			}
+		}
+		compile(w.in)
 		// Addresses whose entries may be stale, patched after some
 		// changes against the cluster as it is then, as flock-policy
 		// patches after the events that asked for it.
 		dirty := map[netip.Addr]bool{}
-		var last string // the changes since the last check
+		var last string // the changes since the last patch
 		// change classifies a pod's change, the cluster being pods after it.
 		change := func(old, cur *corev1.Pod, pods []*corev1.Pod) {
 			changes++
@@ -53,7 +95,7 @@ func TestDispatchPatchIsSound(t *testing.T) {
 				}
 				fallthrough
 			default:
-				prog, deps = CompileDeps(after)
+				compile(after)
 				clear(dirty)
 			}
 			w.in = after
@@ -74,11 +116,21 @@ func TestDispatchPatchIsSound(t *testing.T) {
 				refused++
 				after := w.in
 				after.Pods = pods
-				prog, deps = CompileDeps(after)
+				compile(after)
 				return
 			}
-			patched++
+			patches++
+			was := prog
 			prog = prog.Patched(es)
+			if h.patched != nil {
+				h.patched(was, prog, es)
+			}
+		}
+		settled := func() {
+			if h.settled != nil {
+				h.settled(w, prog, last)
+			}
+			last = ""
 		}
 		// Most changes are elsewhere, as in a large cluster.
 		next := func() (old, cur *corev1.Pod, pods []*corev1.Pod) {
@@ -102,24 +154,14 @@ func TestDispatchPatchIsSound(t *testing.T) {
 				if len(dirty) > 0 {
 					patch(pods)
 				}
-			} else {
-				patch(w.in.Pods)
+				settled()
+				continue
 			}
-			addrs := slices.Clone(w.addrs)
-			for _, p := range w.in.Pods {
-				addrs = append(addrs, podIPsOf(p)...)
-			}
-			if k, same := differ(prog, Compile(w.in), addrs); !same {
-				t.Fatalf("FLOCK_SEED=%d world %d: after\n%s%s → %s proto %d port %d: the patched program says %v, a compile %v\n%s",
-					sd, wi, last, k.Src, k.Dst, k.Proto, k.DstPort, prog.Allows(k), !prog.Allows(k), describe(w))
-			}
-			last = ""
+			patch(w.in.Pods)
+			settled()
 		}
 	}
-	t.Logf("%d changes: %d patches, %d refused by Dispatch", changes, patched, refused)
-	if patched == 0 || refused == 0 {
-		t.Errorf("%d patches, %d refused (of %d changes): want some of each", patched, refused, changes)
-	}
+	return changes, patches, refused
 }
 
 // narrowPeers makes the pod and namespace selectors of w's rules' peers
@@ -188,4 +230,77 @@ func podIPsOf(p *corev1.Pod) []netip.Addr {
 		}
 	}
 	return out
+}
+
+// The kernel runs a patched program as Program.Allows says: programs
+// compiled and patched as in TestDispatchPatchIsSound are loaded and
+// patched into a network namespace's table, and at each quiescent point
+// packets between the judged addresses and the patched ones (and any)
+// get the patched program's verdict.
+func TestKernelPatch(t *testing.T) {
+	l := probe.New(t)
+	conn, err := NewConn(int(l.NS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const table = "flock-verdicts-patch"
+	hook := Hook{Num: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter}
+	sd := seed(t)
+	r := rand.New(rand.NewPCG(sd, 0x9a7c4))
+	var gen uint64
+	touched := map[netip.Addr]bool{}
+	verdicts := map[bool]int{}
+	_, patches, _ := dispatchWorlds(r, scaled(t, 60), dispatchHooks{
+		compiled: func(w *world, prog *Program) {
+			if gen, err = LoadGen(conn, table, hook, prog); err != nil {
+				t.Fatalf("load: %v", err)
+			}
+			clear(touched)
+		},
+		patched: func(was, prog *Program, es map[netip.Addr]Entry) {
+			if err := Patch(conn, table, gen, was, es); err != nil {
+				t.Fatalf("FLOCK_SEED=%d: patch: %v", sd, err)
+			}
+			for a := range es {
+				touched[a] = true
+			}
+		},
+		settled: func(w *world, prog *Program, last string) {
+			judged := sortedAddrs(prog.Selected)
+			var ks []Packet
+			for a := range touched {
+				for range 3 {
+					k := randPacket(r, w)
+					if len(judged) > 0 {
+						k.Src, k.Dst = pick(r, judged), a
+						if r.IntN(2) == 0 {
+							k.Src, k.Dst = a, k.Src
+						}
+					}
+					ks = append(ks, k)
+				}
+			}
+			for range 5 {
+				ks = append(ks, randPacket(r, w))
+			}
+			for _, k := range ks {
+				if k.Src.Is4() != k.Dst.Is4() || k.Src == k.Dst {
+					continue
+				}
+				if k.Src.Is4() && k.Proto == unix.IPPROTO_ICMPV6 {
+					k.Proto = unix.IPPROTO_ICMP
+				}
+				want := prog.Allows(k)
+				verdicts[want]++
+				if got := l.Allows(t, probe.Packet(k)); got != want {
+					t.Fatalf("FLOCK_SEED=%d: after\n%s%s → %s proto %d port %d: kernel %v, the patched program %v", sd, last, k.Src, k.Dst, k.Proto, k.DstPort, got, want)
+				}
+			}
+			clear(touched)
+		},
+	})
+	t.Logf("%d patches; packets: %d passed, %d dropped", patches, verdicts[true], verdicts[false])
+	if patches == 0 || verdicts[false] == 0 || verdicts[true] == 0 {
+		t.Errorf("%d patches, %d packets passed, %d dropped: want some of each", patches, verdicts[true], verdicts[false])
+	}
 }

@@ -103,12 +103,19 @@ const (
 // the generation flips), so the rules only change once their sets are
 // in.
 func Load(conn *nftables.Conn, table string, hook Hook, p *Program) error {
+	_, err := LoadGen(conn, table, hook, p)
+	return err
+}
+
+// LoadGen is Load, and says the generation the program is under (Patch
+// changes it there).
+func LoadGen(conn *nftables.Conn, table string, hook Hook, p *Program) (uint64, error) {
 	if p.Queued != nil && hook.Queue == nil {
-		return fmt.Errorf("load table %s: the program queues packets to the engine, and the hook has no queue verdict", table)
+		return 0, fmt.Errorf("load table %s: the program queues packets to the engine, and the hook has no queue verdict", table)
 	}
 	cur, err := Current(conn, table)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	r := &renderer{conn: conn, p: p, peerSets: map[*Addrs]string{}, chains: map[string]*nftables.Chain{}, defined: map[string]*nftables.Set{},
 		all: map[string]string{}, suffix: "-v" + strconv.FormatUint(cur.Gen+1, 10)}
@@ -121,19 +128,68 @@ func Load(conn *nftables.Conn, table string, hook Hook, p *Program) error {
 	}
 	for i, g := range p.Groups {
 		if err := r.group(i, g); err != nil {
-			return err
+			return 0, err
 		}
 	}
 	if err := r.dispatchSets(); err != nil {
-		return err
+		return 0, err
 	}
 	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("nftables transaction (the program): %w", err)
+		return 0, fmt.Errorf("nftables transaction (the program): %w", err)
 	}
 	r.dispatch(hook, cur)
 	r.deleteOld(cur)
 	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("nftables transaction (the switch to it): %w", err)
+		return 0, fmt.Errorf("nftables transaction (the switch to it): %w", err)
+	}
+	return cur.Gen + 1, nil
+}
+
+// Patch makes the dispatch maps of was, the program table holds under
+// generation gen (LoadGen), hold the entries of es in place of its own,
+// in one transaction: an entry of one group jumps to it (Dispatch's are
+// all of one); a removed one is deleted. An error leaves the table as it
+// was (the caller loads the program anew).
+func Patch(conn *nftables.Conn, table string, gen uint64, was *Program, es map[netip.Addr]Entry) error {
+	t := &nftables.Table{Name: table, Family: nftables.TableFamilyINet}
+	suffix := "-v" + strconv.FormatUint(gen, 10)
+	n := 0
+	for a, e := range es {
+		fam, typ := "6", nftables.TypeIP6Addr
+		if a.Is4() {
+			fam, typ = "4", nftables.TypeIPAddr
+		}
+		for _, dir := range []struct {
+			name     string
+			was, now []int
+		}{{"egress", was.Egress[a], e.Egress}, {"ingress", was.Ingress[a], e.Ingress}} {
+			if slices.Equal(dir.was, dir.now) {
+				continue
+			}
+			if len(dir.now) > 1 {
+				return fmt.Errorf("patch table %s: %s entry of %s: %d groups, want one", table, dir.name, a, len(dir.now))
+			}
+			m := &nftables.Set{Table: t, Name: dir.name + fam + suffix, KeyType: typ, IsMap: true, DataType: nftables.TypeVerdict}
+			key := []nftables.SetElement{{Key: a.AsSlice()}}
+			if len(dir.was) > 0 {
+				if err := conn.SetDeleteElements(m, key); err != nil {
+					return fmt.Errorf("patch table %s: %w", table, err)
+				}
+			}
+			if len(dir.now) == 1 {
+				key[0].VerdictData = &expr.Verdict{Kind: expr.VerdictJump, Chain: "g" + strconv.Itoa(dir.now[0]) + suffix}
+				if err := conn.SetAddElements(m, key); err != nil {
+					return fmt.Errorf("patch table %s: %w", table, err)
+				}
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("nftables transaction (patch of %d entries): %w", n, err)
 	}
 	return nil
 }
