@@ -2,6 +2,7 @@ package netpol
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -87,6 +88,18 @@ type kernelVerdicts struct {
 	// remoteLag is how long a change of other nodes' pods alone may wait
 	// for its load (RemoteLag; tests set it).
 	remoteLag time.Duration
+	// dirty are the addresses (under mu) of pods of other nodes whose
+	// change alters only their entries in the dispatch maps
+	// (verdicts.Dispatchable): they are patched into the program in the
+	// kernel, not compiled for. pseq counts those changes, pdone the
+	// count the kernel follows; pkick wakes Run for them; patches counts
+	// the patches made.
+	dirty        map[netip.Addr]bool
+	pseq, pdone  atomic.Uint64
+	pkick        chan struct{}
+	patches      atomic.Uint64
+	loadedGen    uint64         // the generation of the program in the kernel (Run's)
+	loadedGroups map[string]int // its groups by key (Run's)
 }
 
 // RemoteLag bounds how long a change of other nodes' pods alone waits for
@@ -119,7 +132,7 @@ func newKernelVerdicts(node string, pods corelisters.PodLister, namespaces corel
 	policies networkinglisters.NetworkPolicyLister, extra ExtraIPs, synced []kubeclient.Synced, log *slog.Logger) *kernelVerdicts {
 	return &kernelVerdicts{node: node, pods: pods, namespaces: namespaces, policies: policies, extra: extra,
 		synced: synced, log: log, kick: make(chan struct{}, 1), loaded: make(chan struct{}), netns: -1, local: map[string][]string{},
-		hurry: make(chan struct{}, 1), remoteLag: RemoteLag,
+		hurry: make(chan struct{}, 1), remoteLag: RemoteLag, dirty: map[netip.Addr]bool{}, pkick: make(chan struct{}, 1),
 		hook: verdicts.Hook{Num: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityNATSource - 5), Prelude: true}}
 }
 
@@ -169,10 +182,7 @@ func (k *kernelVerdicts) podChanged(old, cur *corev1.Pod) {
 		}
 	}
 	k.mu.Unlock()
-	live := verdicts.Live{Node: k.node, Holders: k.holders, Local: k.isLocal}
-	if k.extra != nil {
-		live.ExtraPodIPs, live.PodsForIP = k.extra.ExtraPodIPs, k.extra.PodsForIP
-	}
+	live := k.live()
 	var deps *verdicts.Deps
 	if d := k.deps.Load(); d != nil && d.gen == k.gen.Load() {
 		deps = d.d
@@ -181,10 +191,97 @@ func (k *kernelVerdicts) podChanged(old, cur *corev1.Pod) {
 	case verdicts.Unchanged:
 		k.skipped.Add(1)
 	case verdicts.Recompile:
+		if deps.Dispatchable(live, old, cur) {
+			k.markDirty(old, cur)
+			return
+		}
 		k.recompile()
 	default:
 		k.changed()
 	}
+}
+
+// markDirty asks for a patch of the entries of old's and cur's addresses
+// (nil: none).
+func (k *kernelVerdicts) markDirty(old, cur *corev1.Pod) {
+	k.mu.Lock()
+	for _, p := range []*corev1.Pod{old, cur} {
+		if p == nil {
+			continue
+		}
+		for _, ip := range p.Status.PodIPs {
+			if a, err := netip.ParseAddr(ip.IP); err == nil {
+				k.dirty[a] = true
+			}
+		}
+	}
+	k.pseq.Add(1)
+	k.mu.Unlock()
+	select {
+	case k.pkick <- struct{}{}:
+	default:
+	}
+}
+
+// takeDirty takes the addresses to patch, and the count of changes they
+// are for.
+func (k *kernelVerdicts) takeDirty() (map[netip.Addr]bool, uint64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	dirty := k.dirty
+	k.dirty = map[netip.Addr]bool{}
+	return dirty, k.pseq.Load()
+}
+
+// live is what Classify and Dispatch read of the cluster now.
+func (k *kernelVerdicts) live() verdicts.Live {
+	live := verdicts.Live{Node: k.node, Holders: k.holders, Local: k.isLocal}
+	if k.extra != nil {
+		live.ExtraPodIPs, live.PodsForIP = k.extra.ExtraPodIPs, k.extra.PodsForIP
+	}
+	return live
+}
+
+// errNeedsLoad: the dirty entries need a compile (verdicts.Dispatch).
+var errNeedsLoad = errors.New("the changes need a compile")
+
+// patch patches the dirty addresses' entries into the program in the
+// kernel; an error asks for a load, which covers them.
+func (k *kernelVerdicts) patch() error {
+	dirty, upto := k.takeDirty()
+	if len(dirty) == 0 {
+		k.pdone.Store(max(k.pdone.Load(), upto))
+		return nil
+	}
+	d, prog := k.deps.Load(), k.last.Load()
+	if d == nil || d.gen != k.gen.Load() || prog == nil || k.loadedGroups == nil {
+		return errNeedsLoad // the context changed: a load is on its way
+	}
+	if k.fail != nil {
+		if err := k.fail(); err != nil {
+			return err
+		}
+	}
+	live := k.live()
+	es := make(map[netip.Addr]verdicts.Entry, len(dirty))
+	for a := range dirty {
+		e, ok := d.d.Dispatch(live, k.loadedGroups, a)
+		if !ok {
+			return errNeedsLoad
+		}
+		es[a] = e
+	}
+	conn, err := verdicts.NewConn(k.netns)
+	if err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	if err := verdicts.Patch(conn, Table, k.loadedGen, prog, es); err != nil {
+		return err
+	}
+	k.last.Store(prog.Patched(es))
+	k.pdone.Store(max(k.pdone.Load(), upto))
+	k.patches.Add(1)
+	return nil
 }
 
 // extraChanged asks for what a change of the extra IPs' holders needs: a
@@ -393,10 +490,29 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 		}
 		backoff = 100 * time.Millisecond
 		took := time.Since(start)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-k.kick:
+		// Patches of other nodes' pods' entries go in as they come, while
+		// no load is asked for (a load covers them).
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-k.kick:
+				if k.done.Load() >= k.seq.Load() {
+					continue // the last load read that change
+				}
+				break wait
+			case <-k.pkick:
+				if k.done.Load() < k.seq.Load() {
+					continue // a load is asked for: its kick is there
+				}
+				if err := k.patch(); err != nil {
+					if !errors.Is(err, errNeedsLoad) {
+						k.log.Warn("NetworkPolicy verdicts not patched; loading them whole", "table", Table, "err", err)
+					}
+					k.recompile()
+				}
+			}
 		}
 		// Each load compiles the whole cluster's policies: under a stream
 		// of changes (pods churning across a large cluster) the next one
@@ -420,6 +536,8 @@ func (k *kernelVerdicts) load() error {
 	start := time.Now()
 	seq := k.seq.Load()
 	gen := k.gen.Load() // before the objects are listed: the Deps hold for it
+	// The dirty entries' changes are in the objects listed below.
+	_, pseq := k.takeDirty()
 	if k.fail != nil {
 		if err := k.fail(); err != nil {
 			return err
@@ -434,12 +552,15 @@ func (k *kernelVerdicts) load() error {
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	if err := verdicts.Load(conn, Table, k.hook, prog); err != nil {
+	loadedGen, err := verdicts.LoadGen(conn, Table, k.hook, prog)
+	if err != nil {
 		return err
 	}
+	k.loadedGen, k.loadedGroups = loadedGen, prog.GroupIndex()
 	k.last.Store(prog)
 	k.deps.Store(&depsAt{deps, gen})
 	k.done.Store(seq)
+	k.pdone.Store(max(k.pdone.Load(), pseq))
 	k.failed.Store(nil)
 	select {
 	case <-k.loaded:

@@ -134,6 +134,13 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 			p.Namespace, p.Spec.NodeName, p.Spec.Containers = "c", "node-b", nil
 			p.Status.PodIPs = []corev1.PodIP{{IP: fmt.Sprintf("fd00:20::%x", i+1)}}
 		}
+		if i%3 == 1 && rnd(3) == 0 {
+			// Elsewhere, in a namespace whose own policy selects them and
+			// that no rule of this node's pods names: their changes are
+			// patched into the dispatch maps.
+			p.Namespace, p.Spec.NodeName = "d", "node-b"
+			p.Status.PodIPs = []corev1.PodIP{{IP: fmt.Sprintf("fd00:30::%x", i+1)}, {IP: fmt.Sprintf("203.0.113.%d", i+1)}}
+		}
 		return p
 	}
 	mkNS := func(n string) *corev1.Namespace {
@@ -160,6 +167,17 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 		_ = nss.Add(mkNS(n))
 	}
 	_ = nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "c", Labels: map[string]string{"team": "w"}}})
+	_ = nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "d", Labels: map[string]string{"team": "v"}}})
+	{
+		http := intstr.FromString("http")
+		np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "d", Name: "judged-in"}}
+		np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}
+		np.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
+		block := []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "fd00:10::/64"}}}
+		np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &http}}, From: block}}
+		np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: block}}
+		_ = nps.Add(np)
+	}
 	const npods, npolicies = 10, 4
 
 	extra := &modelExtra{}
@@ -167,10 +185,11 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	var logBuf testutil.SyncBuffer
 	var failing atomic.Bool
 	var kv atomic.Pointer[kernelVerdicts]
-	var skipped, policySkipped atomic.Uint64 // by the processes before the last
+	var skipped, patches, policySkipped atomic.Uint64 // by the processes before the last
 	start := func() (stop func()) {
 		if k := kv.Load(); k != nil {
 			skipped.Add(k.skipped.Load())
+			patches.Add(k.patches.Load())
 			policySkipped.Add(k.policySkipped.Load())
 		}
 		k := newKernelVerdicts(node, podL, nsL, npL, extra, nil, slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug})).With("kv", fmt.Sprintf("%p", &struct{}{})))
@@ -231,16 +250,19 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 							kv.Load().podChanged(old, cur)
 						}
 					}
-					op := rnd(8)
-					if quiet.Load() {
-						op = []int{0, 1, 2, 6, 7}[rnd(5)]
+					op := rnd(9)
+					switch {
+					case round%4 == 0: // d's pods alone: patches
+						op = []int{8, 8, 9}[rnd(3)]
+					case quiet.Load():
+						op = []int{0, 1, 2, 6, 7, 8, 8}[rnd(7)]
 					}
 					switch op {
 					case 0, 1:
 						p := mkPod(rnd(npods))
 						podOp(p.Namespace+"/"+p.Name, func(*corev1.Pod) *corev1.Pod { _ = pods.Update(p); return p })
 					case 2:
-						podOp(fmt.Sprintf("%s/p%d", []string{"a", "b", "c"}[(g+rnd(2))%3], rnd(npods)), func(old *corev1.Pod) *corev1.Pod {
+						podOp(fmt.Sprintf("%s/p%d", []string{"a", "b", "c", "d"}[(g+rnd(3))%4], rnd(npods)), func(old *corev1.Pod) *corev1.Pod {
 							if old != nil && !(quiet.Load() && old.Spec.NodeName == node) {
 								_ = pods.Delete(old)
 							}
@@ -268,6 +290,19 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 						np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: peers}}
 						np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: peers}}
 						policyOp(np)
+					case 8: // a pod of d, elsewhere: patched, mostly
+						i := 1 + 3*rnd(npods/3)
+						p := mkPod(i)
+						p.Namespace, p.Spec.NodeName = "d", "node-b"
+						p.Status.PodIPs = []corev1.PodIP{{IP: fmt.Sprintf("fd00:30::%x", i+1+16*rnd(2))}, {IP: fmt.Sprintf("203.0.113.%d", i+1)}}
+						podOp(p.Namespace+"/"+p.Name, func(*corev1.Pod) *corev1.Pod { _ = pods.Update(p); return p })
+					case 9:
+						podOp(fmt.Sprintf("d/p%d", 1+3*rnd(npods/3)), func(old *corev1.Pod) *corev1.Pod {
+							if old != nil {
+								_ = pods.Delete(old)
+							}
+							return nil
+						})
 					case 7: // the tracker gives a pod an anycast IP, or takes it
 						key := fmt.Sprintf("%s/p%d", []string{"a", "b", "c"}[rnd(3)], rnd(npods))
 						if o, ok, _ := pods.GetByKey(key); quiet.Load() && (!ok || o.(*corev1.Pod).Spec.NodeName == node) {
@@ -276,7 +311,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 						kv.Load().extraChanged(extra.toggle(key, anycast[rnd(len(anycast))]))
 					case 5:
 						for _, obj := range nps.List() {
-							if rnd(3) == 0 {
+							if rnd(3) == 0 && obj.(*networkingv1.NetworkPolicy).Namespace != "d" {
 								_ = nps.Delete(obj)
 							}
 						}
@@ -293,10 +328,10 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 		failing.Store(false)
 		k := kv.Load()
 		// No last kick: the changes the handler skipped must need none.
-		want := k.seq.Load()
+		want, pwant := k.seq.Load(), k.pseq.Load()
 		want0 := want
 		deadline := time.Now().Add(20 * time.Second)
-		for k.last.Load() == nil || k.done.Load() < want { // a restarted process loads once first
+		for k.last.Load() == nil || k.done.Load() < want || k.pdone.Load() < pwant { // a restarted process loads once first
 			if time.Now().After(deadline) {
 				t.Fatalf("round %d: the kernel's program did not follow the last change (loaded %d of %d)", round, k.done.Load(), want)
 			}
@@ -337,7 +372,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 			t.Fatalf("round %d: no packet checked", round)
 		}
 	}
-	t.Logf("packets: %d passed, %d dropped; pod changes compiled for none: %d, policy updates: %d", seen[true], seen[false], skipped.Load()+kv.Load().skipped.Load(), policySkipped.Load()+kv.Load().policySkipped.Load())
+	t.Logf("packets: %d passed, %d dropped; pod changes compiled for none: %d, patched: %d (pseq %d), policy updates: %d", seen[true], seen[false], skipped.Load()+kv.Load().skipped.Load(), patches.Load()+kv.Load().patches.Load(), kv.Load().pseq.Load(), policySkipped.Load()+kv.Load().policySkipped.Load())
 	// Quiescent, the context unchanged (no policy of c's pods): changes of
 	// pods that no policy reads are skipped (the filter is exercised whatever the timing
 	// above), and the kernel still decides as the objects now do.
@@ -354,8 +389,8 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	}
 	waitLoaded := func() {
 		t.Helper()
-		want, deadline := k.seq.Load(), time.Now().Add(20*time.Second)
-		for k.done.Load() < want {
+		want, pwant, deadline := k.seq.Load(), k.pseq.Load(), time.Now().Add(20*time.Second)
+		for k.done.Load() < want || k.pdone.Load() < pwant {
 			if time.Now().After(deadline) {
 				t.Fatalf("the kernel's program did not follow (loaded %d of %d)", k.done.Load(), want)
 			}
@@ -433,6 +468,56 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 				c.key, k.seq.Load() != seq, k.gen.Load() != gen, k.urgent.Load(), c.context)
 		}
 		waitLoaded()
+	}
+	// A pod elsewhere that its namespace's policy selects, and that no
+	// rule of this node's pods names, moves to another address: its
+	// entries are patched, nothing is compiled, and the kernel decides
+	// as a compile would.
+	mine := mkPod(0)
+	mine.Namespace, mine.Spec.NodeName, mine.Labels = "a", node, map[string]string{"app": "mine"}
+	mine.Status.PodIPs = []corev1.PodIP{{IP: "fd00:10::1"}}
+	egress := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "mine-out"}}
+	egress.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "mine"}}
+	egress.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+	egress.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "fd00:30::/64"}}}}}
+	_ = nps.Update(egress)
+	dpod := mkPod(1)
+	dpod.Namespace, dpod.Spec.NodeName, dpod.Labels = "d", "node-b", map[string]string{"app": "x"}
+	dpod.Spec.Containers = []corev1.Container{{Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80, Protocol: corev1.ProtocolTCP}}}}
+	dpod.Status.PodIPs = []corev1.PodIP{{IP: "fd00:30::99"}}
+	for _, p := range []*corev1.Pod{mine, dpod} {
+		var old *corev1.Pod
+		if o, ok, _ := pods.GetByKey(p.Namespace + "/" + p.Name); ok {
+			old = o.(*corev1.Pod)
+		}
+		_ = pods.Update(p)
+		k.podChanged(old, p)
+	}
+	k.changed()
+	waitLoaded()
+	moved := dpod.DeepCopy()
+	moved.Status.PodIPs = []corev1.PodIP{{IP: "fd00:30::98"}}
+	_ = pods.Update(moved)
+	seq, patched := k.seq.Load(), k.patches.Load()
+	k.podChanged(dpod, moved)
+	waitLoaded()
+	if k.seq.Load() != seq || k.patches.Load() != patched+1 {
+		t.Errorf("a pod elsewhere that moved: %d compiles, %d patches; want 0 and 1", k.seq.Load()-seq, k.patches.Load()-patched)
+	}
+	in := verdicts.Input{Node: node, ExtraPodIPs: extra.ExtraPodIPs, PodsForIP: extra.PodsForIP}
+	in.Pods, _ = podL.List(labels.Everything())
+	in.Namespaces, _ = nsL.List(labels.Everything())
+	in.Policies, _ = npL.List(labels.Everything())
+	now := verdicts.Compile(in)
+	for _, dst := range []string{"fd00:30::98", "fd00:30::99"} {
+		for port := uint16(79); port <= 81; port++ {
+			pk := probe.Packet{Src: netip.MustParseAddr("fd00:10::1"), Dst: netip.MustParseAddr(dst), Proto: unix.IPPROTO_TCP, SrcPort: 40000, DstPort: port}
+			want := now.Allows(verdicts.Packet(pk))
+			seen[want]++
+			if got := lab.Allows(t, pk); got != want {
+				t.Errorf("after a patch, %s → %s port %d: kernel %v, a compile %v", pk.Src, pk.Dst, port, got, want)
+			}
+		}
 	}
 	if seen[true] == 0 || seen[false] == 0 {
 		t.Errorf("packets: %d passed, %d dropped: want both", seen[true], seen[false])

@@ -49,7 +49,7 @@ type judgedAt struct {
 type localRule struct {
 	ns    string
 	r     rule
-	named bool // a named port (egress: resolved on each peer)
+	named bool // an egress rule with a named port (resolved on each peer)
 }
 
 // deps freezes what Classify reads of c.
@@ -68,7 +68,8 @@ func (c *compiler) deps() *Deps {
 			for _, r := range rs {
 				lr := localRule{ns: np.Namespace, r: r}
 				for _, pp := range r.ports {
-					lr.named = lr.named || (pp.Port != nil && pp.Port.StrVal != "")
+					// Ingress named ports resolve on the judged pod.
+					lr.named = lr.named || (t == networkingv1.PolicyTypeEgress && pp.Port != nil && pp.Port.StrVal != "")
 				}
 				for _, peer := range r.peers {
 					if peer.PodSelector != nil {
