@@ -58,7 +58,8 @@ type kernelVerdicts struct {
 	// fail, if set, is asked before each transaction (tests inject
 	// errors with it).
 	fail func() error
-	// last is the program in the kernel (for tests).
+	// last is the program in the kernel (for tests), which patch changes
+	// in place.
 	last atomic.Pointer[verdicts.Program]
 	// failed is the last load's error, nil once one succeeds.
 	failed atomic.Pointer[error]
@@ -100,7 +101,13 @@ type kernelVerdicts struct {
 	patches      atomic.Uint64
 	loadedGen    uint64         // the generation of the program in the kernel (Run's)
 	loadedGroups map[string]int // its groups by key (Run's)
+	patchEvery   time.Duration  // PatchEvery; tests set it
 }
+
+// PatchEvery is how often, at most, the changes of other nodes' pods that
+// alter only their dispatch entries are patched into the kernel: a tenth
+// of RemoteLag, for a transaction a batch.
+const PatchEvery = RemoteLag / 10
 
 // RemoteLag bounds how long a change of other nodes' pods alone waits for
 // its load, as kube-proxy's min-sync-period (1 s) does for an
@@ -132,7 +139,7 @@ func newKernelVerdicts(node string, pods corelisters.PodLister, namespaces corel
 	policies networkinglisters.NetworkPolicyLister, extra ExtraIPs, synced []kubeclient.Synced, log *slog.Logger) *kernelVerdicts {
 	return &kernelVerdicts{node: node, pods: pods, namespaces: namespaces, policies: policies, extra: extra,
 		synced: synced, log: log, kick: make(chan struct{}, 1), loaded: make(chan struct{}), netns: -1, local: map[string][]string{},
-		hurry: make(chan struct{}, 1), remoteLag: RemoteLag, dirty: map[netip.Addr]bool{}, pkick: make(chan struct{}, 1),
+		hurry: make(chan struct{}, 1), remoteLag: RemoteLag, dirty: map[netip.Addr]bool{}, pkick: make(chan struct{}, 1), patchEvery: PatchEvery,
 		hook: verdicts.Hook{Num: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityNATSource - 5), Prelude: true}}
 }
 
@@ -278,7 +285,7 @@ func (k *kernelVerdicts) patch() error {
 	if err := verdicts.Patch(conn, Table, k.loadedGen, prog, es); err != nil {
 		return err
 	}
-	k.last.Store(prog.Patched(es))
+	prog.Apply(es) // Run's alone (tests read it once pdone says it is current)
 	k.pdone.Store(max(k.pdone.Load(), upto))
 	k.patches.Add(1)
 	return nil
@@ -474,6 +481,7 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 	}
 	k.primeLocal()
 	backoff := 100 * time.Millisecond
+	var lastPatch time.Time
 	for {
 		start := time.Now()
 		k.urgent.Store(false) // this load reads every change so far
@@ -490,8 +498,10 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 		}
 		backoff = 100 * time.Millisecond
 		took := time.Since(start)
-		// Patches of other nodes' pods' entries go in as they come, while
-		// no load is asked for (a load covers them).
+		// Patches of other nodes' pods' entries go in while no load is
+		// asked for (a load covers them), PatchEvery at most: a
+		// transaction for a batch of a churn's changes, not for each.
+		var patchAt <-chan time.Time
 	wait:
 		for {
 			select {
@@ -503,9 +513,15 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 				}
 				break wait
 			case <-k.pkick:
+				if patchAt == nil {
+					patchAt = time.After(max(0, k.patchEvery-time.Since(lastPatch)))
+				}
+			case <-patchAt:
+				patchAt = nil
 				if k.done.Load() < k.seq.Load() {
 					continue // a load is asked for: its kick is there
 				}
+				lastPatch = time.Now()
 				if err := k.patch(); err != nil {
 					if !errors.Is(err, errNeedsLoad) {
 						k.log.Warn("NetworkPolicy verdicts not patched; loading them whole", "table", Table, "err", err)

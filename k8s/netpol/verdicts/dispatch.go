@@ -128,11 +128,19 @@ func (p *Program) GroupIndex() map[string]int {
 func (p *Program) Patched(es map[netip.Addr]Entry) *Program {
 	out := *p
 	out.Egress, out.Ingress = maps.Clone(p.Egress), maps.Clone(p.Ingress)
+	out.Apply(es)
+	return &out
+}
+
+// Apply puts the entries of es (by address) in p's dispatch maps in place
+// of their own. p is changed: its owner alone may read it meanwhile (a
+// cluster's maps are too large to copy for each patch).
+func (p *Program) Apply(es map[netip.Addr]Entry) {
 	for a, e := range es {
 		for _, m := range []struct {
 			by map[netip.Addr][]int
 			gs []int
-		}{{out.Egress, e.Egress}, {out.Ingress, e.Ingress}} {
+		}{{p.Egress, e.Egress}, {p.Ingress, e.Ingress}} {
 			if len(m.gs) == 0 {
 				delete(m.by, a)
 			} else {
@@ -140,5 +148,4 @@ func (p *Program) Patched(es map[netip.Addr]Entry) *Program {
 			}
 		}
 	}
-	return &out
 }
