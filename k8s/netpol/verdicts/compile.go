@@ -96,11 +96,17 @@ type compiler struct {
 // it outlives a compile): at the full envelope it is some 35 MB a compile
 // that the collector would otherwise reclaim, scanning the heap for it.
 type scratch struct {
-	pairs []pair
-	held  []heldAddr
-	picks []int32
-	nsOf  []int32
-	memo  []podGroups
+	pairs  []pair
+	held   []heldAddr
+	picks  []int32
+	nsOf   []int32
+	memo   []podGroups
+	single []int32
+	byNS   []int32 // singleNS's lists, one array
+	count  []int32
+	// egress and ingress are the sizes of the last program's maps: the
+	// next one's are made that large, not grown to it.
+	egress, ingress int
 }
 
 var scratches = sync.Pool{New: func() any { return new(scratch) }}
@@ -208,7 +214,8 @@ func CompileDeps(in Input) (*Program, *Deps) {
 		peers: map[string]*Addrs{}, groups: map[string]int{}, known: map[groupKnown]int{}, sels: map[*metav1.LabelSelector]parsed{},
 		full:     map[*networkingv1.NetworkPolicy]bool{},
 		singleNS: map[string][]int32{}, nsMatch: map[*metav1.LabelSelector][]string{}, blocks: map[*networkingv1.IPBlock][]Range{},
-		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: map[netip.Addr][]int{}, Ingress: map[netip.Addr][]int{}}}
+		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: make(map[netip.Addr][]int, s.egress), Ingress: make(map[netip.Addr][]int, s.ingress)}}
+	defer func() { s.egress, s.ingress = len(c.prog.Egress), len(c.prog.Ingress) }()
 	pods := in.Pods
 	for _, n := range in.Namespaces {
 		c.ns[n.Name] = labels.Set(n.Labels)
@@ -217,21 +224,35 @@ func CompileDeps(in Input) (*Program, *Deps) {
 		c.policies[np.Namespace] = append(c.policies[np.Namespace], np)
 	}
 	c.hold()
-	byNS := make([][]int32, len(c.nsNames))
+	// single, and by namespace (a counting sort into one array, each
+	// namespace's in held's order); the arrays are the scratch's.
+	c.single = slices.Grow(s.single[:0], len(c.held))
+	count := slices.Grow(s.count[:0], len(c.nsNames)+1)[:len(c.nsNames)+1]
+	clear(count)
 	for k, e := range c.held {
 		if len(e.h) == 1 {
 			c.single = append(c.single, int32(k))
-			id := c.nsOf[e.h[0]]
-			byNS[id] = append(byNS[id], int32(k))
+			count[c.nsOf[e.h[0]]+1]++
 		} else {
 			c.several = append(c.several, int32(k))
 		}
 	}
-	for id, ks := range byNS {
-		if len(ks) > 0 {
-			c.singleNS[c.nsNames[id]] = ks
+	for id := range c.nsNames {
+		count[id+1] += count[id] // count[id]: where namespace id's start
+	}
+	byNS := slices.Grow(s.byNS[:0], len(c.single))[:len(c.single)]
+	next := slices.Clone(count[:len(c.nsNames)])
+	for _, k := range c.single {
+		id := c.nsOf[c.held[k].h[0]]
+		byNS[next[id]] = k
+		next[id]++
+	}
+	for id, name := range c.nsNames {
+		if ks := byNS[count[id]:count[id+1]:count[id+1]]; len(ks) > 0 {
+			c.singleNS[name] = ks
 		}
 	}
+	s.single, s.byNS, s.count = c.single, byNS, count
 	// Selected: this node's pods some policy selects, hostNetwork ones
 	// too (getLocalPodsForNetworkPolicy does not skip them).
 	for _, p := range pods {
