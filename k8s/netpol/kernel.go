@@ -106,8 +106,17 @@ type kernelVerdicts struct {
 
 // PatchEvery is how often, at most, the changes of other nodes' pods that
 // alter only their dispatch entries are patched into the kernel: a tenth
-// of RemoteLag, for a transaction a batch.
+// of RemoteLag, for a transaction a batch. A transaction's commit costs
+// the kernel a walk of the whole table (it checks the jumps), which grows
+// with the program, so patches are also paced to a twentieth of a core
+// (patchPace), and never wait longer than RemoteLag.
 const PatchEvery = RemoteLag / 10
+
+// patchPace is how long after the last patch, which took took, the next
+// one waits: 19 times took, at least every (PatchEvery), at most lag.
+func patchPace(took, every, lag time.Duration) time.Duration {
+	return min(max(19*took, every), max(lag, every))
+}
 
 // RemoteLag bounds how long a change of other nodes' pods alone waits for
 // its load, as kube-proxy's min-sync-period (1 s) does for an
@@ -482,6 +491,7 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 	k.primeLocal()
 	backoff := 100 * time.Millisecond
 	var lastPatch time.Time
+	var patchTook time.Duration
 	for {
 		start := time.Now()
 		k.urgent.Store(false) // this load reads every change so far
@@ -514,7 +524,7 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 				break wait
 			case <-k.pkick:
 				if patchAt == nil {
-					patchAt = time.After(max(0, k.patchEvery-time.Since(lastPatch)))
+					patchAt = time.After(max(0, patchPace(patchTook, k.patchEvery, k.remoteLag)-time.Since(lastPatch)))
 				}
 			case <-patchAt:
 				patchAt = nil
@@ -522,7 +532,9 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 					continue // a load is asked for: its kick is there
 				}
 				lastPatch = time.Now()
-				if err := k.patch(); err != nil {
+				err := k.patch()
+				patchTook = time.Since(lastPatch)
+				if err != nil {
 					if !errors.Is(err, errNeedsLoad) {
 						k.log.Warn("NetworkPolicy verdicts not patched; loading them whole", "table", Table, "err", err)
 					}

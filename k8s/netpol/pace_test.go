@@ -59,3 +59,22 @@ func TestKernelUrgentChangeCutsTheWait(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Patches wait PatchEvery while they are cheap, 19 times what the last
+// took once that is longer (a twentieth of a core), never past the lag.
+func TestPatchPace(t *testing.T) {
+	for _, c := range []struct{ took, want time.Duration }{
+		{time.Millisecond, PatchEvery},
+		{5 * time.Millisecond, PatchEvery},
+		{10 * time.Millisecond, 190 * time.Millisecond},
+		{40 * time.Millisecond, 760 * time.Millisecond},
+		{time.Second, RemoteLag},
+	} {
+		if got := patchPace(c.took, PatchEvery, RemoteLag); got != c.want {
+			t.Errorf("a patch that took %s: next after %s, want %s", c.took, got, c.want)
+		}
+	}
+	if got := patchPace(time.Second, 10*time.Millisecond, time.Millisecond); got != 10*time.Millisecond {
+		t.Errorf("a lag under every: %s, want every", got)
+	}
+}
