@@ -33,17 +33,16 @@ func (m *measuredNode) window(d time.Duration) map[string]usage {
 	counts := map[string]counts{}
 	for _, p := range procNames {
 		pr, err := procfs.Watch(p, m.pid(p))
-		if err != nil {
-			out[p] = usage{err: err}
-			continue
+		if err == nil {
+			var st procfs.Stat
+			if st, err = pr.Stat(); err == nil {
+				procs[p], before[p] = pr, st
+				counts[p] = m.proxies[p].snapshot()
+				continue
+			}
 		}
-		st, err := pr.Stat()
-		if err != nil {
-			out[p] = usage{err: err}
-			continue
-		}
-		procs[p], before[p] = pr, st
-		counts[p] = m.proxies[p].snapshot()
+		out[p] = usage{err: err}
+		m.gone(p)
 	}
 	// flock-policy's pods come from the relay, which counts what it sent.
 	relayBefore, relayErr := m.relaySent()
@@ -55,6 +54,7 @@ func (m *measuredNode) window(d time.Duration) map[string]usage {
 		st, err := pr.Stat()
 		if err != nil {
 			out[p] = usage{err: err}
+			m.gone(p)
 			continue
 		}
 		u.cpuPct = 100 * float64(st.CPU-before[p].CPU) / float64(el)
@@ -92,6 +92,19 @@ func (m *measuredNode) window(d time.Duration) map[string]usage {
 		out[p] = u
 	}
 	return out
+}
+
+// gone logs the end of the log of p, which is no longer running (once:
+// the run's directory, and the log with it, goes when the run ends).
+func (m *measuredNode) gone(p string) {
+	if m.goneLogged == nil {
+		m.goneLogged = map[string]bool{}
+	}
+	if m.goneLogged[p] {
+		return
+	}
+	m.goneLogged[p] = true
+	logf("%s is not running; its log ends:\n%s", p, m.logTail(p, 40))
 }
 
 func (u usage) String() string {

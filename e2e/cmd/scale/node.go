@@ -51,16 +51,18 @@ const (
 )
 
 type measuredNode struct {
-	l       *lab.BGPLab
-	node    *lab.LabNode
-	dir     string
-	binDir  string
-	kpBin   string            // kube-proxy, the lab's build
-	kcfg    map[string]string // kubeconfig of each process
-	proxies map[string]*apiProxy
-	policy  *exec.Cmd
-	kproxy  *exec.Cmd
-	relay   *exec.Cmd
+	l      *lab.BGPLab
+	node   *lab.LabNode
+	dir    string
+	binDir string
+	kpBin  string            // kube-proxy, the lab's build
+	kcfg   map[string]string // kubeconfig of each process
+	// goneLogged are the processes whose end was logged since they started.
+	goneLogged map[string]bool
+	proxies    map[string]*apiProxy
+	policy     *exec.Cmd
+	kproxy     *exec.Cmd
+	relay      *exec.Cmd
 	// relayToken is flock-policy's token for the relay (audience
 	// flock-relay), written by register.
 	relayToken string
@@ -182,6 +184,7 @@ func (m *measuredNode) pid(p string) int {
 // /readyz (its verdicts in the kernel), kube-proxy /healthz (its first
 // sync done).
 func (m *measuredNode) start(ctx context.Context, p string, timeout time.Duration) (time.Duration, error) {
+	delete(m.goneLogged, p)
 	t0 := time.Now()
 	switch p {
 	case procAgent:
