@@ -30,33 +30,7 @@ func TestAffectsIsSound(t *testing.T) {
 			old, cur, pods := randPodChange(r, w)
 			after := w.in
 			after.Pods = pods
-			holders := func(ip string) []*corev1.Pod {
-				var out []*corev1.Pod
-				for _, p := range pods {
-					if p.Spec.HostNetwork {
-						continue
-					}
-					for _, pip := range p.Status.PodIPs {
-						if pip.IP == ip {
-							out = append(out, p)
-						}
-					}
-				}
-				return out
-			}
-			local := func(ip string) bool {
-				for _, set := range [][]*corev1.Pod{w.in.Pods, pods} {
-					for _, p := range set {
-						for _, pip := range p.Status.PodIPs {
-							if p.Spec.NodeName == localNode && pip.IP == ip {
-								return true
-							}
-						}
-					}
-				}
-				return false
-			}
-			live := Live{Node: localNode, ExtraPodIPs: after.ExtraPodIPs, PodsForIP: after.PodsForIP, Holders: holders, Local: local}
+			live := liveAfter(w, pods)
 			changes++
 			switch Classify(live, deps, old, cur) {
 			case Unchanged:
