@@ -99,9 +99,9 @@ type kernelVerdicts struct {
 	pseq, pdone  atomic.Uint64
 	pkick        chan struct{}
 	patches      atomic.Uint64
-	loadedGen    uint64         // the generation of the program in the kernel (Run's)
-	loadedGroups map[string]int // its groups by key (Run's)
-	patchEvery   time.Duration  // PatchEvery; tests set it
+	loadedAt     *verdicts.Loaded // where the program in the kernel is (Run's)
+	loadedGroups map[string]int   // its groups by key (Run's)
+	patchEvery   time.Duration    // PatchEvery; tests set it
 }
 
 // PatchEvery is how often, at most, the changes of other nodes' pods that
@@ -270,7 +270,7 @@ func (k *kernelVerdicts) patch() error {
 		return nil
 	}
 	d, prog := k.deps.Load(), k.last.Load()
-	if d == nil || d.gen != k.gen.Load() || prog == nil || k.loadedGroups == nil {
+	if d == nil || d.gen != k.gen.Load() || prog == nil || k.loadedAt == nil {
 		return errNeedsLoad // the context changed: a load is on its way
 	}
 	if k.fail != nil {
@@ -281,20 +281,24 @@ func (k *kernelVerdicts) patch() error {
 	live := k.live()
 	es := make(map[netip.Addr]verdicts.Entry, len(dirty))
 	for a := range dirty {
-		e, ok := d.d.Dispatch(live, k.loadedGroups, a)
+		e, ok := d.d.Dispatch(live, prog, k.loadedGroups, a)
 		if !ok {
 			return errNeedsLoad
 		}
 		es[a] = e
 	}
+	ch, ok := prog.Change(es)
+	if !ok {
+		return errNeedsLoad
+	}
 	conn, err := verdicts.NewConn(k.netns)
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	if err := verdicts.Patch(conn, Table, k.loadedGen, prog, es); err != nil {
+	if err := verdicts.Patch(conn, Table, k.loadedAt, prog, ch); err != nil {
 		return err
 	}
-	prog.Apply(es) // Run's alone (tests read it once pdone says it is current)
+	prog.Apply(ch) // Run's alone (tests read it once pdone says it is current)
 	k.pdone.Store(max(k.pdone.Load(), upto))
 	k.patches.Add(1)
 	return nil
@@ -580,11 +584,11 @@ func (k *kernelVerdicts) load() error {
 	if err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	loadedGen, err := verdicts.LoadGen(conn, Table, k.hook, prog)
+	at, err := verdicts.LoadGen(conn, Table, k.hook, prog)
 	if err != nil {
 		return err
 	}
-	k.loadedGen, k.loadedGroups = loadedGen, prog.GroupIndex()
+	k.loadedAt, k.loadedGroups = at, prog.GroupIndex()
 	k.last.Store(prog)
 	k.deps.Store(&depsAt{deps, gen})
 	k.done.Store(seq)

@@ -24,6 +24,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
@@ -519,9 +520,59 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 			}
 		}
 	}
+	// A pod elsewhere that a rule of this node's pod names as a peer
+	// comes, moves next to where it was, and goes: each change is patched
+	// into the rule's set of peers, nothing is compiled, and the kernel
+	// decides as a compile would.
+	egress = egress.DeepCopy()
+	egress.Spec.Egress = append(egress.Spec.Egress, networkingv1.NetworkPolicyEgressRule{
+		Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: ptr.To(intstr.FromInt32(443))}},
+		To:    []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "w"}}}}})
+	_ = nps.Update(egress)
+	k.changed()
+	waitLoaded()
+	peer := mkPod(2)
+	peer.Name, peer.Namespace, peer.Spec.NodeName, peer.Spec.Containers = "peer", "c", "node-b", nil
+	peer.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::1000"}}
+	peerMoved := peer.DeepCopy()
+	peerMoved.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::1001"}}
+	for _, step := range []struct{ old, cur *corev1.Pod }{{nil, peer}, {peer, peerMoved}, {peerMoved, nil}} {
+		if step.cur != nil {
+			_ = pods.Update(step.cur)
+		} else {
+			_ = pods.Delete(step.old)
+		}
+		seq, patched := k.seq.Load(), k.patches.Load()
+		k.podChanged(step.old, step.cur)
+		waitLoaded()
+		if k.seq.Load() != seq || k.patches.Load() != patched+1 {
+			t.Errorf("a peer elsewhere %s → %s: %d compiles, %d patches; want 0 and 1", ipsOf(step.old), ipsOf(step.cur), k.seq.Load()-seq, k.patches.Load()-patched)
+		}
+		in.Pods, _ = podL.List(labels.Everything())
+		in.Policies, _ = npL.List(labels.Everything())
+		now := verdicts.Compile(in)
+		for _, dst := range []string{"fd00:20::fff", "fd00:20::1000", "fd00:20::1001", "fd00:20::1002"} {
+			for _, port := range []uint16{80, 443} {
+				pk := probe.Packet{Src: netip.MustParseAddr("fd00:10::1"), Dst: netip.MustParseAddr(dst), Proto: unix.IPPROTO_TCP, SrcPort: 40000, DstPort: port}
+				want := now.Allows(verdicts.Packet(pk))
+				seen[want]++
+				if got := lab.Allows(t, pk); got != want {
+					t.Errorf("after a peer's patch (%s → %s), %s → %s port %d: kernel %v, a compile %v", ipsOf(step.old), ipsOf(step.cur), pk.Src, pk.Dst, port, got, want)
+				}
+			}
+		}
+	}
 	if seen[true] == 0 || seen[false] == 0 {
 		t.Errorf("packets: %d passed, %d dropped: want both", seen[true], seen[false])
 	}
+}
+
+// ipsOf prints p's status IPs (nil: none).
+func ipsOf(p *corev1.Pod) string {
+	if p == nil {
+		return "none"
+	}
+	return fmt.Sprint(p.Status.PodIPs)
 }
 
 func describeIn(in verdicts.Input) string {

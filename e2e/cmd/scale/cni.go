@@ -126,15 +126,24 @@ func unixClient(sock string, timeout time.Duration) *http.Client {
 // pprof; CPU over d when d > 0) as dir/flock-policy-name.pprof, and logs
 // where or why not. Nothing without dir.
 func (m *measuredNode) policyProfile(dir, name, profile string, d time.Duration) {
-	if dir == "" || m.policyAdmin == "" {
+	saveProfile(m.policyAdmin, procPolicy, dir, name, profile, d)
+}
+
+// agentProfile is policyProfile for flock-agent.
+func (m *measuredNode) agentProfile(dir, name, profile string, d time.Duration) {
+	saveProfile(m.node.Agent.AdminSocket, procAgent, dir, name, profile, d)
+}
+
+func saveProfile(sock, proc, dir, name, profile string, d time.Duration) {
+	if dir == "" || sock == "" {
 		return
 	}
-	hc := unixClient(m.policyAdmin, d+30*time.Second)
-	u := "http://policy/debug/pprof/" + profile
+	hc := unixClient(sock, d+30*time.Second)
+	u := "http://" + proc + "/debug/pprof/" + profile
 	if d > 0 {
 		u += fmt.Sprintf("?seconds=%d", int(d.Seconds()))
 	}
-	path := filepath.Join(dir, "flock-policy-"+name+".pprof")
+	path := filepath.Join(dir, proc+"-"+name+".pprof")
 	err := func() error {
 		resp, err := hc.Get(u)
 		if err != nil {
@@ -156,10 +165,10 @@ func (m *measuredNode) policyProfile(dir, name, profile string, d time.Duration)
 		return err
 	}()
 	if err != nil {
-		logf("flock-policy's %s profile: %v", name, err)
+		logf("%s's %s profile: %v", proc, name, err)
 		return
 	}
-	logf("flock-policy's %s profile: %s", name, path)
+	logf("%s's %s profile: %s", proc, name, path)
 }
 
 // agentGoroutines saves the agent's goroutines (its admin socket's

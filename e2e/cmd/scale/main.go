@@ -78,7 +78,7 @@ func main() {
 	flag.DurationVar(&o.readyTimeout, "ready-timeout", 10*time.Minute, "how long a process may take to be ready")
 	flag.IntVar(&o.rackNodes, "rack-nodes", 48, "agents in the rack cold start (0: none)")
 	flag.IntVar(&o.rackPods, "rack-pods", 250, "pods a node in the rack cold start")
-	flag.StringVar(&o.profiles, "profiles", "", "save flock-policy's CPU profile under churn and heap profile at rest here (go tool pprof reads them); empty: none")
+	flag.StringVar(&o.profiles, "profiles", "", "save flock-policy's CPU profile under churn, and its and flock-agent's heap profiles at rest, here (go tool pprof reads them); empty: none")
 	var fanout string
 	flag.StringVar(&fanout, "fanout", "5,10", "the API server's side: copies of one node's watches (flock's, then kube-proxy's) it is measured with under churn, each count a window; empty: not measured")
 	flag.DurationVar(&o.fanoutD, "fanout-window", 30*time.Second, "each fan-out window")
@@ -295,6 +295,7 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	}
 	tag := fmt.Sprintf("%d-nodes", m.env.Nodes)
 	node.policyProfile(o.profiles, "heap-rest-"+tag, "heap", 0)
+	node.agentProfile(o.profiles, "heap-rest-"+tag, "heap", 0)
 	r.cni, r.err = node.cniCost(ctx, o.cniPods)
 	if r.err != nil {
 		return r

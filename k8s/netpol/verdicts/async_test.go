@@ -151,7 +151,7 @@ func TestAsyncDeliveryFollows(t *testing.T) {
 			groups := prog.GroupIndex()
 			es := map[netip.Addr]Entry{}
 			for a := range dirty {
-				e, ok := deps.Dispatch(l, groups, a)
+				e, ok := deps.Dispatch(l, prog, groups, a)
 				if !ok {
 					clear(dirty)
 					needLoad = true
@@ -161,7 +161,13 @@ func TestAsyncDeliveryFollows(t *testing.T) {
 				es[a] = e
 			}
 			clear(dirty)
-			prog = prog.Patched(es)
+			ch, ok := prog.Change(es)
+			if !ok {
+				needLoad = true
+				log += "patch refused (a family new to a set of peers)\n"
+				return
+			}
+			prog = prog.Patched(ch)
 			patches++
 			log += "patched\n"
 		}

@@ -60,8 +60,11 @@ type compiler struct {
 	ns         map[string]labels.Set
 	policies   map[string][]*networkingv1.NetworkPolicy // by namespace
 	peers      map[string]*Addrs
-	prog       *Program
-	groups     map[string]int
+	// from are the rules each peer set of the groups built for every
+	// peer is of (Program.peerFrom).
+	from   map[*Addrs][]peerSource
+	prog   *Program
+	groups map[string]int
 	// known caches groups by the policies they are of (same policies,
 	// same key): the key is built once per group, not once per pod.
 	known map[groupKnown]int
@@ -211,7 +214,7 @@ func CompileDeps(in Input) (*Program, *Deps) {
 	defer scratches.Put(s)
 	c := &compiler{in: in, pods: in.Pods, s: s,
 		ns: map[string]labels.Set{}, policies: map[string][]*networkingv1.NetworkPolicy{},
-		peers: map[string]*Addrs{}, groups: map[string]int{}, known: map[groupKnown]int{}, sels: map[*metav1.LabelSelector]parsed{},
+		peers: map[string]*Addrs{}, from: map[*Addrs][]peerSource{}, groups: map[string]int{}, known: map[groupKnown]int{}, sels: map[*metav1.LabelSelector]parsed{},
 		full:     map[*networkingv1.NetworkPolicy]bool{},
 		singleNS: map[string][]int32{}, nsMatch: map[*metav1.LabelSelector][]string{}, blocks: map[*networkingv1.IPBlock][]Range{},
 		prog: &Program{Selected: map[netip.Addr]bool{}, Egress: make(map[netip.Addr][]int, s.egress), Ingress: make(map[netip.Addr][]int, s.ingress)}}
@@ -691,7 +694,17 @@ func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, selecting []*
 			c.terms(g, t, np.Namespace, r, p, remote)
 		}
 	}
-	g.Terms = mergeTerms(g.Terms)
+	g.Terms = mergeTerms(g.Terms, c.from)
+	if !remote {
+		// Sets of every peer: a patch may change them (Deps.Dispatch).
+		for _, t := range g.Terms {
+			if t.Peers != nil && t.Peers.id == 0 {
+				c.prog.peerSets = append(c.prog.peerSets, t.Peers)
+				c.prog.peerFrom = append(c.prog.peerFrom, c.from[t.Peers])
+				t.Peers.id = int32(len(c.prog.peerSets))
+			}
+		}
+	}
 	// Peers several pods hold: what each pod there lets through,
 	// intersected.
 	several := c.several
@@ -783,8 +796,10 @@ func knownKey(t networkingv1.PolicyType, remote bool, nps []*networkingv1.Networ
 // with the same peers into one with their ports together, then those with
 // the same ports into one with their peers together. A group is a chain
 // whose rules a new connection walks until one matches: unmerged, a pod
-// that 100 policies select costs 100 lookups a connection.
-func mergeTerms(ts []Term) []Term {
+// that 100 policies select costs 100 lookups a connection. A set of peers
+// joined is of the rules of those it joins (from, if not nil; none if one
+// of them is of none).
+func mergeTerms(ts []Term, from map[*Addrs][]peerSource) []Term {
 	var byPeers []Term
 	at := map[*Addrs]int{}
 	for _, t := range ts {
@@ -823,6 +838,8 @@ func mergeTerms(ts []Term) []Term {
 			continue
 		}
 		var b addrsBuilder
+		var srcs []peerSource
+		known := true
 		any := false
 		for _, i := range is {
 			if byPeers[i].Peers == nil {
@@ -830,10 +847,16 @@ func mergeTerms(ts []Term) []Term {
 				break
 			}
 			b.addRanges(byPeers[i].Peers)
+			f, ok := from[byPeers[i].Peers]
+			known = known && ok
+			srcs = append(srcs, f...)
 		}
 		t := Term{Ports: byPeers[is[0]].Ports}
 		if !any {
 			t.Peers = b.build()
+			if from != nil && known {
+				from[t.Peers] = srcs
+			}
 		}
 		out = append(out, t)
 	}
@@ -965,7 +988,23 @@ func (c *compiler) peerAddrs(policyNS string, r rule) *Addrs {
 	if cache {
 		c.peers[k] = out
 	}
+	var blocks addrsBuilder
+	for _, peer := range r.peers {
+		if peer.IPBlock != nil {
+			blocks.r = append(blocks.r, c.ipBlockRanges(peer.IPBlock)...)
+		}
+	}
+	c.from[out] = []peerSource{{ns: policyNS, r: r, blocks: blocks.build().r}}
 	return out
+}
+
+// peerSource is a rule whose peers a set holds: the addresses of its
+// ipBlocks (blocks), and those its selectors match the one holder of
+// (Deps.holds).
+type peerSource struct {
+	ns     string // the policy's
+	r      rule
+	blocks []Range
 }
 
 // matchesEveryPod tells whether selectorMatch accepts every pod for peer:

@@ -3,25 +3,31 @@ package verdicts
 import (
 	"maps"
 	"net/netip"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 )
 
 // Most of a large cluster's pod churn that a node's program follows at
-// all is pods elsewhere that a policy of their namespace selects: each
-// address of such a pod has, in the dispatch maps, the group of its
-// policies built for the judged peers, which other pods of the same
-// workload share. A change of one changes nothing else in the program
-// (not a peer set, not a group), so the program is patched: the entries
-// of its addresses, not a compile of the cluster.
+// all is pods elsewhere that a policy of their namespace selects, or that
+// a rule of this node's pods' policies names as a peer. Each address of
+// the first has, in the dispatch maps, the group of its policies built
+// for the judged peers, which other pods of the same workload share; each
+// address of the second is in the sets of peers of the terms of those
+// rules. A change of either changes nothing else in the program (not a
+// group, not a term), so the program is patched: the entries of its
+// addresses and their membership of the sets, not a compile of the
+// cluster.
 
 // Dispatchable tells whether a pod's change from old to cur (nil: none),
 // which Classify called Recompile with d, changes the program compiled
-// with d only in the dispatch entries of their addresses (Dispatch tells
-// them): both are of another node, not on the host's network, without
-// extra IPs, hold their addresses alone, written as the compile keys
-// them, and are no peer of a rule of the judged addresses' policies.
+// with d only in the dispatch entries of their addresses and in which
+// sets of peers hold them (Dispatch tells both): both are of another
+// node, not on the host's network, without extra IPs, hold their
+// addresses alone, written as the compile keys them, and none with
+// container ports is a peer of a rule with named egress ports (those
+// resolve on each peer, in a list of their own).
 func (d *Deps) Dispatchable(l Live, old, cur *corev1.Pod) bool {
 	if d == nil || d.c.in.Admin {
 		return false
@@ -55,20 +61,41 @@ func (d *Deps) dispatchable(l Live, p *corev1.Pod) bool {
 			}
 		}
 	}
-	return !d.peer(p)
+	return !d.namedPeer(p)
 }
 
-// Entry is an address's groups in the dispatch maps (none: no entry).
+// namedPeer: p has container ports and a rule of the judged addresses'
+// policies has named egress ports (Deps.peer, as conservatively).
+func (d *Deps) namedPeer(p *corev1.Pod) bool {
+	ports := false
+	for i := range p.Spec.Containers {
+		ports = ports || len(p.Spec.Containers[i].Ports) > 0
+	}
+	if !ports {
+		return false
+	}
+	for _, lr := range d.local {
+		if lr.named {
+			return true
+		}
+	}
+	return false
+}
+
+// Entry is an address's groups in the dispatch maps (none: no entry), and
+// the sets of peers (by Addrs id) that hold it.
 type Entry struct {
 	Egress, Ingress []int
+	in              []int32
 }
 
 // Dispatch is the entry that a compile with d's context would give a, an
-// address Dispatchable changes, with the cluster as l tells it now, the
-// groups found by key in groups (Program.GroupIndex). False when that
-// needs a compile: a is held by several pods, or its pod's change is more
-// than its entries, or it needs a group the program does not have.
-func (d *Deps) Dispatch(l Live, groups map[string]int, a netip.Addr) (Entry, bool) {
+// address Dispatchable changes, in p (compiled with d's context, maybe
+// patched since), with the cluster as l tells it now, the groups found by
+// key in groups (p.GroupIndex()). False when that needs a compile: a is
+// held by several pods, or its pod's change is more than its entries, or
+// it needs a group the program does not have.
+func (d *Deps) Dispatch(l Live, p *Program, groups map[string]int, a netip.Addr) (Entry, bool) {
 	if d == nil || d.c.in.Admin || d.c.prog.Selected[a] {
 		return Entry{}, false
 	}
@@ -79,12 +106,15 @@ func (d *Deps) Dispatch(l Live, groups map[string]int, a netip.Addr) (Entry, boo
 	hs := l.Holders(s)
 	switch {
 	case len(hs) == 0:
-		return Entry{}, true
+		return d.peersOf(p, nil, a)
 	case len(hs) > 1 || !d.dispatchable(l, hs[0]):
 		return Entry{}, false
 	}
 	h := hs[0]
-	var e Entry
+	e, ok := d.peersOf(p, h, a)
+	if !ok {
+		return Entry{}, false
+	}
 	selecting := d.c.selecting(h, d.c.policies[h.Namespace])
 	for _, t := range []networkingv1.PolicyType{networkingv1.PolicyTypeEgress, networkingv1.PolicyTypeIngress} {
 		nps := isolating(t, selecting)
@@ -114,6 +144,35 @@ func (d *Deps) Dispatch(l Live, groups map[string]int, a netip.Addr) (Entry, boo
 	return e, true
 }
 
+// peersOf is the entry of a, held by h alone (nil: by none), with only
+// the sets of p's peers that hold it; false if the rules of one are not
+// known.
+func (d *Deps) peersOf(p *Program, h *corev1.Pod, a netip.Addr) (Entry, bool) {
+	var e Entry
+	for i, srcs := range p.peerFrom {
+		if srcs == nil {
+			return Entry{}, false
+		}
+		for _, src := range srcs {
+			if d.holds(src, h, a) {
+				e.in = append(e.in, int32(i+1))
+				break
+			}
+		}
+	}
+	return e, true
+}
+
+// holds is peerMatches for src's rule: a in one of its ipBlocks, or h
+// (nil: none) matching one of its selectors. The rules are those of the
+// judged addresses' policies, whose selectors the compile parsed.
+func (d *Deps) holds(src peerSource, h *corev1.Pod, a netip.Addr) bool {
+	if _, ok := contains(src.blocks, a); ok {
+		return true
+	}
+	return h != nil && d.c.selectorsMatch(src.ns, src.r, h)
+}
+
 // GroupIndex is each group's index by its key.
 func (p *Program) GroupIndex() map[string]int {
 	out := make(map[string]int, len(p.Groups))
@@ -123,19 +182,99 @@ func (p *Program) GroupIndex() map[string]int {
 	return out
 }
 
-// Patched is p with the entries of es (by address) in place of its own:
-// a new Program sharing everything with p but the dispatch maps.
-func (p *Program) Patched(es map[netip.Addr]Entry) *Program {
+// Change is what a patch changes in a program: the entries of some
+// addresses (by address), and the sets of peers (by id) that they change,
+// with their ranges after it.
+type Change struct {
+	Entries map[netip.Addr]Entry
+	peers   map[int32][]Range
+}
+
+// Change is the change es makes to p; false if p cannot take it in place:
+// es adds to a set of peers an address of a family it holds none of (its
+// rule for that family is not in the program: a compile makes it).
+func (p *Program) Change(es map[netip.Addr]Entry) (*Change, bool) {
+	ch := &Change{Entries: es}
+	for i, s := range p.peerSets {
+		id := int32(i + 1)
+		var add, cut []netip.Addr
+		for a, e := range es {
+			in := slices.Contains(e.in, id)
+			switch {
+			case s.Contains(a) == in:
+			case !in:
+				cut = append(cut, a)
+			case !hasFamily(s.r, a.Is4()):
+				return nil, false
+			default:
+				add = append(add, a)
+			}
+		}
+		if len(add)+len(cut) == 0 {
+			continue
+		}
+		if ch.peers == nil {
+			ch.peers = map[int32][]Range{}
+		}
+		ch.peers[id] = edited(s.r, add, cut)
+	}
+	return ch, true
+}
+
+// Peers is how many sets of peers ch changes.
+func (ch *Change) Peers() int { return len(ch.peers) }
+
+// hasFamily: rs (normalized: IPv4 first) holds addresses of the family.
+func hasFamily(rs []Range, v4 bool) bool {
+	if v4 {
+		return len(rs) > 0 && rs[0].From.Is4()
+	}
+	return len(rs) > 0 && !rs[len(rs)-1].From.Is4()
+}
+
+// Patched is p with ch made (p.Change): a new Program sharing with p all
+// but the dispatch maps and the sets of peers (and the groups holding
+// them) that ch changes.
+func (p *Program) Patched(ch *Change) *Program {
 	out := *p
 	out.Egress, out.Ingress = maps.Clone(p.Egress), maps.Clone(p.Ingress)
-	out.Apply(es)
+	out.applyEntries(ch.Entries)
+	if len(ch.peers) == 0 {
+		return &out
+	}
+	out.peerSets = slices.Clone(p.peerSets)
+	for id, rs := range ch.peers {
+		out.peerSets[id-1] = &Addrs{r: rs, id: id}
+	}
+	out.Groups = slices.Clone(p.Groups)
+	for i, g := range out.Groups {
+		if !slices.ContainsFunc(g.Terms, func(t Term) bool { return t.Peers != nil && ch.peers[t.Peers.id] != nil }) {
+			continue
+		}
+		ng := *g
+		ng.Terms = slices.Clone(g.Terms)
+		for j, t := range ng.Terms {
+			if t.Peers != nil && ch.peers[t.Peers.id] != nil {
+				ng.Terms[j].Peers = out.peerSets[t.Peers.id-1]
+			}
+		}
+		out.Groups[i] = &ng
+	}
 	return &out
 }
 
-// Apply puts the entries of es (by address) in p's dispatch maps in place
-// of their own. p is changed: its owner alone may read it meanwhile (a
-// cluster's maps are too large to copy for each patch).
-func (p *Program) Apply(es map[netip.Addr]Entry) {
+// Apply makes ch (p.Change) in p, in place: its dispatch maps and its
+// sets of peers change, also those it shares with programs Patched from
+// it. Its owner alone may read it meanwhile (a cluster's maps are too
+// large to copy for each patch).
+func (p *Program) Apply(ch *Change) {
+	p.applyEntries(ch.Entries)
+	for id, rs := range ch.peers {
+		p.peerSets[id-1].r = rs
+	}
+}
+
+func (p *Program) applyEntries(es map[netip.Addr]Entry) {
 	for a, e := range es {
 		for _, m := range []struct {
 			by map[netip.Addr][]int

@@ -25,7 +25,12 @@ import (
 func TestDispatchPatchIsSound(t *testing.T) {
 	sd := seed(t)
 	r := rand.New(rand.NewPCG(sd, 0xd15a))
-	changes, patched, refused := dispatchWorlds(r, scaled(t, 600), dispatchHooks{settled: func(w *world, prog *Program, last string) {
+	var peerPatches int
+	changes, patched, refused := dispatchWorlds(r, scaled(t, 600), dispatchHooks{patched: func(was, _ *Program, ch *Change) {
+		if ch.Peers() > 0 {
+			peerPatches++
+		}
+	}, settled: func(w *world, prog *Program, last string) {
 		addrs := slices.Clone(w.addrs)
 		for _, p := range w.in.Pods {
 			addrs = append(addrs, podIPsOf(p)...)
@@ -35,9 +40,9 @@ func TestDispatchPatchIsSound(t *testing.T) {
 				sd, last, k.Src, k.Dst, k.Proto, k.DstPort, prog.Allows(k), !prog.Allows(k), describe(w))
 		}
 	}})
-	t.Logf("%d changes: %d patches, %d refused by Dispatch", changes, patched, refused)
-	if patched == 0 || refused == 0 {
-		t.Errorf("%d patches, %d refused (of %d changes): want some of each", patched, refused, changes)
+	t.Logf("%d changes: %d patches (%d of sets of peers), %d refused by Dispatch", changes, patched, peerPatches, refused)
+	if patched == 0 || refused == 0 || peerPatches == 0 {
+		t.Errorf("%d patches (%d of sets of peers), %d refused (of %d changes): want some of each", patched, peerPatches, refused, changes)
 	}
 }
 
@@ -47,7 +52,7 @@ func TestDispatchPatchIsSound(t *testing.T) {
 // followed; last are the changes since the previous one).
 type dispatchHooks struct {
 	compiled func(w *world, prog *Program)
-	patched  func(was, prog *Program, es map[netip.Addr]Entry)
+	patched  func(was, prog *Program, ch *Change)
 	settled  func(w *world, prog *Program, last string)
 }
 
@@ -107,11 +112,15 @@ func dispatchWorlds(r *rand.Rand, worlds int, h dispatchHooks) (changes, patches
 			ok := true
 			live := liveAfter(w, pods)
 			for ip := range dirty {
-				e, found := deps.Dispatch(live, groups, ip)
+				e, found := deps.Dispatch(live, prog, groups, ip)
 				ok = ok && found
 				es[ip] = e
 			}
 			clear(dirty)
+			var ch *Change
+			if ok {
+				ch, ok = prog.Change(es)
+			}
 			if !ok {
 				refused++
 				after := w.in
@@ -121,9 +130,9 @@ func dispatchWorlds(r *rand.Rand, worlds int, h dispatchHooks) (changes, patches
 			}
 			patches++
 			was := prog
-			prog = prog.Patched(es)
+			prog = prog.Patched(ch)
 			if h.patched != nil {
-				h.patched(was, prog, es)
+				h.patched(was, prog, ch)
 			}
 		}
 		settled := func() {
@@ -238,30 +247,30 @@ func podIPsOf(p *corev1.Pod) []netip.Addr {
 // packets between the judged addresses and the patched ones (and any)
 // get the patched program's verdict.
 func TestKernelPatch(t *testing.T) {
-	l := probe.New(t)
-	conn, err := NewConn(int(l.NS))
-	if err != nil {
-		t.Fatal(err)
-	}
 	const table = "flock-verdicts-patch"
-	hook := Hook{Num: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter}
+	l, conn, hook := patchLab(t)
+	var err error
 	sd := seed(t)
 	r := rand.New(rand.NewPCG(sd, 0x9a7c4))
-	var gen uint64
+	var at *Loaded
 	touched := map[netip.Addr]bool{}
 	verdicts := map[bool]int{}
+	peerPatches := 0
 	_, patches, _ := dispatchWorlds(r, scaled(t, 60), dispatchHooks{
 		compiled: func(w *world, prog *Program) {
-			if gen, err = LoadGen(conn, table, hook, prog); err != nil {
+			if at, err = LoadGen(conn, table, hook, prog); err != nil {
 				t.Fatalf("load: %v", err)
 			}
 			clear(touched)
 		},
-		patched: func(was, prog *Program, es map[netip.Addr]Entry) {
-			if err := Patch(conn, table, gen, was, es); err != nil {
+		patched: func(was, prog *Program, ch *Change) {
+			if err := Patch(conn, table, at, was, ch); err != nil {
 				t.Fatalf("FLOCK_SEED=%d: patch: %v", sd, err)
 			}
-			for a := range es {
+			if ch.Peers() > 0 {
+				peerPatches++
+			}
+			for a := range ch.Entries {
 				touched[a] = true
 			}
 		},
@@ -299,8 +308,19 @@ func TestKernelPatch(t *testing.T) {
 			clear(touched)
 		},
 	})
-	t.Logf("%d patches; packets: %d passed, %d dropped", patches, verdicts[true], verdicts[false])
-	if patches == 0 || verdicts[false] == 0 || verdicts[true] == 0 {
-		t.Errorf("%d patches, %d packets passed, %d dropped: want some of each", patches, verdicts[true], verdicts[false])
+	t.Logf("%d patches (%d of sets of peers); packets: %d passed, %d dropped", patches, peerPatches, verdicts[true], verdicts[false])
+	if patches == 0 || peerPatches == 0 || verdicts[false] == 0 || verdicts[true] == 0 {
+		t.Errorf("%d patches (%d of sets of peers), %d packets passed, %d dropped: want some of each", patches, peerPatches, verdicts[true], verdicts[false])
 	}
+}
+
+// patchLab is a network namespace whose output hook runs a table, and a
+// connection to its nftables.
+func patchLab(t *testing.T) (*probe.Lab, *nftables.Conn, Hook) {
+	l := probe.New(t)
+	conn, err := NewConn(int(l.NS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, conn, Hook{Num: nftables.ChainHookOutput, Priority: nftables.ChainPriorityFilter}
 }

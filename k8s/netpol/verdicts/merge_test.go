@@ -57,7 +57,7 @@ func TestMergeTermsMatchesTheSame(t *testing.T) {
 			peer := addr()
 			probes = append(probes, probe{peer, k, before.allows(peer, k)})
 		}
-		after := &Group{Terms: mergeTerms(ts)}
+		after := &Group{Terms: mergeTerms(ts, nil)}
 		if len(after.Terms) > len(ts) {
 			t.Fatalf("world %d: %d terms became %d", wi, len(ts), len(after.Terms))
 		}

@@ -107,15 +107,23 @@ func Load(conn *nftables.Conn, table string, hook Hook, p *Program) error {
 	return err
 }
 
-// LoadGen is Load, and says the generation the program is under (Patch
-// changes it there).
-func LoadGen(conn *nftables.Conn, table string, hook Hook, p *Program) (uint64, error) {
+// Loaded is where a program LoadGen loaded is in its table: its
+// generation, and the names of its sets of peers (by Addrs id), which
+// Patch changes.
+type Loaded struct {
+	Gen   uint64
+	peers map[int32]string
+}
+
+// LoadGen is Load, and says where the program is (Patch changes it
+// there).
+func LoadGen(conn *nftables.Conn, table string, hook Hook, p *Program) (*Loaded, error) {
 	if p.Queued != nil && hook.Queue == nil {
-		return 0, fmt.Errorf("load table %s: the program queues packets to the engine, and the hook has no queue verdict", table)
+		return nil, fmt.Errorf("load table %s: the program queues packets to the engine, and the hook has no queue verdict", table)
 	}
 	cur, err := Current(conn, table)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	r := &renderer{conn: conn, p: p, peerSets: map[*Addrs]string{}, chains: map[string]*nftables.Chain{}, defined: map[string]*nftables.Set{},
 		all: map[string]string{}, suffix: "-v" + strconv.FormatUint(cur.Gen+1, 10)}
@@ -128,31 +136,40 @@ func LoadGen(conn *nftables.Conn, table string, hook Hook, p *Program) (uint64, 
 	}
 	for i, g := range p.Groups {
 		if err := r.group(i, g); err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
 	if err := r.dispatchSets(); err != nil {
-		return 0, err
+		return nil, err
 	}
 	if err := conn.Flush(); err != nil {
-		return 0, fmt.Errorf("nftables transaction (the program): %w", err)
+		return nil, fmt.Errorf("nftables transaction (the program): %w", err)
 	}
 	r.dispatch(hook, cur)
 	r.deleteOld(cur)
 	if err := conn.Flush(); err != nil {
-		return 0, fmt.Errorf("nftables transaction (the switch to it): %w", err)
+		return nil, fmt.Errorf("nftables transaction (the switch to it): %w", err)
 	}
-	return cur.Gen + 1, nil
+	l := &Loaded{Gen: cur.Gen + 1, peers: map[int32]string{}}
+	for a, name := range r.peerSets {
+		if a.id != 0 {
+			l.peers[a.id] = name
+		}
+	}
+	return l, nil
 }
 
-// Patch makes the dispatch maps of was, the program table holds under
-// generation gen (LoadGen), hold the entries of es in place of its own,
-// in one transaction: an entry of one group jumps to it (Dispatch's are
-// all of one); a removed one is deleted. An error leaves the table as it
-// was (the caller loads the program anew).
-func Patch(conn *nftables.Conn, table string, gen uint64, was *Program, es map[netip.Addr]Entry) error {
+// Patch makes the program was, which table holds where l says (LoadGen,
+// maybe patched since), take ch (was.Change), in one transaction. In the
+// dispatch maps an entry of one group jumps to it (Dispatch's are all of
+// one), a removed one is deleted; in the sets of peers the ranges that
+// change are deleted and those they become added (an address in a set of
+// ranges can join or split its neighbours). An error leaves the table as
+// it was (the caller loads the program anew).
+func Patch(conn *nftables.Conn, table string, l *Loaded, was *Program, ch *Change) error {
+	es, changed := ch.Entries, ch.peers
 	t := &nftables.Table{Name: table, Family: nftables.TableFamilyINet}
-	suffix := "-v" + strconv.FormatUint(gen, 10)
+	suffix := "-v" + strconv.FormatUint(l.Gen, 10)
 	n := 0
 	for a, e := range es {
 		fam, typ := "6", nftables.TypeIP6Addr
@@ -185,13 +202,94 @@ func Patch(conn *nftables.Conn, table string, gen uint64, was *Program, es map[n
 			n++
 		}
 	}
+	for id, now := range changed {
+		name, ok := l.peers[id]
+		if !ok {
+			return fmt.Errorf("patch table %s: set of peers %d is not in the generation loaded", table, id)
+		}
+		for _, v4 := range []bool{true, false} {
+			fam, typ := "6", nftables.TypeIP6Addr
+			if v4 {
+				fam, typ = "4", nftables.TypeIPAddr
+			}
+			gone, added := rangesDiff(was.peerSets[id-1].r, now, v4)
+			if len(gone)+len(added) == 0 {
+				continue
+			}
+			s := &nftables.Set{Table: t, Name: name + "-" + fam + suffix, KeyType: typ, Interval: true}
+			// Deleted first: an added range may start where a deleted
+			// one did.
+			for _, d := range []struct {
+				rs  []Range
+				job func(*nftables.Set, []nftables.SetElement) error
+			}{{gone, conn.SetDeleteElements}, {added, conn.SetAddElements}} {
+				elems := intervalElems(d.rs)
+				for len(elems) > 0 {
+					k := min(len(elems), setChunk)
+					if err := d.job(s, elems[:k]); err != nil {
+						return fmt.Errorf("patch table %s: %w", table, err)
+					}
+					elems = elems[k:]
+				}
+			}
+			n++
+		}
+	}
 	if n == 0 {
 		return nil
 	}
 	if err := conn.Flush(); err != nil {
-		return fmt.Errorf("nftables transaction (patch of %d entries): %w", n, err)
+		return fmt.Errorf("nftables transaction (patch of %d entries and sets): %w", n, err)
 	}
 	return nil
+}
+
+// rangesDiff are the ranges of the family (IPv4 or not) in was and not in
+// now, and in now and not in was (both normalized: in order, each From
+// once).
+func rangesDiff(was, now []Range, v4 bool) (gone, added []Range) {
+	fam := func(rs []Range) []Range {
+		i := slices.IndexFunc(rs, func(r Range) bool { return !r.From.Is4() })
+		if i < 0 {
+			i = len(rs)
+		}
+		if v4 {
+			return rs[:i]
+		}
+		return rs[i:]
+	}
+	was, now = fam(was), fam(now)
+	i, j := 0, 0
+	for i < len(was) || j < len(now) {
+		switch {
+		case j == len(now) || (i < len(was) && was[i].From.Less(now[j].From)):
+			gone = append(gone, was[i])
+			i++
+		case i == len(was) || now[j].From.Less(was[i].From):
+			added = append(added, now[j])
+			j++
+		default: // the same From
+			if was[i].To != now[j].To {
+				gone, added = append(gone, was[i]), append(added, now[j])
+			}
+			i, j = i+1, j+1
+		}
+	}
+	return gone, added
+}
+
+// intervalElems are an interval set's elements for rs: each range's
+// first address, and the address after its last (none after the
+// family's last address).
+func intervalElems(rs []Range) []nftables.SetElement {
+	var elems []nftables.SetElement
+	for _, rg := range rs {
+		elems = append(elems, nftables.SetElement{Key: rg.From.AsSlice()})
+		if next := rg.To.Next(); next.IsValid() {
+			elems = append(elems, nftables.SetElement{Key: next.AsSlice(), IntervalEnd: true})
+		}
+	}
+	return elems
 }
 
 func (r *renderer) gname(i int) string { return "g" + strconv.Itoa(i) + r.suffix }
@@ -373,16 +471,13 @@ func (r *renderer) peerSet(a *Addrs, v4 bool) (*nftables.Set, error) {
 	if s, ok := r.defined[name]; ok {
 		return s, nil
 	}
-	var elems []nftables.SetElement
+	var of []Range
 	for _, rg := range a.Ranges() {
-		if rg.From.Is4() != v4 {
-			continue
-		}
-		elems = append(elems, nftables.SetElement{Key: rg.From.AsSlice()})
-		if next := rg.To.Next(); next.IsValid() {
-			elems = append(elems, nftables.SetElement{Key: next.AsSlice(), IntervalEnd: true})
+		if rg.From.Is4() == v4 {
+			of = append(of, rg)
 		}
 	}
+	elems := intervalElems(of)
 	if len(elems) == 0 {
 		r.defined[name] = nil
 		return nil, nil

@@ -38,6 +38,13 @@ type Program struct {
 	// to one goes to the engine (NFQUEUE), which decides it. Nil without
 	// them.
 	Queued map[netip.Addr]bool
+	// peerSets are the terms' sets of peers of the groups built for
+	// every peer (those of this node's pods), each Addrs's id its index
+	// plus one; peerFrom the rules each holds the peers of (nil: not
+	// known). A change of a pod elsewhere that is such a peer changes
+	// them and nothing else of the groups (Deps.Dispatch).
+	peerSets []*Addrs
+	peerFrom [][]peerSource
 }
 
 // Queues reports whether k goes to the engine rather than being decided

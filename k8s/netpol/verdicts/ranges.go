@@ -10,7 +10,12 @@ type Range struct{ From, To netip.Addr }
 
 // Addrs is a set of addresses of both families as sorted, disjoint,
 // non-adjacent ranges: what an nftables interval set holds.
-type Addrs struct{ r []Range }
+type Addrs struct {
+	r []Range
+	// id, if not 0, is the set's in its program's peer sets
+	// (Program.peerSets), which a patch may change.
+	id int32
+}
 
 // Ranges lists the set's ranges in order (IPv4 first).
 func (a *Addrs) Ranges() []Range { return a.r }
@@ -20,16 +25,7 @@ func (a *Addrs) Len() int { return len(a.r) }
 
 // Contains tells whether ip is in the set.
 func (a *Addrs) Contains(ip netip.Addr) bool {
-	i, found := slices.BinarySearchFunc(a.r, ip, func(r Range, ip netip.Addr) int {
-		switch {
-		case r.To.Less(ip):
-			return -1
-		case ip.Less(r.From):
-			return 1
-		}
-		return 0
-	})
-	_ = i
+	_, found := contains(a.r, ip)
 	return found
 }
 
@@ -42,7 +38,7 @@ func (b *addrsBuilder) addPrefix(p netip.Prefix) { b.r = append(b.r, prefixRange
 
 func (b *addrsBuilder) addRanges(a *Addrs) { b.r = append(b.r, a.r...) }
 
-func (b *addrsBuilder) build() *Addrs { return &Addrs{normalize(b.r)} }
+func (b *addrsBuilder) build() *Addrs { return &Addrs{r: normalize(b.r)} }
 
 func prefixRange(p netip.Prefix) Range {
 	p = p.Masked()
@@ -100,4 +96,71 @@ func subtract(rs, cut []Range) []Range {
 		out = append(out, pieces...)
 	}
 	return out
+}
+
+// contains tells whether rs (normalized) holds ip, and where: the index
+// of the range holding it, or else of the first range after it.
+func contains(rs []Range, ip netip.Addr) (int, bool) {
+	return slices.BinarySearchFunc(rs, ip, func(r Range, ip netip.Addr) int {
+		switch {
+		case r.To.Less(ip):
+			return -1
+		case ip.Less(r.From):
+			return 1
+		}
+		return 0
+	})
+}
+
+// edited is rs (normalized; not changed) with the addresses of add (none
+// of them in rs) in it and those of cut (all in rs) out of it, normalized
+// as a build of the same addresses would be: one pass, as a set of a
+// large cluster's pods takes a few of them at a time.
+func edited(rs []Range, add, cut []netip.Addr) []Range {
+	add, cut = slices.Clone(add), slices.Clone(cut)
+	slices.SortFunc(add, netip.Addr.Compare)
+	slices.SortFunc(cut, netip.Addr.Compare)
+	out := make([]Range, 0, len(rs)+len(add)+len(cut))
+	// push appends r, joining it to the last range if they touch (they
+	// come in order of From, and do not overlap).
+	push := func(r Range) {
+		if n := len(out); n > 0 && out[n-1].To.BitLen() == r.From.BitLen() && out[n-1].To.Next() == r.From {
+			out[n-1].To = r.To
+			return
+		}
+		out = append(out, r)
+	}
+	i, j := 0, 0
+	for i < len(rs) || j < len(add) {
+		if j == len(add) || (i < len(rs) && rs[i].From.Less(add[j])) {
+			push(rs[i])
+			i++
+			continue
+		}
+		push(Range{add[j], add[j]})
+		j++
+	}
+	if len(cut) == 0 {
+		return out
+	}
+	split := make([]Range, 0, len(out)+len(cut))
+	k := 0
+	for _, r := range out {
+		for k < len(cut) && !r.To.Less(cut[k]) {
+			a := cut[k] // in r: cut holds addresses of the set
+			k++
+			if r.From != a {
+				split = append(split, Range{r.From, a.Prev()})
+			}
+			if r.To == a {
+				r.From = netip.Addr{}
+				break
+			}
+			r.From = a.Next()
+		}
+		if r.From.IsValid() {
+			split = append(split, r)
+		}
+	}
+	return split
 }
