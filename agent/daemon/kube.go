@@ -139,7 +139,7 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 		return nil, err
 	}
 	f := kubeclient.NewFactory()
-	k := &kubeMode{o: o, core: core, factory: f, dyn: dyn, nc: nodeconfigs.New(f, dyn, o.NodeName), allNC: nodeconfigs.NewAll(f, dyn), events: &podEvents{},
+	k := &kubeMode{o: o, core: core, factory: f, dyn: dyn, nc: nodeconfigs.New(f, dyn, o.NodeName), allNC: nodeconfigs.NewAll(f, dyn, o.NodeName), events: &podEvents{},
 		kick: make(chan struct{}, 1), poolKick: make(chan struct{}, 1),
 		pools: addresspools.New(f, dyn, core.Namespaces(), o.Log), claims: claims.New(f, dyn, o.NodeName, o.Log)}
 	wait := o.NodeConfigWait

@@ -19,12 +19,11 @@ type All struct {
 	changed  chan struct{}
 }
 
-// NewAll watches every NodeConfig with an informer of f.
-func NewAll(f *kubeclient.Factory, dyn dynamic.Interface) *All {
+// NewAll watches every NodeConfig with the informer of f that New uses
+// for node's (this node's: the others are cut to what All reads).
+func NewAll(f *kubeclient.Factory, dyn dynamic.Interface, node string) *All {
 	a := &All{changed: make(chan struct{}, 1)}
-	a.informer = f.Informer(GVR.String(), func() cache.SharedIndexInformer {
-		return kubeclient.NewDynamicInformer(dyn, GVR, nil)
-	})
+	a.informer = everyNode(f, dyn, node)
 	a.handler, _ = a.informer.AddEventHandler(specChanges(func(*unstructured.Unstructured) { notify(a.changed) }))
 	return a
 }
@@ -65,4 +64,63 @@ func (a *All) Exists(node string) bool {
 // Names are the nodes with a NodeConfig (as far as the cache knows).
 func (a *All) Names() []string {
 	return a.informer.GetStore().ListKeys()
+}
+
+// everyNode is the informer of every NodeConfig that New and NewAll share
+// on f: node's whole, every other one cut to what All reads (othersCut).
+func everyNode(f *kubeclient.Factory, dyn dynamic.Interface, node string) cache.SharedIndexInformer {
+	return f.Informer(GVR.String(), func() cache.SharedIndexInformer {
+		inf := kubeclient.NewDynamicInformer(dyn, GVR, nil)
+		_ = inf.SetTransform(othersCut(node)) // before it starts: cannot fail
+		return inf
+	})
+}
+
+// othersCut is the transform that keeps of another node's NodeConfig only
+// its identity, generation (specChanges) and its pools' CIDRs and whether
+// they are shared (Summaries): a NodeConfig's status (its peers, its
+// conditions) and the rest of its spec are most of it, and an agent
+// holds every node's, 5,000 at Kubernetes' envelope. node's own is kept
+// whole (Watcher reads its spec and status).
+func othersCut(node string) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok || u.GetName() == node {
+			return obj, nil
+		}
+		meta := map[string]any{}
+		if m, ok := u.Object["metadata"].(map[string]any); ok {
+			for _, k := range []string{"name", "uid", "resourceVersion", "generation"} {
+				if v, ok := m[k]; ok {
+					meta[k] = v
+				}
+			}
+		}
+		out := &unstructured.Unstructured{Object: map[string]any{"apiVersion": u.Object["apiVersion"], "kind": u.Object["kind"], "metadata": meta}}
+		spec, ok := u.Object["spec"].(map[string]any)
+		if !ok {
+			return out, nil // SpecOf says so, as of the whole object
+		}
+		cut := map[string]any{}
+		if pools, ok := spec["pools"].([]any); ok {
+			kept := make([]any, 0, len(pools))
+			for _, p := range pools {
+				pm, ok := p.(map[string]any)
+				if !ok {
+					kept = append(kept, p) // SpecOf fails on it, as on the whole object
+					continue
+				}
+				one := map[string]any{}
+				for _, k := range []string{"cidr", "shared"} {
+					if v, ok := pm[k]; ok {
+						one[k] = v
+					}
+				}
+				kept = append(kept, one)
+			}
+			cut["pools"] = kept
+		}
+		out.Object["spec"] = cut
+		return out, nil
+	}
 }

@@ -40,13 +40,10 @@ type Watcher struct {
 }
 
 // New follows the NodeConfig named node with the NodeConfig informer of
-// f (the one All uses: every node's NodeConfig is watched anyway, for the
-// summaries' overlaps).
+// f (the one NewAll(f, dyn, node) uses: every node's NodeConfig is watched
+// anyway, for the summaries' overlaps).
 func New(f *kubeclient.Factory, dyn dynamic.Interface, node string) *Watcher {
-	inf := f.Informer(GVR.String(), func() cache.SharedIndexInformer {
-		return kubeclient.NewDynamicInformer(dyn, GVR, nil)
-	})
-	return newWatcher(dyn, node, inf)
+	return newWatcher(dyn, node, everyNode(f, dyn, node))
 }
 
 // NewNamed follows the NodeConfig named node with an informer of f that

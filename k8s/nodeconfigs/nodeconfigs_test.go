@@ -166,7 +166,7 @@ func TestNewNamedWatchesOneNodeConfig(t *testing.T) {
 	// The agent's: every NodeConfig, on the factory's shared informer.
 	dyn.ClearActions()
 	f2 := kubeclient.NewFactory()
-	all := NewAll(f2, dyn)
+	all := NewAll(f2, dyn, "vm")
 	New(f2, dyn, "vm")
 	runFactory(t, f2, dyn)
 	if got := fmt.Sprint(selectors()); got != "map[list:[] watch:[]]" {
