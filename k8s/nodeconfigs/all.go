@@ -81,11 +81,16 @@ func everyNode(f *kubeclient.Factory, dyn dynamic.Interface, node string) cache.
 // they are shared (Summaries): a NodeConfig's status (its peers, its
 // conditions) and the rest of its spec are most of it, and an agent
 // holds every node's, 5,000 at Kubernetes' envelope. node's own is kept
-// whole (Watcher reads its spec and status).
+// whole (Watcher reads its spec and status), and so is one whose spec
+// does not parse (SpecOf: Summaries leaves it out, which a cut spec could
+// not tell).
 func othersCut(node string) cache.TransformFunc {
 	return func(obj any) (any, error) {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok || u.GetName() == node {
+			return obj, nil
+		}
+		if _, err := SpecOf(u); err != nil {
 			return obj, nil
 		}
 		meta := map[string]any{}
@@ -97,18 +102,14 @@ func othersCut(node string) cache.TransformFunc {
 			}
 		}
 		out := &unstructured.Unstructured{Object: map[string]any{"apiVersion": u.Object["apiVersion"], "kind": u.Object["kind"], "metadata": meta}}
-		spec, ok := u.Object["spec"].(map[string]any)
-		if !ok {
-			return out, nil // SpecOf says so, as of the whole object
-		}
+		spec := u.Object["spec"].(map[string]any) // SpecOf found it
 		cut := map[string]any{}
 		if pools, ok := spec["pools"].([]any); ok {
 			kept := make([]any, 0, len(pools))
 			for _, p := range pools {
 				pm, ok := p.(map[string]any)
 				if !ok {
-					kept = append(kept, p) // SpecOf fails on it, as on the whole object
-					continue
+					continue // (SpecOf parsed it: not there)
 				}
 				one := map[string]any{}
 				for _, k := range []string{"cidr", "shared"} {

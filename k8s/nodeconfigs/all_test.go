@@ -97,3 +97,20 @@ func TestAllCutsOtherNodes(t *testing.T) {
 		t.Errorf("the other node's NodeConfig as cached:\n%v\nwant\n%v", got, want)
 	}
 }
+
+// A node whose spec does not parse contributes no summary, also when only
+// a field the cut drops is wrong (the cut keeps such a NodeConfig whole).
+func TestAllSpecNotParsingCutOrNot(t *testing.T) {
+	bad := withPools(nodeConfig("c", 1, 65001), map[string]any{"cidr": "fd00:10:3::/64"})
+	bad.Object["spec"].(map[string]any)["asn"] = "sixty-five thousand"
+	if _, err := SpecOf(bad.DeepCopy()); err == nil {
+		t.Fatal("the whole object's spec parses: the test needs one that does not")
+	}
+	dyn := fakeClient(withPools(nodeConfig("a", 1, 65001), map[string]any{"cidr": "fd00:10:1::/64"}), bad)
+	f := kubeclient.NewFactory()
+	all := NewAll(f, dyn, "this-node")
+	runFactory(t, f, dyn)
+	if got, want := fmt.Sprint(all.Summaries()), "map[a:[fd00:10:1::/64]]"; got != want {
+		t.Errorf("Summaries = %s, want %s (node c's spec does not parse)", got, want)
+	}
+}
