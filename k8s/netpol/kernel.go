@@ -251,7 +251,7 @@ func (k *kernelVerdicts) takeDirty() (map[netip.Addr]bool, uint64) {
 
 // live is what Classify and Dispatch read of the cluster now.
 func (k *kernelVerdicts) live() verdicts.Live {
-	live := verdicts.Live{Node: k.node, Holders: k.holders, Local: k.isLocal}
+	live := verdicts.Live{Node: k.node, Holders: k.holders, Local: k.isLocal, Pod: k.pod}
 	if k.extra != nil {
 		live.ExtraPodIPs, live.PodsForIP = k.extra.ExtraPodIPs, k.extra.PodsForIP
 	}
@@ -308,7 +308,8 @@ func (k *kernelVerdicts) patch() error {
 // new program, and a new context only if this node judges one of the ips
 // or one of the pods whose extra IPs changed is this node's
 // (verdicts.ClassifyExtra). Anycast pods elsewhere come and go with their
-// workloads' churn: their changes wait at the pace of other nodes' pods.
+// workloads' churn: a replica among others alike changes nothing; other
+// changes wait at the pace of other nodes' pods.
 func (k *kernelVerdicts) extraChanged(ips, pods []string) {
 	local := false
 	k.mu.Lock()
@@ -328,11 +329,24 @@ func (k *kernelVerdicts) extraChanged(ips, pods []string) {
 	if d := k.deps.Load(); d != nil && d.gen == k.gen.Load() {
 		deps = d.d
 	}
-	if verdicts.ClassifyExtra(verdicts.Live{Node: k.node, Local: k.isLocal}, deps, ips, local) == verdicts.Recompile {
+	switch verdicts.ClassifyExtra(k.live(), deps, ips, local) {
+	case verdicts.Unchanged:
+		k.skipped.Add(1)
+	case verdicts.Recompile:
 		k.recompile()
-		return
+	default:
+		k.changed()
 	}
-	k.changed()
+}
+
+// pod is the cached pod of key ("namespace/name"), nil if none.
+func (k *kernelVerdicts) pod(key string) *corev1.Pod {
+	ns, name, _ := strings.Cut(key, "/")
+	p, err := k.pods.Pods(ns).Get(name)
+	if err != nil {
+		return nil
+	}
+	return p
 }
 
 // policyChanged asks for what a NetworkPolicy's update needs: nothing

@@ -2,6 +2,7 @@ package verdicts
 
 import (
 	"errors"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -39,6 +40,9 @@ type Deps struct {
 	// judged are the judged addresses and their holders (ClassifyPolicy
 	// matches a policy's peers against them).
 	judged []judgedAt
+	// several are the addresses several pods hold (extra IPs: anycast),
+	// each with what the compile read of its holders (holdersRead).
+	several map[netip.Addr]string
 }
 
 type judgedAt struct {
@@ -83,6 +87,17 @@ func (c *compiler) deps() *Deps {
 			}
 		}
 	}
+	if !c.in.Admin {
+		d.several = map[netip.Addr]string{}
+		for _, k := range c.several {
+			e := c.held[k]
+			hs := make([]*corev1.Pod, len(e.h))
+			for i, pi := range e.h {
+				hs[i] = c.pods[pi]
+			}
+			d.several[e.a] = holdersRead(hs)
+		}
+	}
 	for _, a := range c.judged {
 		j := judgedAt{a: a}
 		if k, ok := c.find(a); ok {
@@ -122,6 +137,71 @@ type Live struct {
 	// asked with ip as netip prints it, and must answer for a pod's IP
 	// written otherwise ("FD00::1") too.
 	Local func(ip string) bool
+	// Pod is the pod of key ("namespace/name"), nil if none (nil: none
+	// known, so no extra IP is found stable).
+	Pod func(key string) *corev1.Pod
+}
+
+// holdersRead is what a compile reads of the pods holding an address
+// several hold (an anycast IP of a workload's replicas): that there are
+// several, and each one's namespace, labels and container ports (which
+// policies select it, which peers match it, what its named ports resolve
+// to), as a set: Group.Several intersects what each lets through, and the
+// address's groups in the dispatch maps are theirs together, so holders
+// alike count once. "" for fewer than two.
+func holdersRead(hs []*corev1.Pod) string {
+	if len(hs) < 2 {
+		return ""
+	}
+	kinds := make([]string, 0, len(hs))
+	for _, h := range hs {
+		var b strings.Builder
+		b.WriteString(strconv.Quote(h.Namespace))
+		for _, k := range slices.Sorted(maps.Keys(h.Labels)) {
+			b.WriteString(" " + strconv.Quote(k) + "=" + strconv.Quote(h.Labels[k]))
+		}
+		b.WriteString(" ports")
+		for i := range h.Spec.Containers {
+			for _, cp := range h.Spec.Containers[i].Ports {
+				b.WriteString(" " + strconv.Quote(cp.Name) + "/" + string(cp.Protocol) + "/" + strconv.Itoa(int(cp.ContainerPort)))
+			}
+		}
+		kinds = append(kinds, b.String())
+	}
+	slices.Sort(kinds)
+	return strings.Join(slices.Compact(kinds), "\n")
+}
+
+// stableSeveral: ip, an extra IP of pods of other nodes that is not
+// judged here, was held by several pods when d was compiled and still is,
+// by pods the compile reads alike (holdersRead): a change of its holders
+// (a replica of an anycast workload elsewhere coming or going) leaves the
+// program as it is. As the compile finds them: no status IP holds it, and
+// its holders are the pods PodsForIP names that exist, not on the host's
+// network, one of which holds it as an extra IP.
+func (d *Deps) stableSeveral(l Live, ip string) bool {
+	a, err := netip.ParseAddr(ip)
+	if err != nil || a.String() != ip || l.PodsForIP == nil || l.Pod == nil || l.ExtraPodIPs == nil {
+		return false
+	}
+	was, ok := d.several[a]
+	if !ok || (l.Holders != nil && len(l.Holders(ip)) > 0) {
+		return false
+	}
+	var hs []*corev1.Pod
+	listed := false
+	for _, key := range l.PodsForIP(ip) {
+		if !strings.Contains(key, "/") {
+			continue
+		}
+		h := l.Pod(key)
+		if h == nil || h.Spec.HostNetwork {
+			continue
+		}
+		hs = append(hs, h)
+		listed = listed || slices.Contains(l.ExtraPodIPs(h), ip)
+	}
+	return listed && holdersRead(hs) == was
 }
 
 // Classify tells what a pod's change from old to cur (nil: none, as for
@@ -143,16 +223,17 @@ func Classify(l Live, d *Deps, old, cur *corev1.Pod) Effect {
 			continue
 		}
 		for _, ip := range l.ExtraPodIPs(p) {
-			extra = true
 			if d == nil || extraInContext(l, d, ip) {
 				return NewContext
 			}
+			extra = extra || !d.stableSeveral(l, ip)
 		}
 	}
 	if d == nil || d.c.in.Admin || extra {
 		// With the admin policies on, every isolated address is judged;
 		// the groups of an address held as an extra IP are not worth
-		// reasoning about (anycast: held by several pods).
+		// reasoning about (anycast: held by several pods), unless its
+		// holders are read alike (stableSeveral).
 		return Recompile
 	}
 	for _, p := range []*corev1.Pod{old, cur} {
@@ -174,10 +255,15 @@ func ClassifyExtra(l Live, d *Deps, ips []string, local bool) Effect {
 	if local || d == nil || d.c.in.Admin {
 		return NewContext
 	}
+	stable := true
 	for _, ip := range ips {
 		if extraInContext(l, d, ip) {
 			return NewContext
 		}
+		stable = stable && d.stableSeveral(l, ip)
+	}
+	if stable {
+		return Unchanged // an anycast workload's replicas elsewhere came or went
 	}
 	return Recompile
 }

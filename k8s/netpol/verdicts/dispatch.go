@@ -24,8 +24,9 @@ import (
 // which Classify called Recompile with d, changes the program compiled
 // with d only in the dispatch entries of their addresses and in which
 // sets of peers hold them (Dispatch tells both): both are of another
-// node, not on the host's network, without extra IPs, hold their
-// addresses alone, written as the compile keys them, and none with
+// node, not on the host's network, without extra IPs (but those several
+// pods elsewhere hold alike: stableSeveral), hold their addresses alone,
+// written as the compile keys them, and none with
 // container ports is a peer of a rule with named egress ports (those
 // resolve on each peer, in a list of their own).
 func (d *Deps) Dispatchable(l Live, old, cur *corev1.Pod) bool {
@@ -44,8 +45,12 @@ func (d *Deps) dispatchable(l Live, p *corev1.Pod) bool {
 	if p.Spec.NodeName == l.Node || p.Spec.HostNetwork {
 		return false
 	}
-	if l.ExtraPodIPs != nil && len(l.ExtraPodIPs(p)) > 0 {
-		return false
+	if l.ExtraPodIPs != nil {
+		for _, ip := range l.ExtraPodIPs(p) {
+			if !d.stableSeveral(l, ip) {
+				return false
+			}
+		}
 	}
 	for _, ip := range p.Status.PodIPs {
 		a, err := netip.ParseAddr(ip.IP)

@@ -224,7 +224,19 @@ func liveAfter(w *world, pods []*corev1.Pod) Live {
 		}
 		return false
 	}
-	return Live{Node: localNode, ExtraPodIPs: w.in.ExtraPodIPs, PodsForIP: w.in.PodsForIP, Holders: holders, Local: local}
+	return Live{Node: localNode, ExtraPodIPs: w.in.ExtraPodIPs, PodsForIP: w.in.PodsForIP, Holders: holders, Local: local, Pod: podOf(pods)}
+}
+
+// podOf finds a pod of pods by key.
+func podOf(pods []*corev1.Pod) func(string) *corev1.Pod {
+	return func(k string) *corev1.Pod {
+		for _, p := range pods {
+			if key(p) == k {
+				return p
+			}
+		}
+		return nil
+	}
 }
 
 // podIPsOf are p's status IPs that parse (none for nil).

@@ -18,11 +18,11 @@ import (
 func TestClassifyExtraIsSound(t *testing.T) {
 	sd := seed(t)
 	r := rand.New(rand.NewPCG(sd, 0xe7a))
-	worlds, changes, recompiled := scaled(t, 300), 0, 0
+	worlds, changes, recompiled, unchanged := scaled(t, 300), 0, 0, 0
 	for range worlds {
 		w := newWorld(r)
 		for range 20 {
-			_, deps := CompileDeps(w.in)
+			prog, deps := CompileDeps(w.in)
 			after, ip, p := randExtraChange(r, w)
 			local := func(ip string) bool {
 				for _, q := range w.in.Pods {
@@ -34,20 +34,32 @@ func TestClassifyExtraIsSound(t *testing.T) {
 				}
 				return false
 			}
-			live := Live{Node: localNode, ExtraPodIPs: after.in.ExtraPodIPs, PodsForIP: after.in.PodsForIP, Local: local}
+			live := liveAfter(after, after.in.Pods)
+			live.Local = local
 			changes++
-			if ClassifyExtra(live, deps, []string{ip}, p.Spec.NodeName == localNode) == Recompile {
+			switch ClassifyExtra(live, deps, []string{ip}, p.Spec.NodeName == localNode) {
+			case Recompile:
 				recompiled++
 				if _, d := CompileDeps(after.in); !sameContext(d, deps) {
 					t.Fatalf("FLOCK_SEED=%d: %s given or taken %s called Recompile, but the context changed\nbefore:\n%s", sd, podString(p), ip, describe(w))
+				}
+			case Unchanged:
+				unchanged++
+				addrs := slices.Clone(after.addrs)
+				for _, q := range after.in.Pods {
+					addrs = append(addrs, podIPsOf(q)...)
+				}
+				if k, same := differ(prog, Compile(after.in), addrs); !same {
+					t.Fatalf("FLOCK_SEED=%d: %s given or taken %s called Unchanged, but %s → %s proto %d port %d: the program says %v, a compile after %v\nbefore:\n%s",
+						sd, podString(p), ip, k.Src, k.Dst, k.Proto, k.DstPort, prog.Allows(k), !prog.Allows(k), describe(w))
 				}
 			}
 			w = after
 		}
 	}
-	t.Logf("%d changes: %d recompiled in the same context", changes, recompiled)
-	if recompiled == 0 || recompiled == changes {
-		t.Errorf("%d of %d changes recompiled: want some of each kind", recompiled, changes)
+	t.Logf("%d changes: %d recompiled in the same context, %d unchanged", changes, recompiled, unchanged)
+	if recompiled == 0 || unchanged == 0 || recompiled+unchanged == changes {
+		t.Errorf("%d of %d changes recompiled, %d unchanged: want some of each kind", recompiled, changes, unchanged)
 	}
 }
 
