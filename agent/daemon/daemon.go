@@ -36,6 +36,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/metrics"
 	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
+	"code.fritzlab.net/fritzlab/flock/agent/memtrim"
 	"code.fritzlab.net/fritzlab/flock/agent/nodestate"
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
 	"code.fritzlab.net/fritzlab/flock/agent/status"
@@ -224,7 +225,7 @@ func (d *daemon) register(cni, adminSocket net.Listener, hup <-chan os.Signal) {
 	c.register("link watch", whenServing, RunFunc(d.watchLinks))
 	c.register("cni server", whenServing, &wire.Server{Listener: cni, Handler: wire.HandlerFunc(d.handleCNI), Logger: d.log})
 	c.register("admin api", whenServing, &admin.Server{Listener: adminSocket, Source: d})
-	c.register("memory trimmer", whenServing, RunFunc(func(ctx context.Context) error { return trimMemory(ctx, d.log) }))
+	c.register("memory trimmer", whenServing, RunFunc(func(ctx context.Context) error { return memtrim.Run(ctx, memtrim.Every, d.log) }))
 	if d.kube != nil {
 		d.kube.register(d, c)
 		return

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
+	"code.fritzlab.net/fritzlab/flock/agent/memtrim"
 	"code.fritzlab.net/fritzlab/flock/agent/policyips"
 	"code.fritzlab.net/fritzlab/flock/cmd/internal/buildinfo"
 	"code.fritzlab.net/fritzlab/flock/cmd/internal/kubeconfig"
@@ -219,6 +220,9 @@ func run(cfg netpol.Config, kubeconfigPath string, ep endpoints, lbc lbConfig, l
 	if lb != nil {
 		g.Go(func() error { return lb.Run(ctx) })
 	}
+	// A load's garbage (a compile of the cluster's pods) is handed back
+	// once loads pause, not over minutes.
+	g.Go(func() error { return memtrim.Run(ctx, memtrim.Every, log) })
 	g.Go(func() error {
 		// The engine ending (an error, or ctx) ends the servers too.
 		defer stop()
