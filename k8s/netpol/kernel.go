@@ -329,7 +329,14 @@ func (k *kernelVerdicts) extraChanged(ips, pods []string) {
 	if d := k.deps.Load(); d != nil && d.gen == k.gen.Load() {
 		deps = d.d
 	}
-	switch verdicts.ClassifyExtra(k.live(), deps, ips, local) {
+	eff := verdicts.ClassifyExtra(k.live(), deps, ips, local)
+	if eff == verdicts.Unchanged && k.done.Load() < k.seq.Load() {
+		// Unchanged is said of the holders the Deps were compiled with; a
+		// load asked for or under way may have listed others (its Deps
+		// replace these): it is compiled again.
+		eff = verdicts.Recompile
+	}
+	switch eff {
 	case verdicts.Unchanged:
 		k.skipped.Add(1)
 	case verdicts.Recompile:

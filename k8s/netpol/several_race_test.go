@@ -1,0 +1,116 @@
+package netpol
+
+import (
+	"log/slog"
+	"net/netip"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
+)
+
+// An anycast holder change that ClassifyExtra calls Unchanged against the
+// stored Deps (compiled from state S0), made while a load is compiling
+// state S1 (listed after an earlier change that asked for it), is not
+// lost: a load stays pending, or the kernel's program is a compile of the
+// cluster now. The load is load()'s steps in its order (gen, seq, input,
+// CompileDeps, then k.last/k.deps/k.done), without nftables. (Found by
+// review.)
+func TestSeveralUnchangedDuringLoadIsNotLost(t *testing.T) {
+	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, enginePodIPIndex: func(obj any) ([]string, error) {
+		p := obj.(*corev1.Pod)
+		if p.Spec.HostNetwork {
+			return nil, nil
+		}
+		return podIPStrings(p), nil
+	}})
+	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	const node = "node-a"
+	for _, n := range []string{"a", "d"} {
+		_ = nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})
+	}
+	mk := func(ns, name, app, nodeName, ip string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": app}}}
+		p.Spec.NodeName = nodeName
+		p.Status.Phase = corev1.PodRunning
+		p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
+		return p
+	}
+	x := mk("a", "x", "x", node, "fd00:10::1")
+	for _, p := range []*corev1.Pod{x, mk("d", "b", "web", "node-b", "fd00:20::2"), mk("d", "c", "web", "node-b", "fd00:20::3"), mk("d", "e", "other", "node-b", "fd00:20::4")} {
+		_ = pods.Add(p)
+	}
+	// x may send to pods app=web (any namespace) on TCP 80.
+	tcp := corev1.ProtocolTCP
+	port := intstr.FromInt32(80)
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "x-out"}}
+	np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}
+	np.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+	np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{
+		Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
+		To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, NamespaceSelector: &metav1.LabelSelector{}}},
+	}}
+	_ = nps.Add(np)
+
+	const anycast = "2001:db8:a::1"
+	extra := &modelExtra{}
+	extra.toggle("d/b", anycast)
+	extra.toggle("d/c", anycast)
+
+	k := newKernelVerdicts(node, corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), extra, nil, slog.New(slog.DiscardHandler))
+	k.holders = podIPHolders(pods)
+	k.primeLocal()
+
+	// load() without the kernel: between the listing and the store, mid runs.
+	load := func(mid func()) *verdicts.Program {
+		seq := k.seq.Load()
+		gen := k.gen.Load()
+		_, _ = k.takeDirty()
+		in, err := k.input()
+		if err != nil {
+			t.Fatal(err)
+		}
+		prog, deps := verdicts.CompileDeps(in)
+		mid()
+		k.last.Store(prog)
+		k.deps.Store(&depsAt{deps, gen})
+		k.done.Store(seq)
+		return prog
+	}
+	pkt := verdicts.Packet{Src: netip.MustParseAddr("fd00:10::1"), Dst: netip.MustParseAddr(anycast), Proto: 6, DstPort: 80}
+
+	// S0: the anycast IP held by b and c (app=web): x may send to it.
+	p0 := load(func() {})
+	if !p0.Allows(pkt) {
+		t.Fatalf("S0: x → %s:80 denied", anycast)
+	}
+	// e1: e (app=other) holds it too: x may not (Group.Several
+	// intersects); ClassifyExtra asks for a compile.
+	seq := k.seq.Load()
+	k.extraChanged(extra.toggle("d/e", anycast))
+	if k.seq.Load() == seq {
+		t.Fatalf("e1 (a holder read otherwise) asked for no compile")
+	}
+	// The load for e1 lists S1; while it compiles, e2: e lets go again.
+	skipped := k.skipped.Load()
+	p1 := load(func() { k.extraChanged(extra.toggle("d/e", anycast)) })
+	if k.skipped.Load() > skipped {
+		t.Errorf("e2, during a load, was skipped (Unchanged against the Deps the load replaces)")
+	}
+
+	in, _ := k.input()
+	now := verdicts.Compile(in)
+	pending := k.done.Load() < k.seq.Load()
+	if !pending && p1.Allows(pkt) != now.Allows(pkt) {
+		t.Fatalf("no load pending, but the kernel's program says x → %s TCP 80 allowed=%v, a compile of the cluster now %v",
+			anycast, p1.Allows(pkt), now.Allows(pkt))
+	}
+}
