@@ -65,8 +65,8 @@ func TestKernelUrgentChangeCutsTheWait(t *testing.T) {
 func TestPatchPace(t *testing.T) {
 	for _, c := range []struct{ took, want time.Duration }{
 		{time.Millisecond, PatchEvery},
-		{5 * time.Millisecond, PatchEvery},
-		{10 * time.Millisecond, 190 * time.Millisecond},
+		{10 * time.Millisecond, PatchEvery},
+		{20 * time.Millisecond, 380 * time.Millisecond},
 		{40 * time.Millisecond, 760 * time.Millisecond},
 		{time.Second, RemoteLag},
 	} {

@@ -188,12 +188,19 @@ func (p *Program) GroupIndex() map[string]int {
 }
 
 // Change is what a patch changes in a program: the entries of some
-// addresses (by address), and the sets of peers (by id) that they change,
-// with their ranges after it.
+// addresses (by address), and the sets of peers (by id) that they change:
+// which of their ranges go, and which come.
 type Change struct {
 	Entries map[netip.Addr]Entry
-	peers   map[int32][]Range
+	peers   map[int32]peerEdit
 }
+
+// peerEdit is a set of peers' ranges that a change replaces (was) and
+// those it puts in their place (now): only the ranges about the addresses
+// it adds or cuts. A set of a large cluster's pods holds tens of
+// thousands; a copy of it for each patch was most of flock-policy's
+// garbage under churn.
+type peerEdit struct{ was, now []Range }
 
 // Change is the change es makes to p; false if p cannot take it in place:
 // es adds to a set of peers an address of a family it holds none of (its
@@ -219,11 +226,56 @@ func (p *Program) Change(es map[netip.Addr]Entry) (*Change, bool) {
 			continue
 		}
 		if ch.peers == nil {
-			ch.peers = map[int32][]Range{}
+			ch.peers = map[int32]peerEdit{}
 		}
-		ch.peers[id] = edited(s.r, add, cut)
+		was := around(s.r, add, cut)
+		ch.peers[id] = peerEdit{was: was, now: edited(was, add, cut)}
 	}
 	return ch, true
+}
+
+// around are the ranges of rs (normalized) that holding the addresses of
+// add (none in rs) and not those of cut (all in rs) can change: those
+// holding one of cut, and those next to one of add (it joins them). The
+// others stay as they are: none is next to an address added, or to a
+// range of these (rs's ranges are not next to each other).
+func around(rs []Range, add, cut []netip.Addr) []Range {
+	var at []int
+	for _, a := range cut {
+		if i, ok := contains(rs, a); ok {
+			at = append(at, i)
+		}
+	}
+	for _, a := range add {
+		i, _ := contains(rs, a) // the first range after a
+		if i > 0 && rs[i-1].To.BitLen() == a.BitLen() && rs[i-1].To.Next() == a {
+			at = append(at, i-1)
+		}
+		if i < len(rs) && rs[i].From.BitLen() == a.BitLen() && a.Next() == rs[i].From {
+			at = append(at, i)
+		}
+	}
+	slices.Sort(at)
+	out := make([]Range, 0, len(at))
+	for _, i := range slices.Compact(at) {
+		out = append(out, rs[i])
+	}
+	return out
+}
+
+// replaced is rs (normalized) with the ranges of e.was (all in rs) taken
+// out and those of e.now put in, in place (rs's array is reused).
+func replaced(rs []Range, e peerEdit) []Range {
+	for _, r := range e.was {
+		if i, ok := slices.BinarySearchFunc(rs, r.From, func(x Range, a netip.Addr) int { return x.From.Compare(a) }); ok {
+			rs = slices.Delete(rs, i, i+1)
+		}
+	}
+	for _, r := range e.now {
+		i, _ := slices.BinarySearchFunc(rs, r.From, func(x Range, a netip.Addr) int { return x.From.Compare(a) })
+		rs = slices.Insert(rs, i, r)
+	}
+	return rs
 }
 
 // Peers is how many sets of peers ch changes.
@@ -248,18 +300,18 @@ func (p *Program) Patched(ch *Change) *Program {
 		return &out
 	}
 	out.peerSets = slices.Clone(p.peerSets)
-	for id, rs := range ch.peers {
-		out.peerSets[id-1] = &Addrs{r: rs, id: id}
+	for id, e := range ch.peers {
+		out.peerSets[id-1] = &Addrs{r: replaced(slices.Clone(p.peerSets[id-1].r), e), id: id}
 	}
 	out.Groups = slices.Clone(p.Groups)
 	for i, g := range out.Groups {
-		if !slices.ContainsFunc(g.Terms, func(t Term) bool { return t.Peers != nil && ch.peers[t.Peers.id] != nil }) {
+		if !slices.ContainsFunc(g.Terms, func(t Term) bool { return t.Peers != nil && changes(ch, t.Peers) }) {
 			continue
 		}
 		ng := *g
 		ng.Terms = slices.Clone(g.Terms)
 		for j, t := range ng.Terms {
-			if t.Peers != nil && ch.peers[t.Peers.id] != nil {
+			if t.Peers != nil && changes(ch, t.Peers) {
 				ng.Terms[j].Peers = out.peerSets[t.Peers.id-1]
 			}
 		}
@@ -268,14 +320,20 @@ func (p *Program) Patched(ch *Change) *Program {
 	return &out
 }
 
+// changes: ch edits the set a (of p's peer sets).
+func changes(ch *Change, a *Addrs) bool {
+	_, ok := ch.peers[a.id]
+	return a.id != 0 && ok
+}
+
 // Apply makes ch (p.Change) in p, in place: its dispatch maps and its
 // sets of peers change, also those it shares with programs Patched from
 // it. Its owner alone may read it meanwhile (a cluster's maps are too
 // large to copy for each patch).
 func (p *Program) Apply(ch *Change) {
 	p.applyEntries(ch.Entries)
-	for id, rs := range ch.peers {
-		p.peerSets[id-1].r = rs
+	for id, e := range ch.peers {
+		p.peerSets[id-1].r = replaced(p.peerSets[id-1].r, e)
 	}
 }
 

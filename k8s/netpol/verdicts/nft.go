@@ -202,7 +202,7 @@ func Patch(conn *nftables.Conn, table string, l *Loaded, was *Program, ch *Chang
 			n++
 		}
 	}
-	for id, now := range changed {
+	for id, e := range changed {
 		name, ok := l.peers[id]
 		if !ok {
 			return fmt.Errorf("patch table %s: set of peers %d is not in the generation loaded", table, id)
@@ -212,7 +212,7 @@ func Patch(conn *nftables.Conn, table string, l *Loaded, was *Program, ch *Chang
 			if v4 {
 				fam, typ = "4", nftables.TypeIPAddr
 			}
-			gone, added := rangesDiff(was.peerSets[id-1].r, now, v4)
+			gone, added := rangesDiff(e.was, e.now, v4)
 			if len(gone)+len(added) == 0 {
 				continue
 			}

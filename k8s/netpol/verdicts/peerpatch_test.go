@@ -18,14 +18,7 @@ import (
 func TestEditedIsABuild(t *testing.T) {
 	sd := seed(t)
 	r := rand.New(rand.NewPCG(sd, 0x3a9e))
-	var space []netip.Addr
-	for _, base := range []string{"0.0.0.0", "192.0.2.0", "255.255.255.248", "::", "fd00:77::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fff8"} {
-		a := netip.MustParseAddr(base)
-		for range 8 {
-			space = append(space, a)
-			a = a.Next()
-		}
-	}
+	space := runs(8, "0.0.0.0", "192.0.2.0", "255.255.255.248", "::", "fd00:77::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fff8")
 	for round := range scaled(t, 300) {
 		member := map[netip.Addr]bool{}
 		var rs []Range
@@ -79,14 +72,7 @@ func TestKernelPeerRanges(t *testing.T) {
 	sd := seed(t)
 	r := rand.New(rand.NewPCG(sd, 0x5e75))
 	judged4, judged6 := netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("2001:db8:1::1")
-	var space []netip.Addr
-	for _, base := range []string{"192.0.2.1", "fd00:77::1"} {
-		a := netip.MustParseAddr(base)
-		for range 10 {
-			space = append(space, a)
-			a = a.Next()
-		}
-	}
+	space := runs(10, "192.0.2.1", "fd00:77::1")
 	// Both families held from the start (a patch does not add a family).
 	var b addrsBuilder
 	b.addAddr(space[0])
@@ -145,4 +131,74 @@ func TestKernelPeerRanges(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A Change's edit of a set of peers, applied in place (Apply) or to a copy
+// (Patched), is a build of the members: random batches of toggles of
+// neighbouring addresses of both families, through Change as flock-policy
+// makes them; Patched leaves the program it was given as it was.
+func TestChangeEditsAsABuild(t *testing.T) {
+	sd := seed(t)
+	r := rand.New(rand.NewPCG(sd, 0xed17))
+	space := runs(16, "192.0.2.1", "fd00:77::1")
+	for round := range scaled(t, 200) {
+		var b addrsBuilder
+		b.addAddr(space[0])
+		b.addAddr(space[16])
+		peers := b.build()
+		peers.id = 1
+		prog := &Program{Egress: map[netip.Addr][]int{}, Ingress: map[netip.Addr][]int{}, peerSets: []*Addrs{peers}, peerFrom: [][]peerSource{{}},
+			Groups: []*Group{{Terms: []Term{{Peers: peers, Ports: Ports{All: true}}}}}}
+		member := map[netip.Addr]bool{space[0]: true, space[16]: true}
+		for step := range 30 {
+			es := map[netip.Addr]Entry{}
+			for range 1 + r.IntN(5) {
+				a := space[1+r.IntN(len(space)-1)]
+				if a == space[16] {
+					continue // each family keeps one
+				}
+				member[a] = !member[a]
+				e := Entry{}
+				if member[a] {
+					e.in = []int32{1}
+				}
+				es[a] = e
+			}
+			var want addrsBuilder
+			for a, in := range member {
+				if in {
+					want.addAddr(a)
+				}
+			}
+			ch, ok := prog.Change(es)
+			if !ok {
+				t.Fatalf("FLOCK_SEED=%d round %d step %d: refused", sd, round, step)
+			}
+			before := slices.Clone(prog.peerSets[0].r)
+			copied := prog.Patched(ch)
+			if !slices.Equal(prog.peerSets[0].r, before) {
+				t.Fatalf("FLOCK_SEED=%d round %d step %d: Patched changed the program it was given", sd, round, step)
+			}
+			if got := copied.Groups[0].Terms[0].Peers.r; !slices.Equal(got, want.build().r) {
+				t.Fatalf("FLOCK_SEED=%d round %d step %d: Patched: %v, a build %v", sd, round, step, got, want.build().r)
+			}
+			prog.Apply(ch)
+			if got := prog.Groups[0].Terms[0].Peers.r; !slices.Equal(got, want.build().r) {
+				t.Fatalf("FLOCK_SEED=%d round %d step %d: %v edited by %v: %v, a build %v", sd, round, step, before, ch.peers[1], got, want.build().r)
+			}
+		}
+	}
+}
+
+// runs are n addresses in a row from each of bases.
+func runs(n int, bases ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, base := range bases {
+		a := netip.MustParseAddr(base)
+		for range n {
+			out = append(out, a)
+			a = a.Next()
+		}
+	}
+	return out
 }
