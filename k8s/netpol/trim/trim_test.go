@@ -117,6 +117,26 @@ func TestPodKeepsWhatIsRead(t *testing.T) {
 	}
 }
 
+// Transform trims a pod in place (the object client-go decoded), to what
+// Pod keeps, idempotently.
+func TestTransformTrimsAPodInPlace(t *testing.T) {
+	fat := fatPod()
+	want := Pod(fat.DeepCopy())
+	got, err := Transform(fat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != any(fat) {
+		t.Errorf("Transform returned another object, want the one it was given, trimmed")
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Transform's pod:\n got %+v\nwant %+v", got, want)
+	}
+	if again, _ := Transform(got); !reflect.DeepEqual(again, want) {
+		t.Fatalf("transforming twice: %+v, want %+v", again, want)
+	}
+}
+
 func TestNamespaceAndNode(t *testing.T) {
 	meta := metav1.ObjectMeta{Name: "shop", UID: "ns-uid", ResourceVersion: "9", Labels: map[string]string{"team": "a"},
 		Annotations:   map[string]string{"scheduler.alpha.kubernetes.io/node-selector": "x"},
