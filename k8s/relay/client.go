@@ -93,30 +93,39 @@ func (s *PodSource) Watch(ctx context.Context, opts metav1.ListOptions) (watch.I
 // recording passes w's events on, and records the resource version of
 // each one the informer takes (bookmarks too).
 func (s *PodSource) recording(w watch.Interface) watch.Interface {
-	return passing(w, func(e watch.Event) {
-		if e.Type != watch.Error {
-			if m, err := meta.Accessor(e.Object); err == nil {
-				s.saw(m.GetResourceVersion())
-			}
+	return passing(w, func(e watch.Event) func() {
+		if e.Type == watch.Error {
+			return nil
 		}
+		m, err := meta.Accessor(e.Object)
+		if err != nil {
+			return nil
+		}
+		rv := m.GetResourceVersion()
+		return func() { s.saw(rv) }
 	})
 }
 
-// passing passes w's events on, calling taken with each one once the
-// reader has it. Unlike watch.Filter's, its goroutine ends when the
+// passing passes w's events on: read is given each one before the reader
+// has it (the reader owns the object then: an informer's transform
+// changes it in place), and what it returns (nil: nothing) is called once
+// the reader has it. Unlike watch.Filter's, its goroutine ends when the
 // watch is stopped with an event in hand (a reflector reads no more once
 // it stops a watch).
-func passing(w watch.Interface, taken func(watch.Event)) watch.Interface {
+func passing(w watch.Interface, read func(watch.Event) func()) watch.Interface {
 	p := &passingWatch{in: w, out: make(chan watch.Event), done: make(chan struct{})}
 	go func() {
 		defer close(p.out)
 		for e := range w.ResultChan() {
+			taken := read(e)
 			select {
 			case p.out <- e:
 			case <-p.done:
 				return
 			}
-			taken(e)
+			if taken != nil {
+				taken()
+			}
 		}
 	}()
 	return p

@@ -325,7 +325,7 @@ func TestAPassedWatchEndsWhenStopped(t *testing.T) {
 	in := watch.NewFakeWithChanSize(1, false)
 	in.Add(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", ResourceVersion: "7"}})
 	taken := make(chan watch.Event, 1)
-	w := passing(in, func(e watch.Event) { taken <- e })
+	w := passing(in, func(e watch.Event) func() { return func() { taken <- e } })
 	time.Sleep(50 * time.Millisecond) // the goroutine holds the event
 	w.Stop()
 	select {

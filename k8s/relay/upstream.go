@@ -80,11 +80,14 @@ func (u *Upstream) Watch(ctx context.Context, opts metav1.ListOptions) (watch.In
 	}
 	// The bookmark that ends the initial events carries the list's
 	// resource version.
-	return passing(w, func(ev watch.Event) {
-		if ev.Type == watch.Bookmark {
-			if m, ok := ev.Object.(metav1.Object); ok && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
-				u.listed(m.GetResourceVersion())
-			}
+	return passing(w, func(ev watch.Event) func() {
+		if ev.Type != watch.Bookmark {
+			return nil
 		}
+		if m, ok := ev.Object.(metav1.Object); ok && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
+			rv := m.GetResourceVersion()
+			return func() { u.listed(rv) }
+		}
+		return nil
 	}), nil
 }
