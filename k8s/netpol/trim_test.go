@@ -12,7 +12,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/kube-network-policies/pkg/networkpolicy"
 
@@ -48,7 +51,7 @@ func TestCachesTrimmed(t *testing.T) {
 		Status: corev1.NodeStatus{Images: []corev1.ContainerImage{{Names: []string{"web:1"}, SizeBytes: 1 << 20}}}}
 	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "deny", ManagedFields: pod.ManagedFields},
 		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
-	client := fake.NewClientset(pod, ns, node, np)
+	client := copyingClient(pod, ns, node, np)
 	factory := newFactory(client)
 	nodes := factory.Core().V1().Nodes()
 	nodes.Informer() // the engine asks for it only with the admin policies on
@@ -107,7 +110,7 @@ func TestCachesTrimmed(t *testing.T) {
 func TestUpdatesOfNothingReadCompileNothing(t *testing.T) {
 	pod := bulkyPod("shop", "web")
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"team": "a"}}}
-	client := fake.NewClientset(pod, ns)
+	client := copyingClient(pod, ns)
 	factory := newFactory(client)
 	if _, err := newController(client, factory, nil, nil, nil, nil, networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true}); err != nil {
 		t.Fatal(err)
@@ -204,4 +207,29 @@ func TestUpdatesOfNothingReadCompileNothing(t *testing.T) {
 			t.Errorf("%s: %d kicks, want a compile: %v", s.name, got, s.compile)
 		}
 	}
+}
+
+// copyingClient is a fake clientset holding objs whose watches send
+// copies: the fake hands a new watch the objects its tracker holds
+// themselves, and trim.Transform trims in place what an informer is
+// given (an API server's watch sends each object decoded anew).
+func copyingClient(objs ...runtime.Object) *fake.Clientset {
+	client := fake.NewClientset(objs...)
+	client.PrependWatchReactor("*", func(a k8stesting.Action) (bool, watch.Interface, error) {
+		var opts metav1.ListOptions
+		if wa, ok := a.(k8stesting.WatchActionImpl); ok {
+			opts = wa.ListOptions
+		}
+		w, err := client.Tracker().Watch(a.GetResource(), a.GetNamespace(), opts)
+		if err != nil {
+			return true, nil, err
+		}
+		return true, watch.Filter(w, func(e watch.Event) (watch.Event, bool) {
+			if e.Object != nil {
+				e.Object = e.Object.DeepCopyObject()
+			}
+			return e, true
+		}), nil
+	})
+	return client
 }

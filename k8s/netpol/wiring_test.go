@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/kube-network-policies/pkg/networkpolicy"
@@ -61,7 +60,7 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 		objs = append(objs, p)
 	}
 	objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
-	client := fake.NewClientset(objs...)
+	client := copyingClient(objs...)
 	factory := newFactory(client)
 	engineCfg := networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true}
 	tr := &syncingExtra{}
