@@ -322,8 +322,7 @@ func (k *kernelVerdicts) extraChanged(ips, pods []string) {
 	}
 	k.mu.Unlock()
 	for _, key := range pods {
-		ns, name, _ := strings.Cut(key, "/")
-		if p, err := k.pods.Pods(ns).Get(name); err == nil && p.Spec.NodeName == k.node {
+		if p := k.pod(key); p != nil && p.Spec.NodeName == k.node {
 			local = true
 		}
 	}

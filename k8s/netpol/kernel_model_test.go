@@ -105,15 +105,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	var rmu sync.Mutex
 	rnd := func(n int) int { rmu.Lock(); defer rmu.Unlock(); return r.IntN(n) }
 
-	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, enginePodIPIndex: func(obj any) ([]string, error) {
-		p := obj.(*corev1.Pod) // the engine's index: status IPs, hostNetwork pods left out
-		if p.Spec.HostNetwork {
-			return nil, nil
-		}
-		return podIPStrings(p), nil
-	}})
-	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	pods, nss, nps := stores()
 	podL, nsL, npL := corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps)
 	const node = "node-a"
 	vals := []string{"x", "y"}
@@ -591,4 +583,20 @@ func describeIn(in verdicts.Input) string {
 		out += fmt.Sprintf("policy %s/%s types=%v select=%v ingress=%+v egress=%+v\n", np.Namespace, np.Name, np.Spec.PolicyTypes, np.Spec.PodSelector.String(), np.Spec.Ingress, np.Spec.Egress)
 	}
 	return out
+}
+
+// stores are the pod, namespace and NetworkPolicy caches as flock-policy's
+// informers index them (the pods also by the engine's index: status IPs,
+// hostNetwork pods left out).
+func stores() (pods, nss, nps cache.Indexer) {
+	pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, enginePodIPIndex: func(obj any) ([]string, error) {
+		p := obj.(*corev1.Pod)
+		if p.Spec.HostNetwork {
+			return nil, nil
+		}
+		return podIPStrings(p), nil
+	}})
+	nss = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	nps = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	return pods, nss, nps
 }

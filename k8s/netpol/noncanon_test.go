@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
-	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
@@ -49,15 +48,7 @@ func (h *hookedPods) List(s labels.Selector) ([]*corev1.Pod, error) {
 // kernel holds a program that is not Compile(objects now).
 func TestKernelNonCanonicalLocalIP(t *testing.T) {
 	lab := probe.New(t)
-	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, enginePodIPIndex: func(obj any) ([]string, error) {
-		p := obj.(*corev1.Pod)
-		if p.Spec.HostNetwork {
-			return nil, nil
-		}
-		return podIPStrings(p), nil
-	}})
-	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	pods, nss, nps := stores()
 	mk := func(name, node, app, ip string) *corev1.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name, Labels: map[string]string{"app": app}}}
 		p.Spec.NodeName = node

@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
-	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
 )
@@ -24,15 +23,7 @@ import (
 // CompileDeps, then k.last/k.deps/k.done), without nftables. (Found by
 // review.)
 func TestSeveralUnchangedDuringLoadIsNotLost(t *testing.T) {
-	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, enginePodIPIndex: func(obj any) ([]string, error) {
-		p := obj.(*corev1.Pod)
-		if p.Spec.HostNetwork {
-			return nil, nil
-		}
-		return podIPStrings(p), nil
-	}})
-	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	pods, nss, nps := stores()
 	const node = "node-a"
 	for _, n := range []string{"a", "d"} {
 		_ = nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})

@@ -969,12 +969,14 @@ func (c *compiler) peerAddrs(policyNS string, r rule) *Addrs {
 	if a, ok := c.peers[k]; ok && cache {
 		return a
 	}
-	var b addrsBuilder
+	var blocks addrsBuilder
 	for _, peer := range r.peers {
 		if peer.IPBlock != nil {
-			b.r = append(b.r, c.ipBlockRanges(peer.IPBlock)...)
+			blocks.r = append(blocks.r, c.ipBlockRanges(peer.IPBlock)...)
 		}
 	}
+	src := peerSource{ns: policyNS, r: r, blocks: blocks.build().r}
+	b := addrsBuilder{r: slices.Clone(src.blocks)}
 	if slices.ContainsFunc(r.peers, c.matchesEveryPod) {
 		b.r = append(b.r, c.everySingle().r...)
 	} else {
@@ -988,13 +990,7 @@ func (c *compiler) peerAddrs(policyNS string, r rule) *Addrs {
 	if cache {
 		c.peers[k] = out
 	}
-	var blocks addrsBuilder
-	for _, peer := range r.peers {
-		if peer.IPBlock != nil {
-			blocks.r = append(blocks.r, c.ipBlockRanges(peer.IPBlock)...)
-		}
-	}
-	c.from[out] = []peerSource{{ns: policyNS, r: r, blocks: blocks.build().r}}
+	c.from[out] = []peerSource{src}
 	return out
 }
 

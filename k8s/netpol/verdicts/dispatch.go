@@ -216,7 +216,7 @@ func (p *Program) Change(es map[netip.Addr]Entry) (*Change, bool) {
 			case s.Contains(a) == in:
 			case !in:
 				cut = append(cut, a)
-			case !hasFamily(s.r, a.Is4()):
+			case len(family(s.r, a.Is4())) == 0:
 				return nil, false
 			default:
 				add = append(add, a)
@@ -280,14 +280,6 @@ func replaced(rs []Range, e peerEdit) []Range {
 
 // Peers is how many sets of peers ch changes.
 func (ch *Change) Peers() int { return len(ch.peers) }
-
-// hasFamily: rs (normalized: IPv4 first) holds addresses of the family.
-func hasFamily(rs []Range, v4 bool) bool {
-	if v4 {
-		return len(rs) > 0 && rs[0].From.Is4()
-	}
-	return len(rs) > 0 && !rs[len(rs)-1].From.Is4()
-}
 
 // Patched is p with ch made (p.Change): a new Program sharing with p all
 // but the dispatch maps and the sets of peers (and the groups holding

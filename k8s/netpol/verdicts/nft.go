@@ -223,13 +223,8 @@ func Patch(conn *nftables.Conn, table string, l *Loaded, was *Program, ch *Chang
 				rs  []Range
 				job func(*nftables.Set, []nftables.SetElement) error
 			}{{gone, conn.SetDeleteElements}, {added, conn.SetAddElements}} {
-				elems := intervalElems(d.rs)
-				for len(elems) > 0 {
-					k := min(len(elems), setChunk)
-					if err := d.job(s, elems[:k]); err != nil {
-						return fmt.Errorf("patch table %s: %w", table, err)
-					}
-					elems = elems[k:]
+				if err := inChunks(intervalElems(d.rs), func(es []nftables.SetElement) error { return d.job(s, es) }); err != nil {
+					return fmt.Errorf("patch table %s: %w", table, err)
 				}
 			}
 			n++
@@ -248,17 +243,7 @@ func Patch(conn *nftables.Conn, table string, l *Loaded, was *Program, ch *Chang
 // now, and in now and not in was (both normalized: in order, each From
 // once).
 func rangesDiff(was, now []Range, v4 bool) (gone, added []Range) {
-	fam := func(rs []Range) []Range {
-		i := slices.IndexFunc(rs, func(r Range) bool { return !r.From.Is4() })
-		if i < 0 {
-			i = len(rs)
-		}
-		if v4 {
-			return rs[:i]
-		}
-		return rs[i:]
-	}
-	was, now = fam(was), fam(now)
+	was, now = family(was, v4), family(now, v4)
 	i, j := 0, 0
 	for i < len(was) || j < len(now) {
 		switch {
@@ -357,12 +342,20 @@ func (r *renderer) set(s *nftables.Set, elems []nftables.SetElement) error {
 	if err := r.conn.AddSet(s, first); err != nil {
 		return fmt.Errorf("nftables set %s: %w", s.Name, err)
 	}
-	for rest := elems[len(first):]; len(rest) > 0; {
-		n := min(len(rest), setChunk)
-		if err := r.conn.SetAddElements(s, rest[:n]); err != nil {
-			return fmt.Errorf("nftables set %s: %w", s.Name, err)
+	if err := inChunks(elems[len(first):], func(es []nftables.SetElement) error { return r.conn.SetAddElements(s, es) }); err != nil {
+		return fmt.Errorf("nftables set %s: %w", s.Name, err)
+	}
+	return nil
+}
+
+// inChunks calls job with elems, setChunk at a time.
+func inChunks(elems []nftables.SetElement, job func([]nftables.SetElement) error) error {
+	for len(elems) > 0 {
+		n := min(len(elems), setChunk)
+		if err := job(elems[:n]); err != nil {
+			return err
 		}
-		rest = rest[n:]
+		elems = elems[n:]
 	}
 	return nil
 }
@@ -471,13 +464,7 @@ func (r *renderer) peerSet(a *Addrs, v4 bool) (*nftables.Set, error) {
 	if s, ok := r.defined[name]; ok {
 		return s, nil
 	}
-	var of []Range
-	for _, rg := range a.Ranges() {
-		if rg.From.Is4() == v4 {
-			of = append(of, rg)
-		}
-	}
-	elems := intervalElems(of)
+	elems := intervalElems(family(a.Ranges(), v4))
 	if len(elems) == 0 {
 		r.defined[name] = nil
 		return nil, nil

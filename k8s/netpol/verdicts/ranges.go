@@ -98,6 +98,20 @@ func subtract(rs, cut []Range) []Range {
 	return out
 }
 
+// family is the part of rs (normalized: IPv4 first) of one family.
+func family(rs []Range, v4 bool) []Range {
+	i, _ := slices.BinarySearchFunc(rs, false, func(r Range, _ bool) int {
+		if r.From.Is4() {
+			return -1
+		}
+		return 0
+	})
+	if v4 {
+		return rs[:i]
+	}
+	return rs[i:]
+}
+
 // contains tells whether rs (normalized) holds ip, and where: the index
 // of the range holding it, or else of the first range after it.
 func contains(rs []Range, ip netip.Addr) (int, bool) {
