@@ -67,7 +67,7 @@ func (d *Netlink) Check(p Pod) error {
 }
 
 func hasAddr(list func(netlink.Link, int) ([]netlink.Addr, error), l netlink.Link, want netip.Prefix) error {
-	addrs, err := list(l, family(want.Addr()))
+	addrs, err := whole(func() ([]netlink.Addr, error) { return list(l, family(want.Addr())) })
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return fmt.Errorf("list addresses: %w", err)
 	}
@@ -83,7 +83,9 @@ func hasAddr(list func(netlink.Link, int) ([]netlink.Addr, error), l netlink.Lin
 }
 
 func hasDevRoute(list func(int, *netlink.Route, uint64) ([]netlink.Route, error), l netlink.Link, dst netip.Prefix) bool {
-	rs, err := list(family(dst.Addr()), &netlink.Route{LinkIndex: l.Attrs().Index}, netlink.RT_FILTER_OIF)
+	rs, err := whole(func() ([]netlink.Route, error) {
+		return list(family(dst.Addr()), &netlink.Route{LinkIndex: l.Attrs().Index}, netlink.RT_FILTER_OIF)
+	})
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return false
 	}
@@ -96,7 +98,9 @@ func hasDevRoute(list func(int, *netlink.Route, uint64) ([]netlink.Route, error)
 }
 
 func hasDefaultVia(h *netlink.Handle, l netlink.Link, ip, gw netip.Addr) bool {
-	rs, err := h.RouteListFiltered(family(ip), &netlink.Route{LinkIndex: l.Attrs().Index}, netlink.RT_FILTER_OIF)
+	rs, err := whole(func() ([]netlink.Route, error) {
+		return h.RouteListFiltered(family(ip), &netlink.Route{LinkIndex: l.Attrs().Index}, netlink.RT_FILTER_OIF)
+	})
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return false
 	}

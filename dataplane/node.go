@@ -27,7 +27,7 @@ func (d *Netlink) NetnsExists(path string) (bool, error) {
 
 // HostVeths lists the flock veths present on the node.
 func (d *Netlink) HostVeths() ([]string, error) {
-	links, err := netlink.LinkList()
+	links, err := whole(netlink.LinkList)
 	if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 		return nil, fmt.Errorf("list links: %w", err)
 	}
@@ -81,13 +81,27 @@ func (d *Netlink) EnsureNode(summaries []netip.Prefix) error {
 func (d *Netlink) flockRoutes() ([]netlink.Route, error) {
 	var out []netlink.Route
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		rs, err := whole(func() ([]netlink.Route, error) {
+			return netlink.RouteListFiltered(fam, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		})
 		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
 			return nil, fmt.Errorf("list routes: %w", err)
 		}
 		out = append(out, rs...)
 	}
 	return out, nil
+}
+
+// whole runs a netlink dump again while a concurrent change cuts it short
+// (ErrDumpInterrupted, with partial results), which on a node creating and
+// deleting pods is common. After a few tries it returns what it has and the
+// error; callers that can live with a partial list say so.
+func whole[T any](dump func() ([]T, error)) ([]T, error) {
+	out, err := dump()
+	for i := 0; i < 8 && errors.Is(err, netlink.ErrDumpInterrupted); i++ {
+		out, err = dump()
+	}
+	return out, err
 }
 
 func prefixOf(n *net.IPNet) (netip.Prefix, bool) {

@@ -201,3 +201,39 @@ func TestParseGatewayRouteTruncated(t *testing.T) {
 		}
 	}
 }
+
+// TestWholeRetriesInterruptedDumps: a dump cut short by a change is run
+// again; one that stays cut short returns its partial list and the error;
+// any other error is returned at once.
+func TestWholeRetriesInterruptedDumps(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		cut        int // interrupted results before a whole one
+		other      error
+		wantCalls  int
+		wantErr    error
+		wantResult []int
+	}{
+		{name: "whole at once", cut: 0, wantCalls: 1, wantResult: []int{1, 2}},
+		{name: "cut twice", cut: 2, wantCalls: 3, wantResult: []int{1, 2}},
+		{name: "always cut", cut: 100, wantCalls: 9, wantErr: netlink.ErrDumpInterrupted, wantResult: []int{1}},
+		{name: "other error", other: unix.EPERM, wantCalls: 1, wantErr: unix.EPERM},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := 0
+			got, err := whole(func() ([]int, error) {
+				calls++
+				switch {
+				case tc.other != nil:
+					return nil, tc.other
+				case calls <= tc.cut:
+					return []int{1}, netlink.ErrDumpInterrupted
+				}
+				return []int{1, 2}, nil
+			})
+			if calls != tc.wantCalls || !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) || !slices.Equal(got, tc.wantResult) {
+				t.Fatalf("calls %d, result %v, err %v; want %d, %v, %v", calls, got, err, tc.wantCalls, tc.wantResult, tc.wantErr)
+			}
+		})
+	}
+}

@@ -282,7 +282,8 @@ func addrs(t *testing.T, ss []string) []netip.Addr {
 func crashRouteTable(t *testing.T, ns *lab.NS) []string {
 	t.Helper()
 	var out []string
-	err := ns.Do(func(h *netlink.Handle) error {
+	err := ns.Dump(func(h *netlink.Handle) error {
+		out = out[:0]
 		names := map[int]string{}
 		links, err := h.LinkList()
 		if err != nil {
@@ -325,7 +326,8 @@ func crashRouteTable(t *testing.T, ns *lab.NS) []string {
 // 127.0.0.1 and ::1 left out, and lo itself).
 func podNSView(ns *lab.NS) ([]string, error) {
 	var out []string
-	err := ns.Do(func(h *netlink.Handle) error {
+	err := ns.Dump(func(h *netlink.Handle) error {
+		out = out[:0]
 		links, err := h.LinkList()
 		if err != nil {
 			return err

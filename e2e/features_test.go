@@ -183,7 +183,8 @@ func checkRoutes(t *testing.T, n *node, want map[string][]string) {
 func TestSummaryBlackholes(t *testing.T) {
 	n := startNode(t, defaultConfig)
 	var got []string
-	err := n.ns.Do(func(h *netlink.Handle) error {
+	err := n.ns.Dump(func(h *netlink.Handle) error {
+		got = got[:0]
 		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 			rs, err := h.RouteListFiltered(fam, &netlink.Route{Protocol: dataplane.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 			if err != nil {

@@ -104,7 +104,8 @@ func flockVeths(t *testing.T, ns *lab.NS) []string {
 func flockRoutes(t *testing.T, ns *lab.NS) []netlink.Route {
 	t.Helper()
 	var out []netlink.Route
-	err := ns.Do(func(h *netlink.Handle) error {
+	err := ns.Dump(func(h *netlink.Handle) error {
+		out = out[:0]
 		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 			rs, err := h.RouteListFiltered(fam, &netlink.Route{Protocol: dataplane.RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 			if err != nil {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -254,6 +255,10 @@ func hostPods(t *testing.T) []struct{ Namespace, Name, ContainerID string } {
 
 func hostVeths(t *testing.T) []string {
 	links, err := netlink.LinkList()
+	for i := 0; errors.Is(err, netlink.ErrDumpInterrupted) && i < 200; i++ {
+		time.Sleep(5 * time.Millisecond) // pods came or went during the dump
+		links, err = netlink.LinkList()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

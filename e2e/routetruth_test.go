@@ -36,7 +36,8 @@ func birdTable(t *testing.T, l *lab.BGPLab) map[netip.Prefix]int {
 func kernelHostRoutes(t *testing.T, ns *lab.NS) map[netip.Prefix][]string {
 	t.Helper()
 	names := map[int]string{}
-	if err := ns.Do(func(h *netlink.Handle) error {
+	if err := ns.Dump(func(h *netlink.Handle) error {
+		clear(names)
 		links, err := h.LinkList()
 		for _, l := range links {
 			names[l.Attrs().Index] = l.Attrs().Name

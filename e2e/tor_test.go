@@ -147,7 +147,8 @@ func (f frrTor) dump(t *testing.T) string {
 func torKernelNexthops(t *testing.T, l *lab.BGPLab, p netip.Prefix) int {
 	t.Helper()
 	n := 0
-	err := l.Tor.Do(func(h *netlink.Handle) error {
+	err := l.Tor.Dump(func(h *netlink.Handle) error {
+		n = 0
 		fam := netlink.FAMILY_V6
 		if p.Addr().Is4() {
 			fam = netlink.FAMILY_V4

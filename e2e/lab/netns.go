@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -91,6 +92,21 @@ func (n *NS) Do(f func(h *netlink.Handle) error) error {
 	}
 	defer h.Delete()
 	return f(h)
+}
+
+// Dump runs f like Do, and again while a netlink dump in it was cut short
+// by a concurrent change (NLM_F_DUMP_INTR, which netlink returns as
+// ErrDumpInterrupted with partial results): f must start its results afresh
+// on each call. A lab's reader races the agent it watches, so every dump of a
+// namespace the agent writes goes through here.
+func (n *NS) Dump(f func(h *netlink.Handle) error) error {
+	for i := 0; ; i++ {
+		err := n.Do(f)
+		if !errors.Is(err, netlink.ErrDumpInterrupted) || i == 200 {
+			return err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // InNS runs f on an OS thread switched into the namespace (for sockets and
