@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -78,7 +79,7 @@ func main() {
 	flag.DurationVar(&o.readyTimeout, "ready-timeout", 10*time.Minute, "how long a process may take to be ready")
 	flag.IntVar(&o.rackNodes, "rack-nodes", 48, "agents in the rack cold start (0: none)")
 	flag.IntVar(&o.rackPods, "rack-pods", 250, "pods a node in the rack cold start")
-	flag.StringVar(&o.profiles, "profiles", "", "save flock-policy's CPU profile under churn, and its and flock-agent's heap profiles at rest, here (go tool pprof reads them); empty: none")
+	flag.StringVar(&o.profiles, "profiles", "", "save flock-policy's CPU and allocation profiles under churn, and its and flock-agent's heap profiles at rest, here (go tool pprof reads them); empty: none")
 	var fanout string
 	flag.StringVar(&fanout, "fanout", "5,10", "the API server's side: copies of one node's watches (flock's, then kube-proxy's) it is measured with under churn, each count a window; empty: not measured")
 	flag.DurationVar(&o.fanoutD, "fanout-window", 30*time.Second, "each fan-out window")
@@ -303,13 +304,13 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	cctx, stopChurn := context.WithCancel(ctx)
 	acts, churned := f.churn(cctx, m, o.rates, o.seed)
 	time.Sleep(10 * time.Second) // the churn's first pods reach their deletion
-	profiled := make(chan struct{})
-	go func() {
-		defer close(profiled)
-		node.policyProfile(o.profiles, "cpu-churn-"+tag, "profile", o.churnD-5*time.Second)
-	}()
+	var profiled sync.WaitGroup
+	profiled.Go(func() { node.policyProfile(o.profiles, "cpu-churn-"+tag, "profile", o.churnD-5*time.Second) })
+	// What was allocated over the window (a delta heap profile), which
+	// the collector's share of the CPU follows.
+	profiled.Go(func() { node.policyProfile(o.profiles, "allocs-churn-"+tag, "allocs", o.churnD-5*time.Second) })
 	r.churn = node.window(o.churnD)
-	<-profiled
+	profiled.Wait()
 	if len(o.fanout) > 0 {
 		r.fanout = node.measureFanout(o.fanout, 10*time.Second, o.fanoutD, r.churn)
 	}

@@ -21,10 +21,10 @@
 package trim
 
 import (
+	"hash/maphash"
 	"maps"
 	"runtime"
 	"slices"
-	"strconv"
 	"sync"
 	"unique"
 	"unsafe"
@@ -83,31 +83,21 @@ func trimmed(p *corev1.Pod) corev1.Pod {
 // same ones: they share one slice (as long as one of them holds it), a
 // third of what a cached pod held. Cached objects are never changed, so
 // sharing is safe (a caller that changes one copies it first, as
-// client-go asks).
+// client-go asks). They are found by a hash of what they hold, checked
+// against it: every pod change of the cluster comes through here, and
+// one that finds its containers allocates nothing.
 func containers(cs []corev1.Container) []corev1.Container {
-	var key []byte
-	n := 0
-	for i := range cs {
-		if len(cs[i].Ports) == 0 {
-			continue
-		}
-		n++
-		key = appendField(key, cs[i].Name)
-		for _, cp := range cs[i].Ports {
-			key = appendField(appendField(key, cp.Name), string(cp.Protocol))
-			key = strconv.AppendInt(key, int64(cp.ContainerPort), 10)
-			key = append(key, ' ')
-		}
-		key = append(key, '\n')
-	}
+	key, n := containersKey(cs)
 	if n == 0 {
 		return nil
 	}
 	shared.Lock()
 	defer shared.Unlock()
-	if e, ok := shared.m[string(key)]; ok {
+	if e, ok := shared.m[key]; ok {
 		if first := e.first.Value(); first != nil {
-			return unsafe.Slice(first, e.n)
+			if have := unsafe.Slice(first, e.n); sameContainers(have, cs) {
+				return have
+			}
 		}
 	}
 	out := make([]corev1.Container, 0, n)
@@ -122,17 +112,60 @@ func containers(cs []corev1.Container) []corev1.Container {
 		}
 		out = append(out, corev1.Container{Name: c.Name, Ports: ports})
 	}
-	k := string(key)
-	shared.m[k] = sharedContainers{weak.Make(&out[0]), n}
+	// A collision replaces the one remembered; the pods holding it keep it.
+	shared.m[key] = sharedContainers{weak.Make(&out[0]), n}
 	// Forgotten once no pod holds them.
-	runtime.AddCleanup(&out[0], func(k string) {
+	runtime.AddCleanup(&out[0], func(key uint64) {
 		shared.Lock()
 		defer shared.Unlock()
-		if e, ok := shared.m[k]; ok && e.first.Value() == nil {
-			delete(shared.m, k)
+		if e, ok := shared.m[key]; ok && e.first.Value() == nil {
+			delete(shared.m, key)
 		}
-	}, k)
+	}, key)
 	return out
+}
+
+// containersKey is the hash of cs's containers with ports, and their number.
+func containersKey(cs []corev1.Container) (uint64, int) {
+	h := maphash.Hash{}
+	h.SetSeed(seed)
+	n := 0
+	for i := range cs {
+		if len(cs[i].Ports) == 0 {
+			continue
+		}
+		n++
+		writeField(&h, cs[i].Name)
+		for _, cp := range cs[i].Ports {
+			writeField(&h, cp.Name)
+			writeField(&h, string(cp.Protocol))
+			maphash.WriteComparable(&h, cp.ContainerPort)
+		}
+		h.WriteByte('\n')
+	}
+	return h.Sum64(), n
+}
+
+// sameContainers: a and b have the same containers with ports, in order,
+// with the same names and ports (their name, number and protocol).
+func sameContainers(a, b []corev1.Container) bool {
+	for {
+		for len(a) > 0 && len(a[0].Ports) == 0 {
+			a = a[1:]
+		}
+		for len(b) > 0 && len(b[0].Ports) == 0 {
+			b = b[1:]
+		}
+		if len(a) == 0 || len(b) == 0 {
+			return len(a) == len(b)
+		}
+		if a[0].Name != b[0].Name || !slices.EqualFunc(a[0].Ports, b[0].Ports, func(x, y corev1.ContainerPort) bool {
+			return x.Name == y.Name && x.ContainerPort == y.ContainerPort && x.Protocol == y.Protocol
+		}) {
+			return false
+		}
+		a, b = a[1:], b[1:]
+	}
 }
 
 // sharedLabels is a map equal to l, the one given for equal labels
@@ -140,30 +173,41 @@ func containers(cs []corev1.Container) []corev1.Container {
 // third of what a cached pod held. Maps cannot be held weakly, so what is
 // remembered is what was asked for in the last two generations of
 // labelGeneration asks; a map forgotten stays shared by the pods that
-// hold it. nil for no labels.
+// hold it. nil for no labels. Labels are found as containers are, by a
+// hash checked against them.
 func sharedLabels(l map[string]string) map[string]string {
 	if len(l) == 0 {
 		return nil
 	}
-	keys := slices.Sorted(maps.Keys(l))
-	var key []byte
-	for _, k := range keys {
-		key = appendField(appendField(key, k), l[k])
-	}
+	key := labelsKey(l)
 	labels.Lock()
 	defer labels.Unlock()
 	if labels.asked++; labels.asked%labelGeneration == 0 {
-		labels.old, labels.cur = labels.cur, make(map[string]map[string]string, len(labels.cur))
+		labels.old, labels.cur = labels.cur, make(map[uint64]map[string]string, len(labels.cur))
 	}
-	if m, ok := labels.cur[string(key)]; ok {
+	if m, ok := labels.cur[key]; ok && maps.Equal(m, l) {
 		return m
 	}
-	m, ok := labels.old[string(key)]
-	if !ok {
-		m = maps.Clone(l)
+	m, ok := labels.old[key]
+	if !ok || !maps.Equal(m, l) {
+		m = maps.Clone(l) // a collision replaces the one remembered
 	}
-	labels.cur[string(key)] = m
+	labels.cur[key] = m
 	return m
+}
+
+// labelsKey is the hash of l: the sum of its pairs' (a map has no order).
+func labelsKey(l map[string]string) uint64 {
+	var key uint64
+	h := maphash.Hash{}
+	h.SetSeed(seed)
+	for k, v := range l {
+		h.Reset()
+		writeField(&h, k)
+		writeField(&h, v)
+		key += h.Sum64()
+	}
+	return key
 }
 
 // labelGeneration is how many pods a generation of remembered labels
@@ -175,25 +219,29 @@ const labelGeneration = 1 << 15
 var labels = struct {
 	sync.Mutex
 	asked    uint64
-	cur, old map[string]map[string]string
-}{cur: map[string]map[string]string{}}
+	cur, old map[uint64]map[string]string
+}{cur: map[uint64]map[string]string{}}
 
-// shared are the containers pods hold, by what they hold: weakly, by the
-// first of them (a slice's array lives as long as a pointer into it).
+// shared are the containers pods hold, by the hash of what they hold:
+// weakly, by the first of them (a slice's array lives as long as a
+// pointer into it).
 var shared = struct {
 	sync.Mutex
-	m map[string]sharedContainers
-}{m: map[string]sharedContainers{}}
+	m map[uint64]sharedContainers
+}{m: map[uint64]sharedContainers{}}
 
 type sharedContainers struct {
 	first weak.Pointer[corev1.Container]
 	n     int
 }
 
-// appendField appends s, length first (a name may hold any byte).
-func appendField(b []byte, s string) []byte {
-	b = strconv.AppendInt(b, int64(len(s)), 10)
-	return append(append(b, ':'), s...)
+// seed is the hashes' seed.
+var seed = maphash.MakeSeed()
+
+// writeField writes s, length first (a name may hold any byte).
+func writeField(h *maphash.Hash, s string) {
+	maphash.WriteComparable(h, len(s))
+	h.WriteString(s)
 }
 
 // Namespace is n's name, UID, resourceVersion and labels.
@@ -279,23 +327,5 @@ func samePod(a, b *corev1.Pod) bool {
 			return false
 		}
 	}
-	// The containers with ports, in order.
-	ca, cb := a.Spec.Containers, b.Spec.Containers
-	for {
-		for len(ca) > 0 && len(ca[0].Ports) == 0 {
-			ca = ca[1:]
-		}
-		for len(cb) > 0 && len(cb[0].Ports) == 0 {
-			cb = cb[1:]
-		}
-		if len(ca) == 0 || len(cb) == 0 {
-			return len(ca) == len(cb)
-		}
-		if ca[0].Name != cb[0].Name || !slices.EqualFunc(ca[0].Ports, cb[0].Ports, func(x, y corev1.ContainerPort) bool {
-			return x.Name == y.Name && x.ContainerPort == y.ContainerPort && x.Protocol == y.Protocol
-		}) {
-			return false
-		}
-		ca, cb = ca[1:], cb[1:]
-	}
+	return sameContainers(a.Spec.Containers, b.Spec.Containers)
 }

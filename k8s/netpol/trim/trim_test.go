@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 	"time"
+	"weak"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -491,5 +492,41 @@ func TestLabelsShared(t *testing.T) {
 	labels.Unlock()
 	if n > 2*labelGeneration {
 		t.Errorf("%d labels remembered after %d pods of their own: want at most %d", n, 3*labelGeneration, 2*labelGeneration)
+	}
+}
+
+// A hash collision never shares another pod's labels or containers: what
+// is remembered under the hash is checked against what is asked for.
+func TestSharingSurvivesCollisions(t *testing.T) {
+	p := fatPod()
+	other := map[string]string{"app": "someone-else"}
+	labels.Lock()
+	labels.cur[labelsKey(p.Labels)] = other
+	labels.Unlock()
+	if got := Pod(p).Labels; !reflect.DeepEqual(got, p.Labels) {
+		t.Errorf("labels %v under a colliding hash: got %v, want the pod's", other, got)
+	}
+	theirs := []corev1.Container{{Name: "other", Ports: []corev1.ContainerPort{{Name: "x", ContainerPort: 1, Protocol: corev1.ProtocolUDP}}}}
+	key, _ := containersKey(p.Spec.Containers)
+	shared.Lock()
+	shared.m[key] = sharedContainers{weak.Make(&theirs[0]), len(theirs)}
+	shared.Unlock()
+	got := Pod(p).Spec.Containers
+	if !sameContainers(got, p.Spec.Containers) || &got[0] == &theirs[0] {
+		t.Errorf("containers %v under a colliding hash: got %v, want the pod's %v", theirs, got, p.Spec.Containers)
+	}
+	runtime.KeepAlive(theirs)
+}
+
+// BenchmarkTrim is what every pod change of the cluster pays to be
+// trimmed, for a replica of a workload already seen.
+func BenchmarkTrim(b *testing.B) {
+	src := fatPod()
+	Pod(src)
+	p := new(corev1.Pod)
+	b.ReportAllocs()
+	for b.Loop() {
+		*p = *src
+		*p = trimmed(p)
 	}
 }
