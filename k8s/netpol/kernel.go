@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -102,6 +104,11 @@ type kernelVerdicts struct {
 	loadedAt     *verdicts.Loaded // where the program in the kernel is (Run's)
 	loadedGroups map[string]int   // its groups by key (Run's)
 	patchEvery   time.Duration    // PatchEvery; tests set it
+	// recheck are extra IPs whose holder change waits for the Deps of the
+	// load asked for or under way (judgeExtra); rmu orders that against
+	// the load's storing them (stored).
+	rmu     sync.Mutex
+	recheck []string
 }
 
 // PatchEvery is how often, at most, the changes of other nodes' pods that
@@ -172,6 +179,33 @@ func (k *kernelVerdicts) changed() {
 	}
 }
 
+// loadsAsked counts the changes that asked for a load, by what changed:
+// a load compiles the whole cluster's policies, and which changes cost
+// one is what an operator of a large cluster asks first.
+var loadsAsked = promauto.NewCounterVec(prometheus.CounterOpts{
+	Name: "flock_policy_verdict_loads_asked_total",
+	Help: "Changes that asked for the NetworkPolicy verdicts to be compiled and loaded whole, by cause: pod (this node's, or one holding an address it judges), remote-pod:WHY (another node's pod that cannot be patched in, and why), policy, extra-ip (a pod's anycast or addresses IPs), patch-refused, other (namespaces, admin policies). Several asks coalesce into one load.",
+}, []string{"cause"})
+
+// verdictLoads and verdictPatches count what went into the kernel.
+var (
+	verdictLoads = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "flock_policy_verdict_loads_total",
+		Help: "NetworkPolicy verdict programs compiled and loaded whole into the kernel.",
+	})
+	verdictPatches = promauto.NewCounter(prometheus.CounterOpts{
+		Name: "flock_policy_verdict_patches_total",
+		Help: "Patches of the NetworkPolicy verdicts in the kernel for other nodes' pods (one transaction each).",
+	})
+)
+
+// ask counts a change's cause and asks for what it needs (changed or
+// recompile).
+func (k *kernelVerdicts) ask(cause string, f func()) {
+	loadsAsked.WithLabelValues(cause).Inc()
+	f()
+}
+
 // recompile asks for a new program, the context unchanged.
 func (k *kernelVerdicts) recompile() {
 	k.seq.Add(1)
@@ -185,7 +219,7 @@ func (k *kernelVerdicts) recompile() {
 // a pod of another node (verdicts.Classify).
 func (k *kernelVerdicts) podChanged(old, cur *corev1.Pod) {
 	if k.holders == nil {
-		k.changed()
+		k.ask("pod", k.changed)
 		return
 	}
 	k.mu.Lock()
@@ -209,13 +243,14 @@ func (k *kernelVerdicts) podChanged(old, cur *corev1.Pod) {
 	case verdicts.Unchanged:
 		k.skipped.Add(1)
 	case verdicts.Recompile:
-		if deps.Dispatchable(live, old, cur) {
+		why := deps.Refusal(live, old, cur)
+		if why == "" {
 			k.markDirty(old, cur)
 			return
 		}
-		k.recompile()
+		k.ask("remote-pod:"+why, k.recompile)
 	default:
-		k.changed()
+		k.ask("pod", k.changed)
 	}
 }
 
@@ -303,6 +338,7 @@ func (k *kernelVerdicts) patch() error {
 	prog.Apply(ch) // Run's alone (tests read it once pdone says it is current)
 	k.pdone.Store(max(k.pdone.Load(), upto))
 	k.patches.Add(1)
+	verdictPatches.Inc()
 	return nil
 }
 
@@ -326,24 +362,52 @@ func (k *kernelVerdicts) extraChanged(ips, pods []string) {
 			local = true
 		}
 	}
+	k.judgeExtra(ips, local)
+}
+
+// judgeExtra asks for what a change of the holders of ips needs. Unchanged
+// is said of the holders the stored Deps were compiled with; while a load
+// is asked for or under way, whose Deps replace these and may have listed
+// other holders, the ips wait in recheck and are judged again against its
+// Deps once it stores them (stored). Asking for another load instead kept
+// loads coming back to back under an anycast workload's churn.
+func (k *kernelVerdicts) judgeExtra(ips []string, local bool) {
+	k.rmu.Lock()
 	var deps *verdicts.Deps
 	if d := k.deps.Load(); d != nil && d.gen == k.gen.Load() {
 		deps = d.d
 	}
 	eff := verdicts.ClassifyExtra(k.live(), deps, ips, local)
 	if eff == verdicts.Unchanged && k.done.Load() < k.seq.Load() {
-		// Unchanged is said of the holders the Deps were compiled with; a
-		// load asked for or under way may have listed others (its Deps
-		// replace these): it is compiled again.
-		eff = verdicts.Recompile
+		k.recheck = append(k.recheck, ips...)
+		k.rmu.Unlock()
+		return
 	}
+	k.rmu.Unlock()
 	switch eff {
 	case verdicts.Unchanged:
 		k.skipped.Add(1)
 	case verdicts.Recompile:
-		k.recompile()
+		k.ask("extra-ip", k.recompile)
 	default:
-		k.changed()
+		k.ask("extra-ip", k.changed)
+	}
+}
+
+// stored makes prog, compiled with deps for the context gen from the
+// changes up to seq, the kernel's, and judges again the holder changes
+// that waited for it (judgeExtra).
+func (k *kernelVerdicts) stored(prog *verdicts.Program, deps *verdicts.Deps, gen, seq uint64) {
+	k.last.Store(prog)
+	k.rmu.Lock()
+	k.deps.Store(&depsAt{deps, gen})
+	k.done.Store(seq)
+	again := k.recheck
+	k.recheck = nil
+	k.rmu.Unlock()
+	if len(again) > 0 {
+		slices.Sort(again)
+		k.judgeExtra(slices.Compact(again), false)
 	}
 }
 
@@ -374,7 +438,7 @@ func (k *kernelVerdicts) policyChanged(old, cur *networkingv1.NetworkPolicy) {
 		k.policySkipped.Add(1)
 		return
 	}
-	k.changed()
+	k.ask("policy", k.changed)
 }
 
 func (k *kernelVerdicts) isLocal(ip string) bool {
@@ -445,7 +509,7 @@ func (k *kernelVerdicts) event(old, cur any) {
 			delete(k.local, p.Namespace+"/"+p.Name)
 			k.mu.Unlock()
 		}
-		k.changed()
+		k.ask("pod", k.changed)
 		return
 	}
 	if op, ok := old.(*networkingv1.NetworkPolicy); ok {
@@ -460,7 +524,7 @@ func (k *kernelVerdicts) event(old, cur any) {
 		k.podChanged(op, cp)
 		return
 	}
-	k.changed() // not a pod (or a tombstone of one)
+	k.ask("other", k.changed) // not a pod (or a tombstone of one)
 }
 
 // input is what the informers hold now.
@@ -564,7 +628,7 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 					if !errors.Is(err, errNeedsLoad) {
 						k.log.Warn("NetworkPolicy verdicts not patched; loading them whole", "table", Table, "err", err)
 					}
-					k.recompile()
+					k.ask("patch-refused", k.recompile)
 				}
 			}
 		}
@@ -611,10 +675,9 @@ func (k *kernelVerdicts) load() error {
 		return err
 	}
 	k.loadedAt, k.loadedGroups = at, prog.GroupIndex()
-	k.last.Store(prog)
-	k.deps.Store(&depsAt{deps, gen})
-	k.done.Store(seq)
+	k.stored(prog, deps, gen, seq)
 	k.pdone.Store(max(k.pdone.Load(), pseq))
+	verdictLoads.Inc()
 	k.failed.Store(nil)
 	select {
 	case <-k.loaded:

@@ -309,7 +309,9 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	// What was allocated over the window (a delta heap profile), which
 	// the collector's share of the CPU follows.
 	profiled.Go(func() { node.policyProfile(o.profiles, "allocs-churn-"+tag, "allocs", o.churnD-5*time.Second) })
+	counted := node.verdictCounters()
 	r.churn = node.window(o.churnD)
+	logf("under churn: flock-policy's verdicts: %s", countersSince(counted, node.verdictCounters()))
 	profiled.Wait()
 	if len(o.fanout) > 0 {
 		r.fanout = node.measureFanout(o.fanout, 10*time.Second, o.fanoutD, r.churn)

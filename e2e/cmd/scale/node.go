@@ -7,11 +7,14 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -365,4 +368,36 @@ func tailLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// verdictCounters reads flock-policy's counters of what went into the
+// kernel (flock_policy_verdict_*: loads, patches, and what asked for
+// loads, by cause), by series; nil if they cannot be read.
+func (m *measuredNode) verdictCounters() map[string]float64 {
+	code, body, err := m.httpGetBody("http://" + policyMetrics + "/metrics")
+	if err != nil || code != http.StatusOK {
+		return nil
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, "flock_policy_verdict_") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if v, err := strconv.ParseFloat(line[i+1:], 64); i > 0 && err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
+}
+
+// countersSince is what grew from was to now, in order of the series.
+func countersSince(was, now map[string]float64) string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(now)) {
+		if d := now[k] - was[k]; d != 0 {
+			out = append(out, fmt.Sprintf("%s %g", strings.TrimPrefix(k, "flock_policy_verdict_"), d))
+		}
+	}
+	return strings.Join(out, ", ")
 }

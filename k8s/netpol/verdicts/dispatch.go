@@ -30,43 +30,60 @@ import (
 // container ports is a peer of a rule with named egress ports (those
 // resolve on each peer, in a list of their own).
 func (d *Deps) Dispatchable(l Live, old, cur *corev1.Pod) bool {
-	if d == nil || d.c.in.Admin {
-		return false
-	}
-	for _, p := range []*corev1.Pod{old, cur} {
-		if p != nil && !d.dispatchable(l, p) {
-			return false
-		}
-	}
-	return true
+	return d.Refusal(l, old, cur) == ""
 }
 
-func (d *Deps) dispatchable(l Live, p *corev1.Pod) bool {
+// Refusal is why Dispatchable refuses a pod's change ("" if it does not),
+// in a word or two: what a large cluster's loads come from.
+func (d *Deps) Refusal(l Live, old, cur *corev1.Pod) string {
+	if d == nil || d.c.in.Admin {
+		return "no-deps"
+	}
+	for _, p := range []*corev1.Pod{old, cur} {
+		if p == nil {
+			continue
+		}
+		if why := d.refusal(l, p); why != "" {
+			return why
+		}
+	}
+	return ""
+}
+
+func (d *Deps) dispatchable(l Live, p *corev1.Pod) bool { return d.refusal(l, p) == "" }
+
+func (d *Deps) refusal(l Live, p *corev1.Pod) string {
 	if p.Spec.NodeName == l.Node || p.Spec.HostNetwork {
-		return false
+		return "local-or-host-network"
 	}
 	if l.ExtraPodIPs != nil {
 		for _, ip := range l.ExtraPodIPs(p) {
 			if !d.stableSeveral(l, ip) {
-				return false
+				return "extra-ip"
 			}
 		}
 	}
 	for _, ip := range p.Status.PodIPs {
 		a, err := netip.ParseAddr(ip.IP)
-		if err != nil || a.String() != ip.IP || d.c.prog.Selected[a] || l.Local(ip.IP) {
-			return false
+		if err != nil || a.String() != ip.IP {
+			return "noncanonical-ip"
+		}
+		if d.c.prog.Selected[a] || l.Local(ip.IP) {
+			return "judged-ip"
 		}
 		if l.PodsForIP != nil && len(l.PodsForIP(ip.IP)) > 0 {
-			return false
+			return "ip-held-as-extra"
 		}
 		for _, h := range l.Holders(ip.IP) {
 			if h.Namespace != p.Namespace || h.Name != p.Name {
-				return false
+				return "ip-held-twice"
 			}
 		}
 	}
-	return !d.namedPeer(p)
+	if d.namedPeer(p) {
+		return "named-port-peer"
+	}
+	return ""
 }
 
 // namedPeer: p has container ports and a rule of the judged addresses'
