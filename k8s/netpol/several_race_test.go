@@ -15,14 +15,13 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
 )
 
-// An anycast holder change that ClassifyExtra calls Unchanged against the
-// stored Deps (compiled from state S0), made while a load is compiling
-// state S1 (listed after an earlier change that asked for it), is not
-// lost: a load stays pending, or the kernel's program is a compile of the
-// cluster now. The load is load()'s steps in its order (gen, seq, input,
-// CompileDeps, then k.last/k.deps/k.done), without nftables. (Found by
-// review.)
-func TestSeveralUnchangedDuringLoadIsNotLost(t *testing.T) {
+// severalFixture: pod x (app=x) of node-a may send to pods app=web (any
+// namespace) on TCP 80; pods d/b and d/c (app=web, node-b) hold the
+// anycast IP severalAnycast; d/e (app=other) and d/f, d/g (app=web) exist,
+// not holding it. load is load()'s steps in its order (seq, gen, input,
+// CompileDeps, stored) without nftables, mid run between the listing and
+// the store.
+func severalFixture(t *testing.T) (k *kernelVerdicts, extra *modelExtra, load func(mid func()) *verdicts.Program) {
 	pods, nss, nps := stores()
 	const node = "node-a"
 	for _, n := range []string{"a", "d"} {
@@ -35,11 +34,11 @@ func TestSeveralUnchangedDuringLoadIsNotLost(t *testing.T) {
 		p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
 		return p
 	}
-	x := mk("a", "x", "x", node, "fd00:10::1")
-	for _, p := range []*corev1.Pod{x, mk("d", "b", "web", "node-b", "fd00:20::2"), mk("d", "c", "web", "node-b", "fd00:20::3"), mk("d", "e", "other", "node-b", "fd00:20::4")} {
+	for _, p := range []*corev1.Pod{mk("a", "x", "x", node, "fd00:10::1"), mk("d", "b", "web", "node-b", "fd00:20::2"),
+		mk("d", "c", "web", "node-b", "fd00:20::3"), mk("d", "e", "other", "node-b", "fd00:20::4"),
+		mk("d", "f", "web", "node-c", "fd00:20::5"), mk("d", "g", "web", "node-c", "fd00:20::6")} {
 		_ = pods.Add(p)
 	}
-	// x may send to pods app=web (any namespace) on TCP 80.
 	tcp := corev1.ProtocolTCP
 	port := intstr.FromInt32(80)
 	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "x-out"}}
@@ -50,20 +49,14 @@ func TestSeveralUnchangedDuringLoadIsNotLost(t *testing.T) {
 		To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, NamespaceSelector: &metav1.LabelSelector{}}},
 	}}
 	_ = nps.Add(np)
-
-	const anycast = "2001:db8:a::1"
-	extra := &modelExtra{}
-	extra.toggle("d/b", anycast)
-	extra.toggle("d/c", anycast)
-
-	k := newKernelVerdicts(node, corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), extra, nil, slog.New(slog.DiscardHandler))
+	extra = &modelExtra{}
+	extra.toggle("d/b", severalAnycast)
+	extra.toggle("d/c", severalAnycast)
+	k = newKernelVerdicts(node, corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), extra, nil, slog.New(slog.DiscardHandler))
 	k.holders = podIPHolders(pods)
 	k.primeLocal()
-
-	// load() without the kernel: between the listing and the store, mid runs.
-	load := func(mid func()) *verdicts.Program {
-		seq := k.seq.Load()
-		gen := k.gen.Load()
+	load = func(mid func()) *verdicts.Program {
+		seq, gen := k.seq.Load(), k.gen.Load()
 		_, _ = k.takeDirty()
 		in, err := k.input()
 		if err != nil {
@@ -74,7 +67,25 @@ func TestSeveralUnchangedDuringLoadIsNotLost(t *testing.T) {
 		k.stored(prog, deps, gen, seq)
 		return prog
 	}
-	pkt := verdicts.Packet{Src: netip.MustParseAddr("fd00:10::1"), Dst: netip.MustParseAddr(anycast), Proto: 6, DstPort: 80}
+	return k, extra, load
+}
+
+const severalAnycast = "2001:db8:a::1"
+
+// severalPacket is x → severalAnycast, TCP 80.
+var severalPacket = verdicts.Packet{Src: netip.MustParseAddr("fd00:10::1"), Dst: netip.MustParseAddr(severalAnycast), Proto: 6, DstPort: 80}
+
+// An anycast holder change that ClassifyExtra calls Unchanged against the
+// stored Deps (compiled from state S0), made while a load is compiling
+// state S1 (listed after an earlier change that asked for it), is not
+// lost: a load stays pending, or the kernel's program is a compile of the
+// cluster now. The load is load()'s steps in its order (gen, seq, input,
+// CompileDeps, then k.last/k.deps/k.done), without nftables. (Found by
+// review.)
+func TestSeveralUnchangedDuringLoadIsNotLost(t *testing.T) {
+	k, extra, load := severalFixture(t)
+	const anycast = severalAnycast
+	pkt := severalPacket
 
 	// S0: the anycast IP held by b and c (app=web): x may send to it.
 	p0 := load(func() {})
@@ -111,53 +122,9 @@ func TestSeveralUnchangedDuringLoadIsNotLost(t *testing.T) {
 // kept loads back to back under an anycast workload's churn at 1,700
 // nodes. A replica read otherwise still asks for one.
 func TestSeveralAlikeDuringLoadAsksNoMore(t *testing.T) {
-	pods, nss, nps := stores()
-	const node = "node-a"
-	for _, n := range []string{"a", "d"} {
-		_ = nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})
-	}
-	mk := func(ns, name, app, nodeName, ip string) *corev1.Pod {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{"app": app}}}
-		p.Spec.NodeName = nodeName
-		p.Status.Phase = corev1.PodRunning
-		p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
-		return p
-	}
-	for _, p := range []*corev1.Pod{mk("a", "x", "x", node, "fd00:10::1"), mk("d", "b", "web", "node-b", "fd00:20::2"),
-		mk("d", "c", "web", "node-b", "fd00:20::3"), mk("d", "f", "web", "node-c", "fd00:20::5"),
-		mk("d", "g", "web", "node-c", "fd00:20::6"), mk("d", "e", "other", "node-b", "fd00:20::4")} {
-		_ = pods.Add(p)
-	}
-	tcp := corev1.ProtocolTCP
-	port := intstr.FromInt32(80)
-	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "x-out"}}
-	np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "x"}}
-	np.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
-	np.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{
-		Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
-		To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}, NamespaceSelector: &metav1.LabelSelector{}}},
-	}}
-	_ = nps.Add(np)
-	const anycast = "2001:db8:a::1"
-	extra := &modelExtra{}
-	extra.toggle("d/b", anycast)
-	extra.toggle("d/c", anycast)
-	k := newKernelVerdicts(node, corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), extra, nil, slog.New(slog.DiscardHandler))
-	k.holders = podIPHolders(pods)
-	k.primeLocal()
-	// load() without the kernel: mid runs between the listing and the store.
-	load := func(mid func()) {
-		seq, gen := k.seq.Load(), k.gen.Load()
-		_, _ = k.takeDirty()
-		in, err := k.input()
-		if err != nil {
-			t.Fatal(err)
-		}
-		prog, deps := verdicts.CompileDeps(in)
-		mid()
-		k.stored(prog, deps, gen, seq)
-	}
-	pkt := verdicts.Packet{Src: netip.MustParseAddr("fd00:10::1"), Dst: netip.MustParseAddr(anycast), Proto: 6, DstPort: 80}
+	k, extra, load := severalFixture(t)
+	const anycast = severalAnycast
+	pkt := severalPacket
 	load(func() {})
 
 	// A load is asked for (some other change); f, alike b and c, joins
