@@ -104,6 +104,9 @@ type kernelVerdicts struct {
 	loadedAt     *verdicts.Loaded // where the program in the kernel is (Run's)
 	loadedGroups map[string]int   // its groups by key (Run's)
 	patchEvery   time.Duration    // PatchEvery; tests set it
+	// ips, if set, is the pods by status IP that the pod handler keeps
+	// (holders reads it in flock-policy).
+	ips *podsByIP
 	// recheck are extra IPs whose holder change waits for the Deps of the
 	// load asked for or under way (judgeExtra); rmu orders that against
 	// the load's storing them (stored).
@@ -218,6 +221,9 @@ func (k *kernelVerdicts) recompile() {
 // podChanged asks for what a pod's change needs: nothing, most often, for
 // a pod of another node (verdicts.Classify).
 func (k *kernelVerdicts) podChanged(old, cur *corev1.Pod) {
+	if k.ips != nil {
+		k.ips.update(old, cur)
+	}
 	if k.holders == nil {
 		k.ask("pod", k.changed)
 		return
@@ -495,6 +501,8 @@ func (k *kernelVerdicts) handler() cache.ResourceEventHandler {
 		UpdateFunc: func(old, cur any) {
 			if !trim.Unchanged(old, cur) {
 				k.event(old, cur)
+			} else if op, ok := old.(*corev1.Pod); ok && k.ips != nil {
+				k.ips.update(op, cur.(*corev1.Pod)) // the object the cache holds now
 			}
 		},
 		DeleteFunc: func(obj any) { k.event(obj, nil) },
@@ -504,6 +512,9 @@ func (k *kernelVerdicts) handler() cache.ResourceEventHandler {
 func (k *kernelVerdicts) event(old, cur any) {
 	if t, ok := old.(cache.DeletedFinalStateUnknown); ok && cur == nil {
 		// A delete the informer saw late: its pod leaves the local ones.
+		if p, ok := t.Obj.(*corev1.Pod); ok && k.ips != nil {
+			k.ips.update(p, nil)
+		}
 		if p, ok := t.Obj.(*corev1.Pod); ok && p.Spec.NodeName == k.node {
 			k.mu.Lock()
 			delete(k.local, p.Namespace+"/"+p.Name)

@@ -186,7 +186,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 			policySkipped.Add(k.policySkipped.Load())
 		}
 		k := newKernelVerdicts(node, podL, nsL, npL, extra, nil, slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug})).With("kv", fmt.Sprintf("%p", &struct{}{})))
-		k.holders = podIPHolders(pods)
+		indexPods(k, pods)
 		k.netns = int(lab.NS)
 		k.hook.Prelude = false // the probe sends as root, whom the prelude lets through
 		k.fail = func() error {
@@ -586,17 +586,21 @@ func describeIn(in verdicts.Input) string {
 }
 
 // stores are the pod, namespace and NetworkPolicy caches as flock-policy's
-// informers index them (the pods also by the engine's index: status IPs,
-// hostNetwork pods left out).
+// informers index them.
 func stores() (pods, nss, nps cache.Indexer) {
-	pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, enginePodIPIndex: func(obj any) ([]string, error) {
-		p := obj.(*corev1.Pod)
-		if p.Spec.HostNetwork {
-			return nil, nil
-		}
-		return podIPStrings(p), nil
-	}})
+	pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	nss = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	nps = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	return pods, nss, nps
+}
+
+// indexPods gives k the pods by IP that flock-policy's pod handler keeps,
+// told of every pod in pods (the informer's first list): the tests' pod
+// changes then reach it through podChanged, as the handler's do.
+func indexPods(k *kernelVerdicts, pods cache.Indexer) {
+	k.ips = newPodsByIP()
+	for _, o := range pods.List() {
+		k.ips.update(nil, o.(*corev1.Pod))
+	}
+	k.holders = k.ips.lookup
 }

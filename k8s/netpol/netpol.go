@@ -12,7 +12,8 @@
 // pod's extra IPs (anycast, `addresses`) are its own; the rules outlive a
 // restart; selectors are compiled once; the engine's verdict and queue
 // verdict are exported for flock's rules and the differential tests; the
-// engine can leave the table to flock.
+// engine can leave the table to flock; it finds a packet's pods in the
+// pods by IP flock keeps (podsByIP) rather than an index of its own.
 package netpol
 
 import (
@@ -20,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -164,6 +166,12 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	if ok, err := sctpSupported(); err == nil && !ok {
 		log.Warn("this kernel has no SCTP: no pod can use it, so NetworkPolicy rules for SCTP ports match no traffic")
 	}
+	// The pods by status IP: the engine's lookups and the kernel
+	// verdicts' holders, kept by the kernel verdicts' pod handler (below);
+	// complete once that handler was told of the first list.
+	ips := newPodsByIP()
+	var indexed atomic.Pointer[func() bool]
+	ipsSynced := func() bool { f := indexed.Load(); return f != nil && (*f)() }
 	engineCfg := networkpolicy.Config{
 		FailOpen:                   cfg.FailOpen,
 		AdminNetworkPolicy:         cfg.AdminNetworkPolicy,
@@ -188,7 +196,8 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 		NoRules:        true,
 		ExtraPodIPs:    extraPodIPs(cfg.ExtraIPs),
 		PodsForIP:      podsForIP(cfg.ExtraIPs),
-		ExtraIPsSynced: extraSynced(cfg.ExtraIPs),
+		ExtraIPsSynced: allSynced(extraSynced(cfg.ExtraIPs), ipsSynced),
+		PodsByIP:       ips.lookup,
 	}
 	ctrl, err := newController(client, factory, nodeInformer, npa, anpInformer, banpInformer, engineCfg)
 	if err != nil {
@@ -232,13 +241,19 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	for i, inf := range watched {
 		synced = append(synced, kubeclient.Synced{Name: names[i], Synced: inf.HasSynced})
 	}
+	synced = append(synced, kubeclient.Synced{Name: "the pods by IP", Synced: ipsSynced})
 	kv := newKernelVerdicts(cfg.NodeName, podInf.Lister(), nsInf.Lister(), nps.Lister(), cfg.ExtraIPs, synced, log)
 	kv.admin = admin
-	kv.holders = podIPHolders(podInf.Informer().GetIndexer())
+	kv.ips, kv.holders = ips, ips.lookup
 	kv.hook.Queue = networkpolicy.QueueVerdict(engineCfg)
 	for _, inf := range watched {
-		if _, err := inf.AddEventHandler(kv.handler()); err != nil {
+		reg, err := inf.AddEventHandler(kv.handler())
+		if err != nil {
 			return fmt.Errorf("netpol: watch for the kernel's verdicts: %w", err)
+		}
+		if inf == podInf.Informer() {
+			hasSynced := reg.HasSynced
+			indexed.Store(&hasSynced)
 		}
 	}
 	if cfg.Verdicts != nil {
@@ -360,27 +375,14 @@ func extraSynced(x ExtraIPs) func() bool {
 	return x.HasSynced
 }
 
-// enginePodIPIndex is the engine's index of pods by status IP (hostNetwork
-// pods left out), which newController adds to the pod informer.
-const enginePodIPIndex = "podIPKeyIndex"
-
-// podIPHolders reads the engine's index; nil if it has none (every pod
-// change then compiles).
-func podIPHolders(idx cache.Indexer) func(ip string) []*corev1.Pod {
-	if _, ok := idx.GetIndexers()[enginePodIPIndex]; !ok {
-		return nil
-	}
-	return func(ip string) []*corev1.Pod {
-		objs, err := idx.ByIndex(enginePodIPIndex, ip)
-		if err != nil {
-			return []*corev1.Pod{{}} // unknown: held by another, so compiled
-		}
-		out := make([]*corev1.Pod, 0, len(objs))
-		for _, o := range objs {
-			if p, ok := o.(*corev1.Pod); ok {
-				out = append(out, p)
+// allSynced is true once each of fs (nil: none) is.
+func allSynced(fs ...func() bool) func() bool {
+	return func() bool {
+		for _, f := range fs {
+			if f != nil && !f() {
+				return false
 			}
 		}
-		return out
+		return true
 	}
 }

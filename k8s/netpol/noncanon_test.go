@@ -74,7 +74,7 @@ func TestKernelNonCanonicalLocalIP(t *testing.T) {
 
 	hp := &hookedPods{PodLister: corelisters.NewPodLister(pods)}
 	k := newKernelVerdicts(node, hp, corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	k.holders = podIPHolders(pods)
+	indexPods(k, pods)
 	k.netns = int(lab.NS)
 	k.hook.Prelude = false
 	ctx, cancel := context.WithCancel(context.Background())

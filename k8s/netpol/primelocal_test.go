@@ -16,15 +16,13 @@ import (
 // primeLocal must not overwrite a newer state of a local pod that a
 // handler records while it lists.
 func TestPrimeLocalKeepsNewer(t *testing.T) {
-	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, enginePodIPIndex: func(obj any) ([]string, error) {
-		return podIPStrings(obj.(*corev1.Pod)), nil
-	}})
+	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	L := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "l"}}
 	L.Spec.NodeName = "node-a"
 	_ = pods.Add(L) // not yet given an address
 	hp := &hookedPods{PodLister: corelisters.NewPodLister(pods)}
 	k := newKernelVerdicts("node-a", hp, nil, nil, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	k.holders = podIPHolders(pods)
+	indexPods(k, pods)
 	L1 := L.DeepCopy()
 	L1.Status.PodIPs = []corev1.PodIP{{IP: "fd00::1"}}
 	var handled sync.WaitGroup

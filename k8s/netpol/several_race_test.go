@@ -53,7 +53,7 @@ func severalFixture(t *testing.T) (k *kernelVerdicts, extra *modelExtra, load fu
 	extra.toggle("d/b", severalAnycast)
 	extra.toggle("d/c", severalAnycast)
 	k = newKernelVerdicts(node, corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), extra, nil, slog.New(slog.DiscardHandler))
-	k.holders = podIPHolders(pods)
+	indexPods(k, pods)
 	k.primeLocal()
 	load = func(mid func()) *verdicts.Program {
 		seq, gen := k.seq.Load(), k.gen.Load()

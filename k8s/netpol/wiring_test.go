@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -62,13 +64,19 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 	objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
 	client := copyingClient(objs...)
 	factory := newFactory(client)
-	engineCfg := networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true}
+	ips := newPodsByIP()
+	engineCfg := networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true, PodsByIP: ips.lookup}
 	tr := &syncingExtra{}
 	engineCfg.ExtraIPsSynced = tr.HasSynced
 	if _, err := newController(client, factory, nil, nil, nil, nil, engineCfg); err != nil {
 		t.Fatal(err)
 	}
 	podInf, nsInf := factory.Core().V1().Pods(), factory.Core().V1().Namespaces()
+	// The engine reads the pods by IP flock keeps (Config.PodsByIP): it
+	// adds no index of its own, a set of keys an address.
+	if idx := podInf.Informer().GetIndexer().GetIndexers(); len(idx) != 1 {
+		t.Errorf("the pod informer's indexes: %v, want the namespace's alone", slices.Collect(maps.Keys(idx)))
+	}
 	extraSynced, err := addHandler(tr.Handler(), podInf.Informer(), nsInf.Informer())
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +88,7 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 		synced = append(synced, kubeclient.Synced{Name: "an informer", Synced: inf.HasSynced})
 	}
 	kv := newKernelVerdicts("node-a", podInf.Lister(), nsInf.Lister(), nps.Lister(), tr, synced, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	kv.holders = podIPHolders(podInf.Informer().GetIndexer())
+	kv.ips, kv.holders = ips, ips.lookup
 	for _, inf := range watched {
 		if _, err := inf.AddEventHandler(kv.handler()); err != nil {
 			t.Fatal(err)

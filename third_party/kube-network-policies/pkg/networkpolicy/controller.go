@@ -87,6 +87,11 @@ type Config struct {
 	// holding an IP that is in no pod's status.podIPs. A packet of an IP
 	// several pods hold passes only if every holder's policies allow it.
 	PodsForIP func(ip string) []string `json:"-"`
+	// PodsByIP, if set, returns the pods whose status.podIPs hold an IP
+	// (hostNetwork pods left out), and the engine adds no index of its own
+	// to the pod informer: the embedder keeps one (a cluster's pods by IP
+	// were most of the informer's indexes' memory).
+	PodsByIP func(ip string) []*v1.Pod `json:"-"`
 	// KeepRulesOnStop leaves the nftables table in place when Run returns,
 	// so that new connections stay queued (and, without FailOpen, dropped)
 	// until the next engine reads the queue: a restart never lets them
@@ -174,52 +179,61 @@ func newController(client clientset.Interface,
 		),
 	}
 
-	err := podInformer.Informer().AddIndexers(cache.Indexers{
-		podIPIndex: func(obj interface{}) ([]string, error) {
-			pod, ok := obj.(*v1.Pod)
-			if !ok {
-				return []string{}, nil
+	podIndexer := podInformer.Informer().GetIndexer()
+	podsByIP := config.PodsByIP
+	if podsByIP == nil {
+		err := podInformer.Informer().AddIndexers(cache.Indexers{
+			podIPIndex: func(obj interface{}) ([]string, error) {
+				pod, ok := obj.(*v1.Pod)
+				if !ok {
+					return []string{}, nil
+				}
+				// TODO check this later or it can block some traffic
+				// unrelated to the Pod
+				if pod.Spec.HostNetwork {
+					return []string{}, nil
+				}
+				result := []string{}
+				for _, ip := range pod.Status.PodIPs {
+					result = append(result, string(ip.IP))
+				}
+				return result, nil
+			},
+		})
+		if err != nil {
+			return nil, err
+		}
+		podsByIP = func(podIP string) []*v1.Pod {
+			objs, err := podIndexer.ByIndex(podIPIndex, podIP)
+			if err != nil {
+				return nil
 			}
-			// TODO check this later or it can block some traffic
-			// unrelated to the Pod
-			if pod.Spec.HostNetwork {
-				return []string{}, nil
+			pods := make([]*v1.Pod, 0, len(objs))
+			for _, obj := range objs {
+				if pod, ok := obj.(*v1.Pod); ok {
+					pods = append(pods, pod)
+				}
 			}
-			result := []string{}
-			for _, ip := range pod.Status.PodIPs {
-				result = append(result, string(ip.IP))
-			}
-			return result, nil
-		},
-	})
-	if err != nil {
-		return nil, err
+			return pods
+		}
 	}
 
-	podIndexer := podInformer.Informer().GetIndexer()
 	// Theoretically only one IP can be active at a time
 	c.getPodAssignedToIP = func(podIP string) *v1.Pod {
-		objs, err := podIndexer.ByIndex(podIPIndex, podIP)
-		if err != nil {
-			return nil
-		}
+		pods := podsByIP(podIP)
 		// Without NRI (this copy has none) an IP no pod holds is no pod's.
-		if len(objs) == 0 {
+		if len(pods) == 0 {
 			return nil
 		}
 		// if there are multiple pods use the one that is running
-		for _, obj := range objs {
-			pod, ok := obj.(*v1.Pod)
-			if !ok {
-				continue
-			}
+		for _, pod := range pods {
 			if pod.Status.Phase == v1.PodRunning {
 				return pod
 			}
 		}
 		// if no pod is running pick the first one
 		// TODO: check multiple phases
-		return objs[0].(*v1.Pod)
+		return pods[0]
 	}
 	c.getPodsAssignedToIP = func(ip string) []*v1.Pod {
 		if pod := c.getPodAssignedToIP(ip); pod != nil {
@@ -248,7 +262,7 @@ func newController(client clientset.Interface,
 		}
 		return obj, nil
 	}
-	err = podInformer.Informer().SetTransform(trim)
+	err := podInformer.Informer().SetTransform(trim)
 	if err != nil {
 		return nil, err
 	}

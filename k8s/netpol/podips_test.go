@@ -1,0 +1,104 @@
+package netpol
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
+)
+
+// The pods by IP, kept from a random stream of pod changes (adds,
+// deletes, moves to other addresses, addresses held by several pods,
+// hostNetwork toggles, the same address twice in a pod, updates that keep
+// the addresses) while readers look up concurrently: at every quiescent
+// point each address's holders are exactly the pods of the store that
+// hold it by their status, not on the host's network, as the store holds
+// them now, and nothing else is held.
+func TestPodsByIPIsTheStores(t *testing.T) {
+	seed := testutil.Seed(t)
+	r := rand.New(rand.NewPCG(uint64(seed), 1))
+	addrs := []string{"fd00::1", "fd00::2", "fd00::3", "10.0.0.1", "10.0.0.2", "fd00::4"}
+	store := map[string]*corev1.Pod{}
+	x := newPodsByIP()
+	var stop atomic.Bool
+	var readers sync.WaitGroup
+	for range 3 {
+		readers.Go(func() {
+			for !stop.Load() {
+				for _, a := range addrs {
+					for _, p := range x.lookup(a) {
+						_ = p.Name // the race detector sees what is read
+					}
+				}
+			}
+		})
+	}
+	defer func() { stop.Store(true); readers.Wait() }()
+	for round := range 400 {
+		for range 1 + r.IntN(8) {
+			key := fmt.Sprintf("p%d", r.IntN(8))
+			old := store[key]
+			var cur *corev1.Pod
+			if r.IntN(5) != 0 {
+				cur = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: key, ResourceVersion: fmt.Sprint(round)}}
+				cur.Spec.HostNetwork = r.IntN(6) == 0
+				switch {
+				case old != nil && r.IntN(3) == 0: // the same addresses, a new object
+					cur.Status.PodIPs = old.Status.PodIPs
+				default:
+					for range r.IntN(3) {
+						cur.Status.PodIPs = append(cur.Status.PodIPs, corev1.PodIP{IP: addrs[r.IntN(len(addrs))]})
+					}
+				}
+			}
+			if old == nil && cur == nil {
+				continue
+			}
+			if cur == nil {
+				delete(store, key)
+			} else {
+				store[key] = cur
+			}
+			x.update(old, cur)
+		}
+		want := map[string][]*corev1.Pod{}
+		for _, p := range store {
+			if p.Spec.HostNetwork {
+				continue
+			}
+			for _, ip := range p.Status.PodIPs {
+				if !slices.Contains(want[ip.IP], p) {
+					want[ip.IP] = append(want[ip.IP], p)
+				}
+			}
+		}
+		for _, a := range addrs {
+			got := x.lookup(a)
+			byName := func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) }
+			slices.SortFunc(got, byName)
+			slices.SortFunc(want[a], byName)
+			if !slices.Equal(got, want[a]) {
+				t.Fatalf("seed %d, round %d: %s held by %v, want %v (the store's objects)", seed, round, a, names(got), names(want[a]))
+			}
+		}
+		if x.len() != len(want) {
+			t.Fatalf("seed %d, round %d: %d addresses held, want %d", seed, round, x.len(), len(want))
+		}
+	}
+}
+
+func names(ps []*corev1.Pod) []string {
+	var out []string
+	for _, p := range ps {
+		out = append(out, p.Name+"@"+p.ResourceVersion)
+	}
+	return out
+}
