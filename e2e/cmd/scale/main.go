@@ -311,7 +311,8 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	profiled.Go(func() { node.policyProfile(o.profiles, "allocs-churn-"+tag, "allocs", o.churnD-5*time.Second) })
 	counted := node.verdictCounters()
 	r.churn = node.window(o.churnD)
-	logf("under churn: flock-policy's verdicts: %s", countersSince(counted, node.verdictCounters()))
+	verdicts := "flock-policy's verdicts under churn: " + orNone(countersSince(counted, node.verdictCounters()))
+	logf("%s", verdicts)
 	profiled.Wait()
 	if len(o.fanout) > 0 {
 		r.fanout = node.measureFanout(o.fanout, 10*time.Second, o.fanoutD, r.churn)
@@ -327,5 +328,6 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 		r.reached = min(r.reached, a.reached())
 		logf("%s", a)
 	}
+	r.activity = append(r.activity, verdicts)
 	return r
 }

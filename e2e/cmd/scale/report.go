@@ -176,7 +176,7 @@ func writeReport(o options, rs []sizeResult, racks []rackResult, took time.Durat
 		}
 	}
 
-	b.WriteString("\n## The cluster at each size\n\n| size | pods | Services | NetworkPolicies | filled in | writes | churn and background achieved |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("\n## The cluster at each size\n\n| size | pods | Services | NetworkPolicies | filled in | writes | churn and background achieved; what flock-policy loaded and patched under it |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range rs {
 		status := strings.Join(r.activity, "; ")
 		if r.err != nil {
