@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"runtime/debug"
 	"slices"
@@ -111,7 +112,7 @@ type kernelVerdicts struct {
 	// load asked for or under way (judgeExtra); rmu orders that against
 	// the load's storing them (stored).
 	rmu     sync.Mutex
-	recheck []string
+	recheck map[string]bool
 }
 
 // PatchEvery is how often, at most, the changes of other nodes' pods that
@@ -160,7 +161,7 @@ func newKernelVerdicts(node string, pods corelisters.PodLister, namespaces corel
 	policies networkinglisters.NetworkPolicyLister, extra ExtraIPs, synced []kubeclient.Synced, log *slog.Logger) *kernelVerdicts {
 	return &kernelVerdicts{node: node, pods: pods, namespaces: namespaces, policies: policies, extra: extra,
 		synced: synced, log: log, kick: make(chan struct{}, 1), loaded: make(chan struct{}), netns: -1, local: map[string][]string{},
-		hurry: make(chan struct{}, 1), remoteLag: RemoteLag, dirty: map[netip.Addr]bool{}, pkick: make(chan struct{}, 1), patchEvery: PatchEvery,
+		hurry: make(chan struct{}, 1), remoteLag: RemoteLag, dirty: map[netip.Addr]bool{}, pkick: make(chan struct{}, 1), patchEvery: PatchEvery, recheck: map[string]bool{},
 		hook: verdicts.Hook{Num: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityRef(*nftables.ChainPriorityNATSource - 5), Prelude: true}}
 }
 
@@ -385,7 +386,9 @@ func (k *kernelVerdicts) judgeExtra(ips []string, local bool) {
 	}
 	eff := verdicts.ClassifyExtra(k.live(), deps, ips, local)
 	if eff == verdicts.Unchanged && k.done.Load() < k.seq.Load() {
-		k.recheck = append(k.recheck, ips...)
+		for _, ip := range ips {
+			k.recheck[ip] = true
+		}
 		k.rmu.Unlock()
 		return
 	}
@@ -408,12 +411,11 @@ func (k *kernelVerdicts) stored(prog *verdicts.Program, deps *verdicts.Deps, gen
 	k.rmu.Lock()
 	k.deps.Store(&depsAt{deps, gen})
 	k.done.Store(seq)
-	again := k.recheck
-	k.recheck = nil
+	again := slices.Sorted(maps.Keys(k.recheck))
+	clear(k.recheck)
 	k.rmu.Unlock()
 	if len(again) > 0 {
-		slices.Sort(again)
-		k.judgeExtra(slices.Compact(again), false)
+		k.judgeExtra(again, false)
 	}
 }
 
@@ -520,7 +522,11 @@ func (k *kernelVerdicts) event(old, cur any) {
 			delete(k.local, p.Namespace+"/"+p.Name)
 			k.mu.Unlock()
 		}
-		k.ask("pod", k.changed)
+		cause := "other"
+		if _, ok := t.Obj.(*corev1.Pod); ok {
+			cause = "pod"
+		}
+		k.ask(cause, k.changed)
 		return
 	}
 	if op, ok := old.(*networkingv1.NetworkPolicy); ok {

@@ -159,3 +159,21 @@ func TestSeveralAlikeDuringLoadAsksNoMore(t *testing.T) {
 		t.Errorf("with e (app=other) holding it too: the kernel's program allows x → %s:80 = %v, a compile of now %v (want false)", anycast, got, want)
 	}
 }
+
+// What waits for a load's Deps is a set of addresses: an anycast
+// workload's churn while loads fail (nftables broken) holds one entry an
+// address, not one a change. (Found by review.)
+func TestRecheckHoldsAnAddressOnce(t *testing.T) {
+	k, extra, load := severalFixture(t)
+	load(func() {})
+	k.recompile() // a load asked for that never stores
+	for range 1000 {
+		k.extraChanged(extra.toggle("d/f", severalAnycast))
+	}
+	k.rmu.Lock()
+	n := len(k.recheck)
+	k.rmu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d addresses wait for the load after 1,000 changes of one address's holders, want 1", n)
+	}
+}
