@@ -246,12 +246,12 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	kv.admin = admin
 	kv.ips, kv.holders = ips, ips.lookup
 	kv.hook.Queue = networkpolicy.QueueVerdict(engineCfg)
-	for _, inf := range watched {
+	for i, inf := range watched {
 		reg, err := inf.AddEventHandler(kv.handler())
 		if err != nil {
 			return fmt.Errorf("netpol: watch for the kernel's verdicts: %w", err)
 		}
-		if inf == podInf.Informer() {
+		if i == 0 { // the pods' (Informer() is a new value at each call)
 			hasSynced := reg.HasSynced
 			indexed.Store(&hasSynced)
 		}

@@ -73,7 +73,8 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 	}
 	podInf, nsInf := factory.Core().V1().Pods(), factory.Core().V1().Namespaces()
 	// The engine reads the pods by IP flock keeps (Config.PodsByIP): it
-	// adds no index of its own, a set of keys an address.
+	// adds no index of its own, a set of keys an address. The pods by IP
+	// are complete once the kernel's pod handler synced (as Run waits).
 	if idx := podInf.Informer().GetIndexer().GetIndexers(); len(idx) != 1 {
 		t.Errorf("the pod informer's indexes: %v, want the namespace's alone", slices.Collect(maps.Keys(idx)))
 	}
@@ -89,9 +90,14 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 	}
 	kv := newKernelVerdicts("node-a", podInf.Lister(), nsInf.Lister(), nps.Lister(), tr, synced, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	kv.ips, kv.holders = ips, ips.lookup
-	for _, inf := range watched {
-		if _, err := inf.AddEventHandler(kv.handler()); err != nil {
+	var indexed cache.ResourceEventHandlerRegistration
+	for i, inf := range watched {
+		reg, err := inf.AddEventHandler(kv.handler())
+		if err != nil {
 			t.Fatal(err)
+		}
+		if i == 0 {
+			indexed = reg
 		}
 	}
 	// Another handler of the pod informer that never returns (as a stuck
@@ -120,6 +126,15 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 		t.Errorf("the handler was told of %d objects at its first answer, want the 30 pods and 1 namespace", n)
 	}
 	t.Logf("first answer after %s", time.Since(start))
+	for !indexed.HasSynced() {
+		if time.Since(start) > 15*time.Second {
+			t.Fatal("the pods by IP never synced")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := ips.lookup("fd00:10::1"); len(got) != 30 { // bulkyPod's address
+		t.Errorf("the pods by IP say %d pods hold fd00:10::1, want the 30", len(got))
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
