@@ -114,6 +114,15 @@ func (f *filler) churn(ctx context.Context, m *model, r churnRates, seed uint64)
 	pols := &activity{name: "NetworkPolicy changes"}
 	rng := func(n int) *rand.Rand { return rand.New(rand.NewPCG(seed, uint64(n))) }
 	spare := 131072 - full.netPods() // IPv4 addresses of 198.18.0.0/15 the model's pods leave
+	// Each churned pod takes one of them, handed out again only once its
+	// pod is deleted, as an IPAM frees an address. Taking them in turn
+	// reused one every 10 s, held twice by two pods whenever deletes
+	// lagged (the API server saturated): no IPAM does that, and an
+	// address held twice costs flock-policy a compile.
+	free := make(chan int, spare)
+	for i := range spare {
+		free <- i
+	}
 	// A pod's worker lives as long as the pod (churnLifetime): enough of
 	// them for every pod alive at once.
 	goPaced(r.pods, int(r.pods*(churnLifetime.Seconds()+5))+16, func(ctx context.Context, n int) error {
@@ -124,7 +133,14 @@ func (f *filler) churn(ctx context.Context, m *model, r churnRates, seed uint64)
 		p.Name, p.Annotations = fmt.Sprintf("%s-churn-%d", w.name(), n), nil
 		p.Spec.NodeName = nodeName(node)
 		v6 := addOffset(nodeSummary(node).Addr(), uint64(0x1000+n%0x1000))
-		v4 := addOffset(podV4Base, uint64(full.netPods()+n%spare))
+		var off int
+		select {
+		case off = <-free:
+		case <-ctx.Done():
+			return nil
+		}
+		defer func() { free <- off }() // after the delete below
+		v4 := addOffset(podV4Base, uint64(full.netPods()+off))
 		if err := f.createPod(ctx, p, nodeIP(node), v6, v4); err != nil {
 			return fmt.Errorf("churn pod %s: %w", p.Name, err)
 		}
