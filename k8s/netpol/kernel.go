@@ -113,6 +113,8 @@ type kernelVerdicts struct {
 	// the load's storing them (stored).
 	rmu     sync.Mutex
 	recheck map[string]bool
+	// heldTwiceAt is when logHeldTwice last logged (Unix ns).
+	heldTwiceAt atomic.Int64
 }
 
 // PatchEvery is how often, at most, the changes of other nodes' pods that
@@ -255,6 +257,9 @@ func (k *kernelVerdicts) podChanged(old, cur *corev1.Pod) {
 			k.markDirty(old, cur)
 			return
 		}
+		if why == "ip-held-twice" {
+			k.logHeldTwice(old, cur)
+		}
 		k.ask("remote-pod:"+why, k.recompile)
 	default:
 		k.ask("pod", k.changed)
@@ -282,6 +287,33 @@ func (k *kernelVerdicts) markDirty(old, cur *corev1.Pod) {
 	default:
 	}
 }
+
+// logHeldTwice says which pods hold old's or cur's addresses, at most
+// every heldTwiceEvery: an address two pods hold by their status (one
+// reused while its last pod is still listed) costs a whole compile.
+func (k *kernelVerdicts) logHeldTwice(old, cur *corev1.Pod) {
+	now := time.Now().UnixNano()
+	last := k.heldTwiceAt.Load()
+	if now-last < int64(heldTwiceEvery) || !k.heldTwiceAt.CompareAndSwap(last, now) {
+		return
+	}
+	for _, p := range []*corev1.Pod{old, cur} {
+		if p == nil {
+			continue
+		}
+		for _, ip := range p.Status.PodIPs {
+			var hs []string
+			for _, h := range k.holders(ip.IP) {
+				hs = append(hs, h.Namespace+"/"+h.Name+" ("+string(h.Status.Phase)+", on "+h.Spec.NodeName+")")
+			}
+			if len(hs) > 1 {
+				k.log.Info("an address several pods hold by their status: compiled, not patched", "ip", ip.IP, "pods", hs)
+			}
+		}
+	}
+}
+
+const heldTwiceEvery = 10 * time.Second
 
 // takeDirty takes the addresses to patch, and the count of changes they
 // are for.
