@@ -2,6 +2,7 @@ package netpol
 
 import (
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -101,4 +102,31 @@ func names(ps []*corev1.Pod) []string {
 		out = append(out, p.Name+"@"+p.ResourceVersion)
 	}
 	return out
+}
+
+// An address two pods hold by their status is logged with both, and not
+// again within heldTwiceEvery.
+func TestHeldTwiceIsLogged(t *testing.T) {
+	pods, _, _ := stores()
+	mk := func(name string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "d", Name: name}}
+		p.Spec.NodeName = "node-b"
+		p.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::2"}}
+		return p
+	}
+	a, b := mk("old"), mk("new")
+	_ = pods.Add(a)
+	_ = pods.Add(b)
+	var buf testutil.SyncBuffer
+	k := newKernelVerdicts("node-a", nil, nil, nil, nil, nil, slog.New(slog.NewTextHandler(&buf, nil)))
+	indexPods(k, pods)
+	k.logHeldTwice(nil, b)
+	k.logHeldTwice(nil, b)
+	out := buf.String()
+	if !strings.Contains(out, "d/old") || !strings.Contains(out, "d/new") || !strings.Contains(out, "fd00:20::2") {
+		t.Fatalf("log %q: want the address and both pods", out)
+	}
+	if n := strings.Count(out, "several pods hold"); n != 1 {
+		t.Errorf("logged %d times within %s, want once", n, heldTwiceEvery)
+	}
 }
