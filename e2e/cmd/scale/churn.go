@@ -10,6 +10,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 )
@@ -125,7 +126,7 @@ func (f *filler) churn(ctx context.Context, m *model, r churnRates, seed uint64)
 	}
 	// A pod's worker lives as long as the pod (churnLifetime): enough of
 	// them for every pod alive at once.
-	goPaced(r.pods, int(r.pods*(churnLifetime.Seconds()+5))+16, func(ctx context.Context, n int) error {
+	goPaced(r.pods, int(r.pods*(churnLifetime.Seconds()+5))+16, func(ctx context.Context, n int) (rerr error) {
 		g := rng(n)
 		w := m.workloads[g.IntN(len(m.workloads))]
 		node := g.IntN(m.env.Nodes)
@@ -139,22 +140,36 @@ func (f *filler) churn(ctx context.Context, m *model, r churnRates, seed uint64)
 		case <-ctx.Done():
 			return nil
 		}
-		defer func() { free <- off }() // after the delete below
 		v4 := addOffset(podV4Base, uint64(full.netPods()+off))
+		// Deleted whatever the create returned (a status write cut short
+		// by the window's end may still have landed) and even after the
+		// run ends: nothing it made is left. Its address is free again
+		// only once the pod is gone; a pod left behind held it into the
+		// next size's churn, which handed it out again: an address held
+		// twice.
+		defer func() {
+			dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := retry(dctx, func() error {
+				err := f.cs.CoreV1().Pods(p.Namespace).Delete(dctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+				if apierrors.IsNotFound(err) {
+					return nil
+				}
+				return err
+			}); err != nil {
+				if rerr == nil {
+					rerr = fmt.Errorf("delete churn pod %s: %w", p.Name, err)
+				}
+				return // its address stays out of the free list
+			}
+			free <- off
+		}()
 		if err := f.createPod(ctx, p, nodeIP(node), v6, v4); err != nil {
 			return fmt.Errorf("churn pod %s: %w", p.Name, err)
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(churnLifetime):
-		}
-		// Deleted even after the run ends: nothing it made is left.
-		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := retry(dctx, func() error {
-			return f.cs.CoreV1().Pods(p.Namespace).Delete(dctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
-		}); err != nil {
-			return fmt.Errorf("delete churn pod %s: %w", p.Name, err)
 		}
 		return nil
 	}, pods)
