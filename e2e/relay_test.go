@@ -147,16 +147,20 @@ func TestRelayAgainstTheAPIServer(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		got := map[string]*corev1.Pod{}
+		// The transform caches a pod as a *trim.Pod.
+		got := map[string]*trim.Pod{}
 		for _, o := range inf.GetStore().List() {
-			p := o.(*corev1.Pod)
+			p, ok := o.(*trim.Pod)
+			if !ok {
+				return false, fmt.Sprintf("a %T held, want a *trim.Pod", o)
+			}
 			got[p.Namespace+"/"+p.Name] = p
 		}
 		if len(got) != len(list.Items) {
 			return false, fmt.Sprintf("%d pods held, the API server has %d", len(got), len(list.Items))
 		}
 		for i := range list.Items {
-			w := trim.Pod(&list.Items[i])
+			w := trim.NewPod(&list.Items[i])
 			g := got[w.Namespace+"/"+w.Name]
 			if g == nil || !trim.Unchanged(w, g) {
 				return false, fmt.Sprintf("%s/%s: held %+v, want %+v", w.Namespace, w.Name, g, w)

@@ -17,6 +17,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/claims"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // flock-policy may start before the CRDs `kubectl apply` created with it
@@ -46,7 +47,7 @@ func TestTrackerWaitsOutACRDNotYetEstablished(t *testing.T) {
 	start := time.Now()
 	go func() {
 		defer close(done)
-		_ = tr.Run(ctx, corelisters.NewPodLister(podIdx), corelisters.NewNamespaceLister(nsIdx), nil, func(_, _ []string) {})
+		_ = tr.Run(ctx, trim.NewPodLister(podIdx), corelisters.NewNamespaceLister(nsIdx), nil, func(_, _ []string) {})
 	}()
 	defer func() { cancel(); <-done }()
 	for !tr.HasSynced() {

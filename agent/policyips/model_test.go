@@ -37,6 +37,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/authz"
 	"code.fritzlab.net/fritzlab/flock/k8s/claims"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 )
 
@@ -90,8 +91,10 @@ func (w *world) step(t *testing.T, r *rand.Rand) {
 		if r.IntN(2) == 0 {
 			p.Annotations = map[string]string{annotations.Anycast: anyIPs[r.IntN(len(anyIPs))]}
 		}
-		_ = w.pods.Add(p)
-		w.handler.OnAdd(p, false)
+		// As the informer caches it and hands it on (trim.Transform).
+		tp := trim.NewPod(p)
+		_ = w.pods.Add(tp)
+		w.handler.OnAdd(tp, false)
 	case 2: // delete a pod
 		if obj, ok, _ := w.pods.GetByKey(ns + "/" + name); ok {
 			_ = w.pods.Delete(obj)
@@ -99,7 +102,7 @@ func (w *world) step(t *testing.T, r *rand.Rand) {
 		}
 	case 3: // claim an `addresses` IP for a pod (possibly stale)
 		if obj, ok, _ := w.pods.GetByKey(ns + "/" + name); ok {
-			p := obj.(*corev1.Pod)
+			p := obj.(*trim.Pod)
 			uid := string(p.UID)
 			if r.IntN(4) == 0 {
 				uid = "stale"
@@ -156,11 +159,11 @@ func (w *world) step(t *testing.T, r *rand.Rand) {
 func (w *world) bind(r *rand.Rand) {
 	w.local = nil
 	for _, obj := range w.pods.List() {
-		p := obj.(*corev1.Pod)
+		p := obj.(*trim.Pod)
 		if p.Spec.NodeName != node || r.IntN(3) == 0 {
 			continue
 		}
-		rec := admin.Pod{ID: pods.ID(p), Phase: "committed"}
+		rec := admin.Pod{ID: pods.MetaID(&p.ObjectMeta), Phase: "committed"}
 		if r.IntN(5) == 0 {
 			rec.UID = "old"
 		}
@@ -176,7 +179,7 @@ func (w *world) inputs(t *testing.T) Inputs {
 	defer w.mu.Unlock()
 	in := Inputs{Node: node, Namespaces: map[string]labels.Set{}}
 	for _, obj := range w.pods.List() {
-		in.Pods = append(in.Pods, obj.(*corev1.Pod))
+		in.Pods = append(in.Pods, obj.(*trim.Pod))
 	}
 	for _, obj := range w.ns.List() {
 		n := obj.(*corev1.Namespace)
@@ -274,7 +277,7 @@ func checkInvariants(t *testing.T, in Inputs, o *Owners) {
 	if o == nil {
 		return // holds nothing
 	}
-	podByKey := map[string]*corev1.Pod{}
+	podByKey := map[string]*trim.Pod{}
 	for _, p := range in.Pods {
 		podByKey[p.Namespace+"/"+p.Name] = p
 	}
@@ -291,7 +294,7 @@ func checkInvariants(t *testing.T, in Inputs, o *Owners) {
 			ok := false
 			bound := func(recs []admin.Pod) {
 				for _, r := range recs {
-					if r.ID.Same(pods.ID(p)) && (slices.Contains(r.Addresses, ip) || slices.Contains(r.Anycast, ip)) {
+					if r.ID.Same(pods.MetaID(&p.ObjectMeta)) && (slices.Contains(r.Addresses, ip) || slices.Contains(r.Anycast, ip)) {
 						ok = true
 					}
 				}
@@ -328,7 +331,7 @@ func checkInvariants(t *testing.T, in Inputs, o *Owners) {
 		for _, r := range in.Stale {
 			p := podByKey[r.Namespace+"/"+r.Name]
 			if p == nil || p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed ||
-				p.Spec.NodeName != in.Node || !pods.ID(p).Same(r.ID) || r.Phase == "deleting" {
+				p.Spec.NodeName != in.Node || !pods.MetaID(&p.ObjectMeta).Same(r.ID) || r.Phase == "deleting" {
 				continue
 			}
 			for _, ip := range append(slices.Clone(r.Addresses), r.Anycast...) {
@@ -389,7 +392,7 @@ func TestTrackerModel(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {
-			done <- tr.Run(ctx, corelisters.NewPodLister(w.pods), corelisters.NewNamespaceLister(w.ns), nil, func(_, _ []string) {})
+			done <- tr.Run(ctx, trim.NewPodLister(w.pods), corelisters.NewNamespaceLister(w.ns), nil, func(_, _ []string) {})
 		}()
 		for deadline := time.Now().Add(10 * time.Second); watches.Load() < open+2; time.Sleep(5 * time.Millisecond) {
 			if time.Now().After(deadline) {
@@ -431,7 +434,7 @@ func TestTrackerModel(t *testing.T) {
 							_ = k
 						}
 					}
-					_ = tr.ExtraPodIPs(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "p1"}})
+					_ = tr.ExtraPodIPs(&trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "p1"}})
 				}
 			}()
 		}

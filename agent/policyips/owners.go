@@ -24,6 +24,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/authz"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 )
 
@@ -31,7 +32,7 @@ import (
 type Inputs struct {
 	// Node is this node's name.
 	Node string
-	Pods []*corev1.Pod
+	Pods []*trim.Pod
 	// Namespaces' labels, by name (AddressPools select by them).
 	Namespaces map[string]labels.Set
 	// Pools are the valid AddressPools (authz.Compile's set); nil: none.
@@ -70,7 +71,7 @@ func (o *Owners) PodsForIP(ip string) []string {
 }
 
 // ExtraPodIPs returns the IPs pod holds besides status.podIPs.
-func (o *Owners) ExtraPodIPs(pod *corev1.Pod) []string {
+func (o *Owners) ExtraPodIPs(pod *trim.Pod) []string {
 	if o == nil || pod == nil {
 		return nil
 	}
@@ -137,11 +138,11 @@ func canonical(ip string) string {
 // Compute derives the owners from in.
 func Compute(in Inputs) *Owners {
 	o := &Owners{byIP: map[string][]string{}, byPod: map[string][]string{}, byName: map[podName][]string{}}
-	byKey := make(map[string]*corev1.Pod, len(in.Pods))
+	byKey := make(map[string]*trim.Pod, len(in.Pods))
 	for _, p := range in.Pods {
 		byKey[p.Namespace+"/"+p.Name] = p
 	}
-	add := func(p *corev1.Pod, ip netip.Addr) {
+	add := func(p *trim.Pod, ip netip.Addr) {
 		key, s := p.Namespace+"/"+p.Name, ip.Unmap().String()
 		if !slices.Contains(o.byPod[key], s) {
 			o.byPod[key] = append(o.byPod[key], s)
@@ -151,7 +152,7 @@ func Compute(in Inputs) *Owners {
 	}
 	// live is a pod the engine can judge: in the API, not finished, not
 	// on the host's network (its IPs are the node's).
-	live := func(p *corev1.Pod) bool {
+	live := func(p *trim.Pod) bool {
 		return p != nil && !p.Spec.HostNetwork && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 	}
 
@@ -165,7 +166,7 @@ func Compute(in Inputs) *Owners {
 	}
 	for _, r := range bound {
 		p := byKey[r.Namespace+"/"+r.Name]
-		if !live(p) || p.Spec.NodeName != in.Node || !pods.ID(p).Same(r.ID) || r.Phase == "deleting" {
+		if !live(p) || p.Spec.NodeName != in.Node || !pods.MetaID(&p.ObjectMeta).Same(r.ID) || r.Phase == "deleting" {
 			continue
 		}
 		for _, s := range append(slices.Clone(r.Addresses), r.Anycast...) {
@@ -174,7 +175,7 @@ func Compute(in Inputs) *Owners {
 			}
 		}
 	}
-	mine := func(p *corev1.Pod) bool { return agentAnswered && p.Spec.NodeName == in.Node }
+	mine := func(p *trim.Pod) bool { return agentAnswered && p.Spec.NodeName == in.Node }
 
 	// `addresses`: the incarnation each claim names.
 	for _, c := range in.Claims {
@@ -185,7 +186,7 @@ func Compute(in Inputs) *Owners {
 		if !live(p) || mine(p) || p.Spec.NodeName != c.Spec.Node {
 			continue
 		}
-		id := pods.ID(p)
+		id := pods.MetaID(&p.ObjectMeta)
 		if c.Spec.Pod.UID != "" && c.Spec.Pod.UID != id.UID && (c.Spec.Pod.StaticUID == "" || c.Spec.Pod.StaticUID != id.StaticUID) {
 			continue
 		}

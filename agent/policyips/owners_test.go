@@ -16,6 +16,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/authz"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 )
@@ -29,6 +30,16 @@ func pod(ns, name, uid, nodeName string, phase corev1.PodPhase, anycast string) 
 		p.Annotations = map[string]string{annotations.Anycast: anycast}
 	}
 	return p
+}
+
+// cached is ps as flock-policy's pod cache holds them (trim.Transform):
+// what Compute reads.
+func cached(ps ...*corev1.Pod) []*trim.Pod {
+	out := make([]*trim.Pod, len(ps))
+	for i, p := range ps {
+		out[i] = trim.NewPod(p)
+	}
+	return out
 }
 
 func claim(ip, ns, name, uid, nodeName string) v1alpha1.AddressClaim {
@@ -67,70 +78,70 @@ func TestCompute(t *testing.T) {
 		want  map[string][]string // IP → holders
 		other map[string][]string // pod → IPs, checked too when set
 	}{
-		{name: "claim names the incarnation", in: Inputs{Pods: []*corev1.Pod{web}, Claims: []v1alpha1.AddressClaim{claim("2001:db8:b::10", "prod", "web", "u1", "n2")}},
+		{name: "claim names the incarnation", in: Inputs{Pods: cached(web), Claims: []v1alpha1.AddressClaim{claim("2001:db8:b::10", "prod", "web", "u1", "n2")}},
 			want: map[string][]string{"2001:db8:b::10": {"prod/web"}}},
-		{name: "claim of an old incarnation holds nothing", in: Inputs{Pods: []*corev1.Pod{webNew}, Claims: []v1alpha1.AddressClaim{claim("2001:db8:b::10", "prod", "web", "u1", "n2")}},
+		{name: "claim of an old incarnation holds nothing", in: Inputs{Pods: cached(webNew), Claims: []v1alpha1.AddressClaim{claim("2001:db8:b::10", "prod", "web", "u1", "n2")}},
 			want: map[string][]string{}},
-		{name: "claim for another node holds nothing", in: Inputs{Pods: []*corev1.Pod{web}, Claims: []v1alpha1.AddressClaim{claim("2001:db8:b::10", "prod", "web", "u1", "n3")}},
+		{name: "claim for another node holds nothing", in: Inputs{Pods: cached(web), Claims: []v1alpha1.AddressClaim{claim("2001:db8:b::10", "prod", "web", "u1", "n3")}},
 			want: map[string][]string{}},
-		{name: "claim of a finished pod holds nothing", in: Inputs{Pods: []*corev1.Pod{done}, Claims: []v1alpha1.AddressClaim{claim("198.51.100.7", "prod", "job", "u6", "n2")}},
+		{name: "claim of a finished pod holds nothing", in: Inputs{Pods: cached(done), Claims: []v1alpha1.AddressClaim{claim("198.51.100.7", "prod", "job", "u6", "n2")}},
 			want: map[string][]string{}},
-		{name: "anycast allowed, several holders; hostile and pending pods excluded", in: Inputs{Pods: []*corev1.Pod{dns, evil, pending, hostNet, pod("prod", "dns3", "u9", "n3", corev1.PodRunning, "2001:db8:a::53")},
+		{name: "anycast allowed, several holders; hostile and pending pods excluded", in: Inputs{Pods: cached(dns, evil, pending, hostNet, pod("prod", "dns3", "u9", "n3", corev1.PodRunning, "2001:db8:a::53")),
 			Pools: anycastPool(t, "prod")},
 			want: map[string][]string{"2001:db8:a::53": {"prod/dns", "prod/dns3"}, "203.0.113.53": {"prod/dns"}}},
 		{name: "anycast naming a claimed addresses IP holds nothing (only its claim does)", in: Inputs{
-			Pods:   []*corev1.Pod{web, pod("prod", "grab", "u10", "n2", corev1.PodRunning, "2001:db8:a::99")},
+			Pods:   cached(web, pod("prod", "grab", "u10", "n2", corev1.PodRunning, "2001:db8:a::99")),
 			Claims: []v1alpha1.AddressClaim{claim("2001:db8:a::99", "prod", "web", "u1", "n2")}, Pools: anycastPool(t, "prod")},
 			want: map[string][]string{"2001:db8:a::99": {"prod/web"}}},
 		// A Service's claim (a LoadBalancer address) names no pod: no pod
 		// holds its IP through it, whatever pod shares the Service's name.
-		{name: "a Service's claim holds nothing for pods", in: Inputs{Pods: []*corev1.Pod{web}, Claims: []v1alpha1.AddressClaim{{Spec: v1alpha1.AddressClaimSpec{
+		{name: "a Service's claim holds nothing for pods", in: Inputs{Pods: cached(web), Claims: []v1alpha1.AddressClaim{{Spec: v1alpha1.AddressClaimSpec{
 			IP: "2001:db8:b::50", Use: v1alpha1.UseLoadBalancer, Service: &v1alpha1.ClaimService{Namespace: "prod", Name: "web", UID: "s1"}}}}},
 			want: map[string][]string{}},
-		{name: "anycast without a pool holds nothing", in: Inputs{Pods: []*corev1.Pod{dns}}, want: map[string][]string{}},
-		{name: "anycast of a namespace the pool does not allow", in: Inputs{Pods: []*corev1.Pod{dns}, Pools: anycastPool(t, "other")}, want: map[string][]string{}},
-		{name: "anycast by namespace label", in: Inputs{Pods: []*corev1.Pod{evil}, Namespaces: map[string]labels.Set{"dev": {"anycast": "yes"}},
+		{name: "anycast without a pool holds nothing", in: Inputs{Pods: cached(dns)}, want: map[string][]string{}},
+		{name: "anycast of a namespace the pool does not allow", in: Inputs{Pods: cached(dns), Pools: anycastPool(t, "other")}, want: map[string][]string{}},
+		{name: "anycast by namespace label", in: Inputs{Pods: cached(evil), Namespaces: map[string]labels.Set{"dev": {"anycast": "yes"}},
 			Pools: func() *authz.Set {
 				s, _ := authz.Compile([]v1alpha1.AddressPool{{ObjectMeta: metav1.ObjectMeta{Name: "sel"}, Spec: v1alpha1.AddressPoolSpec{CIDRs: []string{"2001:db8:a::/64"},
 					Use: []string{v1alpha1.UseAnycast}, NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"anycast": "yes"}}}}})
 				return s
 			}()},
 			want: map[string][]string{"2001:db8:a::53": {"dev/evil"}}},
-		{name: "local pod: the agent's bindings, not its annotation", in: Inputs{Node: node, Pods: []*corev1.Pod{local}, Pools: anycastPool(t, "prod"),
+		{name: "local pod: the agent's bindings, not its annotation", in: Inputs{Node: node, Pods: cached(local), Pools: anycastPool(t, "prod"),
 			Local: []admin.Pod{record(local, []string{"2001:db8:b::20"}, nil)}},
 			want: map[string][]string{"2001:db8:b::20": {"prod/local"}}},
-		{name: "local pod: a claim the agent never bound holds nothing", in: Inputs{Node: node, Pods: []*corev1.Pod{local},
+		{name: "local pod: a claim the agent never bound holds nothing", in: Inputs{Node: node, Pods: cached(local),
 			Claims: []v1alpha1.AddressClaim{claim("2001:db8:b::30", "prod", "local", "u7", node)}, Local: []admin.Pod{}},
 			want: map[string][]string{}},
-		{name: "local pod, agent silent: judged by claims and pools", in: Inputs{Node: node, Pods: []*corev1.Pod{local}, Pools: anycastPool(t, "prod"),
+		{name: "local pod, agent silent: judged by claims and pools", in: Inputs{Node: node, Pods: cached(local), Pools: anycastPool(t, "prod"),
 			Claims: []v1alpha1.AddressClaim{claim("2001:db8:b::30", "prod", "local", "u7", node)}},
 			want: map[string][]string{"2001:db8:b::30": {"prod/local"}, "2001:db8:a::53": {"prod/local"}}},
 		// The agent restarted and waits (or crashed): what it last said it
 		// bound stays covered, with what claims and pools allow, even
 		// where the annotation asks for something else now.
-		{name: "local pod, agent gone: its last answer and claims and pools", in: Inputs{Node: node, Pods: []*corev1.Pod{local}, Pools: anycastPool(t, "prod"),
+		{name: "local pod, agent gone: its last answer and claims and pools", in: Inputs{Node: node, Pods: cached(local), Pools: anycastPool(t, "prod"),
 			Claims: []v1alpha1.AddressClaim{claim("2001:db8:b::30", "prod", "local", "u7", node)},
 			Stale:  []admin.Pod{record(local, []string{"2001:db8:b::20"}, []string{"203.0.113.77"})}},
 			want: map[string][]string{"2001:db8:b::20": {"prod/local"}, "203.0.113.77": {"prod/local"}, "2001:db8:b::30": {"prod/local"}, "2001:db8:a::53": {"prod/local"}}},
-		{name: "the last answer is not read while the agent answers", in: Inputs{Node: node, Pods: []*corev1.Pod{local},
+		{name: "the last answer is not read while the agent answers", in: Inputs{Node: node, Pods: cached(local),
 			Local: []admin.Pod{}, Stale: []admin.Pod{record(local, []string{"2001:db8:b::20"}, nil)}},
 			want: map[string][]string{}},
-		{name: "the last answer for an old incarnation holds nothing", in: Inputs{Node: node, Pods: []*corev1.Pod{local},
+		{name: "the last answer for an old incarnation holds nothing", in: Inputs{Node: node, Pods: cached(local),
 			Stale: []admin.Pod{{ID: podmeta.ID{Namespace: "prod", Name: "local", UID: "old"}, Phase: "committed", Addresses: []string{"2001:db8:b::20"}}}},
 			want: map[string][]string{}},
-		{name: "agent record of an old incarnation", in: Inputs{Node: node, Pods: []*corev1.Pod{local},
+		{name: "agent record of an old incarnation", in: Inputs{Node: node, Pods: cached(local),
 			Local: []admin.Pod{{ID: podmeta.ID{Namespace: "prod", Name: "local", UID: "old"}, Phase: "committed", Addresses: []string{"2001:db8:b::20"}}}},
 			want: map[string][]string{}},
-		{name: "agent record of a pod on another node", in: Inputs{Node: node, Pods: []*corev1.Pod{web}, Local: []admin.Pod{record(web, []string{"2001:db8:b::20"}, nil)}},
+		{name: "agent record of a pod on another node", in: Inputs{Node: node, Pods: cached(web), Local: []admin.Pod{record(web, []string{"2001:db8:b::20"}, nil)}},
 			want: map[string][]string{}},
-		{name: "agent record being deleted", in: Inputs{Node: node, Pods: []*corev1.Pod{local},
+		{name: "agent record being deleted", in: Inputs{Node: node, Pods: cached(local),
 			Local: []admin.Pod{{ID: pods.ID(local), Phase: "deleting", Anycast: []string{"2001:db8:a::53"}}}},
 			want: map[string][]string{}},
-		{name: "static pod: the claim's static UID matches a re-created mirror", in: Inputs{Pods: []*corev1.Pod{func() *corev1.Pod {
+		{name: "static pod: the claim's static UID matches a re-created mirror", in: Inputs{Pods: cached(func() *corev1.Pod {
 			p := pod("kube-system", "s", "mirror-2", "n2", corev1.PodRunning, "")
 			p.Annotations = map[string]string{pods.MirrorAnnotation: "static-1"}
 			return p
-		}()}, Claims: []v1alpha1.AddressClaim{func() v1alpha1.AddressClaim {
+		}()), Claims: []v1alpha1.AddressClaim{func() v1alpha1.AddressClaim {
 			c := claim("2001:db8:b::40", "kube-system", "s", "mirror-1", "n2")
 			c.Spec.Pod.StaticUID = "static-1"
 			return c
@@ -164,15 +175,15 @@ func TestCompute(t *testing.T) {
 
 func TestOwnersNilSafe(t *testing.T) {
 	var o *Owners
-	if o.PodsForIP("2001:db8::1") != nil || o.ExtraPodIPs(&corev1.Pod{}) != nil || o.Len() != 0 || !o.Equal(&Owners{}) {
+	if o.PodsForIP("2001:db8::1") != nil || o.ExtraPodIPs(&trim.Pod{}) != nil || o.Len() != 0 || !o.Equal(&Owners{}) {
 		t.Fatal("nil Owners must hold nothing")
 	}
-	a := Compute(Inputs{Pods: []*corev1.Pod{pod("a", "b", "u", "n", corev1.PodRunning, "")},
+	a := Compute(Inputs{Pods: cached(pod("a", "b", "u", "n", corev1.PodRunning, "")),
 		Claims: []v1alpha1.AddressClaim{claim("::ffff:192.0.2.1", "a", "b", "u", "n")}})
 	if !slices.Equal(a.PodsForIP("192.0.2.1"), []string{"a/b"}) {
 		t.Fatalf("an IPv4-mapped claim is held as IPv4: %v", a.byIP)
 	}
-	if a.Equal(o) || !a.Equal(Compute(Inputs{Pods: []*corev1.Pod{pod("a", "b", "u", "n", corev1.PodRunning, "")},
+	if a.Equal(o) || !a.Equal(Compute(Inputs{Pods: cached(pod("a", "b", "u", "n", corev1.PodRunning, "")),
 		Claims: []v1alpha1.AddressClaim{claim("192.0.2.1", "a", "b", "u", "n")}})) {
 		t.Fatal("Equal")
 	}
@@ -197,7 +208,7 @@ func TestOwnersDiff(t *testing.T) {
 					any = append(any, ip)
 				}
 			}
-			in.Pods = append(in.Pods, pod("ns", name, "u"+name, "n2", corev1.PodRunning, strings.Join(any, ",")))
+			in.Pods = append(in.Pods, trim.NewPod(pod("ns", name, "u"+name, "n2", corev1.PodRunning, strings.Join(any, ","))))
 			if r.IntN(4) == 0 {
 				in.Claims = append(in.Claims, claim(ips[3], "ns", name, "u"+name, "n2"))
 			}
@@ -213,7 +224,7 @@ func TestOwnersDiff(t *testing.T) {
 			}
 		}
 		for i := range 6 {
-			p := pod("ns", fmt.Sprintf("p%d", i), "", "", "", "")
+			p := trim.NewPod(pod("ns", fmt.Sprintf("p%d", i), "", "", "", ""))
 			if !slices.Equal(a.ExtraPodIPs(p), b.ExtraPodIPs(p)) {
 				wantPods = append(wantPods, podKey(p))
 			}

@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -161,7 +160,7 @@ func (t *Tracker) HasSynced() bool { return t.synced.Load() }
 func (t *Tracker) PodsForIP(ip string) []string { return t.current.Load().PodsForIP(ip) }
 
 // ExtraPodIPs answers for the engine (Config.ExtraPodIPs).
-func (t *Tracker) ExtraPodIPs(p *corev1.Pod) []string { return t.current.Load().ExtraPodIPs(p) }
+func (t *Tracker) ExtraPodIPs(p *trim.Pod) []string { return t.current.Load().ExtraPodIPs(p) }
 
 // Handler recomputes on a change of the objects it is added to (the
 // engine's pod and namespace informers, the tracker's claims and pools),
@@ -202,8 +201,8 @@ func (t *Tracker) podEvent(old, cur any) bool {
 	if d, ok := old.(cache.DeletedFinalStateUnknown); ok {
 		old = d.Obj
 	}
-	op, _ := old.(*corev1.Pod)
-	cp, _ := cur.(*corev1.Pod)
+	op, _ := old.(*trim.Pod)
+	cp, _ := cur.(*trim.Pod)
 	if op == nil && cp == nil {
 		return true
 	}
@@ -225,7 +224,7 @@ func (t *Tracker) podEvent(old, cur any) bool {
 
 // matters says whether p (nil: none) can hold an extra IP now, or held one
 // by the last compute's reading.
-func (t *Tracker) matters(p *corev1.Pod) bool {
+func (t *Tracker) matters(p *trim.Pod) bool {
 	if p == nil {
 		return false
 	}
@@ -236,13 +235,13 @@ func (t *Tracker) matters(p *corev1.Pod) bool {
 	return claimed == nil || (*claimed)[podKey(p)]
 }
 
-func podKey(p *corev1.Pod) string { return p.Namespace + "/" + p.Name }
+func podKey(p *trim.Pod) string { return p.Namespace + "/" + p.Name }
 
 // Run keeps the owners current from the informers and the agent until ctx
 // ends, calling changed after every change of the answer with the IPs
 // whose holders changed and the pods (namespace/name) whose extra IPs did
 // (Owners.Diff).
-func (t *Tracker) Run(ctx context.Context, podLister corelisters.PodLister, nsLister corelisters.NamespaceLister, synced []cache.InformerSynced, changed func(ips, pods []string)) error {
+func (t *Tracker) Run(ctx context.Context, podLister trim.PodLister, nsLister corelisters.NamespaceLister, synced []cache.InformerSynced, changed func(ips, pods []string)) error {
 	t.loadBindings()
 	go t.claims.Run(ctx.Done())
 	go t.pools.Run(ctx.Done())
@@ -380,7 +379,7 @@ func (t *Tracker) readAgent(ctx context.Context) ([]admin.Pod, error) {
 // compute reads the inputs and derives the owners. Of the pods it reads
 // only those Compute can give an extra IP: the agent's (bound), the ones
 // claims name, the ones asking for anycast; not the whole cluster's.
-func (t *Tracker) compute(podLister corelisters.PodLister, nsLister corelisters.NamespaceLister, local, stale []admin.Pod) *Owners {
+func (t *Tracker) compute(podLister trim.PodLister, nsLister corelisters.NamespaceLister, local, stale []admin.Pod) *Owners {
 	in := Inputs{Node: t.node, Local: local, Stale: stale, Namespaces: map[string]labels.Set{}}
 	for _, obj := range t.claims.GetStore().List() {
 		var c v1alpha1.AddressClaim

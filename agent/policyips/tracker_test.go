@@ -27,6 +27,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/addresspools"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/claims"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 )
 
@@ -54,12 +55,12 @@ func (a *switchAgent) NotServing() error {
 	return nil
 }
 
-// trackerWorld is what a tracker reads: pod p in its namespace, and no
-// claims or pools yet.
+// trackerWorld is what a tracker reads: pod p in its namespace (as the
+// informer caches it, trim.Transform), and no claims or pools yet.
 func trackerWorld(p *corev1.Pod) (pods, namespaces cache.Indexer, dyn *dynfake.FakeDynamicClient) {
 	pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	namespaces = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	_ = pods.Add(p)
+	_ = pods.Add(trim.NewPod(p))
 	_ = namespaces.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: p.Namespace}})
 	dyn = dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
 		claims.GVR: "AddressClaimList", addresspools.GVR: "AddressPoolList"})
@@ -105,11 +106,11 @@ func TestTrackerRestartWhileAgentWaits(t *testing.T) {
 				done := make(chan struct{})
 				go func() {
 					defer close(done)
-					_ = tr.Run(ctx, corelisters.NewPodLister(podIdx), corelisters.NewNamespaceLister(nsIdx), nil, func(_, _ []string) {})
+					_ = tr.Run(ctx, trim.NewPodLister(podIdx), corelisters.NewNamespaceLister(nsIdx), nil, func(_, _ []string) {})
 				}()
 				return tr, func() { cancel(); <-done }
 			}
-			holds := func(tr *Tracker) bool { return slices.Contains(tr.ExtraPodIPs(p), "2001:db8:a::1") }
+			holds := func(tr *Tracker) bool { return slices.Contains(tr.ExtraPodIPs(trim.NewPod(p)), "2001:db8:a::1") }
 			waitFor := func(what string, f func() bool) {
 				t.Helper()
 				deadline := time.Now().Add(10 * time.Second)
@@ -129,7 +130,7 @@ func TestTrackerRestartWhileAgentWaits(t *testing.T) {
 			// The same flock-policy keeps what the agent said, file or not.
 			time.Sleep(3 * AgentPollInterval)
 			if !holds(tr) {
-				t.Fatalf("agent waiting: 2001:db8:a::1 dropped (ExtraPodIPs %v)", tr.ExtraPodIPs(p))
+				t.Fatalf("agent waiting: 2001:db8:a::1 dropped (ExtraPodIPs %v)", tr.ExtraPodIPs(trim.NewPod(p)))
 			}
 			stop()
 
@@ -137,7 +138,7 @@ func TestTrackerRestartWhileAgentWaits(t *testing.T) {
 			defer stop()
 			waitFor("the new tracker's first answer", tr.HasSynced)
 			if holds(tr) != tc.covered {
-				t.Fatalf("flock-policy restarted while the agent waits: 2001:db8:a::1 covered %v, want %v (ExtraPodIPs %v)", holds(tr), tc.covered, tr.ExtraPodIPs(p))
+				t.Fatalf("flock-policy restarted while the agent waits: 2001:db8:a::1 covered %v, want %v (ExtraPodIPs %v)", holds(tr), tc.covered, tr.ExtraPodIPs(trim.NewPod(p)))
 			}
 		})
 	}
@@ -159,7 +160,7 @@ func TestTrackerBadBindingsFile(t *testing.T) {
 			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "prod", Name: "a", UID: "u1"},
 				Spec: corev1.PodSpec{NodeName: node}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
 			podIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-			_ = podIdx.Add(p)
+			_ = podIdx.Add(trim.NewPod(p))
 			dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
 				claims.GVR: "AddressClaimList", addresspools.GVR: "AddressPoolList"})
 			// No agent answers.
@@ -169,7 +170,7 @@ func TestTrackerBadBindingsFile(t *testing.T) {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				_ = tr.Run(ctx, corelisters.NewPodLister(podIdx), corelisters.NewNamespaceLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})), nil, func(_, _ []string) {})
+				_ = tr.Run(ctx, trim.NewPodLister(podIdx), corelisters.NewNamespaceLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})), nil, func(_, _ []string) {})
 			}()
 			defer func() { cancel(); <-done }()
 			deadline := time.Now().Add(10 * time.Second)
@@ -179,7 +180,7 @@ func TestTrackerBadBindingsFile(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			if got := tr.ExtraPodIPs(p); len(got) != 0 {
+			if got := tr.ExtraPodIPs(trim.NewPod(p)); len(got) != 0 {
 				t.Fatalf("a %s bindings file was read: %v", name, got)
 			}
 		})
@@ -201,12 +202,12 @@ func TestTrackerFollowsClaimedPodElsewhere(t *testing.T) {
 	}
 	tr := NewTracker(node, dyn, "", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	h := tr.Handler()
-	h.OnAdd(p, true)
+	h.OnAdd(trim.NewPod(p), true)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_ = tr.Run(ctx, corelisters.NewPodLister(podIdx), corelisters.NewNamespaceLister(nsIdx), nil, func(_, _ []string) {})
+		_ = tr.Run(ctx, trim.NewPodLister(podIdx), corelisters.NewNamespaceLister(nsIdx), nil, func(_, _ []string) {})
 	}()
 	defer func() { cancel(); <-done }()
 	waitHolders := func(what string, want ...string) {
@@ -222,12 +223,13 @@ func TestTrackerFollowsClaimedPodElsewhere(t *testing.T) {
 	waitHolders("claimed", "b/web")
 	// A pod of another node that nothing names changes: no recompute is
 	// needed, and the answer stands.
-	other := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "b", Name: "other", UID: "o1"}, Spec: corev1.PodSpec{NodeName: "n2"}}
+	// (The informer caches and hands on pods as trim.Transform makes them.)
+	other := trim.NewPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "b", Name: "other", UID: "o1"}, Spec: corev1.PodSpec{NodeName: "n2"}})
 	_ = podIdx.Add(other)
 	h.OnAdd(other, false)
 	next := p.DeepCopy()
 	next.UID = "u2"
-	_ = podIdx.Update(next)
-	h.OnUpdate(p, next)
+	_ = podIdx.Update(trim.NewPod(next))
+	h.OnUpdate(trim.NewPod(p), trim.NewPod(next))
 	waitHolders("the pod replaced")
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -23,8 +24,9 @@ import (
 // randInputs is a random cluster with every pod field Compute reads set
 // (incarnations, static pods' mirrors, anycast asks, nodes, phases, the
 // host's network) and the bulk it does not read, with claims and agent
-// records that name the pods' incarnations, or stale ones.
-func randInputs(r *rand.Rand) Inputs {
+// records that name the pods' incarnations, or stale ones. The inputs
+// have no pods: the pods are returned whole, for withPods to give them.
+func randInputs(r *rand.Rand) (Inputs, []*corev1.Pod) {
 	pick := func(xs []string) string { return xs[r.IntN(len(xs))] }
 	in := Inputs{Node: node, Namespaces: map[string]labels.Set{}}
 	for _, ns := range nsNames {
@@ -39,6 +41,7 @@ func randInputs(r *rand.Rand) Inputs {
 	if agentAnswered {
 		in.Local = []admin.Pod{}
 	}
+	var ps []*corev1.Pod
 	for i := range 6 + r.IntN(8) {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pick(nsNames), Name: fmt.Sprintf("p%d", i), UID: types.UID(fmt.Sprintf("u%d", i)),
 			Labels:      map[string]string{"app": "x"},
@@ -54,7 +57,7 @@ func randInputs(r *rand.Rand) Inputs {
 		if r.IntN(2) == 0 {
 			p.Annotations[annotations.Anycast] = pick(anyIPs)
 		}
-		in.Pods = append(in.Pods, p)
+		ps = append(ps, p)
 		id := pods.ID(p)
 		// A claim naming this incarnation (by UID, or a mirror's by its
 		// static UID only), or another one.
@@ -85,22 +88,35 @@ func randInputs(r *rand.Rand) Inputs {
 			}
 		}
 	}
-	return in
+	return in, ps
 }
 
-func trimmedPods(in Inputs, f func(*corev1.Pod) *corev1.Pod) Inputs {
+// withPods is in with ps, each as f makes it.
+func withPods(in Inputs, ps []*corev1.Pod, f func(*corev1.Pod) *trim.Pod) Inputs {
 	out := in
 	out.Pods = nil
-	for _, p := range in.Pods {
+	for _, p := range ps {
 		out.Pods = append(out.Pods, f(p))
 	}
 	return out
 }
 
+// whole is p with all a trim.Pod can hold, untrimmed: all its metadata
+// (every annotation and label, the managed fields), every container
+// whole, with ports or not. Compute reads no field a trim.Pod has no
+// room for (it would not compile), so over these it answers as over
+// whole pods: the reference the trimmed pods are checked against.
+func whole(p *corev1.Pod) *trim.Pod {
+	return &trim.Pod{ObjectMeta: *p.ObjectMeta.DeepCopy(),
+		Spec:   trim.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork, Containers: slices.Clone(p.Spec.Containers)},
+		Status: trim.PodStatus{Phase: p.Status.Phase, PodIPs: slices.Clone(p.Status.PodIPs)}}
+}
+
 // TestComputeTrimmed: flock-policy's pod cache holds trimmed pods
-// (package trim); Compute over them is Compute over whole ones. Dropping
-// any field it reads from the trim fails here: the corpus is checked to
-// tell each of them apart.
+// (package trim); Compute over them is Compute over whole ones (whole:
+// the pods untrimmed, as far as a trim.Pod can hold them). Dropping any
+// field it reads from the trim fails here: the corpus is checked to tell
+// each of them apart.
 func TestComputeTrimmed(t *testing.T) {
 	seed := uint64(1)
 	if s := os.Getenv("FLOCK_SEED"); s != "" {
@@ -109,27 +125,27 @@ func TestComputeTrimmed(t *testing.T) {
 	t.Logf("FLOCK_SEED=%d", seed)
 	r := rand.New(rand.NewPCG(seed, 0x7472))
 	// Each field Compute reads, dropped: the corpus must notice each.
-	without := map[string]func(*corev1.Pod){
-		"uid":                func(p *corev1.Pod) { p.UID = "" },
-		"mirror annotation":  func(p *corev1.Pod) { delete(p.Annotations, pods.MirrorAnnotation) },
-		"anycast annotation": func(p *corev1.Pod) { delete(p.Annotations, annotations.Anycast) },
-		"nodeName":           func(p *corev1.Pod) { p.Spec.NodeName = "" },
-		"hostNetwork":        func(p *corev1.Pod) { p.Spec.HostNetwork = false },
-		"phase":              func(p *corev1.Pod) { p.Status.Phase = "" },
-		"namespace":          func(p *corev1.Pod) { p.Namespace = "" },
+	without := map[string]func(*trim.Pod){
+		"uid":                func(p *trim.Pod) { p.UID = "" },
+		"mirror annotation":  func(p *trim.Pod) { delete(p.Annotations, pods.MirrorAnnotation) },
+		"anycast annotation": func(p *trim.Pod) { delete(p.Annotations, annotations.Anycast) },
+		"nodeName":           func(p *trim.Pod) { p.Spec.NodeName = "" },
+		"hostNetwork":        func(p *trim.Pod) { p.Spec.HostNetwork = false },
+		"phase":              func(p *trim.Pod) { p.Status.Phase = "" },
+		"namespace":          func(p *trim.Pod) { p.Namespace = "" },
 	}
 	noticed := map[string]int{}
 	held := 0
 	for i := range 500 {
-		in := randInputs(r)
-		want := Compute(in)
+		in, ps := randInputs(r)
+		want := Compute(withPods(in, ps, whole))
 		held += want.Len()
-		got := Compute(trimmedPods(in, trim.Pod))
+		got := Compute(withPods(in, ps, trim.NewPod))
 		if !got.Equal(want) {
 			t.Fatalf("inputs %d (FLOCK_SEED=%d): over trimmed pods %v, over whole ones %v", i, seed, got.byPod, want.byPod)
 		}
 		for name, drop := range without {
-			cut := Compute(trimmedPods(in, func(p *corev1.Pod) *corev1.Pod { q := trim.Pod(p).DeepCopy(); drop(q); return q }))
+			cut := Compute(withPods(in, ps, func(p *corev1.Pod) *trim.Pod { q := trim.NewPod(p).DeepCopyObject().(*trim.Pod); drop(q); return q }))
 			if !cut.Equal(want) {
 				noticed[name]++
 			}
@@ -156,7 +172,9 @@ func kickedOf(tr *Tracker) func() bool {
 }
 
 // The tracker recomputes for a change of what it reads, not for the
-// kubelet's status updates (the ones that change only conditions).
+// kubelet's status updates (the ones that change only conditions). The
+// handler is given pods as the informer's transform (trim.Transform)
+// makes them: trim.NewPod of each one.
 func TestHandlerIgnoresUpdatesOfNothingRead(t *testing.T) {
 	tr := &Tracker{kick: make(chan struct{}, 1)}
 	h := tr.Handler()
@@ -178,7 +196,7 @@ func TestHandlerIgnoresUpdatesOfNothingRead(t *testing.T) {
 		cur := old.DeepCopy()
 		cur.ResourceVersion = "2"
 		tc.f(cur)
-		h.OnUpdate(old, cur)
+		h.OnUpdate(trim.NewPod(old), trim.NewPod(cur))
 		if got := kicked(); got != tc.kick {
 			t.Errorf("%s: recompute %v, want %v", name, got, tc.kick)
 		}
@@ -199,10 +217,10 @@ func TestHandlerIgnoresUpdatesOfNothingRead(t *testing.T) {
 		toUnstructured(t, &v1alpha1.AddressClaim{}, v1alpha1.GroupVersion.WithKind("AddressClaim"))); !kicked() {
 		t.Error("a claim update does not recompute")
 	}
-	if h.OnAdd(old, false); !kicked() {
+	if h.OnAdd(trim.NewPod(old), false); !kicked() {
 		t.Error("an add does not recompute")
 	}
-	if h.OnDelete(old); !kicked() {
+	if h.OnDelete(trim.NewPod(old)); !kicked() {
 		t.Error("a delete does not recompute")
 	}
 }
@@ -215,7 +233,7 @@ func TestHandlerSkipsPodsThatHoldNothing(t *testing.T) {
 	h := tr.Handler()
 	kicked := kickedOf(tr)
 	remote := pod("a", "web", "u1", "n2", corev1.PodRunning, "")
-	if h.OnAdd(remote, false); !kicked() {
+	if h.OnAdd(trim.NewPod(remote), false); !kicked() {
 		t.Error("before the first compute, another node's pod does not recompute")
 	}
 	tr.claimedPods.Store(&map[string]bool{"a/named": true})
@@ -228,35 +246,35 @@ func TestHandlerSkipsPodsThatHoldNothing(t *testing.T) {
 		"another node's, anycast": {pod("a", "any", "u3", "n2", corev1.PodRunning, "2001:db8:a::1"), true},
 		"this node's":             {pod("a", "mine", "u4", node, corev1.PodRunning, ""), true},
 	} {
-		if h.OnAdd(tc.p, false); kicked() != tc.kick {
+		if h.OnAdd(trim.NewPod(tc.p), false); kicked() != tc.kick {
 			t.Errorf("%s: add recomputes %v, want %v", name, !tc.kick, tc.kick)
 		}
 		cur := tc.p.DeepCopy()
 		cur.Status.Phase = corev1.PodSucceeded
-		if h.OnUpdate(tc.p, cur); kicked() != tc.kick {
+		if h.OnUpdate(trim.NewPod(tc.p), trim.NewPod(cur)); kicked() != tc.kick {
 			t.Errorf("%s: update recomputes %v, want %v", name, !tc.kick, tc.kick)
 		}
-		if h.OnDelete(cache.DeletedFinalStateUnknown{Key: "x", Obj: cur}); kicked() != tc.kick {
+		if h.OnDelete(cache.DeletedFinalStateUnknown{Key: "x", Obj: trim.NewPod(cur)}); kicked() != tc.kick {
 			t.Errorf("%s: delete (tombstone) recomputes %v, want %v", name, !tc.kick, tc.kick)
 		}
 	}
 	// The annotation dropped: the pod leaves the anycast set, and that
 	// change recomputes (its IP goes); later changes do not.
 	anyc := pod("b", "any", "u5", "n2", corev1.PodRunning, "2001:db8:a::1")
-	h.OnAdd(anyc, false)
+	h.OnAdd(trim.NewPod(anyc), false)
 	kicked()
 	if !tr.anycast["b/any"] {
 		t.Fatal("a pod asking for anycast is not in the set a compute reads")
 	}
 	plain := anyc.DeepCopy()
 	delete(plain.Annotations, annotations.Anycast)
-	h.OnUpdate(anyc, plain)
+	h.OnUpdate(trim.NewPod(anyc), trim.NewPod(plain))
 	if k := kicked(); !k || tr.anycast["b/any"] {
 		t.Errorf("dropping the anycast annotation: recompute %v, still in the set %v", k, tr.anycast["b/any"])
 	}
 	again := plain.DeepCopy()
 	again.Status.Phase = corev1.PodFailed
-	if h.OnUpdate(plain, again); kicked() {
+	if h.OnUpdate(trim.NewPod(plain), trim.NewPod(again)); kicked() {
 		t.Error("a change of a pod that no longer asks for anycast recomputes")
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/google/nftables"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
-	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	corelisters "k8s.io/client-go/listers/core/v1"
@@ -40,7 +39,7 @@ import (
 // keeps deciding.
 type kernelVerdicts struct {
 	node       string
-	pods       corelisters.PodLister
+	pods       trim.PodLister
 	namespaces corelisters.NamespaceLister
 	policies   networkinglisters.NetworkPolicyLister
 	extra      ExtraIPs
@@ -71,7 +70,7 @@ type kernelVerdicts struct {
 	hook verdicts.Hook
 	// holders are the pods whose status.podIPs hold an IP (the engine's
 	// index); nil: every pod change compiles.
-	holders func(ip string) []*corev1.Pod
+	holders func(ip string) []*trim.Pod
 	// gen counts the changes of the context (verdicts.Deps): everything
 	// but the pods of other nodes. deps are the last program's, valid
 	// while gen is what it was when its objects were listed.
@@ -159,7 +158,7 @@ type depsAt struct {
 	gen uint64
 }
 
-func newKernelVerdicts(node string, pods corelisters.PodLister, namespaces corelisters.NamespaceLister,
+func newKernelVerdicts(node string, pods trim.PodLister, namespaces corelisters.NamespaceLister,
 	policies networkinglisters.NetworkPolicyLister, extra ExtraIPs, synced []kubeclient.Synced, log *slog.Logger) *kernelVerdicts {
 	return &kernelVerdicts{node: node, pods: pods, namespaces: namespaces, policies: policies, extra: extra,
 		synced: synced, log: log, kick: make(chan struct{}, 1), loaded: make(chan struct{}), netns: -1, local: map[string][]string{},
@@ -223,7 +222,7 @@ func (k *kernelVerdicts) recompile() {
 
 // podChanged asks for what a pod's change needs: nothing, most often, for
 // a pod of another node (verdicts.Classify).
-func (k *kernelVerdicts) podChanged(old, cur *corev1.Pod) {
+func (k *kernelVerdicts) podChanged(old, cur *trim.Pod) {
 	if k.ips != nil {
 		k.ips.update(old, cur)
 	}
@@ -232,7 +231,7 @@ func (k *kernelVerdicts) podChanged(old, cur *corev1.Pod) {
 		return
 	}
 	k.mu.Lock()
-	for _, p := range []*corev1.Pod{old, cur} {
+	for _, p := range []*trim.Pod{old, cur} {
 		if p == nil || p.Spec.NodeName != k.node {
 			continue
 		}
@@ -268,9 +267,9 @@ func (k *kernelVerdicts) podChanged(old, cur *corev1.Pod) {
 
 // markDirty asks for a patch of the entries of old's and cur's addresses
 // (nil: none).
-func (k *kernelVerdicts) markDirty(old, cur *corev1.Pod) {
+func (k *kernelVerdicts) markDirty(old, cur *trim.Pod) {
 	k.mu.Lock()
-	for _, p := range []*corev1.Pod{old, cur} {
+	for _, p := range []*trim.Pod{old, cur} {
 		if p == nil {
 			continue
 		}
@@ -291,13 +290,13 @@ func (k *kernelVerdicts) markDirty(old, cur *corev1.Pod) {
 // logHeldTwice says which pods hold old's or cur's addresses, at most
 // every heldTwiceEvery: an address two pods hold by their status (one
 // reused while its last pod is still listed) costs a whole compile.
-func (k *kernelVerdicts) logHeldTwice(old, cur *corev1.Pod) {
+func (k *kernelVerdicts) logHeldTwice(old, cur *trim.Pod) {
 	now := time.Now().UnixNano()
 	last := k.heldTwiceAt.Load()
 	if now-last < int64(heldTwiceEvery) || !k.heldTwiceAt.CompareAndSwap(last, now) {
 		return
 	}
-	for _, p := range []*corev1.Pod{old, cur} {
+	for _, p := range []*trim.Pod{old, cur} {
 		if p == nil {
 			continue
 		}
@@ -452,7 +451,7 @@ func (k *kernelVerdicts) stored(prog *verdicts.Program, deps *verdicts.Deps, gen
 }
 
 // pod is the cached pod of key ("namespace/name"), nil if none.
-func (k *kernelVerdicts) pod(key string) *corev1.Pod {
+func (k *kernelVerdicts) pod(key string) *trim.Pod {
 	ns, name, _ := strings.Cut(key, "/")
 	p, err := k.pods.Pods(ns).Get(name)
 	if err != nil {
@@ -493,7 +492,7 @@ func (k *kernelVerdicts) isLocal(ip string) bool {
 }
 
 // canonicalIPs: as the compile keys them (Classify asks with canonical strings).
-func canonicalIPs(p *corev1.Pod) []string {
+func canonicalIPs(p *trim.Pod) []string {
 	out := podIPStrings(p)
 	for i, s := range out {
 		if a, err := netip.ParseAddr(s); err == nil {
@@ -503,7 +502,7 @@ func canonicalIPs(p *corev1.Pod) []string {
 	return out
 }
 
-func podIPStrings(p *corev1.Pod) []string {
+func podIPStrings(p *trim.Pod) []string {
 	out := make([]string, len(p.Status.PodIPs))
 	for i, ip := range p.Status.PodIPs {
 		out[i] = ip.IP
@@ -535,8 +534,8 @@ func (k *kernelVerdicts) handler() cache.ResourceEventHandler {
 		UpdateFunc: func(old, cur any) {
 			if !trim.Unchanged(old, cur) {
 				k.event(old, cur)
-			} else if op, ok := old.(*corev1.Pod); ok && k.ips != nil {
-				k.ips.update(op, cur.(*corev1.Pod)) // the object the cache holds now
+			} else if op, ok := old.(*trim.Pod); ok && k.ips != nil {
+				k.ips.update(op, cur.(*trim.Pod)) // the object the cache holds now
 			}
 		},
 		DeleteFunc: func(obj any) { k.event(obj, nil) },
@@ -546,16 +545,16 @@ func (k *kernelVerdicts) handler() cache.ResourceEventHandler {
 func (k *kernelVerdicts) event(old, cur any) {
 	if t, ok := old.(cache.DeletedFinalStateUnknown); ok && cur == nil {
 		// A delete the informer saw late: its pod leaves the local ones.
-		if p, ok := t.Obj.(*corev1.Pod); ok && k.ips != nil {
+		if p, ok := t.Obj.(*trim.Pod); ok && k.ips != nil {
 			k.ips.update(p, nil)
 		}
-		if p, ok := t.Obj.(*corev1.Pod); ok && p.Spec.NodeName == k.node {
+		if p, ok := t.Obj.(*trim.Pod); ok && p.Spec.NodeName == k.node {
 			k.mu.Lock()
 			delete(k.local, p.Namespace+"/"+p.Name)
 			k.mu.Unlock()
 		}
 		cause := "other"
-		if _, ok := t.Obj.(*corev1.Pod); ok {
+		if _, ok := t.Obj.(*trim.Pod); ok {
 			cause = "pod"
 		}
 		k.ask(cause, k.changed)
@@ -567,8 +566,8 @@ func (k *kernelVerdicts) event(old, cur any) {
 			return
 		}
 	}
-	op, okOld := old.(*corev1.Pod)
-	cp, okCur := cur.(*corev1.Pod)
+	op, okOld := old.(*trim.Pod)
+	cp, okCur := cur.(*trim.Pod)
 	if (okOld || old == nil) && (okCur || cur == nil) && (op != nil || cp != nil) {
 		k.podChanged(op, cp)
 		return

@@ -27,6 +27,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
@@ -49,7 +50,7 @@ type modelExtra struct {
 	byPod map[string][]string
 }
 
-func (x *modelExtra) ExtraPodIPs(p *corev1.Pod) []string {
+func (x *modelExtra) ExtraPodIPs(p *trim.Pod) []string {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return slices.Clone(x.byPod[p.Namespace+"/"+p.Name])
@@ -70,7 +71,7 @@ func (x *modelExtra) PodsForIP(ip string) []string {
 
 func (x *modelExtra) HasSynced() bool                     { return true }
 func (x *modelExtra) Handler() cache.ResourceEventHandler { return cache.ResourceEventHandlerFuncs{} }
-func (x *modelExtra) Run(ctx context.Context, _ corelisters.PodLister, _ corelisters.NamespaceLister, _ []cache.InformerSynced, _ func(ips, pods []string)) error {
+func (x *modelExtra) Run(ctx context.Context, _ trim.PodLister, _ corelisters.NamespaceLister, _ []cache.InformerSynced, _ func(ips, pods []string)) error {
 	<-ctx.Done()
 	return nil
 }
@@ -106,7 +107,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	rnd := func(n int) int { rmu.Lock(); defer rmu.Unlock(); return r.IntN(n) }
 
 	pods, nss, nps := stores()
-	podL, nsL, npL := corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps)
+	podL, nsL, npL := trim.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps)
 	const node = "node-a"
 	vals := []string{"x", "y"}
 	var quiet atomic.Bool // a round in which only other nodes' pods change
@@ -230,13 +231,14 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 				for range 25 {
 					// A pod's store write and its handler in order, as an
 					// informer delivers them: the handler classifies the
-					// change (most are no program's concern).
-					podOp := func(key string, write func(old *corev1.Pod) *corev1.Pod) {
+					// change (most are no program's concern). The store
+					// holds pods as the informer's transform makes them.
+					podOp := func(key string, write func(old *trim.Pod) *trim.Pod) {
 						informer.Lock()
 						defer informer.Unlock()
-						var old *corev1.Pod
+						var old *trim.Pod
 						if o, ok, _ := pods.GetByKey(key); ok {
-							old = o.(*corev1.Pod)
+							old = o.(*trim.Pod)
 						}
 						cur := write(old)
 						if old != nil || cur != nil {
@@ -252,10 +254,10 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 					}
 					switch op {
 					case 0, 1:
-						p := mkPod(rnd(npods))
-						podOp(p.Namespace+"/"+p.Name, func(*corev1.Pod) *corev1.Pod { _ = pods.Update(p); return p })
+						p := trim.NewPod(mkPod(rnd(npods)))
+						podOp(p.Namespace+"/"+p.Name, func(*trim.Pod) *trim.Pod { _ = pods.Update(p); return p })
 					case 2:
-						podOp(fmt.Sprintf("%s/p%d", []string{"a", "b", "c", "d"}[(g+rnd(3))%4], rnd(npods)), func(old *corev1.Pod) *corev1.Pod {
+						podOp(fmt.Sprintf("%s/p%d", []string{"a", "b", "c", "d"}[(g+rnd(3))%4], rnd(npods)), func(old *trim.Pod) *trim.Pod {
 							if old != nil && !(quiet.Load() && old.Spec.NodeName == node) {
 								_ = pods.Delete(old)
 							}
@@ -288,9 +290,10 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 						p := mkPod(i)
 						p.Namespace, p.Spec.NodeName = "d", "node-b"
 						p.Status.PodIPs = []corev1.PodIP{{IP: fmt.Sprintf("fd00:30::%x", i+1+16*rnd(2))}, {IP: fmt.Sprintf("203.0.113.%d", i+1)}}
-						podOp(p.Namespace+"/"+p.Name, func(*corev1.Pod) *corev1.Pod { _ = pods.Update(p); return p })
+						tp := trim.NewPod(p)
+						podOp(tp.Namespace+"/"+tp.Name, func(*trim.Pod) *trim.Pod { _ = pods.Update(tp); return tp })
 					case 9:
-						podOp(fmt.Sprintf("d/p%d", 1+3*rnd(npods/3)), func(old *corev1.Pod) *corev1.Pod {
+						podOp(fmt.Sprintf("d/p%d", 1+3*rnd(npods/3)), func(old *trim.Pod) *trim.Pod {
 							if old != nil {
 								_ = pods.Delete(old)
 							}
@@ -298,7 +301,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 						})
 					case 7: // the tracker gives a pod an anycast IP, or takes it
 						key := fmt.Sprintf("%s/p%d", []string{"a", "b", "c"}[rnd(3)], rnd(npods))
-						if o, ok, _ := pods.GetByKey(key); quiet.Load() && (!ok || o.(*corev1.Pod).Spec.NodeName == node) {
+						if o, ok, _ := pods.GetByKey(key); quiet.Load() && (!ok || o.(*trim.Pod).Spec.NodeName == node) {
 							break // quiet: other nodes' pods alone
 						}
 						kv.Load().extraChanged(extra.toggle(key, anycast[rnd(len(anycast))]))
@@ -396,12 +399,13 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 		p := mkPod(3*i + 2)
 		p.Namespace, p.Spec.NodeName, p.Spec.Containers = "c", "node-b", nil
 		p.Status.PodIPs = []corev1.PodIP{{IP: fmt.Sprintf("fd00:20::%x", 3*i+3)}}
-		var old *corev1.Pod
-		if o, ok, _ := pods.GetByKey("c/" + p.Name); ok {
-			old = o.(*corev1.Pod)
+		tp := trim.NewPod(p)
+		var old *trim.Pod
+		if o, ok, _ := pods.GetByKey("c/" + tp.Name); ok {
+			old = o.(*trim.Pod)
 		}
-		_ = pods.Update(p)
-		k.podChanged(old, p)
+		_ = pods.Update(tp)
+		k.podChanged(old, tp)
 	}
 	if got := k.skipped.Load() - before; got != 5 {
 		t.Errorf("quiescent: %d of 5 changes of pods no policy reads skipped", got)
@@ -441,13 +445,14 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 		p := mkPod(2)
 		p.Namespace, p.Spec.NodeName, p.Spec.Containers = "c", "node-b", nil
 		p.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::3"}}
-		_ = pods.Update(p)
+		_ = pods.Update(trim.NewPod(p))
 		if c.context { // a/p0 is this node's
-			local := mkPod(0)
-			local.Namespace, local.Spec.NodeName = "a", node
-			var old *corev1.Pod
+			lp := mkPod(0)
+			lp.Namespace, lp.Spec.NodeName = "a", node
+			local := trim.NewPod(lp)
+			var old *trim.Pod
 			if o, ok, _ := pods.GetByKey("a/p0"); ok {
-				old = o.(*corev1.Pod)
+				old = o.(*trim.Pod)
 			}
 			_ = pods.Update(local)
 			k.podChanged(old, local)
@@ -466,30 +471,33 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	// rule of this node's pods names, moves to another address: its
 	// entries are patched, nothing is compiled, and the kernel decides
 	// as a compile would.
-	mine := mkPod(0)
-	mine.Namespace, mine.Spec.NodeName, mine.Labels = "a", node, map[string]string{"app": "mine"}
-	mine.Status.PodIPs = []corev1.PodIP{{IP: "fd00:10::1"}}
+	minePod := mkPod(0)
+	minePod.Namespace, minePod.Spec.NodeName, minePod.Labels = "a", node, map[string]string{"app": "mine"}
+	minePod.Status.PodIPs = []corev1.PodIP{{IP: "fd00:10::1"}}
+	mine := trim.NewPod(minePod)
 	egress := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "mine-out"}}
 	egress.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "mine"}}
 	egress.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
 	egress.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "fd00:30::/64"}}}}}
 	_ = nps.Update(egress)
-	dpod := mkPod(1)
-	dpod.Namespace, dpod.Spec.NodeName, dpod.Labels = "d", "node-b", map[string]string{"app": "x"}
-	dpod.Spec.Containers = []corev1.Container{{Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80, Protocol: corev1.ProtocolTCP}}}}
-	dpod.Status.PodIPs = []corev1.PodIP{{IP: "fd00:30::99"}}
-	for _, p := range []*corev1.Pod{mine, dpod} {
-		var old *corev1.Pod
+	dcore := mkPod(1)
+	dcore.Namespace, dcore.Spec.NodeName, dcore.Labels = "d", "node-b", map[string]string{"app": "x"}
+	dcore.Spec.Containers = []corev1.Container{{Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80, Protocol: corev1.ProtocolTCP}}}}
+	dcore.Status.PodIPs = []corev1.PodIP{{IP: "fd00:30::99"}}
+	dpod := trim.NewPod(dcore)
+	for _, p := range []*trim.Pod{mine, dpod} {
+		var old *trim.Pod
 		if o, ok, _ := pods.GetByKey(p.Namespace + "/" + p.Name); ok {
-			old = o.(*corev1.Pod)
+			old = o.(*trim.Pod)
 		}
 		_ = pods.Update(p)
 		k.podChanged(old, p)
 	}
 	k.changed()
 	waitLoaded()
-	moved := dpod.DeepCopy()
-	moved.Status.PodIPs = []corev1.PodIP{{IP: "fd00:30::98"}}
+	movedCore := dcore.DeepCopy()
+	movedCore.Status.PodIPs = []corev1.PodIP{{IP: "fd00:30::98"}}
+	moved := trim.NewPod(movedCore)
 	_ = pods.Update(moved)
 	seq, patched := k.seq.Load(), k.patches.Load()
 	k.podChanged(dpod, moved)
@@ -523,12 +531,13 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 	_ = nps.Update(egress)
 	k.changed()
 	waitLoaded()
-	peer := mkPod(2)
-	peer.Name, peer.Namespace, peer.Spec.NodeName, peer.Spec.Containers = "peer", "c", "node-b", nil
-	peer.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::1000"}}
-	peerMoved := peer.DeepCopy()
-	peerMoved.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::1001"}}
-	for _, step := range []struct{ old, cur *corev1.Pod }{{nil, peer}, {peer, peerMoved}, {peerMoved, nil}} {
+	peerCore := mkPod(2)
+	peerCore.Name, peerCore.Namespace, peerCore.Spec.NodeName, peerCore.Spec.Containers = "peer", "c", "node-b", nil
+	peerCore.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::1000"}}
+	peerMovedCore := peerCore.DeepCopy()
+	peerMovedCore.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::1001"}}
+	peer, peerMoved := trim.NewPod(peerCore), trim.NewPod(peerMovedCore)
+	for _, step := range []struct{ old, cur *trim.Pod }{{nil, peer}, {peer, peerMoved}, {peerMoved, nil}} {
 		if step.cur != nil {
 			_ = pods.Update(step.cur)
 		} else {
@@ -560,7 +569,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 }
 
 // ipsOf prints p's status IPs (nil: none).
-func ipsOf(p *corev1.Pod) string {
+func ipsOf(p *trim.Pod) string {
 	if p == nil {
 		return "none"
 	}
@@ -586,7 +595,8 @@ func describeIn(in verdicts.Input) string {
 }
 
 // stores are the pod, namespace and NetworkPolicy caches as flock-policy's
-// informers index them.
+// informers index them. The pod cache holds *trim.Pod, as the informer's
+// transform makes them (trim.NewPod).
 func stores() (pods, nss, nps cache.Indexer) {
 	pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	nss = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
@@ -600,7 +610,7 @@ func stores() (pods, nss, nps cache.Indexer) {
 func indexPods(k *kernelVerdicts, pods cache.Indexer) {
 	k.ips = newPodsByIP()
 	for _, o := range pods.List() {
-		k.ips.update(nil, o.(*corev1.Pod))
+		k.ips.update(nil, o.(*trim.Pod))
 	}
 	k.holders = k.ips.lookup
 }

@@ -26,6 +26,7 @@ import (
 	policylisters "sigs.k8s.io/network-policy-api/pkg/client/listers/apis/v1alpha1"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
@@ -58,7 +59,7 @@ func testKernel(ns netns.NsHandle) (kv *kernelVerdicts, pods, nss, nps cache.Ind
 	pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	nss = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	nps = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	kv = newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
+	kv = newKernelVerdicts("node-a", trim.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
 		nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	kv.netns = int(ns)
 	return kv, pods, nss, nps
@@ -113,13 +114,13 @@ func TestKernelVerdictsReplaceNotRebuild(t *testing.T) {
 	nss := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	var synced atomic.Bool
-	kv := newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
+	kv := newKernelVerdicts("node-a", trim.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
 		[]kubeclient.Synced{{Name: "caches", Synced: synced.Load}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	kv.netns = int(ns)
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "web", Labels: map[string]string{"app": "web"}}}
 	pod.Spec.NodeName = "node-a"
 	pod.Status.PodIPs = []corev1.PodIP{{IP: "fd00:10::1"}, {IP: "198.51.100.1"}}
-	if err := pods.Add(pod); err != nil {
+	if err := pods.Add(trim.NewPod(pod)); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -215,7 +216,7 @@ func TestKernelVerdictsAdmin(t *testing.T) {
 	nps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	anps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	banps := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
-	kv := newKernelVerdicts("node-a", corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
+	kv := newKernelVerdicts("node-a", trim.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil,
 		nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	kv.netns = int(ns)
 	kv.admin = &adminListers{anps: policylisters.NewAdminNetworkPolicyLister(anps), banps: policylisters.NewBaselineAdminNetworkPolicyLister(banps)}
@@ -229,7 +230,7 @@ func TestKernelVerdictsAdmin(t *testing.T) {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: n, Name: "web"}}
 		pod.Spec.NodeName = "node-b" // another node's: the admin policies apply on every node
 		pod.Status.PodIPs = []corev1.PodIP{{IP: fmt.Sprintf("fd00:10::%d", i+1)}}
-		if err := pods.Add(pod); err != nil {
+		if err := pods.Add(trim.NewPod(pod)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -70,7 +70,7 @@ type Config struct {
 
 // ExtraIPs is the source of pods' extra IPs.
 type ExtraIPs interface {
-	ExtraPodIPs(*corev1.Pod) []string
+	ExtraPodIPs(*trim.Pod) []string
 	PodsForIP(ip string) []string
 	// HasSynced reports the first answer computed: the engine's first
 	// rules sync waits for it.
@@ -82,7 +82,7 @@ type ExtraIPs interface {
 	// each change with the IPs whose holders changed and the pods
 	// (namespace/name) whose extra IPs did; synced tells the informers
 	// and the handler synced.
-	Run(ctx context.Context, pods corelisters.PodLister, namespaces corelisters.NamespaceLister, synced []cache.InformerSynced, changed func(ips, pods []string)) error
+	Run(ctx context.Context, pods trim.PodLister, namespaces corelisters.NamespaceLister, synced []cache.InformerSynced, changed func(ips, pods []string)) error
 }
 
 // Table is the nftables table (family inet) the engine owns.
@@ -194,10 +194,10 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 		// flock writes the rules (kernelVerdicts): the engine judges
 		// only what they queue to it.
 		NoRules:        true,
-		ExtraPodIPs:    extraPodIPs(cfg.ExtraIPs),
+		ExtraPodIPs:    engineExtraPodIPs(extraPodIPs(cfg.ExtraIPs)),
 		PodsForIP:      podsForIP(cfg.ExtraIPs),
 		ExtraIPsSynced: allSynced(extraSynced(cfg.ExtraIPs), ipsSynced),
-		PodsByIP:       ips.lookup,
+		PodsByIP:       enginePodsByIP(ips.lookup),
 	}
 	ctrl, err := newController(client, factory, nodeInformer, npa, anpInformer, banpInformer, engineCfg)
 	if err != nil {
@@ -215,7 +215,7 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 		// The informers the controller registered: the view reads what
 		// the engine decides from, at no extra watch.
 		pods, policies := factory.Core().V1().Pods(), factory.Networking().V1().NetworkPolicies()
-		cfg.View.attach(&viewSource{node: cfg.NodeName, pods: pods.Lister(), policies: policies.Lister(), extraIPs: extraPodIPs(cfg.ExtraIPs),
+		cfg.View.attach(&viewSource{node: cfg.NodeName, pods: trim.NewPodLister(pods.Informer().GetIndexer()), policies: policies.Lister(), extraIPs: extraPodIPs(cfg.ExtraIPs),
 			synced: []cache.InformerSynced{pods.Informer().HasSynced, policies.Informer().HasSynced}})
 		// Stopped informers no longer follow the API.
 		defer cfg.View.attach(nil)
@@ -242,7 +242,8 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 		synced = append(synced, kubeclient.Synced{Name: names[i], Synced: inf.HasSynced})
 	}
 	synced = append(synced, kubeclient.Synced{Name: "the pods by IP", Synced: ipsSynced})
-	kv := newKernelVerdicts(cfg.NodeName, podInf.Lister(), nsInf.Lister(), nps.Lister(), cfg.ExtraIPs, synced, log)
+	podLister := trim.NewPodLister(podInf.Informer().GetIndexer())
+	kv := newKernelVerdicts(cfg.NodeName, podLister, nsInf.Lister(), nps.Lister(), cfg.ExtraIPs, synced, log)
 	kv.admin = admin
 	kv.ips, kv.holders = ips, ips.lookup
 	kv.hook.Queue = networkpolicy.QueueVerdict(engineCfg)
@@ -276,7 +277,7 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	defer func() { stopRun(nil); <-kvDone }()
 	if cfg.ExtraIPs != nil {
 		go func() {
-			err := cfg.ExtraIPs.Run(runCtx, podInf.Lister(), nsInf.Lister(), extraSynced, changed)
+			err := cfg.ExtraIPs.Run(runCtx, podLister, nsInf.Lister(), extraSynced, changed)
 			if err != nil && runCtx.Err() == nil {
 				// Without it traffic of extra IPs would go unchecked:
 				// stop the engine (its rules stay; the next one starts).
@@ -312,15 +313,15 @@ func newFactory(client kubernetes.Interface) informers.SharedInformerFactory {
 	return informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trim.Transform))
 }
 
-// newController builds the engine on factory's informers. The engine
-// sets its own transform on the pod informer, which replaces the
-// factory's and drops only managed fields: trim's is put back, before
-// anything starts the informer (SetTransform fails after).
+// newController builds the engine on factory's informers, the pod
+// informer in the engine's form (enginePods). trim's transform is set on
+// it before anything starts it (SetTransform fails after): the engine's
+// own is not.
 func newController(client kubernetes.Interface, factory informers.SharedInformerFactory, nodes coreinformers.NodeInformer,
 	npa npaclient.Interface, anps v1alpha1.AdminNetworkPolicyInformer, banps v1alpha1.BaselineAdminNetworkPolicyInformer,
 	cfg networkpolicy.Config) (*networkpolicy.Controller, error) {
 	ctrl, err := networkpolicy.NewController(client,
-		factory.Networking().V1().NetworkPolicies(), factory.Core().V1().Namespaces(), factory.Core().V1().Pods(),
+		factory.Networking().V1().NetworkPolicies(), factory.Core().V1().Namespaces(), enginePods{factory.Core().V1().Pods().Informer()},
 		nodes, npa, anps, banps, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("netpol: create controller: %w", err)
@@ -348,7 +349,7 @@ func addHandler(h cache.ResourceEventHandler, infs ...cache.SharedIndexInformer)
 	return synced, nil
 }
 
-func extraPodIPs(x ExtraIPs) func(*corev1.Pod) []string {
+func extraPodIPs(x ExtraIPs) func(*trim.Pod) []string {
 	if x == nil {
 		return nil
 	}

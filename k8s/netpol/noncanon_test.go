@@ -16,21 +16,25 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
+	"k8s.io/client-go/tools/cache"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
-// hookedPods runs after, once, right after a List: what an informer
-// delivering a pod change while a load compiles does.
+// hookedPods is a pod cache that runs after, once, right after a List
+// of all its pods (what a trim.PodLister's List of every namespace
+// reads): what an informer delivering a pod change while a load compiles
+// does. The kernel reads it through trim.NewPodLister(hp).
 type hookedPods struct {
-	corelisters.PodLister
+	cache.Indexer
 	mu    sync.Mutex
 	after func()
 }
 
-func (h *hookedPods) List(s labels.Selector) ([]*corev1.Pod, error) {
-	out, err := h.PodLister.List(s)
+func (h *hookedPods) List() []any {
+	out := h.Indexer.List()
 	h.mu.Lock()
 	f := h.after
 	h.after = nil
@@ -38,7 +42,7 @@ func (h *hookedPods) List(s labels.Selector) ([]*corev1.Pod, error) {
 	if f != nil {
 		f()
 	}
-	return out, err
+	return out
 }
 
 // A local pod's status IP written non-canonically ("FD00::1"), a remote
@@ -49,16 +53,16 @@ func (h *hookedPods) List(s labels.Selector) ([]*corev1.Pod, error) {
 func TestKernelNonCanonicalLocalIP(t *testing.T) {
 	lab := probe.New(t)
 	pods, nss, nps := stores()
-	mk := func(name, node, app, ip string) *corev1.Pod {
+	mk := func(name, node, app, ip string) *trim.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: name, Labels: map[string]string{"app": app}}}
 		p.Spec.NodeName = node
 		p.Status.Phase = corev1.PodRunning
 		p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
-		return p
+		return trim.NewPod(p) // as the informer's transform caches it
 	}
 	const node = "node-a"
 	L, R, P := mk("l", node, "l", "FD00::1"), mk("r", "node-b", "x", "fd00::1"), mk("p", "node-b", "p", "fd00::3")
-	for _, p := range []*corev1.Pod{L, R, P} {
+	for _, p := range []*trim.Pod{L, R, P} {
 		_ = pods.Add(p)
 	}
 	_ = nss.Add(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a"}})
@@ -72,8 +76,8 @@ func TestKernelNonCanonicalLocalIP(t *testing.T) {
 	_ = nps.Add(PL)
 	_ = nps.Add(PR)
 
-	hp := &hookedPods{PodLister: corelisters.NewPodLister(pods)}
-	k := newKernelVerdicts(node, hp, corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	hp := &hookedPods{Indexer: pods}
+	k := newKernelVerdicts(node, trim.NewPodLister(hp), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	indexPods(k, pods)
 	k.netns = int(lab.NS)
 	k.hook.Prelude = false
@@ -93,19 +97,19 @@ func TestKernelNonCanonicalLocalIP(t *testing.T) {
 	rest()
 
 	// The informer: P leaves PR's peers while the reload for R compiles.
-	P2 := P.DeepCopy()
+	P2 := P.DeepCopyObject().(*trim.Pod)
 	P2.Labels = map[string]string{"app": "q"}
 	hp.mu.Lock()
 	hp.after = func() { _ = pods.Update(P2); k.podChanged(P, P2) }
 	hp.mu.Unlock()
-	R1 := R.DeepCopy()
+	R1 := R.DeepCopyObject().(*trim.Pod)
 	R1.Labels = map[string]string{"app": "r"}
 	_ = pods.Update(R1)
 	k.podChanged(R, R1)
 	rest()
 
 	in := verdicts.Input{Node: node}
-	in.Pods, _ = corelisters.NewPodLister(pods).List(labels.Everything())
+	in.Pods, _ = trim.NewPodLister(pods).List(labels.Everything())
 	in.Namespaces, _ = corelisters.NewNamespaceLister(nss).List(labels.Everything())
 	in.Policies, _ = networkinglisters.NewNetworkPolicyLister(nps).List(labels.Everything())
 	want := verdicts.Compile(in)

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"sync"
 
-	corev1 "k8s.io/api/core/v1"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // podsByIP holds the cluster's pods by status IP, hostNetwork pods left
@@ -21,17 +21,17 @@ import (
 // every pod of the informer's first list (the registration's HasSynced).
 type podsByIP struct {
 	mu   sync.RWMutex
-	one  map[string]*corev1.Pod   // an address one pod holds: that pod
-	more map[string][]*corev1.Pod // an address several hold: those
+	one  map[string]*trim.Pod   // an address one pod holds: that pod
+	more map[string][]*trim.Pod // an address several hold: those
 }
 
 func newPodsByIP() *podsByIP {
-	return &podsByIP{one: map[string]*corev1.Pod{}, more: map[string][]*corev1.Pod{}}
+	return &podsByIP{one: map[string]*trim.Pod{}, more: map[string][]*trim.Pod{}}
 }
 
 // update replaces a pod's entries, old's (nil: none, an add) by cur's
 // (nil: none, a delete).
-func (x *podsByIP) update(old, cur *corev1.Pod) {
+func (x *podsByIP) update(old, cur *trim.Pod) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if old != nil && !old.Spec.HostNetwork {
@@ -46,11 +46,11 @@ func (x *podsByIP) update(old, cur *corev1.Pod) {
 	}
 }
 
-func samePod(a, b *corev1.Pod) bool { return a.Namespace == b.Namespace && a.Name == b.Name }
+func samePod(a, b *trim.Pod) bool { return a.Namespace == b.Namespace && a.Name == b.Name }
 
-func (x *podsByIP) add(ip string, p *corev1.Pod) {
+func (x *podsByIP) add(ip string, p *trim.Pod) {
 	if hs, ok := x.more[ip]; ok {
-		if i := slices.IndexFunc(hs, func(h *corev1.Pod) bool { return samePod(h, p) }); i >= 0 {
+		if i := slices.IndexFunc(hs, func(h *trim.Pod) bool { return samePod(h, p) }); i >= 0 {
 			hs[i] = p
 		} else {
 			x.more[ip] = append(hs, p)
@@ -63,11 +63,11 @@ func (x *podsByIP) add(ip string, p *corev1.Pod) {
 		x.one[ip] = p
 	default:
 		delete(x.one, ip)
-		x.more[ip] = []*corev1.Pod{h, p}
+		x.more[ip] = []*trim.Pod{h, p}
 	}
 }
 
-func (x *podsByIP) remove(ip string, p *corev1.Pod) {
+func (x *podsByIP) remove(ip string, p *trim.Pod) {
 	if h, ok := x.one[ip]; ok {
 		if samePod(h, p) {
 			delete(x.one, ip)
@@ -78,7 +78,7 @@ func (x *podsByIP) remove(ip string, p *corev1.Pod) {
 	if !ok {
 		return
 	}
-	hs = slices.DeleteFunc(hs, func(h *corev1.Pod) bool { return samePod(h, p) })
+	hs = slices.DeleteFunc(hs, func(h *trim.Pod) bool { return samePod(h, p) })
 	switch len(hs) {
 	case 1:
 		delete(x.more, ip)
@@ -91,11 +91,11 @@ func (x *podsByIP) remove(ip string, p *corev1.Pod) {
 }
 
 // lookup is the pods holding ip by their status (a new slice; nil: none).
-func (x *podsByIP) lookup(ip string) []*corev1.Pod {
+func (x *podsByIP) lookup(ip string) []*trim.Pod {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
 	if h, ok := x.one[ip]; ok {
-		return []*corev1.Pod{h}
+		return []*trim.Pod{h}
 	}
 	return slices.Clone(x.more[ip])
 }

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // The pods by IP, kept from a random stream of pod changes (adds,
@@ -27,7 +28,7 @@ func TestPodsByIPIsTheStores(t *testing.T) {
 	seed := testutil.Seed(t)
 	r := rand.New(rand.NewPCG(uint64(seed), 1))
 	addrs := []string{"fd00::1", "fd00::2", "fd00::3", "10.0.0.1", "10.0.0.2", "fd00::4"}
-	store := map[string]*corev1.Pod{}
+	store := map[string]*trim.Pod{}
 	x := newPodsByIP()
 	var stop atomic.Bool
 	var readers sync.WaitGroup
@@ -47,18 +48,19 @@ func TestPodsByIPIsTheStores(t *testing.T) {
 		for range 1 + r.IntN(8) {
 			key := fmt.Sprintf("p%d", r.IntN(8))
 			old := store[key]
-			var cur *corev1.Pod
+			var cur *trim.Pod
 			if r.IntN(5) != 0 {
-				cur = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: key, ResourceVersion: fmt.Sprint(round)}}
-				cur.Spec.HostNetwork = r.IntN(6) == 0
+				c := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: key, ResourceVersion: fmt.Sprint(round)}}
+				c.Spec.HostNetwork = r.IntN(6) == 0
 				switch {
 				case old != nil && r.IntN(3) == 0: // the same addresses, a new object
-					cur.Status.PodIPs = old.Status.PodIPs
+					c.Status.PodIPs = old.Status.PodIPs
 				default:
 					for range r.IntN(3) {
-						cur.Status.PodIPs = append(cur.Status.PodIPs, corev1.PodIP{IP: addrs[r.IntN(len(addrs))]})
+						c.Status.PodIPs = append(c.Status.PodIPs, corev1.PodIP{IP: addrs[r.IntN(len(addrs))]})
 					}
 				}
+				cur = trim.NewPod(c) // as the informer's transform caches it
 			}
 			if old == nil && cur == nil {
 				continue
@@ -70,7 +72,7 @@ func TestPodsByIPIsTheStores(t *testing.T) {
 			}
 			x.update(old, cur)
 		}
-		want := map[string][]*corev1.Pod{}
+		want := map[string][]*trim.Pod{}
 		for _, p := range store {
 			if p.Spec.HostNetwork {
 				continue
@@ -83,7 +85,7 @@ func TestPodsByIPIsTheStores(t *testing.T) {
 		}
 		for _, a := range addrs {
 			got := x.lookup(a)
-			byName := func(a, b *corev1.Pod) int { return strings.Compare(a.Name, b.Name) }
+			byName := func(a, b *trim.Pod) int { return strings.Compare(a.Name, b.Name) }
 			slices.SortFunc(got, byName)
 			slices.SortFunc(want[a], byName)
 			if !slices.Equal(got, want[a]) {
@@ -96,7 +98,7 @@ func TestPodsByIPIsTheStores(t *testing.T) {
 	}
 }
 
-func names(ps []*corev1.Pod) []string {
+func names(ps []*trim.Pod) []string {
 	var out []string
 	for _, p := range ps {
 		out = append(out, p.Name+"@"+p.ResourceVersion)
@@ -108,17 +110,17 @@ func names(ps []*corev1.Pod) []string {
 // again within heldTwiceEvery.
 func TestHeldTwiceIsLogged(t *testing.T) {
 	pods, _, _ := stores()
-	mk := func(name string) *corev1.Pod {
+	mk := func(name string) *trim.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "d", Name: name}}
 		p.Spec.NodeName = "node-b"
 		p.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::2"}}
-		return p
+		return trim.NewPod(p) // as the informer's transform caches it
 	}
 	a, b := mk("old"), mk("new")
 	_ = pods.Add(a)
 	_ = pods.Add(b)
 	var buf testutil.SyncBuffer
-	k := newKernelVerdicts("node-a", nil, nil, nil, nil, nil, slog.New(slog.NewTextHandler(&buf, nil)))
+	k := newKernelVerdicts("node-a", trim.PodLister{}, nil, nil, nil, nil, slog.New(slog.NewTextHandler(&buf, nil)))
 	indexPods(k, pods)
 	k.logHeldTwice(nil, b)
 	k.logHeldTwice(nil, b)

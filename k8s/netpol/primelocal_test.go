@@ -9,22 +9,25 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // primeLocal must not overwrite a newer state of a local pod that a
 // handler records while it lists.
 func TestPrimeLocalKeepsNewer(t *testing.T) {
 	pods := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	L := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "l"}}
-	L.Spec.NodeName = "node-a"
-	_ = pods.Add(L) // not yet given an address
-	hp := &hookedPods{PodLister: corelisters.NewPodLister(pods)}
-	k := newKernelVerdicts("node-a", hp, nil, nil, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	lc := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "l"}}
+	lc.Spec.NodeName = "node-a"
+	L := trim.NewPod(lc) // as the informer's transform caches it
+	_ = pods.Add(L)      // not yet given an address
+	hp := &hookedPods{Indexer: pods}
+	k := newKernelVerdicts("node-a", trim.NewPodLister(hp), nil, nil, nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	indexPods(k, pods)
-	L1 := L.DeepCopy()
-	L1.Status.PodIPs = []corev1.PodIP{{IP: "fd00::1"}}
+	l1 := lc.DeepCopy()
+	l1.Status.PodIPs = []corev1.PodIP{{IP: "fd00::1"}}
+	L1 := trim.NewPod(l1)
 	var handled sync.WaitGroup
 	hp.after = func() { // the informer, meanwhile (its handler on its own goroutine)
 		_ = pods.Update(L1)

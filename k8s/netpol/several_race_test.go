@@ -12,6 +12,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts"
 )
 
@@ -37,7 +38,7 @@ func severalFixture(t *testing.T) (k *kernelVerdicts, extra *modelExtra, load fu
 	for _, p := range []*corev1.Pod{mk("a", "x", "x", node, "fd00:10::1"), mk("d", "b", "web", "node-b", "fd00:20::2"),
 		mk("d", "c", "web", "node-b", "fd00:20::3"), mk("d", "e", "other", "node-b", "fd00:20::4"),
 		mk("d", "f", "web", "node-c", "fd00:20::5"), mk("d", "g", "web", "node-c", "fd00:20::6")} {
-		_ = pods.Add(p)
+		_ = pods.Add(trim.NewPod(p)) // as the informer's transform caches it
 	}
 	tcp := corev1.ProtocolTCP
 	port := intstr.FromInt32(80)
@@ -52,7 +53,7 @@ func severalFixture(t *testing.T) (k *kernelVerdicts, extra *modelExtra, load fu
 	extra = &modelExtra{}
 	extra.toggle("d/b", severalAnycast)
 	extra.toggle("d/c", severalAnycast)
-	k = newKernelVerdicts(node, corelisters.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), extra, nil, slog.New(slog.DiscardHandler))
+	k = newKernelVerdicts(node, trim.NewPodLister(pods), corelisters.NewNamespaceLister(nss), networkinglisters.NewNetworkPolicyLister(nps), extra, nil, slog.New(slog.DiscardHandler))
 	indexPods(k, pods)
 	k.primeLocal()
 	load = func(mid func()) *verdicts.Program {

@@ -42,7 +42,8 @@ func bulkyPod(ns, name string) *corev1.Pod {
 }
 
 // The caches Run builds hold trimmed objects: the engine's own transform
-// (managed fields only) does not replace flock's on the pod informer.
+// (managed fields only) does not replace flock's on the pod informer, and
+// the engine's form of the cached pod (enginePods) holds no more.
 func TestCachesTrimmed(t *testing.T) {
 	pod := bulkyPod("shop", "web")
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"team": "a"}, Annotations: map[string]string{"a": "b"}},
@@ -55,7 +56,10 @@ func TestCachesTrimmed(t *testing.T) {
 	factory := newFactory(client)
 	nodes := factory.Core().V1().Nodes()
 	nodes.Informer() // the engine asks for it only with the admin policies on
-	if _, err := newController(client, factory, nodes, nil, nil, nil, networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true}); err != nil {
+	// PodsByIP as Run sets it: without it the engine would index the pod
+	// cache, which holds *trim.Pod (enginePods refuses).
+	if _, err := newController(client, factory, nodes, nil, nil, nil, networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true,
+		PodsByIP: enginePodsByIP(newPodsByIP().lookup)}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -70,15 +74,29 @@ func TestCachesTrimmed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gotPod, err := factory.Core().V1().Pods().Lister().Pods("shop").Get("web")
+	podInf := factory.Core().V1().Pods().Informer()
+	gotPod, err := trim.NewPodLister(podInf.GetIndexer()).Pods("shop").Get("web")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := trim.Pod(apiPod); !reflect.DeepEqual(gotPod, want) {
+	want := trim.NewPod(apiPod)
+	if !reflect.DeepEqual(gotPod, want) {
 		t.Errorf("cached pod:\n got %+v\nwant %+v", gotPod, want)
 	}
-	if gotPod.Annotations["kubectl.kubernetes.io/restartedAt"] != "" || len(gotPod.Spec.Volumes) > 0 || len(gotPod.Status.Conditions) > 0 {
-		t.Errorf("the cached pod kept what is not read: %+v", gotPod)
+	// A *trim.Pod has no volumes, conditions nor container statuses; what
+	// the engine is given of it has none either.
+	enginePod, err := enginePods{podInf}.Lister().Pods("shop").Get("web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(enginePod, want.Core()) {
+		t.Errorf("the engine's form of the cached pod:\n got %+v\nwant %+v", enginePod, want.Core())
+	}
+	for name, p := range map[string]*corev1.Pod{"cached": gotPod.Core(), "engine's": enginePod} {
+		if p.Annotations["kubectl.kubernetes.io/restartedAt"] != "" || len(p.Spec.Volumes) > 0 || len(p.Status.Conditions) > 0 ||
+			len(p.Status.ContainerStatuses) > 0 || p.ManagedFields != nil || p.OwnerReferences != nil || len(p.Spec.Containers) != 1 || p.Spec.Containers[0].Image != "" {
+			t.Errorf("the %s pod kept what is not read: %+v", name, p)
+		}
 	}
 	gotNS, err := factory.Core().V1().Namespaces().Lister().Get("shop")
 	if err != nil {
@@ -112,11 +130,12 @@ func TestUpdatesOfNothingReadCompileNothing(t *testing.T) {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"team": "a"}}}
 	client := copyingClient(pod, ns)
 	factory := newFactory(client)
-	if _, err := newController(client, factory, nil, nil, nil, nil, networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true}); err != nil {
+	if _, err := newController(client, factory, nil, nil, nil, nil, networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true,
+		PodsByIP: enginePodsByIP(newPodsByIP().lookup)}); err != nil { // as Run sets it
 		t.Fatal(err)
 	}
 	pods, nss, nps := factory.Core().V1().Pods(), factory.Core().V1().Namespaces(), factory.Networking().V1().NetworkPolicies()
-	kv := newKernelVerdicts("node-a", pods.Lister(), nss.Lister(), nps.Lister(), nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	kv := newKernelVerdicts("node-a", trim.NewPodLister(pods.Informer().GetIndexer()), nss.Lister(), nps.Lister(), nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	// offered counts the events kv's handler was given (after it ran):
 	// once it reaches n, kv.seq holds the kicks of those n.
 	var offered atomic.Int64

@@ -10,16 +10,15 @@ import (
 	"strings"
 	"sync/atomic"
 
-	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/policyapi"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // PodView is a pod and the NetworkPolicies that isolate it (the admin
@@ -33,7 +32,7 @@ type PodView = policyapi.PodView
 // egress rules. Pods on the host's network are left out: the engine never
 // attributes a packet to them, so no policy applies. Rows are sorted by
 // namespace/name, policies by name.
-func PodViews(pods []*corev1.Pod, policies []*networkingv1.NetworkPolicy, extraIPs func(*corev1.Pod) []string) []PodView {
+func PodViews(pods []*trim.Pod, policies []*networkingv1.NetworkPolicy, extraIPs func(*trim.Pod) []string) []PodView {
 	type compiled struct {
 		key             string
 		namespace       string
@@ -98,7 +97,7 @@ func isolates(spec networkingv1.NetworkPolicySpec) (ingress, egress bool) {
 }
 
 // podIPs is status.podIPs, then the extra IPs not already among them.
-func podIPs(pod *corev1.Pod, extraIPs func(*corev1.Pod) []string) []string {
+func podIPs(pod *trim.Pod, extraIPs func(*trim.Pod) []string) []string {
 	ips := make([]string, 0, len(pod.Status.PodIPs))
 	for _, ip := range pod.Status.PodIPs {
 		ips = append(ips, ip.IP)
@@ -123,9 +122,9 @@ type View struct {
 
 type viewSource struct {
 	node     string
-	pods     corelisters.PodLister
+	pods     trim.PodLister
 	policies networkinglisters.NetworkPolicyLister
-	extraIPs func(*corev1.Pod) []string
+	extraIPs func(*trim.Pod) []string
 	synced   []cache.InformerSynced
 }
 
@@ -167,7 +166,7 @@ func (v *View) Pods(pod string) ([]PodView, error) {
 		if err != nil {
 			return nil, fmt.Errorf("list pods: %w", err)
 		}
-		local := make([]*corev1.Pod, 0, len(all))
+		local := make([]*trim.Pod, 0, len(all))
 		for _, p := range all {
 			if p.Spec.NodeName == src.node {
 				local = append(local, p)
@@ -197,7 +196,7 @@ func (v *View) Pods(pod string) ([]PodView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list network policies of %s: %w", ns, err)
 	}
-	return PodViews([]*corev1.Pod{p}, policies, src.extraIPs), nil
+	return PodViews([]*trim.Pod{p}, policies, src.extraIPs), nil
 }
 
 // Handler serves GET /v1/policies[?pod=NAMESPACE/NAME].

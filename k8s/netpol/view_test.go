@@ -11,17 +11,19 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
-func testPod(ns, name, node string, lbls map[string]string, ips ...string) *corev1.Pod {
+// testPod is a pod as flock-policy caches it (trim.NewPod).
+func testPod(ns, name, node string, lbls map[string]string, ips ...string) *trim.Pod {
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: lbls}, Spec: corev1.PodSpec{NodeName: node}}
 	for _, ip := range ips {
 		p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
 	}
-	return p
+	return trim.NewPod(p)
 }
 
 func testPolicy(ns, name string, sel metav1.LabelSelector, types []networkingv1.PolicyType, egressRules int) *networkingv1.NetworkPolicy {
@@ -44,32 +46,32 @@ func TestPodViews(t *testing.T) {
 	web := testPod("a", "web", "n1", webLabels, "2001:db8::1", "192.0.2.1")
 	for _, tc := range []struct {
 		name     string
-		pods     []*corev1.Pod
+		pods     []*trim.Pod
 		policies []*networkingv1.NetworkPolicy
-		extra    func(*corev1.Pod) []string
+		extra    func(*trim.Pod) []string
 		want     []PodView // IPs, Ingress, Egress nil: empty
 	}{
-		{"no policies", []*corev1.Pod{web}, nil, nil,
+		{"no policies", []*trim.Pod{web}, nil, nil,
 			[]PodView{{Namespace: "a", Name: "web", Node: "n1", IPs: []string{"2001:db8::1", "192.0.2.1"}}}},
-		{"a policy selecting nothing", []*corev1.Pod{web}, []*networkingv1.NetworkPolicy{testPolicy("a", "none", selectNone, both, 0)}, nil,
+		{"a policy selecting nothing", []*trim.Pod{web}, []*networkingv1.NetworkPolicy{testPolicy("a", "none", selectNone, both, 0)}, nil,
 			[]PodView{{Namespace: "a", Name: "web", Node: "n1", IPs: []string{"2001:db8::1", "192.0.2.1"}}}},
-		{"another namespace's policy", []*corev1.Pod{web}, []*networkingv1.NetworkPolicy{testPolicy("b", "all", selectAll, both, 0)}, nil,
+		{"another namespace's policy", []*trim.Pod{web}, []*networkingv1.NetworkPolicy{testPolicy("b", "all", selectAll, both, 0)}, nil,
 			[]PodView{{Namespace: "a", Name: "web", Node: "n1", IPs: []string{"2001:db8::1", "192.0.2.1"}}}},
 		{"an empty podSelector selects every pod of its namespace",
-			[]*corev1.Pod{web, testPod("a", "db", "n1", otherLabels), testPod("a", "bare", "n1", nil)},
+			[]*trim.Pod{web, testPod("a", "db", "n1", otherLabels), testPod("a", "bare", "n1", nil)},
 			[]*networkingv1.NetworkPolicy{testPolicy("a", "deny-all", selectAll, ingress, 0)}, nil,
 			[]PodView{
 				{Namespace: "a", Name: "bare", Node: "n1", Ingress: []string{"a/deny-all"}},
 				{Namespace: "a", Name: "db", Node: "n1", Ingress: []string{"a/deny-all"}},
 				{Namespace: "a", Name: "web", Node: "n1", IPs: []string{"2001:db8::1", "192.0.2.1"}, Ingress: []string{"a/deny-all"}},
 			}},
-		{"a label selector picks its pods", []*corev1.Pod{web, testPod("a", "db", "n1", otherLabels)},
+		{"a label selector picks its pods", []*trim.Pod{web, testPod("a", "db", "n1", otherLabels)},
 			[]*networkingv1.NetworkPolicy{testPolicy("a", "web-only", selectWeb, ingress, 0)}, nil,
 			[]PodView{
 				{Namespace: "a", Name: "db", Node: "n1"},
 				{Namespace: "a", Name: "web", Node: "n1", IPs: []string{"2001:db8::1", "192.0.2.1"}, Ingress: []string{"a/web-only"}},
 			}},
-		{"policyTypes: ingress, egress, both; none: ingress, plus egress with egress rules", []*corev1.Pod{web},
+		{"policyTypes: ingress, egress, both; none: ingress, plus egress with egress rules", []*trim.Pod{web},
 			[]*networkingv1.NetworkPolicy{
 				testPolicy("a", "p-egress", selectWeb, egress, 0),
 				testPolicy("a", "p-both", selectWeb, both, 0),
@@ -80,15 +82,15 @@ func TestPodViews(t *testing.T) {
 			[]PodView{{Namespace: "a", Name: "web", Node: "n1", IPs: []string{"2001:db8::1", "192.0.2.1"},
 				Ingress: []string{"a/p-both", "a/p-ingress", "a/p-untyped", "a/p-untyped-egress-rules"},
 				Egress:  []string{"a/p-both", "a/p-egress", "a/p-untyped-egress-rules"}}}},
-		{"extra IPs follow status.podIPs, without repeats", []*corev1.Pod{web}, nil,
-			func(p *corev1.Pod) []string {
+		{"extra IPs follow status.podIPs, without repeats", []*trim.Pod{web}, nil,
+			func(p *trim.Pod) []string {
 				if p.Name != "web" {
 					return nil
 				}
 				return []string{"2001:db8:ff::53", "2001:db8::1", "198.51.100.7"}
 			},
 			[]PodView{{Namespace: "a", Name: "web", Node: "n1", IPs: []string{"2001:db8::1", "192.0.2.1", "2001:db8:ff::53", "198.51.100.7"}}}},
-		{"host-network pods are left out", []*corev1.Pod{web, func() *corev1.Pod {
+		{"host-network pods are left out", []*trim.Pod{web, func() *trim.Pod {
 			p := testPod("a", "host", "n1", webLabels, "203.0.113.9")
 			p.Spec.HostNetwork = true
 			return p
@@ -125,7 +127,7 @@ func TestViewHandler(t *testing.T) {
 	policies := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
 	host := testPod("a", "host", "n1", webLabels, "203.0.113.9")
 	host.Spec.HostNetwork = true
-	for _, p := range []*corev1.Pod{testPod("a", "web", "n1", webLabels, "2001:db8::1"), testPod("a", "far", "n2", webLabels, "2001:db8::2"), host} {
+	for _, p := range []*trim.Pod{testPod("a", "web", "n1", webLabels, "2001:db8::1"), testPod("a", "far", "n2", webLabels, "2001:db8::2"), host} {
 		if err := pods.Add(p); err != nil {
 			t.Fatal(err)
 		}
@@ -143,8 +145,8 @@ func TestViewHandler(t *testing.T) {
 	if code, body := get(""); code != http.StatusServiceUnavailable || !strings.Contains(body, "not synced") {
 		t.Errorf("before Run attached the caches: %d %q, want 503", code, body)
 	}
-	v.attach(&viewSource{node: "n1", pods: corelisters.NewPodLister(pods), policies: networkinglisters.NewNetworkPolicyLister(policies),
-		extraIPs: func(*corev1.Pod) []string { return []string{"2001:db8:ff::1"} },
+	v.attach(&viewSource{node: "n1", pods: trim.NewPodLister(pods), policies: networkinglisters.NewNetworkPolicyLister(policies),
+		extraIPs: func(*trim.Pod) []string { return []string{"2001:db8:ff::1"} },
 		synced:   []cache.InformerSynced{func() bool { return synced }}})
 	if code, body := get(""); code != http.StatusServiceUnavailable || !strings.Contains(body, "not synced") {
 		t.Errorf("caches not synced: %d %q, want 503", code, body)

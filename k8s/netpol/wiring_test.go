@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/kube-network-policies/pkg/networkpolicy"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // syncingExtra is an ExtraIPs that answers as flock-policy's tracker
@@ -29,14 +30,14 @@ type syncingExtra struct {
 	seen   atomic.Int64
 }
 
-func (x *syncingExtra) ExtraPodIPs(*corev1.Pod) []string { return nil }
-func (x *syncingExtra) PodsForIP(string) []string        { return nil }
-func (x *syncingExtra) HasSynced() bool                  { return x.synced.Load() }
+func (x *syncingExtra) ExtraPodIPs(*trim.Pod) []string { return nil }
+func (x *syncingExtra) PodsForIP(string) []string      { return nil }
+func (x *syncingExtra) HasSynced() bool                { return x.synced.Load() }
 func (x *syncingExtra) Handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{AddFunc: func(any) { x.seen.Add(1) }}
 }
 
-func (x *syncingExtra) Run(ctx context.Context, _ corelisters.PodLister, _ corelisters.NamespaceLister, synced []cache.InformerSynced, changed func(ips, pods []string)) error {
+func (x *syncingExtra) Run(ctx context.Context, _ trim.PodLister, _ corelisters.NamespaceLister, synced []cache.InformerSynced, changed func(ips, pods []string)) error {
 	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return nil
 	}
@@ -65,7 +66,7 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 	client := copyingClient(objs...)
 	factory := newFactory(client)
 	ips := newPodsByIP()
-	engineCfg := networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true, PodsByIP: ips.lookup}
+	engineCfg := networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true, PodsByIP: enginePodsByIP(ips.lookup)}
 	tr := &syncingExtra{}
 	engineCfg.ExtraIPsSynced = tr.HasSynced
 	if _, err := newController(client, factory, nil, nil, nil, nil, engineCfg); err != nil {
@@ -88,7 +89,8 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 	for _, inf := range watched {
 		synced = append(synced, kubeclient.Synced{Name: "an informer", Synced: inf.HasSynced})
 	}
-	kv := newKernelVerdicts("node-a", podInf.Lister(), nsInf.Lister(), nps.Lister(), tr, synced, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	podLister := trim.NewPodLister(podInf.Informer().GetIndexer())
+	kv := newKernelVerdicts("node-a", podLister, nsInf.Lister(), nps.Lister(), tr, synced, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	kv.ips, kv.holders = ips, ips.lookup
 	var indexed cache.ResourceEventHandlerRegistration
 	for i, inf := range watched {
@@ -111,7 +113,7 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 	factory.Start(ctx.Done())
 	defer func() { close(release); cancel(); factory.Shutdown() }()
 	done := make(chan error, 1)
-	go func() { done <- tr.Run(ctx, podInf.Lister(), nsInf.Lister(), extraSynced, kv.extraChanged) }()
+	go func() { done <- tr.Run(ctx, podLister, nsInf.Lister(), extraSynced, kv.extraChanged) }()
 	start := time.Now()
 	for !tr.HasSynced() {
 		if time.Since(start) > 15*time.Second {

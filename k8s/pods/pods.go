@@ -103,8 +103,11 @@ func handler(events Events) cache.ResourceEventHandlerFuncs {
 }
 
 // ID is the pod's identity; a mirror pod's carries its static pod's UID.
-func ID(p *corev1.Pod) podmeta.ID {
-	return podmeta.ID{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), StaticUID: p.Annotations[MirrorAnnotation]}
+func ID(p *corev1.Pod) podmeta.ID { return MetaID(&p.ObjectMeta) }
+
+// MetaID is ID from a pod's metadata (a cache that keeps no more).
+func MetaID(m *metav1.ObjectMeta) podmeta.ID {
+	return podmeta.ID{Namespace: m.Namespace, Name: m.Name, UID: string(m.UID), StaticUID: m.Annotations[MirrorAnnotation]}
 }
 
 // Ready reports the pod's Ready condition.

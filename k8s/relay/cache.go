@@ -40,7 +40,7 @@ var errRelist = errors.New("relay: the API server's pods were listed again (even
 
 // entry is a pod the relay holds.
 type entry struct {
-	pod *corev1.Pod
+	pod *trim.Pod
 	raw []byte // encoded, as list items and initial events carry it
 }
 
@@ -131,17 +131,26 @@ func (c *Cache) relisting() {
 	}
 }
 
-// prepare is p trimmed (idempotent: the informer's transform did it
-// already), its resource version and its encoding, outside the lock; not
-// ok if the cache failed on it.
-func (c *Cache) prepare(p *corev1.Pod) (*corev1.Pod, uint64, []byte, bool) {
-	p = trim.Pod(p)
+// prepare is obj as the cache keeps it (trimmed: the informer's
+// transform did it already, and a whole pod is trimmed here), its
+// resource version and its encoding, outside the lock; not ok if obj is
+// no pod, or if the cache failed on it.
+func (c *Cache) prepare(obj any) (*trim.Pod, uint64, []byte, bool) {
+	var p *trim.Pod
+	switch o := obj.(type) {
+	case *trim.Pod:
+		p = o
+	case *corev1.Pod:
+		p = trim.NewPod(o)
+	default:
+		return nil, 0, nil, false
+	}
 	rv, err := parseRV(p.ResourceVersion)
 	if err != nil {
 		c.fail(err)
 		return nil, 0, nil, false
 	}
-	raw, err := encodePod(p)
+	raw, err := encodePod(p.Core())
 	if err != nil {
 		c.fail(err)
 		return nil, 0, nil, false
@@ -150,11 +159,7 @@ func (c *Cache) prepare(p *corev1.Pod) (*corev1.Pod, uint64, []byte, bool) {
 }
 
 func (c *Cache) put(obj, old any) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return
-	}
-	p, rv, raw, ok := c.prepare(p)
+	p, rv, raw, ok := c.prepare(obj)
 	if !ok {
 		return
 	}
@@ -190,11 +195,7 @@ func (c *Cache) delete(obj any) {
 		}
 		return
 	}
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return
-	}
-	p, rv, raw, ok := c.prepare(p)
+	p, rv, raw, ok := c.prepare(obj)
 	if !ok {
 		return
 	}

@@ -274,7 +274,7 @@ func TestANodeIsNeverServedOlderThanItHas(t *testing.T) {
 		t.Fatal(err)
 	}
 	up.apply("ns/p13", func(*corev1.Pod) *corev1.Pod { return testPod("ns", "p13", 13) })
-	if _, err := api.CoreV1().Pods("ns").Create(t.Context(), trim.Pod(up.pods["ns/p13"]), metav1.CreateOptions{}); err != nil {
+	if _, err := api.CoreV1().Pods("ns").Create(t.Context(), trim.Trimmed(up.pods["ns/p13"]), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	want = append(want, "p13")

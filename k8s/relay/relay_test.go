@@ -107,7 +107,7 @@ func (u *upstream) snapshot() map[string]*corev1.Pod {
 	defer u.mu.Unlock()
 	out := make(map[string]*corev1.Pod, len(u.pods))
 	for k, p := range u.pods {
-		out[k] = trim.Pod(p)
+		out[k] = trim.Trimmed(p)
 	}
 	return out
 }
@@ -208,7 +208,8 @@ func publish(t *testing.T, api *fake.Clientset, relays map[string]*relayUnderTes
 
 // converged waits for the node's cache to hold what want holds, as trim
 // keeps it (resource versions aside: updates that change nothing are not
-// sent).
+// sent). The node's informer transforms with trim.Transform: its cache
+// holds *trim.Pod, compared with trim.NewPod of want's.
 func converged(n *node, want map[string]*corev1.Pod, within time.Duration) error {
 	deadline := time.Now().Add(within)
 	for {
@@ -222,9 +223,13 @@ func converged(n *node, want map[string]*corev1.Pod, within time.Duration) error
 
 func sameAs(store cache.Store, want map[string]*corev1.Pod) error {
 	var errs []error
-	got := map[string]*corev1.Pod{}
+	got := map[string]*trim.Pod{}
 	for _, o := range store.List() {
-		p := o.(*corev1.Pod)
+		p, ok := o.(*trim.Pod)
+		if !ok {
+			errs = append(errs, fmt.Errorf("a %T in the node's cache, want *trim.Pod", o))
+			continue
+		}
 		got[p.Namespace+"/"+p.Name] = p
 	}
 	keys := make([]string, 0, len(want)+len(got))
@@ -238,7 +243,11 @@ func sameAs(store cache.Store, want map[string]*corev1.Pod) error {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		w, g := want[k], got[k]
+		var w *trim.Pod
+		if p := want[k]; p != nil {
+			w = trim.NewPod(p)
+		}
+		g := got[k]
 		switch {
 		case g == nil:
 			errs = append(errs, fmt.Errorf("%s missing", k))

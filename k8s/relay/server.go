@@ -215,7 +215,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	}
 	list := &corev1.PodList{ListMeta: metav1.ListMeta{ResourceVersion: formatRV(rv)}, Items: make([]corev1.Pod, len(entries))}
 	for i, e := range entries {
-		list.Items[i] = *e.pod
+		list.Items[i] = *e.pod.Core()
 	}
 	out, closeOut := s.body(w, r)
 	w.Header().Set("Content-Type", mediaType)

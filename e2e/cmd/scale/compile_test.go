@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/google/nftables"
-	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
@@ -24,17 +23,17 @@ func modelInput(f float64) verdicts.Input {
 	for i := range m.namespaces() {
 		in.Namespaces = append(in.Namespaces, namespaceObj(i))
 	}
-	extra := map[*corev1.Pod][]string{}
+	extra := map[*trim.Pod][]string{}
 	holders := map[string][]string{}
 	for _, w := range m.workloads {
 		for k := w.first; k < w.first+w.size; k++ {
 			v6, v4 := podIPs(k)
-			p := podObj(w, k)
-			podStatus(p, nodeIP(podNode(k)), v6, v4)
-			p = trim.Pod(p) // as flock-policy caches it
+			whole := podObj(w, k)
+			podStatus(whole, nodeIP(podNode(k)), v6, v4)
+			p := trim.NewPod(whole) // as flock-policy caches it
 			in.Pods = append(in.Pods, p)
 			for _, key := range []string{flockAnycastKey, flockAddressesKey} {
-				if ip, ok := p.Annotations[key]; ok {
+				if ip, ok := whole.Annotations[key]; ok { // the tracker reads claims, not the cached pod
 					extra[p] = append(extra[p], ip)
 					holders[ip] = append(holders[ip], p.Namespace+"/"+p.Name)
 				}
@@ -45,13 +44,13 @@ func modelInput(f float64) verdicts.Input {
 		for j := range full.HostPods {
 			p := hostPodObj(i, j)
 			podStatus(p, nodeIP(i))
-			in.Pods = append(in.Pods, trim.Pod(p))
+			in.Pods = append(in.Pods, trim.NewPod(p))
 		}
 	}
 	for p := range e.Policies {
 		in.Policies = append(in.Policies, policyObj(m, p))
 	}
-	in.ExtraPodIPs = func(p *corev1.Pod) []string { return extra[p] }
+	in.ExtraPodIPs = func(p *trim.Pod) []string { return extra[p] }
 	in.PodsForIP = func(ip string) []string { return holders[ip] }
 	return in
 }

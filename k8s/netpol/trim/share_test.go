@@ -33,7 +33,7 @@ func TestSharingUnderConcurrency(t *testing.T) {
 		}
 		return p
 	}
-	check := func(i int, p *corev1.Pod) error {
+	check := func(i int, p *Pod) error {
 		want := shape(i)
 		if !reflect.DeepEqual(p.Labels, want.Labels) {
 			return fmt.Errorf("shape %d: labels %v, want %v", i, p.Labels, want.Labels)
@@ -45,7 +45,7 @@ func TestSharingUnderConcurrency(t *testing.T) {
 	}
 	type kept struct {
 		i int
-		p *corev1.Pod
+		p *Pod
 	}
 	held := make([][]kept, goroutines)
 	errs := make(chan error, goroutines)
@@ -58,7 +58,7 @@ func TestSharingUnderConcurrency(t *testing.T) {
 			var mine []kept
 			for range rounds {
 				i := r.IntN(shapes)
-				p := Pod(shape(i))
+				p := NewPod(shape(i))
 				if err := check(i, p); err != nil {
 					errs <- err
 					return

@@ -2,8 +2,9 @@
 // It watches every pod of the cluster: kept whole, they are most of its
 // memory, and most of their updates (the kubelet's conditions and
 // container statuses) change nothing it reads. Transform is the
-// informers' transform; Unchanged tells the event handlers which updates
-// they may ignore.
+// informers' transform, which caches a pod as a Pod (a type of its own,
+// a third of a corev1.Pod's size); Unchanged tells the event handlers
+// which updates they may ignore.
 //
 // What is kept is what the readers read, and nothing else:
 //   - the engine (third_party/kube-network-policies): a pod's namespace,
@@ -16,8 +17,10 @@
 //     annotations kubernetes.io/config.mirror (pods.ID) and
 //     flock.fritzlab.net/anycast.
 //
-// A reader that needs another field must add it here: the differential
-// tests (verdicts, policyips) run the readers over trimmed objects too.
+// A reader that needs another field of a pod must add it to Pod: one it
+// does not have does not compile. The engine reads corev1.Pods made from
+// cached ones (Pod.Core); the differential tests (verdicts, policyips)
+// run the readers over trimmed objects too.
 package trim
 
 import (
@@ -32,6 +35,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/listers"
+	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 )
@@ -43,18 +50,72 @@ const AnycastAnnotation = "flock.fritzlab.net/anycast"
 // keptAnnotations are the only annotations read (by the tracker).
 var keptAnnotations = []string{pods.MirrorAnnotation, AnycastAnnotation}
 
-// Pod is p with only what flock-policy reads (p is not changed; the
-// result shares p's pod IPs, and its labels and containers with pods
-// that have the same). Containers without ports are
-// left out: only ports are read of them.
-func Pod(p *corev1.Pod) *corev1.Pod {
-	out := trimmed(p)
-	return &out
+// Pod is a pod as flock-policy caches it: what it reads, and nothing
+// else. A corev1.Pod is 1,240 bytes before any of its strings, maps and
+// slices (its spec and status structs are inline); this is under 350, and
+// it is one for each pod of the cluster. Its fields have the paths
+// corev1.Pod gives them (p.Spec.NodeName, p.Status.PodIPs), so readers
+// read it as they would a pod. Cached pods are shared: never change one.
+type Pod struct {
+	metav1.ObjectMeta
+	Spec   PodSpec
+	Status PodStatus
 }
 
-// trimmed is Pod's pod, as a value.
-func trimmed(p *corev1.Pod) corev1.Pod {
-	out := corev1.Pod{ObjectMeta: meta(&p.ObjectMeta)}
+// PodSpec is what is kept of a pod's spec.
+type PodSpec struct {
+	NodeName    string
+	HostNetwork bool
+	// Containers are the containers with ports, their names and ports
+	// alone (name, containerPort, protocol).
+	Containers []corev1.Container
+}
+
+// PodStatus is what is kept of a pod's status.
+type PodStatus struct {
+	Phase  corev1.PodPhase
+	PodIPs []corev1.PodIP
+}
+
+// GetObjectKind: a cached pod is a runtime.Object (client-go's stores and
+// tombstones carry runtime.Objects); it has no kind of its own.
+func (p *Pod) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+
+// DeepCopyObject copies p (its shared labels and containers too).
+func (p *Pod) DeepCopyObject() k8sruntime.Object {
+	if p == nil {
+		return nil
+	}
+	out := &Pod{Spec: p.Spec, Status: p.Status}
+	p.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	if p.Spec.Containers != nil {
+		out.Spec.Containers = make([]corev1.Container, len(p.Spec.Containers))
+		for i := range p.Spec.Containers {
+			p.Spec.Containers[i].DeepCopyInto(&out.Spec.Containers[i])
+		}
+	}
+	out.Status.PodIPs = slices.Clone(p.Status.PodIPs)
+	return out
+}
+
+// Core is p as a corev1.Pod, for readers that take one (the engine): it
+// shares p's labels, annotations, containers and IPs, which the reader
+// must not change.
+func (p *Pod) Core() *corev1.Pod {
+	if p == nil {
+		return nil
+	}
+	return &corev1.Pod{ObjectMeta: p.ObjectMeta,
+		Spec:   corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork, Containers: p.Spec.Containers},
+		Status: corev1.PodStatus{Phase: p.Status.Phase, PodIPs: p.Status.PodIPs}}
+}
+
+// NewPod is p with only what flock-policy reads (p is not changed; the
+// result shares p's pod IPs, and its labels and containers with pods
+// that have the same). Containers without ports are left out: only ports
+// are read of them.
+func NewPod(p *corev1.Pod) *Pod {
+	out := &Pod{ObjectMeta: meta(&p.ObjectMeta)}
 	// A cluster's pods are in few namespaces and on few nodes: one copy
 	// of each name, which also lets the compiler tell a namespace by
 	// where its name is.
@@ -77,6 +138,9 @@ func trimmed(p *corev1.Pod) corev1.Pod {
 	}
 	return out
 }
+
+// Trimmed is NewPod's pod as a corev1.Pod (the relays serve these).
+func Trimmed(p *corev1.Pod) *corev1.Pod { return NewPod(p).Core() }
 
 // containers are cs's containers with ports, their names and ports
 // alone; nil if none has a port. The replicas of a workload have the
@@ -265,17 +329,15 @@ func meta(m *metav1.ObjectMeta) metav1.ObjectMeta {
 	return out
 }
 
-// Transform is the informers' transform: pods, namespaces and nodes are
-// trimmed; any other object loses its managed fields (often its largest
-// part), which nothing reads. It is idempotent, as client-go asks. A pod
-// is trimmed in place: client-go gives the transform each object once,
-// as decoded, before anything else holds it, and every pod change of the
-// cluster comes through here (a copy of each was a third of
-// flock-policy's garbage under churn).
+// Transform is the informers' transform: a pod becomes a *Pod,
+// namespaces and nodes are trimmed, any other object loses its managed
+// fields (often its largest part), which nothing reads. It is idempotent,
+// as client-go asks. Every pod change of the cluster comes through here.
 func Transform(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *corev1.Pod:
-		*o = trimmed(o)
+		return NewPod(o), nil
+	case *Pod:
 		return o, nil
 	case *corev1.Namespace:
 		return Namespace(o), nil
@@ -296,9 +358,12 @@ func Transform(obj any) (any, error) {
 // update of the cluster pays for it.
 func Unchanged(old, cur any) bool {
 	switch o := old.(type) {
+	case *Pod:
+		c, ok := cur.(*Pod)
+		return ok && samePod(&o.ObjectMeta, &c.ObjectMeta, podKept{o.Spec, o.Status.Phase, o.Status.PodIPs}, podKept{c.Spec, c.Status.Phase, c.Status.PodIPs})
 	case *corev1.Pod:
 		c, ok := cur.(*corev1.Pod)
-		return ok && samePod(o, c)
+		return ok && samePod(&o.ObjectMeta, &c.ObjectMeta, keptOf(o), keptOf(c))
 	case *corev1.Namespace:
 		c, ok := cur.(*corev1.Namespace)
 		return ok && sameMeta(&o.ObjectMeta, &c.ObjectMeta)
@@ -314,10 +379,21 @@ func sameMeta(a, b *metav1.ObjectMeta) bool {
 	return a.Name == b.Name && a.Namespace == b.Namespace && a.UID == b.UID && maps.Equal(a.Labels, b.Labels)
 }
 
+// podKept is what Pod keeps of a spec and status, read in place.
+type podKept struct {
+	spec   PodSpec
+	phase  corev1.PodPhase
+	podIPs []corev1.PodIP
+}
+
+func keptOf(p *corev1.Pod) podKept {
+	return podKept{PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork, Containers: p.Spec.Containers}, p.Status.Phase, p.Status.PodIPs}
+}
+
 // samePod compares what Pod keeps but the resourceVersion.
-func samePod(a, b *corev1.Pod) bool {
-	if !sameMeta(&a.ObjectMeta, &b.ObjectMeta) || a.Spec.NodeName != b.Spec.NodeName || a.Spec.HostNetwork != b.Spec.HostNetwork ||
-		a.Status.Phase != b.Status.Phase || !slices.Equal(a.Status.PodIPs, b.Status.PodIPs) {
+func samePod(a, b *metav1.ObjectMeta, ka, kb podKept) bool {
+	if !sameMeta(a, b) || ka.spec.NodeName != kb.spec.NodeName || ka.spec.HostNetwork != kb.spec.HostNetwork ||
+		ka.phase != kb.phase || !slices.Equal(ka.podIPs, kb.podIPs) {
 		return false
 	}
 	for _, k := range keptAnnotations {
@@ -327,5 +403,20 @@ func samePod(a, b *corev1.Pod) bool {
 			return false
 		}
 	}
-	return sameContainers(a.Spec.Containers, b.Spec.Containers)
+	return sameContainers(ka.spec.Containers, kb.spec.Containers)
+}
+
+// PodLister reads a pod cache whose transform is Transform: its pods are
+// *Pod (client-go's generated pod lister would fail on them).
+type PodLister struct{ listers.ResourceIndexer[*Pod] }
+
+// NewPodLister reads indexer, which has client-go's namespace index (an
+// informer factory's informers have it).
+func NewPodLister(indexer cache.Indexer) PodLister {
+	return PodLister{listers.New[*Pod](indexer, corev1.Resource("pods"))}
+}
+
+// Pods reads namespace's pods.
+func (l PodLister) Pods(namespace string) listers.ResourceIndexer[*Pod] {
+	return listers.NewNamespaced(l.ResourceIndexer, namespace)
 }

@@ -86,55 +86,95 @@ func fatPod() *corev1.Pod {
 func TestPodKeepsWhatIsRead(t *testing.T) {
 	fat := fatPod()
 	orig := fat.DeepCopy()
-	p := Pod(fat)
+	p := NewPod(fat)
 	if !reflect.DeepEqual(fat, orig) {
-		t.Fatal("Pod changed its argument")
+		t.Fatal("NewPod changed its argument")
 	}
-	want := &corev1.Pod{
+	want := &Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-7d9f8b6c5d-x2x4q", UID: "0b5e6c1a-uid", ResourceVersion: "4711",
 			Labels:      orig.Labels,
 			Annotations: map[string]string{pods.MirrorAnnotation: "static-uid-1", AnycastAnnotation: "2001:db8:a::80"}},
-		Spec: corev1.PodSpec{NodeName: "node-7", HostNetwork: true, Containers: []corev1.Container{
+		Spec: PodSpec{NodeName: "node-7", HostNetwork: true, Containers: []corev1.Container{
 			{Name: "web", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}, {Name: "dns", ContainerPort: 5353, Protocol: corev1.ProtocolUDP}}},
 			{Name: "metrics", Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9090, Protocol: corev1.ProtocolSCTP}}},
 		}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: orig.Status.PodIPs},
+		Status: PodStatus{Phase: corev1.PodRunning, PodIPs: orig.Status.PodIPs},
 	}
 	if !reflect.DeepEqual(p, want) {
 		t.Fatalf("trimmed pod:\n got %+v\nwant %+v", p, want)
 	}
-	// Idempotent (client-go may hand the transform what it returned).
-	if again := Pod(p); !reflect.DeepEqual(again, p) {
-		t.Fatalf("trimming twice: %+v, want %+v", again, p)
+	// Core is the same pod as a corev1.Pod, and trims to it again.
+	core := p.Core()
+	if again := NewPod(core); !reflect.DeepEqual(again, p) {
+		t.Fatalf("NewPod(Core()): %+v, want %+v", again, p)
+	}
+	if core.Spec.NodeName != "node-7" || !core.Spec.HostNetwork || core.Status.Phase != corev1.PodRunning ||
+		!reflect.DeepEqual(core.Status.PodIPs, orig.Status.PodIPs) || !reflect.DeepEqual(core.Spec.Containers, want.Spec.Containers) ||
+		!reflect.DeepEqual(core.ObjectMeta, want.ObjectMeta) {
+		t.Fatalf("Core: %+v, want the kept fields of %+v", core, want)
 	}
 	// The bulk, in protobuf bytes, against what was cached before: the
 	// pod without its managed fields.
 	old := orig.DeepCopy()
 	old.ManagedFields = nil
-	before, after := old.Size(), p.Size()
+	before, after := old.Size(), core.Size()
 	t.Logf("pod: %d bytes of protobuf (%d with managed fields), %d trimmed", before, orig.Size(), after)
 	if after*4 > before {
 		t.Errorf("trimmed pod is %d of %d bytes: want at most a quarter", after, before)
 	}
 }
 
-// Transform trims a pod in place (the object client-go decoded), to what
-// Pod keeps, idempotently.
-func TestTransformTrimsAPodInPlace(t *testing.T) {
+// Every field Pod has is at the path corev1.Pod has it, with its type:
+// readers read a cached pod as they would a pod, and Core and NewPod
+// carry each field (TestPodKeepsWhatIsRead sets them all).
+func TestPodFieldsAreCorePaths(t *testing.T) {
+	var walk func(ours, theirs reflect.Type, path string)
+	walk = func(ours, theirs reflect.Type, path string) {
+		for i := range ours.NumField() {
+			f := ours.Field(i)
+			tf, ok := theirs.FieldByName(f.Name)
+			switch {
+			case !ok:
+				t.Errorf("%s.%s: corev1.Pod has no such field", path, f.Name)
+			case f.Type.Kind() == reflect.Struct && f.Type.PkgPath() == reflect.TypeFor[Pod]().PkgPath():
+				walk(f.Type, tf.Type, path+"."+f.Name)
+			case f.Type != tf.Type:
+				t.Errorf("%s.%s: %v, corev1.Pod's is %v", path, f.Name, f.Type, tf.Type)
+			}
+		}
+	}
+	walk(reflect.TypeFor[Pod](), reflect.TypeFor[corev1.Pod](), "Pod")
+}
+
+// Transform makes a cached Pod of a decoded pod, and is idempotent: a
+// Pod is returned as it is.
+func TestTransformTrimsAPod(t *testing.T) {
 	fat := fatPod()
-	want := Pod(fat.DeepCopy())
+	want := NewPod(fat.DeepCopy())
 	got, err := Transform(fat)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != any(fat) {
-		t.Errorf("Transform returned another object, want the one it was given, trimmed")
-	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Transform's pod:\n got %+v\nwant %+v", got, want)
 	}
-	if again, _ := Transform(got); !reflect.DeepEqual(again, want) {
-		t.Fatalf("transforming twice: %+v, want %+v", again, want)
+	if again, _ := Transform(got); again != got {
+		t.Fatalf("transforming twice: %p, want the same %p", again, got)
+	}
+}
+
+// DeepCopyObject copies everything, the shared labels and containers too.
+func TestPodDeepCopy(t *testing.T) {
+	p := NewPod(fatPod())
+	cp := p.DeepCopyObject().(*Pod)
+	if !reflect.DeepEqual(cp, p) {
+		t.Fatalf("copy %+v, want %+v", cp, p)
+	}
+	cp.Labels["tier"] = "back"
+	cp.Spec.Containers[0].Ports[0].ContainerPort++
+	cp.Status.PodIPs[0].IP = "fd00:10::8"
+	if p.Labels["tier"] != "front" || p.Spec.Containers[0].Ports[0].ContainerPort != 8080 || p.Status.PodIPs[0].IP != "fd00:10::7" {
+		t.Fatalf("changing the copy changed the pod: %+v", p)
 	}
 }
 
@@ -167,7 +207,6 @@ func TestNamespaceAndNode(t *testing.T) {
 	}
 }
 
-// Status-only updates are unchanged; a change of anything read is not.
 func TestUnchanged(t *testing.T) {
 	base := fatPod()
 	noise := map[string]func(p *corev1.Pod){
@@ -189,7 +228,7 @@ func TestUnchanged(t *testing.T) {
 	for name, f := range noise {
 		cur := base.DeepCopy()
 		f(cur)
-		if !Unchanged(base, cur) || !Unchanged(Pod(base), Pod(cur)) {
+		if !Unchanged(base, cur) || !Unchanged(NewPod(base), NewPod(cur)) {
 			t.Errorf("%s: an update of nothing read counts as a change", name)
 		}
 	}
@@ -220,7 +259,7 @@ func TestUnchanged(t *testing.T) {
 	for name, f := range read {
 		cur := base.DeepCopy()
 		f(cur)
-		if Unchanged(base, cur) || Unchanged(Pod(base), Pod(cur)) {
+		if Unchanged(base, cur) || Unchanged(NewPod(base), NewPod(cur)) {
 			t.Errorf("%s: a change of what is read counts as none", name)
 		}
 	}
@@ -276,21 +315,26 @@ func heapPerPod(t *testing.T, transform func(*corev1.Pod) any) float64 {
 }
 
 // The cache holds a fraction of what it held with managed fields
-// dropped only.
+// dropped only, and well under what a corev1.Pod trimmed to the same
+// fields holds (its spec and status structs are inline: 1,240 bytes).
 func TestCachedPodHeap(t *testing.T) {
 	old := heapPerPod(t, func(p *corev1.Pod) any { p.ManagedFields = nil; return p })
-	trimmed := heapPerPod(t, func(p *corev1.Pod) any { return Pod(p) })
-	t.Logf("heap per cached pod: %.0f bytes with managed fields dropped, %.0f trimmed", old, trimmed)
-	if trimmed*3 > old {
-		t.Errorf("a trimmed pod holds %.0f bytes, one without managed fields %.0f: want at most a third", trimmed, old)
+	trimmedCore := heapPerPod(t, func(p *corev1.Pod) any { return Trimmed(p) })
+	cached := heapPerPod(t, func(p *corev1.Pod) any { return NewPod(p) })
+	t.Logf("heap per cached pod: %.0f bytes with managed fields dropped, %.0f as a trimmed corev1.Pod, %.0f as a Pod", old, trimmedCore, cached)
+	if cached*3 > old {
+		t.Errorf("a cached pod holds %.0f bytes, one without managed fields %.0f: want at most a third", cached, old)
+	}
+	if cached*2 > trimmedCore {
+		t.Errorf("a cached pod holds %.0f bytes, a trimmed corev1.Pod %.0f: want at most half", cached, trimmedCore)
 	}
 }
 
 // BenchmarkUnchanged is the price of the check every pod update of the
-// cluster pays (as cached: trimmed), against a compile it may save.
+// cluster pays (as cached), against a compile it may save.
 func BenchmarkUnchanged(b *testing.B) {
-	old := Pod(fatPod())
-	cur := Pod(fatPod())
+	old := NewPod(fatPod())
+	cur := NewPod(fatPod())
 	cur.ResourceVersion = "4712"
 	b.ReportAllocs()
 	for b.Loop() {
@@ -394,7 +438,7 @@ func mutate(ptr reflect.Value, path []step) string {
 func TestUnchangedComparesAllKept(t *testing.T) {
 	meta := metav1.ObjectMeta{Name: "n", UID: "uid", ResourceVersion: "1", Labels: map[string]string{"a": "b", "c": "d"}}
 	for _, obj := range []k8sruntime.Object{
-		Pod(fatPod()), Namespace(&corev1.Namespace{ObjectMeta: meta}), Node(&corev1.Node{ObjectMeta: meta}),
+		NewPod(fatPod()), Namespace(&corev1.Namespace{ObjectMeta: meta}), Node(&corev1.Node{ObjectMeta: meta}),
 	} {
 		var paths [][]step
 		leafPaths(reflect.ValueOf(obj), nil, &paths)
@@ -421,7 +465,7 @@ func TestUnchangedComparesAllKept(t *testing.T) {
 // ports differ in any kept field do not; and once no pod holds them,
 // they are forgotten.
 func TestContainersShared(t *testing.T) {
-	a, b := Pod(fatPod()), Pod(fatPod())
+	a, b := NewPod(fatPod()), NewPod(fatPod())
 	if len(a.Spec.Containers) == 0 || &a.Spec.Containers[0] != &b.Spec.Containers[0] {
 		t.Fatal("two replicas' trimmed containers are not one slice")
 	}
@@ -442,7 +486,7 @@ func TestContainersShared(t *testing.T) {
 	} {
 		p := fatPod()
 		change(p)
-		c := Pod(p)
+		c := NewPod(p)
 		if &c.Spec.Containers[0] == &a.Spec.Containers[0] {
 			t.Errorf("%s changed: the containers are still shared", name)
 		}
@@ -471,21 +515,21 @@ func TestContainersShared(t *testing.T) {
 // another; and what is remembered is bounded: pods whose labels are their
 // own (a StatefulSet's) leave at most two generations behind.
 func TestLabelsShared(t *testing.T) {
-	a, b := Pod(fatPod()), Pod(fatPod())
+	a, b := NewPod(fatPod()), NewPod(fatPod())
 	if reflect.ValueOf(a.Labels).UnsafePointer() != reflect.ValueOf(b.Labels).UnsafePointer() || !reflect.DeepEqual(a.Labels, fatPod().Labels) {
 		t.Fatalf("two replicas' labels: not one map equal to theirs (%v, %v)", a.Labels, b.Labels)
 	}
 	p := fatPod()
 	p.Labels["tier"] = "back"
-	if c := Pod(p); reflect.ValueOf(c.Labels).UnsafePointer() == reflect.ValueOf(a.Labels).UnsafePointer() || !reflect.DeepEqual(c.Labels, p.Labels) {
+	if c := NewPod(p); reflect.ValueOf(c.Labels).UnsafePointer() == reflect.ValueOf(a.Labels).UnsafePointer() || !reflect.DeepEqual(c.Labels, p.Labels) {
 		t.Fatalf("other labels: %v shared, or not the pod's", c.Labels)
 	}
 	p.Labels = nil
-	if c := Pod(p); c.Labels != nil {
+	if c := NewPod(p); c.Labels != nil {
 		t.Fatalf("no labels: %v", c.Labels)
 	}
 	for i := range 3 * labelGeneration {
-		Pod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"statefulset.kubernetes.io/pod-name": fmt.Sprintf("web-%d", i)}}})
+		NewPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"statefulset.kubernetes.io/pod-name": fmt.Sprintf("web-%d", i)}}})
 	}
 	labels.Lock()
 	n := len(labels.cur) + len(labels.old)
@@ -503,7 +547,7 @@ func TestSharingSurvivesCollisions(t *testing.T) {
 	labels.Lock()
 	labels.cur[labelsKey(p.Labels)] = other
 	labels.Unlock()
-	if got := Pod(p).Labels; !reflect.DeepEqual(got, p.Labels) {
+	if got := NewPod(p).Labels; !reflect.DeepEqual(got, p.Labels) {
 		t.Errorf("labels %v under a colliding hash: got %v, want the pod's", other, got)
 	}
 	theirs := []corev1.Container{{Name: "other", Ports: []corev1.ContainerPort{{Name: "x", ContainerPort: 1, Protocol: corev1.ProtocolUDP}}}}
@@ -511,7 +555,7 @@ func TestSharingSurvivesCollisions(t *testing.T) {
 	shared.Lock()
 	shared.m[key] = sharedContainers{weak.Make(&theirs[0]), len(theirs)}
 	shared.Unlock()
-	got := Pod(p).Spec.Containers
+	got := NewPod(p).Spec.Containers
 	if !sameContainers(got, p.Spec.Containers) || &got[0] == &theirs[0] {
 		t.Errorf("containers %v under a colliding hash: got %v, want the pod's %v", theirs, got, p.Spec.Containers)
 	}
@@ -522,11 +566,9 @@ func TestSharingSurvivesCollisions(t *testing.T) {
 // trimmed, for a replica of a workload already seen.
 func BenchmarkTrim(b *testing.B) {
 	src := fatPod()
-	Pod(src)
-	p := new(corev1.Pod)
+	NewPod(src)
 	b.ReportAllocs()
 	for b.Loop() {
-		*p = *src
-		*p = trimmed(p)
+		NewPod(src)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/kube-network-policies/pkg/networkpolicy"
 	npav1alpha1 "sigs.k8s.io/network-policy-api/apis/v1alpha1"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 	npaclient "sigs.k8s.io/network-policy-api/pkg/client/clientset/versioned"
 	npainformers "sigs.k8s.io/network-policy-api/pkg/client/informers/externalversions"
@@ -162,7 +163,7 @@ func adminEngine(t *testing.T, w *adminWorld) (ctrl *networkpolicy.Controller) {
 	anps, banps := nf.Policy().V1alpha1().AdminNetworkPolicies(), nf.Policy().V1alpha1().BaselineAdminNetworkPolicies()
 	ctrl, err = networkpolicy.NewController(client, nps, nss, pods, nodes, npa, anps, banps, networkpolicy.Config{
 		NodeName: w.in.Node, NRIdisabled: true, AdminNetworkPolicy: w.anpOn, BaselineAdminNetworkPolicy: w.banpOn,
-		ExtraPodIPs: w.in.ExtraPodIPs, PodsForIP: w.in.PodsForIP,
+		ExtraPodIPs: w.engineExtraPodIPs(), PodsForIP: w.in.PodsForIP,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -174,7 +175,7 @@ func adminEngine(t *testing.T, w *adminWorld) (ctrl *networkpolicy.Controller) {
 			}
 		}
 	}
-	for _, p := range w.in.Pods {
+	for _, p := range w.enginePods() {
 		add(pods.Informer().GetIndexer(), p)
 	}
 	for _, n := range w.in.Namespaces {
@@ -266,7 +267,7 @@ func TestDifferentialAdmin(t *testing.T) {
 // semantics as the policy API documents them), written apart from the
 // compiler's: the namespace must exist, and a selector that does not
 // parse selects nothing.
-func isSubject(w *adminWorld, p *corev1.Pod) bool {
+func isSubject(w *adminWorld, p *trim.Pod) bool {
 	var ns *corev1.Namespace
 	for _, n := range w.in.Namespaces {
 		if n.Name == p.Namespace {

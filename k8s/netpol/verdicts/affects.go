@@ -8,10 +8,11 @@ import (
 	"strconv"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // A node's program depends on every pod of the cluster only through few
@@ -47,7 +48,7 @@ type Deps struct {
 
 type judgedAt struct {
 	a netip.Addr
-	h []*corev1.Pod
+	h []*trim.Pod
 }
 
 type localRule struct {
@@ -91,7 +92,7 @@ func (c *compiler) deps() *Deps {
 		d.several = map[netip.Addr]string{}
 		for _, k := range c.several {
 			e := c.held[k]
-			hs := make([]*corev1.Pod, len(e.h))
+			hs := make([]*trim.Pod, len(e.h))
 			for i, pi := range e.h {
 				hs[i] = c.pods[pi]
 			}
@@ -127,11 +128,11 @@ const (
 // Live is what Classify reads of the cluster as it is after the change.
 type Live struct {
 	Node        string
-	ExtraPodIPs func(*corev1.Pod) []string // nil: none
-	PodsForIP   func(ip string) []string   // nil: none
+	ExtraPodIPs func(*trim.Pod) []string // nil: none
+	PodsForIP   func(ip string) []string // nil: none
 	// Holders are the pods whose status.podIPs hold ip (hostNetwork ones
 	// left out, as the engine's index does).
-	Holders func(ip string) []*corev1.Pod
+	Holders func(ip string) []*trim.Pod
 	// Local tells whether ip is a status IP of a pod of this node (any
 	// phase, hostNetwork ones too), before or after the change. It is
 	// asked with ip as netip prints it, and must answer for a pod's IP
@@ -139,7 +140,7 @@ type Live struct {
 	Local func(ip string) bool
 	// Pod is the pod of key ("namespace/name"), nil if none (nil: none
 	// known, so no extra IP is found stable).
-	Pod func(key string) *corev1.Pod
+	Pod func(key string) *trim.Pod
 }
 
 // holdersRead is what a compile reads of the pods holding an address
@@ -149,7 +150,7 @@ type Live struct {
 // to), as a set: Group.Several intersects what each lets through, and the
 // address's groups in the dispatch maps are theirs together, so holders
 // alike count once. "" for fewer than two.
-func holdersRead(hs []*corev1.Pod) string {
+func holdersRead(hs []*trim.Pod) string {
 	if len(hs) < 2 {
 		return ""
 	}
@@ -188,7 +189,7 @@ func (d *Deps) stableSeveral(l Live, ip string) bool {
 	if !ok || (l.Holders != nil && len(l.Holders(ip)) > 0) {
 		return false
 	}
-	var hs []*corev1.Pod
+	var hs []*trim.Pod
 	listed := false
 	for _, key := range l.PodsForIP(ip) {
 		if !strings.Contains(key, "/") {
@@ -210,9 +211,9 @@ func (d *Deps) stableSeveral(l Live, ip string) bool {
 // for a pod of another node with extra IPs: those change it only when
 // judged here (an anycast IP this node's pods hold too); that it changes
 // nothing needs them.
-func Classify(l Live, d *Deps, old, cur *corev1.Pod) Effect {
+func Classify(l Live, d *Deps, old, cur *trim.Pod) Effect {
 	extra := false
-	for _, p := range []*corev1.Pod{old, cur} {
+	for _, p := range []*trim.Pod{old, cur} {
 		if p == nil {
 			continue
 		}
@@ -236,7 +237,7 @@ func Classify(l Live, d *Deps, old, cur *corev1.Pod) Effect {
 		// holders are read alike (stableSeveral).
 		return Recompile
 	}
-	for _, p := range []*corev1.Pod{old, cur} {
+	for _, p := range []*trim.Pod{old, cur} {
 		if p != nil && d.affectedBy(p, l.Holders) {
 			return Recompile
 		}
@@ -281,7 +282,7 @@ func extraInContext(l Live, d *Deps, ip string) bool {
 // changesContext: p is this node's, or holds an address one of this
 // node's pods or an extra IP does (the judged addresses, and who holds
 // them, are the context).
-func changesContext(l Live, p *corev1.Pod) bool {
+func changesContext(l Live, p *trim.Pod) bool {
 	if p.Spec.NodeName == l.Node {
 		return true
 	}
@@ -300,7 +301,7 @@ func changesContext(l Live, p *corev1.Pod) bool {
 // its own or other such pods', can change the program: p has addresses,
 // and a policy selects it, or another pod holds one of them, or a rule
 // of the judged addresses' policies names it as a peer.
-func (d *Deps) affectedBy(p *corev1.Pod, holders func(ip string) []*corev1.Pod) bool {
+func (d *Deps) affectedBy(p *trim.Pod, holders func(ip string) []*trim.Pod) bool {
 	c := d.c
 	if len(p.Status.PodIPs) == 0 {
 		return false // no address: in no set and no group
@@ -330,7 +331,7 @@ func (d *Deps) affectedBy(p *corev1.Pod, holders func(ip string) []*corev1.Pod) 
 // peer: p is a peer of a rule of the judged addresses' policies (its
 // addresses are in their groups' peer sets, or its ports in their named
 // ones).
-func (d *Deps) peer(p *corev1.Pod) bool {
+func (d *Deps) peer(p *trim.Pod) bool {
 	c := d.c
 	ports := false
 	for i := range p.Spec.Containers {
@@ -427,7 +428,7 @@ func (d *Deps) judgedView(c *compiler, t networkingv1.PolicyType, np *networking
 		b.WriteString(" peers ")
 		for _, j := range d.judged {
 			if len(j.h) <= 1 {
-				var h *corev1.Pod // judgedPeers: a selector matches a single holder only
+				var h *trim.Pod // judgedPeers: a selector matches a single holder only
 				if len(j.h) == 1 {
 					h = j.h[0]
 				}

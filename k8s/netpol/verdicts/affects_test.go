@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // Classify is sound: a pod change it calls Unchanged leaves the program
@@ -55,10 +57,10 @@ func TestAffectsIsSound(t *testing.T) {
 
 // randPodChange changes one pod of w (or adds one), returning the pod
 // before and after (nil: none) and the pods after.
-func randPodChange(r *rand.Rand, w *world) (old, cur *corev1.Pod, pods []*corev1.Pod) {
-	pods = append([]*corev1.Pod(nil), w.in.Pods...)
+func randPodChange(r *rand.Rand, w *world) (old, cur *trim.Pod, pods []*trim.Pod) {
+	pods = append([]*trim.Pod(nil), w.in.Pods...)
 	if len(pods) == 0 || r.IntN(4) == 0 { // a new pod
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pick(r, []string{"ns0", "ns1", "ns2", "ghost"}), Name: fmt.Sprintf("new%d", r.IntN(1000)), UID: types.UID(fmt.Sprintf("uid-new-%d", r.IntN(1000))), Labels: randLabels(r)}}
+		p := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pick(r, []string{"ns0", "ns1", "ns2", "ghost"}), Name: fmt.Sprintf("new%d", r.IntN(1000)), UID: types.UID(fmt.Sprintf("uid-new-%d", r.IntN(1000))), Labels: randLabels(r)}}
 		p.Spec.NodeName = pick(r, []string{"node-a", "node-b", "node-b"})
 		p.Status.Phase = corev1.PodRunning
 		if r.IntN(2) == 0 {
@@ -85,7 +87,7 @@ func randPodChange(r *rand.Rand, w *world) (old, cur *corev1.Pod, pods []*corev1
 	if r.IntN(4) == 0 { // deleted
 		return old, nil, append(pods[:i], pods[i+1:]...)
 	}
-	c := old.DeepCopy()
+	c := old.DeepCopyObject().(*trim.Pod)
 	switch r.IntN(5) {
 	case 0:
 		c.Labels = randLabels(r)
@@ -102,7 +104,7 @@ func randPodChange(r *rand.Rand, w *world) (old, cur *corev1.Pod, pods []*corev1
 	return old, c, pods
 }
 
-func podString(p *corev1.Pod) string {
+func podString(p *trim.Pod) string {
 	if p == nil {
 		return "none"
 	}

@@ -7,8 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // flock-policy's loop with the informer's delivery delayed (the cache
@@ -20,7 +21,7 @@ func TestAsyncDeliveryFollows(t *testing.T) {
 	sd := seed(t)
 	r := rand.New(rand.NewPCG(sd, 0xa5a5))
 	type event struct {
-		old, cur     *corev1.Pod
+		old, cur     *trim.Pod
 		npOld, npCur *networkingv1.NetworkPolicy
 		extra        bool
 		ips, keys    []string
@@ -103,7 +104,7 @@ func TestAsyncDeliveryFollows(t *testing.T) {
 				valid, needLoad = false, true
 				return
 			}
-			for _, p := range []*corev1.Pod{e.old, e.cur} {
+			for _, p := range []*trim.Pod{e.old, e.cur} {
 				if p == nil || p.Spec.NodeName != localNode {
 					continue
 				}
@@ -125,7 +126,7 @@ func TestAsyncDeliveryFollows(t *testing.T) {
 				log += ": unchanged\n"
 			case Recompile:
 				if d.Dispatchable(l, e.old, e.cur) {
-					for _, p := range []*corev1.Pod{e.old, e.cur} {
+					for _, p := range []*trim.Pod{e.old, e.cur} {
 						for _, a := range podIPsOf(p) {
 							dirty[a] = true
 						}
@@ -236,7 +237,7 @@ func TestAsyncDeliveryFollows(t *testing.T) {
 
 // canon are p's status IPs as the compile keys them (as flock-policy
 // records this node's pods').
-func canon(p *corev1.Pod) []string {
+func canon(p *trim.Pod) []string {
 	var out []string
 	for _, ip := range p.Status.PodIPs {
 		if a, err := netip.ParseAddr(ip.IP); err == nil {

@@ -18,19 +18,21 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	npav1alpha1 "sigs.k8s.io/network-policy-api/apis/v1alpha1"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // Input is the cluster as the engine sees it on one node.
 type Input struct {
 	Node       string
-	Pods       []*corev1.Pod
+	Pods       []*trim.Pod
 	Namespaces []*corev1.Namespace
 	Policies   []*networkingv1.NetworkPolicy
 	// ExtraPodIPs are the IPs a pod holds besides status.podIPs;
 	// PodsForIP the holders ("namespace/name") of an IP that is in no
 	// status.podIPs. Nil: none (the engine's Config fields of the same
 	// names).
-	ExtraPodIPs func(*corev1.Pod) []string
+	ExtraPodIPs func(*trim.Pod) []string
 	PodsForIP   func(ip string) []string
 	// Admin: AdminNetworkPolicy or BaselineAdminNetworkPolicy is on (the
 	// engine's Config fields of those names), and AdminSubjects are the
@@ -48,7 +50,7 @@ type compiler struct {
 	// by compareAddrs, each with its holders as indexes into pods: one
 	// sorted slice, where maps of every address were most of a large
 	// cluster's compile and of its garbage. s is the working memory.
-	pods []*corev1.Pod
+	pods []*trim.Pod
 	held []heldAddr
 	s    *scratch
 	// nsOf is each pod's namespace as an index into nsNames and
@@ -151,7 +153,7 @@ type heldAddr struct {
 }
 
 // first is the (first) pod at held[k].
-func (c *compiler) first(k int32) *corev1.Pod { return c.pods[c.held[k].h[0]] }
+func (c *compiler) first(k int32) *trim.Pod { return c.pods[c.held[k].h[0]] }
 
 // find is a's index in held.
 func (c *compiler) find(a netip.Addr) (int32, bool) {
@@ -359,7 +361,7 @@ func CompileDeps(in Input) (*Program, *Deps) {
 // address of a subject is queued, and every address some NetworkPolicy
 // isolates, on any node, is judged (a packet from or to no such address
 // passes either way).
-func (c *compiler) admin(pods []*corev1.Pod) {
+func (c *compiler) admin(pods []*trim.Pod) {
 	c.prog.Queued = map[netip.Addr]bool{}
 	for _, p := range pods {
 		if p.Spec.HostNetwork || !c.subject(p) {
@@ -385,7 +387,7 @@ func (c *compiler) admin(pods []*corev1.Pod) {
 // getBaselineAdminNetworkPoliciesForPod's test, for any of the subjects:
 // a namespace selector matches a namespace the cache holds, and a
 // selector that does not parse matches nothing.
-func (c *compiler) subject(p *corev1.Pod) bool {
+func (c *compiler) subject(p *trim.Pod) bool {
 	nsLabels, ok := c.ns[p.Namespace]
 	matches := func(ls *metav1.LabelSelector, set labels.Set) bool {
 		sel, err := c.selector(ls)
@@ -403,11 +405,11 @@ func (c *compiler) subject(p *corev1.Pod) bool {
 	return false
 }
 
-func key(p *corev1.Pod) string { return p.Namespace + "/" + p.Name }
+func key(p *trim.Pod) string { return p.Namespace + "/" + p.Name }
 
 // compareKeys orders a and b as strings.Compare(key(a), key(b)) does,
 // without building the keys.
-func compareKeys(a, b *corev1.Pod) int {
+func compareKeys(a, b *trim.Pod) int {
 	if a.Namespace == b.Namespace {
 		return strings.Compare(a.Name, b.Name)
 	}
@@ -424,7 +426,7 @@ func compareKeys(a, b *corev1.Pod) int {
 }
 
 // podIPs is the engine's podIPs: status.podIPs, then the extra ones.
-func (c *compiler) podIPs(p *corev1.Pod) []string {
+func (c *compiler) podIPs(p *trim.Pod) []string {
 	var out []string
 	for _, ip := range p.Status.PodIPs {
 		out = append(out, ip.IP)
@@ -576,7 +578,7 @@ func (c *compiler) named(unheld []int) {
 
 // selects is getNetworkPoliciesForPod's test: a selector that does not
 // parse selects nothing.
-func (c *compiler) selects(np *networkingv1.NetworkPolicy, p *corev1.Pod) bool {
+func (c *compiler) selects(np *networkingv1.NetworkPolicy, p *trim.Pod) bool {
 	if np.Namespace != p.Namespace {
 		return false
 	}
@@ -586,7 +588,7 @@ func (c *compiler) selects(np *networkingv1.NetworkPolicy, p *corev1.Pod) bool {
 
 // selecting lists the policies of nps (its namespace's) that select p,
 // by name.
-func (c *compiler) selecting(p *corev1.Pod, nps []*networkingv1.NetworkPolicy) []*networkingv1.NetworkPolicy {
+func (c *compiler) selecting(p *trim.Pod, nps []*networkingv1.NetworkPolicy) []*networkingv1.NetworkPolicy {
 	var out []*networkingv1.NetworkPolicy
 	for _, np := range nps {
 		if c.selects(np, p) {
@@ -648,7 +650,7 @@ func rules(t networkingv1.PolicyType, np *networkingv1.NetworkPolicy) (out []rul
 // policies of selecting that isolate p in t; remote: for an address that
 // is not judged, whose peers are then always judged ones (the group is
 // built for those alone).
-func (c *compiler) group(t networkingv1.PolicyType, p *corev1.Pod, selecting []*networkingv1.NetworkPolicy, remote bool) (int, bool) {
+func (c *compiler) group(t networkingv1.PolicyType, p *trim.Pod, selecting []*networkingv1.NetworkPolicy, remote bool) (int, bool) {
 	nps := isolating(t, selecting)
 	if len(nps) == 0 {
 		return 0, false
@@ -890,7 +892,7 @@ func namedIngress(np *networkingv1.NetworkPolicy) bool {
 }
 
 // resolved is what the ingress named ports of nps resolve to on p.
-func resolved(nps []*networkingv1.NetworkPolicy, p *corev1.Pod) string {
+func resolved(nps []*networkingv1.NetworkPolicy, p *trim.Pod) string {
 	var b strings.Builder
 	for _, np := range nps {
 		for _, r := range np.Spec.Ingress {
@@ -910,7 +912,7 @@ func resolved(nps []*networkingv1.NetworkPolicy, p *corev1.Pod) string {
 }
 
 // terms adds rule r's terms to g; p is the pod the group is for.
-func (c *compiler) terms(g *Group, t networkingv1.PolicyType, policyNS string, r rule, p *corev1.Pod, remote bool) {
+func (c *compiler) terms(g *Group, t networkingv1.PolicyType, policyNS string, r rule, p *trim.Pod, remote bool) {
 	var peers *Addrs
 	if remote {
 		peers = c.judgedPeers(policyNS, r)
@@ -1074,7 +1076,7 @@ func (c *compiler) judgedPeers(policyNS string, r rule) *Addrs {
 	}
 	var b addrsBuilder
 	for _, a := range c.judged {
-		var h *corev1.Pod // peerAddrs matches selectors on single-held addresses only
+		var h *trim.Pod // peerAddrs matches selectors on single-held addresses only
 		if k, ok := c.find(a); ok && len(c.held[k].h) == 1 {
 			h = c.first(k)
 		}
@@ -1149,7 +1151,7 @@ func (c *compiler) candidates(policyNS string, r rule) []int32 {
 
 // peerMatches is the engine's peer loop for pod h (nil: no pod) at
 // address a.
-func (c *compiler) peerMatches(policyNS string, r rule, h *corev1.Pod, a netip.Addr) bool {
+func (c *compiler) peerMatches(policyNS string, r rule, h *trim.Pod, a netip.Addr) bool {
 	if len(r.peers) == 0 {
 		return true
 	}
@@ -1170,7 +1172,7 @@ func (c *compiler) peerMatches(policyNS string, r rule, h *corev1.Pod, a netip.A
 }
 
 // selectorsMatch tells whether one of r's selector peers selects pod h.
-func (c *compiler) selectorsMatch(policyNS string, r rule, h *corev1.Pod) bool {
+func (c *compiler) selectorsMatch(policyNS string, r rule, h *trim.Pod) bool {
 	for _, peer := range r.peers {
 		if peer.IPBlock == nil && (peer.NamespaceSelector != nil || peer.PodSelector != nil) && c.selectorMatch(peer, policyNS, h) {
 			return true
@@ -1181,7 +1183,7 @@ func (c *compiler) selectorsMatch(policyNS string, r rule, h *corev1.Pod) bool {
 
 // selectorMatch is the engine's evaluateSelectors: a selector that does
 // not parse matches every pod.
-func (c *compiler) selectorMatch(peer networkingv1.NetworkPolicyPeer, policyNS string, h *corev1.Pod) bool {
+func (c *compiler) selectorMatch(peer networkingv1.NetworkPolicyPeer, policyNS string, h *trim.Pod) bool {
 	if peer.PodSelector != nil {
 		sel, err := c.selector(peer.PodSelector)
 		if err != nil {
@@ -1268,7 +1270,7 @@ var protoNumbers = map[corev1.Protocol]uint8{corev1.ProtocolTCP: unix.IPPROTO_TC
 // ports is the engine's evaluatePorts as a set, named ports resolved on
 // pod on (nil: not resolved). A rule without ports matches every
 // protocol and port.
-func (c *compiler) ports(r rule, on *corev1.Pod) Ports {
+func (c *compiler) ports(r rule, on *trim.Pod) Ports {
 	if len(r.ports) == 0 {
 		return Ports{All: true}
 	}
@@ -1309,7 +1311,7 @@ func protocolOf(pp networkingv1.NetworkPolicyPort) corev1.Protocol {
 
 // namedPorts resolves pp's name on pod p as the engine does: its
 // containers' (not init containers') ports of that name and protocol.
-func namedPorts(p *corev1.Pod, pp networkingv1.NetworkPolicyPort) []protoPort {
+func namedPorts(p *trim.Pod, pp networkingv1.NetworkPolicyPort) []protoPort {
 	proto, ok := protoNumbers[protocolOf(pp)]
 	if !ok {
 		return nil

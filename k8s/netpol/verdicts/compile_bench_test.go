@@ -8,6 +8,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // benchInput is make bench's NetworkPolicy cluster: 100 policies select
@@ -22,7 +24,7 @@ func benchInput() Input {
 		if i >= 5 {
 			ns = fmt.Sprintf("fill%d", i%20)
 		}
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("p%d", i), Labels: map[string]string{"app": fmt.Sprintf("a%d", i%20), "peer": fmt.Sprintf("p%03d", i%100)}}}
+		p := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("p%d", i), Labels: map[string]string{"app": fmt.Sprintf("a%d", i%20), "peer": fmt.Sprintf("p%03d", i%100)}}}
 		p.Spec.NodeName = "node"
 		if i%10 != 0 {
 			p.Spec.NodeName = "other"
@@ -67,7 +69,7 @@ func largeInput() Input {
 		in.Namespaces = append(in.Namespaces, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("ns%d", n), Labels: map[string]string{"team": fmt.Sprintf("t%d", n%10)}}})
 	}
 	for i := range pods {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns%d", i%namespaces), Name: fmt.Sprintf("w%d-%d", i%40, i),
+		p := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns%d", i%namespaces), Name: fmt.Sprintf("w%d-%d", i%40, i),
 			Labels: map[string]string{"app": fmt.Sprintf("w%d", i%40), "tier": fmt.Sprintf("t%d", i%3)}}}
 		p.Spec.NodeName = fmt.Sprintf("node-%d", i%nodes)
 		p.Status.Phase = corev1.PodRunning
@@ -82,7 +84,7 @@ func largeInput() Input {
 		extra[key(p)] = append(extra[key(p)], ip)
 		holders[ip] = append(holders[ip], key(p))
 	}
-	in.ExtraPodIPs = func(p *corev1.Pod) []string { return extra[key(p)] }
+	in.ExtraPodIPs = func(p *trim.Pod) []string { return extra[key(p)] }
 	in.PodsForIP = func(ip string) []string { return holders[ip] }
 	for i := range policies {
 		in.Policies = append(in.Policies, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns%d", i%namespaces), Name: fmt.Sprintf("np%d", i)},

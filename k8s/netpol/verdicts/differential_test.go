@@ -20,6 +20,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/kube-network-policies/pkg/networkpolicy"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // seed is FLOCK_SEED, or fixed so `make test` is reproducible.
@@ -36,10 +38,46 @@ func seed(t *testing.T) uint64 {
 
 // world is a random cluster: what both the engine and the compiler read.
 type world struct {
-	in      Input
+	in Input
+	// whole, if set, are the pods the engine reads (in.Pods were made of
+	// them); else it reads in.Pods as corev1.Pods (trim.Pod.Core), as
+	// flock-policy's engine reads its cache.
+	whole   []*corev1.Pod
 	extra   map[string][]string // pod key → extra IPs
 	holders map[string][]string // extra IP → pod keys
 	addrs   []netip.Addr        // packet ends worth trying
+}
+
+// enginePods are the pods the engine reads of w.
+func (w *world) enginePods() []*corev1.Pod {
+	if w.whole != nil {
+		return w.whole
+	}
+	out := make([]*corev1.Pod, len(w.in.Pods))
+	for i, p := range w.in.Pods {
+		out[i] = p.Core()
+	}
+	return out
+}
+
+// engineExtraPodIPs is w's ExtraPodIPs in the engine's form
+// (Config.ExtraPodIPs takes a corev1.Pod); nil for none.
+func (w *world) engineExtraPodIPs() func(*corev1.Pod) []string {
+	f := w.in.ExtraPodIPs
+	if f == nil {
+		return nil
+	}
+	return func(p *corev1.Pod) []string { return f(asPod(p)) }
+}
+
+// asPod is p as a trim.Pod field for field, nothing dropped, shared or
+// interned (trim.NewPod, what the caches hold, does all three): the
+// worlds' odd names and maps stay as built, and nothing of p that a
+// trim.Pod can hold is lost.
+func asPod(p *corev1.Pod) *trim.Pod {
+	return &trim.Pod{ObjectMeta: p.ObjectMeta,
+		Spec:   trim.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork, Containers: p.Spec.Containers},
+		Status: trim.PodStatus{Phase: p.Status.Phase, PodIPs: p.Status.PodIPs}}
 }
 
 const localNode = "node-a"
@@ -105,13 +143,13 @@ func newWorld(r *rand.Rand) *world {
 		anycast = append(anycast, fmt.Sprintf("2001:db8:a::%x", i+1))
 	}
 	npods := 8 + r.IntN(14)
-	// Names as the cache holds them: most in one copy a name (trim.Pod),
+	// Names as the cache holds them: most in one copy a name (trim.NewPod),
 	// some in copies of their own, and one that starts where another
 	// name is ("ghost" inside "ghostly": the compiler tells namespaces by
 	// where their names are, and how long).
 	ghostly := strings.Clone("ghostly")
 	for i := range npods {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pick(r, nsNames), Name: fmt.Sprintf("pod%d", i), UID: types.UID(fmt.Sprintf("uid-%d", i)), Labels: randLabels(r)}}
+		p := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pick(r, nsNames), Name: fmt.Sprintf("pod%d", i), UID: types.UID(fmt.Sprintf("uid-%d", i)), Labels: randLabels(r)}}
 		switch r.IntN(10) {
 		case 0:
 			p.Namespace = strings.Clone(p.Namespace)
@@ -119,7 +157,7 @@ func newWorld(r *rand.Rand) *world {
 			p.Namespace = ghostly[:len(pick(r, []string{"ghost", "ghostly"}))]
 		}
 		if i > 0 && r.IntN(3) == 0 {
-			// The replicas of a workload share one labels map (trim.Pod),
+			// The replicas of a workload share one labels map (trim.NewPod),
 			// in their namespace or, as here too, in another.
 			p.Labels = w.in.Pods[r.IntN(len(w.in.Pods))].Labels
 		}
@@ -173,7 +211,7 @@ func newWorld(r *rand.Rand) *world {
 	if r.IntN(2) == 0 {
 		old := w.in.Pods[r.IntN(len(w.in.Pods))]
 		if !old.Spec.HostNetwork {
-			done := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns0", Name: "0done", UID: "uid-done", Labels: randLabels(r)}}
+			done := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns0", Name: "0done", UID: "uid-done", Labels: randLabels(r)}}
 			done.Spec.NodeName = localNode
 			done.Status.Phase = corev1.PodSucceeded
 			done.Status.PodIPs = old.Status.PodIPs
@@ -186,7 +224,7 @@ func newWorld(r *rand.Rand) *world {
 	for i := range 2 + r.IntN(8) {
 		w.in.Policies = append(w.in.Policies, randPolicy(r, i, nsNames))
 	}
-	w.in.ExtraPodIPs = func(p *corev1.Pod) []string { return w.extra[key(p)] }
+	w.in.ExtraPodIPs = func(p *trim.Pod) []string { return w.extra[key(p)] }
 	w.in.PodsForIP = func(ip string) []string { return w.holders[ip] }
 	return w
 }
@@ -261,12 +299,12 @@ func engine(t *testing.T, w *world) *networkpolicy.Controller {
 	pods, nss, nps := f.Core().V1().Pods(), f.Core().V1().Namespaces(), f.Networking().V1().NetworkPolicies()
 	ctrl, err := networkpolicy.NewController(client, nps, nss, pods, f.Core().V1().Nodes(), nil, nil, nil, networkpolicy.Config{
 		NodeName: w.in.Node, NRIdisabled: true,
-		ExtraPodIPs: w.in.ExtraPodIPs, PodsForIP: w.in.PodsForIP,
+		ExtraPodIPs: w.engineExtraPodIPs(), PodsForIP: w.in.PodsForIP,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range w.in.Pods {
+	for _, p := range w.enginePods() {
 		if err := pods.Informer().GetIndexer().Add(p); err != nil {
 			t.Fatal(err)
 		}

@@ -5,8 +5,9 @@ import (
 	"net/netip"
 	"slices"
 
-	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // Most of a large cluster's pod churn that a node's program follows at
@@ -29,17 +30,17 @@ import (
 // written as the compile keys them, and none with
 // container ports is a peer of a rule with named egress ports (those
 // resolve on each peer, in a list of their own).
-func (d *Deps) Dispatchable(l Live, old, cur *corev1.Pod) bool {
+func (d *Deps) Dispatchable(l Live, old, cur *trim.Pod) bool {
 	return d.Refusal(l, old, cur) == ""
 }
 
 // Refusal is why Dispatchable refuses a pod's change ("" if it does not),
 // in a word or two: what a large cluster's loads come from.
-func (d *Deps) Refusal(l Live, old, cur *corev1.Pod) string {
+func (d *Deps) Refusal(l Live, old, cur *trim.Pod) string {
 	if d == nil || d.c.in.Admin {
 		return "no-deps"
 	}
-	for _, p := range []*corev1.Pod{old, cur} {
+	for _, p := range []*trim.Pod{old, cur} {
 		if p == nil {
 			continue
 		}
@@ -50,9 +51,9 @@ func (d *Deps) Refusal(l Live, old, cur *corev1.Pod) string {
 	return ""
 }
 
-func (d *Deps) dispatchable(l Live, p *corev1.Pod) bool { return d.refusal(l, p) == "" }
+func (d *Deps) dispatchable(l Live, p *trim.Pod) bool { return d.refusal(l, p) == "" }
 
-func (d *Deps) refusal(l Live, p *corev1.Pod) string {
+func (d *Deps) refusal(l Live, p *trim.Pod) string {
 	if p.Spec.NodeName == l.Node || p.Spec.HostNetwork {
 		return "local-or-host-network"
 	}
@@ -88,7 +89,7 @@ func (d *Deps) refusal(l Live, p *corev1.Pod) string {
 
 // namedPeer: p has container ports and a rule of the judged addresses'
 // policies has named egress ports (Deps.peer, as conservatively).
-func (d *Deps) namedPeer(p *corev1.Pod) bool {
+func (d *Deps) namedPeer(p *trim.Pod) bool {
 	ports := false
 	for i := range p.Spec.Containers {
 		ports = ports || len(p.Spec.Containers[i].Ports) > 0
@@ -169,7 +170,7 @@ func (d *Deps) Dispatch(l Live, p *Program, groups map[string]int, a netip.Addr)
 // peersOf is the entry of a, held by h alone (nil: by none), with only
 // the sets of p's peers that hold it; false if the rules of one are not
 // known.
-func (d *Deps) peersOf(p *Program, h *corev1.Pod, a netip.Addr) (Entry, bool) {
+func (d *Deps) peersOf(p *Program, h *trim.Pod, a netip.Addr) (Entry, bool) {
 	var e Entry
 	for i, srcs := range p.peerFrom {
 		if srcs == nil {
@@ -188,7 +189,7 @@ func (d *Deps) peersOf(p *Program, h *corev1.Pod, a netip.Addr) (Entry, bool) {
 // holds is peerMatches for src's rule: a in one of its ipBlocks, or h
 // (nil: none) matching one of its selectors. The rules are those of the
 // judged addresses' policies, whose selectors the compile parsed.
-func (d *Deps) holds(src peerSource, h *corev1.Pod, a netip.Addr) bool {
+func (d *Deps) holds(src peerSource, h *trim.Pod, a netip.Addr) bool {
 	if _, ok := contains(src.blocks, a); ok {
 		return true
 	}

@@ -8,10 +8,10 @@ import (
 
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
-	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
@@ -81,7 +81,7 @@ func dispatchWorlds(r *rand.Rand, worlds int, h dispatchHooks) (changes, patches
 		dirty := map[netip.Addr]bool{}
 		var last string // the changes since the last patch
 		// change classifies a pod's change, the cluster being pods after it.
-		change := func(old, cur *corev1.Pod, pods []*corev1.Pod) {
+		change := func(old, cur *trim.Pod, pods []*trim.Pod) {
 			changes++
 			last += podString(old) + " → " + podString(cur) + "\n"
 			after := w.in
@@ -91,7 +91,7 @@ func dispatchWorlds(r *rand.Rand, worlds int, h dispatchHooks) (changes, patches
 			case Unchanged:
 			case Recompile:
 				if deps.Dispatchable(live, old, cur) {
-					for _, p := range []*corev1.Pod{old, cur} {
+					for _, p := range []*trim.Pod{old, cur} {
 						for _, ip := range podIPsOf(p) {
 							dirty[ip] = true
 						}
@@ -106,7 +106,7 @@ func dispatchWorlds(r *rand.Rand, worlds int, h dispatchHooks) (changes, patches
 			w.in = after
 		}
 		// patch patches the dirty entries against the cluster as pods.
-		patch := func(pods []*corev1.Pod) {
+		patch := func(pods []*trim.Pod) {
 			es := map[netip.Addr]Entry{}
 			groups := prog.GroupIndex()
 			ok := true
@@ -142,7 +142,7 @@ func dispatchWorlds(r *rand.Rand, worlds int, h dispatchHooks) (changes, patches
 			last = ""
 		}
 		// Most changes are elsewhere, as in a large cluster.
-		next := func() (old, cur *corev1.Pod, pods []*corev1.Pod) {
+		next := func() (old, cur *trim.Pod, pods []*trim.Pod) {
 			old, cur, pods = randPodChange(r, w)
 			for try := 0; try < 4 && (old == nil || old.Spec.NodeName == localNode) && (cur == nil || cur.Spec.NodeName == localNode); try++ {
 				old, cur, pods = randPodChange(r, w)
@@ -197,9 +197,9 @@ func narrowPeers(w *world) {
 }
 
 // liveAfter is what Classify reads of w's cluster once its pods are pods.
-func liveAfter(w *world, pods []*corev1.Pod) Live {
-	holders := func(ip string) []*corev1.Pod {
-		var out []*corev1.Pod
+func liveAfter(w *world, pods []*trim.Pod) Live {
+	holders := func(ip string) []*trim.Pod {
+		var out []*trim.Pod
 		for _, p := range pods {
 			if p.Spec.HostNetwork {
 				continue
@@ -213,7 +213,7 @@ func liveAfter(w *world, pods []*corev1.Pod) Live {
 		return out
 	}
 	local := func(ip string) bool {
-		for _, set := range [][]*corev1.Pod{w.in.Pods, pods} {
+		for _, set := range [][]*trim.Pod{w.in.Pods, pods} {
 			for _, p := range set {
 				for _, pip := range p.Status.PodIPs {
 					if p.Spec.NodeName == localNode && pip.IP == ip {
@@ -228,8 +228,8 @@ func liveAfter(w *world, pods []*corev1.Pod) Live {
 }
 
 // podOf finds a pod of pods by key.
-func podOf(pods []*corev1.Pod) func(string) *corev1.Pod {
-	return func(k string) *corev1.Pod {
+func podOf(pods []*trim.Pod) func(string) *trim.Pod {
+	return func(k string) *trim.Pod {
 		for _, p := range pods {
 			if key(p) == k {
 				return p
@@ -240,7 +240,7 @@ func podOf(pods []*corev1.Pod) func(string) *corev1.Pod {
 }
 
 // podIPsOf are p's status IPs that parse (none for nil).
-func podIPsOf(p *corev1.Pod) []netip.Addr {
+func podIPsOf(p *trim.Pod) []netip.Addr {
 	if p == nil {
 		return nil
 	}

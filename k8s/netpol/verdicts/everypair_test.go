@@ -9,7 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
-	corev1 "k8s.io/api/core/v1"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // TestDifferentialEveryPair: random worlds (newWorld), with the extra IPs
@@ -47,7 +48,7 @@ func TestDifferentialEveryPair(t *testing.T) {
 			holders[v4(ip)] = ks
 		}
 		w.extra, w.holders = extra, holders
-		w.in.ExtraPodIPs = func(p *corev1.Pod) []string { return w.extra[key(p)] }
+		w.in.ExtraPodIPs = func(p *trim.Pod) []string { return w.extra[key(p)] }
 		w.in.PodsForIP = func(ip string) []string { return w.holders[ip] }
 		for _, ip := range twin {
 			w.addrs = append(w.addrs, netip.MustParseAddr(ip))

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // ClassifyExtra is sound: a change of the extra IPs' holders it calls
@@ -65,9 +65,9 @@ func TestClassifyExtraIsSound(t *testing.T) {
 
 // randExtraChange gives one of w's pods an extra IP, or takes one it
 // holds, returning the world after, the IP and the pod.
-func randExtraChange(r *rand.Rand, w *world) (*world, string, *corev1.Pod) {
+func randExtraChange(r *rand.Rand, w *world) (*world, string, *trim.Pod) {
 	after := &world{in: w.in, extra: maps.Clone(w.extra), holders: maps.Clone(w.holders), addrs: w.addrs}
-	after.in.ExtraPodIPs = func(p *corev1.Pod) []string { return after.extra[key(p)] }
+	after.in.ExtraPodIPs = func(p *trim.Pod) []string { return after.extra[key(p)] }
 	after.in.PodsForIP = func(ip string) []string { return after.holders[ip] }
 	p := pick(r, w.in.Pods)
 	k := key(p)

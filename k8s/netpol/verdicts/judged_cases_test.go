@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // Hand-made worlds the random corpus never builds (from the review of the
@@ -18,8 +20,8 @@ import (
 // IP judged, held by no pod) met by a remote pod's policies; an address
 // held (PodsForIP) by no known pod.
 func TestJudgedAddressCases(t *testing.T) {
-	mk := func(name, node string, l map[string]string, hostNet bool, ips ...string) *corev1.Pod {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns0", Name: name, Labels: l}}
+	mk := func(name, node string, l map[string]string, hostNet bool, ips ...string) *trim.Pod {
+		p := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns0", Name: name, Labels: l}}
 		p.Spec.NodeName, p.Spec.HostNetwork = node, hostNet
 		p.Status.Phase = corev1.PodRunning
 		for _, ip := range ips {
@@ -45,9 +47,9 @@ func TestJudgedAddressCases(t *testing.T) {
 				{To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "192.0.2.0/24"}}}}},
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "192.0.2.1/32"}}, {PodSelector: sel("app", "l")}}}}}},
 	}
-	w := &world{in: Input{Node: localNode, Pods: []*corev1.Pod{L, H, R, S},
+	w := &world{in: Input{Node: localNode, Pods: []*trim.Pod{L, H, R, S},
 		Namespaces: []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "ns0"}}}, Policies: pol,
-		ExtraPodIPs: func(p *corev1.Pod) []string { return extra[key(p)] },
+		ExtraPodIPs: func(p *trim.Pod) []string { return extra[key(p)] },
 		PodsForIP:   func(ip string) []string { return holders[ip] }}}
 	ctrl := engine(t, w)
 	prog := Compile(w.in)

@@ -9,6 +9,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // The program does not depend on the order the pods are listed in (a
@@ -26,7 +28,7 @@ func TestCompileIgnoresThePodsOrder(t *testing.T) {
 			if held.Spec.HostNetwork {
 				continue
 			}
-			twin := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pick(r, []string{"ns0", "ns1", "ns2"}), Name: fmt.Sprintf("twin%d", j), Labels: randLabels(r)}}
+			twin := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: pick(r, []string{"ns0", "ns1", "ns2"}), Name: fmt.Sprintf("twin%d", j), Labels: randLabels(r)}}
 			twin.Spec.NodeName = pick(r, []string{"node-a", "node-b"})
 			twin.Status.Phase = corev1.PodRunning
 			twin.Status.PodIPs = held.Status.PodIPs

@@ -11,6 +11,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // Rules with the same peers share one set: two peer lists whose String()
@@ -20,8 +22,8 @@ import (
 // every pod. role In ["x","y"] parses. (Found by review: keyed by
 // String(), port 443 from role=z passed b-strict.)
 func TestPeersKeyUnambiguous(t *testing.T) {
-	pod := func(name, ip string, l map[string]string) *corev1.Pod {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns0", Name: name, Labels: l}}
+	pod := func(name, ip string, l map[string]string) *trim.Pod {
+		p := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns0", Name: name, Labels: l}}
 		p.Spec.NodeName = localNode
 		p.Status.Phase = corev1.PodRunning
 		p.Status.PodIPs = []corev1.PodIP{{IP: ip}}
@@ -44,7 +46,7 @@ func TestPeersKeyUnambiguous(t *testing.T) {
 	}
 	legacy, strict := np("a-legacy", 80, peer("x y")), np("b-strict", 443, peer("x", "y"))
 
-	w := &world{in: Input{Node: localNode, Pods: []*corev1.Pod{server, other},
+	w := &world{in: Input{Node: localNode, Pods: []*trim.Pod{server, other},
 		Namespaces: []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "ns0"}}},
 		Policies:   []*networkingv1.NetworkPolicy{legacy, strict}}}
 	ctrl := engine(t, w)

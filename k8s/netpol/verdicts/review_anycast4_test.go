@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"github.com/google/nftables"
-	corev1 "k8s.io/api/core/v1"
 	"math/rand/v2"
 	"net"
 	"net/netip"
 	"testing"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
@@ -44,7 +44,7 @@ func TestReviewKernelDifferentialV4Anycast(t *testing.T) {
 			holders[v4(ip)] = ks
 		}
 		w.extra, w.holders = extra, holders
-		w.in.ExtraPodIPs = func(p *corev1Pod) []string { return w.extra[key(p)] }
+		w.in.ExtraPodIPs = func(p *trim.Pod) []string { return w.extra[key(p)] }
 		w.in.PodsForIP = func(ip string) []string { return w.holders[ip] }
 		for _, ip := range m {
 			w.addrs = append(w.addrs, mustAddr(ip))
@@ -81,8 +81,6 @@ func TestReviewKernelDifferentialV4Anycast(t *testing.T) {
 	}
 	t.Logf("%d dropped", dropped)
 }
-
-type corev1Pod = corev1.Pod
 
 func mustAddr(s string) netip.Addr { return netip.MustParseAddr(s) }
 

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
@@ -53,7 +54,7 @@ func TestReviewAnycastChainName(t *testing.T) {
 	n := 90
 	in := Input{Node: localNode}
 	in.Namespaces = []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "dns"}}}
-	client := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "dns", Name: "client", Labels: map[string]string{"role": "client"}}}
+	client := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "dns", Name: "client", Labels: map[string]string{"role": "client"}}}
 	client.Spec.NodeName = localNode
 	client.Status.Phase = corev1.PodRunning
 	client.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::1"}}
@@ -61,7 +62,7 @@ func TestReviewAnycastChainName(t *testing.T) {
 	holders := map[string][]string{}
 	extra := map[string][]string{}
 	for i := range n {
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "dns", Name: fmt.Sprintf("ds-%d", i), Labels: map[string]string{"role": "server"}}}
+		p := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "dns", Name: fmt.Sprintf("ds-%d", i), Labels: map[string]string{"role": "server"}}}
 		p.Spec.NodeName = fmt.Sprintf("node-%d", i)
 		p.Spec.Containers = []corev1.Container{{Ports: []corev1.ContainerPort{{Name: "dns-tcp", ContainerPort: 53, Protocol: tcp}}}}
 		p.Status.Phase = corev1.PodRunning
@@ -70,7 +71,7 @@ func TestReviewAnycastChainName(t *testing.T) {
 		holders[anycast] = append(holders[anycast], key(p))
 		extra[key(p)] = []string{anycast}
 	}
-	in.ExtraPodIPs = func(p *corev1.Pod) []string { return extra[key(p)] }
+	in.ExtraPodIPs = func(p *trim.Pod) []string { return extra[key(p)] }
 	in.PodsForIP = func(ip string) []string { return holders[ip] }
 	port := intstr.FromString("dns-tcp")
 	in.Policies = []*networkingv1.NetworkPolicy{

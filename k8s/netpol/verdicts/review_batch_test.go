@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
@@ -24,12 +25,12 @@ func TestReviewManyGroupsLoad(t *testing.T) {
 	for _, n := range []int{100, 300, 600} {
 		in := Input{Node: localNode}
 		in.Namespaces = []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "web"}}}
-		local := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "local", Labels: map[string]string{"role": "client"}}}
+		local := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: "local", Labels: map[string]string{"role": "client"}}}
 		local.Spec.NodeName = localNode
 		local.Status.PodIPs = []corev1.PodIP{{IP: "10.20.0.1"}}
 		in.Pods = append(in.Pods, local)
 		for i := range n {
-			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: fmt.Sprintf("srv%d", i), Labels: map[string]string{"role": "server"}}}
+			p := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "web", Name: fmt.Sprintf("srv%d", i), Labels: map[string]string{"role": "server"}}}
 			p.Spec.NodeName = "node-b"
 			p.Spec.Containers = []corev1.Container{{Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: tcp}}}}
 			p.Status.Phase = corev1.PodRunning

@@ -15,6 +15,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
@@ -84,11 +85,11 @@ func TestReviewDNSToNodeNotJudged(t *testing.T) {
 
 	in := Input{Node: localNode}
 	in.Namespaces = []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}}
-	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "client", Labels: map[string]string{"app": "client"}}}
+	pod := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "client", Labels: map[string]string{"app": "client"}}}
 	pod.Spec.NodeName = localNode
 	pod.Status.Phase = corev1.PodRunning
 	pod.Status.PodIPs = []corev1.PodIP{{IP: "10.9.0.2"}}
-	in.Pods = []*corev1.Pod{pod}
+	in.Pods = []*trim.Pod{pod}
 	in.Policies = []*networkingv1.NetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "deny-egress", UID: "u"},
 		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}}}}
 

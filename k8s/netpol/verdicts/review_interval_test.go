@@ -11,6 +11,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
@@ -34,11 +35,11 @@ func TestReviewIntervalBorders(t *testing.T) {
 		w := &world{}
 		w.in.Node = localNode
 		w.in.Namespaces = []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}}
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "srv"}}
+		pod := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "srv"}}
 		pod.Spec.NodeName = localNode
 		pod.Status.Phase = corev1.PodRunning
 		pod.Status.PodIPs = []corev1.PodIP{{IP: "198.51.100.1"}, {IP: "fd00:10::1"}}
-		w.in.Pods = []*corev1.Pod{pod}
+		w.in.Pods = []*trim.Pod{pod}
 		w.in.Policies = []*networkingv1.NetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Namespace: "a", Name: "np", UID: "u"},
 			Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: c.cidr, Except: c.except}}}}}}}}

@@ -12,6 +12,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/verdicts/probe"
 )
 
@@ -58,7 +59,7 @@ func reviewBigCluster(n int, v4 bool) (Input, []netip.Addr) {
 	in := Input{Node: localNode}
 	in.Namespaces = []*corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: "big"}}}
 	var remote []netip.Addr
-	local := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "big", Name: "local", Labels: map[string]string{"role": "client"}}}
+	local := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "big", Name: "local", Labels: map[string]string{"role": "client"}}}
 	local.Spec.NodeName = localNode
 	local.Status.Phase = corev1.PodRunning
 	local.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::1"}}
@@ -72,7 +73,7 @@ func reviewBigCluster(n int, v4 bool) (Input, []netip.Addr) {
 		if v4 {
 			a = netip.MustParseAddr(fmt.Sprintf("10.%d.%d.1", 30+i/250, i%250))
 		}
-		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "big", Name: fmt.Sprintf("srv%d", i), Labels: map[string]string{"role": "server"}}}
+		p := &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "big", Name: fmt.Sprintf("srv%d", i), Labels: map[string]string{"role": "server"}}}
 		p.Spec.NodeName = "node-b"
 		p.Status.Phase = corev1.PodRunning
 		p.Status.PodIPs = []corev1.PodIP{{IP: a.String()}}

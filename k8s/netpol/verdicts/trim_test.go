@@ -20,8 +20,8 @@ import (
 // add besides what is read. The readers must ignore all of it, and the
 // trim drops it. Init containers get ports of the names policies use
 // (the engine reads spec.containers only).
-func bulky(r *rand.Rand, p *corev1.Pod) *corev1.Pod {
-	p = p.DeepCopy()
+func bulky(r *rand.Rand, tp *trim.Pod) *corev1.Pod {
+	p := tp.Core().DeepCopy()
 	if p.Annotations == nil {
 		p.Annotations = map[string]string{}
 	}
@@ -50,14 +50,22 @@ func bulky(r *rand.Rand, p *corev1.Pod) *corev1.Pod {
 }
 
 // trimmedIn is in as flock-policy's caches hold it (trim.Transform),
-// and the bulky form it was trimmed from.
-func trimmedIn(r *rand.Rand, in Input) (bulk, trimmed Input) {
+// and the bulky form it was trimmed from: whole are the bulky pods, and
+// bulk's pods are them as whole as a trim.Pod holds them (asPod: all
+// their containers, the sidecar without ports too, and all their
+// metadata), for the compiler, which reads trim.Pods only.
+func trimmedIn(r *rand.Rand, in Input) (bulk, trimmed Input, whole []*corev1.Pod) {
 	bulk, trimmed = in, in
 	bulk.Pods, trimmed.Pods = nil, nil
 	for _, p := range in.Pods {
 		b := bulky(r, p)
-		bulk.Pods = append(bulk.Pods, b)
-		trimmed.Pods = append(trimmed.Pods, trim.Pod(b))
+		whole = append(whole, b)
+		bulk.Pods = append(bulk.Pods, asPod(b))
+		tp, err := trim.Transform(b)
+		if err != nil {
+			panic(err)
+		}
+		trimmed.Pods = append(trimmed.Pods, tp.(*trim.Pod))
 	}
 	bulk.Namespaces, trimmed.Namespaces = nil, nil
 	for _, n := range in.Namespaces {
@@ -67,7 +75,7 @@ func trimmedIn(r *rand.Rand, in Input) (bulk, trimmed Input) {
 		bulk.Namespaces = append(bulk.Namespaces, b)
 		trimmed.Namespaces = append(trimmed.Namespaces, trim.Namespace(b))
 	}
-	return bulk, trimmed
+	return bulk, trimmed, whole
 }
 
 // TestDifferentialTrimmed: flock-policy's caches hold trimmed objects
@@ -85,18 +93,18 @@ func TestDifferentialTrimmed(t *testing.T) {
 	r := rand.New(rand.NewPCG(s, 0x7472696d))
 	verdicts := map[bool]int{}
 	// Each field the compiler reads, dropped: the corpus must notice each.
-	without := map[string]func(*corev1.Pod){
-		"labels":      func(p *corev1.Pod) { p.Labels = nil },
-		"nodeName":    func(p *corev1.Pod) { p.Spec.NodeName = "" },
-		"hostNetwork": func(p *corev1.Pod) { p.Spec.HostNetwork = false },
-		"ports":       func(p *corev1.Pod) { p.Spec.Containers = nil },
-		"phase":       func(p *corev1.Pod) { p.Status.Phase = "" },
-		"podIPs":      func(p *corev1.Pod) { p.Status.PodIPs = nil },
+	without := map[string]func(*trim.Pod){
+		"labels":      func(p *trim.Pod) { p.Labels = nil },
+		"nodeName":    func(p *trim.Pod) { p.Spec.NodeName = "" },
+		"hostNetwork": func(p *trim.Pod) { p.Spec.HostNetwork = false },
+		"ports":       func(p *trim.Pod) { p.Spec.Containers = nil },
+		"phase":       func(p *trim.Pod) { p.Status.Phase = "" },
+		"podIPs":      func(p *trim.Pod) { p.Status.PodIPs = nil },
 	}
 	noticed := map[string]int{}
 	for wi := range worlds {
 		w := newWorld(r)
-		bulk, trimmed := trimmedIn(r, w.in)
+		bulk, trimmed, _ := trimmedIn(r, w.in)
 		prog := Compile(bulk)
 		if got := Compile(trimmed); !reflect.DeepEqual(got, prog) {
 			t.Fatalf("world %d (FLOCK_SEED=%d): compiled from trimmed objects, the program differs\n%s", wi, s, describe(w))
@@ -105,7 +113,7 @@ func TestDifferentialTrimmed(t *testing.T) {
 			cut := trimmed
 			cut.Pods = nil
 			for _, p := range trimmed.Pods {
-				q := p.DeepCopy()
+				q := p.DeepCopyObject().(*trim.Pod)
 				drop(q)
 				cut.Pods = append(cut.Pods, q)
 			}
@@ -173,9 +181,10 @@ func TestDifferentialAdminTrimmed(t *testing.T) {
 	count := map[bool]int{}
 	for wi := range worlds {
 		w := newAdminWorld(r)
-		bulk, trimmed := trimmedIn(r, w.in)
+		bulk, trimmed, bulkPods := trimmedIn(r, w.in)
 		bworld, tworld := *w.world, *w.world
 		bworld.in, tworld.in = bulk, trimmed
+		bworld.whole, tworld.whole = bulkPods, nil
 		bw, tw := *w, *w
 		bw.world, tw.world = &bworld, &tworld
 		bw.nodes, tw.nodes = nil, nil
