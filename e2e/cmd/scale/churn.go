@@ -120,10 +120,13 @@ func (f *filler) churn(ctx context.Context, m *model, r churnRates, seed uint64)
 	// reused one every 10 s, held twice by two pods whenever deletes
 	// lagged (the API server saturated): no IPAM does that, and an
 	// address held twice costs flock-policy a compile.
-	free := make(chan int, spare)
-	for i := range spare {
-		free <- i
-	}
+	f.churnOnce.Do(func() {
+		f.churnFree = make(chan int, spare)
+		for i := range spare {
+			f.churnFree <- i
+		}
+	})
+	free := f.churnFree
 	// A pod's worker lives as long as the pod (churnLifetime): enough of
 	// them for every pod alive at once.
 	goPaced(r.pods, int(r.pods*(churnLifetime.Seconds()+5))+16, func(ctx context.Context, n int) (rerr error) {
@@ -157,6 +160,8 @@ func (f *filler) churn(ctx context.Context, m *model, r churnRates, seed uint64)
 				}
 				return err
 			}); err != nil {
+				// Logged too: after the window paced counts no error.
+				logf("churn: pod %s/%s not deleted, its address %s held from now on: %v", p.Namespace, p.Name, v4, err)
 				if rerr == nil {
 					rerr = fmt.Errorf("delete churn pod %s: %w", p.Name, err)
 				}

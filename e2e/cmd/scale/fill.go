@@ -38,6 +38,11 @@ type filler struct {
 	famMu    sync.Mutex
 	families map[int][]corev1.IPFamily
 	objects  atomic.Int64 // objects written (creates and status writes)
+	// churnFree are the IPv4 offsets the churn may hand out (churn):
+	// one list for every size, since the sizes share the API server, and
+	// a pod whose delete failed holds its address into the next size.
+	churnOnce sync.Once
+	churnFree chan int
 }
 
 // parallel runs f(i) for i in [from, to) from w workers; the first error
