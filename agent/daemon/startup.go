@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -87,6 +89,14 @@ func startup(ctx context.Context, r recovery) error {
 type daemonStartup struct {
 	d *daemon
 	g *errgroup.Group
+	// took is how long the steps before serving took, for the "serving"
+	// line: what a slow start waited for.
+	took []any
+}
+
+// timed notes the time since t0 as step's.
+func (s *daemonStartup) timed(step string, t0 time.Time) {
+	s.took = append(s.took, step, time.Since(t0).Round(time.Millisecond).String())
 }
 
 func (s *daemonStartup) start(ctx context.Context, p phase) { s.d.components.start(ctx, s.g, p) }
@@ -95,12 +105,16 @@ func (s *daemonStartup) sync(ctx context.Context) error {
 	if s.d.kube == nil {
 		return nil
 	}
+	defer s.timed("listed", time.Now())
 	return s.d.kube.factory.WaitForSync(ctx)
 }
 
 func (s *daemonStartup) authorize() { s.d.applyPools() }
 
-func (s *daemonStartup) restore(ctx context.Context) error { return s.d.agent.Restore(ctx) }
+func (s *daemonStartup) restore(ctx context.Context) error {
+	defer s.timed("restored", time.Now())
+	return s.d.agent.Restore(ctx)
+}
 
 func (s *daemonStartup) hold() func() {
 	s.d.startMu.Lock()
@@ -108,6 +122,7 @@ func (s *daemonStartup) hold() func() {
 }
 
 func (s *daemonStartup) originate(ctx context.Context) {
+	defer s.timed("originated", time.Now())
 	if err := s.d.bgpLoop.Pass(ctx, true); err != nil {
 		s.d.log.Error("bgp: initial sync; the reconciler retries", "err", err)
 	}
@@ -127,5 +142,6 @@ func (s *daemonStartup) serve() {
 	asn, peers := d.spec.ASN, len(d.spec.BGP.Peers)
 	d.mu.Unlock()
 	d.log.Info("serving", "cni-socket", d.o.CNISocket, "admin-socket", d.o.AdminSocket, "metrics", d.o.MetricsAddress,
-		"state-dir", d.o.StateDir, "node", d.nodeName, "asn", asn, "peers", peers, "kubernetes", d.o.Kubernetes)
+		"state-dir", d.o.StateDir, "node", d.nodeName, "asn", asn, "peers", peers, "kubernetes", d.o.Kubernetes,
+		slog.Group("took", s.took...))
 }
