@@ -84,7 +84,7 @@ func TestRelayAgainstTheAPIServer(t *testing.T) {
 	mkPod := func(name string, i int) {
 		t.Helper()
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: map[string]string{"app": fmt.Sprintf("a%d", i%3)}},
-			Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "registry.example/app:1",
+			Spec: corev1.PodSpec{NodeName: fmt.Sprintf("n%d", 1+i%2), Containers: []corev1.Container{{Name: "c", Image: "registry.example/app:1",
 				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}}}
 		if _, err := cs.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create pod %s: %v", name, err)
@@ -137,7 +137,7 @@ func TestRelayAgainstTheAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := &relay.PodSource{API: nobodyPods(t, cfg), Directory: cs.CoreV1().ConfigMaps(ns), Node: "n1", TokenFile: tokenFile, Log: slog.Default()}
-	inf := kubeclient.NewInformer(src, &corev1.Pod{}, nil)
+	inf := kubeclient.NewInformer(src, &trim.Pod{}, nil)
 	if err := inf.SetTransform(trim.Transform); err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,14 @@ func TestRelayAgainstTheAPIServer(t *testing.T) {
 		for i := range list.Items {
 			w := trim.NewPod(&list.Items[i])
 			g := got[w.Namespace+"/"+w.Name]
-			if g == nil || !trim.Unchanged(w, g) {
+			if g == nil {
+				return false, fmt.Sprintf("%s/%s missing", w.Namespace, w.Name)
+			}
+			// The node (n1) is sent the UIDs of its own pods alone.
+			if own := w.Spec.NodeName == "n1"; (g.UID != "") != own {
+				return false, fmt.Sprintf("%s/%s on %s: held with UID %q", w.Namespace, w.Name, w.Spec.NodeName, g.UID)
+			}
+			if c := *g; !trim.Unchanged(w, func() *trim.Pod { c.UID = w.UID; return &c }()) {
 				return false, fmt.Sprintf("%s/%s: held %+v, want %+v", w.Namespace, w.Name, g, w)
 			}
 		}

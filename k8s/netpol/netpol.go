@@ -125,7 +125,9 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 		// tracker's) reads the relays: registered first, it is the one
 		// the factory hands out.
 		factory.InformerFor(&corev1.Pod{}, func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
-			return kubeclient.NewInformer(cfg.Pods, &corev1.Pod{}, nil)
+			// Its watches' pods are *trim.Pod (k8s/relay.PodSource
+			// decodes them so); its lists' are trimmed by the transform.
+			return kubeclient.NewInformer(cfg.Pods, &trim.Pod{}, nil)
 		})
 	}
 	var (

@@ -41,13 +41,44 @@ var errRelist = errors.New("relay: the API server's pods were listed again (even
 // entry is a pod the relay holds.
 type entry struct {
 	pod *trim.Pod
-	raw []byte // encoded, as list items and initial events carry it
+	raw []byte // encoded for every node (forNodes), as list items and initial events carry it
 }
 
 // event is a change watchers are sent.
 type event struct {
 	rv    uint64
-	frame []byte
+	frame []byte // for every node
+	// own: frame lacks what the pod's node reads (its UID): a watcher
+	// on that node is sent t of pod encoded for it.
+	own bool
+	t   watch.EventType
+	pod *trim.Pod // if own
+}
+
+// forNodes is p as every node is sent it, and whether that lacks what
+// p's own node reads: the UID, which a node reads only of its own pods
+// and of pods with `addresses` (their AddressClaims name them by it).
+// A UID is random: after compression it was half the bytes of a pod's
+// event, which every node is sent.
+func forNodes(p *trim.Pod) (*corev1.Pod, bool) {
+	c := p.Core()
+	if _, named := p.Annotations[trim.AddressesAnnotation]; named || c.UID == "" {
+		return c, false
+	}
+	c.UID = ""
+	return c, true
+}
+
+// forNode is p encoded as node is sent it, given raw, its encoding for
+// every node.
+func forNode(p *trim.Pod, node string, raw []byte) ([]byte, error) {
+	if node == "" || p.Spec.NodeName != node {
+		return raw, nil
+	}
+	if _, own := forNodes(p); !own {
+		return raw, nil
+	}
+	return encodePod(p.Core())
 }
 
 // Cache holds the pods and the recent changes, in order. Feed it with
@@ -133,33 +164,33 @@ func (c *Cache) relisting() {
 
 // prepare is obj as the cache keeps it (trimmed: the informer's
 // transform did it already, and a whole pod is trimmed here), its
-// resource version and its encoding, outside the lock; not ok if obj is
-// no pod, or if the cache failed on it.
-func (c *Cache) prepare(obj any) (*trim.Pod, uint64, []byte, bool) {
-	var p *trim.Pod
+// resource version, its encoding for every node and whether its own node
+// is sent another (forNodes), outside the lock; not ok if obj is no pod,
+// or if the cache failed on it.
+func (c *Cache) prepare(obj any) (p *trim.Pod, rv uint64, raw []byte, own bool, ok bool) {
 	switch o := obj.(type) {
 	case *trim.Pod:
 		p = o
 	case *corev1.Pod:
 		p = trim.NewPod(o)
 	default:
-		return nil, 0, nil, false
+		return nil, 0, nil, false, false
 	}
 	rv, err := parseRV(p.ResourceVersion)
 	if err != nil {
 		c.fail(err)
-		return nil, 0, nil, false
+		return nil, 0, nil, false, false
 	}
-	raw, err := encodePod(p.Core())
-	if err != nil {
+	all, own := forNodes(p)
+	if raw, err = encodePod(all); err != nil {
 		c.fail(err)
-		return nil, 0, nil, false
+		return nil, 0, nil, false, false
 	}
-	return p, rv, raw, true
+	return p, rv, raw, own, true
 }
 
 func (c *Cache) put(obj, old any) {
-	p, rv, raw, ok := c.prepare(obj)
+	p, rv, raw, own, ok := c.prepare(obj)
 	if !ok {
 		return
 	}
@@ -178,7 +209,7 @@ func (c *Cache) put(obj, old any) {
 	if had {
 		t = watch.Modified
 	}
-	c.appendLocked(rv, t, raw)
+	c.appendLocked(event{rv: rv, t: t, own: own}, p, raw)
 }
 
 func (c *Cache) delete(obj any) {
@@ -195,7 +226,7 @@ func (c *Cache) delete(obj any) {
 		}
 		return
 	}
-	p, rv, raw, ok := c.prepare(obj)
+	p, rv, raw, own, ok := c.prepare(obj)
 	if !ok {
 		return
 	}
@@ -203,7 +234,7 @@ func (c *Cache) delete(obj any) {
 	defer c.mu.Unlock()
 	delete(c.pods, p.Namespace+"/"+p.Name)
 	if c.advanceLocked(rv) {
-		c.appendLocked(rv, watch.Deleted, raw)
+		c.appendLocked(event{rv: rv, t: watch.Deleted, own: own}, p, raw)
 	}
 }
 
@@ -227,11 +258,28 @@ func (c *Cache) advanceLocked(rv uint64) bool {
 	return true
 }
 
-func (c *Cache) appendLocked(rv uint64, t watch.EventType, raw []byte) {
-	f, err := frame(t, raw)
+// forNode is ev's frame as node is sent it.
+func (ev *event) forNode(node string) ([]byte, error) {
+	if !ev.own || node == "" || ev.pod.Spec.NodeName != node {
+		return ev.frame, nil
+	}
+	raw, err := encodePod(ev.pod.Core())
+	if err != nil {
+		return nil, err
+	}
+	return frame(ev.t, raw)
+}
+
+// appendLocked appends ev, a change of p: its frame made of raw.
+func (c *Cache) appendLocked(ev event, p *trim.Pod, raw []byte) {
+	f, err := frame(ev.t, raw)
 	if err != nil {
 		c.failLocked(err)
 		return
+	}
+	ev.frame = f
+	if ev.own {
+		ev.pod = p // kept only to be encoded for its node
 	}
 	if len(c.ring) == c.max {
 		// The oldest goes: a watch from before it can no longer resume.
@@ -240,7 +288,7 @@ func (c *Cache) appendLocked(rv uint64, t watch.EventType, raw []byte) {
 		c.ring = c.ring[1:]
 		c.seq++
 	}
-	c.ring = append(c.ring, event{rv: rv, frame: f})
+	c.ring = append(c.ring, ev)
 	c.notifyLocked()
 }
 

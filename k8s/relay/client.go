@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"net"
+	"net/http"
 	"slices"
 	"strconv"
 	"sync"
@@ -19,6 +20,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // Audience is what a node's token for the relays is made for (a projected
@@ -51,13 +54,15 @@ type PodSource struct {
 	seen    uint64 // the newest resource version given to the informer
 	read    time.Time
 	relays  []relayClient
-	clients map[Entry]corev1client.PodInterface
+	clients map[Entry]relayClient
 	using   string // what the last answer came from, for the log
 }
 
+// relayClient is a relay's pods: listed as corev1.Pods, watched as
+// *trim.Pod (decoded straight into them: trimming).
 type relayClient struct {
-	name string
-	pods corev1client.PodInterface
+	name        string
+	pods, watch corev1client.PodInterface
 }
 
 // IsWatchListSemanticsUnSupported tells client-go's reflector whether
@@ -66,7 +71,7 @@ func (s *PodSource) IsWatchListSemanticsUnSupported() bool { return s.NoWatchLis
 
 // List lists from the first relay that answers, else the API server.
 func (s *PodSource) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
-	l, err := try(ctx, s, s.notBehind(opts), opts, func(p corev1client.PodInterface, o metav1.ListOptions) (*corev1.PodList, error) {
+	l, err := try(ctx, s, s.notBehind(opts), opts, false, func(p corev1client.PodInterface, o metav1.ListOptions) (*corev1.PodList, error) {
 		return p.List(ctx, o)
 	})
 	if err == nil {
@@ -76,12 +81,14 @@ func (s *PodSource) List(ctx context.Context, opts metav1.ListOptions) (*corev1.
 }
 
 // Watch watches from the first relay that answers, else the API server.
+// Its events' pods are *trim.Pod, whatever they came from: the
+// informer's expected type (an informer drops events of another).
 func (s *PodSource) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	relayOpts := opts
 	if opts.SendInitialEvents != nil && *opts.SendInitialEvents {
 		relayOpts = s.notBehind(opts) // a watch-list: a list through a watch
 	}
-	w, err := try(ctx, s, relayOpts, opts, func(p corev1client.PodInterface, o metav1.ListOptions) (watch.Interface, error) {
+	w, err := try(ctx, s, relayOpts, opts, true, func(p corev1client.PodInterface, o metav1.ListOptions) (watch.Interface, error) {
 		return p.Watch(ctx, o)
 	})
 	if err != nil {
@@ -90,12 +97,16 @@ func (s *PodSource) Watch(ctx context.Context, opts metav1.ListOptions) (watch.I
 	return s.recording(w), nil
 }
 
-// recording passes w's events on, and records the resource version of
-// each one the informer takes (bookmarks too).
+// recording passes w's events on, their pods as *trim.Pod (the API
+// server's are decoded as corev1.Pods), and records the resource version
+// of each one the informer takes (bookmarks too).
 func (s *PodSource) recording(w watch.Interface) watch.Interface {
-	return passing(w, func(e watch.Event) func() {
+	return passing(w, func(e *watch.Event) func() {
 		if e.Type == watch.Error {
 			return nil
+		}
+		if p, ok := e.Object.(*corev1.Pod); ok {
+			e.Object = trim.NewPod(p)
 		}
 		m, err := meta.Accessor(e.Object)
 		if err != nil {
@@ -112,12 +123,12 @@ func (s *PodSource) recording(w watch.Interface) watch.Interface {
 // the reader has it. Unlike watch.Filter's, its goroutine ends when the
 // watch is stopped with an event in hand (a reflector reads no more once
 // it stops a watch).
-func passing(w watch.Interface, read func(watch.Event) func()) watch.Interface {
+func passing(w watch.Interface, read func(*watch.Event) func()) watch.Interface {
 	p := &passingWatch{in: w, out: make(chan watch.Event), done: make(chan struct{})}
 	go func() {
 		defer close(p.out)
 		for e := range w.ResultChan() {
-			taken := read(e)
+			taken := read(&e)
 			select {
 			case p.out <- e:
 			case <-p.done:
@@ -178,11 +189,16 @@ func (s *PodSource) saw(rv string) {
 	s.mu.Unlock()
 }
 
-// try calls each relay with relayOpts, then the API server with opts.
-func try[T any](ctx context.Context, s *PodSource, relayOpts, opts metav1.ListOptions, call func(corev1client.PodInterface, metav1.ListOptions) (T, error)) (T, error) {
+// try calls each relay with relayOpts (its watching client if watching),
+// then the API server with opts.
+func try[T any](ctx context.Context, s *PodSource, relayOpts, opts metav1.ListOptions, watching bool, call func(corev1client.PodInterface, metav1.ListOptions) (T, error)) (T, error) {
 	var errs []error
 	for _, r := range s.candidates(ctx) {
-		out, err := call(r.pods, relayOpts)
+		c := r.pods
+		if watching {
+			c = r.watch
+		}
+		out, err := call(c, relayOpts)
 		if err == nil {
 			s.use("relay "+r.name, nil)
 			return out, nil
@@ -244,10 +260,10 @@ func (s *PodSource) candidates(ctx context.Context) []relayClient {
 		return s.relays
 	}
 	if s.clients == nil {
-		s.clients = map[Entry]corev1client.PodInterface{}
+		s.clients = map[Entry]relayClient{}
 	}
 	var out []relayClient
-	keep := map[Entry]corev1client.PodInterface{}
+	keep := map[Entry]relayClient{}
 	for name, e := range entries {
 		c, ok := s.clients[e]
 		if !ok {
@@ -257,7 +273,8 @@ func (s *PodSource) candidates(ctx context.Context) []relayClient {
 			}
 		}
 		keep[e] = c
-		out = append(out, relayClient{name: name, pods: c})
+		c.name = name
+		out = append(out, c)
 	}
 	s.clients = keep
 	slices.SortFunc(out, func(a, b relayClient) int {
@@ -288,8 +305,8 @@ func rendezvous(node, relay string) uint64 {
 	return h.Sum64()
 }
 
-// newClient is a typed client of e, trusting only e's certificate.
-func (s *PodSource) newClient(e Entry) (corev1client.PodInterface, error) {
+// newClient is the typed clients of e, trusting only e's certificate.
+func (s *PodSource) newClient(e Entry) (relayClient, error) {
 	cfg := &rest.Config{
 		Host:            e.URL,
 		BearerTokenFile: s.TokenFile,
@@ -298,9 +315,33 @@ func (s *PodSource) newClient(e Entry) (corev1client.PodInterface, error) {
 		// A relay that does not answer is left for the next quickly.
 		Dial: (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 	}
+	if s.Node != "" {
+		// This node's pods come with what only it reads of them.
+		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return nodeHeader{rt, s.Node} }
+	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("relay client for %s: %w", e.URL, err)
+		return relayClient{}, fmt.Errorf("relay client for %s: %w", e.URL, err)
 	}
-	return cs.CoreV1().Pods(""), nil
+	// The watching client: the core client's configuration, but trimming
+	// (kubernetes.NewForConfig sets its own codecs).
+	wc := rest.CopyConfig(cfg)
+	wc.GroupVersion, wc.APIPath, wc.NegotiatedSerializer = &corev1.SchemeGroupVersion, "/api", trimming
+	rc, err := rest.RESTClientFor(wc)
+	if err != nil {
+		return relayClient{}, fmt.Errorf("relay client for %s: %w", e.URL, err)
+	}
+	return relayClient{pods: cs.CoreV1().Pods(""), watch: corev1client.New(rc).Pods("")}, nil
+}
+
+// nodeHeader names the node in each request (NodeHeader).
+type nodeHeader struct {
+	rt   http.RoundTripper
+	node string
+}
+
+func (n nodeHeader) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set(NodeHeader, n.node)
+	return n.rt.RoundTrip(req)
 }

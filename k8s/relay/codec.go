@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"fmt"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
 
 // The relay speaks what the API server speaks to client-go's typed
@@ -76,4 +81,88 @@ func statusFrame(st *metav1.Status) ([]byte, error) {
 		return nil, fmt.Errorf("relay: encode status: %w", err)
 	}
 	return frame(watch.Error, b.Bytes())
+}
+
+// trimming is client-go's codecs for the typed clients, but for the pods
+// of watch events, which are decoded straight into *trim.Pod (the form
+// flock-policy caches them in): every pod change of the cluster reaches
+// every node, and a corev1.Pod made only to be trimmed was most of what
+// one cost a node. Lists and everything else decode as before.
+var trimming runtime.NegotiatedSerializer = trimmingSerializer{rest.CodecFactoryForGeneratedClient(scheme.Scheme, scheme.Codecs).WithoutConversion()}
+
+type trimmingSerializer struct{ runtime.NegotiatedSerializer }
+
+func (t trimmingSerializer) DecoderToVersion(d runtime.Decoder, gv runtime.GroupVersioner) runtime.Decoder {
+	return trimmingDecoder{t.NegotiatedSerializer.DecoderToVersion(d, gv)}
+}
+
+// trimmingDecoder decodes a v1 Pod in protobuf, asked for without an
+// object to decode into (a watch event's object), as a *trim.Pod; any
+// other object as its Decoder does.
+type trimmingDecoder struct{ runtime.Decoder }
+
+var podGVK = corev1.SchemeGroupVersion.WithKind("Pod")
+
+func (t trimmingDecoder) Decode(data []byte, defaults *schema.GroupVersionKind, into runtime.Object) (runtime.Object, *schema.GroupVersionKind, error) {
+	if into == nil {
+		if raw, ok := podMessage(data); ok {
+			p, err := trim.DecodePod(raw)
+			if err != nil {
+				return nil, nil, fmt.Errorf("relay: %w", err)
+			}
+			return p, &podGVK, nil
+		}
+	}
+	return t.Decoder.Decode(data, defaults, into)
+}
+
+// protobufMagic starts what the protobuf serializer encodes (then a
+// runtime.Unknown: typeMeta 1 {apiVersion 1, kind 2}, raw 2,
+// contentEncoding 3).
+var protobufMagic = []byte("k8s\x00")
+
+// podMessage is the Pod message data holds, if data is a v1 Pod as the
+// protobuf serializer encodes one.
+func podMessage(data []byte) ([]byte, bool) {
+	b, ok := bytes.CutPrefix(data, protobufMagic)
+	if !ok {
+		return nil, false
+	}
+	var apiVersion, kind, raw, encoding []byte
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.BytesType {
+			return nil, false
+		}
+		v, m := protowire.ConsumeBytes(b[n:])
+		if m < 0 {
+			return nil, false
+		}
+		b = b[n+m:]
+		switch num {
+		case 1:
+			for len(v) > 0 {
+				fnum, ftyp, fn := protowire.ConsumeTag(v)
+				if fn < 0 || ftyp != protowire.BytesType {
+					return nil, false
+				}
+				s, fm := protowire.ConsumeBytes(v[fn:])
+				if fm < 0 {
+					return nil, false
+				}
+				v = v[fn+fm:]
+				switch fnum {
+				case 1:
+					apiVersion = s
+				case 2:
+					kind = s
+				}
+			}
+		case 2:
+			raw = v
+		case 3:
+			encoding = v
+		}
+	}
+	return raw, string(apiVersion) == "v1" && string(kind) == "Pod" && len(encoding) == 0
 }

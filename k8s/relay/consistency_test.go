@@ -136,16 +136,16 @@ func TestNotOlderThanAsked(t *testing.T) {
 	if err := os.WriteFile(tf, []byte(testToken), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	pods, err := (&PodSource{TokenFile: tf}).newClient(r.entry)
+	relay, err := (&PodSource{TokenFile: tf}).newClient(r.entry)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tru := true
 	opts := metav1.ListOptions{ResourceVersion: "200", ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, SendInitialEvents: &tru, AllowWatchBookmarks: true}
-	if _, err := pods.Watch(t.Context(), opts); !apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge) {
+	if _, err := relay.watch.Watch(t.Context(), opts); !apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge) {
 		t.Fatalf("watch-list not older than 200 from a relay at 103: %v, want too large", err)
 	}
-	if _, err := pods.List(t.Context(), metav1.ListOptions{ResourceVersion: "200", ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan}); !apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge) {
+	if _, err := relay.pods.List(t.Context(), metav1.ListOptions{ResourceVersion: "200", ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan}); !apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge) {
 		t.Fatalf("list not older than 200 from a relay at 103: %v, want too large", err)
 	}
 	// Reached while it waits: served.
@@ -154,14 +154,14 @@ func TestNotOlderThanAsked(t *testing.T) {
 		up.apply("ns/p0", func(p *corev1.Pod) *corev1.Pod { p.Labels = map[string]string{"app": "104"}; return p })
 	}()
 	opts.ResourceVersion = "104"
-	w, err := pods.Watch(t.Context(), opts)
+	w, err := relay.watch.Watch(t.Context(), opts)
 	if err != nil {
 		t.Fatalf("watch-list not older than 104, reached within the wait: %v", err)
 	}
 	w.Stop()
 	// A plain watch from 106 while the relay is at 104: the changes at
 	// 105 and 106 are the node's already; 107 is sent.
-	w, err = pods.Watch(t.Context(), metav1.ListOptions{ResourceVersion: "106", AllowWatchBookmarks: false})
+	w, err = relay.watch.Watch(t.Context(), metav1.ListOptions{ResourceVersion: "106", AllowWatchBookmarks: false})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,8 @@ func TestNotOlderThanAsked(t *testing.T) {
 	}
 	select {
 	case ev := <-w.ResultChan():
-		if rv := ev.Object.(*corev1.Pod).ResourceVersion; rv != "107" {
+		// Decoded straight into the form flock-policy caches.
+		if rv := ev.Object.(*trim.Pod).ResourceVersion; rv != "107" {
 			t.Fatalf("first event at %s, want 107", rv)
 		}
 	case <-time.After(10 * time.Second):
@@ -281,7 +282,7 @@ func TestANodeIsNeverServedOlderThanItHas(t *testing.T) {
 	slices.Sort(want)
 	select {
 	case ev := <-w.ResultChan():
-		if p, ok := ev.Object.(*corev1.Pod); !ok || p.Name != "p13" {
+		if p, ok := ev.Object.(*trim.Pod); !ok || p.Name != "p13" {
 			t.Fatalf("event %v %T, want p13 added", ev.Type, ev.Object)
 		}
 	case <-time.After(10 * time.Second):
@@ -325,7 +326,7 @@ func TestAPassedWatchEndsWhenStopped(t *testing.T) {
 	in := watch.NewFakeWithChanSize(1, false)
 	in.Add(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", ResourceVersion: "7"}})
 	taken := make(chan watch.Event, 1)
-	w := passing(in, func(e watch.Event) func() { return func() { taken <- e } })
+	w := passing(in, func(e *watch.Event) func() { return func() { taken <- *e } })
 	time.Sleep(50 * time.Millisecond) // the goroutine holds the event
 	w.Stop()
 	select {

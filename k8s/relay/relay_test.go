@@ -177,7 +177,7 @@ func newNamedNode(t *testing.T, api *fake.Clientset, token string, noWatchList b
 	src := &PodSource{API: api.CoreV1().Pods(""), Directory: api.CoreV1().ConfigMaps("flock-system"), Node: name, TokenFile: tf,
 		Refresh: time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), NoWatchList: noWatchList}
 	n := &node{api: api, source: src, done: make(chan struct{})}
-	n.inf = kubeclient.NewInformer(src, &corev1.Pod{}, nil)
+	n.inf = kubeclient.NewInformer(src, &trim.Pod{}, nil)
 	_ = n.inf.SetTransform(trim.Transform)
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel = cancel
@@ -213,7 +213,7 @@ func publish(t *testing.T, api *fake.Clientset, relays map[string]*relayUnderTes
 func converged(n *node, want map[string]*corev1.Pod, within time.Duration) error {
 	deadline := time.Now().Add(within)
 	for {
-		err := sameAs(n.inf.GetStore(), want)
+		err := sameAs(n.inf.GetStore(), want, n.source.Node)
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}
@@ -221,7 +221,10 @@ func converged(n *node, want map[string]*corev1.Pod, within time.Duration) error
 	}
 }
 
-func sameAs(store cache.Store, want map[string]*corev1.Pod) error {
+// sameAs: store holds want's pods as the node reads them: their UIDs
+// exactly where it reads them (its own pods', those with `addresses`),
+// elsewhere the UID or none (the relays send none, the API server one).
+func sameAs(store cache.Store, want map[string]*corev1.Pod, node string) error {
 	var errs []error
 	got := map[string]*trim.Pod{}
 	for _, o := range store.List() {
@@ -253,7 +256,7 @@ func sameAs(store cache.Store, want map[string]*corev1.Pod) error {
 			errs = append(errs, fmt.Errorf("%s missing", k))
 		case w == nil:
 			errs = append(errs, fmt.Errorf("%s held, deleted upstream", k))
-		case !trim.Unchanged(w, g):
+		case !trim.Unchanged(w, withUID(g, w, node)):
 			errs = append(errs, fmt.Errorf("%s differs: labels %v ips %v phase %s, want %v %v %s", k, g.Labels, g.Status.PodIPs, g.Status.Phase, w.Labels, w.Status.PodIPs, w.Status.Phase))
 		}
 		if len(errs) > 5 {
@@ -297,5 +300,74 @@ func testInformerFollowsTheRelay(t *testing.T, noWatchList bool) {
 	}
 	if n.source.using != "relay relay-a" {
 		t.Fatalf("pods from %q, want relay relay-a", n.source.using)
+	}
+}
+
+// withUID is g with w's UID if the relays may leave it out of g (node
+// does not read it) and did.
+func withUID(g, w *trim.Pod, node string) *trim.Pod {
+	_, named := w.Annotations[trim.AddressesAnnotation]
+	if g.UID != "" || named || w.Spec.NodeName == node {
+		return g
+	}
+	c := *g
+	c.UID = w.UID
+	return &c
+}
+
+// TestEachNodeIsSentTheUIDsItReads: a node is sent the UID of its own
+// pods and of pods with `addresses` (the tracker reads those), and of no
+// other pod; in a list, in a watch's initial events and in its events;
+// and a request that names no node is answered as for another node.
+func TestEachNodeIsSentTheUIDsItReads(t *testing.T) {
+	for _, noWatchList := range []bool{false, true} {
+		t.Run(fmt.Sprintf("watch-list %t", !noWatchList), func(t *testing.T) {
+			up := newUpstream()
+			c := NewCache(0)
+			if err := up.attach(c); err != nil {
+				t.Fatal(err)
+			}
+			pod := func(name, node string, named bool) func(*corev1.Pod) *corev1.Pod {
+				return func(*corev1.Pod) *corev1.Pod {
+					p := testPod("ns", name, 1)
+					p.Spec.NodeName = node
+					if named {
+						p.Annotations[trim.AddressesAnnotation] = "2001:db8::a"
+					}
+					return p
+				}
+			}
+			up.apply("ns/own", pod("own", "n1", false))
+			up.apply("ns/other", pod("other", "n2", false))
+			up.apply("ns/named", pod("named", "n2", true))
+			r := startRelay(t, c)
+			api := fake.NewClientset()
+			publish(t, api, map[string]*relayUnderTest{"relay-a": r})
+			n1 := newNamedNode(t, api, testToken, noWatchList, "n1")
+			anon := newNamedNode(t, api, testToken, noWatchList, "")
+			check := func(when string, want map[string]bool) {
+				t.Helper()
+				for _, n := range []*node{n1, anon} {
+					if err := converged(n, up.snapshot(), 10*time.Second); err != nil {
+						t.Fatalf("%s, node %q: %v", when, n.source.Node, err)
+					}
+					for name, has := range want {
+						o, ok, _ := n.inf.GetStore().GetByKey("ns/" + name)
+						if !ok {
+							t.Fatalf("%s, node %q: ns/%s missing", when, n.source.Node, name)
+						}
+						uid := o.(*trim.Pod).UID
+						if has = has && (n == n1 || name == "named"); (uid != "") != has {
+							t.Fatalf("%s, node %q: ns/%s has UID %q, want one: %t", when, n.source.Node, name, uid, has)
+						}
+					}
+				}
+			}
+			check("initial", map[string]bool{"own": true, "other": false, "named": true})
+			up.apply("ns/own2", pod("own2", "n1", false))
+			up.apply("ns/other2", pod("other2", "n3", false))
+			up.apply("ns/own", func(p *corev1.Pod) *corev1.Pod { p.Labels["app"] = "changed"; return p })
+			check("after changes", map[string]bool{"own": true, "own2": true, "other2": false, "named": true})
+		})
 	}
 }

@@ -24,6 +24,12 @@ import (
 // PodsPath is the one path the relay serves, as the API server does.
 const PodsPath = "/api/v1/pods"
 
+// NodeHeader names the node a request is for: its own pods are sent with
+// what only it reads of them (their UIDs). Without it, a request is
+// answered as for any other node. It grants nothing: whoever may ask
+// may read every pod.
+const NodeHeader = "Flock-Node"
+
 // Authorizer decides whether the bearer of token may read every pod.
 type Authorizer interface {
 	// Authorize returns nil if it may, an error wrapping ErrUnauthorized
@@ -213,9 +219,14 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, apierrors.NewServiceUnavailable(err.Error()))
 		return
 	}
+	node := r.Header.Get(NodeHeader)
 	list := &corev1.PodList{ListMeta: metav1.ListMeta{ResourceVersion: formatRV(rv)}, Items: make([]corev1.Pod, len(entries))}
 	for i, e := range entries {
-		list.Items[i] = *e.pod.Core()
+		p, _ := forNodes(e.pod)
+		if node != "" && e.pod.Spec.NodeName == node {
+			p = e.pod.Core()
+		}
+		list.Items[i] = *p
 	}
 	out, closeOut := s.body(w, r)
 	w.Header().Set("Content-Type", mediaType)
@@ -269,6 +280,7 @@ type flusher interface{ Flush() error }
 
 func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
+	node := r.Header.Get(NodeHeader)
 	initial, _ := strconv.ParseBool(q.Get("sendInitialEvents"))
 	bookmarks, _ := strconv.ParseBool(q.Get("allowWatchBookmarks"))
 	if initial && !bookmarks {
@@ -375,7 +387,12 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		const batch = 256
 		frames := make([][]byte, 0, batch)
 		for i, e := range entries {
-			f, ferr := frame(watch.Added, e.raw)
+			raw, ferr := forNode(e.pod, node, e.raw)
+			if ferr != nil {
+				s.Log.Warn("relay: initial event not encoded", "err", ferr)
+				return
+			}
+			f, ferr := frame(watch.Added, raw)
 			if ferr != nil {
 				s.Log.Warn("relay: initial event not encoded", "err", ferr)
 				return
@@ -414,9 +431,15 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		if len(evs) > 0 {
 			frames := make([][]byte, 0, len(evs))
 			for i := range evs {
-				if evs[i].rv > since {
-					frames = append(frames, evs[i].frame)
+				if evs[i].rv <= since {
+					continue
 				}
+				f, ferr := evs[i].forNode(node)
+				if ferr != nil {
+					s.Log.Warn("relay: event not encoded", "err", ferr)
+					return
+				}
+				frames = append(frames, f)
 			}
 			seq = nextSeq
 			if len(frames) == 0 {

@@ -80,7 +80,7 @@ func (u *Upstream) Watch(ctx context.Context, opts metav1.ListOptions) (watch.In
 	}
 	// The bookmark that ends the initial events carries the list's
 	// resource version.
-	return passing(w, func(ev watch.Event) func() {
+	return passing(w, func(ev *watch.Event) func() {
 		if ev.Type != watch.Bookmark {
 			return nil
 		}

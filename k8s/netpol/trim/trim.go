@@ -12,8 +12,10 @@
 //     spec.containers (name, containerPort, protocol), status.phase and
 //     status.podIPs; a namespace's and a node's name and labels;
 //   - the compiler (k8s/netpol/verdicts) and the view (k8s/netpol): the
-//     same, and the pod's UID;
-//   - the ExtraIPs tracker (agent/policyips): a pod's UID and the
+//     same;
+//   - the ExtraIPs tracker (agent/policyips): the UID of this node's pods
+//     and of pods with flock.fritzlab.net/addresses (their AddressClaims
+//     name them by it: the relays send no other pod's UID), and the
 //     annotations kubernetes.io/config.mirror (pods.ID) and
 //     flock.fritzlab.net/anycast.
 //
@@ -28,6 +30,7 @@ import (
 	"maps"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"unique"
 	"unsafe"
@@ -43,12 +46,19 @@ import (
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 )
 
-// AnycastAnnotation is agent/annotations.Anycast, which k8s packages may
-// not import (imports point down); agent/policyips tests they agree.
-const AnycastAnnotation = "flock.fritzlab.net/anycast"
+// AnycastAnnotation and AddressesAnnotation are agent/annotations'
+// Anycast and Addresses, which k8s packages may not import (imports point
+// down); agent/policyips tests they agree.
+const (
+	AnycastAnnotation   = "flock.fritzlab.net/anycast"
+	AddressesAnnotation = "flock.fritzlab.net/addresses"
+)
 
-// keptAnnotations are the only annotations read (by the tracker).
-var keptAnnotations = []string{pods.MirrorAnnotation, AnycastAnnotation}
+// keptAnnotations are the only annotations read: the tracker's, the
+// relay's (AddressesAnnotation: whether other nodes read the pod's UID),
+// and the one that marks the bookmark ending a watch's initial events (a
+// bookmark is a pod, which DecodePod decodes as any other).
+var keptAnnotations = []string{pods.MirrorAnnotation, AnycastAnnotation, AddressesAnnotation, metav1.InitialEventsAnnotationKey}
 
 // Pod is a pod as flock-policy caches it: what it reads, and nothing
 // else. A corev1.Pod is 1,240 bytes before any of its strings, maps and
@@ -120,7 +130,7 @@ func NewPod(p *corev1.Pod) *Pod {
 	// of each name, which also lets the compiler tell a namespace by
 	// where its name is.
 	out.Namespace = unique.Make(p.Namespace).Value()
-	out.Labels = sharedLabels(p.Labels)
+	out.Labels = sharedLabels(p.Labels, false)
 	for _, k := range keptAnnotations {
 		if v, ok := p.Annotations[k]; ok {
 			if out.Annotations == nil {
@@ -170,11 +180,12 @@ func containers(cs []corev1.Container) []corev1.Container {
 		if len(c.Ports) == 0 {
 			continue
 		}
+		// Copied: cs may be DecodePod's views of a buffer.
 		ports := make([]corev1.ContainerPort, len(c.Ports))
 		for j, cp := range c.Ports {
-			ports[j] = corev1.ContainerPort{Name: cp.Name, ContainerPort: cp.ContainerPort, Protocol: cp.Protocol}
+			ports[j] = corev1.ContainerPort{Name: strings.Clone(cp.Name), ContainerPort: cp.ContainerPort, Protocol: corev1.Protocol(strings.Clone(string(cp.Protocol)))}
 		}
-		out = append(out, corev1.Container{Name: c.Name, Ports: ports})
+		out = append(out, corev1.Container{Name: strings.Clone(c.Name), Ports: ports})
 	}
 	// A collision replaces the one remembered; the pods holding it keep it.
 	shared.m[key] = sharedContainers{weak.Make(&out[0]), n}
@@ -238,8 +249,9 @@ func sameContainers(a, b []corev1.Container) bool {
 // remembered is what was asked for in the last two generations of
 // labelGeneration asks; a map forgotten stays shared by the pods that
 // hold it. nil for no labels. Labels are found as containers are, by a
-// hash checked against them.
-func sharedLabels(l map[string]string) map[string]string {
+// hash checked against them. views: l's strings are views of a buffer
+// (DecodePod's), copied if l is kept.
+func sharedLabels(l map[string]string, views bool) map[string]string {
 	if len(l) == 0 {
 		return nil
 	}
@@ -253,7 +265,14 @@ func sharedLabels(l map[string]string) map[string]string {
 		return m
 	}
 	m, ok := labels.old[key]
-	if !ok || !maps.Equal(m, l) {
+	switch {
+	case ok && maps.Equal(m, l):
+	case views:
+		m = make(map[string]string, len(l))
+		for k, v := range l {
+			m[strings.Clone(k)] = strings.Clone(v)
+		}
+	default:
 		m = maps.Clone(l) // a collision replaces the one remembered
 	}
 	labels.cur[key] = m
