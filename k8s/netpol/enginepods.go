@@ -21,11 +21,21 @@ import (
 // and its indexer's answers) is made as it asks, from the cached pod
 // (trim.Pod.Core), and is garbage once it is done. The engine reads only
 // what trim keeps.
-type enginePods struct{ inf cache.SharedIndexInformer }
+//
+// Its handlers are handed only node's pods (all, if node is ""): the
+// engine's one pod handler (third_party/.../controller.go) returns at
+// once for a pod on another node, which is nearly every pod event of the
+// cluster, and a pod made for it was most of what flock-policy allocated
+// under churn (TestEngineHandlerReadsOnlyItsNodesPods holds the engine's
+// source to this).
+type enginePods struct {
+	inf  cache.SharedIndexInformer
+	node string
+}
 
 var _ coreinformers.PodInformer = enginePods{}
 
-func (e enginePods) Informer() cache.SharedIndexInformer { return engineInformer{e.inf} }
+func (e enginePods) Informer() cache.SharedIndexInformer { return engineInformer{e.inf, e.node} }
 
 func (e enginePods) Lister() corelisters.PodLister {
 	return engineLister{trim.NewPodLister(e.inf.GetIndexer())}
@@ -37,18 +47,21 @@ func (e enginePods) Lister() corelisters.PodLister {
 var errEngineIndex = errors.New("netpol: the pod cache holds trimmed pods: the engine cannot index it")
 
 // engineInformer is the pod informer the engine sees.
-type engineInformer struct{ cache.SharedIndexInformer }
+type engineInformer struct {
+	cache.SharedIndexInformer
+	node string
+}
 
 func (i engineInformer) AddEventHandler(h cache.ResourceEventHandler) (cache.ResourceEventHandlerRegistration, error) {
-	return i.SharedIndexInformer.AddEventHandler(coreHandler{h})
+	return i.SharedIndexInformer.AddEventHandler(coreHandler{h, i.node})
 }
 
 func (i engineInformer) AddEventHandlerWithResyncPeriod(h cache.ResourceEventHandler, resync time.Duration) (cache.ResourceEventHandlerRegistration, error) {
-	return i.SharedIndexInformer.AddEventHandlerWithResyncPeriod(coreHandler{h}, resync)
+	return i.SharedIndexInformer.AddEventHandlerWithResyncPeriod(coreHandler{h, i.node}, resync)
 }
 
 func (i engineInformer) AddEventHandlerWithOptions(h cache.ResourceEventHandler, o cache.HandlerOptions) (cache.ResourceEventHandlerRegistration, error) {
-	return i.SharedIndexInformer.AddEventHandlerWithOptions(coreHandler{h}, o)
+	return i.SharedIndexInformer.AddEventHandlerWithOptions(coreHandler{h, i.node}, o)
 }
 
 // SetTransform keeps trim's: the engine's drops managed fields, which
@@ -88,12 +101,41 @@ func coreAll(objs []any) []any {
 	return out
 }
 
-// coreHandler hands h the engine's form of each object.
-type coreHandler struct{ h cache.ResourceEventHandler }
+// coreHandler hands h the engine's form of each object, of node's pods
+// (every pod if node is "").
+type coreHandler struct {
+	h    cache.ResourceEventHandler
+	node string
+}
 
-func (c coreHandler) OnAdd(obj any, initial bool) { c.h.OnAdd(core(obj), initial) }
-func (c coreHandler) OnUpdate(old, cur any)       { c.h.OnUpdate(core(old), core(cur)) }
-func (c coreHandler) OnDelete(obj any)            { c.h.OnDelete(core(obj)) }
+// elsewhere: obj is a pod on another node than c's.
+func (c coreHandler) elsewhere(obj any) bool {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	p, ok := obj.(*trim.Pod)
+	return ok && c.node != "" && p.Spec.NodeName != c.node
+}
+
+func (c coreHandler) OnAdd(obj any, initial bool) {
+	if !c.elsewhere(obj) {
+		c.h.OnAdd(core(obj), initial)
+	}
+}
+
+// OnUpdate: the engine reads the pod as it is now (a pod's node never
+// changes once set).
+func (c coreHandler) OnUpdate(old, cur any) {
+	if !c.elsewhere(cur) {
+		c.h.OnUpdate(core(old), core(cur))
+	}
+}
+
+func (c coreHandler) OnDelete(obj any) {
+	if !c.elsewhere(obj) {
+		c.h.OnDelete(core(obj))
+	}
+}
 
 // coreIndexer answers the engine's reads of the cache in its form; it
 // refuses writes (the cache is the informer's).

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"os"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -202,7 +204,7 @@ func TestEnginePodsHandlersGetCorePods(t *testing.T) {
 	}
 	inf := factory.Core().V1().Pods().Informer()
 	rec := &recorder{}
-	reg, err := enginePods{inf}.Informer().AddEventHandler(rec)
+	reg, err := enginePods{inf: inf}.Informer().AddEventHandler(rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +317,7 @@ func TestEnginePodsWrappedHandlerConverts(t *testing.T) {
 	web, db := orig[0], orig[1]
 	tweb, tdb := trim.NewPod(web), trim.NewPod(db)
 	c := &capturing{}
-	ei := enginePods{c}.Informer()
+	ei := enginePods{inf: c}.Informer()
 	recs := []*recorder{{}, {}, {}}
 	if _, err := ei.AddEventHandler(recs[0]); err != nil {
 		t.Fatal(err)
@@ -377,7 +379,7 @@ func TestEnginePodsWrappedHandlerConverts(t *testing.T) {
 	}
 	// The tombstone the informer gave still holds the cached pod.
 	tomb := cache.DeletedFinalStateUnknown{Key: "a/web", Obj: tweb}
-	coreHandler{&recorder{}}.OnDelete(tomb)
+	coreHandler{h: &recorder{}}.OnDelete(tomb)
 	if tomb.Obj != any(tweb) {
 		t.Errorf("the informer's tombstone was changed: it holds a %T", tomb.Obj)
 	}
@@ -391,7 +393,7 @@ func TestEnginePodsListerAndIndexer(t *testing.T) {
 	client := copyingClient(podObjects(orig)...)
 	factory := newFactory(client)
 	inf := factory.Core().V1().Pods().Informer()
-	ep := enginePods{inf}
+	ep := enginePods{inf: inf}
 	if err := ep.Informer().AddIndexers(cache.Indexers{"ip": func(any) ([]string, error) { return nil, nil }}); !errors.Is(err, errEngineIndex) {
 		t.Errorf("AddIndexers on the engine's informer: %v, want %v", err, errEngineIndex)
 	}
@@ -539,7 +541,7 @@ func TestEnginePodsKeepsTrimTransform(t *testing.T) {
 	factory := newFactory(client)
 	inf := factory.Core().V1().Pods().Informer()
 	var called atomic.Int64
-	if err := (enginePods{inf}).Informer().SetTransform(func(o any) (any, error) {
+	if err := (enginePods{inf: inf}).Informer().SetTransform(func(o any) (any, error) {
 		called.Add(1)
 		return o, nil
 	}); err != nil {
@@ -618,5 +620,75 @@ func TestEngineLookups(t *testing.T) {
 	}
 	if want := []types.NamespacedName{{Namespace: "a", Name: "web"}, {Namespace: "a", Name: "db"}}; !slices.Equal(asked, want) {
 		t.Errorf("asked for %v, want %v", asked, want)
+	}
+}
+
+// The engine's handlers are handed this node's pods alone (in adds,
+// updates, deletes and tombstones); anything that is not a pod goes
+// through.
+func TestEnginePodsHandsOnlyItsNodesPods(t *testing.T) {
+	orig := enginePodsFixture()
+	mine, other := orig[0].DeepCopy(), orig[1].DeepCopy()
+	mine.Spec.NodeName, other.Spec.NodeName = "node-a", "node-b"
+	tm, to := trim.NewPod(mine), trim.NewPod(other)
+	c := &capturing{}
+	rec := &recorder{}
+	if _, err := (enginePods{inf: c, node: "node-a"}).Informer().AddEventHandler(rec); err != nil {
+		t.Fatal(err)
+	}
+	h := c.handlers[0]
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "a"}}
+	h.OnAdd(to, true)
+	h.OnUpdate(to, to)
+	h.OnDelete(to)
+	h.OnDelete(cache.DeletedFinalStateUnknown{Key: "a/other", Obj: to})
+	h.OnAdd(tm, false)
+	h.OnUpdate(tm, tm)
+	h.OnDelete(tm)
+	h.OnDelete(cache.DeletedFinalStateUnknown{Key: mine.Namespace + "/" + mine.Name, Obj: tm})
+	h.OnDelete(ns)
+	got := rec.wait(t, 5)
+	if len(got) != 5 {
+		t.Fatalf("handed %d events, want this node's pod's 4 and the namespace", len(got))
+	}
+	for _, e := range got[:4] {
+		if k := keyOf(e.obj); k != mine.Namespace+"/"+mine.Name {
+			t.Errorf("%s of %s handed, want only this node's pod", e.op, k)
+		}
+	}
+	if got[4].obj != any(ns) {
+		t.Errorf("the namespace's delete: %+v", got[4].obj)
+	}
+}
+
+// TestEngineHandlerReadsOnlyItsNodesPods holds the engine's source to
+// what enginePods relies on: its pod handler (its only one) returns at
+// once, in each of its three functions, for a pod on another node. An
+// engine update that changes this fails here, not in production.
+func TestEngineHandlerReadsOnlyItsNodesPods(t *testing.T) {
+	src, err := os.ReadFile("../../third_party/kube-network-policies/pkg/networkpolicy/controller.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(src)
+	if n := strings.Count(s, "podInformer.Informer().AddEventHandler"); n != 1 {
+		t.Fatalf("the engine adds %d pod handlers, want 1", n)
+	}
+	start := strings.Index(s, "podInformer.Informer().AddEventHandler")
+	end := strings.Index(s[start:], "\n\t})\n")
+	if end < 0 {
+		t.Fatal("the pod handler's end not found")
+	}
+	handler := s[start : start+end]
+	funcs := strings.Count(handler, "Func: func(")
+	guards := strings.Count(handler, "if pod.Spec.NodeName != c.config.NodeName {\n\t\t\t\treturn\n\t\t\t}")
+	if funcs != 3 || guards != 3 {
+		t.Fatalf("the engine's pod handler has %d functions and %d returns for another node's pod, want 3 and 3:\n%s", funcs, guards, handler)
+	}
+	for _, f := range strings.Split(handler, "Func: func(")[1:] {
+		guard := strings.Index(f, "if pod.Spec.NodeName != c.config.NodeName")
+		if guard < 0 || strings.Contains(f[:guard], "c.") {
+			t.Fatalf("a function of the engine's pod handler reads the controller before its node guard:\n%s", f)
+		}
 	}
 }

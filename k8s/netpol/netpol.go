@@ -323,7 +323,7 @@ func newController(client kubernetes.Interface, factory informers.SharedInformer
 	npa npaclient.Interface, anps v1alpha1.AdminNetworkPolicyInformer, banps v1alpha1.BaselineAdminNetworkPolicyInformer,
 	cfg networkpolicy.Config) (*networkpolicy.Controller, error) {
 	ctrl, err := networkpolicy.NewController(client,
-		factory.Networking().V1().NetworkPolicies(), factory.Core().V1().Namespaces(), enginePods{factory.Core().V1().Pods().Informer()},
+		factory.Networking().V1().NetworkPolicies(), factory.Core().V1().Namespaces(), enginePods{factory.Core().V1().Pods().Informer(), cfg.NodeName},
 		nodes, npa, anps, banps, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("netpol: create controller: %w", err)

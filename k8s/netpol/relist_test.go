@@ -81,7 +81,7 @@ func TestRelistTombstoneReachesEngineAsCorePod(t *testing.T) {
 				t.Fatal(err)
 			}
 			engineRec, rawRec := &recorder{}, &recorder{}
-			if _, err := (enginePods{inf}).Informer().AddEventHandler(engineRec); err != nil {
+			if _, err := (enginePods{inf: inf}).Informer().AddEventHandler(engineRec); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := inf.AddEventHandler(rawRec); err != nil {

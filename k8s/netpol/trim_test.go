@@ -85,7 +85,7 @@ func TestCachesTrimmed(t *testing.T) {
 	}
 	// A *trim.Pod has no volumes, conditions nor container statuses; what
 	// the engine is given of it has none either.
-	enginePod, err := enginePods{podInf}.Lister().Pods("shop").Get("web")
+	enginePod, err := enginePods{inf: podInf}.Lister().Pods("shop").Get("web")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,26 +41,45 @@ var errRelist = errors.New("relay: the API server's pods were listed again (even
 // entry is a pod the relay holds.
 type entry struct {
 	pod *trim.Pod
-	raw []byte // encoded for every node (forNodes), as list items and initial events carry it
+	raw []byte // encoded for other nodes (forOthers), as list items and initial events carry it
+	// whole is the pod encoded with its UID, if raw lacks it: what its
+	// own node and requests that name no node are sent.
+	whole *lazy
 }
 
 // event is a change watchers are sent.
 type event struct {
 	rv    uint64
-	frame []byte // for every node
-	// own: frame lacks what the pod's node reads (its UID): a watcher
-	// on that node is sent t of pod encoded for it.
-	own bool
-	t   watch.EventType
-	pod *trim.Pod // if own
+	frame []byte // for other nodes
+	whole *lazy  // the event with the pod's UID, if frame lacks it
 }
 
-// forNodes is p as every node is sent it, and whether that lacks what
-// p's own node reads: the UID, which a node reads only of its own pods
-// and of pods with `addresses` (their AddressClaims name them by it).
-// A UID is random: after compression it was half the bytes of a pod's
-// event, which every node is sent.
-func forNodes(p *trim.Pod) (*corev1.Pod, bool) {
+// lazy is an encoding made when first asked for, once: a pod's node asks
+// for few, but requests that name no node (flock-policy before v0.21)
+// ask for every one.
+type lazy struct {
+	once sync.Once
+	pod  *trim.Pod
+	t    watch.EventType // "": a list item, not a frame
+	b    []byte
+	err  error
+}
+
+func (l *lazy) get() ([]byte, error) {
+	l.once.Do(func() {
+		if l.b, l.err = encodePod(l.pod.Core()); l.err == nil && l.t != "" {
+			l.b, l.err = frame(l.t, l.b)
+		}
+	})
+	return l.b, l.err
+}
+
+// forOthers is p as other nodes are sent it, and whether that lacks its
+// UID: a node reads the UID only of its own pods and of pods with
+// `addresses` (their AddressClaims name them by it). A UID is random:
+// after compression it was half the bytes of a pod's event, which every
+// node is sent.
+func forOthers(p *trim.Pod) (*corev1.Pod, bool) {
 	c := p.Core()
 	if _, named := p.Annotations[trim.AddressesAnnotation]; named || c.UID == "" {
 		return c, false
@@ -69,16 +88,24 @@ func forNodes(p *trim.Pod) (*corev1.Pod, bool) {
 	return c, true
 }
 
-// forNode is p encoded as node is sent it, given raw, its encoding for
-// every node.
-func forNode(p *trim.Pod, node string, raw []byte) ([]byte, error) {
-	if node == "" || p.Spec.NodeName != node {
-		return raw, nil
+// sendsWhole: a watcher for node (""; none named) is sent the whole of
+// a pod on podNode.
+func sendsWhole(node, podNode string) bool { return node == "" || node == podNode }
+
+// forNode is e encoded as a request for node is sent it.
+func (e *entry) forNode(node string) ([]byte, error) {
+	if e.whole == nil || !sendsWhole(node, e.pod.Spec.NodeName) {
+		return e.raw, nil
 	}
-	if _, own := forNodes(p); !own {
-		return raw, nil
+	return e.whole.get()
+}
+
+// forNode is ev's frame as a watcher for node is sent it.
+func (ev *event) forNode(node string) ([]byte, error) {
+	if ev.whole == nil || !sendsWhole(node, ev.whole.pod.Spec.NodeName) {
+		return ev.frame, nil
 	}
-	return encodePod(p.Core())
+	return ev.whole.get()
 }
 
 // Cache holds the pods and the recent changes, in order. Feed it with
@@ -164,9 +191,9 @@ func (c *Cache) relisting() {
 
 // prepare is obj as the cache keeps it (trimmed: the informer's
 // transform did it already, and a whole pod is trimmed here), its
-// resource version, its encoding for every node and whether its own node
-// is sent another (forNodes), outside the lock; not ok if obj is no pod,
-// or if the cache failed on it.
+// resource version, its encoding for other nodes and whether that lacks
+// its UID (forOthers), outside the lock; not ok if obj is no pod, or if
+// the cache failed on it.
 func (c *Cache) prepare(obj any) (p *trim.Pod, rv uint64, raw []byte, own bool, ok bool) {
 	switch o := obj.(type) {
 	case *trim.Pod:
@@ -181,8 +208,8 @@ func (c *Cache) prepare(obj any) (p *trim.Pod, rv uint64, raw []byte, own bool, 
 		c.fail(err)
 		return nil, 0, nil, false, false
 	}
-	all, own := forNodes(p)
-	if raw, err = encodePod(all); err != nil {
+	others, own := forOthers(p)
+	if raw, err = encodePod(others); err != nil {
 		c.fail(err)
 		return nil, 0, nil, false, false
 	}
@@ -198,7 +225,11 @@ func (c *Cache) put(obj, old any) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	prev, had := c.pods[key]
-	c.pods[key] = &entry{pod: p, raw: raw}
+	e := &entry{pod: p, raw: raw}
+	if own {
+		e.whole = &lazy{pod: p}
+	}
+	c.pods[key] = e
 	if !c.advanceLocked(rv) {
 		return
 	}
@@ -209,7 +240,7 @@ func (c *Cache) put(obj, old any) {
 	if had {
 		t = watch.Modified
 	}
-	c.appendLocked(event{rv: rv, t: t, own: own}, p, raw)
+	c.appendLocked(rv, t, p, raw, own)
 }
 
 func (c *Cache) delete(obj any) {
@@ -234,7 +265,7 @@ func (c *Cache) delete(obj any) {
 	defer c.mu.Unlock()
 	delete(c.pods, p.Namespace+"/"+p.Name)
 	if c.advanceLocked(rv) {
-		c.appendLocked(event{rv: rv, t: watch.Deleted, own: own}, p, raw)
+		c.appendLocked(rv, watch.Deleted, p, raw, own)
 	}
 }
 
@@ -258,28 +289,17 @@ func (c *Cache) advanceLocked(rv uint64) bool {
 	return true
 }
 
-// forNode is ev's frame as node is sent it.
-func (ev *event) forNode(node string) ([]byte, error) {
-	if !ev.own || node == "" || ev.pod.Spec.NodeName != node {
-		return ev.frame, nil
-	}
-	raw, err := encodePod(ev.pod.Core())
-	if err != nil {
-		return nil, err
-	}
-	return frame(ev.t, raw)
-}
-
-// appendLocked appends ev, a change of p: its frame made of raw.
-func (c *Cache) appendLocked(ev event, p *trim.Pod, raw []byte) {
-	f, err := frame(ev.t, raw)
+// appendLocked appends the event t of p (resource version rv): raw is p
+// encoded for other nodes, lacking its UID if own.
+func (c *Cache) appendLocked(rv uint64, t watch.EventType, p *trim.Pod, raw []byte, own bool) {
+	f, err := frame(t, raw)
 	if err != nil {
 		c.failLocked(err)
 		return
 	}
-	ev.frame = f
-	if ev.own {
-		ev.pod = p // kept only to be encoded for its node
+	ev := event{rv: rv, frame: f}
+	if own {
+		ev.whole = &lazy{pod: p, t: t}
 	}
 	if len(c.ring) == c.max {
 		// The oldest goes: a watch from before it can no longer resume.

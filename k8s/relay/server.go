@@ -24,10 +24,10 @@ import (
 // PodsPath is the one path the relay serves, as the API server does.
 const PodsPath = "/api/v1/pods"
 
-// NodeHeader names the node a request is for: its own pods are sent with
-// what only it reads of them (their UIDs). Without it, a request is
-// answered as for any other node. It grants nothing: whoever may ask
-// may read every pod.
+// NodeHeader names the node a request is for: other nodes' pods are sent
+// without what it does not read of them (their UIDs). A request without
+// it (flock-policy before v0.21) is sent every pod whole. It grants
+// nothing: whoever may ask may read every pod.
 const NodeHeader = "Flock-Node"
 
 // Authorizer decides whether the bearer of token may read every pod.
@@ -222,8 +222,8 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	node := r.Header.Get(NodeHeader)
 	list := &corev1.PodList{ListMeta: metav1.ListMeta{ResourceVersion: formatRV(rv)}, Items: make([]corev1.Pod, len(entries))}
 	for i, e := range entries {
-		p, _ := forNodes(e.pod)
-		if node != "" && e.pod.Spec.NodeName == node {
+		p, _ := forOthers(e.pod)
+		if sendsWhole(node, e.pod.Spec.NodeName) {
 			p = e.pod.Core()
 		}
 		list.Items[i] = *p
@@ -387,7 +387,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		const batch = 256
 		frames := make([][]byte, 0, batch)
 		for i, e := range entries {
-			raw, ferr := forNode(e.pod, node, e.raw)
+			raw, ferr := e.forNode(node)
 			if ferr != nil {
 				s.Log.Warn("relay: initial event not encoded", "err", ferr)
 				return
