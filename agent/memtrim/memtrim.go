@@ -37,58 +37,75 @@ const (
 // within seconds, and the madvise calls and the page faults were a fifth
 // of flock-policy's CPU under churn.
 func Run(ctx context.Context, every time.Duration, log *slog.Logger) error {
-	sample := []metrics.Sample{
+	t := time.NewTicker(every)
+	defer t.Stop()
+	return run(ctx, t.C, log)
+}
+
+// run looks at each tick.
+func run(ctx context.Context, ticks <-chan time.Time, log *slog.Logger) error {
+	t := trimmer{log: log, sample: []metrics.Sample{
 		{Name: "/memory/classes/heap/free:bytes"},    // freed, not handed back
 		{Name: "/memory/classes/heap/objects:bytes"}, // live and garbage
 		{Name: "/gc/heap/live:bytes"},                // live at the last collection
 		{Name: "/gc/cycles/total:gc-cycles"},
 		{Name: "/gc/heap/allocs:bytes"}, // allocated, ever
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	var lastCycles uint64
-	metrics.Read(sample)
-	lastAllocs := sample[4].Value.Uint64()
+	}}
+	metrics.Read(t.sample)
+	t.lastAllocs = t.sample[4].Value.Uint64()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-ticks:
 		}
-		metrics.Read(sample)
-		var v [5]uint64
-		for i, s := range sample {
-			if s.Value.Kind() == metrics.KindUint64 {
-				v[i] = s.Value.Uint64()
-			}
-		}
-		free, garbage, live, cycles := v[0], v[1]-min(v[1], v[2]), v[2], v[3]
-		allocated := v[4] - min(v[4], lastAllocs)
-		lastAllocs = v[4]
-		busy := cycles != lastCycles
-		lastCycles = cycles
-		if busy {
-			continue
-		}
-		limit := max(Above, live/16)
-		switch {
-		case allocated > limit && garbage > limit:
-			collect()
-		case allocated > limit:
-			continue
-		case free > limit || garbage > limit:
-			release()
-			log.Debug("collected and returned freed heap to the kernel", "free", free, "garbage", garbage)
-		default:
-			continue
-		}
-		metrics.Read(sample[3:])
-		lastCycles, lastAllocs = sample[3].Value.Uint64(), sample[4].Value.Uint64()
+		t.look()
+		looked()
 	}
 }
 
-// collect and release are the runtime's (tests count them).
+type trimmer struct {
+	log                    *slog.Logger
+	sample                 []metrics.Sample
+	lastCycles, lastAllocs uint64
+}
+
+func (t *trimmer) look() {
+	metrics.Read(t.sample)
+	var v [5]uint64
+	for i, s := range t.sample {
+		if s.Value.Kind() == metrics.KindUint64 {
+			v[i] = s.Value.Uint64()
+		}
+	}
+	free, garbage, live, cycles := v[0], v[1]-min(v[1], v[2]), v[2], v[3]
+	allocated := v[4] - min(v[4], t.lastAllocs)
+	t.lastAllocs = v[4]
+	busy := cycles != t.lastCycles
+	t.lastCycles = cycles
+	if busy {
+		return
+	}
+	limit := max(Above, live/16)
+	switch {
+	case allocated > limit && garbage > limit:
+		collect()
+	case allocated > limit:
+		return
+	case free > limit || garbage > limit:
+		release()
+		t.log.Debug("collected and returned freed heap to the kernel", "free", free, "garbage", garbage)
+	default:
+		return
+	}
+	metrics.Read(t.sample[3:])
+	t.lastCycles, t.lastAllocs = t.sample[3].Value.Uint64(), t.sample[4].Value.Uint64()
+}
+
+// collect and release are the runtime's, and looked is called after each
+// look (tests count them, and wait for looks).
 var (
 	collect = runtime.GC
 	release = debug.FreeOSMemory
+	looked  = func() {}
 )

@@ -19,6 +19,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 
 	"code.fritzlab.net/fritzlab/flock/agent/admin"
 	"code.fritzlab.net/fritzlab/flock/agent/annotations"
@@ -187,7 +188,8 @@ func Compute(in Inputs) *Owners {
 			continue
 		}
 		id := pods.MetaID(&p.ObjectMeta)
-		if c.Spec.Pod.UID != "" && c.Spec.Pod.UID != id.UID && (c.Spec.Pod.StaticUID == "" || c.Spec.Pod.StaticUID != id.StaticUID) {
+		// Another node's pod: from the relays, its UID's start (trim.ShortUID).
+		if c.Spec.Pod.UID != "" && !trim.SameUID(types.UID(c.Spec.Pod.UID), types.UID(id.UID)) && (c.Spec.Pod.StaticUID == "" || c.Spec.Pod.StaticUID != id.StaticUID) {
 			continue
 		}
 		if ip, err := netip.ParseAddr(c.Spec.IP); err == nil {

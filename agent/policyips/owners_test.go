@@ -239,3 +239,27 @@ func TestOwnersDiff(t *testing.T) {
 		}
 	}
 }
+
+// Another node's pod from the relays holds the start of its UID
+// (trim.ShortUID): an `addresses` claim names the pod by its whole UID,
+// and is its if that UID starts so, whatever the pod's annotations say
+// now (its owner may edit them; the claim is the agent's); a claim of
+// another incarnation is not.
+func TestClaimsMatchShortUIDs(t *testing.T) {
+	const uid, other = "0b5e6c1a-2f3d-4e5f-8a9b-0c1d2e3f4a5b", "7c1d2e3f-2f3d-4e5f-8a9b-0c1d2e3f4a5b"
+	pod := func(held types.UID) *trim.Pod {
+		return &trim.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "holder", UID: held},
+			Spec: trim.PodSpec{NodeName: "n2"}, Status: trim.PodStatus{Phase: corev1.PodRunning}}
+	}
+	claim := v1alpha1.AddressClaim{Spec: v1alpha1.AddressClaimSpec{IP: "2001:db8::a", Use: v1alpha1.UseAddresses, Node: "n2",
+		Pod: &v1alpha1.ClaimPod{Namespace: "ns", Name: "holder", UID: uid}}}
+	for _, c := range []struct {
+		held types.UID
+		owns bool
+	}{{uid, true}, {trim.ShortUID(uid), true}, {other, false}, {trim.ShortUID(other), false}, {"", false}} {
+		got := Compute(Inputs{Node: "n1", Pods: []*trim.Pod{pod(c.held)}, Claims: []v1alpha1.AddressClaim{claim}}).PodsForIP("2001:db8::a")
+		if owns := len(got) == 1; owns != c.owns {
+			t.Errorf("pod holding UID %q: owners %v, want the claim's: %t", c.held, got, c.owns)
+		}
+	}
+}

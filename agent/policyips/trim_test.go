@@ -285,7 +285,4 @@ func TestTrimKeepsTheAgentsAnycastKey(t *testing.T) {
 	if trim.AnycastAnnotation != annotations.Anycast {
 		t.Fatalf("trim keeps %q, the agent reads %q", trim.AnycastAnnotation, annotations.Anycast)
 	}
-	if trim.AddressesAnnotation != annotations.Addresses {
-		t.Fatalf("trim keeps %q, the agent reads %q", trim.AddressesAnnotation, annotations.Addresses)
-	}
 }

@@ -42,8 +42,8 @@ var errRelist = errors.New("relay: the API server's pods were listed again (even
 type entry struct {
 	pod *trim.Pod
 	raw []byte // encoded for other nodes (forOthers), as list items and initial events carry it
-	// whole is the pod encoded with its UID, if raw lacks it: what its
-	// own node and requests that name no node are sent.
+	// whole is the pod encoded with its whole UID, if raw lacks part of
+	// it: what its own node and requests that name no node are sent.
 	whole *lazy
 }
 
@@ -51,7 +51,7 @@ type entry struct {
 type event struct {
 	rv    uint64
 	frame []byte // for other nodes
-	whole *lazy  // the event with the pod's UID, if frame lacks it
+	whole *lazy  // the event with the pod's whole UID, if frame lacks part of it
 }
 
 // lazy is an encoding made when first asked for, once: a pod's node asks
@@ -74,17 +74,18 @@ func (l *lazy) get() ([]byte, error) {
 	return l.b, l.err
 }
 
-// forOthers is p as other nodes are sent it, and whether that lacks its
-// UID: a node reads the UID only of its own pods and of pods with
-// `addresses` (their AddressClaims name them by it). A UID is random:
+// forOthers is p as other nodes are sent it, and whether that lacks part
+// of its UID: a node reads the whole UID only of its own pods; of others,
+// enough to tell incarnations apart (trim.ShortUID). A UID is random:
 // after compression it was half the bytes of a pod's event, which every
 // node is sent.
 func forOthers(p *trim.Pod) (*corev1.Pod, bool) {
 	c := p.Core()
-	if _, named := p.Annotations[trim.AddressesAnnotation]; named || c.UID == "" {
+	short := trim.ShortUID(c.UID)
+	if short == c.UID {
 		return c, false
 	}
-	c.UID = ""
+	c.UID = short
 	return c, true
 }
 

@@ -221,10 +221,9 @@ func converged(n *node, want map[string]*corev1.Pod, within time.Duration) error
 	}
 }
 
-// sameAs: store holds want's pods as the node reads them: their UIDs
-// exactly where it reads them (its own pods', those with `addresses`;
-// every pod's for a node without a name), elsewhere the UID or none (the
-// relays send none, the API server one).
+// sameAs: store holds want's pods as the node reads them: the whole UID
+// of its own pods (of every pod, for a node without a name), of other
+// pods the whole UID (the API server's) or its start (the relays').
 func sameAs(store cache.Store, want map[string]*corev1.Pod, node string) error {
 	var errs []error
 	got := map[string]*trim.Pod{}
@@ -304,11 +303,10 @@ func testInformerFollowsTheRelay(t *testing.T, noWatchList bool) {
 	}
 }
 
-// withUID is g with w's UID if the relays may leave it out of g (node
-// does not read it) and did.
+// withUID is g with w's whole UID if the relays may send node g's short
+// (another node's pod) and did.
 func withUID(g, w *trim.Pod, node string) *trim.Pod {
-	_, named := w.Annotations[trim.AddressesAnnotation]
-	if g.UID != "" || named || node == "" || w.Spec.NodeName == node {
+	if g.UID == w.UID || node == "" || w.Spec.NodeName == node || g.UID != trim.ShortUID(w.UID) {
 		return g
 	}
 	c := *g
@@ -316,11 +314,12 @@ func withUID(g, w *trim.Pod, node string) *trim.Pod {
 	return &c
 }
 
-// TestEachNodeIsSentTheUIDsItReads: a node is sent the UID of its own
-// pods and of pods with `addresses` (the tracker reads those), and of no
-// other pod; in a list, in a watch's initial events and in its events.
-// A request that names no node (flock-policy before the header) is sent
-// every UID: its tracker would not know its own pods without.
+// TestEachNodeIsSentTheUIDsItReads: a node is sent the whole UID of its
+// own pods, and of other pods only their start (trim.ShortUID: enough to
+// tell incarnations apart, which the tracker does with claims); in a
+// list, in a watch's initial events and in its events. A request that
+// names no node (flock-policy before the header) is sent every UID
+// whole: its tracker matches whole UIDs.
 func TestEachNodeIsSentTheUIDsItReads(t *testing.T) {
 	for _, noWatchList := range []bool{false, true} {
 		t.Run(fmt.Sprintf("watch-list %t", !noWatchList), func(t *testing.T) {
@@ -329,47 +328,48 @@ func TestEachNodeIsSentTheUIDsItReads(t *testing.T) {
 			if err := up.attach(c); err != nil {
 				t.Fatal(err)
 			}
-			pod := func(name, node string, named bool) func(*corev1.Pod) *corev1.Pod {
+			pod := func(name, node string) func(*corev1.Pod) *corev1.Pod {
 				return func(*corev1.Pod) *corev1.Pod {
 					p := testPod("ns", name, 1)
+					p.UID = types.UID("0b5e6c1a-2f3d-4e5f-8a9b-" + name)
 					p.Spec.NodeName = node
-					if named {
-						p.Annotations[trim.AddressesAnnotation] = "2001:db8::a"
-					}
 					return p
 				}
 			}
-			up.apply("ns/own", pod("own", "n1", false))
-			up.apply("ns/other", pod("other", "n2", false))
-			up.apply("ns/named", pod("named", "n2", true))
+			up.apply("ns/own", pod("own", "n1"))
+			up.apply("ns/other", pod("other", "n2"))
 			r := startRelay(t, c)
 			api := fake.NewClientset()
 			publish(t, api, map[string]*relayUnderTest{"relay-a": r})
 			n1 := newNamedNode(t, api, testToken, noWatchList, "n1")
 			anon := newNamedNode(t, api, testToken, noWatchList, "")
-			check := func(when string, want map[string]bool) {
+			check := func(when string, whole map[string]bool) {
 				t.Helper()
 				for _, n := range []*node{n1, anon} {
 					if err := converged(n, up.snapshot(), 10*time.Second); err != nil {
 						t.Fatalf("%s, node %q: %v", when, n.source.Node, err)
 					}
-					for name, has := range want {
+					for name, own := range whole {
 						o, ok, _ := n.inf.GetStore().GetByKey("ns/" + name)
 						if !ok {
 							t.Fatalf("%s, node %q: ns/%s missing", when, n.source.Node, name)
 						}
-						uid := o.(*trim.Pod).UID
-						if has = has || n == anon; (uid != "") != has {
-							t.Fatalf("%s, node %q: ns/%s has UID %q, want one: %t", when, n.source.Node, name, uid, has)
+						want := types.UID("0b5e6c1a-2f3d-4e5f-8a9b-" + name)
+						if !own && n != anon {
+							want = "0b5e6c1a"
+						}
+						if uid := o.(*trim.Pod).UID; uid != want {
+							t.Fatalf("%s, node %q: ns/%s has UID %q, want %q", when, n.source.Node, name, uid, want)
 						}
 					}
 				}
 			}
-			check("initial", map[string]bool{"own": true, "other": false, "named": true})
-			up.apply("ns/own2", pod("own2", "n1", false))
-			up.apply("ns/other2", pod("other2", "n3", false))
+			check("initial", map[string]bool{"own": true, "other": false})
+			up.apply("ns/own2", pod("own2", "n1"))
+			up.apply("ns/other2", pod("other2", "n3"))
 			up.apply("ns/own", func(p *corev1.Pod) *corev1.Pod { p.Labels["app"] = "changed"; return p })
-			check("after changes", map[string]bool{"own": true, "own2": true, "other2": false, "named": true})
+			up.apply("ns/other", func(p *corev1.Pod) *corev1.Pod { p.Labels["app"] = "changed"; return p })
+			check("after changes", map[string]bool{"own": true, "own2": true, "other": false, "other2": false})
 		})
 	}
 }

@@ -25,9 +25,10 @@ import (
 const PodsPath = "/api/v1/pods"
 
 // NodeHeader names the node a request is for: other nodes' pods are sent
-// without what it does not read of them (their UIDs). A request without
-// it (flock-policy before v0.21) is sent every pod whole. It grants
-// nothing: whoever may ask may read every pod.
+// without what it does not read of them (all but the start of their UIDs,
+// trim.ShortUID). A request without it (flock-policy before v0.21) is
+// sent every pod whole. It grants nothing: whoever may ask may read every
+// pod.
 const NodeHeader = "Flock-Node"
 
 // Authorizer decides whether the bearer of token may read every pod.

@@ -13,11 +13,10 @@
 //     status.podIPs; a namespace's and a node's name and labels;
 //   - the compiler (k8s/netpol/verdicts) and the view (k8s/netpol): the
 //     same;
-//   - the ExtraIPs tracker (agent/policyips): the UID of this node's pods
-//     and of pods with flock.fritzlab.net/addresses (their AddressClaims
-//     name them by it: the relays send no other pod's UID), and the
-//     annotations kubernetes.io/config.mirror (pods.ID) and
-//     flock.fritzlab.net/anycast.
+//   - the ExtraIPs tracker (agent/policyips): a pod's UID (whole for this
+//     node's pods; of other nodes' pods the relays send the first
+//     characters, ShortUID, which SameUID matches) and the annotations
+//     kubernetes.io/config.mirror (pods.ID) and flock.fritzlab.net/anycast.
 //
 // A reader that needs another field of a pod must add it to Pod: one it
 // does not have does not compile. The engine reads corev1.Pods made from
@@ -40,25 +39,21 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/listers"
 	"k8s.io/client-go/tools/cache"
 
 	"code.fritzlab.net/fritzlab/flock/k8s/pods"
 )
 
-// AnycastAnnotation and AddressesAnnotation are agent/annotations'
-// Anycast and Addresses, which k8s packages may not import (imports point
-// down); agent/policyips tests they agree.
-const (
-	AnycastAnnotation   = "flock.fritzlab.net/anycast"
-	AddressesAnnotation = "flock.fritzlab.net/addresses"
-)
+// AnycastAnnotation is agent/annotations.Anycast, which k8s packages may
+// not import (imports point down); agent/policyips tests they agree.
+const AnycastAnnotation = "flock.fritzlab.net/anycast"
 
-// keptAnnotations are the only annotations read: the tracker's, the
-// relay's (AddressesAnnotation: whether other nodes read the pod's UID),
-// and the one that marks the bookmark ending a watch's initial events (a
-// bookmark is a pod, which DecodePod decodes as any other).
-var keptAnnotations = []string{pods.MirrorAnnotation, AnycastAnnotation, AddressesAnnotation, metav1.InitialEventsAnnotationKey}
+// keptAnnotations are the only annotations read: the tracker's, and the
+// one that marks the bookmark ending a watch's initial events (a bookmark
+// is a pod, which DecodePod decodes as any other).
+var keptAnnotations = []string{pods.MirrorAnnotation, AnycastAnnotation, metav1.InitialEventsAnnotationKey}
 
 // Pod is a pod as flock-policy caches it: what it reads, and nothing
 // else. A corev1.Pod is 1,240 bytes before any of its strings, maps and
@@ -438,4 +433,25 @@ func NewPodLister(indexer cache.Indexer) PodLister {
 // Pods reads namespace's pods.
 func (l PodLister) Pods(namespace string) listers.ResourceIndexer[*Pod] {
 	return listers.NewNamespaced(l.ResourceIndexer, namespace)
+}
+
+// shortUID is how many characters of a pod's UID the relays send other
+// nodes than the pod's: a UID is random (a UUID), and whole it was half
+// the bytes of a pod's event after compression, which every node is
+// sent; 8 hex digits still tell two incarnations of a pod apart, but for
+// one pair in 4 billion.
+const shortUID = 8
+
+// ShortUID is uid as the relays send it to other nodes than the pod's.
+func ShortUID(uid types.UID) types.UID {
+	if len(uid) > shortUID {
+		return uid[:shortUID]
+	}
+	return uid
+}
+
+// SameUID reports whether held, a pod's UID as flock-policy holds it
+// (whole, or ShortUID's from a relay), is uid.
+func SameUID(uid, held types.UID) bool {
+	return uid == held || len(held) == shortUID && len(uid) > shortUID && uid[:shortUID] == held
 }

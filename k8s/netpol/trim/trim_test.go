@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/cache"
 
@@ -40,7 +41,7 @@ func fatPod() *corev1.Pod {
 			Annotations: map[string]string{
 				pods.MirrorAnnotation:                              "static-uid-1",
 				AnycastAnnotation:                                  "2001:db8:a::80",
-				AddressesAnnotation:                                "2001:db8:b::1",
+				"flock.fritzlab.net/addresses":                     "2001:db8:b::1",
 				"kubectl.kubernetes.io/restartedAt":                "2026-01-01T00:00:00Z",
 				"kubectl.kubernetes.io/last-applied-configuration": `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web"},"spec":{"containers":[{"name":"web","image":"registry.example/web:1.2.3"}]}}`,
 			},
@@ -93,7 +94,7 @@ func TestPodKeepsWhatIsRead(t *testing.T) {
 	want := &Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-7d9f8b6c5d-x2x4q", UID: "0b5e6c1a-uid", ResourceVersion: "4711",
 			Labels:      orig.Labels,
-			Annotations: map[string]string{pods.MirrorAnnotation: "static-uid-1", AnycastAnnotation: "2001:db8:a::80", AddressesAnnotation: "2001:db8:b::1"}},
+			Annotations: map[string]string{pods.MirrorAnnotation: "static-uid-1", AnycastAnnotation: "2001:db8:a::80"}},
 		Spec: PodSpec{NodeName: "node-7", HostNetwork: true, Containers: []corev1.Container{
 			{Name: "web", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}, {Name: "dns", ContainerPort: 5353, Protocol: corev1.ProtocolUDP}}},
 			{Name: "metrics", Ports: []corev1.ContainerPort{{Name: "metrics", ContainerPort: 9090, Protocol: corev1.ProtocolSCTP}}},
@@ -117,9 +118,7 @@ func TestPodKeepsWhatIsRead(t *testing.T) {
 	// pod without its managed fields.
 	old := orig.DeepCopy()
 	old.ManagedFields = nil
-	// A pod without `addresses` (the most, whose annotation is kept).
-	delete(old.Annotations, AddressesAnnotation)
-	before, after := old.Size(), NewPod(old).Core().Size()
+	before, after := old.Size(), core.Size()
 	t.Logf("pod: %d bytes of protobuf (%d with managed fields), %d trimmed", before, orig.Size(), after)
 	if after*4 > before {
 		t.Errorf("trimmed pod is %d of %d bytes: want at most a quarter", after, before)
@@ -572,5 +571,31 @@ func BenchmarkTrim(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		NewPod(src)
+	}
+}
+
+func TestShortUID(t *testing.T) {
+	const uid = "0b5e6c1a-2f3d-4e5f-8a9b-0c1d2e3f4a5b"
+	short := ShortUID(uid)
+	if short != "0b5e6c1a" {
+		t.Fatalf("ShortUID(%s) = %s", uid, short)
+	}
+	for _, c := range []struct {
+		uid, held types.UID
+		same      bool
+	}{
+		{uid, uid, true},
+		{uid, short, true},
+		{uid, "0b5e6c1b", false},
+		{uid, "0b5e6c1a-2f3d-4e5f-8a9b-0c1d2e3f4a5c", false},
+		{uid, "", false},
+		{uid, "0b5e6c1", false}, // not ShortUID's: too short
+		{"short", "short", true},
+		{"short", ShortUID("short"), true},
+		{"0b5e6c1a", "0b5e6c1a", true},
+	} {
+		if got := SameUID(c.uid, c.held); got != c.same {
+			t.Errorf("SameUID(%q, %q) = %t, want %t", c.uid, c.held, got, c.same)
+		}
 	}
 }
