@@ -129,40 +129,42 @@ func podMessage(data []byte) ([]byte, bool) {
 		return nil, false
 	}
 	var apiVersion, kind, raw, encoding []byte
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || typ != protowire.BytesType {
-			return nil, false
-		}
-		v, m := protowire.ConsumeBytes(b[n:])
-		if m < 0 {
-			return nil, false
-		}
-		b = b[n+m:]
+	ok = bytesFields(b, func(num protowire.Number, v []byte) bool {
 		switch num {
 		case 1:
-			for len(v) > 0 {
-				fnum, ftyp, fn := protowire.ConsumeTag(v)
-				if fn < 0 || ftyp != protowire.BytesType {
-					return nil, false
-				}
-				s, fm := protowire.ConsumeBytes(v[fn:])
-				if fm < 0 {
-					return nil, false
-				}
-				v = v[fn+fm:]
-				switch fnum {
+			return bytesFields(v, func(num protowire.Number, s []byte) bool {
+				switch num {
 				case 1:
 					apiVersion = s
 				case 2:
 					kind = s
 				}
-			}
+				return true
+			})
 		case 2:
 			raw = v
 		case 3:
 			encoding = v
 		}
+		return true
+	})
+	return raw, ok && string(apiVersion) == "v1" && string(kind) == "Pod" && len(encoding) == 0
+}
+
+// bytesFields calls f with each field of the message b, all of which
+// must be length-delimited (runtime.Unknown's and TypeMeta's are): false
+// if one is not, b is malformed, or f says so.
+func bytesFields(b []byte, f func(protowire.Number, []byte) bool) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 || typ != protowire.BytesType {
+			return false
+		}
+		v, m := protowire.ConsumeBytes(b[n:])
+		if m < 0 || !f(num, v) {
+			return false
+		}
+		b = b[n+m:]
 	}
-	return raw, string(apiVersion) == "v1" && string(kind) == "Pod" && len(encoding) == 0
+	return true
 }
