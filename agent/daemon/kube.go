@@ -58,6 +58,12 @@ type kubeMode struct {
 
 	o       Options
 	factory *kubeclient.Factory // every other informer: start-up waits for them
+	// nodesFactory has every node's NodeConfig (allNC): only the summaries'
+	// overlaps read them, and those matter once the peers are added, so
+	// serving CNI does not wait for them (waitNodeConfigs). At 5,000
+	// nodes they were most of an agent's start.
+	nodesFactory *kubeclient.Factory
+
 	spec    *v1alpha1.NodeConfigSpec
 	gen     atomic.Int64
 	core    *kubeclient.Client
@@ -138,8 +144,8 @@ func newKube(ctx context.Context, o Options) (*kubeMode, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := kubeclient.NewFactory()
-	k := &kubeMode{o: o, core: core, factory: f, dyn: dyn, nc: nodeconfigs.New(f, dyn, o.NodeName), allNC: nodeconfigs.NewAll(f, dyn, o.NodeName), events: &podEvents{},
+	f, nf := kubeclient.NewFactory(), kubeclient.NewFactory()
+	k := &kubeMode{o: o, core: core, factory: f, nodesFactory: nf, dyn: dyn, nc: nodeconfigs.NewNamed(f, dyn, o.NodeName), allNC: nodeconfigs.NewAll(nf, dyn, o.NodeName), events: &podEvents{},
 		kick: make(chan struct{}, 1), poolKick: make(chan struct{}, 1),
 		pools: addresspools.New(f, dyn, core.Namespaces(), o.Log), claims: claims.New(f, dyn, o.NodeName, o.Log)}
 	wait := o.NodeConfigWait
@@ -356,6 +362,7 @@ func (k *kubeMode) wire(d *daemon) {
 // garbage collectors and the status writers.
 func (k *kubeMode) register(d *daemon, c *components) {
 	c.register("informers", duringRecovery, k.factory)
+	c.register("nodeconfig informer", duringRecovery, k.nodesFactory) // listing from the start; the peers wait for it
 	c.register("leak gc", whenServing, k.gc)
 	c.register("claim gc", whenServing, k.claimGC)
 	c.register("nodeconfig", whenServing, follow(func() { k.followNodeConfig(d) }, k.nc.Changed()))
@@ -416,7 +423,7 @@ func (k *kubeMode) writePoolStatus(ctx context.Context, d *daemon) error {
 		if err := k.pools.UpdateClaims(c, k.claims.CountByPool()); err != nil && ctx.Err() == nil {
 			d.log.Debug("AddressPool status", "err", err)
 		}
-		if err := k.pools.UpdateInUse(c, k.o.NodeName, d.inUseStatus(), k.allNC.Exists); err != nil && ctx.Err() == nil {
+		if err := k.pools.UpdateInUse(c, k.o.NodeName, d.inUseStatus(), k.liveNodes()); err != nil && ctx.Err() == nil {
 			d.log.Debug("AddressPool status", "err", err)
 		}
 		cancel()
@@ -427,6 +434,17 @@ func (k *kubeMode) writePoolStatus(ctx context.Context, d *daemon) error {
 		case <-k.poolKick:
 		}
 	}
+}
+
+// liveNodes tells UpdateInUse which nodes' entries stay: those with a
+// NodeConfig. Until every NodeConfig is listed (the agent serves before,
+// waitNodeConfigs), a node not cached yet is no node gone: nil, every
+// entry stays.
+func (k *kubeMode) liveNodes() func(node string) bool {
+	if !k.allNC.HasSynced() {
+		return nil
+	}
+	return k.allNC.Exists
 }
 
 // poolVerdicts are the errors of the invalid AddressPools, by name, as

@@ -1,16 +1,19 @@
 package daemon
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
 
 	"code.fritzlab.net/fritzlab/flock/agent/nodeconfig"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/authz"
+	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 )
 
 // authorityView is one AddressPool decision: the compiled pools and the
@@ -127,6 +130,34 @@ func (d *daemon) hook(point string) {
 	if d.poolHook != nil {
 		d.poolHook(point)
 	}
+}
+
+// waitNodeConfigs waits until every node's NodeConfig is listed, withholds
+// each summary of this node that overlaps one of theirs (checkOverlaps),
+// and waits, bounded as for the Service routes, until the speaker holds
+// that: the peers are added next, and their first UPDATEs must not carry
+// a summary another node owns. Serving CNI does not wait for it (nothing
+// of ADD reads other nodes' NodeConfigs); a list that never ends (RBAC)
+// keeps the peers out and says so.
+func (d *daemon) waitNodeConfigs(ctx context.Context) {
+	if d.kube == nil || d.kube.nodesFactory == nil {
+		return
+	}
+	start := time.Now()
+	if !kubeclient.WaitLogged(ctx, d.log, "BGP peers", kubeclient.SyncWarnAfter, kubeclient.Synced{Name: "every node's NodeConfig", Synced: d.kube.allNC.HasSynced}) {
+		return // stopping
+	}
+	d.checkOverlaps()
+	wctx, cancel := context.WithTimeout(ctx, serviceRoutesWait)
+	defer cancel()
+	if err := d.bgpLoop.Wait(wctx, d.state.Generation()); err != nil {
+		if ctx.Err() == nil {
+			d.log.Warn("the summaries' overlaps did not reach the speaker in time; adding the BGP peers anyway", "err", err)
+		}
+		return
+	}
+	d.log.Info("every node's NodeConfig listed; summaries' overlaps checked", "nodes", len(d.kube.allNC.Names()),
+		"withheld", len(d.state.Suppressed()), "after", time.Since(start).Round(time.Millisecond))
 }
 
 // checkOverlaps withholds every summary of this node that overlaps

@@ -117,32 +117,10 @@ func TestServesCNIWhileServicesList(t *testing.T) {
 	}, services.Options{Node: "node1", Authorize: func(string, netip.Addr, string) error { return nil }}, d.log)
 	d.kube = k
 
-	serving := make(chan struct{})
 	c := &d.components
 	c.register("informers", duringRecovery, k.factory)
 	k.registerServices(d, c)
-	c.register("bgp reconciler", whenServing, d.bgpLoop)
-	c.register("cni server", whenServing, RunFunc(func(ctx context.Context) error {
-		close(serving)
-		<-ctx.Done()
-		return nil
-	}))
-
-	ctx, cancel := context.WithCancel(context.Background())
-	g, gctx := errgroup.WithContext(ctx)
-	s := withPeer{daemonStartup: &daemonStartup{d: d, g: g}, target: target, peered: make(chan map[netip.Prefix]advert.Path, 1)}
-	done := make(chan error, 1)
-	go func() { done <- startup(gctx, s) }()
-	t.Cleanup(func() {
-		cancel()
-		_ = g.Wait()
-	})
-
-	select {
-	case <-serving:
-	case <-time.After(testutil.Timeout):
-		t.Fatal("CNI not served while the Services are being listed")
-	}
+	s, done := startServing(t, d, target, "while the Services are being listed")
 	if !pods.HasSynced() || svcGate.listed() == 0 {
 		t.Fatalf("serving: pods synced %v, Services lists begun %d", pods.HasSynced(), svcGate.listed())
 	}
@@ -208,4 +186,36 @@ func closed() chan struct{} {
 	c := make(chan struct{})
 	close(c)
 	return c
+}
+
+// startServing adds the BGP reconciler and a CNI server to d's
+// components (the test registered the others) and runs d's start-up
+// (withPeer) until the test ends. It returns once CNI is served (when:
+// what the test holds back meanwhile), with the start-up's peers and its
+// end.
+func startServing(t *testing.T, d *daemon, target *speakerSets, when string) (withPeer, <-chan error) {
+	t.Helper()
+	serving := make(chan struct{})
+	c := &d.components
+	c.register("bgp reconciler", whenServing, d.bgpLoop)
+	c.register("cni server", whenServing, RunFunc(func(ctx context.Context) error {
+		close(serving)
+		<-ctx.Done()
+		return nil
+	}))
+	ctx, cancel := context.WithCancel(context.Background())
+	g, gctx := errgroup.WithContext(ctx)
+	s := withPeer{daemonStartup: &daemonStartup{d: d, g: g}, target: target, peered: make(chan map[netip.Prefix]advert.Path, 1)}
+	done := make(chan error, 1)
+	go func() { done <- startup(gctx, s) }()
+	t.Cleanup(func() {
+		cancel()
+		_ = g.Wait()
+	})
+	select {
+	case <-serving:
+	case <-time.After(testutil.Timeout):
+		t.Fatal("CNI not served " + when)
+	}
+	return s, done
 }

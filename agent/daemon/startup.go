@@ -15,7 +15,7 @@ type recovery interface {
 	start(ctx context.Context, p phase)
 	// sync waits for the first lists of the informers restore, ADD and
 	// the first origination read (Kubernetes mode); not for the Services'
-	// and EndpointSlices'.
+	// and EndpointSlices', nor for every node's NodeConfig.
 	sync(ctx context.Context) error
 	// authorize makes the AddressPools the authority and hands their pod
 	// CIDRs to IPAM.
@@ -30,6 +30,10 @@ type recovery interface {
 	originate(ctx context.Context)
 	// serve marks the agent ready (readyz).
 	serve()
+	// nodes waits until every node's NodeConfig is listed and the
+	// summaries that overlap one of theirs are withheld from the speaker
+	// (Kubernetes mode).
+	nodes(ctx context.Context)
 	// services waits, bounded, until the Service routes are decided and
 	// in the speaker (Kubernetes mode).
 	services(ctx context.Context)
@@ -45,10 +49,9 @@ type recovery interface {
 //     readiness is known before anything is restored (a restart neither
 //     withdraws nor re-announces anycast), the BGP passwords before a
 //     peer is added, the AddressPools and the cluster's claims before an
-//     address is authorized or a claim checked, every node's summaries
-//     before ours is advertised. Not the Services and EndpointSlices:
-//     nothing of ADD reads them, and at scale they are the largest
-//     lists;
+//     address is authorized or a claim checked. Not the Services and
+//     EndpointSlices, nor every node's NodeConfig: nothing of ADD reads
+//     them, and at scale they are the largest lists;
 //  3. the AddressPools become the authority — only after the sync;
 //  4. the allocations are restored;
 //  5. the speaker gets the node's own routes;
@@ -57,7 +60,9 @@ type recovery interface {
 //     its backlog and is answered from the restored state), the admin
 //     API, the reconcilers, the followers of config and pools, the
 //     Services controller;
-//  7. the peers, once the Service routes are in the speaker too (or
+//  7. the peers, once every node's NodeConfig is listed and our summaries
+//     that overlap one of theirs are withheld (no peer is sent a summary
+//     another node owns), and once the Service routes are in the speaker too (or
 //     after serviceRoutesWait), so each peer's first UPDATEs (and
 //     End-of-RIB) carry all of it: a graceful-restart peer keeps the
 //     routes of the agent before until that End-of-RIB, and one without
@@ -78,6 +83,7 @@ func startup(ctx context.Context, r recovery) error {
 	r.serve()
 	release()
 	r.start(ctx, whenServing)
+	r.nodes(ctx)
 	r.services(ctx)
 	if ctx.Err() == nil { // stopping: no session to open
 		r.peer()
@@ -127,6 +133,8 @@ func (s *daemonStartup) originate(ctx context.Context) {
 		s.d.log.Error("bgp: initial sync; the reconciler retries", "err", err)
 	}
 }
+
+func (s *daemonStartup) nodes(ctx context.Context) { s.d.waitNodeConfigs(ctx) }
 
 func (s *daemonStartup) services(ctx context.Context) { s.d.waitServiceRoutes(ctx) }
 

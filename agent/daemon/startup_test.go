@@ -42,6 +42,7 @@ func (f *fakeStartup) restore(context.Context) error {
 	return f.failRest
 }
 func (f *fakeStartup) originate(context.Context) { f.record("originate") }
+func (f *fakeStartup) nodes(context.Context)     { f.record("nodes") }
 func (f *fakeStartup) services(context.Context)  { f.record("services") }
 func (f *fakeStartup) peer()                     { f.record("peer") }
 func (f *fakeStartup) serve()                    { f.record("serve") }
@@ -79,8 +80,8 @@ func before(steps []string, a, b string) bool {
 // before anything is authorized; the AddressPools are the authority
 // before allocations are restored; restore before the node's routes are
 // originated; nothing that serves requests or changes state starts
-// before the agent is ready; the peers come last, once the Service
-// routes are decided.
+// before the agent is ready; the peers come last, once every node's
+// NodeConfig is listed and the Service routes are decided.
 func TestStartupOrder(t *testing.T) {
 	f, ctx := newFakeStartup()
 	if err := startup(ctx, f); err != nil {
@@ -100,6 +101,7 @@ func TestStartupOrder(t *testing.T) {
 		{"sync", "authorize"}, {"authorize", "restore"}, {"restore", "originate"},
 		{"originate", "serve"},
 		{"serve", "phase serving"}, {"serve", "start cni server"}, {"serve", "start reconcilers"},
+		{"phase serving", "nodes"}, {"nodes", "peer"},
 		{"phase serving", "services"}, {"services", "peer"},
 	} {
 		if !before(steps, o[0], o[1]) {

@@ -61,6 +61,10 @@ func (a *All) Exists(node string) bool {
 	return ok && err == nil
 }
 
+// HasSynced tells whether every NodeConfig has been listed: before, a
+// node missing from Summaries, Exists or Names may only be unlisted yet.
+func (a *All) HasSynced() bool { return a.informer.HasSynced() }
+
 // Names are the nodes with a NodeConfig (as far as the cache knows).
 func (a *All) Names() []string {
 	return a.informer.GetStore().ListKeys()
