@@ -454,6 +454,15 @@ func (d *daemon) reportStartError(ctx context.Context, err error) {
 }
 
 // snapshot is the one status snapshot (see package status).
+// peersWait is what the BGP peers wait for (waitNodeConfigs), "" if
+// nothing.
+func (d *daemon) peersWait() string {
+	if k := d.kube; k != nil && k.allNC != nil && !k.allNC.HasSynced() {
+		return "every node's NodeConfig is not listed yet (a summary that overlaps another node's is not to be advertised)"
+	}
+	return ""
+}
+
 func (d *daemon) snapshot() status.Node {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -481,6 +490,7 @@ func (d *daemon) snapshot() status.Node {
 		n.Suppressed = append(n.Suppressed, why)
 	}
 	slices.Sort(n.Suppressed)
+	n.PeersWait = d.peersWait()
 	d.mu.Lock()
 	n.ConfigError = joinProblems(d.cfgErr, d.kube.templateError())
 	n.Installer = d.installer

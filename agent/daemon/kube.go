@@ -343,9 +343,10 @@ func (k *kubeMode) wire(d *daemon) {
 	k.services.SetOptions(d.serviceOptions())
 	k.claimGC = &claims.GC{
 		Claims: k.claims, Grace: grace, Log: d.log, OnCollect: d.metrics.LeaksCollected.Inc,
-		Holds: d.state.Holds,
-		Pods:  k.pods.Exists,
-		Peers: k.allNC.Names,
+		Holds:       d.state.Holds,
+		Pods:        k.pods.Exists,
+		Peers:       k.allNC.Names,
+		PeersSynced: k.allNC.HasSynced,
 		Nodes: func(ctx context.Context, name string) (bool, error) {
 			_, err := k.core.Nodes().Get(ctx, name, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {

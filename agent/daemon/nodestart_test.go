@@ -4,6 +4,8 @@ import (
 	"context"
 	"net/netip"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 
 	"code.fritzlab.net/fritzlab/flock/advert"
 	"code.fritzlab.net/fritzlab/flock/agent/reconcile"
+	"code.fritzlab.net/fritzlab/flock/agent/status"
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/nodeconfigs"
@@ -85,6 +88,10 @@ func TestServesCNIWhileNodeConfigsList(t *testing.T) {
 		}
 		return true, ""
 	})
+	// An operator sees why (the NodeConfig status, flockctl).
+	if p := (status.Node{PeersWait: d.peersWait()}).Problems(); !slices.ContainsFunc(p, func(s string) bool { return strings.HasPrefix(s, "BGP peers not added yet: ") }) {
+		t.Errorf("while the NodeConfigs are listed, the problems say nothing of the peers: %q", p)
+	}
 
 	close(g.open)
 	select {
@@ -94,6 +101,9 @@ func TestServesCNIWhileNodeConfigsList(t *testing.T) {
 		}
 	case <-time.After(testutil.Timeout):
 		t.Fatal("peers never added once the NodeConfigs were listed")
+	}
+	if w := d.peersWait(); w != "" {
+		t.Errorf("the NodeConfigs listed, the peers still wait for %q", w)
 	}
 	if why := d.state.Suppressed()[summary6]; why == "" {
 		t.Errorf("%s not withheld: %v", summary6, d.state.Suppressed())

@@ -148,6 +148,7 @@ func (d *daemon) waitNodeConfigs(ctx context.Context) {
 		return // stopping
 	}
 	d.checkOverlaps()
+	d.statusChanged() // the peers wait no more for them (status.Node.PeersWait)
 	wctx, cancel := context.WithTimeout(ctx, serviceRoutesWait)
 	defer cancel()
 	if err := d.bgpLoop.Wait(wctx, d.state.Generation()); err != nil {

@@ -44,6 +44,10 @@ type Node struct {
 	// Installer is the CNI installer's refusal ("" if it installed or
 	// none ran): no conflist of its chain was written.
 	Installer string
+	// PeersWait is what the BGP peers wait for before they are added
+	// ("" if nothing): every node's NodeConfig, listed after the agent
+	// serves, whose summaries ours must not overlap.
+	PeersWait string
 	// Services counts this node's Service addresses by state (advertised,
 	// draining, not advertised); ServiceRouteChanges counts changes of
 	// its Service routes since start.
@@ -64,7 +68,7 @@ func (n Node) Peers() (established, configured int) {
 
 // Problems lists what an operator must look at: a CNI installer that
 // refused, a NodeConfig that could not be applied, reconcilers whose last
-// pass failed.
+// pass failed, summaries not advertised, peers not added yet.
 func (n Node) Problems() []string {
 	var out []string
 	if n.Installer != "" {
@@ -80,6 +84,9 @@ func (n Node) Problems() []string {
 	}
 	for _, s := range n.Suppressed {
 		out = append(out, "not advertised: "+s)
+	}
+	if n.PeersWait != "" {
+		out = append(out, "BGP peers not added yet: "+n.PeersWait)
 	}
 	if len(n.Stuck) > 0 {
 		out = append(out, fmt.Sprintf("%d attachment(s) stuck until a DEL or GC removes them: %s", len(n.Stuck), strings.Join(n.Stuck, "; ")))

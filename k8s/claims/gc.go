@@ -73,6 +73,11 @@ type GC struct {
 	// Node exists (neither a rendered nor a hand-made one goes with it),
 	// so it never stands in for the answer. Nil: every agent asks.
 	Peers func() []string
+	// PeersSynced tells whether Peers names every such node yet (nil:
+	// always). Until it does, other nodes' claims wait for a later round:
+	// an agent serves before every NodeConfig is listed, and with Peers
+	// short it would ask about every other node itself.
+	PeersSynced func() bool
 	// Grace is the minimum age of a collected claim; the GC runs every
 	// Grace/2. 0: DefaultGrace.
 	Grace time.Duration
@@ -126,7 +131,10 @@ func (g *GC) Run(ctx context.Context) error {
 func (g *GC) sweep(ctx context.Context, log *slog.Logger, grace time.Duration, seen map[string]time.Time) {
 	now := g.clock()
 	node := g.Claims.node
-	asks := g.asker(now, grace/2)
+	asks := func(string) bool { return false } // Peers not synced: no other node this round
+	if g.PeersSynced == nil || g.PeersSynced() {
+		asks = g.asker(now, grace/2)
+	}
 	present := map[string]bool{}
 	nodeExists := map[string]bool{} // this round's answers
 	nodeFailed := map[string]bool{} // this round's errors: skip that node's claims

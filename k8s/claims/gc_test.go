@@ -193,6 +193,39 @@ func TestGCDeletesTheClaimsOfAGoneNode(t *testing.T) {
 	}
 }
 
+// Until Peers names every node (the agent's NodeConfigs still listing),
+// no other node is asked about: with Peers short, this agent would ask
+// about every node itself. Its own claims are judged as before; the
+// other node's claim goes once Peers is synced.
+func TestGCWaitsForPeersBeforeAskingAboutOthers(t *testing.T) {
+	a, c := setup(t, otherNode(), mine())
+	w := newWorld()
+	now := t0.Add(grace)
+	g := w.gc(c, &now)
+	var synced atomic.Bool
+	g.Peers = func() []string { return nil } // nothing listed yet
+	g.PeersSynced = synced.Load
+	sweep(g, map[string]time.Time{})
+	if len(w.nodeAsks) != 0 {
+		t.Fatalf("before Peers synced, asked about nodes %v", w.nodeAsks)
+	}
+	if _, ok := a.get(t, otherIP); !ok {
+		t.Fatal("before Peers synced, another node's claim was deleted")
+	}
+	if _, ok := a.get(t, mineIP); ok {
+		t.Error("this node's claim of a container it does not hold survived: its own claims wait for nothing")
+	}
+	g.Peers = func() []string { return []string{"node-a"} }
+	synced.Store(true)
+	sweep(g, map[string]time.Time{})
+	if w.nodeAsks["node-c"] != 1 {
+		t.Fatalf("once synced, asked about node-c %d times, want 1", w.nodeAsks["node-c"])
+	}
+	if _, ok := a.get(t, otherIP); ok {
+		t.Error("once synced, the claim of a gone pod on a gone node survived")
+	}
+}
+
 // Each case keeps the claim, also long after the grace.
 func TestGCKeeps(t *testing.T) {
 	unavailable := apierrors.NewServiceUnavailable("apiserver is restarting")
