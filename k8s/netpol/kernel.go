@@ -108,14 +108,10 @@ type kernelVerdicts struct {
 	// (holders reads it in flock-policy).
 	ips *podsByIP
 	// recheck are extra IPs whose holder change waits for the Deps of the
-	// load asked for or under way (judgeExtra); waiting are the pod and
-	// NetworkPolicy changes that came while the stored Deps were of an
-	// older context, judged again against the next ones (currentDeps).
-	// rmu orders both against the load's storing them (stored).
+	// load asked for or under way (judgeExtra); rmu orders that against
+	// the load's storing them (stored).
 	rmu     sync.Mutex
 	recheck map[string]bool
-	waiting []func()
-	waited  atomic.Uint64 // changes that waited so
 	// heldTwiceAt is when logHeldTwice last logged (Unix ns).
 	heldTwiceAt atomic.Int64
 }
@@ -246,45 +242,11 @@ func (k *kernelVerdicts) podChanged(old, cur *trim.Pod) {
 		}
 	}
 	k.mu.Unlock()
-	k.judgePod(old, cur)
-}
-
-// maxWaiting bounds the changes that wait for a load's Deps (currentDeps):
-// past it they ask for a load after that one, which reads them all.
-const maxWaiting = 4096
-
-// currentDeps is the Deps of the context now, for judging a change; nil
-// (judge without: compile) before the first load, or when too many
-// changes wait. False when the stored Deps are of an older context: a
-// load is on its way (changed asked for it), and again is queued to judge
-// the change against its Deps once it stores them. Judged without, a
-// change asks for one more load after that one, and a policy's a new
-// context too: on a machine whose compile takes longer than the time
-// between a large cluster's policy changes, each such change kept the
-// Deps stale for the next, and loads came back to back.
-func (k *kernelVerdicts) currentDeps(again func()) (*verdicts.Deps, bool) {
-	k.rmu.Lock()
-	defer k.rmu.Unlock()
-	d := k.deps.Load()
-	switch {
-	case d == nil || len(k.waiting) >= maxWaiting:
-		return nil, true
-	case d.gen == k.gen.Load():
-		return d.d, true
-	}
-	k.waiting = append(k.waiting, again)
-	k.waited.Add(1)
-	return nil, false
-}
-
-// judgePod asks for what a pod's change needs, against the Deps of the
-// context now (currentDeps).
-func (k *kernelVerdicts) judgePod(old, cur *trim.Pod) {
-	deps, ok := k.currentDeps(func() { k.judgePod(old, cur) })
-	if !ok {
-		return
-	}
 	live := k.live()
+	var deps *verdicts.Deps
+	if d := k.deps.Load(); d != nil && d.gen == k.gen.Load() {
+		deps = d.d
+	}
 	switch verdicts.Classify(live, deps, old, cur) {
 	case verdicts.Unchanged:
 		k.skipped.Add(1)
@@ -473,24 +435,12 @@ func (k *kernelVerdicts) judgeExtra(ips []string, local bool) {
 }
 
 // stored makes prog, compiled with deps for the context gen from the
-// changes up to seq, the kernel's, and judges again the changes that
-// waited for it (currentDeps, judgeExtra). Whether the load listed a
-// waiting change's old object or its new one, what the change asks for
-// against deps (nothing, a patch, a load) makes the kernel current: a
-// patch and a load read the cluster as it is then.
+// changes up to seq, the kernel's, and judges again the holder changes
+// that waited for it (judgeExtra).
 func (k *kernelVerdicts) stored(prog *verdicts.Program, deps *verdicts.Deps, gen, seq uint64) {
 	k.last.Store(prog)
 	k.rmu.Lock()
 	k.deps.Store(&depsAt{deps, gen})
-	waiting := k.waiting
-	k.waiting = nil
-	k.rmu.Unlock()
-	// Before done says the load is current: who sees it sees what these
-	// asked for (seq, pseq) too.
-	for _, f := range waiting {
-		f()
-	}
-	k.rmu.Lock()
 	k.done.Store(seq)
 	again := slices.Sorted(maps.Keys(k.recheck))
 	clear(k.recheck)
@@ -519,15 +469,9 @@ func (k *kernelVerdicts) policyChanged(old, cur *networkingv1.NetworkPolicy) {
 		k.policySkipped.Add(1) // a relist's: the same object
 		return
 	}
-	k.judgePolicy(old, cur)
-}
-
-// judgePolicy asks for what a NetworkPolicy's update needs, against the
-// Deps of the context now (currentDeps).
-func (k *kernelVerdicts) judgePolicy(old, cur *networkingv1.NetworkPolicy) {
-	deps, ok := k.currentDeps(func() { k.judgePolicy(old, cur) })
-	if !ok {
-		return
+	var deps *verdicts.Deps
+	if d := k.deps.Load(); d != nil && d.gen == k.gen.Load() {
+		deps = d.d
 	}
 	if verdicts.ClassifyPolicy(deps, old, cur) == verdicts.Unchanged {
 		k.policySkipped.Add(1)
