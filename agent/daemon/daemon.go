@@ -453,7 +453,6 @@ func (d *daemon) reportStartError(ctx context.Context, err error) {
 	}
 }
 
-// snapshot is the one status snapshot (see package status).
 // peersWait is what the BGP peers wait for (waitNodeConfigs), "" if
 // nothing.
 func (d *daemon) peersWait() string {
@@ -463,6 +462,7 @@ func (d *daemon) peersWait() string {
 	return ""
 }
 
+// snapshot is the one status snapshot (see package status).
 func (d *daemon) snapshot() status.Node {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
