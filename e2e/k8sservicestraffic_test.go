@@ -363,9 +363,14 @@ func upServicesLab(t *testing.T, images func(root, dir string) []string, extra .
 			t.Logf("flock pods:\n%s", out)
 			names, _ := c.Kubectl(context.Background(), "-n", "flock-system", "get", "pods", "-o", "jsonpath={.items[*].metadata.name}")
 			for _, pod := range strings.Fields(names) {
-				for _, ctr := range []string{"agent", "policy"} {
+				// install-cni too: a crash-looping init container says why
+				// only there (--previous: the attempt that failed).
+				for _, ctr := range []string{"install-cni", "agent", "policy"} {
 					out, _ := c.Kubectl(context.Background(), "-n", "flock-system", "logs", pod, "-c", ctr, "--timestamps", "--tail=40")
 					t.Logf("%s %s log:\n%s", pod, ctr, out)
+					if prev, err := c.Kubectl(context.Background(), "-n", "flock-system", "logs", pod, "-c", ctr, "--timestamps", "--tail=40", "--previous"); err == nil {
+						t.Logf("%s %s log, the attempt before:\n%s", pod, ctr, prev)
+					}
 				}
 			}
 			if l.n2 != nil {
