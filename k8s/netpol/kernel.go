@@ -118,16 +118,18 @@ type kernelVerdicts struct {
 
 // PatchEvery is how often, at most, the changes of other nodes' pods that
 // alter only their dispatch entries and sets of peers are patched into
-// the kernel: a quarter of RemoteLag, for a transaction a batch. A
-// transaction's commit costs the kernel a walk of the whole table (it
-// checks the jumps), which grows with the program: at 1,700 nodes' churn,
-// patches every 100 ms were a fifth of flock-policy's CPU. Patches are
-// also paced to a twentieth of a core (patchPace), and never wait longer
-// than RemoteLag.
-const PatchEvery = RemoteLag / 4
+// the kernel: RemoteLag, as kube-proxy syncs an EndpointSlice's churn at
+// most once a second (--min-sync-period). A change after a quiet spell
+// is patched at once; under a churn, one transaction a second carries
+// the batch. A transaction's commit costs the kernel a walk of the whole
+// table (it checks the jumps), which grows with the program: at 500
+// nodes' churn, patches every 250 ms were a sixth of flock-policy's CPU
+// (every 100 ms, a fifth at 1,700).
+const PatchEvery = RemoteLag
 
 // patchPace is how long after the last patch, which took took, the next
-// one waits: 19 times took, at least every (PatchEvery), at most lag.
+// one waits: 19 times took, at least every (PatchEvery), at most lag
+// (with PatchEvery as long as RemoteLag, every).
 func patchPace(took, every, lag time.Duration) time.Duration {
 	return min(max(19*took, every), max(lag, every))
 }
