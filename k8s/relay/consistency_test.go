@@ -102,6 +102,11 @@ func TestLiveStartsAtTheFirstList(t *testing.T) {
 			if err := first(u, f); err != nil {
 				t.Fatal(err)
 			}
+			// A watch-list's is taken once its reader took the bookmark
+			// (passing): a moment after the receive above.
+			for deadline := time.Now().Add(5 * time.Second); u.ListRV() == "" && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
 			if u.ListRV() != "150" {
 				t.Fatalf("list at %q, want 150", u.ListRV())
 			}
