@@ -184,7 +184,8 @@ func (v *View) Pods(pod string) ([]PodView, error) {
 	}
 	p, err := src.pods.Pods(ns).Get(name)
 	if apierrors.IsNotFound(err) {
-		return nil, requestError{http.StatusNotFound, fmt.Sprintf("pod %s not found", pod)}
+		// From the relays, another node's pod comes with its addresses.
+		return nil, requestError{http.StatusNotFound, fmt.Sprintf("pod %s not found (of other nodes' pods, those with addresses are known here)", pod)}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get pod %s: %w", pod, err)

@@ -49,9 +49,13 @@ type entry struct {
 
 // event is a change watchers are sent.
 type event struct {
-	rv    uint64
-	frame []byte // for other nodes
-	whole *lazy  // the event with the pod's whole UID, if frame lacks part of it
+	rv uint64
+	// frame is the event for other nodes (othersEvent); nil: they are
+	// not sent it.
+	frame []byte
+	// whole is the event as it is, with the pod's whole UID, if frame
+	// differs from it.
+	whole *lazy
 }
 
 // lazy is an encoding made when first asked for, once: a pod's node asks
@@ -93,15 +97,52 @@ func forOthers(p *trim.Pod) (*corev1.Pod, bool) {
 // a pod on podNode.
 func sendsWhole(node, podNode string) bool { return node == "" || node == podNode }
 
-// forNode is e encoded as a request for node is sent it.
+// seenByOthers: other nodes than p's are sent p only while it has
+// addresses (status.podIPs). What they read of another node's pod is
+// who holds an address (a peer of their pods' policies, the holder of an
+// `addresses` or anycast IP, which is judged as its pod only once the
+// pod's own addresses are known too); a pod without any, one just made
+// or scheduled most often, is none. Its making is a third of a churn's
+// events, which every node was sent. What a node holds of other nodes'
+// pods is so a function of the pods (no matter which relay it followed):
+// the pods with addresses.
+func seenByOthers(p *trim.Pod) bool { return len(p.Status.PodIPs) > 0 }
+
+// othersEvent is the event other nodes are sent for t, a change of a pod
+// they were sent before it (before) and are sent after it (after): a pod
+// that gains its addresses is added, one that loses them deleted; ""
+// for none. A delete is always sent: a node that followed the API server
+// for a while holds pods without addresses too, and is rid of them so.
+func othersEvent(t watch.EventType, before, after bool) watch.EventType {
+	switch {
+	case t == watch.Deleted:
+		return watch.Deleted
+	case before && after:
+		return watch.Modified
+	case after:
+		return watch.Added
+	case before:
+		return watch.Deleted
+	}
+	return ""
+}
+
+// forNode is e encoded as a request for node is sent it; nil: none (a
+// pod of another node that it is not sent, seenByOthers).
 func (e *entry) forNode(node string) ([]byte, error) {
-	if e.whole == nil || !sendsWhole(node, e.pod.Spec.NodeName) {
+	if !sendsWhole(node, e.pod.Spec.NodeName) {
+		if !seenByOthers(e.pod) {
+			return nil, nil
+		}
+		return e.raw, nil
+	}
+	if e.whole == nil {
 		return e.raw, nil
 	}
 	return e.whole.get()
 }
 
-// forNode is ev's frame as a watcher for node is sent it.
+// forNode is ev's frame as a watcher for node is sent it; nil: none.
 func (ev *event) forNode(node string) ([]byte, error) {
 	if ev.whole == nil || !sendsWhole(node, ev.whole.pod.Spec.NodeName) {
 		return ev.frame, nil
@@ -241,7 +282,30 @@ func (c *Cache) put(obj, old any) {
 	if had {
 		t = watch.Modified
 	}
-	c.appendLocked(rv, t, p, raw, own)
+	c.appendOthersLocked(rv, t, prev, had, p, raw, own)
+}
+
+// appendOthersLocked appends the event t of p (resource version rv, raw
+// and own as prepare made them), prev the pod before it if had: other
+// nodes are sent othersEvent. When it deletes, for them, a pod they
+// hold, they are sent the pod as they hold it, with the addresses it
+// leaves: a handler removes a deleted pod from where it was by the
+// deleted object (the pods by IP), not by what the informer held.
+func (c *Cache) appendOthersLocked(rv uint64, t watch.EventType, prev *entry, had bool, p *trim.Pod, raw []byte, own bool) {
+	before := had && seenByOthers(prev.pod)
+	others := othersEvent(t, before, seenByOthers(p))
+	if others != watch.Deleted || !before || seenByOthers(p) {
+		c.appendLocked(rv, t, others, p, raw, own, false)
+		return
+	}
+	held, _ := forOthers(prev.pod)
+	held.ResourceVersion = p.ResourceVersion
+	b, err := encodePod(held)
+	if err != nil {
+		c.failLocked(err)
+		return
+	}
+	c.appendLocked(rv, t, others, p, b, own, true)
 }
 
 func (c *Cache) delete(obj any) {
@@ -262,11 +326,13 @@ func (c *Cache) delete(obj any) {
 	if !ok {
 		return
 	}
+	key := p.Namespace + "/" + p.Name
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.pods, p.Namespace+"/"+p.Name)
+	prev, had := c.pods[key]
+	delete(c.pods, key)
 	if c.advanceLocked(rv) {
-		c.appendLocked(rv, watch.Deleted, p, raw, own)
+		c.appendOthersLocked(rv, watch.Deleted, prev, had, p, raw, own)
 	}
 }
 
@@ -290,16 +356,20 @@ func (c *Cache) advanceLocked(rv uint64) bool {
 	return true
 }
 
-// appendLocked appends the event t of p (resource version rv): raw is p
-// encoded for other nodes, lacking its UID if own.
-func (c *Cache) appendLocked(rv uint64, t watch.EventType, p *trim.Pod, raw []byte, own bool) {
-	f, err := frame(t, raw)
-	if err != nil {
-		c.failLocked(err)
-		return
+// appendLocked appends the event t of p (resource version rv), others
+// for other nodes ("": none): raw is what they are sent of the pod
+// (p, or the pod before it if held), lacking its UID if own.
+func (c *Cache) appendLocked(rv uint64, t, others watch.EventType, p *trim.Pod, raw []byte, own, held bool) {
+	ev := event{rv: rv}
+	if others != "" {
+		f, err := frame(others, raw)
+		if err != nil {
+			c.failLocked(err)
+			return
+		}
+		ev.frame = f
 	}
-	ev := event{rv: rv, frame: f}
-	if own {
+	if own || held || others != t {
 		ev.whole = &lazy{pod: p, t: t}
 	}
 	if len(c.ring) == c.max {

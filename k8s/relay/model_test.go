@@ -142,17 +142,24 @@ func pick(rng *rand.Rand, relays map[string]*relayUnderTest) string {
 }
 
 // change is a random change of pod i (nil: absent): made, relabelled,
-// given addresses or a phase, touched where trim does not look, deleted.
+// given addresses or a phase, its addresses taken, touched where trim
+// does not look, deleted.
 func change(r *rand.Rand, p *corev1.Pod, i int) *corev1.Pod {
 	if p == nil {
 		if r.IntN(4) == 0 {
 			return nil
 		}
-		return testPod(fmt.Sprintf("ns%d", i%3), fmt.Sprintf("p%d", i), i+r.IntN(1000))
+		p := testPod(fmt.Sprintf("ns%d", i%3), fmt.Sprintf("p%d", i), i+r.IntN(1000))
+		if r.IntN(2) == 0 {
+			p.Status.PodIPs = nil // pending: other nodes are not sent it
+		}
+		return p
 	}
-	switch r.IntN(6) {
+	switch r.IntN(7) {
 	case 0:
 		return nil
+	case 6: // addresses gone (other nodes no longer hold it)
+		p.Status.PodIPs = nil
 	case 1:
 		p.Labels = map[string]string{"app": fmt.Sprintf("app-%d", r.IntN(5))}
 	case 2:

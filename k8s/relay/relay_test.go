@@ -10,8 +10,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 
+	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
 	"code.fritzlab.net/fritzlab/flock/k8s/netpol/trim"
 )
@@ -118,7 +121,8 @@ func testPod(ns, name string, i int) *corev1.Pod {
 			Labels: map[string]string{"app": fmt.Sprintf("app-%d", i%7)}, Annotations: map[string]string{"noise": "dropped"}},
 		Spec: corev1.PodSpec{NodeName: fmt.Sprintf("node-%d", i%5), Containers: []corev1.Container{
 			{Name: "c", Image: "registry.example/app:1", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}}}}},
-		Status: corev1.PodStatus{Phase: corev1.PodPending},
+		// An address: other nodes are sent it (seenByOthers).
+		Status: corev1.PodStatus{Phase: corev1.PodPending, PodIPs: []corev1.PodIP{{IP: fmt.Sprintf("fd00:7e57::%x", i)}}},
 	}
 }
 
@@ -213,7 +217,7 @@ func publish(t *testing.T, api *fake.Clientset, relays map[string]*relayUnderTes
 func converged(n *node, want map[string]*corev1.Pod, within time.Duration) error {
 	deadline := time.Now().Add(within)
 	for {
-		err := sameAs(n.inf.GetStore(), want, n.source.Node)
+		err := sameAs(n.inf.GetStore(), want, n.source.Node, strings.HasPrefix(n.source.Using(), "relay"))
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}
@@ -223,8 +227,10 @@ func converged(n *node, want map[string]*corev1.Pod, within time.Duration) error
 
 // sameAs: store holds want's pods as the node reads them: the whole UID
 // of its own pods (of every pod, for a node without a name), of other
-// pods the whole UID (the API server's) or its start (the relays').
-func sameAs(store cache.Store, want map[string]*corev1.Pod, node string) error {
+// pods the whole UID (the API server's) or its start (the relays'). From
+// relays (relayed), a named node holds other nodes' pods only while they
+// have addresses.
+func sameAs(store cache.Store, want map[string]*corev1.Pod, node string, relayed bool) error {
 	var errs []error
 	got := map[string]*trim.Pod{}
 	for _, o := range store.List() {
@@ -247,11 +253,12 @@ func sameAs(store cache.Store, want map[string]*corev1.Pod, node string) error {
 	sort.Strings(keys)
 	for _, k := range keys {
 		var w *trim.Pod
-		if p := want[k]; p != nil {
+		if p := want[k]; p != nil && (!relayed || node == "" || p.Spec.NodeName == node || len(p.Status.PodIPs) > 0) {
 			w = trim.NewPod(p)
 		}
 		g := got[k]
 		switch {
+		case g == nil && w == nil: // not the node's to hold
 		case g == nil:
 			errs = append(errs, fmt.Errorf("%s missing", k))
 		case w == nil:
@@ -321,6 +328,157 @@ func withUID(g, w *trim.Pod, node string) *trim.Pod {
 // names no node (flock-policy before the header) is sent every UID
 // whole: its tracker matches whole UIDs.
 func TestEachNodeIsSentTheUIDsItReads(t *testing.T) {
+	eachWatchMode(t, func(t *testing.T, up *upstream, c *Cache, noWatchList bool) {
+		pod := func(name, node string) func(*corev1.Pod) *corev1.Pod {
+			return func(*corev1.Pod) *corev1.Pod {
+				p := testPod("ns", name, 1)
+				p.UID = types.UID("0b5e6c1a-2f3d-4e5f-8a9b-" + name)
+				p.Spec.NodeName = node
+				return p
+			}
+		}
+		up.apply("ns/own", pod("own", "n1"))
+		up.apply("ns/other", pod("other", "n2"))
+		r := startRelay(t, c)
+		api := fake.NewClientset()
+		publish(t, api, map[string]*relayUnderTest{"relay-a": r})
+		n1 := newNamedNode(t, api, testToken, noWatchList, "n1")
+		anon := newNamedNode(t, api, testToken, noWatchList, "")
+		check := func(when string, whole map[string]bool) {
+			t.Helper()
+			for _, n := range []*node{n1, anon} {
+				if err := converged(n, up.snapshot(), 10*time.Second); err != nil {
+					t.Fatalf("%s, node %q: %v", when, n.source.Node, err)
+				}
+				for name, own := range whole {
+					o, ok, _ := n.inf.GetStore().GetByKey("ns/" + name)
+					if !ok {
+						t.Fatalf("%s, node %q: ns/%s missing", when, n.source.Node, name)
+					}
+					want := types.UID("0b5e6c1a-2f3d-4e5f-8a9b-" + name)
+					if !own && n != anon {
+						want = "0b5e6c1a"
+					}
+					if uid := o.(*trim.Pod).UID; uid != want {
+						t.Fatalf("%s, node %q: ns/%s has UID %q, want %q", when, n.source.Node, name, uid, want)
+					}
+				}
+			}
+		}
+		check("initial", map[string]bool{"own": true, "other": false})
+		up.apply("ns/own2", pod("own2", "n1"))
+		up.apply("ns/other2", pod("other2", "n3"))
+		up.apply("ns/own", func(p *corev1.Pod) *corev1.Pod { p.Labels["app"] = "changed"; return p })
+		up.apply("ns/other", func(p *corev1.Pod) *corev1.Pod { p.Labels["app"] = "changed"; return p })
+		check("after changes", map[string]bool{"own": true, "own2": true, "other": false, "other2": false})
+	})
+}
+
+// TestOtherNodesAreSentPodsWithAddresses: a node is sent another node's
+// pod only while it has addresses (in a list, a watch's initial events and
+// its events): added when it gains them, deleted when it loses them or
+// goes. Its own pods and requests naming no node are sent every pod.
+func TestOtherNodesAreSentPodsWithAddresses(t *testing.T) {
+	eachWatchMode(t, func(t *testing.T, up *upstream, c *Cache, noWatchList bool) {
+		pod := func(name, node string, ips ...string) func(*corev1.Pod) *corev1.Pod {
+			return func(*corev1.Pod) *corev1.Pod {
+				p := testPod("ns", name, 1)
+				p.Spec.NodeName = node
+				p.Status.PodIPs = nil
+				for _, ip := range ips {
+					p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+				}
+				return p
+			}
+		}
+		ips := func(ips ...string) func(*corev1.Pod) *corev1.Pod {
+			return func(p *corev1.Pod) *corev1.Pod {
+				p.Status.PodIPs = nil
+				for _, ip := range ips {
+					p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: ip})
+				}
+				return p
+			}
+		}
+		// Before the nodes: what they list.
+		up.apply("ns/own-pending", pod("own-pending", "n1"))
+		up.apply("ns/other-pending", pod("other-pending", "n2"))
+		up.apply("ns/other-up", pod("other-up", "n2", "2001:db8::1"))
+		r := startRelay(t, c)
+		api := fake.NewClientset()
+		publish(t, api, map[string]*relayUnderTest{"relay-a": r})
+		n1 := newNamedNode(t, api, testToken, noWatchList, "n1")
+		anon := newNamedNode(t, api, testToken, noWatchList, "")
+		// The addresses of the pods n1's handlers are told are deleted:
+		// a handler removes a pod from where it was by them.
+		var mu sync.Mutex
+		deleted := map[string][][]string{} // each delete's addresses, by pod
+		if _, err := n1.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: func(o any) {
+			p := o.(*trim.Pod)
+			ips := []string{}
+			for _, ip := range p.Status.PodIPs {
+				ips = append(ips, ip.IP)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			deleted[p.Name] = append(deleted[p.Name], ips)
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		wasDeleted := func(name string, ips ...string) {
+			t.Helper()
+			testutil.WaitFor(t, fmt.Sprintf("n1's handlers told %s is deleted, with %v", name, ips), func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return slices.ContainsFunc(deleted[name], func(got []string) bool { return slices.Equal(got, append([]string{}, ips...)) })
+			})
+		}
+		check := func(when string, n1Holds ...string) {
+			t.Helper()
+			for _, n := range []*node{n1, anon} {
+				if err := converged(n, up.snapshot(), 10*time.Second); err != nil {
+					t.Fatalf("%s, node %q: %v", when, n.source.Node, err)
+				}
+				if !strings.HasPrefix(n.source.Using(), "relay") {
+					t.Fatalf("%s, node %q: pods from %q, want a relay", when, n.source.Node, n.source.Using())
+				}
+			}
+			// converged knows the rule; the keys say it plainly too.
+			got := n1.inf.GetStore().ListKeys()
+			slices.Sort(got)
+			slices.Sort(n1Holds)
+			if !slices.Equal(got, n1Holds) {
+				t.Fatalf("%s: node n1 holds %v, want %v", when, got, n1Holds)
+			}
+			if all := anon.inf.GetStore().ListKeys(); len(all) != len(up.snapshot()) {
+				t.Fatalf("%s: a node without a name holds %v, want every pod (%d)", when, all, len(up.snapshot()))
+			}
+		}
+		check("listed", "ns/own-pending", "ns/other-up")
+		up.apply("ns/other-new", pod("other-new", "n3"))
+		up.apply("ns/other-pending", ips("2001:db8::2", "198.51.100.2"))
+		check("other-pending given addresses", "ns/own-pending", "ns/other-up", "ns/other-pending")
+		up.apply("ns/other-up", ips())
+		up.apply("ns/other-new", func(p *corev1.Pod) *corev1.Pod { p.Labels["app"] = "relabelled"; return p })
+		check("other-up's addresses taken", "ns/own-pending", "ns/other-pending")
+		wasDeleted("other-up", "2001:db8::1")
+		up.apply("ns/other-up", ips("2001:db8::3"))
+		up.apply("ns/other-new", func(*corev1.Pod) *corev1.Pod { return nil })
+		up.apply("ns/own-pending", func(*corev1.Pod) *corev1.Pod { return nil })
+		check("other-up readdressed, others deleted", "ns/other-pending", "ns/other-up")
+		// A delete is sent whatever the node holds (it may hold a pod
+		// without addresses from the API server).
+		wasDeleted("other-new")
+		up.apply("ns/other-up", ips())
+		up.apply("ns/other-up", func(*corev1.Pod) *corev1.Pod { return nil })
+		check("other-up's addresses taken, then deleted", "ns/other-pending")
+		wasDeleted("other-up", "2001:db8::3")
+	})
+}
+
+// eachWatchMode runs f against a cache fed by up, for a node that lists
+// then watches and for one whose watch streams the list.
+func eachWatchMode(t *testing.T, f func(t *testing.T, up *upstream, c *Cache, noWatchList bool)) {
 	for _, noWatchList := range []bool{false, true} {
 		t.Run(fmt.Sprintf("watch-list %t", !noWatchList), func(t *testing.T) {
 			up := newUpstream()
@@ -328,48 +486,7 @@ func TestEachNodeIsSentTheUIDsItReads(t *testing.T) {
 			if err := up.attach(c); err != nil {
 				t.Fatal(err)
 			}
-			pod := func(name, node string) func(*corev1.Pod) *corev1.Pod {
-				return func(*corev1.Pod) *corev1.Pod {
-					p := testPod("ns", name, 1)
-					p.UID = types.UID("0b5e6c1a-2f3d-4e5f-8a9b-" + name)
-					p.Spec.NodeName = node
-					return p
-				}
-			}
-			up.apply("ns/own", pod("own", "n1"))
-			up.apply("ns/other", pod("other", "n2"))
-			r := startRelay(t, c)
-			api := fake.NewClientset()
-			publish(t, api, map[string]*relayUnderTest{"relay-a": r})
-			n1 := newNamedNode(t, api, testToken, noWatchList, "n1")
-			anon := newNamedNode(t, api, testToken, noWatchList, "")
-			check := func(when string, whole map[string]bool) {
-				t.Helper()
-				for _, n := range []*node{n1, anon} {
-					if err := converged(n, up.snapshot(), 10*time.Second); err != nil {
-						t.Fatalf("%s, node %q: %v", when, n.source.Node, err)
-					}
-					for name, own := range whole {
-						o, ok, _ := n.inf.GetStore().GetByKey("ns/" + name)
-						if !ok {
-							t.Fatalf("%s, node %q: ns/%s missing", when, n.source.Node, name)
-						}
-						want := types.UID("0b5e6c1a-2f3d-4e5f-8a9b-" + name)
-						if !own && n != anon {
-							want = "0b5e6c1a"
-						}
-						if uid := o.(*trim.Pod).UID; uid != want {
-							t.Fatalf("%s, node %q: ns/%s has UID %q, want %q", when, n.source.Node, name, uid, want)
-						}
-					}
-				}
-			}
-			check("initial", map[string]bool{"own": true, "other": false})
-			up.apply("ns/own2", pod("own2", "n1"))
-			up.apply("ns/other2", pod("other2", "n3"))
-			up.apply("ns/own", func(p *corev1.Pod) *corev1.Pod { p.Labels["app"] = "changed"; return p })
-			up.apply("ns/other", func(p *corev1.Pod) *corev1.Pod { p.Labels["app"] = "changed"; return p })
-			check("after changes", map[string]bool{"own": true, "own2": true, "other": false, "other2": false})
+			f(t, up, c, noWatchList)
 		})
 	}
 }

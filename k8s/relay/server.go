@@ -221,13 +221,14 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	node := r.Header.Get(NodeHeader)
-	list := &corev1.PodList{ListMeta: metav1.ListMeta{ResourceVersion: formatRV(rv)}, Items: make([]corev1.Pod, len(entries))}
-	for i, e := range entries {
-		p, _ := forOthers(e.pod)
+	list := &corev1.PodList{ListMeta: metav1.ListMeta{ResourceVersion: formatRV(rv)}, Items: make([]corev1.Pod, 0, len(entries))}
+	for _, e := range entries {
 		if sendsWhole(node, e.pod.Spec.NodeName) {
-			p = e.pod.Core()
+			list.Items = append(list.Items, *e.pod.Core())
+		} else if seenByOthers(e.pod) {
+			p, _ := forOthers(e.pod)
+			list.Items = append(list.Items, *p)
 		}
-		list.Items[i] = *p
 	}
 	out, closeOut := s.body(w, r)
 	w.Header().Set("Content-Type", mediaType)
@@ -387,11 +388,14 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 	if initial {
 		const batch = 256
 		frames := make([][]byte, 0, batch)
-		for i, e := range entries {
+		for _, e := range entries {
 			raw, ferr := e.forNode(node)
 			if ferr != nil {
 				s.Log.Warn("relay: initial event not encoded", "err", ferr)
 				return
+			}
+			if raw == nil {
+				continue // not the node's to be sent
 			}
 			f, ferr := frame(watch.Added, raw)
 			if ferr != nil {
@@ -399,7 +403,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			frames = append(frames, f)
-			if len(frames) == batch || i == len(entries)-1 {
+			if len(frames) == batch {
 				if send(frames...) != nil {
 					return
 				}
@@ -408,7 +412,7 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 		}
 		entries = nil
 		b, berr := bookmark(rv, true)
-		if berr != nil || send(b) != nil {
+		if berr != nil || send(append(frames, b)...) != nil {
 			return
 		}
 	}
@@ -440,7 +444,9 @@ func (s *Server) watch(w http.ResponseWriter, r *http.Request) {
 					s.Log.Warn("relay: event not encoded", "err", ferr)
 					return
 				}
-				frames = append(frames, f)
+				if f != nil { // nil: not the node's to be sent
+					frames = append(frames, f)
+				}
 			}
 			seq = nextSeq
 			if len(frames) == 0 {
