@@ -77,9 +77,19 @@ type activity struct {
 }
 
 // reached is the share of the ticks served (1 if none came).
-func (a *activity) reached() float64 {
-	done, missed := a.done.Load(), a.missed.Load()
-	if done+missed == 0 {
+func (a *activity) reached() float64 { return a.reachedSince(tally{}) }
+
+// tally is what an activity had done and missed at a moment.
+type tally struct{ done, missed int64 }
+
+func (a *activity) tally() tally { return tally{a.done.Load(), a.missed.Load()} }
+
+// reachedSince is the share of the ticks served since t (1 if none
+// came): the figures of a window are judged by the churn in it, not by
+// what it did before or after (the fan-out's load of the API server).
+func (a *activity) reachedSince(t tally) float64 {
+	done, missed := a.done.Load()-t.done, a.missed.Load()-t.missed
+	if done+missed <= 0 {
 		return 1
 	}
 	return float64(done) / float64(done+missed)

@@ -310,7 +310,16 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	// the collector's share of the CPU follows.
 	profiled.Go(func() { node.policyProfile(o.profiles, "allocs-churn-"+tag, "allocs", o.churnD-5*time.Second) })
 	counted := node.verdictCounters()
+	start := make([]tally, len(acts))
+	for i, a := range acts {
+		start[i] = a.tally()
+	}
 	r.churn = node.window(o.churnD)
+	// The churn the window saw: it goes on through the fan-out.
+	r.reached = 1
+	for i, a := range acts {
+		r.reached = min(r.reached, a.reachedSince(start[i]))
+	}
 	verdicts := "flock-policy's verdicts under churn: " + orNone(countersSince(counted, node.verdictCounters()))
 	logf("%s", verdicts)
 	profiled.Wait()
@@ -322,12 +331,11 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	for _, p := range procNames {
 		logf("under churn: %s: %s", p, r.churn[p])
 	}
-	r.reached = 1
 	for _, a := range acts {
 		r.activity = append(r.activity, a.String())
-		r.reached = min(r.reached, a.reached())
 		logf("%s", a)
 	}
+	logf("the churn reached %.0f %% of its target in the window measured", 100*r.reached)
 	r.activity = append(r.activity, verdicts)
 	return r
 }

@@ -43,3 +43,23 @@ func TestGoalsUnderAShortChurn(t *testing.T) {
 		t.Errorf("not met at half the churn: %q", got)
 	}
 }
+
+// The churn a window is judged by is the one in it: what the churn did
+// before the window, or missed after it, does not count.
+func TestReachedSinceCountsTheWindowOnly(t *testing.T) {
+	a := &activity{name: "pods"}
+	a.done.Store(50)
+	a.missed.Store(50) // before the window: half missed
+	start := a.tally()
+	a.done.Add(99)
+	a.missed.Add(1)
+	if got := a.reachedSince(start); got != 0.99 {
+		t.Fatalf("reached %v in the window, want 0.99", got)
+	}
+	if got := a.reached(); got != 149.0/200 {
+		t.Fatalf("reached %v overall, want %v", got, 149.0/200)
+	}
+	if got := a.reachedSince(a.tally()); got != 1 {
+		t.Fatalf("reached %v in an empty window, want 1", got)
+	}
+}
