@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -227,4 +228,54 @@ func (f *filler) churn(ctx context.Context, m *model, r churnRates, seed uint64)
 		})
 	}, pols)
 	return []*activity{pods, slices, pols}, wg.Wait
+}
+
+// scaled is r at share s of each of its rates: the same mix, slower.
+func (r churnRates) scaled(s float64) churnRates {
+	return churnRates{pods: r.pods * s, slices: r.slices * s, policies: r.policies * s}
+}
+
+// paceFor is the share of the churn a size is measured under,
+// given the pods a second a probe at the full rates completed: the full
+// churn where the machine sustained 95 % of it; else 90 % of what it
+// sustained, in 5 % steps (at least 5 %), a churn its API server keeps
+// up with, whose figures are projected to the full rates. A churn the
+// API server cannot keep up with is not the either: its
+// activities fall behind unevenly (the pods, three writes each, far more
+// than the EndpointSlices), which skews what each process is sent.
+func paceFor(sustained, target float64) float64 {
+	if target <= 0 || sustained >= churnReached*target {
+		return 1
+	}
+	return max(0.05, math.Floor(0.9*sustained/target*20)/20)
+}
+
+// probe runs the churn at r for d, after the 10 s its first pods take to
+// reach their deletion, and returns the pods a second it completed: what
+// this machine's API server sustains at this size. Its pods are deleted
+// before it returns.
+func (f *filler) probe(ctx context.Context, m *model, r churnRates, seed uint64, d time.Duration) float64 {
+	cctx, stop := context.WithCancel(ctx)
+	acts, wait := f.churn(cctx, m, r, seed)
+	defer wait()
+	defer stop()
+	pods := acts[0]
+	if !sleepCtx(ctx, 10*time.Second) {
+		return 0
+	}
+	t0, start := pods.tally(), time.Now()
+	if !sleepCtx(ctx, d) {
+		return 0
+	}
+	return float64(pods.done.Load()-t0.done) / time.Since(start).Seconds()
+}
+
+// sleepCtx sleeps d, or less if ctx ends first (false then).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
 }

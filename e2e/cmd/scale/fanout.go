@@ -329,6 +329,16 @@ type nodeCost struct {
 	eventsSec, bytesSec float64 // sent to one node
 }
 
+// atFullChurn is c, measured under share pace of the churn,
+// at the full churn: what a watcher is sent, and the API server's work
+// for it, follow the events the churn makes.
+func (c nodeCost) atFullChurn(pace float64) nodeCost {
+	if !isPaced(pace) {
+		return c
+	}
+	return nodeCost{cpuPct: c.cpuPct / pace, cpuRes: c.cpuRes / pace, eventsSec: c.eventsSec / pace, bytesSec: c.bytesSec / pace}
+}
+
 // perWatcher is the API server's cost of one more node of kind: the
 // slope from the windows without copies to the one with the most copies
 // that were not saturated.

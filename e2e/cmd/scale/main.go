@@ -54,6 +54,10 @@ type options struct {
 	// is each window.
 	fanout  []int
 	fanoutD time.Duration
+	// probe is how long the churn runs at the rates to learn
+	// what this machine sustains (0: every size is measured under the
+	// issue's rates, whatever it keeps up with).
+	probe time.Duration
 	// rev is the commit measured, read when the run starts (a commit made
 	// while it runs is not what it measured).
 	rev string
@@ -75,6 +79,7 @@ func main() {
 	flag.Float64Var(&o.rates.pods, "pod-rate", 100, "pods created (and deleted) a second, cluster-wide, under churn")
 	flag.Float64Var(&o.rates.slices, "slice-rate", 10, "EndpointSlice changes a second under churn")
 	flag.Float64Var(&o.rates.policies, "policy-rate", 1, "NetworkPolicy changes a second under churn")
+	flag.DurationVar(&o.probe, "churn-probe", 20*time.Second, "how long the churn runs at the full rates first to learn what the machine sustains; below 95 % of them, the size is measured under a share of them it keeps up with and projected (0: always the full rates)")
 	flag.IntVar(&o.cniPods, "cni-pods", 10, "pods ADDed and DELed on the node to count the API requests of each")
 	flag.DurationVar(&o.readyTimeout, "ready-timeout", 10*time.Minute, "how long a process may take to be ready")
 	flag.IntVar(&o.rackNodes, "rack-nodes", 48, "agents in the rack cold start (0: none)")
@@ -142,9 +147,14 @@ type sizeResult struct {
 	// reached is the least share of its target rate a churn activity
 	// achieved (1 when every tick was served).
 	reached float64
-	fanout  []fanoutRow
-	cni     cniCost
-	err     error
+	// pace is the share of the rates the churn ran at, and
+	// sustained the pods a second the probe at the full rates completed
+	// (0: no probe); projected is churn projected to the full rates.
+	pace, sustained float64
+	projected       map[string]usage
+	fanout          []fanoutRow
+	cni             cniCost
+	err             error
 }
 
 func run(ctx context.Context, o options) error {
@@ -301,8 +311,14 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	if r.err != nil {
 		return r
 	}
+	r.pace = 1
+	if o.probe > 0 {
+		r.sustained = f.probe(ctx, m, o.rates, o.seed, o.probe)
+		r.pace = paceFor(r.sustained, o.rates.pods)
+		logf("churn probe: %.1f pods a second completed of %.0f; measured under %.0f %% of the issue's rates", r.sustained, o.rates.pods, 100*r.pace)
+	}
 	cctx, stopChurn := context.WithCancel(ctx)
-	acts, churned := f.churn(cctx, m, o.rates, o.seed)
+	acts, churned := f.churn(cctx, m, o.rates.scaled(r.pace), o.seed)
 	time.Sleep(10 * time.Second) // the churn's first pods reach their deletion
 	var profiled sync.WaitGroup
 	profiled.Go(func() { node.policyProfile(o.profiles, "cpu-churn-"+tag, "profile", o.churnD-5*time.Second) })
@@ -315,6 +331,7 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 		start[i] = a.tally()
 	}
 	r.churn = node.window(o.churnD)
+	r.projected = projectedAll(r.rest, r.churn, r.pace)
 	// The churn the window saw: it goes on through the fan-out.
 	r.reached = 1
 	for i, a := range acts {
@@ -335,7 +352,13 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 		r.activity = append(r.activity, a.String())
 		logf("%s", a)
 	}
-	logf("the churn reached %.0f %% of its target in the window measured", 100*r.reached)
+	logf("the churn (%.0f %% of the issue's rates) reached %.0f %% of its target in the window measured", 100*r.pace, 100*r.reached)
+	if isPaced(r.pace) {
+		for _, p := range procNames {
+			logf("under churn, projected to the issue's rates: %s: %s", p, r.projected[p])
+		}
+		r.activity = append(r.activity, fmt.Sprintf("churn at %.0f %% of the issue's rates (the probe at the full rates completed %.1f pods a second)", 100*r.pace, r.sustained))
+	}
 	r.activity = append(r.activity, verdicts)
 	return r
 }

@@ -158,10 +158,10 @@ func plotOf(rs []sizeResult) string {
 		return p
 	}
 	rest := func(r sizeResult) map[string]usage { return r.rest }
-	churn := func(r sizeResult) map[string]usage { return r.churn }
+	churn := func(r sizeResult) map[string]usage { return r.projectedOrChurn() }
 	return plotSVG([]panel{
 		mk("RSS at rest", "MB", rest, func(u usage) float64 { return u.rssMB }),
-		mk("Watch bytes received under churn", "KB/s", churn, func(u usage) float64 { return u.watchBytes / 1024 }),
-		mk("CPU under churn", "% of a core", churn, func(u usage) float64 { return u.cpuPct }),
+		mk("Watch bytes received under churn (projected where paced)", "KB/s", churn, func(u usage) float64 { return u.watchBytes / 1024 }),
+		mk("CPU under churn (projected where paced)", "% of a core", churn, func(u usage) float64 { return u.cpuPct }),
 	})
 }

@@ -66,6 +66,10 @@ func goalsTable(rs []sizeResult) string {
 		rss := func(u usage) float64 { return u.rssMB }
 		cpu := func(u usage) float64 { return u.cpuPct }
 		wb := func(u usage) float64 { return u.watchBytes / 1024 }
+		proj := ""
+		if isPaced(r.pace) {
+			proj = fmt.Sprintf(" (projected from %.0f %% of the churn)", 100*r.pace)
+		}
 		rows := []struct {
 			name, unit string
 			m          map[string]usage
@@ -74,8 +78,8 @@ func goalsTable(rs []sizeResult) string {
 		}{
 			{"RSS at rest", "MB", r.rest, rss, false},
 			{"RSS under churn", "MB", r.churn, rss, true},
-			{"CPU under churn", "% of a core", r.churn, cpu, true},
-			{"watch bytes under churn", "KB/s", r.churn, wb, true},
+			{"CPU under churn" + proj, "% of a core", r.projectedOrChurn(), cpu, true},
+			{"watch bytes under churn" + proj, "KB/s", r.projectedOrChurn(), wb, true},
 		}
 		for _, row := range rows {
 			fl, kp := flockOf(row.m, row.f), row.f(row.m[procProxy])
@@ -133,12 +137,16 @@ func writeReport(o options, rs []sizeResult, racks []rackResult, took time.Durat
 				fmt.Fprintf(&b, "| %s | %s | error: %v %v | | | | | | | | | |\n", sizeName(r.env), p, rest.err, ch.err)
 				continue
 			}
-			fmt.Fprintf(&b, "| %s | %s | %.2f s | %.1f MB | %.2f %% | %.1f | %.1f MB | %.1f %% | %.0f | %.1f | %.1f | %.1f |\n", sizeName(r.env), p,
-				r.ready[p].Seconds(), rest.rssMB, rest.cpuPct, rest.events, ch.rssMB, ch.cpuPct, ch.events, ch.watchBytes/1024, ch.otherBytes/1024, ch.requests)
+			pr := r.projectedOrChurn()[p]
+			fmt.Fprintf(&b, "| %s | %s | %.2f s | %.1f MB | %.2f %% | %.1f | %.1f MB | %s | %s | %s | %s | %s |\n", sizeName(r.env), p,
+				r.ready[p].Seconds(), rest.rssMB, rest.cpuPct, rest.events, ch.rssMB,
+				withProjection("%.1f %%", ch.cpuPct, pr.cpuPct, r.pace), withProjection("%.0f", ch.events, pr.events, r.pace),
+				withProjection("%.1f", ch.watchBytes/1024, pr.watchBytes/1024, r.pace), withProjection("%.1f", ch.otherBytes/1024, pr.otherBytes/1024, r.pace),
+				withProjection("%.1f", ch.requests, pr.requests, r.pace))
 		}
 	}
 
-	b.WriteString("\n## Watch traffic by resource, under churn\n\n| size | process | resource | events/s | KB/s |\n| --- | --- | --- | --- | --- |\n")
+	b.WriteString("\n## Watch traffic by resource, under churn\n\nAs measured, at the share of the issue's churn the size ran at (the fill table gives it).\n\n| size | process | resource | events/s | KB/s |\n| --- | --- | --- | --- | --- |\n")
 	for _, r := range rs {
 		for _, p := range procNames {
 			u := r.churn[p]
@@ -188,6 +196,29 @@ func writeReport(o options, rs []sizeResult, racks []rackResult, took time.Durat
 	return os.WriteFile(o.out, []byte(b.String()), 0o644)
 }
 
+// projectedOrChurn is the figures under churn at the issue's rates:
+// projected where the churn ran slower, as measured where it did not.
+func (r sizeResult) projectedOrChurn() map[string]usage {
+	if r.projected != nil {
+		return r.projected
+	}
+	return r.churn
+}
+
+// isPaced says whether a churn ran at a share pace of the issue's rates
+// below them (0: not known, the full rates).
+func isPaced(pace float64) bool { return pace > 0 && pace < 1 }
+
+// withProjection is a figure under churn, and where the churn ran at
+// pace < 1 of the issue's rates, its projection to them after an arrow.
+func withProjection(format string, measured, proj, pace float64) string {
+	s := fmt.Sprintf(format, measured)
+	if isPaced(pace) {
+		s += " → " + fmt.Sprintf(format, proj)
+	}
+	return s
+}
+
 func orNone(s string) string {
 	if s == "" {
 		return "none"
@@ -201,12 +232,12 @@ func method(o options) string {
 - **The cluster.** The lab's kube-apiserver and etcd (API only: no controller-manager, no scheduler, no kubelet) are filled straight through the API, as kwok and kube-burner do, to fractions of Kubernetes' scalability envelope (sig-scalability thresholds.md): %s nodes, %d pods a node (%d of them host-network DaemonSet pods: kube-proxy, flock, flock-policy, a log shipper), about 10,000 Services (one a Deployment-like workload of 1 to 250 replicas, a heavy tail), their EndpointSlices as the controller writes them (one family each, 100 endpoints a slice), %s NetworkPolicies (ingress from frontends and a team's namespaces on a named port, every other one also an ipBlock with an except, every fourth also egress), a NodeConfig a node with its agent's status, and AddressClaims for one pod in %d (an `+"`addresses`"+` IP) and one Service in %d (a LoadBalancer of flock's class); one workload in %d carries an anycast IP. Pods are bound to Nodes that have no kubelet, their status (Running, Ready, an IPv6 address from the node's summary and an IPv4 one) written through the status subresource; objects carry what real ones do (labels, owner references, a container with ports, probes and environment, kubelet's conditions), since their size is what every watcher pays for. The sizes are filled one after another into the same API server.
 - **The node.** One node of the lab runs flock-agent (bin/flock-agent, Kubernetes mode, peering BIRD as its ToR), flock-policy (bin/flock-policy) and kube-proxy (the lab's build, nftables mode): kube-proxy is the baseline, the Services and EndpointSlices fan-out a node already pays. flock-policy reads the pods from flock-relay (bin/flock-relay, run beside them), as every node does with deploy/relay: its pod traffic is what the relay sent it (the relay's counters, compressed as sent), and the relay's own row is what one relay costs, whatever the number of nodes it serves (a cluster runs two). Another node holds the LoadBalancer assigner's Lease (renewed every 5 s), as it does for all nodes but one. Each process talks to the API server through its own counting proxy (it ends TLS with the API server's certificate and makes the request again with the same client certificate), which counts requests by verb and resource and, for watches, the events and bytes streamed. At each size the four are stopped, the API is filled, and they are started again one after another (kube-proxy, flock-relay, flock-policy, flock-agent); *ready* is from start to kube-proxy's /healthz, flock-relay's /readyz (it holds every pod), flock-policy's /readyz, flock-agent answering CNI STATUS.
 - **At rest**: %s after the three are ready, a %s window. Nothing changes in the cluster: the other nodes' agents write no NodeConfig status while nothing they report changes.
-- **Under churn**: %.0f pods created a second cluster-wide (random workloads and nodes, given their addresses through the status subresource, each deleted %s later; the other nodes' agents, which are not running, would write nothing for them: a NodeConfig's status changes only with its peers, readiness or errors), %.0f EndpointSlice changes a second (an endpoint's readiness flipped), %.0f NetworkPolicy change a second (a peer added or removed); after 10 s, a %s window. Where this machine could not keep up with a churn (its API server saturated: the fill table says how much was done and missed), the figures under it are shown, but those of a size whose churn fell below 95 %% of its target in that window (it goes on through the fan-out, whose watchers load the API server) are not called met: a lighter churn flatters flock-policy, whose work follows the pods.
+- **Under churn**: %.0f pods created a second cluster-wide (random workloads and nodes, given their addresses through the status subresource, each deleted %s later; the other nodes' agents, which are not running, would write nothing for them: a NodeConfig's status changes only with its peers, readiness or errors), %.0f EndpointSlice changes a second (an endpoint's readiness flipped), %.0f NetworkPolicy change a second (a peer added or removed); after 10 s, a %s window. First, for %s (after the same 10 s), the churn runs at those rates to learn how many pods a second this machine's API server completes at this size (it runs the churn, the API server, etcd and the measured node on two cores). Where that is below 95 %% of the rates, the size is measured under the same mix at a share of them it keeps up with (90 %% of what it completed, in 5 %% steps; the fill table gives the share), and what grows with the churn is projected to the full rates: the rest figure plus the growth over rest divided by the share (CPU, watch events and bytes, other bytes, requests; RSS as measured). The tables show a projected figure after an arrow, beside the one measured. The projection is linear in the churn, which errs against flock-policy and kube-proxy alike (each batches its kernel updates, at most once a second). A churn that falls below 95 %% of its (paced) target in the window (it goes on through the fan-out, whose watchers load the API server) is shown, but not called met.
 - **CPU** is from /proc/PID/stat over the window, of one core; **RSS** is VmRSS at the window's end; each reading only of the same live process. **Watch bytes** are the bodies the API server streamed (as sent).
 - **CNI**: %d pods (their Pod objects on the node first, as the kubelet's are) are ADDed through libcni, then DELed; the agent's requests over each phase, watches aside.
 - **Rack cold start**: %d agents (bin/flock-agent, node-config mode) in network namespaces, each with one uplink to a ToR namespace: BIRD with a neighbour statement a node, then FRR with `+"`bgp listen range`"+` (dynamic neighbours). The ToR installs what it learns in its kernel FIB, followed through netlink. The agents start first, then the ToR; once every node's summary is in the FIB, every node ADDs its %d pods through libcni at once (4 at a time a node; the pods' network namespaces are made beforehand), each pod with an anycast /128 of its own. The figure is from the last ADD's return to the last pod route in the FIB; RSS is each agent's VmRSS then.
 `, thousands(full.Nodes), full.PodsPerNode, full.HostPods, thousands(full.Policies), addressesEvery, lbEvery, anycastEvery,
-		o.settle, o.rest, o.rates.pods, churnLifetime, o.rates.slices, o.rates.policies, o.churnD, o.cniPods, o.rackNodes, o.rackPods)
+		o.settle, o.rest, o.rates.pods, churnLifetime, o.rates.slices, o.rates.policies, o.churnD, o.probe, o.cniPods, o.rackNodes, o.rackPods)
 }
 
 // fanoutSection is the API server's side: each window, then what one
@@ -245,6 +276,7 @@ func fanoutSection(rs []sizeResult) string {
 		baseCPU, _, bok := baseOf(r.fanout)
 		f, fok := perWatcher(r.fanout, "flock")
 		k, kok := perWatcher(r.fanout, "kube-proxy")
+		f, k = f.atFullChurn(r.pace), k.atFullChurn(r.pace)
 		if !bok || !fok || !kok {
 			fmt.Fprintf(&b, "| %s | not measured (every count saturated, or a window failed) | | | | |\n", sizeName(r.env))
 			continue
@@ -261,6 +293,6 @@ func fanoutSection(rs []sizeResult) string {
 		kc, kp := cpu(k)
 		fmt.Fprintf(&b, "| %s | API server CPU (of a core) | %s | %s | %s | %s |\n", sizeName(r.env), fc, kc, fp, kp)
 	}
-	b.WriteString("\nAt 5,000 nodes: the events and bytes are 5,000 times a node's (what the API servers send, at the measured churn); the CPU is the mean of the windows without copies plus 5,000 times a node's slope, shown only where the slope is larger than its resolution (the drift between the two windows without copies, over the copies: the churn's own cost on the API server varies by several % of a core from window to window). The API server's RSS keeps the Go runtime's high-water mark, so it is shown per window and not projected.\n")
+	b.WriteString("\nAt 5,000 nodes: the events and bytes are 5,000 times a node's (what the API servers send, at the measured churn); a size measured under a share of the issue's churn has a node's events, bytes and CPU slope divided by the share (the watchers are sent what the churn makes, the API server's work for them follows); the CPU is the mean of the windows without copies (as measured) plus 5,000 times a node's slope, shown only where the slope is larger than its resolution (the drift between the two windows without copies, over the copies: the churn's own cost on the API server varies by several % of a core from window to window). The API server's RSS keeps the Go runtime's high-water mark, so it is shown per window and not projected.\n")
 	return b.String()
 }

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+// A size is measured under the churn where the machine keeps up
+// with 95 % of it, else under a share of it the machine keeps up with.
+func TestPaceFor(t *testing.T) {
+	for _, tc := range []struct{ sustained, target, want float64 }{
+		{100, 100, 1},
+		{120, 100, 1},
+		{95, 100, 1},
+		{94, 100, 0.80}, // 84.6 % of the rates, in 5 % steps down
+		{70, 100, 0.60},
+		{32, 100, 0.25},
+		{0, 100, 0.05},
+		{5, 0, 1}, // no pods to churn: nothing to pace
+	} {
+		if got := paceFor(tc.sustained, tc.target); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("paceFor(%v, %v) = %v, want %v", tc.sustained, tc.target, got, tc.want)
+		}
+	}
+	r := churnRates{pods: 100, slices: 10, policies: 1}.scaled(0.25)
+	if r != (churnRates{pods: 25, slices: 2.5, policies: 0.25}) {
+		t.Errorf("a quarter of the churn: %+v", r)
+	}
+}
+
+// What grows with the churn is projected from a paced churn to the full
+// rates; what follows the state held is not.
+func TestProjectedToTheFullChurn(t *testing.T) {
+	rest := usage{rssMB: 50, cpuPct: 1, events: 0, watchBytes: 100, otherBytes: 10, requests: 0.5, relayEvents: 0}
+	churn := usage{rssMB: 60, cpuPct: 3, events: 40, watchBytes: 2100, otherBytes: 10, requests: 0.5, relayEvents: 20}
+	p := projected(rest, churn, 0.5)
+	want := usage{rssMB: 60, cpuPct: 5, events: 80, watchBytes: 4100, otherBytes: 10, requests: 0.5, relayEvents: 40}
+	if p.rssMB != want.rssMB || p.cpuPct != want.cpuPct || p.events != want.events || p.watchBytes != want.watchBytes ||
+		p.otherBytes != want.otherBytes || p.requests != want.requests || p.relayEvents != want.relayEvents {
+		t.Errorf("projected %+v, want %+v", p, want)
+	}
+	// Below rest (noise) is not projected below rest.
+	if p := projected(usage{cpuPct: 2}, usage{cpuPct: 1}, 0.5); p.cpuPct != 2 {
+		t.Errorf("a churn below rest projected to %v %%, want rest's 2 %%", p.cpuPct)
+	}
+	if p := projected(rest, churn, 1); p.cpuPct != churn.cpuPct || p.watchBytes != churn.watchBytes {
+		t.Errorf("the full churn projected: %+v", p)
+	}
+	if got := projectedAll(nil, nil, 0.5); got != nil {
+		t.Errorf("nothing measured projected to %v", got)
+	}
+	c := nodeCost{cpuPct: 0.1, cpuRes: 0.02, eventsSec: 30, bytesSec: 3000}.atFullChurn(0.25)
+	if c != (nodeCost{cpuPct: 0.4, cpuRes: 0.08, eventsSec: 120, bytesSec: 12000}) {
+		t.Errorf("a node's API server cost at the full churn: %+v", c)
+	}
+}
+
+// The goals judge a paced size by its projection: a flock that is below
+// kube-proxy as measured under a light churn but above it projected to the
+// issue's is not met.
+func TestGoalsJudgeAPacedChurnByItsProjection(t *testing.T) {
+	u := func(rss, cpu, kb float64) usage { return usage{rssMB: rss, cpuPct: cpu, watchBytes: kb * 1024} }
+	r := sizeResult{env: full.scaled(0.1), reached: 1, pace: 0.5,
+		rest:  map[string]usage{procAgent: u(10, 0, 0), procPolicy: u(10, 0, 0), procProxy: u(100, 2, 4)},
+		churn: map[string]usage{procAgent: u(10, 0, 0), procPolicy: u(10, 2, 2), procProxy: u(100, 2.5, 5)}}
+	r.projected = projectedAll(r.rest, r.churn, r.pace)
+	goals := goalsTable([]sizeResult{r})
+	for _, want := range []string{
+		"| CPU under churn (projected from 50 % of the churn) | 4.0 % of a core | 3.0 % of a core | ≤ kube-proxy | **not met** |",
+		"| watch bytes under churn (projected from 50 % of the churn) | 4.0 KB/s | 6.0 KB/s | ≤ kube-proxy | met |",
+		"| RSS under churn | 20.0 MB | 100.0 MB | ≤ kube-proxy | met |",
+	} {
+		if !strings.Contains(goals, want) {
+			t.Errorf("the goals lack %q:\n%s", want, goals)
+		}
+	}
+	if got := withProjection("%.1f %%", 2, 4, 0.5); got != "2.0 % → 4.0 %" {
+		t.Errorf("a paced figure reads %q", got)
+	}
+	if got := withProjection("%.1f %%", 2, 2, 1); got != "2.0 %" {
+		t.Errorf("a figure at the full churn reads %q", got)
+	}
+}
