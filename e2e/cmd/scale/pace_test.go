@@ -56,23 +56,47 @@ func TestProjectedToTheFullChurn(t *testing.T) {
 	}
 }
 
-// The goals judge a paced size by its projection: a flock that is below
-// kube-proxy as measured under a light churn but above it projected to the
-// issue's is not met.
-func TestGoalsJudgeAPacedChurnByItsProjection(t *testing.T) {
+// The goals judge a paced size by bounds: each process's figure at the
+// full churn lies between its measurement and its projection, so flock is
+// met only when its projection is at most kube-proxy's measurement, not
+// met only when its measurement is above kube-proxy's projection.
+func TestGoalsJudgeAPacedChurnByBounds(t *testing.T) {
 	u := func(rss, cpu, kb float64) usage { return usage{rssMB: rss, cpuPct: cpu, watchBytes: kb * 1024} }
-	r := sizeResult{env: full.scaled(0.1), reached: 1, pace: 0.5,
-		rest:  map[string]usage{procAgent: u(10, 0, 0), procPolicy: u(10, 0, 0), procProxy: u(100, 2, 4)},
-		churn: map[string]usage{procAgent: u(10, 0, 0), procPolicy: u(10, 2, 2), procProxy: u(100, 2.5, 5)}}
-	r.projected = projectedAll(r.rest, r.churn, r.pace)
-	goals := goalsTable([]sizeResult{r})
-	for _, want := range []string{
-		"| CPU under churn (projected from 50 % of the churn) | 4.0 % of a core | 3.0 % of a core | ≤ kube-proxy | **not met** |",
-		"| watch bytes under churn (projected from 50 % of the churn) | 4.0 KB/s | 6.0 KB/s | ≤ kube-proxy | met |",
-		"| RSS under churn | 20.0 MB | 100.0 MB | ≤ kube-proxy | met |",
+	const row = "| CPU under churn (at 50 % of the churn → projected) | "
+	for _, tc := range []struct {
+		policyCPU float64 // flock-policy's under churn (0 at rest); kube-proxy 2 at rest, 2.5 under churn: 3 projected
+		want      string
+	}{
+		{1, row + "1.0 → 2.0 % of a core | 2.5 → 3.0 % of a core | ≤ kube-proxy | met |"},
+		// Below kube-proxy projected to projected (4 > 3) and as
+		// measured (2 < 2.5): still not judged.
+		{2, row + "2.0 → 4.0 % of a core | 2.5 → 3.0 % of a core | ≤ kube-proxy | not judged: the two overlap"},
+		{3.5, row + "3.5 → 7.0 % of a core | 2.5 → 3.0 % of a core | ≤ kube-proxy | **not met** |"},
 	} {
-		if !strings.Contains(goals, want) {
-			t.Errorf("the goals lack %q:\n%s", want, goals)
+		r := sizeResult{env: full.scaled(0.1), reached: 1, pace: 0.5,
+			rest:  map[string]usage{procAgent: u(10, 0, 0), procPolicy: u(10, 0, 0), procProxy: u(100, 2, 4)},
+			churn: map[string]usage{procAgent: u(10, 0, 0), procPolicy: u(10, tc.policyCPU, 2), procProxy: u(100, 2.5, 5)}}
+		r.projected = projectedAll(r.rest, r.churn, r.pace)
+		goals := goalsTable([]sizeResult{r})
+		for _, want := range []string{
+			tc.want,
+			// Watch bytes: flock 2 → 4, kube-proxy 5 → 6.
+			"| watch bytes under churn (at 50 % of the churn → projected) | 2.0 → 4.0 KB/s | 5.0 → 6.0 KB/s | ≤ kube-proxy | met |",
+			"| RSS under churn | 20.0 MB | 100.0 MB | ≤ kube-proxy | met |",
+		} {
+			if !strings.Contains(goals, want) {
+				t.Errorf("flock-policy at %v %%: the goals lack %q:\n%s", tc.policyCPU, want, goals)
+			}
+		}
+		// A paced churn that fell behind its own target is not judged.
+		r.reached = 0.9
+		goals = goalsTable([]sizeResult{r})
+		if !strings.Contains(goals, tc.want[:strings.Index(tc.want, "≤ kube-proxy |")]+"≤ kube-proxy | not judged: below kube-proxy at 90 %") &&
+			!strings.Contains(goals, tc.want[:strings.Index(tc.want, "≤ kube-proxy |")]+"≤ kube-proxy | **not met** (at 90 %") {
+			t.Errorf("flock-policy at %v %%: judged under a churn that fell behind:\n%s", tc.policyCPU, goals)
+		}
+		if strings.Contains(goals, "| met |") != strings.Contains(goals, "| RSS at rest | 20.0 MB | 100.0 MB | ≤ kube-proxy | met |") || strings.Count(goals, "| met |") != 1 {
+			t.Errorf("flock-policy at %v %%: a figure under a churn that fell behind is called met:\n%s", tc.policyCPU, goals)
 		}
 	}
 	if got := withProjection("%.1f %%", 2, 4, 0.5); got != "2.0 % → 4.0 %" {
