@@ -252,22 +252,22 @@ func paceFor(sustained, target float64) float64 {
 
 // probe runs the churn at r for d, after the 10 s its first pods take to
 // reach their deletion, and returns the pods a second it completed: what
-// this machine's API server sustains at this size. Its pods are deleted
-// before it returns.
-func (f *filler) probe(ctx context.Context, m *model, r churnRates, seed uint64, d time.Duration) float64 {
+// this machine's API server sustains at this size (false if ctx ended
+// first: no rate). Its pods are deleted before it returns.
+func (f *filler) probe(ctx context.Context, m *model, r churnRates, seed uint64, d time.Duration) (float64, bool) {
 	cctx, stop := context.WithCancel(ctx)
 	acts, wait := f.churn(cctx, m, r, seed)
 	defer wait()
 	defer stop()
 	pods := acts[0]
 	if !sleepCtx(ctx, 10*time.Second) {
-		return 0
+		return 0, false
 	}
 	t0, start := pods.tally(), time.Now()
 	if !sleepCtx(ctx, d) {
-		return 0
+		return 0, false
 	}
-	return float64(pods.done.Load()-t0.done) / time.Since(start).Seconds()
+	return float64(pods.done.Load()-t0.done) / time.Since(start).Seconds(), true
 }
 
 // sleepCtx sleeps d, or less if ctx ends first (false then).

@@ -313,7 +313,11 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	}
 	r.pace = 1
 	if o.probe > 0 {
-		r.sustained = f.probe(ctx, m, o.rates, o.seed, o.probe)
+		var ok bool
+		if r.sustained, ok = f.probe(ctx, m, o.rates, o.seed, o.probe); !ok {
+			r.err = fmt.Errorf("churn probe: %w", ctx.Err())
+			return r
+		}
 		r.pace = paceFor(r.sustained, o.rates.pods)
 		logf("churn probe: %.1f pods a second completed of %.0f; measured under %.0f %% of the issue's rates", r.sustained, o.rates.pods, 100*r.pace)
 	}

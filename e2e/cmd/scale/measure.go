@@ -124,7 +124,12 @@ func (u usage) String() string {
 // at most once a second) costs less than that at the full rates, so the
 // projection errs against it.
 func projected(rest, churn usage, pace float64) usage {
-	if !isPaced(pace) || churn.err != nil || rest.err != nil {
+	if !isPaced(pace) || churn.err != nil {
+		return churn
+	}
+	if rest.err != nil {
+		// No rest to project from: the paced figures, marked.
+		churn.err = fmt.Errorf("at rest: %w", rest.err)
 		return churn
 	}
 	up := func(r, c float64) float64 { return r + max(0, c-r)/pace }

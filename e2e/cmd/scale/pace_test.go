@@ -1,9 +1,14 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"math"
 	"strings"
 	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes/fake"
 )
 
 // A size is measured under the issue's churn where the machine keeps up
@@ -82,17 +87,18 @@ func TestGoalsJudgeAPacedChurnByBounds(t *testing.T) {
 			tc.want,
 			// Watch bytes: flock 2 → 4, kube-proxy 5 → 6.
 			"| watch bytes under churn (at 50 % of the churn → projected) | 2.0 → 4.0 KB/s | 5.0 → 6.0 KB/s | ≤ kube-proxy | met |",
-			"| RSS under churn | 20.0 MB | 100.0 MB | ≤ kube-proxy | met |",
+			"| RSS under churn (at 50 % of the churn) | 20.0 MB | 100.0 MB | ≤ kube-proxy | met |",
 		} {
 			if !strings.Contains(goals, want) {
 				t.Errorf("flock-policy at %v %%: the goals lack %q:\n%s", tc.policyCPU, want, goals)
 			}
 		}
-		// A paced churn that fell behind its own target is not judged.
+		// A paced churn that fell behind its own target (90 % of half the
+		// churn: 45 % of it) is not judged.
 		r.reached = 0.9
 		goals = goalsTable([]sizeResult{r})
-		if !strings.Contains(goals, tc.want[:strings.Index(tc.want, "≤ kube-proxy |")]+"≤ kube-proxy | not judged: below kube-proxy at 90 %") &&
-			!strings.Contains(goals, tc.want[:strings.Index(tc.want, "≤ kube-proxy |")]+"≤ kube-proxy | **not met** (at 90 %") {
+		if !strings.Contains(goals, tc.want[:strings.Index(tc.want, "≤ kube-proxy |")]+"≤ kube-proxy | not judged: below kube-proxy at 45 %") &&
+			!strings.Contains(goals, tc.want[:strings.Index(tc.want, "≤ kube-proxy |")]+"≤ kube-proxy | **not met** (at 45 %") {
 			t.Errorf("flock-policy at %v %%: judged under a churn that fell behind:\n%s", tc.policyCPU, goals)
 		}
 		if strings.Contains(goals, "| met |") != strings.Contains(goals, "| RSS at rest | 20.0 MB | 100.0 MB | ≤ kube-proxy | met |") || strings.Count(goals, "| met |") != 1 {
@@ -104,5 +110,78 @@ func TestGoalsJudgeAPacedChurnByBounds(t *testing.T) {
 	}
 	if got := withProjection("%.1f %%", 2, 2, 1); got != "2.0 %" {
 		t.Errorf("a figure at the full churn reads %q", got)
+	}
+}
+
+// A baseline that batches (kube-proxy syncs at most once a second,
+// whatever the changes) is not projected into a bar flock passes: flock
+// 11 % against kube-proxy's 10 % at the full churn is never called met.
+func TestBatchingBaselineDoesNotMakeAPacedSizeMet(t *testing.T) {
+	u := func(rss, cpu float64) usage { return usage{rssMB: rss, cpuPct: cpu} }
+	// At a quarter of the churn: flock-policy (linear) 1 + 10/4 = 3.5;
+	// kube-proxy (one sync a second at 2.5 or 10 changes a second) 10.
+	r := sizeResult{env: full.scaled(0.1), reached: 1, pace: 0.25,
+		rest:  map[string]usage{procAgent: u(10, 0), procPolicy: u(10, 1), procProxy: u(100, 1)},
+		churn: map[string]usage{procAgent: u(10, 0), procPolicy: u(10, 3.5), procProxy: u(100, 10)}}
+	r.projected = projectedAll(r.rest, r.churn, r.pace)
+	for _, l := range strings.Split(goalsTable([]sizeResult{r}), "\n") {
+		if strings.Contains(l, "CPU under churn") && strings.HasSuffix(l, "| met |") {
+			t.Errorf("flock 11 %% > kube-proxy 10 %% at the full churn, called met: %s", l)
+		}
+	}
+}
+
+// A rest window that failed leaves nothing to project from: the figure is
+// marked, not passed off as a projection, and not judged.
+func TestARestErrorIsNotAProjection(t *testing.T) {
+	p := projected(usage{cpuPct: 1, err: errors.New("relay counters")}, usage{cpuPct: 3}, 0.25)
+	if p.err == nil {
+		t.Fatalf("a paced figure whose rest failed passes as projected: %+v", p)
+	}
+	u := func(cpu float64) usage { return usage{cpuPct: cpu} }
+	r := sizeResult{env: full.scaled(0.1), reached: 1, pace: 0.5,
+		rest:  map[string]usage{procAgent: u(0), procPolicy: {err: errors.New("relay counters")}, procProxy: u(2)},
+		churn: map[string]usage{procAgent: u(0), procPolicy: u(0.1), procProxy: u(2.5)}}
+	r.projected = projectedAll(r.rest, r.churn, r.pace)
+	goals := goalsTable([]sizeResult{r})
+	if !strings.Contains(goals, "| ≤ kube-proxy | not judged: not projected: flock-policy: at rest: relay counters |") {
+		t.Errorf("a size whose rest failed is judged:\n%s", goals)
+	}
+}
+
+// A paced size that fell behind its own target says how much of the
+// issue's churn it saw, not of its share.
+func TestAPacedShortfallIsStatedAsTheIssuesChurn(t *testing.T) {
+	u := func(cpu float64) usage { return usage{cpuPct: cpu} }
+	r := sizeResult{env: full.scaled(0.1), reached: 0.8, pace: 0.25,
+		rest:  map[string]usage{procAgent: u(0), procPolicy: u(0), procProxy: u(2)},
+		churn: map[string]usage{procAgent: u(0), procPolicy: u(0.1), procProxy: u(2.5)}}
+	r.projected = projectedAll(r.rest, r.churn, r.pace)
+	goals := goalsTable([]sizeResult{r})
+	if !strings.Contains(goals, "not judged: below kube-proxy at 20 % of the churn") {
+		t.Errorf("80 %% of a quarter is 20 %% of the churn:\n%s", goals)
+	}
+}
+
+// A probe cut short gives no rate, and the size is not measured under a
+// pace made up from it.
+func TestAProbeCutShortIsNoPace(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	f := &filler{cs: fake.NewClientset()}
+	if _, ok := f.probe(ctx, newModel(1, full.scaled(0.02)), churnRates{pods: 100, slices: 10, policies: 1}, 1, time.Second); ok {
+		t.Error("a probe cut short reported a rate")
+	}
+}
+
+// Without a probe the method does not describe one.
+func TestMethodWithoutAProbe(t *testing.T) {
+	o := options{rates: churnRates{100, 10, 1}, churnD: time.Minute}
+	if s := method(o); strings.Contains(s, "First, for") || strings.Contains(s, "projected") {
+		t.Errorf("no probe, but the method describes one:\n%s", s)
+	}
+	o.probe = 20 * time.Second
+	if s := method(o); !strings.Contains(s, "First, for 20s (after the same 10 s)") {
+		t.Errorf("the probe is not described:\n%s", s)
 	}
 }

@@ -31,15 +31,16 @@ func verdict(ok bool) string {
 const churnReached = 0.95
 
 // churnVerdict is verdict for a figure under a churn that achieved
-// reached of its target.
-func churnVerdict(ok bool, reached float64) string {
+// reached of its target, share of the issue's churn (reached times the
+// share of the issue's rates it ran at).
+func churnVerdict(ok bool, reached, share float64) string {
 	if reached >= churnReached {
 		return verdict(ok)
 	}
 	if ok {
-		return fmt.Sprintf("not judged: below kube-proxy at %.0f %% of the churn", 100*reached)
+		return fmt.Sprintf("not judged: below kube-proxy at %.0f %% of the churn", 100*share)
 	}
-	return fmt.Sprintf("**not met** (at %.0f %% of the churn)", 100*reached)
+	return fmt.Sprintf("**not met** (at %.0f %% of the churn)", 100*share)
 }
 
 // boundVerdict is verdict for a figure measured under a share of the
@@ -53,10 +54,10 @@ func churnVerdict(ok bool, reached float64) string {
 // when flock's measurement is above kube-proxy's projection, and
 // between the two not judged. Projecting both and comparing would favour
 // whichever batches more (its projection overstates it more).
-func boundVerdict(met, notMet bool, reached float64) string {
+func boundVerdict(met, notMet bool, reached, share float64) string {
 	switch {
 	case reached < churnReached:
-		return churnVerdict(met, reached)
+		return churnVerdict(met, reached, share)
 	case met:
 		return "met"
 	case notMet:
@@ -89,8 +90,12 @@ func goalsTable(rs []sizeResult) string {
 		rss := func(u usage) float64 { return u.rssMB }
 		cpu := func(u usage) float64 { return u.cpuPct }
 		wb := func(u usage) float64 { return u.watchBytes / 1024 }
-		proj := ""
+		// share is the issue's churn the window saw; at, what a paced
+		// size's figures under churn are labelled with.
+		share, at, proj := r.reached, "", ""
 		if isPaced(r.pace) {
+			share *= r.pace
+			at = fmt.Sprintf(" (at %.0f %% of the churn)", 100*r.pace)
 			proj = fmt.Sprintf(" (at %.0f %% of the churn → projected)", 100*r.pace)
 		}
 		rows := []struct {
@@ -101,7 +106,7 @@ func goalsTable(rs []sizeResult) string {
 			projected  bool
 		}{
 			{"RSS at rest", "MB", r.rest, rss, false, false},
-			{"RSS under churn", "MB", r.churn, rss, true, false},
+			{"RSS under churn" + at, "MB", r.churn, rss, true, false},
 			{"CPU under churn" + proj, "% of a core", r.churn, cpu, true, true},
 			{"watch bytes under churn" + proj, "KB/s", r.churn, wb, true, true},
 		}
@@ -109,14 +114,17 @@ func goalsTable(rs []sizeResult) string {
 			fl, kp := flockOf(row.m, row.f), row.f(row.m[procProxy])
 			v := verdict(fl <= kp)
 			if row.churn {
-				v = churnVerdict(fl <= kp, r.reached)
+				v = churnVerdict(fl <= kp, r.reached, share)
 			}
 			fls, kps := fmt.Sprintf("%.1f %s", fl, row.unit), fmt.Sprintf("%.1f %s", kp, row.unit)
 			if row.projected && isPaced(r.pace) {
 				flP, kpP := flockOf(r.projected, row.f), row.f(r.projected[procProxy])
-				v = boundVerdict(flP <= kp, fl > kpP, r.reached)
+				v = boundVerdict(flP <= kp, fl > kpP, r.reached, share)
 				fls = fmt.Sprintf("%.1f → %.1f %s", fl, flP, row.unit)
 				kps = fmt.Sprintf("%.1f → %.1f %s", kp, kpP, row.unit)
+				if err := errOf(r.projected); err != nil {
+					v = "not judged: not projected: " + strings.ReplaceAll(err.Error(), "|", "/")
+				}
 			}
 			fmt.Fprintf(b, "| %s | %s | %s | %s | ≤ kube-proxy | %s |\n", sizeName(r.env), row.name, fls, kps, v)
 		}
@@ -227,6 +235,17 @@ func writeReport(o options, rs []sizeResult, racks []rackResult, took time.Durat
 	return os.WriteFile(o.out, []byte(b.String()), 0o644)
 }
 
+// errOf is the first error among flock's processes' and kube-proxy's
+// figures in m.
+func errOf(m map[string]usage) error {
+	for _, p := range []string{procAgent, procPolicy, procProxy} {
+		if err := m[p].err; err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return nil
+}
+
 // projectedOrChurn is the figures under churn at the issue's rates:
 // projected where the churn ran slower, as measured where it did not.
 func (r sizeResult) projectedOrChurn() map[string]usage {
@@ -263,12 +282,21 @@ func method(o options) string {
 - **The cluster.** The lab's kube-apiserver and etcd (API only: no controller-manager, no scheduler, no kubelet) are filled straight through the API, as kwok and kube-burner do, to fractions of Kubernetes' scalability envelope (sig-scalability thresholds.md): %s nodes, %d pods a node (%d of them host-network DaemonSet pods: kube-proxy, flock, flock-policy, a log shipper), about 10,000 Services (one a Deployment-like workload of 1 to 250 replicas, a heavy tail), their EndpointSlices as the controller writes them (one family each, 100 endpoints a slice), %s NetworkPolicies (ingress from frontends and a team's namespaces on a named port, every other one also an ipBlock with an except, every fourth also egress), a NodeConfig a node with its agent's status, and AddressClaims for one pod in %d (an `+"`addresses`"+` IP) and one Service in %d (a LoadBalancer of flock's class); one workload in %d carries an anycast IP. Pods are bound to Nodes that have no kubelet, their status (Running, Ready, an IPv6 address from the node's summary and an IPv4 one) written through the status subresource; objects carry what real ones do (labels, owner references, a container with ports, probes and environment, kubelet's conditions), since their size is what every watcher pays for. The sizes are filled one after another into the same API server.
 - **The node.** One node of the lab runs flock-agent (bin/flock-agent, Kubernetes mode, peering BIRD as its ToR), flock-policy (bin/flock-policy) and kube-proxy (the lab's build, nftables mode): kube-proxy is the baseline, the Services and EndpointSlices fan-out a node already pays. flock-policy reads the pods from flock-relay (bin/flock-relay, run beside them), as every node does with deploy/relay: its pod traffic is what the relay sent it (the relay's counters, compressed as sent), and the relay's own row is what one relay costs, whatever the number of nodes it serves (a cluster runs two). Another node holds the LoadBalancer assigner's Lease (renewed every 5 s), as it does for all nodes but one. Each process talks to the API server through its own counting proxy (it ends TLS with the API server's certificate and makes the request again with the same client certificate), which counts requests by verb and resource and, for watches, the events and bytes streamed. At each size the four are stopped, the API is filled, and they are started again one after another (kube-proxy, flock-relay, flock-policy, flock-agent); *ready* is from start to kube-proxy's /healthz, flock-relay's /readyz (it holds every pod), flock-policy's /readyz, flock-agent answering CNI STATUS.
 - **At rest**: %s after the three are ready, a %s window. Nothing changes in the cluster: the other nodes' agents write no NodeConfig status while nothing they report changes.
-- **Under churn**: %.0f pods created a second cluster-wide (random workloads and nodes, given their addresses through the status subresource, each deleted %s later; the other nodes' agents, which are not running, would write nothing for them: a NodeConfig's status changes only with its peers, readiness or errors), %.0f EndpointSlice changes a second (an endpoint's readiness flipped), %.0f NetworkPolicy change a second (a peer added or removed); after 10 s, a %s window. First, for %s (after the same 10 s), the churn runs at those rates to learn how many pods a second this machine's API server completes at this size (it runs the churn, the API server, etcd and the measured node on two cores). Where that is below 95 %% of the rates, the size is measured under the same mix at a share of them it keeps up with (90 %% of what it completed, in 5 %% steps; the fill table gives the share), and what grows with the churn is projected to the full rates: the rest figure plus the growth over rest divided by the share (CPU, watch events and bytes, other bytes, requests; RSS as measured). The tables show a projected figure after an arrow, beside the one measured. No process costs less under more churn, and none grows faster than in proportion to it (flock-policy decodes each event but patches its verdicts at most once a second; kube-proxy syncs at most once a second), so each one's figure at the full churn lies between the two. A paced size is judged by those bounds: met when flock's projection is at most kube-proxy's measurement, not met when flock's measurement is above kube-proxy's projection, not judged between (comparing the two projections would favour whichever batches more, whose projection overstates it more). A churn that falls below 95 %% of its (paced) target in the window (it goes on through the fan-out, whose watchers load the API server) is shown, but not called met.
+- **Under churn**: %.0f pods created a second cluster-wide (random workloads and nodes, given their addresses through the status subresource, each deleted %s later; the other nodes' agents, which are not running, would write nothing for them: a NodeConfig's status changes only with its peers, readiness or errors), %.0f EndpointSlice changes a second (an endpoint's readiness flipped), %.0f NetworkPolicy change a second (a peer added or removed); after 10 s, a %s window.%s A churn that falls below 95 %% of its (paced) target in the window (it goes on through the fan-out, whose watchers load the API server) is shown, but not called met.
 - **CPU** is from /proc/PID/stat over the window, of one core; **RSS** is VmRSS at the window's end; each reading only of the same live process. **Watch bytes** are the bodies the API server streamed (as sent).
 - **CNI**: %d pods (their Pod objects on the node first, as the kubelet's are) are ADDed through libcni, then DELed; the agent's requests over each phase, watches aside.
 - **Rack cold start**: %d agents (bin/flock-agent, node-config mode) in network namespaces, each with one uplink to a ToR namespace: BIRD with a neighbour statement a node, then FRR with `+"`bgp listen range`"+` (dynamic neighbours). The ToR installs what it learns in its kernel FIB, followed through netlink. The agents start first, then the ToR; once every node's summary is in the FIB, every node ADDs its %d pods through libcni at once (4 at a time a node; the pods' network namespaces are made beforehand), each pod with an anycast /128 of its own. The figure is from the last ADD's return to the last pod route in the FIB; RSS is each agent's VmRSS then.
 `, thousands(full.Nodes), full.PodsPerNode, full.HostPods, thousands(full.Policies), addressesEvery, lbEvery, anycastEvery,
-		o.settle, o.rest, o.rates.pods, churnLifetime, o.rates.slices, o.rates.policies, o.churnD, o.probe, o.cniPods, o.rackNodes, o.rackPods)
+		o.settle, o.rest, o.rates.pods, churnLifetime, o.rates.slices, o.rates.policies, o.churnD, probeMethod(o), o.cniPods, o.rackNodes, o.rackPods)
+}
+
+// probeMethod is the method's passage on the churn probe and the
+// projection ("" without a probe: every size under the issue's rates).
+func probeMethod(o options) string {
+	if o.probe <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" First, for %s (after the same 10 s), the churn runs at those rates to learn how many pods a second this machine's API server completes at this size (it runs the churn, the API server, etcd and the measured node on two cores). Where that is below 95 %% of the rates, the size is measured under the same mix at a share of them it keeps up with (90 %% of what it completed, in 5 %% steps; the fill table gives the share), and what grows with the churn is projected to the full rates: the rest figure plus the growth over rest divided by the share (CPU, watch events and bytes, other bytes, requests; RSS as measured). The tables show a projected figure after an arrow, beside the one measured. No process costs less under more churn, and none grows faster than in proportion to it (flock-policy decodes each event but patches its verdicts at most once a second; kube-proxy syncs at most once a second), so each one's figure at the full churn lies between the two. A paced size is judged by those bounds: met when flock's projection is at most kube-proxy's measurement, not met when flock's measurement is above kube-proxy's projection, not judged between (comparing the two projections would favour whichever batches more, whose projection overstates it more).", o.probe)
 }
 
 // fanoutSection is the API server's side: each window, then what one
@@ -324,6 +352,6 @@ func fanoutSection(rs []sizeResult) string {
 		kc, kp := cpu(k)
 		fmt.Fprintf(&b, "| %s | API server CPU (of a core) | %s | %s | %s | %s |\n", sizeName(r.env), fc, kc, fp, kp)
 	}
-	b.WriteString("\nAt 5,000 nodes: the events and bytes are 5,000 times a node's (what the API servers send, at the measured churn); a size measured under a share of the issue's churn has a node's events, bytes and CPU slope divided by the share (the watchers are sent what the churn makes, the API server's work for them follows); the CPU is the mean of the windows without copies (as measured) plus 5,000 times a node's slope, shown only where the slope is larger than its resolution (the drift between the two windows without copies, over the copies: the churn's own cost on the API server varies by several % of a core from window to window). The API server's RSS keeps the Go runtime's high-water mark, so it is shown per window and not projected.\n")
+	b.WriteString("\nAt 5,000 nodes: the events and bytes are 5,000 times a node's (what the API servers send); the windows above are at the share of the churn the size ran at, and a node's events, bytes and CPU slope in this table are divided by that share (the watchers are sent what the churn makes, and the API server's work for them follows; what a node is sent at rest, bookmarks and a Lease, is divided too, which overstates both kinds alike by a few events a second at most); the CPU is the mean of the windows without copies (as measured) plus 5,000 times a node's slope, shown only where the slope is larger than its resolution (the drift between the two windows without copies, over the copies: the churn's own cost on the API server varies by several % of a core from window to window). The API server's RSS keeps the Go runtime's high-water mark, so it is shown per window and not projected.\n")
 	return b.String()
 }
