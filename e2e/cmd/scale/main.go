@@ -149,9 +149,8 @@ type sizeResult struct {
 	reached float64
 	// pace is the share of the rates the churn ran at, and
 	// sustained the pods a second the probe at the full rates completed
-	// (0: no probe); projected is churn projected to the full rates.
+	// (0: no probe).
 	pace, sustained float64
-	projected       map[string]usage
 	fanout          []fanoutRow
 	cni             cniCost
 	err             error
@@ -335,7 +334,6 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 		start[i] = a.tally()
 	}
 	r.churn = node.window(o.churnD)
-	r.projected = projectedAll(r.rest, r.churn, r.pace)
 	// The churn the window saw: it goes on through the fan-out.
 	r.reached = 1
 	for i, a := range acts {
@@ -357,10 +355,13 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 		logf("%s", a)
 	}
 	logf("the churn (%.0f %% of the issue's rates) reached %.0f %% of its target in the window measured", 100*r.pace, 100*r.reached)
-	if isPaced(r.pace) {
+	if r.share() < 1 {
+		up := r.upper()
 		for _, p := range procNames {
-			logf("under churn, projected to the issue's rates: %s: %s", p, r.projected[p])
+			logf("under churn, projected from %.0f %% to the issue's churn: %s: %s", 100*r.share(), p, up[p])
 		}
+	}
+	if isPaced(r.pace) {
 		r.activity = append(r.activity, fmt.Sprintf("churn at %.0f %% of the issue's rates (the probe at the full rates completed %.1f pods a second)", 100*r.pace, r.sustained))
 	}
 	r.activity = append(r.activity, verdicts)

@@ -115,14 +115,11 @@ func (u usage) String() string {
 		u.rssMB, u.cpuPct, u.events, u.watchBytes/1024, u.otherBytes/1024, u.requests)
 }
 
-// projected is a process's figures under a churn run at share pace of
-// the rates, projected to the full rates: what grows with the
-// churn (CPU, watch events and bytes, other bytes, requests) is its rest
-// figure plus the growth over rest divided by pace; RSS, which follows
-// the state held, is as measured. Linear in the churn: a process that
-// batches (flock-policy patches at most once a second, kube-proxy syncs
-// at most once a second) costs less than that at the full rates, so the
-// projection errs against it.
+// projected is a process's figures under share pace of the issue's
+// churn, projected to all of it: its rest figure plus the growth over
+// rest divided by pace (CPU, RSS, watch events and bytes, other bytes,
+// requests). Linear in the churn: an upper bound for a process that
+// grows at most in proportion (see boundVerdict).
 func projected(rest, churn usage, pace float64) usage {
 	if !isPaced(pace) || churn.err != nil {
 		return churn
@@ -134,6 +131,7 @@ func projected(rest, churn usage, pace float64) usage {
 	}
 	up := func(r, c float64) float64 { return r + max(0, c-r)/pace }
 	p := churn
+	p.rssMB = up(rest.rssMB, churn.rssMB)
 	p.cpuPct = up(rest.cpuPct, churn.cpuPct)
 	p.events = up(rest.events, churn.events)
 	p.watchBytes = up(rest.watchBytes, churn.watchBytes)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"os"
@@ -32,7 +33,7 @@ const churnReached = 0.95
 
 // churnVerdict is verdict for a figure under a churn that achieved
 // reached of its target, share of the churn (reached times the
-// share of the rates it ran at).
+// share of the rates it ran at), judged as measured (no bounds).
 func churnVerdict(ok bool, reached, share float64) string {
 	if reached >= churnReached {
 		return verdict(ok)
@@ -43,25 +44,32 @@ func churnVerdict(ok bool, reached, share float64) string {
 	return fmt.Sprintf("**not met** (at %.0f %% of the churn)", 100*share)
 }
 
-// boundVerdict is verdict for a figure measured under a share of the
-// churn and projected to it. Neither process costs less under more churn,
-// and the linear projection is no less than what it costs at the full
-// churn (each grows at most in proportion: flock-policy decodes every
-// event but patches at most once a second, kube-proxy syncs at most once
-// a second), so each process's figure at the full churn lies between
-// its measured and projected ones: met when flock's projection is at most
-// kube-proxy's measurement (below whatever kube-proxy costs), not met
-// when flock's measurement is above kube-proxy's projection, and
-// between the two not judged. Projecting both and comparing would favour
-// whichever batches more (its projection overstates it more).
+// boundVerdict is verdict for a figure measured under share of the
+// issue's churn and projected to all of it. Neither process costs less
+// under more churn, and the linear projection is no less than what it
+// costs at the full churn (each grows at most in proportion: flock-policy
+// decodes every event but patches at most once a second and loads at
+// most half the time, kube-proxy syncs at most once a second), so each
+// process's figure at the full churn lies between its measured and
+// projected ones: met when flock's projection is at most kube-proxy's
+// measurement (below whatever kube-proxy costs), not met when flock's
+// measurement is above kube-proxy's projection, and between the two not
+// judged. Projecting both and comparing would favour whichever batches
+// more (its projection overstates it more). A churn that fell below
+// churnReached of its target is never called met.
 func boundVerdict(met, notMet bool, reached, share float64) string {
+	short := reached < churnReached
 	switch {
-	case reached < churnReached:
-		return churnVerdict(met, reached, share)
-	case met:
-		return "met"
+	case notMet && short:
+		return fmt.Sprintf("**not met** (at %.0f %% of the churn)", 100*share)
 	case notMet:
 		return "**not met**"
+	case met && short:
+		return fmt.Sprintf("not judged: below kube-proxy at %.0f %% of the churn", 100*share)
+	case met:
+		return "met"
+	case short:
+		return fmt.Sprintf("not judged: the two overlap, at %.0f %% of the churn", 100*share)
 	}
 	return "not judged: the two overlap (flock's projection above kube-proxy as measured, flock as measured below kube-proxy's projection)"
 }
@@ -90,41 +98,44 @@ func goalsTable(rs []sizeResult) string {
 		rss := func(u usage) float64 { return u.rssMB }
 		cpu := func(u usage) float64 { return u.cpuPct }
 		wb := func(u usage) float64 { return u.watchBytes / 1024 }
-		// share is the churn the window saw; at, what a paced
-		// size's figures under churn are labelled with.
-		share, at, proj := r.reached, "", ""
-		if isPaced(r.pace) {
-			share *= r.pace
-			at = fmt.Sprintf(" (at %.0f %% of the churn)", 100*r.pace)
-			proj = fmt.Sprintf(" (at %.0f %% of the churn → projected)", 100*r.pace)
+		// share is the churn the window saw: the figures under
+		// churn are bounded by what was measured and their projection
+		// from it.
+		share, proj := r.share(), ""
+		if share < 1 {
+			proj = fmt.Sprintf(" (at %.0f %% of the churn → projected)", 100*share)
 		}
+		up := r.upper()
 		rows := []struct {
 			name, unit string
 			m          map[string]usage
 			f          func(usage) float64
 			churn      bool
-			projected  bool
 		}{
-			{"RSS at rest", "MB", r.rest, rss, false, false},
-			{"RSS under churn" + at, "MB", r.churn, rss, true, false},
-			{"CPU under churn" + proj, "% of a core", r.churn, cpu, true, true},
-			{"watch bytes under churn" + proj, "KB/s", r.churn, wb, true, true},
+			{"RSS at rest", "MB", r.rest, rss, false},
+			{"RSS under churn" + proj, "MB", r.churn, rss, true},
+			{"CPU under churn" + proj, "% of a core", r.churn, cpu, true},
+			{"watch bytes under churn" + proj, "KB/s", r.churn, wb, true},
 		}
 		for _, row := range rows {
 			fl, kp := flockOf(row.m, row.f), row.f(row.m[procProxy])
-			v := verdict(fl <= kp)
-			if row.churn {
-				v = churnVerdict(fl <= kp, r.reached, share)
-			}
 			fls, kps := fmt.Sprintf("%.1f %s", fl, row.unit), fmt.Sprintf("%.1f %s", kp, row.unit)
-			if row.projected && isPaced(r.pace) {
-				flP, kpP := flockOf(r.projected, row.f), row.f(r.projected[procProxy])
-				v = boundVerdict(flP <= kp, fl > kpP, r.reached, share)
-				fls = fmt.Sprintf("%.1f → %.1f %s", fl, flP, row.unit)
-				kps = fmt.Sprintf("%.1f → %.1f %s", kp, kpP, row.unit)
-				if err := errOf(r.projected); err != nil {
-					v = "not judged: not projected: " + strings.ReplaceAll(err.Error(), "|", "/")
+			v, err := verdict(fl <= kp), errOf(r.rest)
+			if row.churn {
+				flU, kpU := flockOf(up, row.f), row.f(up[procProxy])
+				v = boundVerdict(flU <= kp, fl > kpU, r.reached, share)
+				if share <= 0 {
+					v = "not judged: no churn in the window"
 				}
+				if share < 1 {
+					fls = fmt.Sprintf("%.1f → %.1f %s", fl, flU, row.unit)
+					kps = fmt.Sprintf("%.1f → %.1f %s", kp, kpU, row.unit)
+				}
+				// Bounds need both windows.
+				err = cmp.Or(errOf(r.rest), errOf(r.churn))
+			}
+			if err != nil {
+				v = "not judged: " + strings.ReplaceAll(err.Error(), "|", "/")
 			}
 			fmt.Fprintf(b, "| %s | %s | %s | %s | ≤ kube-proxy | %s |\n", sizeName(r.env), row.name, fls, kps, v)
 		}
@@ -176,12 +187,12 @@ func writeReport(o options, rs []sizeResult, racks []rackResult, took time.Durat
 				fmt.Fprintf(&b, "| %s | %s | error: %v %v | | | | | | | | | |\n", sizeName(r.env), p, rest.err, ch.err)
 				continue
 			}
-			pr := r.projectedOrChurn()[p]
+			pr := r.upper()[p]
 			fmt.Fprintf(&b, "| %s | %s | %.2f s | %.1f MB | %.2f %% | %.1f | %.1f MB | %s | %s | %s | %s | %s |\n", sizeName(r.env), p,
 				r.ready[p].Seconds(), rest.rssMB, rest.cpuPct, rest.events, ch.rssMB,
-				withProjection("%.1f %%", ch.cpuPct, pr.cpuPct, r.pace), withProjection("%.0f", ch.events, pr.events, r.pace),
-				withProjection("%.1f", ch.watchBytes/1024, pr.watchBytes/1024, r.pace), withProjection("%.1f", ch.otherBytes/1024, pr.otherBytes/1024, r.pace),
-				withProjection("%.1f", ch.requests, pr.requests, r.pace))
+				withProjection("%.1f %%", ch.cpuPct, pr.cpuPct, r.share()), withProjection("%.0f", ch.events, pr.events, r.share()),
+				withProjection("%.1f", ch.watchBytes/1024, pr.watchBytes/1024, r.share()), withProjection("%.1f", ch.otherBytes/1024, pr.otherBytes/1024, r.share()),
+				withProjection("%.1f", ch.requests, pr.requests, r.share()))
 		}
 	}
 
@@ -246,13 +257,19 @@ func errOf(m map[string]usage) error {
 	return nil
 }
 
-// projectedOrChurn is the figures under churn at the rates:
-// projected where the churn ran slower, as measured where it did not.
-func (r sizeResult) projectedOrChurn() map[string]usage {
-	if r.projected != nil {
-		return r.projected
+// share is the churn a size's window saw: the share of its
+// target the churn reached times the share of the rates it ran at.
+func (r sizeResult) share() float64 {
+	if isPaced(r.pace) {
+		return r.reached * r.pace
 	}
-	return r.churn
+	return r.reached
+}
+
+// upper is the figures under churn projected from share to the full
+// churn: each process's upper bound (see boundVerdict).
+func (r sizeResult) upper() map[string]usage {
+	return projectedAll(r.rest, r.churn, r.share())
 }
 
 // isPaced says whether a churn ran at a share pace of the rates
@@ -296,7 +313,7 @@ func probeMethod(o options) string {
 	if o.probe <= 0 {
 		return ""
 	}
-	return fmt.Sprintf(" First, for %s (after the same 10 s), the churn runs at those rates to learn how many pods a second this machine's API server completes at this size (it runs the churn, the API server, etcd and the measured node on two cores). Where that is below 95 %% of the rates, the size is measured under the same mix at a share of them it keeps up with (90 %% of what it completed, in 5 %% steps; the fill table gives the share), and what grows with the churn is projected to the full rates: the rest figure plus the growth over rest divided by the share (CPU, watch events and bytes, other bytes, requests; RSS as measured). The tables show a projected figure after an arrow, beside the one measured. No process costs less under more churn, and none grows faster than in proportion to it (flock-policy decodes each event but patches its verdicts at most once a second; kube-proxy syncs at most once a second), so each one's figure at the full churn lies between the two. A paced size is judged by those bounds: met when flock's projection is at most kube-proxy's measurement, not met when flock's measurement is above kube-proxy's projection, not judged between (comparing the two projections would favour whichever batches more, whose projection overstates it more).", o.probe)
+	return fmt.Sprintf(" First, for %s (after the same 10 s), the churn runs at those rates to learn how many pods a second this machine's API server completes at this size (it runs the churn, the API server, etcd and the measured node on two cores). Where that is below 95 %% of the rates, the size is measured under the same mix at a share of them it keeps up with (90 %% of what it completed, in 5 %% steps; the fill table gives it). Every figure under a churn short of the issue's (paced, or short of its target) is projected to the full churn: the rest figure plus the growth over rest divided by the share of the issue's churn the window saw (RSS, CPU, watch events and bytes, other bytes, requests), shown after an arrow beside the one measured. No process costs less under more churn, and none grows faster than in proportion to it (flock-policy decodes each event, but patches its verdicts at most once a second and loads them at most half the time; kube-proxy syncs at most once a second), so each one's figure at the full churn lies between the two. The goals are judged by those bounds: met when flock's projection is at most kube-proxy's measurement, not met when flock's measurement is above kube-proxy's projection, not judged between (comparing the two projections would favour whichever batches more, whose projection overstates it more). The projection also multiplies the window's noise by the inverse of the share.", o.probe)
 }
 
 // fanoutSection is the API server's side: each window, then what one
@@ -352,6 +369,6 @@ func fanoutSection(rs []sizeResult) string {
 		kc, kp := cpu(k)
 		fmt.Fprintf(&b, "| %s | API server CPU (of a core) | %s | %s | %s | %s |\n", sizeName(r.env), fc, kc, fp, kp)
 	}
-	b.WriteString("\nAt 5,000 nodes: the events and bytes are 5,000 times a node's (what the API servers send); the windows above are at the share of the churn the size ran at, and a node's events, bytes and CPU slope in this table are divided by that share (the watchers are sent what the churn makes, and the API server's work for them follows; what a node is sent at rest, bookmarks and a Lease, is divided too, which overstates both kinds alike by a few events a second at most); the CPU is the mean of the windows without copies (as measured) plus 5,000 times a node's slope, shown only where the slope is larger than its resolution (the drift between the two windows without copies, over the copies: the churn's own cost on the API server varies by several % of a core from window to window). The API server's RSS keeps the Go runtime's high-water mark, so it is shown per window and not projected.\n")
+	b.WriteString("\nAt 5,000 nodes: the events and bytes are 5,000 times a node's (what the API servers send); the windows above are at the share of the churn the size ran at, and a node's events, bytes and CPU slope in this table are divided by that share (the watchers are sent what the churn makes, and the API server's work for them follows; what a node is sent at rest, its watches' bookmarks, is divided too, which overstates flock, whose watches are more, by a few events a second at most); the CPU is the mean of the windows without copies (as measured) plus 5,000 times a node's slope, shown only where the slope is larger than its resolution (the drift between the two windows without copies, over the copies: the churn's own cost on the API server varies by several % of a core from window to window). The API server's RSS keeps the Go runtime's high-water mark, so it is shown per window and not projected.\n")
 	return b.String()
 }
