@@ -108,6 +108,10 @@ func (a *activity) String() string {
 // addresses, deleted.
 const churnLifetime = 5 * time.Second
 
+// churnWarmup is how long a churn runs before it is measured: its first
+// pods reach their deletion.
+const churnWarmup = 10 * time.Second
+
 // churn runs the churn until ctx ends and returns what it did:
 // pods created on random model nodes in random workloads (their labels,
 // so policies select them) and deleted churnLifetime later; EndpointSlices whose first endpoint flips
@@ -250,8 +254,7 @@ func paceFor(sustained, target float64) float64 {
 	return max(0.05, math.Floor(0.9*sustained/target*20)/20)
 }
 
-// probe runs the churn at r for d, after the 10 s its first pods take to
-// reach their deletion, and returns the pods a second it completed: what
+// probe runs the churn at r for d, after churnWarmup, and returns the pods a second it completed: what
 // this machine's API server sustains at this size (false if ctx ended
 // first: no rate). Its pods are deleted before it returns.
 func (f *filler) probe(ctx context.Context, m *model, r churnRates, seed uint64, d time.Duration) (float64, bool) {
@@ -260,7 +263,7 @@ func (f *filler) probe(ctx context.Context, m *model, r churnRates, seed uint64,
 	defer wait()
 	defer stop()
 	pods := acts[0]
-	if !sleepCtx(ctx, 10*time.Second) {
+	if !sleepCtx(ctx, churnWarmup) {
 		return 0, false
 	}
 	t0, start := pods.tally(), time.Now()

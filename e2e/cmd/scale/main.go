@@ -322,7 +322,7 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	}
 	cctx, stopChurn := context.WithCancel(ctx)
 	acts, churned := f.churn(cctx, m, o.rates.scaled(r.pace), o.seed)
-	time.Sleep(10 * time.Second) // the churn's first pods reach their deletion
+	time.Sleep(churnWarmup)
 	var profiled sync.WaitGroup
 	profiled.Go(func() { node.policyProfile(o.profiles, "cpu-churn-"+tag, "profile", o.churnD-5*time.Second) })
 	// What was allocated over the window (a delta heap profile), which

@@ -31,19 +31,6 @@ func verdict(ok bool) string {
 // flatters flock-policy, whose work follows the pods).
 const churnReached = 0.95
 
-// churnVerdict is verdict for a figure under a churn that achieved
-// reached of its target, share of the churn (reached times the
-// share of the rates it ran at), judged as measured (no bounds).
-func churnVerdict(ok bool, reached, share float64) string {
-	if reached >= churnReached {
-		return verdict(ok)
-	}
-	if ok {
-		return fmt.Sprintf("not judged: below kube-proxy at %.0f %% of the churn", 100*share)
-	}
-	return fmt.Sprintf("**not met** (at %.0f %% of the churn)", 100*share)
-}
-
 // boundVerdict is verdict for a figure measured under share of the
 // issue's churn and projected to all of it. Neither process costs less
 // under more churn, and the linear projection is no less than what it
@@ -177,6 +164,7 @@ func writeReport(o options, rs []sizeResult, racks []rackResult, took time.Durat
 
 	b.WriteString("\n## Each process, at each size\n\n| size | process | ready after start | RSS at rest | CPU at rest | watch events/s at rest | RSS under churn | CPU under churn | watch events/s under churn | watch KB/s under churn | other KB/s under churn | requests/s under churn |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, r := range rs {
+		up := r.upper()
 		for _, p := range procNames {
 			rest, ch := r.rest[p], r.churn[p]
 			if r.rest == nil || r.churn == nil {
@@ -187,7 +175,7 @@ func writeReport(o options, rs []sizeResult, racks []rackResult, took time.Durat
 				fmt.Fprintf(&b, "| %s | %s | error: %v %v | | | | | | | | | |\n", sizeName(r.env), p, rest.err, ch.err)
 				continue
 			}
-			pr := r.upper()[p]
+			pr := up[p]
 			fmt.Fprintf(&b, "| %s | %s | %.2f s | %.1f MB | %.2f %% | %.1f | %.1f MB | %s | %s | %s | %s | %s |\n", sizeName(r.env), p,
 				r.ready[p].Seconds(), rest.rssMB, rest.cpuPct, rest.events, ch.rssMB,
 				withProjection("%.1f %%", ch.cpuPct, pr.cpuPct, r.share()), withProjection("%.0f", ch.events, pr.events, r.share()),

@@ -40,7 +40,7 @@ func TestGoalsUnderAShortChurn(t *testing.T) {
 			t.Errorf("at %v of the churn, RSS at rest not judged on its own:\n%s", tc.reached, goals)
 		}
 	}
-	if got := churnVerdict(false, 0.5, 0.5); got != "**not met** (at 50 % of the churn)" {
+	if got := boundVerdict(false, true, 0.5, 0.5); got != "**not met** (at 50 % of the churn)" {
 		t.Errorf("not met at half the churn: %q", got)
 	}
 }
