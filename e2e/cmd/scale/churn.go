@@ -254,8 +254,8 @@ func paceFor(sustained, target float64) float64 {
 	return max(0.05, math.Floor(0.9*sustained/target*20)/20)
 }
 
-// probe runs the churn at r for d, after churnWarmup, and returns the pods a second it completed: what
-// this machine's API server sustains at this size (false if ctx ended
+// probe runs the churn at r for d, after churnWarmup, and returns the
+// pods a second it completed: what this machine's API server sustains at this size (false if ctx ended
 // first: no rate). Its pods are deleted before it returns.
 func (f *filler) probe(ctx context.Context, m *model, r churnRates, seed uint64, d time.Duration) (float64, bool) {
 	cctx, stop := context.WithCancel(ctx)
