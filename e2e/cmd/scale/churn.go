@@ -255,8 +255,9 @@ func paceFor(sustained, target float64) float64 {
 }
 
 // probe runs the churn at r for d, after churnWarmup, and returns the
-// pods a second it completed: what this machine's API server sustains at this size (false if ctx ended
-// first: no rate). Its pods are deleted before it returns.
+// pods a second it completed: what this machine's API server sustains
+// at this size (false if ctx ended first: no rate). Its pods are deleted
+// before it returns.
 func (f *filler) probe(ctx context.Context, m *model, r churnRates, seed uint64, d time.Duration) (float64, bool) {
 	cctx, stop := context.WithCancel(ctx)
 	acts, wait := f.churn(cctx, m, r, seed)
