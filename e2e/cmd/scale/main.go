@@ -46,8 +46,9 @@ type options struct {
 	// rackNodes agents × rackPods pods cold-start against each ToR (0: no
 	// rack).
 	rackNodes, rackPods int
-	// profiles, if set, is where flock-policy's CPU profile under churn
-	// and heap profile at rest are saved (its admin socket is on then).
+	// profiles, if set, is where flock-policy's and flock-agent's CPU
+	// profiles under churn and heap profiles at rest are saved
+	// (flock-policy's admin socket is on then).
 	profiles string
 	// fanout are the counts of copies of a node's watches the API
 	// server is measured with under churn (empty: not measured); fanoutD
@@ -84,7 +85,7 @@ func main() {
 	flag.DurationVar(&o.readyTimeout, "ready-timeout", 10*time.Minute, "how long a process may take to be ready")
 	flag.IntVar(&o.rackNodes, "rack-nodes", 48, "agents in the rack cold start (0: none)")
 	flag.IntVar(&o.rackPods, "rack-pods", 250, "pods a node in the rack cold start")
-	flag.StringVar(&o.profiles, "profiles", "", "save flock-policy's CPU and allocation profiles under churn, and its and flock-agent's heap profiles at rest, here (go tool pprof reads them); empty: none")
+	flag.StringVar(&o.profiles, "profiles", "", "save flock-policy's CPU and allocation profiles and flock-agent's CPU profile under churn, and both's heap profiles at rest, here (go tool pprof reads them); empty: none")
 	var fanout string
 	flag.StringVar(&fanout, "fanout", "5,10", "the API server's side: copies of one node's watches (flock's, then kube-proxy's) it is measured with under churn, each count a window; empty: not measured")
 	flag.DurationVar(&o.fanoutD, "fanout-window", 30*time.Second, "each fan-out window")
@@ -328,6 +329,7 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	// What was allocated over the window (a delta heap profile), which
 	// the collector's share of the CPU follows.
 	profiled.Go(func() { node.policyProfile(o.profiles, "allocs-churn-"+tag, "allocs", o.churnD-5*time.Second) })
+	profiled.Go(func() { node.agentProfile(o.profiles, "cpu-churn-"+tag, "profile", o.churnD-5*time.Second) })
 	counted := node.verdictCounters()
 	start := make([]tally, len(acts))
 	for i, a := range acts {
