@@ -45,6 +45,7 @@ import (
 	"code.fritzlab.net/fritzlab/flock/cni/wire"
 	"code.fritzlab.net/fritzlab/flock/dataplane"
 	"code.fritzlab.net/fritzlab/flock/dataplane/anycast"
+	"code.fritzlab.net/fritzlab/flock/dataplane/kubeproxy"
 	"code.fritzlab.net/fritzlab/flock/k8s/apis/v1alpha1"
 	"code.fritzlab.net/fritzlab/flock/k8s/podmeta"
 )
@@ -301,6 +302,9 @@ type daemon struct {
 	// drainServices): each reads what it writes under it, so an older
 	// answer never lands after a newer one.
 	svcMu sync.Mutex
+	// kubeProxy reads kube-proxy's rules for the Services controller,
+	// dumping them again only once nftables changed.
+	kubeProxy kubeproxy.Reader
 
 	mu           sync.Mutex
 	spec         v1alpha1.NodeConfigSpec // the running config

@@ -2,12 +2,10 @@ package daemon
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"strings"
 	"time"
 
-	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
@@ -32,7 +30,7 @@ func (d *daemon) serviceOptions() services.Options {
 			return err
 		},
 		Aggregate: d.serviceAggregate,
-		ReadProxy: readKubeProxy,
+		ReadProxy: d.readKubeProxy,
 	}
 	if d.kube != nil {
 		o.Holder = func(ip netip.Addr, namespace, name, uid string) (bool, string) {
@@ -181,13 +179,10 @@ func (d *daemon) drainServices(wait func(time.Duration)) {
 	wait(time.Duration(secs) * time.Second)
 }
 
-// readKubeProxy reads kube-proxy's rules in this network namespace.
-func readKubeProxy() (services.Proxy, error) {
-	conn, err := nftables.New()
-	if err != nil {
-		return nil, fmt.Errorf("nftables: %w", err)
-	}
-	s, err := kubeproxy.Read(conn)
+// readKubeProxy reads kube-proxy's rules in this network namespace (the
+// last reading while nftables has not changed).
+func (d *daemon) readKubeProxy() (services.Proxy, error) {
+	s, err := d.kubeProxy.Read()
 	if err != nil {
 		return nil, err
 	}
