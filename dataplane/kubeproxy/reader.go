@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
@@ -14,24 +16,38 @@ import (
 // Reader reads kube-proxy's rules as Read does, but dumps its maps again
 // only once the nftables ruleset has changed: every transaction any
 // process commits in the network namespace moves the ruleset's
-// generation, so the same generation is the same ruleset. The maps hold
-// an element for every Service port address of the cluster, and a
-// caller that polls while an address waits for kube-proxy (the Services
-// controller, every 100 ms) dumped them whole each time: at 5,000 nodes
-// that was most of flock-agent's CPU under churn. Safe for concurrent
-// use.
+// generation, so the same generation is, nearly always, the same
+// ruleset. The maps hold an element for every Service port address of
+// the cluster, and a caller that polls while an address waits for
+// kube-proxy (the Services controller, every 100 ms) dumped them whole
+// each time: at 5,000 nodes that was most of flock-agent's CPU under
+// churn. Safe for concurrent use.
+//
+// Nearly: the kernel moves the generation before the new ruleset is
+// what a dump sees, so a dump right after it may still read the old one;
+// and a table whose owner process exits goes without moving it. So a
+// snapshot is kept only once a second dump at the same generation was
+// taken (one more dump a change), and for at most maxAge.
 type Reader struct {
-	// NetNS is the network namespace's file descriptor (0: the one the
-	// caller's thread is in).
+	// NetNS is the network namespace's file descriptor (0: the process's,
+	// as /proc/self/ns/net names it on the first Read, whatever thread
+	// calls).
 	NetNS int
 
-	mu   sync.Mutex
-	nl   *netlink.Conn // for the generation; nil until dialed, or after an error
-	gen  uint32
-	snap *Snapshot // read at gen; nil: none kept
+	mu        sync.Mutex
+	ns        int           // the namespace read (NetNS, or the one opened)
+	opened    *os.File      // /proc/self/ns/net, when opened
+	nl        *netlink.Conn // for the generation; nil until dialed, or after an error
+	gen       uint32
+	snap      *Snapshot // read at gen; nil: none
+	confirmed bool      // snap was dumped at gen twice
+	at        time.Time // when snap was dumped
 	// dumps counts the reads that dumped the maps (tests).
 	dumps int
 }
+
+// maxAge bounds how long a snapshot is answered without dumping again.
+var maxAge = 5 * time.Second // a variable for tests
 
 // Read returns what kube-proxy has programmed in this network namespace:
 // the last snapshot while the ruleset's generation has not moved, else
@@ -39,15 +55,22 @@ type Reader struct {
 func (r *Reader) Read() (*Snapshot, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.ns == 0 {
+		if r.NetNS > 0 {
+			r.ns = r.NetNS
+		} else {
+			f, err := os.Open("/proc/self/ns/net")
+			if err != nil {
+				return nil, fmt.Errorf("this process's network namespace: %w", err)
+			}
+			r.opened, r.ns = f, int(f.Fd())
+		}
+	}
 	gen, genErr := r.generation()
-	if genErr == nil && r.snap != nil && gen == r.gen {
+	if genErr == nil && r.snap != nil && r.confirmed && gen == r.gen && time.Since(r.at) < maxAge {
 		return r.snap, nil
 	}
-	var opts []nftables.ConnOption
-	if r.NetNS > 0 {
-		opts = append(opts, nftables.WithNetNSFd(r.NetNS))
-	}
-	conn, err := nftables.New(opts...)
+	conn, err := nftables.New(nftables.WithNetNSFd(r.ns))
 	if err != nil {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
@@ -60,22 +83,30 @@ func (r *Reader) Read() (*Snapshot, error) {
 	// Kept under the generation read before the dump: a transaction
 	// committed during it moves the generation past that, and the next
 	// Read dumps again.
-	r.snap, r.gen = nil, 0
-	if genErr == nil {
-		r.snap, r.gen = s, gen
+	if genErr != nil {
+		r.snap, r.gen, r.confirmed = nil, 0, false
+		return s, nil
 	}
+	r.confirmed = r.snap != nil && gen == r.gen
+	r.snap, r.gen, r.at = s, gen, time.Now()
 	return s, nil
 }
 
-// Close releases the netlink socket.
+// Close releases the netlink socket and the namespace it opened; a Read
+// after it starts over.
 func (r *Reader) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.nl == nil {
-		return nil
+	var err error
+	if r.nl != nil {
+		err = r.nl.Close()
+		r.nl = nil
 	}
-	err := r.nl.Close()
-	r.nl = nil
+	if r.opened != nil {
+		err = errors.Join(err, r.opened.Close())
+		r.opened, r.ns = nil, 0
+	}
+	r.snap, r.confirmed = nil, false
 	return err
 }
 
@@ -84,7 +115,7 @@ func (r *Reader) Close() error {
 // next call dials again.
 func (r *Reader) generation() (uint32, error) {
 	if r.nl == nil {
-		c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: r.NetNS})
+		c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: r.ns})
 		if err != nil {
 			return 0, fmt.Errorf("nftables generation: %w", err)
 		}

@@ -2,8 +2,11 @@ package kubeproxy
 
 import (
 	"net/netip"
+	"runtime"
 	"testing"
+	"time"
 
+	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -45,25 +48,93 @@ func TestReaderDumpsOnlyAfterAChange(t *testing.T) {
 			t.Errorf("%s: the Reader says %v, %v; Read %v, %v", what, d, known, dd, dk)
 		}
 	}
+	// A change is dumped twice (the second confirms what the first read
+	// at that generation), then answered from the snapshot.
 	check("no kube-proxy", 1, false, false)
-	check("again, nothing changed", 1, false, false)
+	check("again, nothing changed: confirmed", 2, false, false)
+	check("again: kept", 2, false, false)
 	nft(t, ns, kubeProxyTable("ip6", "ipv6_addr"))
-	check("kube-proxy's table made", 2, false, true)
-	check("again", 2, false, true)
+	check("kube-proxy's table made", 3, false, true)
+	check("again", 4, false, true)
+	check("again", 4, false, true)
 	nft(t, ns, `add element ip6 kube-proxy service-ips { 2001:db8:1b::1 . tcp . 80 : goto external-X }`)
-	check("the address added", 3, true, true)
-	check("again", 3, true, true)
+	check("the address added", 5, true, true)
+	check("again", 6, true, true)
+	check("again", 6, true, true)
 	// Another process's transaction, in another table: read again (the
 	// generation is the namespace's), the same answer.
 	nft(t, ns, "table inet other { }")
-	check("another table made", 4, true, true)
+	check("another table made", 7, true, true)
 	nft(t, ns, `add element ip6 kube-proxy no-endpoint-services { 2001:db8:1b::1 . tcp . 80 : drop }`)
-	check("no endpoint", 5, false, true)
-	// The generation's socket lost: dialed again, read again.
+	check("no endpoint", 8, false, true)
+	check("again", 9, false, true)
+	check("again", 9, false, true)
+	// Closed: starts over.
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	check("after Close", 5, false, true)
+	check("after Close", 10, false, true)
+	check("again", 11, false, true)
 	nft(t, ns, `delete element ip6 kube-proxy no-endpoint-services { 2001:db8:1b::1 . tcp . 80 }`)
-	check("an endpoint again", 6, true, true)
+	check("an endpoint again", 12, true, true)
+	check("again", 13, true, true)
+	// A snapshot is answered for maxAge at most.
+	defer func(d time.Duration) { maxAge = d }(maxAge)
+	maxAge = 0
+	check("past maxAge", 14, true, true)
+	check("past maxAge again", 15, true, true)
+}
+
+// TestReaderReadsTheProcesssNamespace: without NetNS, a Reader reads the
+// process's network namespace even when its first Read runs on a thread
+// in another (a socket kept from that thread would follow the wrong
+// namespace for good).
+func TestReaderReadsTheProcesssNamespace(t *testing.T) {
+	ns, conn := testNS(t)
+	nft(t, ns, kubeProxyTable("ip6", "ipv6_addr")+`add element ip6 kube-proxy service-ips { 2001:db8:1b::7 . tcp . 80 : goto external-X }`)
+	lb := Key{Addr: netip.MustParseAddr("2001:db8:1b::7"), Proto: unix.IPPROTO_TCP, Port: 80}
+	inNS, err := Read(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := nftables.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inHost, err := Read(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, k := inNS.Delivers(lb)
+	hd, hk := inHost.Delivers(lb)
+	if d == hd && k == hk {
+		t.Fatalf("the host and the test's namespace answer alike (%v, %v): the test cannot tell them apart", d, k)
+	}
+	r := &Reader{}
+	defer r.Close()
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // not unlocked: the thread ends with the goroutine
+		if err := netns.Set(h); err != nil {
+			t.Error(err)
+			return
+		}
+		for i := range 3 {
+			s, err := r.Read()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if gd, gk := s.Delivers(lb); gd != hd || gk != hk {
+				t.Errorf("read %d from a thread in another namespace: %v, %v; the process's namespace says %v, %v", i, gd, gk, hd, hk)
+			}
+		}
+	}()
+	<-done
 }
