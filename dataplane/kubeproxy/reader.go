@@ -29,14 +29,12 @@ import (
 // snapshot is kept only once a second dump at the same generation was
 // taken (one more dump a change), and for at most maxAge.
 type Reader struct {
-	// NetNS is the network namespace's file descriptor (0: the process's,
-	// as /proc/self/ns/net names it on the first Read, whatever thread
-	// calls).
+	// NetNS is the network namespace's file descriptor (0: the one the
+	// process started in, whatever thread calls).
 	NetNS int
 
 	mu        sync.Mutex
-	ns        int           // the namespace read (NetNS, or the one opened)
-	opened    *os.File      // /proc/self/ns/net, when opened
+	ns        int           // the namespace read (NetNS, or startNS's)
 	nl        *netlink.Conn // for the generation; nil until dialed, or after an error
 	gen       uint32
 	snap      *Snapshot // read at gen; nil: none
@@ -45,6 +43,11 @@ type Reader struct {
 	// dumps counts the reads that dumped the maps (tests).
 	dumps int
 }
+
+// startNS is the network namespace the process started in, opened while
+// the package initializes (on the main thread, before anything moves a
+// thread to another namespace); nil if it could not be.
+var startNS, startErr = os.Open("/proc/thread-self/ns/net")
 
 // maxAge bounds how long a snapshot is answered without dumping again.
 var maxAge = 5 * time.Second // a variable for tests
@@ -59,11 +62,10 @@ func (r *Reader) Read() (*Snapshot, error) {
 		if r.NetNS > 0 {
 			r.ns = r.NetNS
 		} else {
-			f, err := os.Open("/proc/self/ns/net")
-			if err != nil {
-				return nil, fmt.Errorf("this process's network namespace: %w", err)
+			if startErr != nil {
+				return nil, fmt.Errorf("the process's network namespace: %w", startErr)
 			}
-			r.opened, r.ns = f, int(f.Fd())
+			r.ns = int(startNS.Fd())
 		}
 	}
 	gen, genErr := r.generation()
@@ -92,8 +94,7 @@ func (r *Reader) Read() (*Snapshot, error) {
 	return s, nil
 }
 
-// Close releases the netlink socket and the namespace it opened; a Read
-// after it starts over.
+// Close releases the netlink socket; a Read after it starts over.
 func (r *Reader) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -102,11 +103,7 @@ func (r *Reader) Close() error {
 		err = r.nl.Close()
 		r.nl = nil
 	}
-	if r.opened != nil {
-		err = errors.Join(err, r.opened.Close())
-		r.opened, r.ns = nil, 0
-	}
-	r.snap, r.confirmed = nil, false
+	r.ns, r.snap, r.confirmed = 0, nil, false
 	return err
 }
 

@@ -1,8 +1,14 @@
 package kubeproxy
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
+	"os"
 	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,4 +143,83 @@ func TestReaderReadsTheProcesssNamespace(t *testing.T) {
 		}
 	}()
 	<-done
+}
+
+// TestReaderInvariantUnderChurn: readers on many goroutines (some
+// closing the Reader, a lost socket) while random kube-proxy changes
+// are committed; at each quiescent point the Reader answers, for every
+// key, what a dump of the namespace answers. Seeded: FLOCK_SEED=
+// replays a run.
+func TestReaderInvariantUnderChurn(t *testing.T) {
+	ns, conn := testNS(t)
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	sd := uint64(time.Now().UnixNano())
+	if s := os.Getenv("FLOCK_SEED"); s != "" {
+		if sd, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatalf("FLOCK_SEED=%q: %v", s, err)
+		}
+	}
+	t.Logf("FLOCK_SEED=%d", sd)
+	rng := rand.New(rand.NewPCG(sd, 0x6b70))
+	nft(t, ns, kubeProxyTable("ip6", "ipv6_addr"))
+	keys := make([]Key, 6)
+	for i := range keys {
+		keys[i] = Key{Addr: netip.MustParseAddr(fmt.Sprintf("2001:db8:1b::%d", i+1)), Proto: unix.IPPROTO_TCP, Port: 80}
+	}
+	r := &Reader{NetNS: int(h)}
+	defer r.Close()
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	for g := range 6 {
+		wg.Go(func() {
+			for n := 0; !stop.Load(); n++ {
+				if _, err := r.Read(); err != nil {
+					t.Error(err)
+					return
+				}
+				if g == 0 && n%7 == 0 {
+					_ = r.Close()
+				}
+			}
+		})
+	}
+	in := map[string]map[Key]bool{ServiceIPs: {}, NoEndpointServices: {}}
+	for round := range 25 {
+		for range 1 + rng.IntN(4) {
+			m := []string{ServiceIPs, NoEndpointServices}[rng.IntN(2)]
+			k := keys[rng.IntN(len(keys))]
+			verdict := ": goto external-X"
+			if m == NoEndpointServices {
+				verdict = ": drop"
+			}
+			op := "add"
+			if in[m][k] {
+				op, verdict = "delete", ""
+			}
+			nft(t, ns, fmt.Sprintf("%s element ip6 kube-proxy %s { %s . tcp . 80 %s }", op, m, k.Addr, verdict))
+			in[m][k] = op == "add"
+		}
+		// Quiescent: nothing is committed until the next round.
+		s, err := r.Read()
+		if err != nil {
+			t.Fatal(err)
+		}
+		direct, err := Read(conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			d, known := s.Delivers(k)
+			dd, dk := direct.Delivers(k)
+			if d != dd || known != dk || d != (in[ServiceIPs][k] && !in[NoEndpointServices][k]) {
+				t.Fatalf("FLOCK_SEED=%d round %d: %v: the Reader says %v, %v; a dump %v, %v", sd, round, k.Addr, d, known, dd, dk)
+			}
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
 }
