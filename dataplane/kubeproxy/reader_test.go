@@ -23,11 +23,7 @@ import (
 // answers is always what Read would.
 func TestReaderDumpsOnlyAfterAChange(t *testing.T) {
 	ns, conn := testNS(t)
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := nsHandle(t, ns)
 	r := &Reader{NetNS: int(h)}
 	defer r.Close()
 	lb := Key{Addr: netip.MustParseAddr("2001:db8:1b::1"), Proto: unix.IPPROTO_TCP, Port: 80}
@@ -118,11 +114,7 @@ func TestReaderReadsTheProcesssNamespace(t *testing.T) {
 	}
 	r := &Reader{}
 	defer r.Close()
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := nsHandle(t, ns)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -152,13 +144,10 @@ func TestReaderReadsTheProcesssNamespace(t *testing.T) {
 // replays a run.
 func TestReaderInvariantUnderChurn(t *testing.T) {
 	ns, conn := testNS(t)
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := nsHandle(t, ns)
 	sd := uint64(time.Now().UnixNano())
 	if s := os.Getenv("FLOCK_SEED"); s != "" {
+		var err error
 		if sd, err = strconv.ParseUint(s, 10, 64); err != nil {
 			t.Fatalf("FLOCK_SEED=%q: %v", s, err)
 		}
@@ -222,4 +211,15 @@ func TestReaderInvariantUnderChurn(t *testing.T) {
 	}
 	stop.Store(true)
 	wg.Wait()
+}
+
+// nsHandle opens the named namespace for t's duration.
+func nsHandle(t *testing.T, name string) netns.NsHandle {
+	t.Helper()
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
 }
