@@ -104,6 +104,11 @@ type kernelVerdicts struct {
 	loadedAt     *verdicts.Loaded // where the program in the kernel is (Run's)
 	loadedGroups map[string]int   // its groups by key (Run's)
 	patchEvery   time.Duration    // PatchEvery; tests set it
+	// conn is Run's nftables connection, one socket for every
+	// transaction (nft); a failed one is closed and dialled anew. dials
+	// counts the connections dialled (tests).
+	conn  *nftables.Conn
+	dials atomic.Uint64
 	// ips, if set, is the pods by status IP that the pod handler keeps
 	// (holders reads it in flock-policy).
 	ips *podsByIP
@@ -368,11 +373,12 @@ func (k *kernelVerdicts) patch() error {
 	if !ok {
 		return errNeedsLoad
 	}
-	conn, err := verdicts.NewConn(k.netns)
+	conn, err := k.nft()
 	if err != nil {
-		return fmt.Errorf("nftables: %w", err)
+		return err
 	}
 	if err := verdicts.Patch(conn, Table, k.loadedAt, prog, ch); err != nil {
+		k.hangUp()
 		return err
 	}
 	prog.Apply(ch) // Run's alone (tests read it once pdone says it is current)
@@ -629,6 +635,7 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 		return ctx.Err()
 	}
 	k.primeLocal()
+	defer k.hangUp()
 	backoff := 100 * time.Millisecond
 	var lastPatch time.Time
 	var patchTook time.Duration
@@ -700,6 +707,29 @@ func (k *kernelVerdicts) Run(ctx context.Context) error {
 	}
 }
 
+// nft is Run's nftables connection, dialled if there is none.
+func (k *kernelVerdicts) nft() (*nftables.Conn, error) {
+	if k.conn == nil {
+		c, err := verdicts.NewLastingConn(k.netns)
+		if err != nil {
+			return nil, fmt.Errorf("nftables: %w", err)
+		}
+		k.conn = c
+		k.dials.Add(1)
+	}
+	return k.conn, nil
+}
+
+// hangUp closes Run's nftables connection after an operation on it
+// failed: what was queued before the failure, or a reply not read, would
+// go with the next transaction.
+func (k *kernelVerdicts) hangUp() {
+	if k.conn != nil {
+		_ = k.conn.CloseLasting()
+		k.conn = nil
+	}
+}
+
 func (k *kernelVerdicts) load() error {
 	start := time.Now()
 	seq := k.seq.Load()
@@ -716,12 +746,13 @@ func (k *kernelVerdicts) load() error {
 		return fmt.Errorf("list: %w", err)
 	}
 	prog, deps := verdicts.CompileDeps(in)
-	conn, err := verdicts.NewConn(k.netns)
+	conn, err := k.nft()
 	if err != nil {
-		return fmt.Errorf("nftables: %w", err)
+		return err
 	}
 	at, err := verdicts.LoadGen(conn, Table, k.hook, prog)
 	if err != nil {
+		k.hangUp()
 		return err
 	}
 	k.loadedAt, k.loadedGroups = at, prog.GroupIndex()

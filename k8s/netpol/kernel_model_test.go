@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -394,6 +395,7 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 		}
 	}
 	waitLoaded()
+	dialsAt := k.dials.Load()
 	before := k.skipped.Load()
 	for i := range 5 {
 		p := mkPod(3*i + 2)
@@ -560,6 +562,42 @@ func TestKernelVerdictsFollowChanges(t *testing.T) {
 				if got := lab.Allows(t, pk); got != want {
 					t.Errorf("after a peer's patch (%s → %s), %s → %s port %d: kernel %v, a compile %v", ipsOf(step.old), ipsOf(step.cur), pk.Src, pk.Dst, port, got, want)
 				}
+			}
+		}
+	}
+	// Every load and patch since the quiescent point went over one
+	// connection. A transaction the kernel refuses (the table deleted
+	// under it) closes it; the load that follows dials anew and the
+	// kernel decides as a compile would again.
+	if d := k.dials.Load() - dialsAt; d != 0 {
+		t.Errorf("%d nftables connections dialled for the quiescent checks' loads and patches, want none (one lasts)", d)
+	}
+	del, err := nftables.New(nftables.WithNetNSFd(int(lab.NS)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	del.DelTable(&nftables.Table{Name: Table, Family: nftables.TableFamilyINet})
+	if err := del.Flush(); err != nil {
+		t.Fatalf("delete table %s: %v", Table, err)
+	}
+	back := peerCore.DeepCopy()
+	back.Status.PodIPs = []corev1.PodIP{{IP: "fd00:20::1002"}}
+	_ = pods.Update(trim.NewPod(back))
+	patched, loads := k.patches.Load(), k.seq.Load()
+	k.podChanged(nil, trim.NewPod(back))
+	waitLoaded()
+	if k.patches.Load() != patched || k.seq.Load() == loads || k.dials.Load()-dialsAt != 1 {
+		t.Errorf("a patch the kernel refused: %d patches, %d loads, %d connections dialled; want 0, a load, 1", k.patches.Load()-patched, k.seq.Load()-loads, k.dials.Load()-dialsAt)
+	}
+	in.Pods, _ = podL.List(labels.Everything())
+	now = verdicts.Compile(in)
+	for _, dst := range []string{"fd00:20::1001", "fd00:20::1002", "fd00:30::98"} {
+		for _, port := range []uint16{80, 443} {
+			pk := probe.Packet{Src: netip.MustParseAddr("fd00:10::1"), Dst: netip.MustParseAddr(dst), Proto: unix.IPPROTO_TCP, SrcPort: 40000, DstPort: port}
+			want := now.Allows(verdicts.Packet(pk))
+			seen[want]++
+			if got := lab.Allows(t, pk); got != want {
+				t.Errorf("after the table was deleted and loaded again, %s → %s port %d: kernel %v, a compile %v", pk.Src, pk.Dst, port, got, want)
 			}
 		}
 	}
