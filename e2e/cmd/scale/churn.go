@@ -254,6 +254,23 @@ func paceFor(sustained, target float64) float64 {
 	return max(0.05, math.Floor(0.9*sustained/target*20)/20)
 }
 
+// repace is the share of the churn a size is measured under again
+// after a window whose churn reached only reached of its target at pace:
+// 90 % of what it reached, in 5 % steps (at least 5 %); 0 when it kept
+// up (churnReached), or there is no lower step. A probe's 20 s flatter
+// the machine: over the window's minute the churn fell to 90 % of its
+// target at 500 nodes and 84 % at 5,000, and a short churn is never
+// called met.
+func repace(pace, reached float64) float64 {
+	if reached >= churnReached {
+		return 0
+	}
+	if p := max(0.05, math.Floor(0.9*pace*reached*20)/20); p < pace {
+		return p
+	}
+	return 0
+}
+
 // probe runs the churn at r for d, after churnWarmup, and returns the
 // pods a second it completed: what this machine's API server sustains
 // at this size (false if ctx ended first: no rate). Its pods are deleted

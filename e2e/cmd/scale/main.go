@@ -321,29 +321,47 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 		r.pace = paceFor(r.sustained, o.rates.pods)
 		logf("churn probe: %.1f pods a second completed of %.0f; measured under %.0f %% of the issue's rates", r.sustained, o.rates.pods, 100*r.pace)
 	}
-	cctx, stopChurn := context.WithCancel(ctx)
-	acts, churned := f.churn(cctx, m, o.rates.scaled(r.pace), o.seed)
-	time.Sleep(churnWarmup)
-	var profiled sync.WaitGroup
-	profiled.Go(func() { node.policyProfile(o.profiles, "cpu-churn-"+tag, "profile", o.churnD-5*time.Second) })
-	// What was allocated over the window (a delta heap profile), which
-	// the collector's share of the CPU follows.
-	profiled.Go(func() { node.policyProfile(o.profiles, "allocs-churn-"+tag, "allocs", o.churnD-5*time.Second) })
-	profiled.Go(func() { node.agentProfile(o.profiles, "cpu-churn-"+tag, "profile", o.churnD-5*time.Second) })
-	counted := node.verdictCounters()
-	start := make([]tally, len(acts))
-	for i, a := range acts {
-		start[i] = a.tally()
+	var (
+		acts              []*activity
+		churned           func()
+		stopChurn         context.CancelFunc
+		verdicts, repaced string
+	)
+	for {
+		var cctx context.Context
+		cctx, stopChurn = context.WithCancel(ctx)
+		acts, churned = f.churn(cctx, m, o.rates.scaled(r.pace), o.seed)
+		time.Sleep(churnWarmup)
+		var profiled sync.WaitGroup
+		profiled.Go(func() { node.policyProfile(o.profiles, "cpu-churn-"+tag, "profile", o.churnD-5*time.Second) })
+		// What was allocated over the window (a delta heap profile), which
+		// the collector's share of the CPU follows.
+		profiled.Go(func() { node.policyProfile(o.profiles, "allocs-churn-"+tag, "allocs", o.churnD-5*time.Second) })
+		profiled.Go(func() { node.agentProfile(o.profiles, "cpu-churn-"+tag, "profile", o.churnD-5*time.Second) })
+		counted := node.verdictCounters()
+		start := make([]tally, len(acts))
+		for i, a := range acts {
+			start[i] = a.tally()
+		}
+		r.churn = node.window(o.churnD)
+		// The churn the window saw: it goes on through the fan-out.
+		r.reached = 1
+		for i, a := range acts {
+			r.reached = min(r.reached, a.reachedSince(start[i]))
+		}
+		verdicts = "flock-policy's verdicts under churn: " + orNone(countersSince(counted, node.verdictCounters()))
+		logf("%s", verdicts)
+		profiled.Wait()
+		next := repace(r.pace, r.reached)
+		if o.probe <= 0 || repaced != "" || next == 0 {
+			break
+		}
+		repaced = fmt.Sprintf("churn at %.0f %% of the issue's rates reached %.0f %% of its target in a window: measured again at %.0f %%", 100*r.pace, 100*r.reached, 100*next)
+		logf("%s", repaced)
+		stopChurn()
+		churned()
+		r.pace = next
 	}
-	r.churn = node.window(o.churnD)
-	// The churn the window saw: it goes on through the fan-out.
-	r.reached = 1
-	for i, a := range acts {
-		r.reached = min(r.reached, a.reachedSince(start[i]))
-	}
-	verdicts := "flock-policy's verdicts under churn: " + orNone(countersSince(counted, node.verdictCounters()))
-	logf("%s", verdicts)
-	profiled.Wait()
 	if len(o.fanout) > 0 {
 		r.fanout = node.measureFanout(o.fanout, 10*time.Second, o.fanoutD, r.churn)
 	}
@@ -365,6 +383,9 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	}
 	if isPaced(r.pace) {
 		r.activity = append(r.activity, fmt.Sprintf("churn at %.0f %% of the issue's rates (the probe at the full rates completed %.1f pods a second)", 100*r.pace, r.sustained))
+	}
+	if repaced != "" {
+		r.activity = append(r.activity, repaced)
 	}
 	r.activity = append(r.activity, verdicts)
 	return r

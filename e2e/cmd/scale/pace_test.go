@@ -34,6 +34,23 @@ func TestPaceFor(t *testing.T) {
 	}
 }
 
+// A window whose churn fell short of its target is measured again under
+// 90 % of what it reached; one that kept up, or has no lower step, is not.
+func TestRepace(t *testing.T) {
+	for _, tc := range []struct{ pace, reached, want float64 }{
+		{1, 1, 0},
+		{1, 0.95, 0},
+		{1, 0.90, 0.80},    // 500 nodes: the probe kept up, the window did not
+		{0.75, 0.84, 0.55}, // 5,000 nodes: 63 % of the rates, 56.7 % in 5 % steps down
+		{0.05, 0.5, 0},     // no lower step
+		{0.1, 0.2, 0.05},
+	} {
+		if got := repace(tc.pace, tc.reached); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("repace(%v, %v) = %v, want %v", tc.pace, tc.reached, got, tc.want)
+		}
+	}
+}
+
 // What grows with the churn is projected from a paced churn to the full
 // rates, RSS too (its garbage follows the churn).
 func TestProjectedToTheFullChurn(t *testing.T) {
