@@ -145,6 +145,10 @@ func run(c config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
+	auth, err := relay.NewReviewAuthorizer(pc)
+	if err != nil {
+		return err
+	}
 	cert, certPEM, err := selfSigned()
 	if err != nil {
 		return err
@@ -173,8 +177,7 @@ func run(c config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv := &relay.Server{Cache: pods, Log: log, Metrics: relay.NewMetrics(prometheus.DefaultRegisterer),
-		Auth: &relay.ReviewAuthorizer{Tokens: cs.AuthenticationV1().TokenReviews(), Access: cs.AuthorizationV1().SubjectAccessReviews()}}
+	srv := &relay.Server{Cache: pods, Log: log, Metrics: relay.NewMetrics(prometheus.DefaultRegisterer), Auth: auth}
 	hs := &http.Server{Handler: srv, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13}, ReadHeaderTimeout: 10 * time.Second}
 	cms := cs.CoreV1().ConfigMaps(c.namespace)
 
