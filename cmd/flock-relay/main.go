@@ -213,7 +213,9 @@ func run(c config, log *slog.Logger) error {
 	g.Go(func() error {
 		start := time.Now()
 		if !kubeclient.WaitLogged(ctx, log, "the API server's pods", kubeclient.SyncWarnAfter,
-			kubeclient.Synced{Name: "pods", Synced: func() bool { return inf.HasSynced() && reg.HasSynced() }}) {
+			// The list's resource version is recorded as the list's last
+			// bookmark passes: after the informer may say it synced.
+			kubeclient.Synced{Name: "pods", Synced: func() bool { return inf.HasSynced() && reg.HasSynced() && upstream.ListRV() != "" }}) {
 			return nil
 		}
 		if err := pods.Live(upstream.ListRV()); err != nil {
