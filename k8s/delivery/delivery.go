@@ -133,6 +133,12 @@ type Input struct {
 	// of another family and FQDN ones are ignored. Decide does not modify
 	// them.
 	Slices []*discoveryv1.EndpointSlice
+	// Ports are the Service's: kube-proxy files a slice's endpoints under
+	// the Service port of the slice port's name and protocol, and those of
+	// a slice port no Service port has serve nothing (hand-written slices,
+	// or a port renamed while the controller catches up). Nil: every
+	// slice port counts.
+	Ports []corev1.ServicePort
 }
 
 // ReasonNotProxied: kube-proxy does not serve the Service at all (Skipped).
@@ -235,6 +241,13 @@ func collect(in Input) map[portKey]map[epKey]endpoint {
 	default:
 		return nil
 	}
+	var served map[portKey]bool
+	if in.Ports != nil {
+		served = make(map[portKey]bool, len(in.Ports))
+		for _, p := range in.Ports {
+			served[portKey{name: p.Name, protocol: orTCP(p.Protocol)}] = true
+		}
+	}
 	ports := map[portKey]map[epKey]endpoint{}
 	for _, s := range in.Slices {
 		if s == nil || s.AddressType != want {
@@ -251,7 +264,10 @@ func collect(in Input) map[portKey]map[epKey]endpoint {
 			}
 			pk := portKey{name: *p.Name, protocol: corev1.ProtocolTCP} // the API's default
 			if p.Protocol != nil {
-				pk.protocol = *p.Protocol
+				pk.protocol = orTCP(*p.Protocol)
+			}
+			if served != nil && !served[pk] {
+				continue // no Service port of that name and protocol
 			}
 			set := ports[pk]
 			if set == nil {
@@ -278,6 +294,14 @@ func collect(in Input) map[portKey]map[epKey]endpoint {
 		}
 	}
 	return ports
+}
+
+// orTCP is p, or TCP (the API's default) if it is empty.
+func orTCP(p corev1.Protocol) corev1.Protocol {
+	if p == "" {
+		return corev1.ProtocolTCP
+	}
+	return p
 }
 
 // canonical spells an address the one way, as kube-proxy's parse-and-print

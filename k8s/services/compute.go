@@ -190,6 +190,7 @@ func ForService(o Options, s *corev1.Service, eps []*discoveryv1.EndpointSlice) 
 			Family:                   fam,
 			Node:                     o.Node,
 			Slices:                   eps,
+			Ports:                    s.Spec.Ports,
 		})
 		a.Reason, a.Endpoints = string(d.Reason), d.Endpoints
 		switch d.State {

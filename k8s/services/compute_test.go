@@ -242,6 +242,24 @@ func TestForService(t *testing.T) {
 			s.Labels = map[string]string{delivery.LabelServiceProxyName: "my-proxy"}
 		}), []ep{{node, "fd00:10::1", "ready"}},
 			[]string{"shop/other loadBalancer 2001:db8:1b::1: not advertised (" + string(delivery.ReasonNotProxied) + ", 0)"}},
+		// kube-proxy files a slice's endpoints under the Service port of
+		// the slice port's name and protocol (the slices' port is http/TCP).
+		{"the Service's port has the slices' port's name and protocol", o, svc("web", ingress("2001:db8:1b::1"), func(s *corev1.Service) {
+			s.Spec.Ports = []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}, {Name: "http", Port: 80}}
+		}), []ep{{node, "fd00:10::1", "ready"}},
+			[]string{"shop/web loadBalancer 2001:db8:1b::1: advertised (ready endpoint in the cluster, 1)"}},
+		{"a slice port no Service port has: its endpoints serve nothing", o, svc("web", ingress("2001:db8:1b::1"), func(s *corev1.Service) {
+			s.Spec.Ports = []corev1.ServicePort{{Name: "web", Port: 80, Protocol: corev1.ProtocolTCP}}
+		}), []ep{{node, "fd00:10::1", "ready"}},
+			[]string{"shop/web loadBalancer 2001:db8:1b::1: not advertised (no usable endpoint in the cluster, 0)"}},
+		{"an unnamed Service port, named slice ports", o, svc("web", ingress("2001:db8:1b::1"), func(s *corev1.Service) {
+			s.Spec.Ports = []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}
+		}), []ep{{node, "fd00:10::1", "ready"}},
+			[]string{"shop/web loadBalancer 2001:db8:1b::1: not advertised (no usable endpoint in the cluster, 0)"}},
+		{"a Service port of the slices' port's name and another protocol", o, svc("web", ingress("2001:db8:1b::1"), func(s *corev1.Service) {
+			s.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolUDP}}
+		}), []ep{{node, "fd00:10::1", "ready"}},
+			[]string{"shop/web loadBalancer 2001:db8:1b::1: not advertised (no usable endpoint in the cluster, 0)"}},
 		{"no AddressPools loaded: nothing advertised", Options{Node: node}, svc("web", ingress("2001:db8:1b::1")),
 			[]ep{{node, "fd00:10::1", "ready"}},
 			[]string{"shop/web loadBalancer 2001:db8:1b::1: not advertised (address not authorized: no AddressPools loaded, 0)"}},

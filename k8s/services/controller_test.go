@@ -268,7 +268,7 @@ func TestProxyWaitForgetsDeleted(t *testing.T) {
 		Services:       fakeSvcs{cs.CoreV1().Services(metav1.NamespaceAll)},
 		EndpointSlices: fakeSlices{cs.DiscoveryV1().EndpointSlices(metav1.NamespaceAll)},
 	}, Options{Node: node, Authorize: authorize, ReadProxy: px.read}, nil)
-	web := svc("web", ingress("2001:db8:1b::1"), local, withPorts(corev1.ServicePort{Port: 80, Protocol: corev1.ProtocolTCP}))
+	web := svc("web", ingress("2001:db8:1b::1"), local, withPorts(corev1.ServicePort{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}))
 	if err := c.svcs.GetStore().Add(web); err != nil {
 		t.Fatal(err)
 	}

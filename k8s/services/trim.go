@@ -37,7 +37,7 @@ func notLabelled(key string) labels.Requirement {
 // (the cache holds every Service of the cluster): namespace, name, uid,
 // the service-proxy-name label; type, clusterIP, externalIPs,
 // loadBalancerClass, externalTrafficPolicy, publishNotReadyAddresses,
-// ipFamilies, each port's number and protocol; each LoadBalancer ingress
+// ipFamilies, each port's name, number and protocol; each LoadBalancer ingress
 // IP and its ipMode. TestTrimKeepsWhatIsRead fails when a field read
 // later is dropped.
 func trimService(obj any) (any, error) {
@@ -60,7 +60,7 @@ func trimService(obj any) (any, error) {
 	if len(s.Spec.Ports) > 0 {
 		out.Spec.Ports = make([]corev1.ServicePort, len(s.Spec.Ports))
 		for i, p := range s.Spec.Ports {
-			out.Spec.Ports[i] = corev1.ServicePort{Port: p.Port, Protocol: p.Protocol}
+			out.Spec.Ports[i] = corev1.ServicePort{Name: p.Name, Port: p.Port, Protocol: p.Protocol}
 		}
 	}
 	for _, in := range s.Status.LoadBalancer.Ingress {

@@ -371,6 +371,7 @@ func TestTrimAndSelectorTestsCatchMistakes(t *testing.T) {
 		{name: "externalTrafficPolicy", svc: func(s *corev1.Service) { s.Spec.ExternalTrafficPolicy = "" }},
 		{name: "publishNotReadyAddresses", svc: func(s *corev1.Service) { s.Spec.PublishNotReadyAddresses = false }},
 		{name: "ipFamilies", svc: func(s *corev1.Service) { s.Spec.IPFamilies = nil }},
+		{name: "port name", svc: eachSvcPort(func(p *corev1.ServicePort) { p.Name = "" })},
 		{name: "port number", svc: eachSvcPort(func(p *corev1.ServicePort) { p.Port = 0 })},
 		{name: "port protocol", svc: eachSvcPort(func(p *corev1.ServicePort) { p.Protocol = "" })},
 		{name: "ingress ip", svc: eachIngress(func(in *corev1.LoadBalancerIngress) { in.IP = "" })},
