@@ -762,22 +762,9 @@ const ackBuffer = 64 << 20
 
 // NewConn is an nftables connection (in the network namespace of netnsFD,
 // or this one if it is -1) whose receive buffer holds a whole program's
-// acknowledgements. Each operation opens a socket of its own.
-func NewConn(netnsFD int) (*nftables.Conn, error) {
-	return newConn(netnsFD)
-}
-
-// NewLastingConn is NewConn over one socket for every operation until
-// CloseLasting: a socket's setup and teardown (in another namespace, a
-// thread's too) took a patch's transaction about 6 ms. A Conn whose
-// operation failed is to be closed, not used again: the messages queued
-// before the failure, a serialization error and the kernel's unread
-// replies stay with it.
-func NewLastingConn(netnsFD int) (*nftables.Conn, error) {
-	return newConn(netnsFD, nftables.AsLasting())
-}
-
-func newConn(netnsFD int, more ...nftables.ConnOption) (*nftables.Conn, error) {
+// acknowledgements, with more options (nftables.AsLasting: one socket
+// for every operation, not one each).
+func NewConn(netnsFD int, more ...nftables.ConnOption) (*nftables.Conn, error) {
 	opts := []nftables.ConnOption{nftables.WithSockOptions(func(c *netlink.Conn) error {
 		raw, err := c.SyscallConn()
 		if err != nil {
