@@ -98,7 +98,7 @@ func TestServesCNIWhileServicesList(t *testing.T) {
 	cs := fake.NewClientset(
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"},
 			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, ClusterIP: "fd00:96::10", ExternalIPs: []string{ext.Addr().String()},
-				Ports: []corev1.ServicePort{{Port: 80, Protocol: corev1.ProtocolTCP}}}},
+				Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}},
 		&discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-1", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
 			AddressType: discoveryv1.AddressTypeIPv6,
 			Ports:       []discoveryv1.EndpointPort{{Name: new("http"), Port: new(int32(8080))}},
@@ -121,9 +121,14 @@ func TestServesCNIWhileServicesList(t *testing.T) {
 	c.register("informers", duringRecovery, k.factory)
 	k.registerServices(d, c)
 	s, done := startServing(t, d, target, "while the Services are being listed")
-	if !pods.HasSynced() || svcGate.listed() == 0 {
-		t.Fatalf("serving: pods synced %v, Services lists begun %d", pods.HasSynced(), svcGate.listed())
+	if !pods.HasSynced() {
+		t.Fatal("serving before the pods synced")
 	}
+	// The Services' informers start beside the CNI server: their lists
+	// may begin just after it serves, and are held there.
+	testutil.Eventually(t, "the Services' lists begun", func() (bool, string) {
+		return svcGate.listed() > 0, fmt.Sprintf("%d begun", svcGate.listed())
+	})
 	if !d.ready.Load() {
 		t.Error("CNI served, the agent not ready")
 	}
