@@ -169,6 +169,7 @@ func run(c config, log *slog.Logger) error {
 
 	pods := relay.NewCache(c.history)
 	upstream := pods.Upstream(cs.CoreV1().Pods(""))
+	upstream.Log = log
 	inf := kubeclient.NewInformer(upstream, &corev1.Pod{}, nil)
 	if err := inf.SetTransform(trim.Transform); err != nil {
 		return err

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,13 +19,15 @@ import (
 // relist's objects reach the handler: they come in list order, and one
 // newer than a change still to come would be sent first.
 func (c *Cache) Upstream(lw kubeclient.ListerWatcher[*corev1.PodList]) *Upstream {
-	return &Upstream{c: c, lw: lw}
+	return &Upstream{c: c, lw: lw, Log: discard}
 }
 
 // Upstream is the relay informer's ListerWatcher.
 type Upstream struct {
 	c  *Cache
 	lw kubeclient.ListerWatcher[*corev1.PodList]
+	// Log says when a watch is resumed.
+	Log *slog.Logger
 
 	mu     sync.Mutex
 	listRV string
@@ -68,26 +71,16 @@ func (u *Upstream) List(ctx context.Context, opts metav1.ListOptions) (*corev1.P
 }
 
 // Watch watches the pods; one that streams a list first (watch-list) is
-// a list.
+// a list. Once the list is in, the watch resumes through the API
+// server's ends and failures (resumingWatch).
 func (u *Upstream) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	initial := opts.SendInitialEvents != nil && *opts.SendInitialEvents
 	if initial {
 		u.startList()
 	}
 	w, err := u.lw.Watch(ctx, opts)
-	if err != nil || !initial {
-		return w, err
+	if err != nil {
+		return nil, err
 	}
-	// The bookmark that ends the initial events carries the list's
-	// resource version.
-	return passing(w, func(ev *watch.Event) func() {
-		if ev.Type != watch.Bookmark {
-			return nil
-		}
-		if m, ok := ev.Object.(metav1.Object); ok && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true" {
-			rv := m.GetResourceVersion()
-			return func() { u.listed(rv) }
-		}
-		return nil
-	}), nil
+	return u.resuming(ctx, w, opts, initial), nil
 }
