@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -12,12 +13,20 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 )
 
-// Between the watches of a resuming watch that failed: doubling from
-// resumeFirst up to resumeMost, or what the API server asked for.
-var (
-	resumeFirst = 100 * time.Millisecond
-	resumeMost  = 30 * time.Second
-)
+// Resume is how a resuming watch waits between failed watches: doubling
+// from First up to Most, or what the API server asked for; and how long
+// it goes on failing before the relay gives up and starts over (a relay
+// cut off from the API server must stop serving, so that nodes read the
+// API server, or a relay that reaches it).
+type Resume struct {
+	First, Most, GiveUp time.Duration
+}
+
+// DefaultResume is an Upstream's Resume.
+var DefaultResume = Resume{First: 100 * time.Millisecond, Most: 10 * time.Second, GiveUp: time.Minute}
+
+// errUpstream is the relay giving up on the API server's pods.
+var errUpstream = errors.New("relay: the API server's pods")
 
 // resumingWatch follows the API server's pods through the ends of its
 // watches. The reflector lists again after any watch that ends with an
@@ -26,10 +35,12 @@ var (
 // come in list order): every node's watch would drop on an API server's
 // restart, or a load balancer's 503. So once the list is in (its
 // initial events passed, or the watch came after a list), a watch that
-// ends or fails is watched again from the last resource version passed
-// on, as client-go's RetryWatcher does. Only an expired resource version
-// reaches the reflector, where starting over is the only way; so does
-// an end while a list still streams.
+// ends, or fails for a reason that passes (the connection, 429, 5xx), is
+// watched again from the last resource version passed on. An expired
+// version (410) reaches the reflector, where starting over is the only
+// way; so does an end while a list still streams. Any other refusal
+// (401, 403, a version too large: an etcd restored), or failures for
+// longer than Resume.GiveUp, fail the cache: the relay starts over.
 type resumingWatch struct {
 	u    *Upstream
 	opts metav1.ListOptions // the reflector's: selectors, timeout
@@ -39,12 +50,16 @@ type resumingWatch struct {
 	cancel context.CancelFunc
 	once   sync.Once
 
+	// A watch from "" or "0" starts with the state in no order, and is
+	// never resumed (the reflector watches from a list's version).
+	never   bool
 	rv      string // the last resource version passed on
 	initial bool   // a list still streams
 }
 
 func (u *Upstream) resuming(ctx context.Context, w watch.Interface, opts metav1.ListOptions, initial bool) *resumingWatch {
-	r := &resumingWatch{u: u, opts: opts, out: make(chan watch.Event), rv: opts.ResourceVersion, initial: initial}
+	r := &resumingWatch{u: u, opts: opts, out: make(chan watch.Event), rv: opts.ResourceVersion, initial: initial,
+		never: !initial && (opts.ResourceVersion == "" || opts.ResourceVersion == "0")}
 	r.ctx, r.cancel = context.WithCancel(ctx)
 	go r.run(w)
 	return r
@@ -56,45 +71,51 @@ func (r *resumingWatch) Stop() { r.once.Do(r.cancel) }
 
 func (r *resumingWatch) run(w watch.Interface) {
 	defer close(r.out)
+	failing := time.Now() // since the last watch that passed anything on, or lasted
 	fails := 0
 	for {
-		again, passed, after := r.follow(w)
+		start := time.Now()
+		again, passed, err := r.follow(w)
 		if !again {
 			return
 		}
-		if passed {
-			fails = 0
+		// The reflector's rule for a short watch: under a second, with
+		// nothing in it.
+		if passed || time.Since(start) >= time.Second {
+			failing, fails = time.Now(), 0
 		}
-		if w = r.redial(&fails, after); w == nil {
+		if w = r.redial(failing, &fails, err); w == nil {
 			return
 		}
 	}
 }
 
 // follow passes w's events on until it ends. It says whether to watch
-// again, whether anything was passed, and the wait the API server asked
-// for.
-func (r *resumingWatch) follow(w watch.Interface) (again, passed bool, after time.Duration) {
+// again, whether anything was passed, and the error it ended with.
+func (r *resumingWatch) follow(w watch.Interface) (again, passed bool, err error) {
 	defer w.Stop()
 	for {
 		var ev watch.Event
 		var ok bool
 		select {
 		case <-r.ctx.Done():
-			return false, passed, 0
+			return false, passed, nil
 		case ev, ok = <-w.ResultChan():
 		}
 		if !ok {
-			return r.resumable(), passed, 0
+			return r.resumable(), passed, nil
 		}
 		if ev.Type == watch.Error {
 			err := apierrors.FromObject(ev.Object)
 			if !r.resumable() || expired(err) {
 				r.send(ev)
-				return false, passed, 0
+				return false, passed, nil
 			}
-			r.logResume(err)
-			return true, passed, retryAfter(err)
+			if !transient(err) {
+				r.giveUp(err)
+				return false, passed, nil
+			}
+			return true, passed, err
 		}
 		var listed func()
 		if m, ok := ev.Object.(metav1.Object); ok {
@@ -109,7 +130,7 @@ func (r *resumingWatch) follow(w watch.Interface) (again, passed bool, after tim
 			}
 		}
 		if !r.send(ev) {
-			return false, passed, 0
+			return false, passed, nil
 		}
 		passed = true
 		if listed != nil {
@@ -121,16 +142,29 @@ func (r *resumingWatch) follow(w watch.Interface) (again, passed bool, after tim
 
 // resumable: a list no longer streams and there is a version to resume
 // from.
-func (r *resumingWatch) resumable() bool { return !r.initial && r.rv != "" && r.rv != "0" }
+func (r *resumingWatch) resumable() bool {
+	return !r.never && !r.initial && r.rv != "" && r.rv != "0"
+}
 
-// redial watches again from r.rv, waiting between failures; nil when
-// the watch is stopped, or the version expired (sent on as the
-// reflector's cue to list).
-func (r *resumingWatch) redial(fails *int, after time.Duration) watch.Interface {
+// redial watches again from r.rv, after err (nil: the watch ended),
+// waiting between failures (fails: since failing); nil when the watch is stopped, the version
+// expired (sent on as the reflector's cue to list), or the relay gave up.
+func (r *resumingWatch) redial(failing time.Time, fails *int, err error) watch.Interface {
+	b := r.u.Resume
 	for {
-		wait := after
+		wait := retryAfter(err)
 		if *fails > 0 {
-			wait = max(wait, min(resumeFirst<<min(*fails-1, 16), resumeMost))
+			wait = max(wait, min(b.First<<min(*fails-1, 16), b.Most))
+		}
+		if *fails > 0 && time.Since(failing)+wait > b.GiveUp {
+			if err == nil {
+				err = errors.New("each watch ended at once")
+			}
+			r.giveUp(fmt.Errorf("no watch for %v: %w", time.Since(failing).Round(time.Second), err))
+			return nil
+		}
+		if err != nil {
+			r.u.Log.Warn("the API server's pods: watching again", "from", r.rv, "in", wait, "err", err)
 		}
 		*fails++
 		if wait > 0 {
@@ -145,7 +179,8 @@ func (r *resumingWatch) redial(fails *int, after time.Duration) watch.Interface 
 		opts := r.opts
 		opts.ResourceVersion, opts.ResourceVersionMatch, opts.SendInitialEvents = r.rv, "", nil
 		opts.AllowWatchBookmarks = true
-		w, err := r.u.lw.Watch(r.ctx, opts)
+		var w watch.Interface
+		w, err = r.u.lw.Watch(r.ctx, opts)
 		switch {
 		case err == nil:
 			return w
@@ -158,10 +193,17 @@ func (r *resumingWatch) redial(fails *int, after time.Duration) watch.Interface 
 				r.send(watch.Event{Type: watch.Error, Object: &s})
 			}
 			return nil
+		case !transient(err):
+			r.giveUp(err)
+			return nil
 		}
-		r.logResume(err)
-		after = retryAfter(err)
 	}
+}
+
+// giveUp fails the cache: the relay starts over, and serves no node
+// meanwhile.
+func (r *resumingWatch) giveUp(err error) {
+	r.u.c.fail(fmt.Errorf("%w: watching from %s: %w", errUpstream, r.rv, err))
 }
 
 func (r *resumingWatch) send(ev watch.Event) bool {
@@ -173,11 +215,23 @@ func (r *resumingWatch) send(ev watch.Event) bool {
 	}
 }
 
-func (r *resumingWatch) logResume(err error) {
-	r.u.Log.Warn("the API server's pods: watching again", "from", r.rv, "err", err)
-}
-
 func expired(err error) bool { return apierrors.IsResourceExpired(err) || apierrors.IsGone(err) }
+
+// transient: an error that passes by itself, for which a watch is tried
+// again. The API server's 429 and 5xx (but a version it has not reached:
+// it goes on not having it), and anything not from the API server (the
+// connection refused, reset or timed out while it restarts).
+func transient(err error) bool {
+	if apierrors.HasStatusCause(err, metav1.CauseTypeResourceVersionTooLarge) {
+		return false
+	}
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		code := status.Status().Code
+		return code == 429 || code >= 500
+	}
+	return true
+}
 
 func retryAfter(err error) time.Duration {
 	if s, ok := apierrors.SuggestsClientDelay(err); ok {

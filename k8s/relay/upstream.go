@@ -19,7 +19,7 @@ import (
 // relist's objects reach the handler: they come in list order, and one
 // newer than a change still to come would be sent first.
 func (c *Cache) Upstream(lw kubeclient.ListerWatcher[*corev1.PodList]) *Upstream {
-	return &Upstream{c: c, lw: lw, Log: discard}
+	return &Upstream{c: c, lw: lw, Log: discard, Resume: DefaultResume}
 }
 
 // Upstream is the relay informer's ListerWatcher.
@@ -28,6 +28,8 @@ type Upstream struct {
 	lw kubeclient.ListerWatcher[*corev1.PodList]
 	// Log says when a watch is resumed.
 	Log *slog.Logger
+	// Resume paces a watch's resumption; set before the informer runs.
+	Resume Resume
 
 	mu     sync.Mutex
 	listRV string

@@ -2,9 +2,12 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"code.fritzlab.net/fritzlab/flock/e2e/testutil"
@@ -76,15 +80,20 @@ func initialEventsEnd(rv string) *corev1.Pod {
 		Annotations: map[string]string{metav1.InitialEventsAnnotationKey: "true"}}}
 }
 
-// liveRelay runs the relay's informer over up as flock-relay does, and
-// makes its cache live once the first list is in.
-func liveRelay(t *testing.T, up kubeclient.ListerWatcher[*corev1.PodList]) *Cache {
+// fast resumes at once, and gives up after a second.
+var fast = Resume{First: time.Millisecond, Most: 10 * time.Millisecond, GiveUp: time.Second}
+
+// liveRelay runs the relay's informer over up as flock-relay does, its
+// watches resumed as r says, and makes its cache live once the first
+// list is in.
+func liveRelay(t *testing.T, up kubeclient.ListerWatcher[*corev1.PodList], r Resume) *Cache {
 	t.Helper()
 	if s, ok := up.(*scriptedUpstream); ok {
 		s.ctx = t.Context()
 	}
 	c := NewCache(0)
 	u := c.Upstream(up)
+	u.Resume = r
 	inf := kubeclient.NewInformer(u, &corev1.Pod{}, nil)
 	if err := inf.SetTransform(trim.Transform); err != nil {
 		t.Fatal(err)
@@ -120,7 +129,7 @@ func TestTheRelayFollowsUpstreamThroughWatchFailures(t *testing.T) {
 	}}
 	first.Add(rvPod("a", "10"))
 	first.Action(watch.Bookmark, initialEventsEnd("10"))
-	c := liveRelay(t, up)
+	c := liveRelay(t, up, DefaultResume)
 
 	first.Add(rvPod("b", "11"))
 	first.Stop() // the API server's watch timeout: the watch ends
@@ -142,9 +151,11 @@ func TestTheRelayFollowsUpstreamThroughWatchFailures(t *testing.T) {
 		t.Fatalf("the relay stopped serving: %v", err)
 	}
 	asked := up.watches()
+	up.mu.Lock()
 	if up.lists != 0 {
 		t.Errorf("%d lists", up.lists)
 	}
+	up.mu.Unlock()
 	// Each watch after the first starts where the relay is, streams no
 	// list, and keeps the reflector's selectors and timeout.
 	want := []string{"", "11", "11", "11", "15", "15"}
@@ -178,12 +189,15 @@ func TestAnExpiredWatchStartsTheRelayOver(t *testing.T) {
 			up := &scriptedUpstream{steps: []step{{w: first}, second()}}
 			first.Add(rvPod("a", "10"))
 			first.Action(watch.Bookmark, initialEventsEnd("10"))
-			c := liveRelay(t, up)
+			c := liveRelay(t, up, DefaultResume)
 			first.Stop()
 			select {
 			case <-c.Failed():
 			case <-time.After(testutil.Timeout):
 				t.Fatalf("an expired watch left the relay serving (watches %d)", len(up.watches()))
+			}
+			if !errors.Is(c.Err(), errRelist) {
+				t.Fatalf("failed with %v, want a relist", c.Err())
 			}
 		})
 	}
@@ -295,8 +309,6 @@ func (f *flakyUpstream) Watch(ctx context.Context, o metav1.ListOptions) (watch.
 // the relay follows its pods to their last change, in order and without
 // starting over. FLOCK_SEED replays a run.
 func TestRandomizedWatchFailuresLoseNothing(t *testing.T) {
-	defer func(f time.Duration) { resumeFirst = f }(resumeFirst)
-	resumeFirst = time.Millisecond
 	seed := uint64(testutil.Seed(t))
 	rng := rand.New(rand.NewPCG(seed, 2))
 	want := map[string]string{"p0": "10"} // name → resource version
@@ -317,7 +329,7 @@ func TestRandomizedWatchFailuresLoseNothing(t *testing.T) {
 		}
 	}
 	up := &flakyUpstream{changes: changes, rng: rand.New(rand.NewPCG(seed, 3))}
-	c := liveRelay(t, up)
+	c := liveRelay(t, up, Resume{First: time.Millisecond, Most: 10 * time.Millisecond, GiveUp: time.Hour})
 	testutil.Eventually(t, "the last change in the relay", func() (bool, string) {
 		return c.current() == 210 || c.Err() != nil, fmt.Sprintf("at %d", c.current())
 	})
@@ -338,4 +350,89 @@ func TestRandomizedWatchFailuresLoseNothing(t *testing.T) {
 		t.Errorf("%d pods, want %d", c.Len(), len(want))
 	}
 	t.Logf("%d watches", up.watches)
+}
+
+// A refusal that does not pass by itself (RBAC withdrawn, a token no
+// longer valid, a version the API server has not reached: an etcd
+// restored), or failures that go on for Resume.GiveUp, make the relay
+// start over (its cache fails, it stops serving): it must not serve
+// nodes a view that no longer moves while they could read the API server.
+func TestTheRelayGivesUpOnWhatDoesNotPass(t *testing.T) {
+	tooLarge := apierrors.NewTimeoutError("too large resource version", 1)
+	tooLarge.ErrStatus.Details.Causes = []metav1.StatusCause{{Type: metav1.CauseTypeResourceVersionTooLarge}}
+	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", fmt.Errorf("RBAC"))
+	inStream := func(err *apierrors.StatusError) step {
+		w := watch.NewFakeWithChanSize(1, false)
+		w.Error(&err.ErrStatus)
+		return step{w: w}
+	}
+	unavailable := apierrors.NewServiceUnavailable("down")
+	for name, tc := range map[string]struct {
+		steps []step
+		cause string
+	}{
+		"forbidden":            {[]step{{err: forbidden}}, "RBAC"},
+		"unauthorized":         {[]step{{err: apierrors.NewUnauthorized("token")}}, "token"},
+		"too large":            {[]step{{err: tooLarge}}, "too large"},
+		"forbidden, in stream": {[]step{inStream(forbidden)}, "RBAC"},
+		"503 for too long":     {slices.Repeat([]step{{err: unavailable}}, 1000), "no watch for"},
+		"watches that end at once, for too long": {func() (s []step) {
+			for range 1000 {
+				w := watch.NewFake()
+				w.Stop()
+				s = append(s, step{w: w})
+			}
+			return s
+		}(), "each watch ended at once"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			first := watch.NewFakeWithChanSize(4, false)
+			up := &scriptedUpstream{steps: append([]step{{w: first}}, tc.steps...)}
+			first.Add(rvPod("a", "10"))
+			first.Action(watch.Bookmark, initialEventsEnd("10"))
+			c := liveRelay(t, up, fast)
+			first.Stop()
+			select {
+			case <-c.Failed():
+			case <-time.After(testutil.Timeout):
+				t.Fatalf("the relay goes on serving after %d watches", len(up.watches()))
+			}
+			if err := c.Err(); !errors.Is(err, errUpstream) || !strings.Contains(err.Error(), tc.cause) {
+				t.Fatalf("failed with %v, want the API server's pods (%s)", err, tc.cause)
+			}
+		})
+	}
+}
+
+// A plain watch from "" or "0" starts with the state, in no order: it is
+// never resumed from one of its versions (the reflector's watches start
+// at a list's version).
+func TestAWatchFromNoVersionIsNotResumed(t *testing.T) {
+	for _, from := range []string{"", "0"} {
+		first := watch.NewFakeWithChanSize(4, false)
+		up := &scriptedUpstream{steps: []step{{w: first}, {w: watch.NewFake()}}, ctx: t.Context()}
+		u := NewCache(0).Upstream(up)
+		w, err := u.Watch(t.Context(), metav1.ListOptions{ResourceVersion: from})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first.Add(rvPod("a", "30"))
+		first.Add(rvPod("b", "20"))
+		first.Stop()
+		for range 2 {
+			<-w.ResultChan()
+		}
+		select {
+		case _, ok := <-w.ResultChan():
+			if ok {
+				t.Fatalf("from %q: an event past the watch's end", from)
+			}
+		case <-time.After(testutil.Timeout):
+			t.Fatalf("from %q: the watch did not end", from)
+		}
+		if n := len(up.watches()); n != 1 {
+			t.Errorf("a watch from %q resumed: %d watches", from, n)
+		}
+		w.Stop()
+	}
 }
