@@ -179,13 +179,28 @@ func (r *resumingWatch) redial(failing time.Time, fails *int, err error) watch.I
 		opts := r.opts
 		opts.ResourceVersion, opts.ResourceVersionMatch, opts.SendInitialEvents = r.rv, "", nil
 		opts.AllowWatchBookmarks = true
+		// A dial is bounded by what is left of GiveUp: client-go's own
+		// retries of a connection that is not answered (30 s each, ten
+		// times) would hold a cut-off relay serving for minutes.
+		dial, late := context.WithCancel(r.ctx)
+		timer := time.AfterFunc(b.GiveUp-time.Since(failing), late)
 		var w watch.Interface
-		w, err = r.u.lw.Watch(r.ctx, opts)
+		w, err = r.u.lw.Watch(dial, opts)
+		inTime := timer.Stop()
 		switch {
-		case err == nil:
-			return w
 		case r.ctx.Err() != nil:
+			if w != nil {
+				w.Stop()
+			}
 			return nil
+		case !inTime:
+			if w != nil {
+				w.Stop()
+			}
+			r.giveUp(fmt.Errorf("no watch for %v: the API server did not answer one in time (%v)", time.Since(failing).Round(time.Second), err))
+			return nil
+		case err == nil:
+			return stopping{w, late} // dial carries the watch until it stops
 		case expired(err):
 			var status apierrors.APIStatus
 			if errors.As(err, &status) {
@@ -194,10 +209,23 @@ func (r *resumingWatch) redial(failing time.Time, fails *int, err error) watch.I
 			}
 			return nil
 		case !transient(err):
+			late()
 			r.giveUp(err)
 			return nil
 		}
+		late()
 	}
+}
+
+// stopping is a watch that also ends its context when stopped.
+type stopping struct {
+	watch.Interface
+	cancel context.CancelFunc
+}
+
+func (s stopping) Stop() {
+	s.Interface.Stop()
+	s.cancel()
 }
 
 // giveUp fails the cache: the relay starts over, and serves no node

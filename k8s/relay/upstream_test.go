@@ -26,8 +26,9 @@ import (
 // step is one answer of scriptedUpstream's Watch: a watch the test
 // feeds, or an error.
 type step struct {
-	w   *watch.FakeWatcher
-	err error
+	w     *watch.FakeWatcher
+	err   error
+	block bool // the dial is not answered
 }
 
 // scriptedUpstream answers the relay informer's watches in order and
@@ -48,15 +49,20 @@ func (s *scriptedUpstream) List(context.Context, metav1.ListOptions) (*corev1.Po
 	return nil, fmt.Errorf("the relay's informer listed instead of streaming")
 }
 
-func (s *scriptedUpstream) Watch(_ context.Context, o metav1.ListOptions) (watch.Interface, error) {
+func (s *scriptedUpstream) Watch(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.asked = append(s.asked, o)
-	if len(s.asked) > len(s.steps) {
+	n := len(s.asked)
+	s.mu.Unlock()
+	if n > len(s.steps) {
 		<-s.ctx.Done()
 		return nil, s.ctx.Err()
 	}
-	st := s.steps[len(s.asked)-1]
+	st := s.steps[n-1]
+	if st.block {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
 	if st.err != nil {
 		return nil, st.err
 	}
@@ -376,6 +382,7 @@ func TestTheRelayGivesUpOnWhatDoesNotPass(t *testing.T) {
 		"too large":            {[]step{{err: tooLarge}}, "too large"},
 		"forbidden, in stream": {[]step{inStream(forbidden)}, "RBAC"},
 		"503 for too long":     {slices.Repeat([]step{{err: unavailable}}, 1000), "no watch for"},
+		"a dial not answered":  {[]step{{block: true}}, "did not answer"},
 		"watches that end at once, for too long": {func() (s []step) {
 			for range 1000 {
 				w := watch.NewFake()
