@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"log/slog"
 	"net/netip"
 	"strings"
 	"time"
@@ -179,23 +180,29 @@ func (d *daemon) drainServices(wait func(time.Duration)) {
 	wait(time.Duration(secs) * time.Second)
 }
 
-// readKubeProxy reads kube-proxy's rules in this network namespace (the
-// last reading while nftables has not changed).
+// readKubeProxy answers from kube-proxy's rules in this network
+// namespace, asked for each address port when it is.
 func (d *daemon) readKubeProxy() (services.Proxy, error) {
-	s, err := d.kubeProxy.Read()
-	if err != nil {
-		return nil, err
-	}
-	return kubeProxy{s}, nil
+	return kubeProxy{&d.kubeProxy, d.log}, nil
 }
 
-// kubeProxy answers services.Proxy from a reading of kube-proxy's rules.
-type kubeProxy struct{ s *kubeproxy.Snapshot }
+// kubeProxy answers services.Proxy from kube-proxy's rules.
+type kubeProxy struct {
+	r   *kubeproxy.Reader
+	log *slog.Logger
+}
 
+// Delivers: unknown when the rules could not be read (the address goes
+// out as decided, as where there is no kube-proxy to wait for).
 func (p kubeProxy) Delivers(ip netip.Addr, proto corev1.Protocol, port int32) (bool, bool) {
 	n, ok := map[corev1.Protocol]uint8{corev1.ProtocolTCP: unix.IPPROTO_TCP, corev1.ProtocolUDP: unix.IPPROTO_UDP, corev1.ProtocolSCTP: unix.IPPROTO_SCTP}[proto]
 	if !ok || port < 1 || port > 65535 {
 		return false, false
 	}
-	return p.s.Delivers(kubeproxy.Key{Addr: ip, Proto: n, Port: uint16(port)})
+	d, known, err := p.r.Delivers(kubeproxy.Key{Addr: ip, Proto: n, Port: uint16(port)})
+	if err != nil {
+		p.log.Warn("services: kube-proxy's rules not read; the address goes out as decided, without waiting for them", "ip", ip, "port", port, "err", err)
+		return false, false
+	}
+	return d, known
 }

@@ -1,47 +1,34 @@
 package kubeproxy
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"sync"
-	"time"
 
-	"github.com/google/nftables"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
-// Reader reads kube-proxy's rules as Read does, but dumps its maps again
-// only once the nftables ruleset has changed: every transaction any
-// process commits in the network namespace moves the ruleset's
-// generation, so the same generation is, nearly always, the same
-// ruleset. The maps hold an element for every Service port address of
-// the cluster, and a caller that polls while an address waits for
-// kube-proxy (the Services controller, every 100 ms) dumped them whole
-// each time: at 5,000 nodes that was most of flock-agent's CPU under
-// churn. Safe for concurrent use.
-//
-// Nearly: the kernel moves the generation before the new ruleset is
-// what a dump sees, so a dump right after it may still read the old one;
-// and a table whose owner process exits goes without moving it. So a
-// snapshot is kept only once a second dump at the same generation was
-// taken (one more dump a change), and for at most maxAge.
+// Reader answers whether kube-proxy delivers an address port by asking
+// the kernel for that key's elements of kube-proxy's maps, one element
+// each (NFT_MSG_GETSETELEM, not a dump): what an answer costs is two or
+// three requests, whatever the number of Services. The maps hold an
+// element for every Service port address of the cluster, and the
+// Services controller asks while an address waits for kube-proxy (every
+// 100 ms). Dumping them, even only after each kube-proxy sync (and once
+// more to confirm it), cost flock-agent CPU in proportion to the
+// cluster's Services. Safe for concurrent use.
 type Reader struct {
 	// NetNS is the network namespace's file descriptor (0: the one the
 	// process started in, whatever thread calls).
 	NetNS int
 
-	mu        sync.Mutex
-	ns        int           // the namespace read (NetNS, or startNS's)
-	nl        *netlink.Conn // for the generation; nil until dialed, or after an error
-	gen       uint32
-	snap      *Snapshot // read at gen; nil: none
-	confirmed bool      // snap was dumped at gen twice
-	at        time.Time // when snap was dumped
-	// dumps counts the reads that dumped the maps (tests).
-	dumps int
+	mu sync.Mutex
+	ns int           // the namespace read (NetNS, or startNS's)
+	nl *netlink.Conn // nil until dialed, or after an error
+	// requests counts what was asked of the kernel (tests).
+	requests int
 }
 
 // startNS is the network namespace the process started in, opened while
@@ -49,52 +36,48 @@ type Reader struct {
 // thread to another namespace); nil if it could not be.
 var startNS, startErr = os.Open("/proc/thread-self/ns/net")
 
-// maxAge bounds how long a snapshot is answered without dumping again.
-var maxAge = 5 * time.Second // a variable for tests
-
-// Read returns what kube-proxy has programmed in this network namespace:
-// the last snapshot while the ruleset's generation has not moved, else
-// a new one.
-func (r *Reader) Read() (*Snapshot, error) {
+// Delivers reports whether kube-proxy sends k to an endpoint, as a
+// Snapshot read now would: k is in the map service-ips of its family's
+// table and not in no-endpoint-services. known is false when that table
+// or map is not there (no kube-proxy in nftables mode for k's family).
+func (r *Reader) Delivers(k Key) (delivers, known bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.ns == 0 {
-		if r.NetNS > 0 {
-			r.ns = r.NetNS
-		} else {
-			if startErr != nil {
-				return nil, fmt.Errorf("the process's network namespace: %w", startErr)
-			}
-			r.ns = int(startNS.Fd())
+	if err := r.dialLocked(); err != nil {
+		return false, false, err
+	}
+	defer func() {
+		if err != nil {
+			_ = r.nl.Close()
+			r.nl = nil
 		}
+	}()
+	fam, key := byte(unix.NFPROTO_IPV6), k.Addr.As16()
+	raw := key[:]
+	if k.Addr.Is4() {
+		a := k.Addr.As4()
+		fam, raw = unix.NFPROTO_IPV4, a[:]
 	}
-	gen, genErr := r.generation()
-	if genErr == nil && r.snap != nil && r.confirmed && gen == r.gen && time.Since(r.at) < maxAge {
-		return r.snap, nil
-	}
-	conn, err := nftables.New(nftables.WithNetNSFd(r.ns))
+	// Each field of a concatenation is in a 4-byte register: the
+	// protocol's byte, then the port in network order, padded.
+	raw = append(raw, k.Proto, 0, 0, 0, byte(k.Port>>8), byte(k.Port), 0, 0)
+	in, err := r.hasElement(fam, ServiceIPs, raw)
 	if err != nil {
-		return nil, fmt.Errorf("nftables: %w", err)
+		return false, false, err
 	}
-	s, err := Read(conn)
-	r.dumps++
+	if !in {
+		// Not there, or no map to be in.
+		known, err := r.hasSet(fam, ServiceIPs)
+		return false, known, err
+	}
+	dropped, err := r.hasElement(fam, NoEndpointServices, raw)
 	if err != nil {
-		r.snap = nil
-		return nil, err
+		return false, false, err
 	}
-	// Kept under the generation read before the dump: a transaction
-	// committed during it moves the generation past that, and the next
-	// Read dumps again.
-	if genErr != nil {
-		r.snap, r.gen, r.confirmed = nil, 0, false
-		return s, nil
-	}
-	r.confirmed = r.snap != nil && gen == r.gen
-	r.snap, r.gen, r.at = s, gen, time.Now()
-	return s, nil
+	return !dropped, true, nil
 }
 
-// Close releases the netlink socket; a Read after it starts over.
+// Close releases the netlink socket; a call after it dials again.
 func (r *Reader) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -103,62 +86,85 @@ func (r *Reader) Close() error {
 		err = r.nl.Close()
 		r.nl = nil
 	}
-	r.ns, r.snap, r.confirmed = 0, nil, false
+	r.ns = 0
 	return err
 }
 
-// generation asks the kernel for the nftables ruleset's generation
-// (NFT_MSG_GETGEN). Under mu. On an error the socket is dropped, and the
-// next call dials again.
-func (r *Reader) generation() (uint32, error) {
-	if r.nl == nil {
-		c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: r.ns})
-		if err != nil {
-			return 0, fmt.Errorf("nftables generation: %w", err)
+// dialLocked opens the socket into the namespace, under mu.
+func (r *Reader) dialLocked() error {
+	if r.ns == 0 {
+		if r.NetNS > 0 {
+			r.ns = r.NetNS
+		} else {
+			if startErr != nil {
+				return fmt.Errorf("the process's network namespace: %w", startErr)
+			}
+			r.ns = int(startNS.Fd())
 		}
-		r.nl = c
 	}
-	gen, err := getGen(r.nl)
+	if r.nl != nil {
+		return nil
+	}
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{NetNS: r.ns})
 	if err != nil {
-		_ = r.nl.Close()
-		r.nl = nil
-		return 0, fmt.Errorf("nftables generation: %w", err)
+		return fmt.Errorf("nftables: %w", err)
 	}
-	return gen, nil
+	r.nl = c
+	return nil
 }
 
-// getGen sends NFT_MSG_GETGEN and reads NFTA_GEN_ID from the kernel's
-// NFT_MSG_NEWGEN.
-func getGen(c *netlink.Conn) (uint32, error) {
-	msgs, err := c.Execute(netlink.Message{
-		Header: netlink.Header{
-			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN),
-			Flags: netlink.Request,
-		},
-		// struct nfgenmsg: family, version, resource id (big endian).
-		Data: []byte{unix.AF_UNSPEC, unix.NFNETLINK_V0, 0, 0},
+// hasElement asks whether map set of kube-proxy's table of family fam
+// holds key (NFT_MSG_GETSETELEM for that element): ENOENT when it does
+// not, or when there is no such table or map.
+func (r *Reader) hasElement(fam byte, set string, key []byte) (bool, error) {
+	ae := netlink.NewAttributeEncoder()
+	ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, Table)
+	ae.String(unix.NFTA_SET_ELEM_LIST_SET, set)
+	ae.Nested(unix.NFTA_SET_ELEM_LIST_ELEMENTS, func(ae *netlink.AttributeEncoder) error {
+		ae.Nested(unix.NFTA_LIST_ELEM, func(ae *netlink.AttributeEncoder) error {
+			ae.Nested(unix.NFTA_SET_ELEM_KEY, func(ae *netlink.AttributeEncoder) error {
+				ae.Bytes(unix.NFTA_DATA_VALUE, key)
+				return nil
+			})
+			return nil
+		})
+		return nil
 	})
+	return r.ask(unix.NFT_MSG_GETSETELEM, unix.NFT_MSG_NEWSETELEM, fam, set, ae)
+}
+
+// hasSet asks whether kube-proxy's table of family fam has map set.
+func (r *Reader) hasSet(fam byte, set string) (bool, error) {
+	ae := netlink.NewAttributeEncoder()
+	ae.String(unix.NFTA_SET_TABLE, Table)
+	ae.String(unix.NFTA_SET_NAME, set)
+	return r.ask(unix.NFT_MSG_GETSET, unix.NFT_MSG_NEWSET, fam, set, ae)
+}
+
+// ask sends one nftables get (not a dump): true when the kernel answers
+// with a message of type answer, false when it answers ENOENT.
+func (r *Reader) ask(get, answer uint16, fam byte, set string, ae *netlink.AttributeEncoder) (bool, error) {
+	attrs, err := ae.Encode()
 	if err != nil {
-		return 0, err
+		return false, err
 	}
-	want := netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWGEN)
+	r.requests++
+	msgs, err := r.nl.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | get), Flags: netlink.Request},
+		// struct nfgenmsg: family, version, resource id.
+		Data: append([]byte{fam, unix.NFNETLINK_V0, 0, 0}, attrs...),
+	})
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("kube-proxy's map %s %s: %w", familyName(fam == unix.NFPROTO_IPV4), set, err)
+	}
+	want := netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | answer)
 	for _, m := range msgs {
-		if m.Header.Type != want || len(m.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return 0, err
-		}
-		ad.ByteOrder = binary.BigEndian
-		for ad.Next() {
-			if ad.Type() == unix.NFTA_GEN_ID {
-				return ad.Uint32(), ad.Err()
-			}
-		}
-		if err := ad.Err(); err != nil {
-			return 0, err
+		if m.Header.Type == want {
+			return true, nil
 		}
 	}
-	return 0, errors.New("no NFTA_GEN_ID in the kernel's answer")
+	return false, fmt.Errorf("kube-proxy's map %s %s: the kernel answered %d messages, none of type %d", familyName(fam == unix.NFPROTO_IPV4), set, len(msgs), answer)
 }

@@ -17,74 +17,71 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestReaderDumpsOnlyAfterAChange: a Reader answers from its last
-// reading while no nftables transaction was committed in the namespace,
-// and reads again after any (kube-proxy's or another process's): what it
-// answers is always what Read would.
-func TestReaderDumpsOnlyAfterAChange(t *testing.T) {
+// TestReaderAnswersAsADump: a Reader asks the kernel for the one key
+// (two or three requests, whatever the maps hold) and answers what a
+// dump of kube-proxy's maps (Read) answers, through kube-proxy's table
+// being made, its maps filled and emptied, and both families.
+func TestReaderAnswersAsADump(t *testing.T) {
 	ns, conn := testNS(t)
 	h := nsHandle(t, ns)
 	r := &Reader{NetNS: int(h)}
 	defer r.Close()
-	lb := Key{Addr: netip.MustParseAddr("2001:db8:1b::1"), Proto: unix.IPPROTO_TCP, Port: 80}
-
-	check := func(what string, wantDumps int, wantDelivers, wantKnown bool) {
+	k := func(a string, proto uint8, port uint16) Key {
+		return Key{Addr: netip.MustParseAddr(a), Proto: proto, Port: port}
+	}
+	keys := []Key{
+		k("2001:db8:1b::1", unix.IPPROTO_TCP, 80),
+		k("2001:db8:1b::1", unix.IPPROTO_UDP, 80),
+		k("2001:db8:1b::1", unix.IPPROTO_TCP, 8443), // both bytes of the port
+		k("2001:db8:1b::2", unix.IPPROTO_SCTP, 80),
+		k("203.0.113.129", unix.IPPROTO_TCP, 80),
+		k("203.0.113.129", unix.IPPROTO_TCP, 443),
+	}
+	check := func(what string, want map[Key][2]bool) {
 		t.Helper()
-		s, err := r.Read()
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		if r.dumps != wantDumps {
-			t.Errorf("%s: %d dumps, want %d", what, r.dumps, wantDumps)
-		}
-		d, known := s.Delivers(lb)
-		if d != wantDelivers || known != wantKnown {
-			t.Errorf("%s: delivers %v, known %v; want %v, %v", what, d, known, wantDelivers, wantKnown)
-		}
-		// What Read says, read now.
 		direct, err := Read(conn)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if dd, dk := direct.Delivers(lb); dd != d || dk != known {
-			t.Errorf("%s: the Reader says %v, %v; Read %v, %v", what, d, known, dd, dk)
+		for _, key := range keys {
+			before := r.requests
+			d, known, err := r.Delivers(key)
+			if err != nil {
+				t.Fatalf("%s: %v: %v", what, key, err)
+			}
+			if n := r.requests - before; n < 2 || n > 3 {
+				t.Errorf("%s: %v: %d requests", what, key, n)
+			}
+			dd, dk := direct.Delivers(key)
+			if d != dd || known != dk {
+				t.Errorf("%s: %v: the Reader says %v, %v; a dump %v, %v", what, key, d, known, dd, dk)
+			}
+			if w, ok := want[key]; ok && (d != w[0] || known != w[1]) {
+				t.Errorf("%s: %v: %v, %v; want %v, %v", what, key, d, known, w[0], w[1])
+			}
 		}
 	}
-	// A change is dumped twice (the second confirms what the first read
-	// at that generation), then answered from the snapshot.
-	check("no kube-proxy", 1, false, false)
-	check("again, nothing changed: confirmed", 2, false, false)
-	check("again: kept", 2, false, false)
+	unknown, no, yes := [2]bool{false, false}, [2]bool{false, true}, [2]bool{true, true}
+	check("no kube-proxy", map[Key][2]bool{keys[0]: unknown, keys[4]: unknown})
 	nft(t, ns, kubeProxyTable("ip6", "ipv6_addr"))
-	check("kube-proxy's table made", 3, false, true)
-	check("again", 4, false, true)
-	check("again", 4, false, true)
-	nft(t, ns, `add element ip6 kube-proxy service-ips { 2001:db8:1b::1 . tcp . 80 : goto external-X }`)
-	check("the address added", 5, true, true)
-	check("again", 6, true, true)
-	check("again", 6, true, true)
-	// Another process's transaction, in another table: read again (the
-	// generation is the namespace's), the same answer.
-	nft(t, ns, "table inet other { }")
-	check("another table made", 7, true, true)
-	nft(t, ns, `add element ip6 kube-proxy no-endpoint-services { 2001:db8:1b::1 . tcp . 80 : drop }`)
-	check("no endpoint", 8, false, true)
-	check("again", 9, false, true)
-	check("again", 9, false, true)
-	// Closed: starts over.
+	check("kube-proxy's ip6 table", map[Key][2]bool{keys[0]: no, keys[4]: unknown})
+	nft(t, ns, `add element ip6 kube-proxy service-ips { 2001:db8:1b::1 . tcp . 8443 : goto external-X, 2001:db8:1b::2 . sctp . 80 : goto service-Y }`)
+	check("addresses added", map[Key][2]bool{keys[0]: no, keys[1]: no, keys[2]: yes, keys[3]: yes})
+	nft(t, ns, kubeProxyTable("ip", "ipv4_addr")+`add element ip kube-proxy service-ips { 203.0.113.129 . tcp . 80 : goto external-X }
+add element ip kube-proxy no-endpoint-services { 203.0.113.129 . tcp . 443 : drop }`)
+	check("kube-proxy's ip table", map[Key][2]bool{keys[4]: yes, keys[5]: no})
+	nft(t, ns, `add element ip6 kube-proxy no-endpoint-services { 2001:db8:1b::1 . tcp . 8443 : drop }`)
+	check("no endpoint", map[Key][2]bool{keys[2]: no, keys[3]: yes})
+	// A lost socket: dialled again.
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	check("after Close", 10, false, true)
-	check("again", 11, false, true)
-	nft(t, ns, `delete element ip6 kube-proxy no-endpoint-services { 2001:db8:1b::1 . tcp . 80 }`)
-	check("an endpoint again", 12, true, true)
-	check("again", 13, true, true)
-	// A snapshot is answered for maxAge at most.
-	defer func(d time.Duration) { maxAge = d }(maxAge)
-	maxAge = 0
-	check("past maxAge", 14, true, true)
-	check("past maxAge again", 15, true, true)
+	check("after Close", map[Key][2]bool{keys[2]: no})
+	nft(t, ns, `delete element ip6 kube-proxy no-endpoint-services { 2001:db8:1b::1 . tcp . 8443 }
+delete map ip6 kube-proxy no-endpoint-services`)
+	check("no map no-endpoint-services", map[Key][2]bool{keys[2]: yes})
+	nft(t, ns, `delete table ip kube-proxy`)
+	check("the ip table deleted", map[Key][2]bool{keys[4]: unknown})
 }
 
 // TestReaderReadsTheProcesssNamespace: without NetNS, a Reader reads the
@@ -124,12 +121,12 @@ func TestReaderReadsTheProcesssNamespace(t *testing.T) {
 			return
 		}
 		for i := range 3 {
-			s, err := r.Read()
+			gd, gk, err := r.Delivers(lb)
 			if err != nil {
 				t.Error(err)
 				return
 			}
-			if gd, gk := s.Delivers(lb); gd != hd || gk != hk {
+			if gd != hd || gk != hk {
 				t.Errorf("read %d from a thread in another namespace: %v, %v; the process's namespace says %v, %v", i, gd, gk, hd, hk)
 			}
 		}
@@ -166,7 +163,7 @@ func TestReaderInvariantUnderChurn(t *testing.T) {
 	for g := range 6 {
 		wg.Go(func() {
 			for n := 0; !stop.Load(); n++ {
-				if _, err := r.Read(); err != nil {
+				if _, _, err := r.Delivers(keys[(g+n)%len(keys)]); err != nil {
 					t.Error(err)
 					return
 				}
@@ -193,16 +190,15 @@ func TestReaderInvariantUnderChurn(t *testing.T) {
 			in[m][k] = op == "add"
 		}
 		// Quiescent: nothing is committed until the next round.
-		s, err := r.Read()
-		if err != nil {
-			t.Fatal(err)
-		}
 		direct, err := Read(conn)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, k := range keys {
-			d, known := s.Delivers(k)
+			d, known, err := r.Delivers(k)
+			if err != nil {
+				t.Fatal(err)
+			}
 			dd, dk := direct.Delivers(k)
 			if d != dd || known != dk || d != (in[ServiceIPs][k] && !in[NoEndpointServices][k]) {
 				t.Fatalf("FLOCK_SEED=%d round %d: %v: the Reader says %v, %v; a dump %v, %v", sd, round, k.Addr, d, known, dd, dk)
