@@ -37,6 +37,7 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 
+	"code.fritzlab.net/fritzlab/flock/agent/memtrim"
 	"code.fritzlab.net/fritzlab/flock/cmd/internal/buildinfo"
 	"code.fritzlab.net/fritzlab/flock/cmd/internal/kubeconfig"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
@@ -184,6 +185,10 @@ func run(c config, log *slog.Logger) error {
 
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { inf.RunWithContext(ctx); return nil })
+	// The first list is a burst the size of the cluster's pods: its
+	// garbage stayed resident (3.6 GB an idle minute later at 5,000
+	// nodes, 805 MB once churn made the GC run).
+	g.Go(func() error { return memtrim.Run(ctx, memtrim.Every, log) })
 	g.Go(func() error {
 		err := hs.ServeTLS(ln, "", "")
 		if errors.Is(err, http.ErrServerClosed) {
