@@ -126,6 +126,33 @@ func TestGoalsJudgeAPacedChurnByBounds(t *testing.T) {
 	}
 }
 
+// kube-proxy's watch bytes grow exactly with the churn (the API server
+// sends each change as its own event): its projection is its figure at
+// the full churn, and flock's projection at most that is met. Its CPU
+// batches (a sync a second): the same numbers there overlap.
+func TestKubeProxysWatchBytesAreItsProjection(t *testing.T) {
+	u := func(cpu, kb float64) usage { return usage{rssMB: 10, cpuPct: cpu, watchBytes: kb * 1024} }
+	for _, tc := range []struct {
+		flock float64 // flock-policy's watch KB/s and CPU under churn (0 at rest)
+		bytes string  // the watch bytes' verdict
+	}{
+		{2.75, "| watch bytes under churn (at 50 % of the churn → projected) | 2.8 → 5.5 KB/s | 5.0 → 6.0 KB/s | ≤ kube-proxy | met |"},
+		{3.5, "| watch bytes under churn (at 50 % of the churn → projected) | 3.5 → 7.0 KB/s | 5.0 → 6.0 KB/s | ≤ kube-proxy | not judged: the two overlap"},
+		{6.5, "| watch bytes under churn (at 50 % of the churn → projected) | 6.5 → 13.0 KB/s | 5.0 → 6.0 KB/s | ≤ kube-proxy | **not met** |"},
+	} {
+		r := sizeResult{env: full.scaled(0.1), reached: 1, pace: 0.5,
+			rest:  map[string]usage{procAgent: u(0, 0), procPolicy: u(0, 0), procProxy: u(4, 4)},
+			churn: map[string]usage{procAgent: u(0, 0), procPolicy: u(tc.flock, tc.flock), procProxy: u(5, 5)}}
+		goals := goalsTable([]sizeResult{r})
+		if !strings.Contains(goals, tc.bytes) {
+			t.Errorf("flock at %v KB/s: the goals lack %q:\n%s", tc.flock, tc.bytes, goals)
+		}
+		if tc.flock == 2.75 && !strings.Contains(goals, "| CPU under churn (at 50 % of the churn → projected) | 2.8 → 5.5 % of a core | 5.0 → 6.0 % of a core | ≤ kube-proxy | not judged: the two overlap") {
+			t.Errorf("kube-proxy's CPU, which batches, taken as its projection:\n%s", goals)
+		}
+	}
+}
+
 // RSS grows with the churn too: at a quarter of it, flock's measured RSS
 // below kube-proxy's proves nothing.
 func TestRSSUnderAPacedChurnIsBounded(t *testing.T) {

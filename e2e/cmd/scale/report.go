@@ -42,7 +42,8 @@ const churnReached = 0.95
 // measurement (below whatever kube-proxy costs), not met when flock's
 // measurement is above kube-proxy's projection, and between the two not
 // judged. Projecting both and comparing would favour whichever batches
-// more (its projection overstates it more). A churn that fell below
+// more (its projection overstates it more), but for kube-proxy's watch
+// bytes, which do not batch (goalsTable's exact). A churn that fell below
 // churnReached of its target is never called met.
 func boundVerdict(met, notMet bool, reached, share float64) string {
 	short := reached < churnReached
@@ -93,16 +94,23 @@ func goalsTable(rs []sizeResult) string {
 			proj = fmt.Sprintf(" (at %.0f %% of the churn → projected)", 100*share)
 		}
 		up := r.upper()
+		// exact: kube-proxy's figure grows exactly in proportion to the
+		// churn, so its projection is its figure at the full churn, not
+		// a bound above it. The API server sends each change it watches
+		// as an event of its own, as it happens (its Services and
+		// EndpointSlices: every slice change is a share of the churn);
+		// flock's relays flush and compress events together, so flock's
+		// projection still overstates flock.
 		rows := []struct {
-			name, unit string
-			m          map[string]usage
-			f          func(usage) float64
-			churn      bool
+			name, unit   string
+			m            map[string]usage
+			f            func(usage) float64
+			churn, exact bool
 		}{
-			{"RSS at rest", "MB", r.rest, rss, false},
-			{"RSS under churn" + proj, "MB", r.churn, rss, true},
-			{"CPU under churn" + proj, "% of a core", r.churn, cpu, true},
-			{"watch bytes under churn" + proj, "KB/s", r.churn, wb, true},
+			{"RSS at rest", "MB", r.rest, rss, false, false},
+			{"RSS under churn" + proj, "MB", r.churn, rss, true, false},
+			{"CPU under churn" + proj, "% of a core", r.churn, cpu, true, false},
+			{"watch bytes under churn" + proj, "KB/s", r.churn, wb, true, true},
 		}
 		for _, row := range rows {
 			fl, kp := flockOf(row.m, row.f), row.f(row.m[procProxy])
@@ -110,7 +118,11 @@ func goalsTable(rs []sizeResult) string {
 			v, err := verdict(fl <= kp), errOf(r.rest)
 			if row.churn {
 				flU, kpU := flockOf(up, row.f), row.f(up[procProxy])
-				v = boundVerdict(flU <= kp, fl > kpU, r.reached, share)
+				kpLow := kp
+				if row.exact {
+					kpLow = kpU
+				}
+				v = boundVerdict(flU <= kpLow, fl > kpU, r.reached, share)
 				if share <= 0 {
 					v = "not judged: no churn in the window"
 				}
@@ -301,7 +313,7 @@ func probeMethod(o options) string {
 	if o.probe <= 0 {
 		return ""
 	}
-	return fmt.Sprintf(" First, for %s (after the same 10 s), the churn runs at those rates to learn how many pods a second this machine's API server completes at this size (it runs the churn, the API server, etcd and the measured node on two cores). Where that is below 95 %% of the rates, the size is measured under the same mix at a share of them it keeps up with (90 %% of what it completed, in 5 %% steps; the fill table gives it). Where a window's churn falls below 95 %% of its target (a probe's 20 s flatter the machine), the size is measured once more, under 90 %% of what that window reached. Every figure under a churn short of the issue's (paced, or short of its target) is projected to the full churn: the rest figure plus the growth over rest divided by the share of the issue's churn the window saw (RSS, CPU, watch events and bytes, other bytes, requests), shown after an arrow beside the one measured. No process costs less under more churn, and none grows faster than in proportion to it (flock-policy decodes each event, but patches its verdicts at most once a second and loads them at most half the time; kube-proxy syncs at most once a second), so each one's figure at the full churn lies between the two. The goals are judged by those bounds: met when flock's projection is at most kube-proxy's measurement, not met when flock's measurement is above kube-proxy's projection, not judged between (comparing the two projections would favour whichever batches more, whose projection overstates it more). The projection also multiplies the window's noise by the inverse of the share.", o.probe)
+	return fmt.Sprintf(" First, for %s (after the same 10 s), the churn runs at those rates to learn how many pods a second this machine's API server completes at this size (it runs the churn, the API server, etcd and the measured node on two cores). Where that is below 95 %% of the rates, the size is measured under the same mix at a share of them it keeps up with (90 %% of what it completed, in 5 %% steps; the fill table gives it). Where a window's churn falls below 95 %% of its target (a probe's 20 s flatter the machine), the size is measured once more, under 90 %% of what that window reached. Every figure under a churn short of the issue's (paced, or short of its target) is projected to the full churn: the rest figure plus the growth over rest divided by the share of the issue's churn the window saw (RSS, CPU, watch events and bytes, other bytes, requests), shown after an arrow beside the one measured. No process costs less under more churn, and none grows faster than in proportion to it (flock-policy decodes each event, but patches its verdicts at most once a second and loads them at most half the time; kube-proxy syncs at most once a second), so each one's figure at the full churn lies between the two. The goals are judged by those bounds: met when flock's projection is at most kube-proxy's measurement, not met when flock's measurement is above kube-proxy's projection, not judged between (comparing the two projections would favour whichever batches more, whose projection overstates it more). kube-proxy's watch bytes are the exception: the API server sends each change kube-proxy watches as an event of its own, as it happens, so they grow exactly in proportion to the churn and its projection is its figure (flock's relays flush and compress events together: flock's projection is still a bound above it). The projection also multiplies the window's noise by the inverse of the share.", o.probe)
 }
 
 // fanoutSection is the API server's side: each window, then what one
