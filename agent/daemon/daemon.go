@@ -302,8 +302,8 @@ type daemon struct {
 	// drainServices): each reads what it writes under it, so an older
 	// answer never lands after a newer one.
 	svcMu sync.Mutex
-	// kubeProxy reads kube-proxy's rules for the Services controller,
-	// dumping them again only once nftables changed.
+	// kubeProxy asks the kernel whether kube-proxy's rules deliver a
+	// waiting Service address, for the Services controller.
 	kubeProxy kubeproxy.Reader
 
 	mu           sync.Mutex
