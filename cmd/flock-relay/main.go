@@ -37,7 +37,6 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 
-	"code.fritzlab.net/fritzlab/flock/agent/memtrim"
 	"code.fritzlab.net/fritzlab/flock/cmd/internal/buildinfo"
 	"code.fritzlab.net/fritzlab/flock/cmd/internal/kubeconfig"
 	"code.fritzlab.net/fritzlab/flock/k8s/kubeclient"
@@ -185,10 +184,6 @@ func run(c config, log *slog.Logger) error {
 
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { inf.RunWithContext(ctx); return nil })
-	// The first list is a burst the size of the cluster's pods: its
-	// garbage stayed resident (3.6 GB an idle minute later at 5,000
-	// nodes, 805 MB once churn made the GC run).
-	g.Go(func() error { return memtrim.Run(ctx, memtrim.Every, log) })
 	g.Go(func() error {
 		err := hs.ServeTLS(ln, "", "")
 		if errors.Is(err, http.ErrServerClosed) {
@@ -230,6 +225,12 @@ func run(c config, log *slog.Logger) error {
 		if err := pods.Ready(); err != nil {
 			return err // it listed again before it was live: start over
 		}
+		// The first list is a burst the size of the cluster's pods: its
+		// garbage stayed resident (3.6 GB an idle minute later at 5,000
+		// nodes, 805 MB once churn made the collector run). Once, not
+		// memtrim's watch: under churn the relay collects rarely (GOGC
+		// 50 of a large cache), and memtrim would force it every 5 s.
+		debug.FreeOSMemory()
 		log.Info("serving pods", "pods", pods.Len(), "synced", time.Since(start).Round(time.Millisecond), "listen", c.listen, "advertise", c.advertise)
 		if err := relay.Publish(ctx, cms, c.name, relay.Entry{URL: c.advertise, Certificate: certPEM, ServerName: serverName}); err != nil {
 			return err

@@ -26,14 +26,14 @@ import (
 // and returns its address.
 func startServer(t *testing.T) string {
 	t.Helper()
+	// The listener itself, not its port: a port closed and bound again
+	// may be another test's by then.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	testutil.Run(t, func(ctx context.Context) error { return Serve(ctx, p) })
-	return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), uint16(p)).String()
+	testutil.Run(t, func(ctx context.Context) error { return serve(ctx, l) })
+	return l.Addr().String()
 }
 
 // The probe: a server answers, a closed port is refused, and the outcomes

@@ -28,6 +28,11 @@ func Serve(ctx context.Context, port int) error {
 	if err != nil {
 		return fmt.Errorf("check-probe serve: %w", err)
 	}
+	return serve(ctx, l)
+}
+
+// serve answers on l until ctx ends.
+func serve(ctx context.Context, l net.Listener) error {
 	context.AfterFunc(ctx, func() { l.Close() })
 	host, _ := os.Hostname()
 	for {

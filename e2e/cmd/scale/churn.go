@@ -72,7 +72,10 @@ func (a *atomicErr) get() error    { a.mu.Lock(); defer a.mu.Unlock(); return a.
 
 // activity is what a churn run or the background achieved.
 type activity struct {
-	name                 string
+	name string
+	// kubeProxy: kube-proxy watches what it changes (the only one; the
+	// lab has no controller-manager to put churned pods in slices).
+	kubeProxy            bool
 	done, missed, failed atomic.Int64
 	lastErr              atomicErr
 }
@@ -126,7 +129,7 @@ func (f *filler) churn(ctx context.Context, m *model, r churnRates, seed uint64)
 		}()
 	}
 	pods := &activity{name: "pods created, given addresses and deleted"}
-	slices := &activity{name: "EndpointSlice changes"}
+	slices := &activity{name: "EndpointSlice changes", kubeProxy: true}
 	pols := &activity{name: "NetworkPolicy changes"}
 	rng := func(n int) *rand.Rand { return rand.New(rand.NewPCG(seed, uint64(n))) }
 	spare := 131072 - full.netPods() // IPv4 addresses of 198.18.0.0/15 the model's pods leave

@@ -148,6 +148,9 @@ type sizeResult struct {
 	// reached is the least share of its target rate a churn activity
 	// achieved (1 when every tick was served).
 	reached float64
+	// proxyReached is the share the activity kube-proxy watches reached
+	// (0: not known, reached).
+	proxyReached float64
 	// pace is the share of the rates the churn ran at, and
 	// sustained the pods a second the probe at the full rates completed
 	// (0: no probe).
@@ -345,9 +348,12 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 		}
 		r.churn = node.window(o.churnD)
 		// The churn the window saw: it goes on through the fan-out.
-		r.reached = 1
+		r.reached, r.proxyReached = 1, 1
 		for i, a := range acts {
 			r.reached = min(r.reached, a.reachedSince(start[i]))
+			if a.kubeProxy {
+				r.proxyReached = a.reachedSince(start[i])
+			}
 		}
 		verdicts = "flock-policy's verdicts under churn: " + orNone(countersSince(counted, node.verdictCounters()))
 		logf("%s", verdicts)

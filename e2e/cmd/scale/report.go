@@ -120,7 +120,10 @@ func goalsTable(rs []sizeResult) string {
 				flU, kpU := flockOf(up, row.f), row.f(up[procProxy])
 				kpLow := kp
 				if row.exact {
-					kpLow = kpU
+					// By the share of what kube-proxy watches that the
+					// window saw: the pods, which it does not watch, are
+					// what falls behind.
+					kpLow = row.f(projected(r.rest[procProxy], r.churn[procProxy], r.proxyShare()))
 				}
 				v = boundVerdict(flU <= kpLow, fl > kpU, r.reached, share)
 				if share <= 0 {
@@ -264,6 +267,14 @@ func (r sizeResult) share() float64 {
 		return r.reached * r.pace
 	}
 	return r.reached
+}
+
+// proxyShare is share for what kube-proxy watches alone.
+func (r sizeResult) proxyShare() float64 {
+	if r.proxyReached > 0 {
+		r.reached = r.proxyReached
+	}
+	return r.share()
 }
 
 // upper is the figures under churn projected from share to the full
