@@ -118,6 +118,26 @@ func liveRelay(t *testing.T, up kubeclient.ListerWatcher[*corev1.PodList], r Res
 	return c
 }
 
+// failedAfterTheList makes a relay live on a first watch-list of one
+// pod, ends that watch, answers the watches after it with then, and
+// returns the relay's cache once it failed (the test fails if it goes
+// on serving).
+func failedAfterTheList(t *testing.T, r Resume, then ...step) *Cache {
+	t.Helper()
+	first := watch.NewFakeWithChanSize(4, false)
+	up := &scriptedUpstream{steps: append([]step{{w: first}}, then...)}
+	first.Add(rvPod("a", "10"))
+	first.Action(watch.Bookmark, initialEventsEnd("10"))
+	c := liveRelay(t, up, r)
+	first.Stop()
+	select {
+	case <-c.Failed():
+	case <-time.After(testutil.Timeout):
+		t.Fatalf("the relay goes on serving after %d watches", len(up.watches()))
+	}
+	return c
+}
+
 // A watch of the API server that ends, fails or is refused for a while
 // (a restarting API server, a load balancer's 503, its watch timeout) is
 // resumed from the last resource version the relay passed: the relay
@@ -191,17 +211,7 @@ func TestAnExpiredWatchStartsTheRelayOver(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			first := watch.NewFakeWithChanSize(4, false)
-			up := &scriptedUpstream{steps: []step{{w: first}, second()}}
-			first.Add(rvPod("a", "10"))
-			first.Action(watch.Bookmark, initialEventsEnd("10"))
-			c := liveRelay(t, up, DefaultResume)
-			first.Stop()
-			select {
-			case <-c.Failed():
-			case <-time.After(testutil.Timeout):
-				t.Fatalf("an expired watch left the relay serving (watches %d)", len(up.watches()))
-			}
+			c := failedAfterTheList(t, DefaultResume, second())
 			if !errors.Is(c.Err(), errRelist) {
 				t.Fatalf("failed with %v, want a relist", c.Err())
 			}
@@ -393,17 +403,7 @@ func TestTheRelayGivesUpOnWhatDoesNotPass(t *testing.T) {
 		}(), "each watch ended at once"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			first := watch.NewFakeWithChanSize(4, false)
-			up := &scriptedUpstream{steps: append([]step{{w: first}}, tc.steps...)}
-			first.Add(rvPod("a", "10"))
-			first.Action(watch.Bookmark, initialEventsEnd("10"))
-			c := liveRelay(t, up, fast)
-			first.Stop()
-			select {
-			case <-c.Failed():
-			case <-time.After(testutil.Timeout):
-				t.Fatalf("the relay goes on serving after %d watches", len(up.watches()))
-			}
+			c := failedAfterTheList(t, fast, tc.steps...)
 			if err := c.Err(); !errors.Is(err, errUpstream) || !strings.Contains(err.Error(), tc.cause) {
 				t.Fatalf("failed with %v, want the API server's pods (%s)", err, tc.cause)
 			}

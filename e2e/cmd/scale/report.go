@@ -262,20 +262,19 @@ func errOf(m map[string]usage) error {
 
 // share is the churn a size's window saw: the share of its
 // target the churn reached times the share of the rates it ran at.
-func (r sizeResult) share() float64 {
+func (r sizeResult) share() float64 { return r.shareAt(r.reached) }
+
+// shareAt is the churn a window saw whose churn reached reached
+// of its target.
+func (r sizeResult) shareAt(reached float64) float64 {
 	if isPaced(r.pace) {
-		return r.reached * r.pace
+		return reached * r.pace
 	}
-	return r.reached
+	return reached
 }
 
 // proxyShare is share for what kube-proxy watches alone.
-func (r sizeResult) proxyShare() float64 {
-	if r.proxyReached > 0 {
-		r.reached = r.proxyReached
-	}
-	return r.share()
-}
+func (r sizeResult) proxyShare() float64 { return r.shareAt(cmp.Or(r.proxyReached, r.reached)) }
 
 // upper is the figures under churn projected from share to the full
 // churn: each process's upper bound (see boundVerdict).
