@@ -197,7 +197,7 @@ func podObjects(pods []*corev1.Pod) []runtime.Object {
 func TestEnginePodsHandlersGetCorePods(t *testing.T) {
 	orig := enginePodsFixture()
 	client := copyingClient(podObjects(orig)...)
-	factory := newFactory(client)
+	factory := newFactory(client, nil)
 	if _, err := newController(client, factory, nil, nil, nil, nil, networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true,
 		PodsByIP: enginePodsByIP(newPodsByIP().lookup)}); err != nil {
 		t.Fatal(err)
@@ -391,7 +391,7 @@ func TestEnginePodsWrappedHandlerConverts(t *testing.T) {
 func TestEnginePodsListerAndIndexer(t *testing.T) {
 	orig := enginePodsFixture()
 	client := copyingClient(podObjects(orig)...)
-	factory := newFactory(client)
+	factory := newFactory(client, nil)
 	inf := factory.Core().V1().Pods().Informer()
 	ep := enginePods{inf: inf}
 	if err := ep.Informer().AddIndexers(cache.Indexers{"ip": func(any) ([]string, error) { return nil, nil }}); !errors.Is(err, errEngineIndex) {
@@ -538,7 +538,7 @@ func TestEnginePodsListerAndIndexer(t *testing.T) {
 func TestEnginePodsKeepsTrimTransform(t *testing.T) {
 	orig := enginePodsFixture()
 	client := copyingClient(podObjects(orig[:1])...)
-	factory := newFactory(client)
+	factory := newFactory(client, nil)
 	inf := factory.Core().V1().Pods().Informer()
 	var called atomic.Int64
 	if err := (enginePods{inf: inf}).Informer().SetTransform(func(o any) (any, error) {

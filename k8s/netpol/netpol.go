@@ -25,6 +25,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	coreinformers "k8s.io/client-go/informers/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -119,17 +120,7 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 	if err != nil {
 		return fmt.Errorf("netpol: kubernetes client: %w", err)
 	}
-	factory := newFactory(client)
-	if cfg.Pods != nil {
-		// The factory's pod informer (the engine's, the view's, the
-		// tracker's) reads the relays: registered first, it is the one
-		// the factory hands out.
-		factory.InformerFor(&corev1.Pod{}, func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
-			// Its watches' pods are *trim.Pod (k8s/relay.PodSource
-			// decodes them so); its lists' are trimmed by the transform.
-			return kubeclient.NewInformer(cfg.Pods, &trim.Pod{}, nil)
-		})
-	}
+	factory := newFactory(client, cfg.Pods)
 	var (
 		npa          npaclient.Interface
 		npaFactory   npainformers.SharedInformerFactory
@@ -310,9 +301,21 @@ func Run(ctx context.Context, rc *rest.Config, cfg Config, log *slog.Logger) err
 
 // newFactory makes the informers of client: they cache pods, namespaces
 // and nodes trimmed to what flock-policy reads, and other objects
-// without their managed fields (trim.Transform).
-func newFactory(client kubernetes.Interface) informers.SharedInformerFactory {
-	return informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trim.Transform))
+// without their managed fields (trim.Transform). Its pod informer (the
+// engine's, the view's, the tracker's) reads pods (nil: client), and its
+// handlers share one listener (oneListener): registered first, it is the
+// one the factory hands out.
+func newFactory(client kubernetes.Interface, pods kubeclient.ListerWatcher[*corev1.PodList]) informers.SharedInformerFactory {
+	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(trim.Transform))
+	f.InformerFor(&corev1.Pod{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		if pods != nil {
+			// Its watches' pods are *trim.Pod (k8s/relay.PodSource
+			// decodes them so); its lists' are trimmed by the transform.
+			return newOneListener(kubeclient.NewInformer(pods, &trim.Pod{}, nil))
+		}
+		return newOneListener(coreinformers.NewPodInformer(c, metav1.NamespaceAll, resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}))
+	})
+	return f
 }
 
 // newController builds the engine on factory's informers, the pod

@@ -53,7 +53,7 @@ func TestCachesTrimmed(t *testing.T) {
 	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "deny", ManagedFields: pod.ManagedFields},
 		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
 	client := copyingClient(pod, ns, node, np)
-	factory := newFactory(client)
+	factory := newFactory(client, nil)
 	nodes := factory.Core().V1().Nodes()
 	nodes.Informer() // the engine asks for it only with the admin policies on
 	// PodsByIP as Run sets it: without it the engine would index the pod
@@ -129,7 +129,7 @@ func TestUpdatesOfNothingReadCompileNothing(t *testing.T) {
 	pod := bulkyPod("shop", "web")
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{"team": "a"}}}
 	client := copyingClient(pod, ns)
-	factory := newFactory(client)
+	factory := newFactory(client, nil)
 	if _, err := newController(client, factory, nil, nil, nil, nil, networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true,
 		PodsByIP: enginePodsByIP(newPodsByIP().lookup)}); err != nil { // as Run sets it
 		t.Fatal(err)

@@ -51,8 +51,8 @@ func (x *syncingExtra) Run(ctx context.Context, _ trim.PodLister, _ corelisters.
 // transform, the extra IPs' handler (one value on the pod and namespace
 // informers) and the kernel's handlers on real informers. The tracker's first answer, which the engine's queue
 // and the first load wait for, comes once the stores and its handler's
-// registrations synced, even while another handler of the pod informer
-// is stuck.
+// registrations synced. The pod informer's three handlers (the engine's,
+// the tracker's, the kernel's) share one listener.
 func TestRunWiringTrackerSyncs(t *testing.T) {
 	var objs []runtime.Object
 	for i := range 30 {
@@ -64,7 +64,7 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 	}
 	objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
 	client := copyingClient(objs...)
-	factory := newFactory(client)
+	factory := newFactory(client, nil)
 	ips := newPodsByIP()
 	engineCfg := networkpolicy.Config{NodeName: "node-a", NRIdisabled: true, NoRules: true, PodsByIP: enginePodsByIP(ips.lookup)}
 	tr := &syncingExtra{}
@@ -102,16 +102,15 @@ func TestRunWiringTrackerSyncs(t *testing.T) {
 			indexed = reg
 		}
 	}
-	// Another handler of the pod informer that never returns (as a stuck
-	// engine handler would): each registration has its own goroutines,
-	// so the tracker's still syncs.
-	release := make(chan struct{})
-	if _, err := podInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: func(any) { <-release }}); err != nil {
-		t.Fatal(err)
+	// What the factory made (Informer() wraps it in a typed view).
+	if ol, ok := factory.InformerFor(&corev1.Pod{}, nil).(oneListener); !ok {
+		t.Errorf("the pod informer is a %T, not a oneListener", factory.InformerFor(&corev1.Pod{}, nil))
+	} else if n := len(*ol.f.hs.Load()); n != 3 {
+		t.Errorf("the pod informer's shared listener has %d handlers, want the engine's, the tracker's and the kernel's", n)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	factory.Start(ctx.Done())
-	defer func() { close(release); cancel(); factory.Shutdown() }()
+	defer func() { cancel(); factory.Shutdown() }()
 	done := make(chan error, 1)
 	go func() { done <- tr.Run(ctx, podLister, nsInf.Lister(), extraSynced, kv.extraChanged) }()
 	start := time.Now()
