@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -205,4 +206,34 @@ func ignoreNotFound(err error) error {
 		return nil
 	}
 	return err
+}
+
+// selfProfile saves this process's CPU profile over d in dir (none if dir
+// is empty) as scale-NAME.pprof.
+func selfProfile(dir, name string, d time.Duration) {
+	if dir == "" {
+		return
+	}
+	path := filepath.Join(dir, "scale-"+name+".pprof")
+	err := func() error {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		time.Sleep(d)
+		pprof.StopCPUProfile()
+		return nil
+	}()
+	if err != nil {
+		logf("scale's %s profile: %v", name, err)
+		return
+	}
+	logf("scale's %s profile: %s", name, path)
 }

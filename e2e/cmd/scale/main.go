@@ -85,7 +85,7 @@ func main() {
 	flag.DurationVar(&o.readyTimeout, "ready-timeout", 10*time.Minute, "how long a process may take to be ready")
 	flag.IntVar(&o.rackNodes, "rack-nodes", 48, "agents in the rack cold start (0: none)")
 	flag.IntVar(&o.rackPods, "rack-pods", 250, "pods a node in the rack cold start")
-	flag.StringVar(&o.profiles, "profiles", "", "save flock-policy's CPU and allocation profiles and flock-agent's CPU profile under churn, and both's heap profiles at rest, here (go tool pprof reads them); empty: none")
+	flag.StringVar(&o.profiles, "profiles", "", "save flock-policy's CPU and allocation profiles and flock-agent's and this process's CPU profiles under churn, and both's heap profiles at rest, here (go tool pprof reads them); empty: none")
 	var fanout string
 	flag.StringVar(&fanout, "fanout", "5,10", "the API server's side: copies of one node's watches (flock's, then kube-proxy's) it is measured with under churn, each count a window; empty: not measured")
 	flag.DurationVar(&o.fanoutD, "fanout-window", 30*time.Second, "each fan-out window")
@@ -341,6 +341,9 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 		// the collector's share of the CPU follows.
 		profiled.Go(func() { node.policyProfile(o.profiles, "allocs-churn-"+tag, "allocs", o.churnD-5*time.Second) })
 		profiled.Go(func() { node.agentProfile(o.profiles, "cpu-churn-"+tag, "profile", o.churnD-5*time.Second) })
+		// This process's own (the churn, the counting proxies): what it
+		// takes of the two cores the API server does not have.
+		profiled.Go(func() { selfProfile(o.profiles, "cpu-churn-"+tag, o.churnD-5*time.Second) })
 		counted := node.verdictCounters()
 		start := make([]tally, len(acts))
 		for i, a := range acts {
