@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"syscall"
@@ -80,10 +81,26 @@ func main() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(50)
 	}
+	runtime.GOMAXPROCS(procs(os.Getenv("GOMAXPROCS"), runtime.GOMAXPROCS(0)))
 	if err := run(c.cfg, c.kubeconfig, c.ep, c.lb, log); err != nil {
 		log.Error("flock-policy failed", "err", err)
 		os.Exit(1)
 	}
+}
+
+// procs is how many threads run flock-policy's Go code at once: one,
+// unless GOMAXPROCS (env) says otherwise (cur: what the runtime chose).
+// Its work is a pipeline (decode an event, hand it to the handlers,
+// patch or compile, judge a queued packet), each stage one goroutine and
+// the compile single-threaded. With a thread for each core, every
+// hand-off between stages woke an idle thread, which then spun looking
+// for work before it slept: under 500 nodes' churn flock-policy took
+// about a sixth more CPU for each pod event than on one (make scale).
+func procs(env string, cur int) int {
+	if env != "" {
+		return cur // the runtime read it
+	}
+	return 1
 }
 
 // config is the command line.

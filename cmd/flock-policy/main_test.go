@@ -132,3 +132,20 @@ func TestAdminHandler(t *testing.T) {
 		}
 	}
 }
+
+// flock-policy runs on one thread unless GOMAXPROCS says otherwise.
+func TestProcs(t *testing.T) {
+	for _, tc := range []struct {
+		env       string
+		cur, want int
+	}{
+		{"", 64, 1},
+		{"", 1, 1},
+		{"4", 4, 4},
+		{"1", 1, 1},
+	} {
+		if got := procs(tc.env, tc.cur); got != tc.want {
+			t.Errorf("procs(%q, %d) = %d, want %d", tc.env, tc.cur, got, tc.want)
+		}
+	}
+}

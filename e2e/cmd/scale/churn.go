@@ -237,17 +237,21 @@ func (f *filler) churn(ctx context.Context, m *model, r churnRates, seed uint64)
 	return []*activity{pods, slices, pols}, wg.Wait
 }
 
-// scaled is r at share s of each of its rates: the same mix, slower.
-func (r churnRates) scaled(s float64) churnRates {
-	return churnRates{pods: r.pods * s, slices: r.slices * s, policies: r.policies * s}
+// paced is r with its pods at share s of their rate. The EndpointSlice
+// and NetworkPolicy changes stay at theirs: a dozen writes a second,
+// against the pods' three each, which the API server keeps up with at
+// every size, and all of kube-proxy's churn, which is then measured at
+// the rate rather than projected to it.
+func (r churnRates) paced(s float64) churnRates {
+	return churnRates{pods: r.pods * s, slices: r.slices, policies: r.policies}
 }
 
-// paceFor is the share of the churn a size is measured under,
-// given the pods a second a probe at the full rates completed: the full
-// churn where the machine sustained 95 % of it; else 90 % of what it
-// sustained, in 5 % steps (at least 5 %), a churn its API server keeps
-// up with, whose figures are projected to the full rates. A churn the
-// API server cannot keep up with is not the either: its
+// paceFor is the share of the pod churn a size is measured
+// under, given the pods a second a probe at the full rates completed:
+// the full churn where the machine sustained 95 % of it; else 90 % of
+// what it sustained, in 5 % steps (at least 5 %), a churn its API server
+// keeps up with, whose figures are projected to the full rates. A churn
+// the API server cannot keep up with is not the either: its
 // activities fall behind unevenly (the pods, three writes each, far more
 // than the EndpointSlices), which skews what each process is sent.
 func paceFor(sustained, target float64) float64 {
@@ -257,7 +261,7 @@ func paceFor(sustained, target float64) float64 {
 	return max(0.05, math.Floor(0.9*sustained/target*20)/20)
 }
 
-// repace is the share of the churn a size is measured under again
+// repace is the share of the pod churn a size is measured under again
 // after a window whose churn reached only reached of its target at pace:
 // 90 % of what it reached, in 5 % steps (at least 5 %); 0 when it kept
 // up (churnReached), or there is no lower step. A probe's 20 s flatter

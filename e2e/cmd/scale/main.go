@@ -151,7 +151,8 @@ type sizeResult struct {
 	// proxyReached is the share the activity kube-proxy watches reached
 	// (0: not known, reached).
 	proxyReached float64
-	// pace is the share of the rates the churn ran at, and
+	// pace is the share of the pod rate the churn ran at (its
+	// EndpointSlice and NetworkPolicy changes ran at theirs), and
 	// sustained the pods a second the probe at the full rates completed
 	// (0: no probe).
 	pace, sustained float64
@@ -321,8 +322,21 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 			r.err = fmt.Errorf("churn probe: %w", ctx.Err())
 			return r
 		}
+		if paceFor(r.sustained, o.rates.pods) < 1 {
+			// What the machine sustains is the better of two: the first
+			// varied from 77 to 96 pods a second at 500 nodes from run to
+			// run. Too high a pace costs a window, never a verdict: one
+			// whose churn falls short is measured again (repace).
+			logf("churn probe: %.1f pods a second completed of %.0f; once more", r.sustained, o.rates.pods)
+			again, ok := f.probe(ctx, m, o.rates, o.seed+1, o.probe)
+			if !ok {
+				r.err = fmt.Errorf("churn probe: %w", ctx.Err())
+				return r
+			}
+			r.sustained = max(r.sustained, again)
+		}
 		r.pace = paceFor(r.sustained, o.rates.pods)
-		logf("churn probe: %.1f pods a second completed of %.0f; measured under %.0f %% of the issue's rates", r.sustained, o.rates.pods, 100*r.pace)
+		logf("churn probe: %.1f pods a second completed of %.0f; measured under %.0f %% of the issue's pod rate", r.sustained, o.rates.pods, 100*r.pace)
 	}
 	var (
 		acts              []*activity
@@ -333,7 +347,7 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	for {
 		var cctx context.Context
 		cctx, stopChurn = context.WithCancel(ctx)
-		acts, churned = f.churn(cctx, m, o.rates.scaled(r.pace), o.seed)
+		acts, churned = f.churn(cctx, m, o.rates.paced(r.pace), o.seed)
 		time.Sleep(churnWarmup)
 		var profiled sync.WaitGroup
 		profiled.Go(func() { node.policyProfile(o.profiles, "cpu-churn-"+tag, "profile", o.churnD-5*time.Second) })
@@ -365,7 +379,7 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 		if o.probe <= 0 || repaced != "" || next == 0 {
 			break
 		}
-		repaced = fmt.Sprintf("churn at %.0f %% of the issue's rates reached %.0f %% of its target in a window: measured again at %.0f %%", 100*r.pace, 100*r.reached, 100*next)
+		repaced = fmt.Sprintf("churn with its pods at %.0f %% of the issue's rate reached %.0f %% of its target in a window: measured again with them at %.0f %%", 100*r.pace, 100*r.reached, 100*next)
 		logf("%s", repaced)
 		stopChurn()
 		churned()
@@ -383,15 +397,15 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 		r.activity = append(r.activity, a.String())
 		logf("%s", a)
 	}
-	logf("the churn (%.0f %% of the issue's rates) reached %.0f %% of its target in the window measured", 100*r.pace, 100*r.reached)
+	logf("the churn (its pods at %.0f %% of the issue's rate) reached %.0f %% of its target in the window measured", 100*r.pace, 100*r.reached)
 	if r.share() < 1 {
 		up := r.upper()
 		for _, p := range procNames {
-			logf("under churn, projected from %.0f %% to the issue's churn: %s: %s", 100*r.share(), p, up[p])
+			logf("under churn, projected from %.0f %% to the issue's churn: %s: %s", 100*r.shareOf(p), p, up[p])
 		}
 	}
 	if isPaced(r.pace) {
-		r.activity = append(r.activity, fmt.Sprintf("churn at %.0f %% of the issue's rates (the probe at the full rates completed %.1f pods a second)", 100*r.pace, r.sustained))
+		r.activity = append(r.activity, fmt.Sprintf("churn with its pods at %.0f %% of the issue's rate (the probe at the full rates completed %.1f pods a second)", 100*r.pace, r.sustained))
 	}
 	if repaced != "" {
 		r.activity = append(r.activity, repaced)

@@ -91,7 +91,11 @@ func goalsTable(rs []sizeResult) string {
 		// from it.
 		share, proj := r.share(), ""
 		if share < 1 {
-			proj = fmt.Sprintf(" (at %.0f %% of the churn → projected)", 100*share)
+			what := "at"
+			if isPaced(r.pace) {
+				what = "pods at" // the rest at the rates
+			}
+			proj = fmt.Sprintf(" (%s %.0f %% of the churn → projected)", what, 100*share)
 		}
 		up := r.upper()
 		// exact: kube-proxy's figure grows exactly in proportion to the
@@ -190,12 +194,12 @@ func writeReport(o options, rs []sizeResult, racks []rackResult, took time.Durat
 				fmt.Fprintf(&b, "| %s | %s | error: %v %v | | | | | | | | | |\n", sizeName(r.env), p, rest.err, ch.err)
 				continue
 			}
-			pr := up[p]
+			pr, sh := up[p], r.shareOf(p)
 			fmt.Fprintf(&b, "| %s | %s | %.2f s | %.1f MB | %.2f %% | %.1f | %.1f MB | %s | %s | %s | %s | %s |\n", sizeName(r.env), p,
 				r.ready[p].Seconds(), rest.rssMB, rest.cpuPct, rest.events, ch.rssMB,
-				withProjection("%.1f %%", ch.cpuPct, pr.cpuPct, r.share()), withProjection("%.0f", ch.events, pr.events, r.share()),
-				withProjection("%.1f", ch.watchBytes/1024, pr.watchBytes/1024, r.share()), withProjection("%.1f", ch.otherBytes/1024, pr.otherBytes/1024, r.share()),
-				withProjection("%.1f", ch.requests, pr.requests, r.share()))
+				withProjection("%.1f %%", ch.cpuPct, pr.cpuPct, sh), withProjection("%.0f", ch.events, pr.events, sh),
+				withProjection("%.1f", ch.watchBytes/1024, pr.watchBytes/1024, sh), withProjection("%.1f", ch.otherBytes/1024, pr.otherBytes/1024, sh),
+				withProjection("%.1f", ch.requests, pr.requests, sh))
 		}
 	}
 
@@ -261,25 +265,38 @@ func errOf(m map[string]usage) error {
 }
 
 // share is the churn a size's window saw: the share of its
-// target the churn reached times the share of the rates it ran at.
-func (r sizeResult) share() float64 { return r.shareAt(r.reached) }
-
-// shareAt is the churn a window saw whose churn reached reached
-// of its target.
-func (r sizeResult) shareAt(reached float64) float64 {
+// target the churn reached times the share of the pod rate it
+// ran at. It is flock's: flock-policy is sent the pods; what flock
+// watches that ran at the rate (EndpointSlices, NetworkPolicies)
+// is projected by it too, which overstates flock.
+func (r sizeResult) share() float64 {
 	if isPaced(r.pace) {
-		return reached * r.pace
+		return r.reached * r.pace
 	}
-	return reached
+	return r.reached
 }
 
-// proxyShare is share for what kube-proxy watches alone.
-func (r sizeResult) proxyShare() float64 { return r.shareAt(cmp.Or(r.proxyReached, r.reached)) }
+// proxyShare is the share for what kube-proxy watches alone: the
+// EndpointSlice changes, which run at the rate (churnRates.paced)
+// and lack only what they fell short of it.
+func (r sizeResult) proxyShare() float64 { return cmp.Or(r.proxyReached, r.reached) }
 
-// upper is the figures under churn projected from share to the full
-// churn: each process's upper bound (see boundVerdict).
+// shareOf is the share of the churn that process p's window saw.
+func (r sizeResult) shareOf(p string) float64 {
+	if p == procProxy {
+		return r.proxyShare()
+	}
+	return r.share()
+}
+
+// upper is the figures under churn projected from each process's share
+// to the full churn: each process's upper bound (see boundVerdict).
 func (r sizeResult) upper() map[string]usage {
-	return projectedAll(r.rest, r.churn, r.share())
+	up := projectedAll(r.rest, r.churn, r.share())
+	if c, ok := r.churn[procProxy]; ok {
+		up[procProxy] = projected(r.rest[procProxy], c, r.proxyShare())
+	}
+	return up
 }
 
 // isPaced says whether a churn ran at a share pace of the rates
@@ -323,7 +340,7 @@ func probeMethod(o options) string {
 	if o.probe <= 0 {
 		return ""
 	}
-	return fmt.Sprintf(" First, for %s (after the same 10 s), the churn runs at those rates to learn how many pods a second this machine's API server completes at this size (it runs the churn, the API server, etcd and the measured node on two cores). Where that is below 95 %% of the rates, the size is measured under the same mix at a share of them it keeps up with (90 %% of what it completed, in 5 %% steps; the fill table gives it). Where a window's churn falls below 95 %% of its target (a probe's 20 s flatter the machine), the size is measured once more, under 90 %% of what that window reached. Every figure under a churn short of the issue's (paced, or short of its target) is projected to the full churn: the rest figure plus the growth over rest divided by the share of the issue's churn the window saw (RSS, CPU, watch events and bytes, other bytes, requests), shown after an arrow beside the one measured. No process costs less under more churn, and none grows faster than in proportion to it (flock-policy decodes each event, but patches its verdicts at most once a second and loads them at most half the time; kube-proxy syncs at most once a second), so each one's figure at the full churn lies between the two. The goals are judged by those bounds: met when flock's projection is at most kube-proxy's measurement, not met when flock's measurement is above kube-proxy's projection, not judged between (comparing the two projections would favour whichever batches more, whose projection overstates it more). kube-proxy's watch bytes are the exception: the API server sends each change kube-proxy watches as an event of its own, as it happens, so they grow exactly in proportion to the churn and its projection is its figure (flock's relays flush and compress events together: flock's projection is still a bound above it). The projection also multiplies the window's noise by the inverse of the share.", o.probe)
+	return fmt.Sprintf(" First, for %s (after the same 10 s), the churn runs at those rates to learn how many pods a second this machine's API server completes at this size (it runs the churn, the API server, etcd and the measured node on two cores), and once more if that falls short: the better of the two counts. Where that is below 95 %% of the pod rate, the size is measured with the pods at a share of it the machine keeps up with (90 %% of what it completed, in 5 %% steps; the fill table gives it), and the EndpointSlice and NetworkPolicy changes at the issue's rates: a dozen writes a second against the pods' three each, which the API server keeps up with at every size, and all that kube-proxy watches of the churn, so kube-proxy is measured under the issue's churn. Where a window's churn falls below 95 %% of its target (a probe's 20 s flatter the machine), the size is measured once more, with the pods at 90 %% of what that window reached. Every figure under a churn short of the issue's (paced, or short of its target) is projected to the full churn: the rest figure plus the growth over rest divided by the share of the issue's churn the window saw (RSS, CPU, watch events and bytes, other bytes, requests), shown after an arrow beside the one measured: for kube-proxy the share of the EndpointSlice changes, for the others the share of the pods (flock-policy is sent the pods; what flock watches of the other changes, which ran at the issue's rates, is projected by it too, which overstates flock). No process costs less under more churn, and none grows faster than in proportion to it (flock-policy decodes each event, but patches its verdicts at most once a second and loads them at most half the time; kube-proxy syncs at most once a second), so each one's figure at the full churn lies between the two. The goals are judged by those bounds: met when flock's projection is at most kube-proxy's measurement, not met when flock's measurement is above kube-proxy's projection, not judged between (comparing the two projections would favour whichever batches more, whose projection overstates it more). kube-proxy's watch bytes are the exception: the API server sends each change kube-proxy watches as an event of its own, as it happens, so they grow exactly in proportion to the churn and its projection is its figure (flock's relays flush and compress events together: flock's projection is still a bound above it). The projection also multiplies the window's noise by the inverse of the share.", o.probe)
 }
 
 // fanoutSection is the API server's side: each window, then what one
@@ -362,7 +379,8 @@ func fanoutSection(rs []sizeResult) string {
 		baseCPU, _, bok := baseOf(r.fanout)
 		f, fok := perWatcher(r.fanout, "flock")
 		k, kok := perWatcher(r.fanout, "kube-proxy")
-		f, k = f.atFullChurn(r.pace), k.atFullChurn(r.pace)
+		// kube-proxy's churn, the EndpointSlices', ran at the rate.
+		f = f.atFullChurn(r.pace)
 		if !bok || !fok || !kok {
 			fmt.Fprintf(&b, "| %s | not measured (every count saturated, or a window failed) | | | | |\n", sizeName(r.env))
 			continue
@@ -379,6 +397,6 @@ func fanoutSection(rs []sizeResult) string {
 		kc, kp := cpu(k)
 		fmt.Fprintf(&b, "| %s | API server CPU (of a core) | %s | %s | %s | %s |\n", sizeName(r.env), fc, kc, fp, kp)
 	}
-	b.WriteString("\nAt 5,000 nodes: the events and bytes are 5,000 times a node's (what the API servers send); the windows above are at the share of the churn the size ran at, and a node's events, bytes and CPU slope in this table are divided by that share (the watchers are sent what the churn makes, and the API server's work for them follows; what a node is sent at rest, its watches' bookmarks, is divided too, which overstates flock, whose watches are more, by a few events a second at most); the CPU is the mean of the windows without copies (as measured) plus 5,000 times a node's slope, shown only where the slope is larger than its resolution (the drift between the two windows without copies, over the copies: the churn's own cost on the API server varies by several % of a core from window to window). The API server's RSS keeps the Go runtime's high-water mark, so it is shown per window and not projected.\n")
+	b.WriteString("\nAt 5,000 nodes: the events and bytes are 5,000 times a node's (what the API servers send); the windows above are at the share of the pod churn the size ran at, and flock's events, bytes and CPU slope in this table are divided by that share (the watchers are sent what the churn makes, and the API server's work for them follows; what flock's watches are sent of the EndpointSlice and NetworkPolicy churn, which ran at the issue's rates, and at rest, their bookmarks, is divided too, which overstates flock); kube-proxy's, whose churn is the EndpointSlices', are as measured; the CPU is the mean of the windows without copies (as measured) plus 5,000 times a node's slope, shown only where the slope is larger than its resolution (the drift between the two windows without copies, over the copies: the churn's own cost on the API server varies by several % of a core from window to window). The API server's RSS keeps the Go runtime's high-water mark, so it is shown per window and not projected.\n")
 	return b.String()
 }
