@@ -24,7 +24,9 @@ type churnRates struct {
 }
 
 // paced calls f rate times a second from up to workers goroutines until
-// ctx ends; a tick that finds every worker busy is counted as missed.
+// ctx ends; a tick that finds every worker busy is counted as missed, and
+// so are the ticks the ticker dropped while this loop was late (a ticker
+// drops what its receiver is not ready for: on two busy cores it can be).
 func paced(ctx context.Context, rate float64, workers int, f func(ctx context.Context, n int) error, done, missed, failed *atomic.Int64, lastErr *atomicErr) {
 	if rate <= 0 {
 		return
@@ -32,6 +34,7 @@ func paced(ctx context.Context, rate float64, workers int, f func(ctx context.Co
 	sem := make(chan struct{}, workers)
 	t := time.NewTicker(time.Duration(float64(time.Second) / rate))
 	defer t.Stop()
+	start := time.Now()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for n := 0; ; n++ {
@@ -39,6 +42,10 @@ func paced(ctx context.Context, rate float64, workers int, f func(ctx context.Co
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		// The ticks due by now; one behind is the ticker's jitter.
+		for due := int(time.Since(start).Seconds() * rate); n < due-1; n++ {
+			missed.Add(1)
 		}
 		select {
 		case sem <- struct{}{}:
@@ -83,20 +90,21 @@ type activity struct {
 // reached is the share of the ticks served (1 if none came).
 func (a *activity) reached() float64 { return a.reachedSince(tally{}) }
 
-// tally is what an activity had done and missed at a moment.
-type tally struct{ done, missed int64 }
+// tally is what an activity had done, missed and failed at a moment.
+type tally struct{ done, missed, failed int64 }
 
-func (a *activity) tally() tally { return tally{a.done.Load(), a.missed.Load()} }
+func (a *activity) tally() tally { return tally{a.done.Load(), a.missed.Load(), a.failed.Load()} }
 
 // reachedSince is the share of the ticks served since t (1 if none
 // came): the figures of a window are judged by the churn in it, not by
-// what it did before or after (the fan-out's load of the API server).
+// what it did before or after (the fan-out's load of the API server). A
+// tick whose call failed made no churn: it counts as not served.
 func (a *activity) reachedSince(t tally) float64 {
-	done, missed := a.done.Load()-t.done, a.missed.Load()-t.missed
-	if done+missed <= 0 {
+	done, missed, failed := a.done.Load()-t.done, a.missed.Load()-t.missed, a.failed.Load()-t.failed
+	if done+missed+failed <= 0 {
 		return 1
 	}
-	return float64(done) / float64(done+missed)
+	return float64(done) / float64(done+missed+failed)
 }
 
 func (a *activity) String() string {

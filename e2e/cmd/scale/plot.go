@@ -164,7 +164,7 @@ func plotOf(rs []sizeResult) string {
 	churn := func(r sizeResult) map[string]usage { return r.churn }
 	return plotSVG([]panel{
 		mk("RSS at rest", "MB", rest, func(u usage) float64 { return u.rssMB }),
-		mk("Watch bytes received under churn (as measured, at each size's share of it)", "KB/s", churn, func(u usage) float64 { return u.watchBytes / 1024 }),
-		mk("CPU under churn (as measured, at each size's share of it)", "% of a core", churn, func(u usage) float64 { return u.cpuPct }),
+		mk("Watch bytes received under churn (as measured, the pods at each size's share of theirs)", "KB/s", churn, func(u usage) float64 { return u.watchBytes / 1024 }),
+		mk("CPU under churn (as measured, the pods at each size's share of theirs)", "% of a core", churn, func(u usage) float64 { return u.cpuPct }),
 	})
 }

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A figure under a churn that fell short of its target is not called met,
@@ -62,5 +64,25 @@ func TestReachedSinceCountsTheWindowOnly(t *testing.T) {
 	}
 	if got := a.reachedSince(a.tally()); got != 1 {
 		t.Fatalf("reached %v in an empty window, want 1", got)
+	}
+}
+
+// A tick whose call failed made no churn, and a tick the ticker dropped
+// while the loop was late is one the churn missed: neither is reached.
+func TestReachedCountsFailedAndDroppedTicks(t *testing.T) {
+	a := &activity{name: "pods"}
+	a.done.Store(50)
+	a.failed.Store(50)
+	if got := a.reached(); got != 0.5 {
+		t.Errorf("half the ticks failed: reached %v, want 0.5", got)
+	}
+	// A tick every 50 µs: more than a ticker delivers to this loop.
+	b := &activity{name: "fast"}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	const rate = 20000
+	paced(ctx, rate, 1<<16, func(context.Context, int) error { return nil }, &b.done, &b.missed, &b.failed, &b.lastErr)
+	if n := b.done.Load() + b.missed.Load(); float64(n) < 0.9*rate*0.2 {
+		t.Errorf("%d ticks counted of about %d due: the dropped ones are not missed (reached %.2f)", n, rate/5, b.reached())
 	}
 }
