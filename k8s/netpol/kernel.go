@@ -797,6 +797,28 @@ type Verdicts struct {
 	kv atomic.Pointer[kernelVerdicts]
 }
 
+// WaitLoaded waits until a Run is attached and its first verdicts are in
+// the kernel (true), or ctx ends (false).
+func (v *Verdicts) WaitLoaded(ctx context.Context) bool {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if k := v.kv.Load(); k != nil {
+			select {
+			case <-k.loaded:
+				return true
+			case <-ctx.Done():
+				return false
+			}
+		}
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
 // Err is nil while the kernel holds the verdicts of the latest change,
 // or while no Run is attached; else it says what is missing.
 func (v *Verdicts) Err() error {

@@ -66,8 +66,8 @@ type member struct {
 func (f *fanout) add(inf cache.SharedIndexInformer, h cache.ResourceEventHandler) (cache.ResourceEventHandlerRegistration, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.delivering.Load() {
-		return inf.AddEventHandler(h)
+	if f.delivering.Load() || inf.IsStopped() {
+		return inf.AddEventHandler(h) // client-go refuses it if stopped
 	}
 	if f.reg == nil {
 		reg, err := inf.AddEventHandler(f)

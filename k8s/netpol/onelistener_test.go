@@ -147,6 +147,19 @@ func TestOneListenerSharesOneRegistration(t *testing.T) {
 	}
 }
 
+// A stopped informer takes no handler, shared or not, as client-go's.
+func TestOneListenerRefusesAHandlerOnceStopped(t *testing.T) {
+	inf := newPodListener(fake.NewClientset())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); inf.Run(ctx.Done()) }()
+	cancel()
+	<-done
+	if _, err := inf.AddEventHandler(newViewer()); err == nil {
+		t.Error("a handler was added to a stopped informer")
+	}
+}
+
 // Handlers added before and after the events begin, and removed, while
 // pods are created, updated and deleted from many goroutines. At each
 // quiescent point every handler still added holds exactly the store (no

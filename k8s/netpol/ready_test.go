@@ -1,11 +1,13 @@
 package netpol
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The kernel writes each bound queue as "%5u %6u %5u %1u %5u %5u %5u %8u %2d"
@@ -62,5 +64,35 @@ func TestReadyNamesWhatIsMissing(t *testing.T) {
 		case err != nil && strings.Contains(err.Error(), "\n"):
 			t.Errorf("%s: reason %q is more than one line", tc.name, err)
 		}
+	}
+}
+
+// WaitLoaded waits for a Run to attach and load its first verdicts, or
+// for its context.
+func TestWaitLoaded(t *testing.T) {
+	v := &Verdicts{}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if v.WaitLoaded(ctx) {
+		t.Fatal("loaded with no Run attached")
+	}
+	k := &kernelVerdicts{loaded: make(chan struct{})}
+	v.kv.Store(k)
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel2()
+	if v.WaitLoaded(ctx2) {
+		t.Fatal("loaded before the first load")
+	}
+	done := make(chan bool, 1)
+	go func() { done <- v.WaitLoaded(context.Background()) }()
+	time.Sleep(50 * time.Millisecond)
+	close(k.loaded)
+	select {
+	case ok := <-done:
+		if !ok {
+			t.Fatal("not loaded after the first load")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitLoaded did not return after the first load")
 	}
 }

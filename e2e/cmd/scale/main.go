@@ -322,19 +322,6 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 			r.err = fmt.Errorf("churn probe: %w", ctx.Err())
 			return r
 		}
-		if paceFor(r.sustained, o.rates.pods) < 1 {
-			// What the machine sustains is the better of two: the first
-			// varied from 77 to 96 pods a second at 500 nodes from run to
-			// run. Too high a pace costs a window, never a verdict: one
-			// whose churn falls short is measured again (repace).
-			logf("churn probe: %.1f pods a second completed of %.0f; once more", r.sustained, o.rates.pods)
-			again, ok := f.probe(ctx, m, o.rates, o.seed+1, o.probe)
-			if !ok {
-				r.err = fmt.Errorf("churn probe: %w", ctx.Err())
-				return r
-			}
-			r.sustained = max(r.sustained, again)
-		}
 		r.pace = paceFor(r.sustained, o.rates.pods)
 		logf("churn probe: %.1f pods a second completed of %.0f; measured under %.0f %% of the issue's pod rate", r.sustained, o.rates.pods, 100*r.pace)
 	}
