@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"strings"
 	"testing"
+
+	"code.fritzlab.net/fritzlab/flock/k8s/relay"
 )
 
 func TestFlags(t *testing.T) {
@@ -58,5 +61,24 @@ func TestSelfSignedVerifies(t *testing.T) {
 	}
 	if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, DNSName: "kubernetes.default"}); err == nil {
 		t.Fatal("verified for another name")
+	}
+}
+
+// A relay is ready once it is live and in the directory: a node started
+// before it is published cannot find it, and reads every pod from the
+// API server.
+func TestReadyOnlyOncePublished(t *testing.T) {
+	pods := relay.NewCache(0)
+	if err := ready(pods, true); err == nil {
+		t.Error("ready before the first list")
+	}
+	if err := pods.Live("5"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ready(pods, false); !errors.Is(err, errNotPublished) {
+		t.Errorf("live, not published: %v, want %v", err, errNotPublished)
+	}
+	if err := ready(pods, true); err != nil {
+		t.Errorf("live and published: %v", err)
 	}
 }
