@@ -799,19 +799,22 @@ type Verdicts struct {
 
 // WaitLoaded waits until a Run is attached and its first verdicts are in
 // the kernel (true), or ctx ends (false).
+// A nil Verdicts is loaded, as it is ready (Err). It follows the Run
+// attached now: one that ends before its first load is not waited for.
 func (v *Verdicts) WaitLoaded(ctx context.Context) bool {
+	if v == nil {
+		return true
+	}
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
+		var loaded <-chan struct{} // nil: none attached, wait for the tick
 		if k := v.kv.Load(); k != nil {
-			select {
-			case <-k.loaded:
-				return true
-			case <-ctx.Done():
-				return false
-			}
+			loaded = k.loaded
 		}
 		select {
+		case <-loaded:
+			return true
 		case <-t.C:
 		case <-ctx.Done():
 			return false

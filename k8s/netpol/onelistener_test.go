@@ -160,6 +160,23 @@ func TestOneListenerRefusesAHandlerOnceStopped(t *testing.T) {
 	}
 }
 
+// Nor a handler added to a stopped informer whose handlers shared a
+// registration that was never delivered an event (an empty store).
+func TestOneListenerRefusesASharedHandlerOnceStopped(t *testing.T) {
+	inf := newPodListener(fake.NewClientset())
+	if _, err := inf.AddEventHandler(newViewer()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); inf.Run(ctx.Done()) }()
+	cancel()
+	<-done
+	if _, err := inf.AddEventHandler(newViewer()); err == nil {
+		t.Error("a handler joined the shared registration of a stopped informer")
+	}
+}
+
 // Handlers added before and after the events begin, and removed, while
 // pods are created, updated and deleted from many goroutines. At each
 // quiescent point every handler still added holds exactly the store (no

@@ -96,3 +96,28 @@ func TestWaitLoaded(t *testing.T) {
 		t.Fatal("WaitLoaded did not return after the first load")
 	}
 }
+
+// WaitLoaded follows the Run attached now: a Run that ended before its
+// first load does not hold it when the next one loads.
+func TestWaitLoadedFollowsTheAttachedRun(t *testing.T) {
+	v := &Verdicts{}
+	v.kv.Store(&kernelVerdicts{loaded: make(chan struct{})}) // never loads
+	done := make(chan bool, 1)
+	go func() { done <- v.WaitLoaded(context.Background()) }()
+	time.Sleep(50 * time.Millisecond)
+	v.kv.Store(nil) // it ended
+	k := &kernelVerdicts{loaded: make(chan struct{})}
+	v.kv.Store(k) // the next Run attached, and loaded
+	close(k.loaded)
+	select {
+	case ok := <-done:
+		if !ok {
+			t.Fatal("not loaded")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("WaitLoaded still waits on the detached Run's first load")
+	}
+	if !(*Verdicts)(nil).WaitLoaded(context.Background()) {
+		t.Error("a nil Verdicts, ready, is not loaded")
+	}
+}
