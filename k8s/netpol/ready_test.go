@@ -87,13 +87,20 @@ func TestWaitLoaded(t *testing.T) {
 	go func() { done <- v.WaitLoaded(context.Background()) }()
 	time.Sleep(50 * time.Millisecond)
 	close(k.loaded)
+	waitLoadedReturns(t, done, "after the first load")
+}
+
+// waitLoadedReturns fails t unless WaitLoaded, started with done, returns
+// true within 5 s.
+func waitLoadedReturns(t *testing.T, done <-chan bool, when string) {
+	t.Helper()
 	select {
 	case ok := <-done:
 		if !ok {
-			t.Fatal("not loaded after the first load")
+			t.Fatal("not loaded " + when)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("WaitLoaded did not return after the first load")
+		t.Fatal("WaitLoaded did not return " + when)
 	}
 }
 
@@ -109,14 +116,7 @@ func TestWaitLoadedFollowsTheAttachedRun(t *testing.T) {
 	k := &kernelVerdicts{loaded: make(chan struct{})}
 	v.kv.Store(k) // the next Run attached, and loaded
 	close(k.loaded)
-	select {
-	case ok := <-done:
-		if !ok {
-			t.Fatal("not loaded")
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("WaitLoaded still waits on the detached Run's first load")
-	}
+	waitLoadedReturns(t, done, "after the next Run's first load (the detached one's never came)")
 	if !(*Verdicts)(nil).WaitLoaded(context.Background()) {
 		t.Error("a nil Verdicts, ready, is not loaded")
 	}
