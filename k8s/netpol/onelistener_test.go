@@ -147,33 +147,25 @@ func TestOneListenerSharesOneRegistration(t *testing.T) {
 	}
 }
 
-// A stopped informer takes no handler, shared or not, as client-go's.
+// A stopped informer takes no handler, shared or not, as client-go's:
+// neither without any before, nor beside handlers that shared a
+// registration never delivered an event (an empty store).
 func TestOneListenerRefusesAHandlerOnceStopped(t *testing.T) {
-	inf := newPodListener(fake.NewClientset())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); inf.Run(ctx.Done()) }()
-	cancel()
-	<-done
-	if _, err := inf.AddEventHandler(newViewer()); err == nil {
-		t.Error("a handler was added to a stopped informer")
-	}
-}
-
-// Nor a handler added to a stopped informer whose handlers shared a
-// registration that was never delivered an event (an empty store).
-func TestOneListenerRefusesASharedHandlerOnceStopped(t *testing.T) {
-	inf := newPodListener(fake.NewClientset())
-	if _, err := inf.AddEventHandler(newViewer()); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); inf.Run(ctx.Done()) }()
-	cancel()
-	<-done
-	if _, err := inf.AddEventHandler(newViewer()); err == nil {
-		t.Error("a handler joined the shared registration of a stopped informer")
+	for _, shared := range []bool{false, true} {
+		inf := newPodListener(fake.NewClientset())
+		if shared {
+			if _, err := inf.AddEventHandler(newViewer()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); inf.Run(ctx.Done()) }()
+		cancel()
+		<-done
+		if _, err := inf.AddEventHandler(newViewer()); err == nil {
+			t.Errorf("a handler was added to a stopped informer (another added before it: %v)", shared)
+		}
 	}
 }
 
