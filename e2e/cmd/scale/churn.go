@@ -269,6 +269,11 @@ func paceFor(sustained, target float64) float64 {
 	return max(0.05, math.Floor(0.9*sustained/target*20)/20)
 }
 
+// maxRepaces bounds how often a size's window is measured again at a
+// lighter pace: the probe's rate is a 20 s sample, and at 5,000 nodes
+// one repace left the window at 94 % (400eade); each costs one window.
+const maxRepaces = 2
+
 // repace is the share of the pod churn a size is measured under again
 // after a window whose churn reached only reached of its target at pace:
 // 90 % of what it reached, in 5 % steps (at least 5 %); 0 when it kept

@@ -326,10 +326,11 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 		logf("churn probe: %.1f pods a second completed of %.0f; measured under %.0f %% of the issue's pod rate", r.sustained, o.rates.pods, 100*r.pace)
 	}
 	var (
-		acts              []*activity
-		churned           func()
-		stopChurn         context.CancelFunc
-		verdicts, repaced string
+		acts      []*activity
+		churned   func()
+		stopChurn context.CancelFunc
+		verdicts  string
+		repaced   []string
 	)
 	for {
 		var cctx context.Context
@@ -363,11 +364,11 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 		logf("%s", verdicts)
 		profiled.Wait()
 		next := repace(r.pace, r.reached)
-		if o.probe <= 0 || repaced != "" || next == 0 {
+		if o.probe <= 0 || len(repaced) == maxRepaces || next == 0 {
 			break
 		}
-		repaced = fmt.Sprintf("churn with its pods at %.0f %% of the issue's rate reached %.0f %% of its target in a window: measured again with them at %.0f %%", 100*r.pace, 100*r.reached, 100*next)
-		logf("%s", repaced)
+		repaced = append(repaced, fmt.Sprintf("churn with its pods at %.0f %% of the issue's rate reached %.0f %% of its target in a window: measured again with them at %.0f %%", 100*r.pace, 100*r.reached, 100*next))
+		logf("%s", repaced[len(repaced)-1])
 		stopChurn()
 		churned()
 		r.pace = next
@@ -394,9 +395,7 @@ func measureSize(ctx context.Context, o options, f *filler, m *model, node *meas
 	if isPaced(r.pace) {
 		r.activity = append(r.activity, fmt.Sprintf("churn with its pods at %.0f %% of the issue's rate (the probe at the full rates completed %.1f pods a second)", 100*r.pace, r.sustained))
 	}
-	if repaced != "" {
-		r.activity = append(r.activity, repaced)
-	}
+	r.activity = append(r.activity, repaced...)
 	r.activity = append(r.activity, verdicts)
 	return r
 }
