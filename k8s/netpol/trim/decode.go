@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"unique"
 	"unsafe"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -277,8 +276,7 @@ func (d *podDecoder) build() *Pod {
 	// One allocation for the strings of the pod's own.
 	own := string(append(append(append(make([]byte, 0, len(d.name)+len(d.uid)+len(d.rv)), d.name...), d.uid...), d.rv...))
 	out.Name, out.UID, out.ResourceVersion = own[:len(d.name)], types.UID(own[len(d.name):len(d.name)+len(d.uid)]), own[len(d.name)+len(d.uid):]
-	// unique.Make copies a string it keeps.
-	out.Namespace = unique.Make(d.namespace).Value()
+	out.Namespace = name(d.namespace)
 	out.Labels = sharedLabels(d.labels, true)
 	if len(d.annotations) > 0 {
 		out.Annotations = make(map[string]string, len(d.annotations))
@@ -286,7 +284,7 @@ func (d *podDecoder) build() *Pod {
 			out.Annotations[k] = string([]byte(v))
 		}
 	}
-	out.Spec.NodeName = unique.Make(d.nodeName).Value()
+	out.Spec.NodeName = name(d.nodeName)
 	out.Spec.HostNetwork = d.hostNetwork
 	out.Spec.Containers = containers(d.containers)
 	if p, ok := phases[d.phase]; ok {

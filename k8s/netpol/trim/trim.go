@@ -31,7 +31,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"unique"
 	"unsafe"
 	"weak"
 
@@ -121,10 +120,7 @@ func (p *Pod) Core() *corev1.Pod {
 // are read of them.
 func NewPod(p *corev1.Pod) *Pod {
 	out := &Pod{ObjectMeta: meta(&p.ObjectMeta)}
-	// A cluster's pods are in few namespaces and on few nodes: one copy
-	// of each name, which also lets the compiler tell a namespace by
-	// where its name is.
-	out.Namespace = unique.Make(p.Namespace).Value()
+	out.Namespace = name(p.Namespace)
 	out.Labels = sharedLabels(p.Labels, false)
 	for _, k := range keptAnnotations {
 		if v, ok := p.Annotations[k]; ok {
@@ -134,7 +130,7 @@ func NewPod(p *corev1.Pod) *Pod {
 			out.Annotations[k] = v
 		}
 	}
-	out.Spec.NodeName = unique.Make(p.Spec.NodeName).Value()
+	out.Spec.NodeName = name(p.Spec.NodeName)
 	out.Spec.HostNetwork = p.Spec.HostNetwork
 	out.Spec.Containers = containers(p.Spec.Containers)
 	out.Status.Phase = p.Status.Phase
@@ -299,6 +295,44 @@ var labels = struct {
 	asked    uint64
 	cur, old map[uint64]map[string]string
 }{cur: map[uint64]map[string]string{}}
+
+// name is s, the copy of it given lately (s may be a view of a buffer:
+// what is kept is a copy). A cluster's pods are in few namespaces and on
+// few nodes: one copy of each name, which also lets the compiler tell a
+// namespace by where its name is. The copies are held as labels are, for
+// two generations of nameGeneration asks: unique.Make held them weakly,
+// by a box no pod holds, so every collection forgot them and the next
+// pods made them again, a new copy each time (under churn, with a
+// collection every few seconds, a tenth of flock-policy's CPU).
+func name(s string) string {
+	if s == "" {
+		return ""
+	}
+	names.Lock()
+	defer names.Unlock()
+	if names.asked++; names.asked%nameGeneration == 0 {
+		names.old, names.cur = names.cur, make(map[string]string, len(names.cur))
+	}
+	if c, ok := names.cur[s]; ok {
+		return c
+	}
+	c, ok := names.old[s]
+	if !ok {
+		c = strings.Clone(s)
+	}
+	names.cur[c] = c
+	return c
+}
+
+// nameGeneration is how many names a generation lasts (two a pod): it
+// bounds what is remembered of namespaces and nodes gone.
+const nameGeneration = 1 << 17
+
+var names = struct {
+	sync.Mutex
+	asked    uint64
+	cur, old map[string]string
+}{cur: map[string]string{}}
 
 // shared are the containers pods hold, by the hash of what they hold:
 // weakly, by the first of them (a slice's array lives as long as a

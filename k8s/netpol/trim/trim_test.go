@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 	"time"
+	"unsafe"
 	"weak"
 
 	corev1 "k8s.io/api/core/v1"
@@ -597,5 +598,45 @@ func TestShortUID(t *testing.T) {
 		if got := SameUID(c.uid, c.held); got != c.same {
 			t.Errorf("SameUID(%q, %q) = %t, want %t", c.uid, c.held, got, c.same)
 		}
+	}
+}
+
+// A namespace's and a node's names are one copy across pods, decoded or
+// trimmed, and stay one across collections (unique.Make's did not: each
+// collection freed them, and later pods got copies of their own). What is
+// remembered of names gone is bounded.
+func TestNamesShared(t *testing.T) {
+	at := func(s string) *byte { return unsafe.StringData(s) }
+	a := NewPod(fatPod())
+	b, err := fatPod().Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	runtime.GC()
+	d, err := DecodePod(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewPod(fatPod())
+	for _, p := range []*Pod{c, d} {
+		if at(p.Namespace) != at(a.Namespace) || at(p.Spec.NodeName) != at(a.Spec.NodeName) {
+			t.Fatalf("namespace %q and node %q: another copy after a collection", p.Namespace, p.Spec.NodeName)
+		}
+	}
+	if p := fatPod(); a.Namespace != p.Namespace || a.Spec.NodeName != p.Spec.NodeName {
+		t.Fatalf("names %q, %q: want the pod's %q, %q", a.Namespace, a.Spec.NodeName, p.Namespace, p.Spec.NodeName)
+	}
+	if p := NewPod(&corev1.Pod{}); p.Namespace != "" || p.Spec.NodeName != "" {
+		t.Fatalf("no names: %q, %q", p.Namespace, p.Spec.NodeName)
+	}
+	for i := range 3 * nameGeneration {
+		NewPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns-%d", i)}})
+	}
+	names.Lock()
+	n := len(names.cur) + len(names.old)
+	names.Unlock()
+	if n > 2*nameGeneration {
+		t.Errorf("%d names remembered after %d namespaces of a pod each: want at most %d", n, 3*nameGeneration, 2*nameGeneration)
 	}
 }

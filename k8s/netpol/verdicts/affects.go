@@ -182,7 +182,7 @@ func holdersRead(hs []*trim.Pod) string {
 // network, one of which holds it as an extra IP.
 func (d *Deps) stableSeveral(l Live, ip string) bool {
 	a, err := netip.ParseAddr(ip)
-	if err != nil || a.String() != ip || l.PodsForIP == nil || l.Pod == nil || l.ExtraPodIPs == nil {
+	if err != nil || !canonical(a, ip) || l.PodsForIP == nil || l.Pod == nil || l.ExtraPodIPs == nil {
 		return false
 	}
 	was, ok := d.several[a]
@@ -273,7 +273,7 @@ func ClassifyExtra(l Live, d *Deps, ips []string, local bool) Effect {
 // node's pods, or written otherwise than the compile keys it.
 func extraInContext(l Live, d *Deps, ip string) bool {
 	a, err := netip.ParseAddr(ip)
-	if err != nil || a.String() != ip {
+	if err != nil || !canonical(a, ip) {
 		return true // not worth reasoning about
 	}
 	return d.c.prog.Selected[a] || l.Local(ip)
@@ -287,7 +287,7 @@ func changesContext(l Live, p *trim.Pod) bool {
 		return true
 	}
 	for _, ip := range p.Status.PodIPs {
-		if a, err := netip.ParseAddr(ip.IP); err != nil || a.String() != ip.IP {
+		if a, err := netip.ParseAddr(ip.IP); err != nil || !canonical(a, ip.IP) {
 			return true // the compile keys addresses as parsed: not worth reasoning about
 		}
 		if l.Local(ip.IP) || (l.PodsForIP != nil && len(l.PodsForIP(ip.IP)) > 0) {
@@ -444,4 +444,11 @@ func (d *Deps) judgedView(c *compiler, t networkingv1.PolicyType, np *networking
 		b.WriteByte(';')
 	}
 	return b.String(), true
+}
+
+// canonical: s is a as the compile keys it (its String), compared without
+// making the string (every pod change of the cluster comes through here).
+func canonical(a netip.Addr, s string) bool {
+	var buf [64]byte
+	return string(a.AppendTo(buf[:0])) == s
 }

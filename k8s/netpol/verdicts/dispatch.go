@@ -66,7 +66,7 @@ func (d *Deps) refusal(l Live, p *trim.Pod) string {
 	}
 	for _, ip := range p.Status.PodIPs {
 		a, err := netip.ParseAddr(ip.IP)
-		if err != nil || a.String() != ip.IP {
+		if err != nil || !canonical(a, ip.IP) {
 			return "noncanonical-ip"
 		}
 		if d.c.prog.Selected[a] || l.Local(ip.IP) {

@@ -170,6 +170,15 @@ func Patch(conn *nftables.Conn, table string, l *Loaded, was *Program, ch *Chang
 	es, changed := ch.Entries, ch.peers
 	t := &nftables.Table{Name: table, Family: nftables.TableFamilyINet}
 	suffix := "-v" + strconv.FormatUint(l.Gen, 10)
+	// A map's entries that change go in one message of deletions and one
+	// of additions (deleted first: an entry that moves to another group
+	// is both): each message is an acknowledgement to read back, and a
+	// message an address was most of a patch's cost under churn.
+	type mapEdit struct {
+		set         *nftables.Set
+		gone, added []nftables.SetElement
+	}
+	edits := map[string]*mapEdit{}
 	n := 0
 	for a, e := range es {
 		fam, typ := "6", nftables.TypeIP6Addr
@@ -186,20 +195,30 @@ func Patch(conn *nftables.Conn, table string, l *Loaded, was *Program, ch *Chang
 			if len(dir.now) > 1 {
 				return fmt.Errorf("patch table %s: %s entry of %s: %d groups, want one", table, dir.name, a, len(dir.now))
 			}
-			m := &nftables.Set{Table: t, Name: dir.name + fam + suffix, KeyType: typ, IsMap: true, DataType: nftables.TypeVerdict}
-			key := []nftables.SetElement{{Key: a.AsSlice()}}
+			name := dir.name + fam + suffix
+			m := edits[name]
+			if m == nil {
+				m = &mapEdit{set: &nftables.Set{Table: t, Name: name, KeyType: typ, IsMap: true, DataType: nftables.TypeVerdict}}
+				edits[name] = m
+			}
 			if len(dir.was) > 0 {
-				if err := conn.SetDeleteElements(m, key); err != nil {
-					return fmt.Errorf("patch table %s: %w", table, err)
-				}
+				m.gone = append(m.gone, nftables.SetElement{Key: a.AsSlice()})
 			}
 			if len(dir.now) == 1 {
-				key[0].VerdictData = &expr.Verdict{Kind: expr.VerdictJump, Chain: "g" + strconv.Itoa(dir.now[0]) + suffix}
-				if err := conn.SetAddElements(m, key); err != nil {
-					return fmt.Errorf("patch table %s: %w", table, err)
-				}
+				m.added = append(m.added, nftables.SetElement{Key: a.AsSlice(),
+					VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: "g" + strconv.Itoa(dir.now[0]) + suffix}})
 			}
 			n++
+		}
+	}
+	for _, m := range edits {
+		for _, d := range []struct {
+			es  []nftables.SetElement
+			job func(*nftables.Set, []nftables.SetElement) error
+		}{{m.gone, conn.SetDeleteElements}, {m.added, conn.SetAddElements}} {
+			if err := inChunks(d.es, func(es []nftables.SetElement) error { return d.job(m.set, es) }); err != nil {
+				return fmt.Errorf("patch table %s: %w", table, err)
+			}
 		}
 	}
 	for id, e := range changed {
