@@ -66,8 +66,8 @@ func main() {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	// Its heap is the pods, long-lived: collecting at half again what is
-	// live (not twice) keeps its memory down, as flock-policy's. GOGC, if
-	// set, stands.
+	// live (not twice) keeps its memory down (flock-policy's collects at
+	// a quarter again). GOGC, if set, stands.
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(50)
 	}

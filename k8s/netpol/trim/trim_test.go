@@ -640,3 +640,36 @@ func TestNamesShared(t *testing.T) {
 		t.Errorf("%d names remembered after %d namespaces of a pod each: want at most %d", n, 3*nameGeneration, 2*nameGeneration)
 	}
 }
+
+// name never returns, nor keeps as a key, a view of the caller's buffer
+// (DecodePod's, reused), in either generation, and a name asked for in
+// each generation keeps its one copy.
+func TestNameNeverAView(t *testing.T) {
+	names.Lock() // a known start: the rotation comes at the G-th ask
+	names.asked, names.cur, names.old = 0, map[string]string{}, nil
+	names.Unlock()
+	buf := []byte("review-ns-xyz")
+	view := unsafe.String(unsafe.SliceData(buf), len(buf))
+	got := []string{name(view)} // a miss: cloned
+	for range nameGeneration {  // asks 2..G+1: one rotation (at G), the name is in old
+		name("review-other")
+	}
+	got = append(got, name(view)) // found in old: old's copy, moved to cur
+	got = append(got, name(view)) // found in cur
+	copy(buf, "XXXXXXXXXXXXX")
+	for i, s := range got {
+		if s != "review-ns-xyz" || unsafe.StringData(s) == unsafe.SliceData(buf) {
+			t.Fatalf("ask %d: %q, a view of the buffer", i, s)
+		}
+	}
+	if unsafe.StringData(got[0]) != unsafe.StringData(got[1]) || unsafe.StringData(got[1]) != unsafe.StringData(got[2]) {
+		t.Fatal("a name asked in each generation got a new copy")
+	}
+	names.Lock()
+	for k := range names.cur {
+		if unsafe.StringData(k) == unsafe.SliceData(buf) {
+			t.Fatal("a map key is a view of the buffer")
+		}
+	}
+	names.Unlock()
+}
