@@ -530,14 +530,24 @@ func TestLabelsShared(t *testing.T) {
 	if c := NewPod(p); c.Labels != nil {
 		t.Fatalf("no labels: %v", c.Labels)
 	}
-	for i := range 3 * labelGeneration {
-		NewPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"statefulset.kubernetes.io/pod-name": fmt.Sprintf("web-%d", i)}}})
+	rememberedBounded(t, "labels", labelGeneration, func(i int) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"statefulset.kubernetes.io/pod-name": fmt.Sprintf("web-%d", i)}}}
+	}, func() int {
+		labels.Lock()
+		defer labels.Unlock()
+		return len(labels.cur) + len(labels.old)
+	})
+}
+
+// rememberedBounded trims 3 generations of pods, each with its own
+// (pod(i)), and checks at most two generations are remembered.
+func rememberedBounded(t *testing.T, what string, generation int, pod func(i int) *corev1.Pod, remembered func() int) {
+	t.Helper()
+	for i := range 3 * generation {
+		NewPod(pod(i))
 	}
-	labels.Lock()
-	n := len(labels.cur) + len(labels.old)
-	labels.Unlock()
-	if n > 2*labelGeneration {
-		t.Errorf("%d labels remembered after %d pods of their own: want at most %d", n, 3*labelGeneration, 2*labelGeneration)
+	if n := remembered(); n > 2*generation {
+		t.Errorf("%d %s remembered after %d pods of their own: want at most %d", n, what, 3*generation, 2*generation)
 	}
 }
 
@@ -630,15 +640,13 @@ func TestNamesShared(t *testing.T) {
 	if p := NewPod(&corev1.Pod{}); p.Namespace != "" || p.Spec.NodeName != "" {
 		t.Fatalf("no names: %q, %q", p.Namespace, p.Spec.NodeName)
 	}
-	for i := range 3 * nameGeneration {
-		NewPod(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns-%d", i)}})
-	}
-	names.Lock()
-	n := len(names.cur) + len(names.old)
-	names.Unlock()
-	if n > 2*nameGeneration {
-		t.Errorf("%d names remembered after %d namespaces of a pod each: want at most %d", n, 3*nameGeneration, 2*nameGeneration)
-	}
+	rememberedBounded(t, "names", nameGeneration, func(i int) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: fmt.Sprintf("ns-%d", i)}}
+	}, func() int {
+		names.Lock()
+		defer names.Unlock()
+		return len(names.cur) + len(names.old)
+	})
 }
 
 // name never returns, nor keeps as a key, a view of the caller's buffer

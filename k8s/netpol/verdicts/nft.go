@@ -212,13 +212,8 @@ func Patch(conn *nftables.Conn, table string, l *Loaded, was *Program, ch *Chang
 		}
 	}
 	for _, m := range edits {
-		for _, d := range []struct {
-			es  []nftables.SetElement
-			job func(*nftables.Set, []nftables.SetElement) error
-		}{{m.gone, conn.SetDeleteElements}, {m.added, conn.SetAddElements}} {
-			if err := inChunks(d.es, func(es []nftables.SetElement) error { return d.job(m.set, es) }); err != nil {
-				return fmt.Errorf("patch table %s: %w", table, err)
-			}
+		if err := replaceElements(conn, m.set, m.gone, m.added); err != nil {
+			return fmt.Errorf("patch table %s: %w", table, err)
 		}
 	}
 	for id, e := range changed {
@@ -235,16 +230,11 @@ func Patch(conn *nftables.Conn, table string, l *Loaded, was *Program, ch *Chang
 			if len(gone)+len(added) == 0 {
 				continue
 			}
-			s := &nftables.Set{Table: t, Name: name + "-" + fam + suffix, KeyType: typ, Interval: true}
 			// Deleted first: an added range may start where a deleted
 			// one did.
-			for _, d := range []struct {
-				rs  []Range
-				job func(*nftables.Set, []nftables.SetElement) error
-			}{{gone, conn.SetDeleteElements}, {added, conn.SetAddElements}} {
-				if err := inChunks(intervalElems(d.rs), func(es []nftables.SetElement) error { return d.job(s, es) }); err != nil {
-					return fmt.Errorf("patch table %s: %w", table, err)
-				}
+			s := &nftables.Set{Table: t, Name: name + "-" + fam + suffix, KeyType: typ, Interval: true}
+			if err := replaceElements(conn, s, intervalElems(gone), intervalElems(added)); err != nil {
+				return fmt.Errorf("patch table %s: %w", table, err)
 			}
 			n++
 		}
@@ -368,6 +358,15 @@ func (r *renderer) set(s *nftables.Set, elems []nftables.SetElement) error {
 }
 
 // inChunks calls job with elems, setChunk at a time.
+// replaceElements queues the deletion of gone from s, then the addition
+// of added, a message for each setChunk elements.
+func replaceElements(conn *nftables.Conn, s *nftables.Set, gone, added []nftables.SetElement) error {
+	if err := inChunks(gone, func(es []nftables.SetElement) error { return conn.SetDeleteElements(s, es) }); err != nil {
+		return err
+	}
+	return inChunks(added, func(es []nftables.SetElement) error { return conn.SetAddElements(s, es) })
+}
+
 func inChunks(elems []nftables.SetElement, job func([]nftables.SetElement) error) error {
 	for len(elems) > 0 {
 		n := min(len(elems), setChunk)
